@@ -1,0 +1,31 @@
+"""hypergrad: forward-mode gradient-based hyperparameter optimization for PyTorch.
+
+Hypergradients of a validation objective with respect to training hyperparameters, by
+differentiating through T steps of ordinary training (Franceschi et al., ICML 2017). Forward mode
+carries the tangents of the training state with all K Hessian-vector products of a step batched in
+one call; unrolled reverse mode and central finite differences are built in as references.
+"""
+
+from __future__ import annotations
+
+from . import optim
+from .finite_diff import FiniteDifference
+from .forward import ForwardMode, ForwardState
+from .hvp import BatchedAutograd, ColumnLoop, ForwardOverReverse, HVPStrategy, VmapVJP
+from .hyperparams import HyperParams, PerExample, PerTensor, Scalar, Schedule
+from .hyperparams import Tensor_ as Tensor
+from .method import HyperGradient, Method
+from .model import ModelFn
+from .optim import adam, adamw, sgd
+from .problem import InnerProblem, InnerState
+from .reverse import ReverseMode
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HyperParams", "Scalar", "PerTensor", "Schedule", "PerExample", "Tensor",
+    "optim", "sgd", "adam", "adamw",
+    "InnerProblem", "InnerState", "ModelFn",
+    "Method", "HyperGradient", "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
+    "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
+]

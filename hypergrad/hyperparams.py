@@ -1,0 +1,384 @@
+"""Hyperparameters: unconstrained raw values, named transforms, and the kinds users tune.
+
+Every hyperparameter is stored *raw* (unconstrained real numbers); training reads the
+*value* ``transform(raw)``. All raw numbers of a :class:`HyperParams` set are laid out in one
+flat vector ``lam`` of length ``K``: that is the vector hypergradients are taken with respect to
+(Franceschi et al. 2017, "Forward and Reverse Gradient-Based Hyperparameter Optimization").
+
+Kinds (``K`` contributions in brackets):
+
+- :class:`Scalar` [1]: one number, e.g. a learning rate or a momentum.
+- :class:`PerTensor` [one per parameter tensor]: e.g. a per-layer weight decay or learning rate.
+- :class:`Schedule` [W]: a value per step over the horizon ``T``, piecewise constant on ``W``
+  equal windows (FDS-style, Maclaurin et al. 2015; Micaelli & Storkey 2021).
+- :class:`PerExample` [N]: one weight per training example (data hyper-cleaning).
+- :class:`Tensor` [numel]: any tensor the training loss reads (an L2 coefficient, label smoothing).
+
+Example:
+    >>> hp = HyperParams([Schedule("lr", init=0.1, windows=4, transform="log"),
+    ...                   Scalar("momentum", init=0.9, transform="logit")])
+    >>> hp.num_raw
+    5
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "TRANSFORMS",
+    "HyperParameter",
+    "Scalar",
+    "PerTensor",
+    "Schedule",
+    "PerExample",
+    "Tensor_",
+    "HyperParams",
+    "HPValues",
+]
+
+# name -> (forward: raw -> value, inverse: value -> raw, domain check on values)
+TRANSFORMS = {
+    "identity": (lambda r: r, lambda v: v, lambda v: True, "any real value"),
+    "log": (torch.exp, torch.log, lambda v: bool((v > 0).all()), "values > 0"),
+    "logit": (torch.sigmoid, torch.logit, lambda v: bool(((v > 0) & (v < 1)).all()),
+              "values in (0, 1)"),
+}
+
+
+def _check_transform(api: str, transform: str) -> None:
+    if transform not in TRANSFORMS:
+        raise ValueError(
+            f"{api}: unknown transform={transform!r}; choose one of {sorted(TRANSFORMS)}, "
+            f"e.g. transform='log' for a learning rate, transform='logit' for a momentum."
+        )
+
+
+@dataclass
+class HyperParameter:
+    """Base of all kinds. ``init`` is given in *value* space (after the transform)."""
+
+    name: str
+    init: float | Sequence[float] | Tensor
+    transform: str = "identity"
+
+    kind: str = field(init=False, default="base")
+
+    def __post_init__(self) -> None:
+        api = f"{type(self).__name__}({self.name!r})"
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(
+                f"{type(self).__name__}: name={self.name!r} must be a Python identifier such as "
+                f"'lr' or 'weight_decay'."
+            )
+        _check_transform(api, self.transform)
+
+    # -- shape / raw layout ------------------------------------------------------------------
+    def shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape())
+
+    def init_raw(self, dtype: torch.dtype, device: torch.device | str | None = None) -> Tensor:
+        """The raw (unconstrained) initial value, shape :meth:`shape`."""
+        api = f"{type(self).__name__}({self.name!r})"
+        v = torch.as_tensor(self.init, dtype=dtype, device=device)
+        if v.ndim == 0:
+            v = v.expand(self.shape()).clone()
+        if tuple(v.shape) != self.shape():
+            raise ValueError(
+                f"{api}: init has shape {tuple(v.shape)}, expected a number or shape "
+                f"{self.shape()}."
+            )
+        _, inverse, valid, domain = TRANSFORMS[self.transform]
+        if not torch.isfinite(v).all() or not valid(v):
+            raise ValueError(
+                f"{api}: init={self.init!r} is outside the domain of transform="
+                f"{self.transform!r} ({domain}); pass an init in that domain or another "
+                f"transform."
+            )
+        return inverse(v)
+
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> object:
+        """Map this hyperparameter's raw slice to what training reads at ``step``."""
+        return TRANSFORMS[self.transform][0](raw)
+
+
+@dataclass
+class Scalar(HyperParameter):
+    """One number. ``Scalar("lr", init=0.1, transform="log")``."""
+
+    kind: str = field(init=False, default="scalar")
+
+    def shape(self) -> tuple[int, ...]:
+        return ()
+
+
+@dataclass
+class Tensor_(HyperParameter):
+    """Any tensor the training loss reads, of a given ``shape`` (exported as ``hypergrad.Tensor``).
+
+    ``Tensor_("l2", init=1e-3, shape=(30,), transform="log")`` gives one L2 coefficient per
+    feature; the loss receives a tensor of shape ``(30,)``.
+    """
+
+    shape_: tuple[int, ...] = ()
+    kind: str = field(init=False, default="tensor")
+
+    def __init__(self, name: str, init: float | Sequence[float] | Tensor,
+                 shape: Sequence[int] | None = None, transform: str = "identity") -> None:
+        if shape is None:
+            shape = tuple(torch.as_tensor(init).shape)
+        self.name, self.init, self.transform = name, init, transform
+        self.shape_ = tuple(int(s) for s in shape)
+        self.kind = "tensor"
+        self.__post_init__()
+
+    def shape(self) -> tuple[int, ...]:
+        return self.shape_
+
+
+@dataclass
+class Schedule(HyperParameter):
+    """A per-step value over the horizon ``T``: ``windows`` equal windows, one value each.
+
+    Step ``t`` (0-based) of a horizon ``T`` reads window ``t * windows // T``. Inside the loss
+    (``step=None``) the whole vector of ``windows`` values is given.
+    """
+
+    windows: int = 1
+    kind: str = field(init=False, default="schedule")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.windows, int) or self.windows < 1:
+            raise ValueError(
+                f"Schedule({self.name!r}): windows={self.windows!r} must be an int >= 1."
+            )
+
+    def shape(self) -> tuple[int, ...]:
+        return (self.windows,)
+
+    def window(self, step: int, horizon: int) -> int:
+        return min(step * self.windows // horizon, self.windows - 1)
+
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> object:
+        f = TRANSFORMS[self.transform][0]
+        if step is None:
+            return f(raw)
+        return f(raw[self.window(step, horizon)])
+
+
+@dataclass
+class PerExample(HyperParameter):
+    """One value per training example (``n`` of them): the loss indexes it with batch indices."""
+
+    n: int = 0
+    kind: str = field(init=False, default="per_example")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(
+                f"PerExample({self.name!r}): n={self.n!r} must be the number of training "
+                f"examples (an int >= 1)."
+            )
+
+    def shape(self) -> tuple[int, ...]:
+        return (self.n,)
+
+
+@dataclass
+class PerTensor(HyperParameter):
+    """One value per model parameter tensor (per-layer weight decay, per-layer learning rate).
+
+    ``params`` lists the parameter names (as in ``model.named_parameters()``) that get their own
+    value; ``None`` means every trainable parameter, resolved when the problem is built. Parameters
+    left out read the constant ``default`` (required when ``params`` is a strict subset).
+    Training reads a ``dict`` parameter name -> scalar tensor.
+    """
+
+    params: Sequence[str] | None = None
+    default: float | None = None
+    kind: str = field(init=False, default="per_tensor")
+
+    def shape(self) -> tuple[int, ...]:
+        if self.params is None:
+            raise ValueError(
+                f"PerTensor({self.name!r}): parameter names are not bound yet; build an "
+                f"InnerProblem with it (which binds params=None to the model) or pass params=[...]."
+            )
+        return (len(self.params),)
+
+    def bind(self, param_names: Sequence[str]) -> PerTensor:
+        names = list(param_names)
+        if self.params is None:
+            return PerTensor(self.name, self.init, self.transform, names, self.default)
+        unknown = [p for p in self.params if p not in names]
+        if unknown:
+            raise ValueError(
+                f"PerTensor({self.name!r}): params {unknown} are not trainable parameters of the "
+                f"model; choose from {names}."
+            )
+        if len(set(self.params)) != len(self.params):
+            raise ValueError(f"PerTensor({self.name!r}): params={list(self.params)} has repeats.")
+        if len(self.params) < len(names) and self.default is None:
+            missing = [p for p in names if p not in self.params]
+            raise ValueError(
+                f"PerTensor({self.name!r}): parameters {missing} have no value; list them in "
+                f"params=... or pass default=<constant> for them."
+            )
+        return self
+
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> object:
+        v = TRANSFORMS[self.transform][0](raw)
+        assert self.params is not None
+        return _PerTensorValue({p: v[i] for i, p in enumerate(self.params)}, self.default)
+
+
+class _PerTensorValue(dict):
+    """``dict`` parameter name -> value, with the constant ``default`` for the others."""
+
+    def __init__(self, values: Mapping[str, Tensor], default: float | None) -> None:
+        super().__init__(values)
+        self.default = default
+
+    def __missing__(self, key: str) -> float:
+        if self.default is None:
+            raise KeyError(key)
+        return self.default
+
+
+class HPValues(Mapping[str, object]):
+    """Read-only mapping name -> value given to losses; it remembers which names were read, so
+    a hyperparameter bound to nothing can be reported, and it names the choices on a typo."""
+
+    def __init__(self, values: dict[str, object], where: str) -> None:
+        self._values = values
+        self._where = where
+        self.accessed: set[str] = set()
+
+    def __getitem__(self, key: str) -> object:
+        if key not in self._values:
+            raise KeyError(
+                f"{self._where}: unknown hyperparameter {key!r}; defined are "
+                f"{sorted(self._values)}. Add it to HyperParams or fix the name."
+            )
+        self.accessed.add(key)
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class HyperParams:
+    """An ordered set of hyperparameters laid out in one flat raw vector ``lam`` of length ``K``.
+
+    Args:
+        items: the hyperparameters; names must be unique.
+
+    ``slices[name]`` is the slice of ``lam`` holding ``name``; :meth:`values` maps ``lam``
+    (shape ``(K,)``) to what training reads at a step.
+    """
+
+    def __init__(self, items: Sequence[HyperParameter]) -> None:
+        items = list(items)
+        if not items:
+            raise ValueError(
+                "HyperParams: got no hyperparameters (K = 0), so there is nothing to "
+                "differentiate; pass at least one, e.g. HyperParams([Scalar('lr', 0.1, "
+                "transform='log')])."
+            )
+        for it in items:
+            if not isinstance(it, HyperParameter):
+                raise TypeError(
+                    f"HyperParams: expected hypergrad hyperparameters (Scalar, PerTensor, "
+                    f"Schedule, PerExample, Tensor), got {type(it).__name__}: {it!r}."
+                )
+        names = [it.name for it in items]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"HyperParams: names {dup} are used more than once; rename them.")
+        self.items: list[HyperParameter] = items
+        self.by_name = {it.name: it for it in items}
+
+    def bind(self, param_names: Sequence[str]) -> HyperParams:
+        """Resolve :class:`PerTensor` parameter lists against a model's trainable parameters."""
+        return HyperParams([it.bind(param_names) if isinstance(it, PerTensor) else it
+                            for it in self.items])
+
+    @property
+    def names(self) -> list[str]:
+        return [it.name for it in self.items]
+
+    @property
+    def slices(self) -> dict[str, slice]:
+        out, start = {}, 0
+        for it in self.items:
+            out[it.name] = slice(start, start + it.numel)
+            start += it.numel
+        return out
+
+    @property
+    def num_raw(self) -> int:
+        """``K``, the number of raw scalars."""
+        return sum(it.numel for it in self.items)
+
+    def init_raw(self, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> Tensor:
+        """The initial raw vector ``lam``, shape ``(K,)``."""
+        if not dtype.is_floating_point:
+            raise TypeError(
+                f"HyperParams.init_raw: dtype={dtype} is not a floating dtype; hypergradients "
+                f"need float32 or float64."
+            )
+        return torch.cat([it.init_raw(dtype, device).reshape(-1) for it in self.items])
+
+    def split(self, lam: Tensor) -> dict[str, Tensor]:
+        """Raw slices by name, each reshaped to its hyperparameter's shape."""
+        self.check_raw(lam)
+        return {it.name: lam[s].reshape(it.shape())
+                for it, s in zip(self.items, self.slices.values())}
+
+    def check_raw(self, lam: Tensor, api: str = "HyperParams") -> None:
+        if not isinstance(lam, Tensor):
+            raise TypeError(f"{api}: lam must be a torch.Tensor of shape (K,), got "
+                            f"{type(lam).__name__}.")
+        if tuple(lam.shape) != (self.num_raw,):
+            raise ValueError(
+                f"{api}: lam has shape {tuple(lam.shape)}, expected ({self.num_raw},) = K raw "
+                f"values for {self.names}; start from hyperparams.init_raw()."
+            )
+        if not lam.dtype.is_floating_point:
+            raise TypeError(f"{api}: lam has dtype {lam.dtype}; use a floating dtype.")
+
+    def values(self, lam: Tensor, step: int | None = None, horizon: int = 1) -> dict[str, object]:
+        """What training reads: name -> transformed value at ``step`` of ``horizon``.
+
+        Scalars and schedules give 0-d tensors (the whole schedule when ``step`` is None),
+        per-tensor kinds a ``dict`` param name -> 0-d tensor, the others tensors.
+        """
+        raw = self.split(lam)
+        return {it.name: it.value(raw[it.name], step, horizon) for it in self.items}
+
+    def describe(self, lam: Tensor) -> dict[str, list[float] | float]:
+        """Plain-Python transformed values (for logs and JSON)."""
+        out: dict[str, list[float] | float] = {}
+        for it in self.items:
+            raw = self.split(lam.detach())[it.name]
+            v = TRANSFORMS[it.transform][0](raw)
+            out[it.name] = v.tolist()
+        return out
+
+    def __repr__(self) -> str:
+        return f"HyperParams({self.items!r})"

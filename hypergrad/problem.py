@@ -1,0 +1,243 @@
+"""The inner problem: T steps of ordinary training, written as one pure step function.
+
+``s_t = step(s_{t-1}, lam, t)`` with ``s = (params, buffers, opt)`` (a :class:`InnerState`).
+Forward mode, reverse mode and finite differences all run this same function, so their agreement
+is a real test of the differentiation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .hyperparams import HPValues, HyperParams
+from .model import FunctionalModel, ModelFn
+from .optim import Optimizer
+
+__all__ = ["InnerState", "InnerProblem", "TrainLoss", "ValLoss"]
+
+TrainLoss = Callable[[ModelFn, Any, HPValues], Tensor]
+ValLoss = Callable[[ModelFn, HPValues], Tensor]
+
+
+class InnerState(NamedTuple):
+    """The training state ``s``: every tensor here carries a tangent in forward mode.
+
+    params: dict name -> tensor; buffers: BatchNorm running statistics; opt: the optimizer state.
+    """
+
+    params: dict[str, Tensor]
+    buffers: dict[str, Tensor]
+    opt: NamedTuple
+
+
+class InnerProblem:
+    """T inner training steps and the validation objective ``E`` they are judged by.
+
+    Args:
+        model: any ``nn.Module``; its trainable parameters and BatchNorm running statistics are
+            the training state, run functionally (the module itself is never modified).
+        train_loss: ``train_loss(model, batch, hp) -> scalar``. ``model`` is callable like the
+            module (``model(x)``) and exposes ``model.params``; ``hp`` maps hyperparameter names
+            to values at the current step (per-tensor kinds: dict param name -> value).
+        optimizer: a pure optimizer from :mod:`hypergrad.optim`, arguments constant or bound to
+            hyperparameter names.
+        hyperparams: the :class:`~hypergrad.HyperParams` to differentiate.
+        batches: the mini-batch of each step: a sequence (step ``t`` reads ``batches[t % len]``),
+            a callable ``t -> batch``, or any iterable (its first ``steps`` batches are stored,
+            re-iterating it if it runs out), so every method sees the same batches.
+        steps: ``T``, the number of inner steps (>= 1).
+        val_loss: ``val_loss(model, hp) -> scalar``, the objective ``E(w_T, lam)``; close over
+            the validation data. ``hp`` gives whole schedules.
+        val_mode: ``"eval"`` (default) or ``"train"``: the module mode while ``val_loss`` runs.
+
+    Example:
+        >>> problem = InnerProblem(model, train_loss, sgd(lr="lr"), HyperParams([...]),
+        ...                        batches, steps=50, val_loss=val_loss)  # doctest: +SKIP
+    """
+
+    def __init__(self, model: nn.Module, train_loss: TrainLoss, optimizer: Optimizer,
+                 hyperparams: HyperParams, batches: Sequence[Any] | Callable[[int], Any]
+                 | Iterable[Any], steps: int, val_loss: ValLoss, val_mode: str = "eval") -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                f"InnerProblem: steps={steps!r} must be an int >= 1 (the horizon T); with T = 0 "
+                f"the hyperparameters influence nothing."
+            )
+        if not isinstance(hyperparams, HyperParams):
+            raise TypeError(
+                f"InnerProblem: hyperparams must be a HyperParams, got "
+                f"{type(hyperparams).__name__}; wrap them: HyperParams([...])."
+            )
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(
+                f"InnerProblem: optimizer must come from hypergrad.optim (sgd, adam, adamw), got "
+                f"{type(optimizer).__name__}."
+            )
+        if val_mode not in ("eval", "train"):
+            raise ValueError(f"InnerProblem: val_mode={val_mode!r}; use 'eval' or 'train'.")
+        if not callable(train_loss) or not callable(val_loss):
+            raise TypeError("InnerProblem: train_loss and val_loss must be callables.")
+        self.fmodel = FunctionalModel(model)
+        self.hyperparams = hyperparams.bind(self.fmodel.param_names)
+        self.optimizer = optimizer
+        self.train_loss = train_loss
+        self.val_loss = val_loss
+        self.val_mode = val_mode
+        self.steps = steps
+        self._batch = _batch_source(batches, steps)
+        self._check_binding()
+        self._checked_dtype: torch.dtype | None = None
+
+    # -- basic facts ------------------------------------------------------------------------------
+    @property
+    def num_hyperparams(self) -> int:
+        """``K``."""
+        return self.hyperparams.num_raw
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fmodel.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fmodel.device
+
+    def init_raw(self) -> Tensor:
+        """Initial raw hyperparameters ``lam``, shape ``(K,)``, in the model's dtype/device."""
+        return self.hyperparams.init_raw(self.dtype, self.device)
+
+    def batch(self, t: int) -> Any:
+        return self._batch(t)
+
+    def initial_state(self) -> InnerState:
+        params = self.fmodel.initial_params()
+        return InnerState(params, self.fmodel.initial_buffers(), self.optimizer.init(params))
+
+    # -- the pure functions every method differentiates --------------------------------------------
+    def train_objective(self, params: dict[str, Tensor], buffers: dict[str, Tensor], lam: Tensor,
+                        t: int, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        """``L_train(w, b, lam; B_t)`` and the running statistics after the forward pass."""
+        hp = HPValues(self.hyperparams.values(lam, t, self.steps), "train_loss")
+        model = self.fmodel.bind(params, buffers, train=True, step=t)
+        loss = self.train_loss(model, batch, hp)
+        return loss, model.new_buffers
+
+    def update(self, grads: dict[str, Tensor], opt: NamedTuple, params: dict[str, Tensor],
+               lam: Tensor, t: int) -> tuple[dict[str, Tensor], NamedTuple]:
+        """The optimizer update ``U`` with the hyperparameters of step ``t``."""
+        hp = self.hyperparams.values(lam, t, self.steps)
+        return self.optimizer.update(grads, opt, params, hp, t)
+
+    def step(self, state: InnerState, lam: Tensor, t: int) -> InnerState:
+        """One inner step: ``g = grad_w L_train``, then ``s_t = U(s_{t-1}, g, h_t)``."""
+        g, new_buffers = torch.func.grad(self.train_objective, has_aux=True)(
+            state.params, state.buffers, lam, t, self.batch(t))
+        params, opt = self.update(g, state.opt, state.params, lam, t)
+        return InnerState(params, new_buffers, opt)
+
+    def objective(self, params: dict[str, Tensor], buffers: dict[str, Tensor],
+                  lam: Tensor) -> Tensor:
+        """The validation objective ``E(w_T, b_T, lam)``."""
+        hp = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
+        model = self.fmodel.bind(params, buffers, train=self.val_mode == "train",
+                                 step=self.steps)
+        return self.val_loss(model, hp)
+
+    def run(self, lam: Tensor, state: InnerState | None = None, start: int = 0,
+            stop: int | None = None) -> InnerState:
+        """Plain training from ``state`` (default: the initial one) over steps ``start..stop-1``."""
+        self.check(lam)
+        s = self.initial_state() if state is None else state
+        with torch.no_grad():
+            for t in range(start, self.steps if stop is None else stop):
+                s = self.step(s, lam, t)
+        return s
+
+    # -- validation ---------------------------------------------------------------------------------
+    def _check_binding(self) -> None:
+        hps = self.hyperparams
+        for name, arg in self.optimizer.bound_names().items():
+            if name not in hps.by_name:
+                raise ValueError(
+                    f"InnerProblem: optimizer argument {arg}={name!r} names no hyperparameter; "
+                    f"defined are {hps.names}. Fix the name or add it to HyperParams."
+                )
+            item = hps.by_name[name]
+            if item.kind in ("per_example",) or (item.kind == "tensor" and item.shape() != ()):
+                raise ValueError(
+                    f"InnerProblem: optimizer argument {arg} is bound to {name!r} of kind "
+                    f"{item.kind} with shape {item.shape()}; optimizer arguments take a Scalar, "
+                    f"a Schedule, a PerTensor or a 0-d Tensor."
+                )
+
+    def check(self, lam: Tensor) -> None:
+        """Validate ``lam`` and run the losses once: scalar losses, float dtype, every
+        hyperparameter read by something. Cheap after the first call for a dtype."""
+        self.hyperparams.check_raw(lam, "InnerProblem")
+        if lam.dtype != self.dtype:
+            raise TypeError(
+                f"InnerProblem: lam has dtype {lam.dtype} but the model is {self.dtype}; use "
+                f"problem.init_raw() or lam.to({self.dtype})."
+            )
+        if self._checked_dtype == lam.dtype:
+            return
+        with torch.no_grad():
+            s = self.initial_state()
+            hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
+            loss = self.train_loss(self.fmodel.bind(s.params, s.buffers, True, 0),
+                                   self.batch(0), hp)
+            _check_scalar("train_loss", loss, self.dtype)
+            hpv = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
+            val = self.val_loss(self.fmodel.bind(s.params, s.buffers,
+                                                 self.val_mode == "train", self.steps), hpv)
+            _check_scalar("val_loss", val, self.dtype)
+        used = hp.accessed | hpv.accessed | set(self.optimizer.bound_names())
+        unused = [n for n in self.hyperparams.names if n not in used]
+        if unused:
+            raise ValueError(
+                f"InnerProblem: hyperparameters {unused} are bound to nothing: no optimizer "
+                f"argument names them and neither train_loss nor val_loss reads them (hp[...]). "
+                f"Bind them (e.g. sgd(lr={unused[0]!r})) or remove them."
+            )
+        self._checked_dtype = lam.dtype
+
+
+def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"InnerProblem: {name} returned {type(loss).__name__}; return a scalar "
+                        f"tensor.")
+    if loss.numel() != 1 or loss.ndim > 1:
+        raise ValueError(
+            f"InnerProblem: {name} returned a tensor of shape {tuple(loss.shape)}; it must be a "
+            f"scalar: reduce it, e.g. loss.mean()."
+        )
+    if not loss.dtype.is_floating_point:
+        raise TypeError(f"InnerProblem: {name} returned dtype {loss.dtype}; return a float loss.")
+
+
+def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
+    if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
+        return batches
+    if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
+        if len(batches) == 0:
+            raise ValueError("InnerProblem: batches is empty; give at least one mini-batch.")
+        return lambda t: batches[t % len(batches)]
+    if isinstance(batches, Iterable):
+        stored: list[Any] = []
+        while len(stored) < steps:
+            before = len(stored)
+            for b in batches:
+                stored.append(b)
+                if len(stored) == steps:
+                    break
+            if len(stored) == before:
+                raise ValueError("InnerProblem: batches yielded no mini-batch.")
+        return lambda t: stored[t % len(stored)]
+    raise TypeError(
+        f"InnerProblem: batches must be a sequence, a callable t -> batch or an iterable, got "
+        f"{type(batches).__name__}."
+    )
