@@ -1,0 +1,183 @@
+"""Oracles and comparison helpers: :func:`hypergradcheck`, like ``torch.autograd.gradcheck`` for
+hypergradients, and the digits problems the exactness table and the tests are built from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .finite_diff import FiniteDifference
+from .forward import ForwardMode
+from .hvp import STRATEGIES, HVPStrategy, VmapVJP
+from .hyperparams import HyperParameter, HyperParams, PerExample, PerTensor, Scalar, Schedule
+from .hyperparams import Tensor_ as HPTensor
+from .optim import Optimizer, adam, adamw, sgd
+from .problem import InnerProblem
+from .reverse import ReverseMode
+
+__all__ = ["rel_err", "group_rel_errs", "CheckReport", "HypergradcheckError", "hypergradcheck",
+           "OPTIMIZERS", "KINDS", "digits_case"]
+
+
+def rel_err(a: Tensor, b: Tensor) -> float:
+    """Norm-wise relative error ``||a - b|| / ||b||`` (absolute when ``b == 0``)."""
+    d = float((a - b).norm())
+    nb = float(b.norm())
+    return d / nb if nb > 0 else d
+
+
+def group_rel_errs(hyperparams: HyperParams, a: Tensor, b: Tensor) -> dict[str, float]:
+    """:func:`rel_err` per hyperparameter group (slices of ``lam``)."""
+    return {n: rel_err(a[s], b[s]) for n, s in hyperparams.slices.items()}
+
+
+class HypergradcheckError(RuntimeError):
+    """Raised by :func:`hypergradcheck` when a comparison exceeds its tolerance."""
+
+
+@dataclass
+class CheckReport:
+    """Errors per hyperparameter group: forward vs reverse, forward vs central finite
+    differences, and the largest deviation of any HVP strategy from the default."""
+
+    fwd_vs_rev: dict[str, float]
+    fwd_vs_fd: dict[str, float]
+    strategies: dict[str, float]
+    tolerances: dict[str, float] = field(default_factory=dict)
+    grad: Tensor | None = None
+
+    def max(self, which: str) -> float:
+        return max(getattr(self, which).values(), default=0.0)
+
+    @property
+    def ok(self) -> bool:
+        return all(self.max(k) <= tol for k, tol in self.tolerances.items())
+
+    def __str__(self) -> str:
+        lines = [f"{'group':<16}{'fwd_vs_rev':>12}{'fwd_vs_fd':>12}{'strategies':>12}"]
+        for n in self.fwd_vs_rev:
+            lines.append(f"{n:<16}{self.fwd_vs_rev[n]:>12.2e}{self.fwd_vs_fd[n]:>12.2e}"
+                         f"{self.strategies[n]:>12.2e}")
+        tol = ", ".join(f"{k} <= {v:g}" for k, v in self.tolerances.items())
+        lines.append(f"{'ok' if self.ok else 'FAILED'} (tolerances: {tol})")
+        return "\n".join(lines)
+
+
+def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
+                   strategies: Sequence[HVPStrategy] | None = None, fd_eps: float = 1e-5,
+                   rtol_rev: float = 1e-8, rtol_fd: float = 1e-5, rtol_strategies: float = 1e-10,
+                   raise_exception: bool = True) -> CheckReport:
+    """Check forward-mode hypergradients against reverse mode, central finite differences, and
+    every HVP strategy, in float64.
+
+    Args:
+        problem: a float64 problem (``model.double()`` and float64 data).
+        lam: raw hyperparameters (default ``problem.init_raw()``).
+        strategies: HVP strategies to compare with the default :class:`VmapVJP` (default: all).
+        fd_eps: finite-difference step in raw space.
+        rtol_rev, rtol_fd, rtol_strategies: tolerances on the norm-wise relative errors.
+        raise_exception: raise :class:`HypergradcheckError` on failure (as ``gradcheck`` does).
+
+    Returns:
+        A :class:`CheckReport`; ``print(report)`` shows the table.
+    """
+    if problem.dtype != torch.float64:
+        raise TypeError(
+            f"hypergradcheck: the problem runs in {problem.dtype}; the check needs float64 to "
+            f"tell rounding from bugs: build it with model.double() and float64 data."
+        )
+    lam = problem.init_raw() if lam is None else lam
+    hps = problem.hyperparams
+    ref = ForwardMode(VmapVJP()).hypergradient(problem, lam).grad
+    rev = ReverseMode().hypergradient(problem, lam).grad
+    fd = FiniteDifference(fd_eps).hypergradient(problem, lam).grad
+    if strategies is None:
+        strategies = [cls() for name, cls in STRATEGIES.items() if name != VmapVJP.name]
+    spread = {n: 0.0 for n in hps.names}
+    for strat in strategies:
+        other = ForwardMode(strat).hypergradient(problem, lam).grad
+        for n, e in group_rel_errs(hps, other, ref).items():
+            spread[n] = max(spread[n], e)
+    report = CheckReport(
+        group_rel_errs(hps, ref, rev), group_rel_errs(hps, ref, fd), spread,
+        {"fwd_vs_rev": rtol_rev, "fwd_vs_fd": rtol_fd, "strategies": rtol_strategies}, ref)
+    if raise_exception and not report.ok:
+        raise HypergradcheckError(f"hypergradcheck failed:\n{report}")
+    return report
+
+
+# -- the digits grid: every optimizer x every hyperparameter kind ---------------------------------
+
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+KINDS = ("lr", "momentum", "per_tensor_wd", "schedule", "per_example", "loss_param")
+
+
+def _optimizer(opt: str, kind: str) -> Optimizer:
+    lr = "lr" if kind in ("lr", "schedule") else (0.1 if opt in OPTIMIZERS[:3] else 0.01)
+    # constant weight decay where it is not the hyperparameter, so the L2 paths (and AdamW's
+    # decoupled decay) are exercised by every row
+    wd = "wd" if kind == "per_tensor_wd" else (1e-2 if opt == "adamw" else 1e-3)
+    mom = "mom" if kind == "momentum" else 0.9
+    if opt == "sgd":
+        return sgd(lr=lr, weight_decay=wd)
+    if opt in ("momentum", "nesterov"):
+        return sgd(lr=lr, momentum=mom, nesterov=opt == "nesterov", weight_decay=wd)
+    if opt == "adam":
+        return adam(lr=lr, betas=(mom, 0.999), weight_decay=wd)
+    return adamw(lr=lr, betas=(mom, 0.999), weight_decay=wd)
+
+
+def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperParameter:
+    lr0 = 0.1 if opt in OPTIMIZERS[:3] else 0.01
+    if kind == "lr":
+        return Scalar("lr", lr0, transform="log")
+    if kind == "momentum":
+        return Scalar("mom", 0.9 if opt in ("adam", "adamw") else 0.5, transform="logit")
+    if kind == "per_tensor_wd":
+        return PerTensor("wd", 1e-2, transform="log")
+    if kind == "schedule":
+        return Schedule("lr", lr0, windows=windows, transform="log")
+    if kind == "per_example":
+        return PerExample("ex_w", n=n_train, init=0.5, transform="logit")
+    return HPTensor("smooth", 0.1, transform="logit")
+
+
+def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batch_size: int = 16,
+                hidden: int = 16, n_val: int = 64, windows: int = 4, batchnorm: bool = False,
+                val_mode: str = "eval", seed: int = 0) -> InnerProblem:
+    """A float64 MLP on a subset of ``load_digits`` with one hyperparameter kind and one optimizer
+    (names from :data:`OPTIMIZERS` and :data:`KINDS`); ``sgd`` x ``momentum`` has no momentum and
+    raises ``NotImplementedError``."""
+    from .data import MiniBatches
+    from .problems import digits_data, mlp
+
+    if opt not in OPTIMIZERS or kind not in KINDS:
+        raise ValueError(f"digits_case: opt={opt!r} must be in {OPTIMIZERS}, kind={kind!r} in "
+                         f"{KINDS}.")
+    if opt == "sgd" and kind == "momentum":
+        raise NotImplementedError("digits_case: plain sgd has no momentum to tune.")
+    data = digits_data(n_train, n_val, 1, seed=seed, dtype=torch.float64)
+    torch.manual_seed(seed)
+    model = mlp([64, hidden, 10], batchnorm=batchnorm).double()
+    hps = HyperParams([_hyperparameter(opt, kind, n_train, windows)])
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y, idx = batch
+        logp = F.log_softmax(m(x), dim=-1)
+        nll = -logp.gather(1, y[:, None])[:, 0]
+        if "smooth" in hp:  # label smoothing as a learnable loss parameter
+            nll = (1 - hp["smooth"]) * nll - hp["smooth"] * logp.mean(-1)
+        if "ex_w" in hp:
+            return (hp["ex_w"][idx] * nll).mean()
+        return nll.mean()
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(data.x_val), data.y_val)
+
+    batches = MiniBatches(data.x_train, data.y_train, batch_size=batch_size, seed=seed)
+    return InnerProblem(model, train_loss, _optimizer(opt, kind), hps, batches, steps, val_loss,
+                        val_mode=val_mode)
