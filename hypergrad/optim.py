@@ -1,8 +1,8 @@
 """Inner optimizers as pure updates over NamedTuple states, step for step equal to ``torch.optim``.
 
 An optimizer is a pair of pure functions (as in optax): ``init(params) -> state`` and
-``update(grads, state, params, hp, step) -> (new_params, new_state)``, over dicts of tensors. Because
-``update`` is pure and elementwise, forward mode gets its tangent rule from ``torch.func.jvp``
+``update(grads, state, params, hp, step) -> (new_params, new_state)``, over dicts of tensors.
+Because ``update`` is pure and elementwise, forward mode gets its tangent rule from ``torch.func.jvp``
 under ``vmap``: no optimizer has a hand-written derivative.
 
 Each argument (``lr``, ``momentum``, ``betas``, ``weight_decay``, ``eps``, ...) is either a
@@ -128,7 +128,8 @@ class Optimizer:
                 if step == 0:  # torch.optim.SGD starts the buffer at the first gradient
                     buf = d
                 else:
-                    buf = mom * state.momentum_buffer[k] + (1 - self._read(a["dampening"], hp, k)) * d
+                    damp = self._read(a["dampening"], hp, k)
+                    buf = mom * state.momentum_buffer[k] + (1 - damp) * d
                 new_buf[k] = buf
                 d = d + mom * buf if a["nesterov"] else buf
             new_p[k] = p - self._read(a["lr"], hp, k) * d

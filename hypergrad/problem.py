@@ -157,7 +157,7 @@ class InnerProblem:
                 s = self.step(s, lam, t)
         return s
 
-    # -- validation ---------------------------------------------------------------------------------
+    # -- validation -------------------------------------------------------------------------------
     def _check_binding(self) -> None:
         hps = self.hyperparams
         for name, arg in self.optimizer.bound_names().items():

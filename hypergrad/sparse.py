@@ -121,6 +121,8 @@ def _as_1d(api: str, name: str, a: Any, *, integer: bool) -> Tensor:
                             f"{type(a).__name__} ({e}).") from None
     if t.dim() != 1:
         raise ValueError(f"{api}: {name} must be 1-D, got shape {tuple(t.shape)}.")
+    if integer and t.numel() == 0:
+        t = t.long()  # [] arrives as float64
     if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
         raise TypeError(f"{api}: {name} must hold integers, got dtype {t.dtype}; convert with "
                         f".astype(np.int64) / .long().")
@@ -279,9 +281,8 @@ def _parts_from_scipy(api: str, S: Any, **kw: Any) -> tuple[Tensor, Tensor]:
     transposed = S.format == "csc"
     if S.format not in ("csr", "csc"):
         S = S.tocsr()
-    data = S.data if S.data.dtype.kind == "f" else S.data.astype(np.float64)
     return _build(api, torch.from_numpy(S.indptr), torch.from_numpy(S.indices),
-                  torch.from_numpy(data), shape, transposed=transposed, **kw)
+                  torch.from_numpy(S.data), shape, transposed=transposed, **kw)
 
 
 def _parts_from_coo(api: str, rows: Any, cols: Any, values: Any, shape: Any,
@@ -716,7 +717,7 @@ def load_npz(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None,
             return SparseOperator._wrap(*_build(
                 api, torch.from_numpy(indptr.astype(np.int64, copy=False)),
                 torch.from_numpy(indices.astype(np.int64, copy=False)),
-                torch.from_numpy(_float_data(data)), shape, transposed=(fmt == "csc"), **kw))
+                torch.from_numpy(data), shape, transposed=(fmt == "csc"), **kw))
         if "coords" in keys:
             coords = npz["coords"]
             if coords.ndim != 2 or coords.shape[0] != 2:
@@ -733,18 +734,13 @@ def load_npz(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None,
                              f"data has {nnz} entries; the file is inconsistent.")
         return SparseOperator._wrap(*_parts_from_coo(
             api, row.astype(np.int64, copy=False), col.astype(np.int64, copy=False),
-            _float_data(data), shape, **kw))
+            data, shape, **kw))
 
 
 def _check_data_dtype(api: str, data: np.ndarray) -> None:
     if data.dtype.kind not in "biuf":
         raise TypeError(f"{api}: data has dtype {data.dtype}; SparseOperator holds real "
                         f"float32/float64 values.")
-
-
-def _float_data(data: np.ndarray) -> np.ndarray:
-    return data if data.dtype.kind == "f" and data.dtype.itemsize >= 4 else data.astype(
-        np.float64)
 
 
 def _check_index_array(api: str, name: str, a: np.ndarray, needed: int, why: str) -> None:

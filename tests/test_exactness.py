@@ -1,0 +1,142 @@
+"""Every differentiation path in float64: forward = reverse = central finite differences, and
+every HVP strategy agrees, for every optimizer and every hyperparameter kind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hypergrad as hg
+from hypergrad.hvp import HVPStrategy
+from hypergrad.problems import ridge_closed_form_hypergradient, ridge_problem
+from hypergrad.testing import KINDS, OPTIMIZERS, digits_case, hypergradcheck, rel_err
+
+SMALL = dict(steps=6, n_train=24, batch_size=8, hidden=8, n_val=32, windows=3)
+CASES = [(o, k) for o in OPTIMIZERS for k in KINDS if not (o == "sgd" and k == "momentum")]
+
+
+@pytest.mark.parametrize("opt,kind", CASES, ids=[f"{o}-{k}" for o, k in CASES])
+def test_forward_reverse_fd_strategies_agree(opt: str, kind: str) -> None:
+    rep = hypergradcheck(digits_case(opt, kind, **SMALL))  # raises on failure
+    assert rep.max("fwd_vs_rev") <= 1e-8
+    assert rep.max("fwd_vs_fd") <= 1e-5
+    assert rep.max("strategies") <= 1e-10
+    assert rep.grad is not None and rep.grad.abs().sum() > 0  # a real, non-trivial hypergradient
+
+
+def test_plain_sgd_has_no_momentum_case() -> None:
+    with pytest.raises(NotImplementedError, match="no momentum"):
+        digits_case("sgd", "momentum")
+
+
+@pytest.mark.parametrize("val_mode", ["eval", "train"])
+@pytest.mark.parametrize("opt", ["momentum", "adam"])
+def test_batchnorm_running_statistics(opt: str, val_mode: str) -> None:
+    problem = digits_case(opt, "per_tensor_wd", batchnorm=True, val_mode=val_mode, **SMALL)
+    hypergradcheck(problem)
+
+
+def test_batchnorm_statistics_tangents_matter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropping the running statistics' tangents (carrying them as constants) is measurably
+    wrong when validating in eval mode: the check above would catch that bug."""
+    problem = digits_case("momentum", "lr", batchnorm=True, val_mode="eval", **SMALL)
+    lam = problem.init_raw()
+    fd = hg.FiniteDifference().hypergradient(problem, lam).grad
+
+    def no_buffer_tangents(self, f, params, buffers, lam, zp, zb, eye):  # type: ignore[no-untyped-def]
+        return {k: torch.zeros((eye.shape[0], *v.shape), dtype=v.dtype) for k, v in buffers.items()}
+
+    monkeypatch.setattr(HVPStrategy, "_buffer_tangents", no_buffer_tangents)
+    wrong = hg.ForwardMode().hypergradient(problem, lam).grad
+    assert rel_err(wrong, fd) > 1e-3
+
+
+def test_batchnorm_counters_and_final_buffers(f64: torch.dtype) -> None:
+    problem = digits_case("momentum", "lr", batchnorm=True, **SMALL)
+    lam = problem.init_raw()
+    fs = hg.ForwardMode().run(problem, hg.ForwardMode().init(problem, lam), lam)
+    s = problem.run(lam)
+    for k in s.buffers:
+        torch.testing.assert_close(fs.state.buffers[k], s.buffers[k], rtol=1e-13, atol=1e-15)
+    # the module's own BatchNorm, trained by torch.optim, reaches the same running statistics
+    model = problem.fmodel.module
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    model.train()
+    for t in range(problem.steps):
+        x, y, idx = problem.batch(t)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    for k, v in s.buffers.items():
+        torch.testing.assert_close(model.get_buffer(k), v, rtol=1e-12, atol=1e-14)
+    for k, v in s.params.items():
+        torch.testing.assert_close(model.get_parameter(k).detach(), v, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("strategy", [hg.VmapVJP, hg.BatchedAutograd, hg.ForwardOverReverse])
+def test_chunking_does_not_change_results(strategy: type[HVPStrategy]) -> None:
+    problem = digits_case("adam", "per_example", **SMALL)  # K = 24
+    lam = problem.init_raw()
+    whole = hg.ForwardMode(strategy()).hypergradient(problem, lam).grad
+    for chunk in (1, 5, 24, 100):
+        part = hg.ForwardMode(strategy(chunk_size=chunk)).hypergradient(problem, lam).grad
+        torch.testing.assert_close(part, whole, rtol=1e-12, atol=1e-15)
+
+
+def test_loop_baseline_equals_batched() -> None:
+    problem = digits_case("nesterov", "schedule", **SMALL)
+    lam = problem.init_raw()
+    a = hg.ForwardMode(hg.ColumnLoop()).hypergradient(problem, lam).grad
+    b = hg.ForwardMode(hg.VmapVJP()).hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("steps", [2, 7, 40])
+def test_ridge_closed_form(steps: int, f64: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 6, generator=g, dtype=f64)
+    w = torch.randn(6, generator=g, dtype=f64)
+    y = x @ w + 0.3 * torch.randn(40, generator=g, dtype=f64)
+    xv = torch.randn(30, 6, generator=g, dtype=f64)
+    yv = xv @ w + 0.3 * torch.randn(30, generator=g, dtype=f64)
+    problem = ridge_problem(x, y, xv, yv, l2=0.3, lr=0.2, steps=steps)
+    exact = ridge_closed_form_hypergradient(x, y, xv, yv, l2=0.3, lr=0.2, steps=steps)
+    lam = problem.init_raw()
+    for method in (hg.ForwardMode(), hg.ReverseMode()):
+        got = method.hypergradient(problem, lam).grad
+        assert rel_err(got, exact) <= 1e-10, (method, got, exact)
+    # and the closed form itself is right: central differences of the closed-form w_T
+    assert rel_err(hg.FiniteDifference().hypergradient(problem, lam).grad, exact) <= 1e-7
+
+
+def test_hypergradient_at_any_step() -> None:
+    """Forward mode's hypergradient after t steps equals reverse mode over a horizon of t."""
+    long = digits_case("momentum", "per_tensor_wd", **{**SMALL, "steps": 9})
+    short = digits_case("momentum", "per_tensor_wd", **{**SMALL, "steps": 4})
+    lam = long.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(long, fm.init(long, lam), lam, stop=4)
+    assert fs.step == 4
+    value, grad = fm.hypergradient_at(long, fs, lam)
+    ref = hg.ReverseMode().hypergradient(short, lam)
+    assert rel_err(grad, ref.grad) <= 1e-12
+    torch.testing.assert_close(value, ref.objective, rtol=1e-14, atol=0)
+
+
+def test_direct_term_of_the_objective() -> None:
+    """A validation objective that reads the hyperparameters itself (here a penalty on the label
+    smoothing) gets the direct term dE/dlam."""
+    base = digits_case("adam", "loss_param", **SMALL)
+    inner_val = base.val_loss
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return inner_val(m, hp) + 3.0 * hp["smooth"] ** 2
+
+    problem = hg.InnerProblem(base.fmodel.module, base.train_loss, base.optimizer,
+                              base.hyperparams, base.batch, base.steps, val_loss)
+    lam = problem.init_raw()
+    fwd = hg.ForwardMode().hypergradient(problem, lam).grad
+    fd = hg.FiniteDifference().hypergradient(problem, lam).grad
+    without = hg.ForwardMode().hypergradient(base, lam).grad
+    assert rel_err(fwd, fd) <= 1e-6
+    assert rel_err(without, fd) > 1e-2  # the direct term is not negligible here

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hypergrad as hg
+from hypergrad.data import MiniBatches
+
+
+def test_layout_values_and_transforms(f64: torch.dtype) -> None:
+    hps = hg.HyperParams([
+        hg.Schedule("lr", [0.1, 0.2, 0.3], windows=3, transform="log"),
+        hg.Scalar("mom", 0.9, transform="logit"),
+        hg.PerTensor("wd", 1e-3, params=["a", "b"], transform="log"),
+        hg.PerExample("w", 0.5, n=4, transform="logit"),
+        hg.Tensor("l2", [1.0, 2.0]),
+    ])
+    assert hps.num_raw == 3 + 1 + 2 + 4 + 2
+    lam = hps.init_raw(f64)
+    assert lam.shape == (12,) and lam.dtype == f64
+    v = hps.values(lam, step=5, horizon=6)  # last window
+    torch.testing.assert_close(v["lr"], torch.tensor(0.3, dtype=f64))
+    torch.testing.assert_close(v["mom"], torch.tensor(0.9, dtype=f64))
+    assert set(v["wd"]) == {"a", "b"}
+    torch.testing.assert_close(v["w"], torch.full((4,), 0.5, dtype=f64))
+    assert hps.values(lam, step=None)["lr"].shape == (3,)
+    assert hps.describe(lam)["l2"] == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("horizon,windows", [(10, 3), (7, 7), (5, 1), (100, 8)])
+def test_schedule_windows_cover_the_horizon(horizon: int, windows: int) -> None:
+    s = hg.Schedule("lr", 0.1, windows=windows)
+    ws = [s.window(t, horizon) for t in range(horizon)]
+    assert ws[0] == 0 and ws[-1] == windows - 1
+    assert all(b - a in (0, 1) for a, b in zip(ws, ws[1:]))
+
+
+def test_per_tensor_default_for_unlisted() -> None:
+    p = hg.PerTensor("wd", 0.1, params=["a"], default=0.0).bind(["a", "b"])
+    v = p.value(torch.zeros(1), 0, 1)
+    assert v["b"] == 0.0 and float(v["a"]) == 0.0
+
+
+def test_minibatches_are_deterministic_epochs() -> None:
+    x = torch.arange(10.0)[:, None]
+    mb = MiniBatches(x, batch_size=3, seed=4)
+    assert mb.per_epoch == 3
+    a = [mb(t)[1].tolist() for t in range(6)]
+    b = [MiniBatches(x, batch_size=3, seed=4)(t)[1].tolist() for t in range(6)]
+    assert a == b
+    first_epoch = sum(a[:3], [])
+    assert len(set(first_epoch)) == 9  # no repeats inside an epoch
+    assert a[:3] != a[3:]  # a new shuffle each epoch
+    with pytest.raises(ValueError, match="batch_size=11 is larger than the 10 examples"):
+        MiniBatches(x, batch_size=11)
+    with pytest.raises(ValueError, match="tensor 1 has 2 rows"):
+        MiniBatches(x, torch.zeros(2), batch_size=1)

@@ -1,0 +1,32 @@
+"""hypergradcheck reports agreement, and fails loudly when a strategy is wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+import hypergrad as hg
+from hypergrad.testing import HypergradcheckError, digits_case, hypergradcheck
+
+SMALL = dict(steps=4, n_train=16, batch_size=8, hidden=6, n_val=16)
+
+
+class _Broken(hg.VmapVJP):
+    """Scales every Hessian-vector product by 1.001: a subtle bug."""
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        g, nb, G, zb = super().__call__(*args, **kwargs)
+        return g, nb, {k: 1.001 * v for k, v in G.items()}, zb
+
+
+def test_report_table() -> None:
+    rep = hypergradcheck(digits_case("adam", "schedule", **SMALL))
+    text = str(rep)
+    assert rep.ok and "fwd_vs_rev" in text and "lr" in text and text.endswith(")")
+
+
+def test_detects_a_wrong_strategy() -> None:
+    problem = digits_case("momentum", "lr", **SMALL)
+    with pytest.raises(HypergradcheckError, match="FAILED"):
+        hypergradcheck(problem, strategies=[_Broken()])
+    rep = hypergradcheck(problem, strategies=[_Broken()], raise_exception=False)
+    assert rep.max("strategies") > 1e-6 and not rep.ok
