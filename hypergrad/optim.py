@@ -2,8 +2,8 @@
 
 An optimizer is a pair of pure functions (as in optax): ``init(params) -> state`` and
 ``update(grads, state, params, hp, step) -> (new_params, new_state)``, over dicts of tensors.
-Because ``update`` is pure and elementwise, forward mode gets its tangent rule from ``torch.func.jvp``
-under ``vmap``: no optimizer has a hand-written derivative.
+Because ``update`` is pure and elementwise, forward mode gets its tangent rule from
+``torch.func.jvp`` under ``vmap``: no optimizer has a hand-written derivative.
 
 Each argument (``lr``, ``momentum``, ``betas``, ``weight_decay``, ``eps``, ...) is either a
 constant number or the *name* of a hyperparameter, read at every step from ``hp`` (a mapping name
