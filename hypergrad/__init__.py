@@ -8,7 +8,7 @@ one call; unrolled reverse mode and central finite differences are built in as r
 
 from __future__ import annotations
 
-from . import optim
+from . import optim, testing
 from .finite_diff import FiniteDifference
 from .forward import ForwardMode, ForwardState
 from .hvp import BatchedAutograd, ColumnLoop, ForwardOverReverse, HVPStrategy, VmapVJP
