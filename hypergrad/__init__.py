@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HyperParams", "Scalar", "PerTensor", "Schedule", "PerExample", "Tensor",
-    "optim", "sgd", "adam", "adamw",
+    "optim", "testing", "sgd", "adam", "adamw",
     "InnerProblem", "InnerState", "ModelFn",
     "Method", "HyperGradient", "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
