@@ -49,6 +49,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         lam0 = p.init_raw()
         for label, lam in {"initial": lam0, "learned": result.lam, **task.references}.items():
             rows.append({"hyperparameters": label, **task.evaluate(p.run(lam))})
+        if trainer.mode == "online" and result.state is not None:
+            rows.insert(1, {"hyperparameters": "online run (its own final state)",
+                            **task.evaluate(result.state)})
         grid = [r for r in rows if r["hyperparameters"].startswith("grid ")]
         key = "val_loss" if grid and "val_loss" in grid[0] else None
         if grid and key:
@@ -83,7 +86,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if text:
         log.info("\n" + text)
     for k, v in extra.items():
-        log.info(f"{k}: {json.dumps(v, default=float)}")
+        log.info(f"{k}: {v['summary'] if isinstance(v, dict) and 'summary' in v else v}")
     for k, v in compare.items():
         log.info(f"{k}: {v['seconds']:.2f} s, peak extra memory {v['peak_extra_mib']:.0f} MiB, "
                  f"relative difference to forward {v['rel_diff_to_forward']:.2e}")

@@ -17,7 +17,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     keys = [k for k in rows[0] if k not in ("hyperparameters", "best_of_grid")]
-    w = max(len(r["hyperparameters"]) for r in rows) + 2
+    w = max(len("hyperparameters"), *(len(r["hyperparameters"]) for r in rows)) + 2
     lines = [f"{'hyperparameters':<{w}}" + "".join(f"{k:>12}" for k in keys)]
     for r in rows:
         mark = "  <- best of grid" if r.get("best_of_grid") else ""

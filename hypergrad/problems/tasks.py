@@ -190,8 +190,11 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
         prec = tp / max(int(pred.sum()), 1)
         rec = tp / max(int(flipped.sum()), 1)
         f1 = 2 * prec * rec / max(prec + rec, 1e-12)
-        return {"flip_detection": {"precision": prec, "recall": rec, "f1": f1,
-                                   "threshold": threshold, "n_flipped": int(flipped.sum())}}
+        return {"flip_detection": {
+            "precision": prec, "recall": rec, "f1": f1, "threshold": threshold,
+            "n_flipped": int(flipped.sum()),
+            "summary": f"flagging weight < {threshold} as flipped: precision {prec:.3f}, "
+                       f"recall {rec:.3f}, F1 {f1:.3f} ({int(flipped.sum())} flipped labels)"}}
 
     ev = _classifier_eval(problem, {"val": (data.x_val, data.y_val),
                                     "test": (data.x_test, data.y_test)})
@@ -261,7 +264,11 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
         rel_t = float((got - finite_t).norm() / finite_t.norm())
         return {"closed_form": {"l2": l2, "forward_hypergradient": float(got[0]),
                                 "implicit_hypergradient": float(implicit[0]),
-                                "rel_diff_implicit": rel, "rel_diff_finite_T": rel_t}}
+                                "rel_diff_implicit": rel, "rel_diff_finite_T": rel_t,
+                                "summary": f"hypergradient at l2={l2:.4g} after T={steps}: "
+                                           f"forward {float(got[0]):.6e}, closed-form implicit "
+                                           f"{float(implicit[0]):.6e}, relative difference "
+                                           f"{rel:.2e}"}}
 
     return Task("ridge_diabetes", problem, evaluate, {}, extra)
 
