@@ -204,6 +204,7 @@ class Trainer:
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError("Trainer: outer_optimizer(params) must return a torch.optim.Optimizer.")
         self.history: list[dict[str, Any]] = []
+        self._last_good = self.lam.detach().clone()  # last lam with a finite evaluation
         self.outer_step = 0
         self.fstate: ForwardState | None = None
         self._tb: Any = None
@@ -332,12 +333,15 @@ class Trainer:
 
     def _diverged(self, value: Tensor, grad: Tensor, state: InnerState) -> TrainResult:
         good = self.history[-1]["outer_step"] if self.history else None
+        bad = self.problem.hyperparams.describe(self.lam)
+        with torch.no_grad():
+            self.lam.copy_(self._last_good)
         what = (f"the validation loss is {float(value)}" if not torch.isfinite(value)
                 else "the hypergradient is not finite")
         msg = (f"[hypergrad] stopped at outer step {self.outer_step}: {what}"
-               f" with hyperparameters {self.problem.hyperparams.describe(self.lam)}. The inner "
-               f"training diverged; kept the last good hyperparameters"
-               f"{f' (after outer step {good})' if good is not None else ' (the initial ones)'}. "
+               f" with hyperparameters {bad}. The inner training diverged; kept the last good "
+               f"hyperparameters {self.problem.hyperparams.describe(self.lam)}"
+               f"{f' (of outer step {good})' if good is not None else ' (the initial ones)'}. "
                f"Try a smaller outer learning rate, clip_norm=..., or bounds=... on learning "
                f"rates.")
         self.log(msg)
@@ -354,6 +358,7 @@ class Trainer:
     # -- logging and checkpoints -----------------------------------------------------------------
     def _record(self, value: Tensor, grad: Tensor, lam_used: Tensor, state: InnerState,
                 seconds: float, inner_step: int | None = None) -> None:
+        self._last_good = lam_used.detach().clone()
         rec: dict[str, Any] = {"outer_step": self.outer_step, "val_loss": float(value),
                                "hypergrad_norm": float(grad.norm()), "seconds": seconds,
                                "hyperparams": self.problem.hyperparams.describe(lam_used)}
@@ -388,7 +393,7 @@ class Trainer:
         ck: dict[str, Any] = {
             "version": 1, "mode": self.mode, "outer_step": self.outer_step,
             "lam": self.lam.detach().clone(), "outer": self.outer.state_dict(),
-            "history": self.history,
+            "history": self.history, "last_good": self._last_good,
             "rng": {"torch": torch.get_rng_state(), "python": _py_rng(),
                     "numpy": torch.as_tensor(np.random.get_state()[1].astype(np.int64)),
                     "numpy_pos": int(np.random.get_state()[2])},
@@ -416,6 +421,7 @@ class Trainer:
             self.lam.copy_(ck["lam"])
         self.outer.load_state_dict(ck["outer"])
         self.history = list(ck["history"])
+        self._last_good = ck.get("last_good", ck["lam"]).to(self.lam)
         self.outer_step = int(ck["outer_step"])
         torch.set_rng_state(ck["rng"]["torch"])
         random.setstate(_py_rng_restore(ck["rng"]["python"]))
