@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) experiments/exactness.py
+	$(VENV)/bin/hypergrad-run experiment=digits_schedule
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check hypergrad tests experiments

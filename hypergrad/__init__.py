@@ -19,6 +19,7 @@ from .model import ModelFn
 from .optim import adam, adamw, sgd
 from .problem import InnerProblem, InnerState
 from .reverse import ReverseMode
+from .trainer import SignDescent, Trainer, TrainResult, choose_method
 
 __version__ = "0.1.0"
 
@@ -28,4 +29,5 @@ __all__ = [
     "InnerProblem", "InnerState", "ModelFn",
     "Method", "HyperGradient", "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
+    "Trainer", "TrainResult", "SignDescent", "choose_method",
 ]

@@ -38,7 +38,6 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     task, trainer = build(cfg, run_dir)
-    trainer.log = log.info
     p = task.problem
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
              f"method={type(trainer.method).__name__} mode={trainer.mode} "
@@ -88,7 +87,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     for k, v in extra.items():
         log.info(f"{k}: {v['summary'] if isinstance(v, dict) and 'summary' in v else v}")
     for k, v in compare.items():
-        log.info(f"{k}: {v['seconds']:.2f} s, peak extra memory {v['peak_extra_mib']:.0f} MiB, "
+        log.info(f"{k}: {v['seconds']:.2f} s, peak extra memory {v['peak_extra_mib']:.2f} MiB, "
                  f"relative difference to forward {v['rel_diff_to_forward']:.2e}")
     log.info(f"results: {run_dir / 'results.json'}")
     return results

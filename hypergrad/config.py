@@ -262,6 +262,8 @@ def register_configs() -> None:
 
 def build(cfg: DictConfig, run_dir: str | Path | None = None) -> tuple[Any, Any]:
     """Instantiate a composed config: returns ``(task, trainer)``."""
+    import logging
+
     import torch
 
     from .trainer import Trainer
@@ -282,5 +284,6 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> tuple[Any, Any]
         interval=tc["interval"], reset_tangents=tc["reset_tangents"],
         clip_norm=tc["clip_norm"], bounds=tc["bounds"], run_dir=run_dir, resume=tc["resume"],
         evaluate=task.evaluate, progress=tc["progress"], tensorboard=tc["tensorboard"],
-        memory_budget=tc["memory_budget_gb"] * 2**30)
+        memory_budget=tc["memory_budget_gb"] * 2**30,
+        log=logging.getLogger("hypergrad").info)
     return task, trainer
