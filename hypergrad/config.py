@@ -199,6 +199,27 @@ class BreastCancerConf:
     batch_size: Optional[int] = None
 
 
+@dataclass
+class SparseRegressionConf:
+    _target_: str = "hypergrad.problems.sparse_regression.sparse_regression_task"
+    steps: int = 100
+    m: int = 20000
+    m_val: int = 4000
+    n: int = 2000
+    density: float = 0.005
+    groups: int = 10
+    corrupted: int = 3
+    feature_groups: int = 4
+    mask_fraction: float = 0.0
+    corruption: float = 3.0
+    seed: int = "${seed}"  # type: ignore[assignment]
+    dtype: str = "float32"
+    weights: str = "res_w"
+    l2: str = "l2"
+    data_path: Optional[str] = None
+    val_fraction: float = 0.2
+
+
 # -- the run ---------------------------------------------------------------------------------------
 class Mode(enum.Enum):
     offline = "offline"
@@ -242,7 +263,8 @@ class Config:
 
 SCHEMAS: dict[str, dict[str, type]] = {
     "problem": {"digits": DigitsConf, "hypercleaning": HypercleaningConf,
-                "ridge_diabetes": RidgeDiabetesConf, "breast_cancer": BreastCancerConf},
+                "ridge_diabetes": RidgeDiabetesConf, "breast_cancer": BreastCancerConf,
+                "sparse_regression": SparseRegressionConf},
     "model": {"mlp": MLPConf, "linear": LinearConf},
     "hyperparams": {"hyperparams": HyperParamsConf},
     "inner_optimizer": {"sgd": SGDConf, "adam": AdamConf, "adamw": AdamWConf},

@@ -18,11 +18,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         return ""
     keys = [k for k in rows[0] if k not in ("hyperparameters", "best_of_grid")]
     w = max(len("hyperparameters"), *(len(r["hyperparameters"]) for r in rows)) + 2
-    lines = [f"{'hyperparameters':<{w}}" + "".join(f"{k:>12}" for k in keys)]
+    cw = {k: max(12, len(k) + 2) for k in keys}
+    lines = [f"{'hyperparameters':<{w}}" + "".join(f"{k:>{cw[k]}}" for k in keys)]
     for r in rows:
         mark = "  <- best of grid" if r.get("best_of_grid") else ""
         lines.append(f"{r['hyperparameters']:<{w}}"
-                     + "".join(f"{r[k]:>12.4f}" for k in keys) + mark)
+                     + "".join(f"{r[k]:>{cw[k]}.4f}" for k in keys) + mark)
     return "\n".join(lines)
 
 
