@@ -32,15 +32,18 @@ def _compose(overrides: list[str]) -> DictConfig:
 def test_every_group_has_options_and_presets_exist() -> None:
     assert {g for g, _ in OPTIONS} == set(GROUPS)
     assert {"digits_schedule", "hypercleaning", "ridge_diabetes", "breast_cancer_l2",
-            "online_digits"} <= set(PRESETS)
+            "online_digits", "sparse_regression"} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_instantiates(group: str, option: str) -> None:
-    cfg = _compose([f"{group}={option}", "debug=fast"])
+    # options that read another group's values (interpolations) compose within their preset
+    context = {("hyperparams", "sparse_weights"): ["experiment=sparse_regression"]}
+    cfg = _compose([*context.get((group, option), []), f"{group}={option}", "debug=fast"])
     if group == "problem":  # a problem needs matching parts: take them from a preset using it
         preset = {"digits": "digits_schedule", "hypercleaning": "hypercleaning",
-                  "ridge_diabetes": "ridge_diabetes", "breast_cancer": "breast_cancer_l2"}
+                  "ridge_diabetes": "ridge_diabetes", "breast_cancer": "breast_cancer_l2",
+                  "sparse_regression": "sparse_regression"}
         cfg = _compose([f"experiment={preset[option]}", "debug=fast"])
         task, trainer = build(cfg)
         assert isinstance(task.problem, hg.InnerProblem) and isinstance(trainer, Trainer)
