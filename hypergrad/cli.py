@@ -71,7 +71,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     results = {
         "name": cfg.name, "task": task.name, "K": p.num_hyperparams, "T": p.steps,
         "method": result.method, "mode": trainer.mode, "outer_steps": len(result.history),
-        "fit_seconds": fit["seconds"], "learned": result.values, "table": rows,
+        "fit_seconds": fit["seconds"], "fit_peak_extra_mib": fit["peak_extra_bytes"] / 2**20,
+        "learned": result.values, "table": rows,
         "extra": extra, "compare_methods": compare, "diverged": result.diverged,
         "message": result.message, "final_val_loss": result.history[-1]["val_loss"]
         if result.history else None,
@@ -89,6 +90,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     for k, v in compare.items():
         log.info(f"{k}: {v['seconds']:.2f} s, peak extra memory {v['peak_extra_mib']:.2f} MiB, "
                  f"relative difference to forward {v['rel_diff_to_forward']:.2e}")
+    log.info(f"tuning took {fit['seconds']:.1f} s, peak extra memory "
+             f"{fit['peak_extra_bytes'] / 2**20:.1f} MiB ({result.method} mode)")
     log.info(f"results: {run_dir / 'results.json'}")
     return results
 

@@ -159,3 +159,14 @@ def test_checkpoint_loads_with_weights_only(tmp_path: Path) -> None:
     _trainer(outer_steps=1, run_dir=tmp_path).fit()
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ck["outer_step"] == 1 and ck["lam"].dtype == torch.float64
+
+
+def test_tensorboard_option(tmp_path: Path) -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pip install tensorboard"):
+            _trainer(outer_steps=1, run_dir=tmp_path, tensorboard=True)
+        return
+    _trainer(outer_steps=1, run_dir=tmp_path, tensorboard=True).fit()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
