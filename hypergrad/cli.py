@@ -62,7 +62,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         lam0 = p.init_raw()
         ref = None
         for meth in (ForwardMode(), ReverseMode()):
-            hgr, m = measure(lambda meth=meth: meth.hypergradient(p, lam0))
+            def one(meth: Any = meth) -> Any:
+                return meth.hypergradient(p, lam0)
+
+            hgr, m = measure(one)
             compare[meth.name] = {"seconds": m["seconds"],
                                   "peak_extra_mib": m["peak_extra_bytes"] / 2**20}
             ref = hgr.grad if ref is None else ref

@@ -16,7 +16,15 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .hyperparams import HyperParams, PerExample, PerTensor, Scalar, Schedule, Tensor_
+from .hyperparams import (
+    HyperParameter,
+    HyperParams,
+    PerExample,
+    PerTensor,
+    Scalar,
+    Schedule,
+    Tensor_,
+)
 
 __all__ = ["build", "make_hyperparams", "register_configs", "CONFIG_DIR"]
 
@@ -52,7 +60,7 @@ class HyperParamsConf:
 
 def make_hyperparams(items: dict[str, Any]) -> HyperParams:
     """``{name: {kind, init, transform, ...}}`` -> :class:`HyperParams`."""
-    out = []
+    out: list[HyperParameter] = []
     for name, spec in items.items():
         kind = spec["kind"].value if isinstance(spec["kind"], Kind) else str(spec["kind"])
         common = dict(name=name, init=spec["init"], transform=spec.get("transform", "identity"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -106,7 +107,7 @@ class HyperParameter:
             )
         return inverse(v)
 
-    def value(self, raw: Tensor, step: int | None, horizon: int) -> object:
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         """Map this hyperparameter's raw slice to what training reads at ``step``."""
         return TRANSFORMS[self.transform][0](raw)
 
@@ -169,7 +170,7 @@ class Schedule(HyperParameter):
     def window(self, step: int, horizon: int) -> int:
         return min(step * self.windows // horizon, self.windows - 1)
 
-    def value(self, raw: Tensor, step: int | None, horizon: int) -> object:
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         f = TRANSFORMS[self.transform][0]
         if step is None:
             return f(raw)
@@ -237,7 +238,7 @@ class PerTensor(HyperParameter):
             )
         return self
 
-    def value(self, raw: Tensor, step: int | None, horizon: int) -> object:
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         v = TRANSFORMS[self.transform][0](raw)
         assert self.params is not None
         return _PerTensorValue({p: v[i] for i, p in enumerate(self.params)}, self.default)
@@ -256,16 +257,16 @@ class _PerTensorValue(dict):
         return self.default
 
 
-class HPValues(Mapping[str, object]):
+class HPValues(Mapping[str, Any]):
     """Read-only mapping name -> value given to losses; it remembers which names were read, so
     a hyperparameter bound to nothing can be reported, and it names the choices on a typo."""
 
-    def __init__(self, values: dict[str, object], where: str) -> None:
+    def __init__(self, values: dict[str, Any], where: str) -> None:
         self._values = values
         self._where = where
         self.accessed: set[str] = set()
 
-    def __getitem__(self, key: str) -> object:
+    def __getitem__(self, key: str) -> Any:
         if key not in self._values:
             raise KeyError(
                 f"{self._where}: unknown hyperparameter {key!r}; defined are "
@@ -362,7 +363,7 @@ class HyperParams:
         if not lam.dtype.is_floating_point:
             raise TypeError(f"{api}: lam has dtype {lam.dtype}; use a floating dtype.")
 
-    def values(self, lam: Tensor, step: int | None = None, horizon: int = 1) -> dict[str, object]:
+    def values(self, lam: Tensor, step: int | None = None, horizon: int = 1) -> dict[str, Any]:
         """What training reads: name -> transformed value at ``step`` of ``horizon``.
 
         Scalars and schedules give 0-d tensors (the whole schedule when ``step`` is None),

@@ -125,7 +125,7 @@ class ModelFn:
     def _patched_bn(self) -> Iterator[None]:
         fm = self._fm
         for name, m in fm.bn.items():
-            m.forward = _BNForward(self, m, _pre(name))  # type: ignore[method-assign]
+            m.forward = _BNForward(self, m, _pre(name))  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:

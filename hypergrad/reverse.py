@@ -40,7 +40,7 @@ class ReverseMode(Method):
             def step(s: Any, lm: Tensor, t: int = t) -> Any:
                 return problem.step(s, lm, t)
 
-            _, vjp_fn = vjp(step, states[-1], lam)
+            _, vjp_fn = vjp(step, states[-1], lam)  # type: ignore[misc]
             adj, dl = vjp_fn(adj)
             hg = hg + dl
         return HyperGradient(value.detach(), hg.detach(), final)

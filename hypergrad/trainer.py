@@ -229,7 +229,7 @@ class Trainer:
                 raise ValueError(f"Trainer: bounds[{name!r}]={lohi!r} must be (low, high).")
             item = hps.by_name[name]
             inverse, valid, domain = TRANSFORMS[item.transform][1:]
-            raw = []
+            raw: list[Tensor | None] = []
             for v in lohi:
                 if v is None:
                     raw.append(None)
@@ -390,13 +390,14 @@ class Trainer:
     def _save(self) -> None:
         assert self.run_dir is not None
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        np_state: Any = np.random.get_state()
         ck: dict[str, Any] = {
             "version": 1, "mode": self.mode, "outer_step": self.outer_step,
             "lam": self.lam.detach().clone(), "outer": self.outer.state_dict(),
             "history": self.history, "last_good": self._last_good,
             "rng": {"torch": torch.get_rng_state(), "python": _py_rng(),
-                    "numpy": torch.as_tensor(np.random.get_state()[1].astype(np.int64)),
-                    "numpy_pos": int(np.random.get_state()[2])},
+                    "numpy": torch.as_tensor(np_state[1].astype(np.int64)),
+                    "numpy_pos": int(np_state[2])},
         }
         if self.fstate is not None:
             ck["inner"] = {"step": self.fstate.step,
