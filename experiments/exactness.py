@@ -14,9 +14,25 @@ import argparse
 import json
 import time
 
-import torch
-
 from hypergrad.testing import KINDS, OPTIMIZERS, digits_case, hypergradcheck
+
+
+def check_case(opt: str, kind: str, label: str, args: argparse.Namespace,
+               **case: object) -> dict[str, object]:
+    """Run every method on one case; print and return its row."""
+    t = time.perf_counter()
+    problem = digits_case(opt, kind, steps=args.steps, n_train=args.n_train,
+                          windows=args.windows, **case)  # type: ignore[arg-type]
+    rep = hypergradcheck(problem, raise_exception=False)
+    row = {"optimizer": opt, "kind": label, "K": problem.num_hyperparams,
+           **{k: rep.max(k) for k in WORST}, "seconds": time.perf_counter() - t}
+    print(f"{opt:<10}{label:<15}{row['K']:>4}{row['fwd_vs_rev']:>12.2e}"
+          f"{row['fwd_vs_fd']:>12.2e}{row['strategies']:>12.2e}{row['seconds']:>7.1f}",
+          flush=True)
+    return row
+
+
+WORST = ("fwd_vs_rev", "fwd_vs_fd", "strategies")
 
 
 def main() -> None:
@@ -26,8 +42,8 @@ def main() -> None:
     ap.add_argument("--n-train", type=int, default=64, help="training examples (K of per_example)")
     ap.add_argument("--json", default=None, help="also write the table here")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    rows, worst = [], {"fwd_vs_rev": 0.0, "fwd_vs_fd": 0.0, "strategies": 0.0}
+    rows: list[dict[str, object]] = []
+    worst = dict.fromkeys(WORST, 0.0)
     t0 = time.perf_counter()
     print(f"{'optimizer':<10}{'kind':<15}{'K':>4}{'fwd_vs_rev':>12}{'fwd_vs_fd':>12}"
           f"{'strategies':>12}{'secs':>7}")
@@ -36,33 +52,13 @@ def main() -> None:
             if opt == "sgd" and kind == "momentum":
                 print(f"{opt:<10}{kind:<15}{'':>4}{'n/a (plain sgd has no momentum)':>36}")
                 continue
-            t = time.perf_counter()
-            problem = digits_case(opt, kind, steps=args.steps, n_train=args.n_train,
-                                  windows=args.windows)
-            rep = hypergradcheck(problem, raise_exception=False)
-            row = {"optimizer": opt, "kind": kind, "K": problem.num_hyperparams,
-                   **{k: rep.max(k) for k in worst}, "seconds": time.perf_counter() - t}
-            rows.append(row)
-            for k in worst:
-                worst[k] = max(worst[k], row[k])
-            print(f"{opt:<10}{kind:<15}{row['K']:>4}{row['fwd_vs_rev']:>12.2e}"
-                  f"{row['fwd_vs_fd']:>12.2e}{row['strategies']:>12.2e}{row['seconds']:>7.1f}",
-                  flush=True)
+            rows.append(check_case(opt, kind, kind, args))
     # BatchNorm: running statistics are state with tangents; validation in eval mode reads them
     for opt, val_mode in (("momentum", "eval"), ("momentum", "train"), ("adam", "eval")):
-        t = time.perf_counter()
-        problem = digits_case(opt, "lr", steps=args.steps, n_train=args.n_train, batchnorm=True,
-                              val_mode=val_mode)
-        rep = hypergradcheck(problem, raise_exception=False)
-        kind = f"lr+bn/{val_mode}"
-        row = {"optimizer": opt, "kind": kind, "K": problem.num_hyperparams,
-               **{k: rep.max(k) for k in worst}, "seconds": time.perf_counter() - t}
-        rows.append(row)
-        for k in worst:
-            worst[k] = max(worst[k], row[k])
-        print(f"{opt:<10}{kind:<15}{row['K']:>4}{row['fwd_vs_rev']:>12.2e}"
-              f"{row['fwd_vs_fd']:>12.2e}{row['strategies']:>12.2e}{row['seconds']:>7.1f}",
-              flush=True)
+        rows.append(check_case(opt, "lr", f"lr+bn/{val_mode}", args, batchnorm=True,
+                               val_mode=val_mode))
+    for k in WORST:
+        worst[k] = max(float(r[k]) for r in rows)  # type: ignore[arg-type]
     print(f"{len(rows)} cases, T={args.steps}, float64, {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:

@@ -1,0 +1,38 @@
+"""The experiment scripts run, and print what the README says they print."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _script(*args: str) -> str:
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_exactness_script_small(tmp_path: Path) -> None:
+    out = _script("experiments/exactness.py", "--steps", "3", "--n-train", "16",
+                  "--json", str(tmp_path / "e.json"))
+    last = out.strip().splitlines()[-1]
+    m = re.fullmatch(r"max_rel_err fwd_vs_rev=(\S+) fwd_vs_fd=(\S+) strategies=(\S+)", last)
+    assert m, last
+    x, y, z = map(float, m.groups())
+    assert x <= 1e-8 and y <= 1e-5 and z <= 1e-10
+    assert (tmp_path / "e.json").exists()
+
+
+def test_compare_script_small() -> None:
+    out = _script("experiments/compare.py", "--steps", "3", "6", "--hidden", "8")
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["3", "6"]
+    assert all(float(r[2]) < 1e-10 for r in rows)  # forward = reverse
