@@ -19,6 +19,7 @@ from .model import ModelFn
 from .optim import adam, adamw, sgd
 from .problem import InnerProblem, InnerState
 from .reverse import ReverseMode
+from .sparse import SparseOperator, load_npz, load_svmlight
 from .trainer import SignDescent, Trainer, TrainResult, choose_method
 
 __version__ = "0.1.0"
@@ -30,4 +31,5 @@ __all__ = [
     "Method", "HyperGradient", "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
     "Trainer", "TrainResult", "SignDescent", "choose_method",
+    "SparseOperator", "load_npz", "load_svmlight",
 ]
