@@ -15,11 +15,27 @@ full gradient gives it. Strategies (all equal to rounding; the loop is the seed'
 - :class:`BatchedAutograd`: ``torch.autograd.grad(..., is_grads_batched=True)`` (legacy vmap).
 - :class:`ForwardOverReverse`: ``vmap(jvp(grad))``.
 - :class:`ColumnLoop`: one ``torch.autograd.grad`` per column.
+
+Memory. A batched call holds intermediates for every column it processes: about
+``column_memory_factor`` (6 for :class:`VmapVJP`) times the bytes the gradient pass saves for
+backward, per column (measured by ``experiments/benchmarks/bench_memory.py``); unchunked K = 64 on a
+small 28x28 CNN needs several GB. So the columns go through in chunks. ``chunk_size=None`` (the
+default) sizes them from ``memory_budget`` (default :data:`DEFAULT_MEMORY_BUDGET`, 1 GiB): the
+bytes one forward pass saves are measured once per parameter shapes, with
+``torch.autograd.graph.saved_tensors_hooks``, and ``chunk = budget // (factor * saved)``, split
+into equal chunks. An int ``chunk_size`` wins over the budget; ``memory_budget=math.inf`` never
+chunks. Results never depend on the chunking (tested). On the benchmark models the default costs
+at most a few percent of the unchunked time (BENCHMARKS.md).
+
+``VmapVJP(compile=True)`` runs the batched products through ``torch.compile``. Off by default:
+it compiles for 10-30 s at the first step and was not faster than eager on the benchmark models
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -28,23 +44,39 @@ from torch import Tensor
 from torch.func import grad, jvp, vjp, vmap
 
 __all__ = ["HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
-           "STRATEGIES"]
+           "STRATEGIES", "DEFAULT_MEMORY_BUDGET"]
 
 Dict = dict[str, Tensor]
 LossFn = Callable[[Dict, Dict, Tensor], tuple[Tensor, Dict]]
 HVPResult = tuple[Dict, Dict, Dict, Dict]  # g, new_b, G, Zb_new
 
+DEFAULT_MEMORY_BUDGET: float = float(1 << 30)
+"""Bytes of column intermediates one batched call may hold when ``chunk_size`` is automatic:
+1 GiB. On the benchmark models it keeps K = 64 within 2 GB of extra memory at the speed of the
+unchunked call (BENCHMARKS.md); raise it on a machine with memory to spare, or pass
+``memory_budget=`` to a strategy."""
+
 
 def _check_chunk(api: str, chunk_size: int | None) -> int | None:
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                    or chunk_size < 1):
-        raise ValueError(f"{api}: chunk_size={chunk_size!r} must be None (all columns at once) "
-                         f"or an int >= 1.")
+        raise ValueError(f"{api}: chunk_size={chunk_size!r} must be None (automatic, from "
+                         f"memory_budget) or an int >= 1.")
     return chunk_size
 
 
+def _check_budget(api: str, budget: float | None) -> float | None:
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        raise ValueError(f"{api}: memory_budget={budget!r} must be None (the default, "
+                         f"{int(DEFAULT_MEMORY_BUDGET)} bytes), a number of bytes > 0, or "
+                         f"math.inf (never chunk), e.g. memory_budget=4 * 2**30.")
+    return float(budget)
+
+
 def _chunks(k: int, chunk_size: int | None) -> list[slice]:
-    c = k if chunk_size is None else min(chunk_size, k)
+    c = k if chunk_size is None else max(1, min(chunk_size, k))
     return [slice(i, min(i + c, k)) for i in range(0, k, c)]
 
 
@@ -58,25 +90,81 @@ def _take(d: Dict, s: slice) -> Dict:
     return {k: v[s] for k, v in d.items()}
 
 
+def saved_bytes(f: LossFn, params: Dict, buffers: Dict, lam: Tensor) -> int:
+    """Bytes the forward pass of ``f`` saves for backward (distinct storages): the size of one
+    column's share of a batched Hessian-vector product, up to a factor. One forward pass."""
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(x: Tensor) -> Tensor:
+        if x.layout == torch.strided and x.device.type != "meta":
+            key = (x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())
+            seen[key] = key[1]
+        return x
+
+    p = {k: v.detach().requires_grad_() for k, v in params.items()}
+    b = {k: v.detach().requires_grad_() for k, v in buffers.items()}
+    lm = lam.detach().requires_grad_()
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        f(p, b, lm)
+    return sum(seen.values())
+
+
 class HVPStrategy(abc.ABC):
     """How to compute the K Hessian-vector products of one step.
 
     Args:
-        chunk_size: columns per batched call (``None``: all K at once). Memory of a batched call
-            grows with the columns it holds; results do not depend on the chunking.
+        chunk_size: columns per batched call; ``None`` (default): chosen from ``memory_budget``.
+            Results do not depend on the chunking.
+        memory_budget: bytes the columns of one batched call may hold (``None``:
+            :data:`DEFAULT_MEMORY_BUDGET`; ``math.inf``: all K columns in one call). Used only
+            when ``chunk_size`` is ``None``.
+
+    Example:
+        >>> VmapVJP()                              # chunks sized from 1 GiB
+        VmapVJP(chunk_size=None, memory_budget=None)
+        >>> VmapVJP(memory_budget=4 * 2**30)       # more memory, fewer chunks
+        VmapVJP(chunk_size=None, memory_budget=4294967296.0)
+        >>> VmapVJP(chunk_size=8)                  # fixed chunks
+        VmapVJP(chunk_size=8, memory_budget=None)
     """
 
     name: str = "abstract"
+    column_memory_factor: float = 6.0
+    """Extra bytes one batched column holds, over the bytes the gradient pass saves for backward
+    (measured on the benchmark CNNs, rounded up; ``bench_memory.py`` prints it)."""
 
-    def __init__(self, chunk_size: int | None = None) -> None:
-        self.chunk_size = _check_chunk(type(self).__name__, chunk_size)
+    def __init__(self, chunk_size: int | None = None,
+                 memory_budget: float | None = None) -> None:
+        api = type(self).__name__
+        self.chunk_size = _check_chunk(api, chunk_size)
+        self.memory_budget = _check_budget(api, memory_budget)
+        self._saved: dict[Any, int] = {}
 
     @abc.abstractmethod
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
         """Args: ``zp[name]`` has shape ``(K, *param.shape)``, ``zb`` likewise for buffers,
-        ``eye`` is the ``(K, K)`` identity (the tangent of ``lam``).
+        ``eye`` has shape ``(K, len(lam))``: row k is the tangent of ``lam`` of column k (the
+        identity, or rows of it when the caller skips columns).
         Returns ``(g, new_b, G, Zb_new)`` with ``G[name]`` of shape ``(K, *param.shape)``."""
+
+    def columns_per_call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
+                         k: int) -> int:
+        """Columns per batched call for ``k`` columns: ``chunk_size`` if given, else the most
+        that fit ``memory_budget``, balanced so the chunks have equal sizes."""
+        if self.chunk_size is not None:
+            return min(self.chunk_size, k)
+        budget = DEFAULT_MEMORY_BUDGET if self.memory_budget is None else self.memory_budget
+        if k <= 1 or math.isinf(budget):
+            return max(k, 1)
+        key = (tuple((n, tuple(v.shape), v.dtype) for n, v in params.items()),
+               tuple((n, tuple(v.shape)) for n, v in buffers.items()), tuple(lam.shape))
+        if key not in self._saved:
+            self._saved[key] = saved_bytes(f, params, buffers, lam)
+        per_column = max(self.column_memory_factor * self._saved[key], 1.0)
+        c = int(max(1, min(k, budget // per_column)))
+        n = -(-k // c)
+        return -(-k // n)
 
     def _buffer_tangents(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict,
                          zb: Dict, eye: Tensor) -> Dict:
@@ -88,44 +176,81 @@ class HVPStrategy(abc.ABC):
         def col(zp_: Dict, zb_: Dict, e: Tensor) -> Dict:
             return jvp(lambda p, b, lm: f(p, b, lm)[1], (params, buffers, lam), (zp_, zb_, e))[1]
 
+        chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
         return _cat([vmap(col)(_take(zp, s), _take(zb, s), eye[s])
-                     for s in _chunks(eye.shape[0], self.chunk_size)])
+                     for s in _chunks(eye.shape[0], chunk)])
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(chunk_size={self.chunk_size})"
+        return (f"{type(self).__name__}(chunk_size={self.chunk_size}, "
+                f"memory_budget={self.memory_budget})")
+
+
+def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
+              eye: Tensor, chunk: int) -> tuple[Dict, Dict, Dict]:
+    full_grad = grad(f, argnums=(0, 1, 2), has_aux=True)
+    (g, _, _), vjp_fn, new_b = vjp(full_grad, params, buffers, lam, has_aux=True)
+
+    def col(zp_: Dict, zb_: Dict, e: Tensor) -> Dict:
+        return vjp_fn((zp_, zb_, e))[0]
+
+    G = _cat([vmap(col)(_take(zp, s), _take(zb, s), eye[s]) for s in _chunks(eye.shape[0], chunk)])
+    return g, new_b, G
 
 
 class VmapVJP(HVPStrategy):
     """Functional reverse-over-reverse: ``vmap(vjp_fn)`` of ``vjp(grad f)``; one gradient forward,
-    one batched backward per chunk. The fastest eager strategy measured (DESIGN.md)."""
+    one batched backward per chunk. The fastest eager strategy measured (BENCHMARKS.md).
+
+    Args:
+        chunk_size, memory_budget: see :class:`HVPStrategy`.
+        compile: run the gradient and the batched products through ``torch.compile`` (off by
+            default: the first step compiles for 10-30 s and each new shape recompiles; see
+            BENCHMARKS.md for when it pays off).
+    """
 
     name = "vmap_vjp"
+    column_memory_factor = 6.0
+
+    def __init__(self, chunk_size: int | None = None, memory_budget: float | None = None,
+                 compile: bool = False) -> None:
+        super().__init__(chunk_size, memory_budget)
+        if not isinstance(compile, bool):
+            raise TypeError(f"VmapVJP: compile={compile!r} must be True or False.")
+        self.compile = compile
+        self._compiled: Callable[..., tuple[Dict, Dict, Dict]] | None = None
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
-        full_grad = grad(f, argnums=(0, 1, 2), has_aux=True)
-        (g, _, _), vjp_fn, new_b = vjp(full_grad, params, buffers, lam, has_aux=True)
-
-        def col(zp_: Dict, zb_: Dict, e: Tensor) -> Dict:
-            return vjp_fn((zp_, zb_, e))[0]
-
-        G = _cat([vmap(col)(_take(zp, s), _take(zb, s), eye[s])
-                  for s in _chunks(eye.shape[0], self.chunk_size)])
+        chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
+        run = _vmap_vjp
+        if self.compile:
+            if self._compiled is None:
+                self._compiled = torch.compile(_vmap_vjp)
+            run = self._compiled
+        g, new_b, G = run(f, params, buffers, lam, zp, zb, eye, chunk)
         zb_new = self._buffer_tangents(f, params, buffers, lam, zp, zb, eye)
         return g, new_b, G, zb_new
 
+    def __repr__(self) -> str:
+        extra = ", compile=True" if self.compile else ""
+        return (f"VmapVJP(chunk_size={self.chunk_size}, memory_budget={self.memory_budget}"
+                f"{extra})")
+
 
 class ForwardOverReverse(HVPStrategy):
-    """``vmap(jvp(grad f))``: the tangent of the gradient directly, buffers' tangents included."""
+    """``vmap(jvp(grad f))``: the tangent of the gradient directly, buffers' tangents included.
+    ``jvp`` recomputes the gradient with every call, so each chunk repeats it."""
 
     name = "fwd_over_rev"
+    column_memory_factor = 8.0
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
         g_and_b = grad(f, argnums=0, has_aux=True)
         primal: tuple[Dict, Dict] | None = None
         G_parts, zb_parts = [], []
-        for s in _chunks(eye.shape[0], self.chunk_size):
+        chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
+        for s in _chunks(eye.shape[0], chunk):
             def col(zp_: Dict, zb_: Dict, e: Tensor) -> Any:
                 return jvp(g_and_b, (params, buffers, lam), (zp_, zb_, e))
 
@@ -143,6 +268,7 @@ class _AutogradHVP(HVPStrategy):
     batched (``is_grads_batched``) or one call per column."""
 
     batched = True
+    column_memory_factor = 5.0
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
@@ -157,7 +283,7 @@ class _AutogradHVP(HVPStrategy):
         # outputs that do not depend on the inputs contribute nothing to the Hessian product
         pairs = [(gr, c) for gr, c in zip(grads, cots) if gr is not None and gr.requires_grad]
         k = eye.shape[0]
-        chunk = self.chunk_size if self.batched else 1
+        chunk = self.columns_per_call(f, params, buffers, lam, k) if self.batched else 1
         Gs: list[Dict] = []
         for s in _chunks(k, chunk):
             n = s.stop - s.start
@@ -197,6 +323,9 @@ class ColumnLoop(_AutogradHVP):
 
     def __init__(self) -> None:
         super().__init__(chunk_size=None)
+
+    def __repr__(self) -> str:
+        return "ColumnLoop()"
 
 
 STRATEGIES: dict[str, type[HVPStrategy]] = {

@@ -1,0 +1,336 @@
+"""Shared pieces of the benchmark scripts: the benchmark models and inner problems, timing,
+FLOP counting, the matmul peak, peak memory of a configuration in a fresh process, machine facts,
+and JSON/table output. Benchmarks are scripts, not tests (STYLE.md, habit 13)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import hypergrad as hg  # noqa: E402
+import hypergrad.data  # noqa: E402,F401
+import hypergrad.problems  # noqa: E402,F401
+from hypergrad.alloc import malloc_settings, tune_malloc  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BASE_MODELS = ("mlp", "cnn8", "cnn28")
+MODELS = (*BASE_MODELS, "cnn28s2")
+BATCH = 128
+
+
+def setup() -> bool:
+    """First thing in every benchmark: the allocator tuning the library documents."""
+    return tune_malloc()
+
+
+# -- models and problems ---------------------------------------------------------------------------
+
+def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
+    """The benchmark models and their input shape (without the batch axis)."""
+    if name == "mlp":
+        return hg.problems.mlp([64, 256, 256, 10]), (64,)
+    side = {"cnn8": 8, "cnn28": 28, "cnn28s2": 28}[name]
+    stride = 2 if name == "cnn28s2" else 1
+    out_side = (side - 1) // stride + 1
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=stride, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(32 * out_side * out_side, 10))
+    return model, (1, side, side)
+
+
+def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
+                 hyper: str = "groups", windows: int = 8, seed: int = 0,
+                 dtype: torch.dtype = torch.float32) -> hg.InnerProblem:
+    """SGD with momentum and weight decay on random data, with ``K = k`` hyperparameters.
+
+    ``hyper="groups"``: the learning rate and ``k - 1`` example-group weights of the loss (data
+    hyper-cleaning with groups ``idx % (k - 1)``): every column is live at every step.
+    ``hyper="schedule"``: a learning-rate schedule of ``windows`` windows (``k`` is ignored).
+    """
+    torch.manual_seed(seed)
+    model, shape = build_model(name)
+    model = model.to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((n, *shape), generator=g, dtype=dtype)
+    y = torch.randint(0, 10, (n,), generator=g)
+    if hyper == "schedule":
+        items: list[Any] = [hg.Schedule("lr", 0.05, windows=windows, transform="log")]
+    else:
+        items = [hg.Scalar("lr", 0.05, transform="log")]
+        if k > 1:
+            items.append(hg.Tensor("gw", 0.5, shape=(k - 1,), transform="logit"))
+    hps = hg.HyperParams(items)
+    groups = max(k - 1, 1)
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        xb, yb, idx = batch
+        nll = F.cross_entropy(m(xb), yb, reduction="none")
+        if "gw" in hp:
+            return (hp["gw"][idx % groups] * nll).mean()
+        return nll.mean()
+
+    xv, yv = x[:BATCH], y[:BATCH]
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(xv), yv)
+
+    batches = hg.data.MiniBatches(x, y, batch_size=BATCH, seed=seed)
+    opt = hg.sgd(lr="lr", momentum=0.9, weight_decay=5e-4)
+    return hg.InnerProblem(model, train_loss, opt, hps, batches, steps, val_loss)
+
+
+# -- timing, FLOPs, peak ---------------------------------------------------------------------------
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy jiffies of the whole machine, jiffies of this process) from ``/proc``."""
+    with open("/proc/stat") as fh:
+        f = [int(v) for v in fh.readline().split()[1:]]
+    busy = sum(f) - f[3] - (f[4] if len(f) > 4 else 0)  # minus idle and iowait
+    with open("/proc/self/stat") as fh:
+        st = fh.read().rsplit(")", 1)[1].split()
+    return busy, int(st[11]) + int(st[12])  # utime + stime
+
+
+def others_busy() -> Callable[[], float]:
+    """Start a probe; calling it gives the CPU seconds other processes used since (Linux)."""
+    try:
+        b0, s0 = _cpu_jiffies()
+    except OSError:
+        return lambda: 0.0
+    hz = os.sysconf("SC_CLK_TCK")
+
+    def stop() -> float:
+        b1, s1 = _cpu_jiffies()
+        return max(0, (b1 - b0) - (s1 - s0)) / hz
+
+    return stop
+
+
+def wait_quiet(max_wait: float = 1800.0, share: float = 0.15, window: float = 2.0) -> float:
+    """Wait until other processes use less than ``share`` of one core over ``window`` seconds
+    (the benchmarks share their machine); returns the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_wait:
+        probe = others_busy()
+        time.sleep(window)
+        if probe() < share * window:
+            break
+    return time.perf_counter() - t0
+
+
+CONTENDED: list[float] = []
+"""Seconds of CPU other processes took during measurements that were repeated because of it."""
+
+
+def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1,
+                min_seconds: float = 0.0, max_other: float = 0.1) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls after ``warmup`` calls (at least
+    ``min_seconds`` of measuring in all, so short calls get more repeats).
+
+    A call during which other processes used more than ``max_other`` of one core's time is
+    discarded and measured again after the machine is quiet (two cores shared with other jobs
+    make OpenMP barriers wait whole scheduler ticks: a contended call can take 10x longer)."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    retries = 0
+    while len(times) < repeats or time.perf_counter() - start < min_seconds:
+        probe = others_busy()
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        other = probe()
+        if other > max_other * max(dt, 0.02) and retries < 20 * repeats:
+            CONTENDED.append(other)
+            retries += 1
+            wait_quiet()
+            continue
+        times.append(dt)
+    return statistics.median(times)
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs of the matrix products and convolutions ``fn()`` runs (torch's FLOP counter)."""
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return int(fc.get_total_flops())
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
+    """GFLOP/s of a large float32 matmul: the best of ``repeats`` (the machine's practical peak
+    for the dtype the benchmarks run in)."""
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
+    out = torch.empty(n, n)
+    best = float("inf")
+    for _ in range(repeats + 2):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+# -- memory ----------------------------------------------------------------------------------------
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def reset_peak_rss() -> int:
+    """Reset this process's peak resident set (``VmHWM``) to its current size (Linux
+    ``/proc/self/clear_refs``, value 5); returns the current size in bytes."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    return _status_kb("VmRSS") * 1024
+
+
+def peak_rss() -> int:
+    """Peak resident set (``VmHWM``) since the last :func:`reset_peak_rss`, in bytes."""
+    return _status_kb("VmHWM") * 1024
+
+
+def in_subprocess(script: str, args: Sequence[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run ``script --child ARGS`` in a fresh interpreter; it prints one JSON line last."""
+    cmd = [sys.executable, script, "--child", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if res.returncode != 0:
+        return {"error": (res.stderr or res.stdout)[-2000:], "returncode": res.returncode}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# -- strategies and step functions ------------------------------------------------------------
+
+STRATEGY_NAMES = ("loop", "vmap_vjp", "is_grads_batched", "fwd_over_rev")
+
+
+def make_strategy(name: str) -> hg.HVPStrategy:
+    """``loop`` (the seed's baseline), the library's strategies with their default (automatic)
+    chunking, ``vmap_vjp_unchunked`` (all K columns in one call), ``vmap_vjp_chunkN``, and
+    ``vmap_vjp_compiled`` (the optional ``torch.compile`` path)."""
+    if name == "loop":
+        return hg.ColumnLoop()
+    if name == "vmap_vjp_unchunked":
+        return hg.VmapVJP(memory_budget=float("inf"))
+    if name.startswith("vmap_vjp_chunk"):
+        return hg.VmapVJP(chunk_size=int(name[len("vmap_vjp_chunk"):]))
+    if name == "vmap_vjp_compiled":
+        return hg.VmapVJP(compile=True)
+    from hypergrad.hvp import STRATEGIES
+    return STRATEGIES[name]()
+
+
+def plain_stepper(problem: hg.InnerProblem, lam: torch.Tensor) -> Callable[[], None]:
+    """One plain training step per call (``problem.step``, as ``problem.run`` does it)."""
+    st = [problem.initial_state(), 0]
+
+    def step() -> None:
+        with torch.no_grad():
+            st[0] = problem.step(st[0], lam, st[1] % problem.steps)
+        st[1] += 1
+
+    return step
+
+
+def forward_stepper(problem: hg.InnerProblem, lam: torch.Tensor,
+                    method: hg.ForwardMode) -> Callable[[], None]:
+    """One forward-mode step per call (state and all K tangents), restarting at the horizon."""
+    fs = [method.init(problem, lam)]
+
+    def step() -> None:
+        f = fs[0]
+        if f.step >= problem.steps:
+            f = method.init(problem, lam)
+        fs[0] = method.step(problem, f, lam)
+
+    return step
+
+
+def child_memory(run: Callable[[], Any], warm: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Peak resident-set growth of ``run()`` in this (fresh) process: ``warm()`` first loads the
+    code paths (imports, decompositions) outside the measurement."""
+    if warm is not None:
+        warm()
+    base = reset_peak_rss()
+    t0 = time.perf_counter()
+    run()
+    return {"peak_extra_bytes": peak_rss() - base, "base_rss_bytes": base,
+            "seconds": time.perf_counter() - t0}
+
+
+# -- machine facts and output ----------------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        mem_gb = _meminfo_kb("MemTotal") / 2**20
+    except OSError:
+        mem_gb = float("nan")
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "memory_gib": round(mem_gb, 1), "torch": torch.__version__,
+        "python": platform.python_version(), "libc": "-".join(platform.libc_ver()),
+        "malloc": malloc_settings(),
+    }
+
+
+def _meminfo_kb(key: str) -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def write_json(name: str, payload: dict[str, Any], path: str | None = None) -> Path:
+    out = Path(path) if path else RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, default=str))
+    return out
+
+
+def table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str, str]]) -> str:
+    """A plain-text table: ``cols`` are ``(key, header, format)``."""
+    cells = []
+    for r in rows:
+        line = []
+        for key, _, fmt in cols:
+            v = r.get(key)
+            line.append("-" if v is None else (format(v, fmt) if fmt else str(v)))
+        cells.append(line)
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h, _) in enumerate(cols)]
+    fmt_line = lambda vals: "  ".join(f"{v:>{w}}" for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([fmt_line([h for _, h, _ in cols])] + [fmt_line(c) for c in cells])
+
+
+def print_machine(m: dict[str, Any]) -> None:
+    print(f"# {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), "
+          f"{m['memory_gib']} GiB, torch {m['torch']}, {m['libc']}, malloc tuned: "
+          f"{m['malloc'] is not None}")

@@ -1,0 +1,89 @@
+"""An 8-window learning-rate schedule against its 8 dense columns.
+
+Forward mode skips the columns of windows that have not started (their tangents are exactly zero
+until a step reads them): over T steps, window w's column is live for (8 - w) / 8 of the run, so
+the batched Hessian-vector products see 4.5 of the 8 columns on average and the FLOP floor of the
+run falls from 1 + 2 * 8 to 1 + 2 * 4.5 plain steps per step (0.59). Both runs are timed side by
+side in this process (the whole run of T steps, median of repeats) and give the same
+hypergradient.
+
+    python experiments/benchmarks/bench_schedule.py          # full run
+    python experiments/benchmarks/bench_schedule.py --quick  # < 2 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+import hypergrad as hg  # noqa: E402
+
+WINDOWS = 8
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    tuned = C.setup()
+    mach = C.machine()
+    C.print_machine(mach)
+    models = args.models or (["mlp", "cnn8"] if args.quick else list(C.BASE_MODELS))
+    steps = args.steps or (32 if args.quick else 64)
+    repeats = 3 if args.quick else 5
+    print(f"# malloc tuned: {tuned}; T = {steps} steps, {WINDOWS} windows")
+    C.wait_quiet()
+    rows: list[dict[str, Any]] = []
+    for model in models:
+        p = C.make_problem(model, WINDOWS, steps=steps, hyper="schedule", windows=WINDOWS)
+        lam = p.init_raw()
+        methods = {"dense": hg.ForwardMode(skip_zero_columns=False),
+                   "skip": hg.ForwardMode()}
+        times, grads = {}, {}
+        for name, m in methods.items():
+            grads[name] = m.hypergradient(p, lam).grad  # warm-up and the result
+        for name, m in methods.items():
+            times[name] = C.median_time(lambda m=m: m.hypergradient(p, lam), repeats, 0)
+        plain = C.plain_stepper(p, lam)
+        t_plain = C.median_time(plain, 20, 3, min_seconds=0.5)
+        first = [min(t for t in range(steps) if p.hyperparams.items[0].window(t, steps) == w)
+                 for w in range(WINDOWS)]
+        live = sum(steps - f for f in first) / steps
+        rows.append({
+            "model": model, "T": steps, "dense_s": times["dense"], "skip_s": times["skip"],
+            "ratio": times["skip"] / times["dense"],
+            "floor_ratio": (1 + 2 * live) / (1 + 2 * WINDOWS), "avg_live": live,
+            "dense_x_plain": times["dense"] / steps / t_plain,
+            "skip_x_plain": times["skip"] / steps / t_plain,
+            "rel_diff": hg.testing.rel_err(grads["skip"], grads["dense"]),
+        })
+        print(C.table(rows[-1:], COLS).splitlines()[1], flush=True)
+    print()
+    print(C.table(rows, COLS))
+    worst = max(r["ratio"] for r in rows)
+    line = f"schedule_vs_dense max_ratio={worst:.2f} (models {', '.join(models)})"
+    out = C.write_json("bench_schedule", {"machine": mach, "rows": rows, "line": line,
+                                          "quick": args.quick,
+                                          "contended_repeats": len(C.CONTENDED)}, args.json)
+    print(f"\n# JSON: {out}")
+    print(line)
+
+
+COLS = [("model", "model", ""), ("T", "T", "d"), ("dense_s", "dense s", ".2f"),
+        ("skip_s", "skip s", ".2f"), ("ratio", "skip/dense", ".2f"),
+        ("floor_ratio", "FLOP floor", ".2f"), ("avg_live", "live cols", ".2f"),
+        ("dense_x_plain", "dense x plain", ".1f"), ("skip_x_plain", "skip x plain", ".1f"),
+        ("rel_diff", "rel diff", ".1e")]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""The structural savings of the forward step give the dense step's results (float64): skipped
+schedule columns, the optimizer's hyperparameter term on its own columns only, and the
+elementwise linearization of the update against ``jvp`` under ``vmap``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+import hypergrad as hg
+from hypergrad import forward as fwd
+from hypergrad.data import MiniBatches
+from hypergrad.testing import OPTIMIZERS, digits_case, rel_err
+
+SMALL = dict(n_train=24, batch_size=8, hidden=8, n_val=32)
+
+
+def _mixed_problem(opt: str, steps: int, windows: int, batchnorm: bool = False,
+                   seed: int = 0) -> hg.InnerProblem:
+    """A schedule next to other kinds: an lr schedule, a momentum (beta1) scalar except for plain
+    sgd, a per-tensor weight decay and a loss parameter."""
+    base = digits_case("momentum", "lr", steps=steps, batchnorm=batchnorm, seed=seed, **SMALL)
+    sgd_like = opt in ("sgd", "momentum", "nesterov")
+    items = [hg.Schedule("lr", 0.05 if sgd_like else 0.01, windows=windows, transform="log")]
+    if opt != "sgd":
+        items.append(hg.Scalar("mom", 0.8, transform="logit"))
+    items += [hg.PerTensor("wd", 1e-2, transform="log"),
+              hg.Tensor("smooth", 0.1, transform="logit")]
+    if sgd_like:
+        optimizer = hg.sgd(lr="lr", momentum="mom" if opt != "sgd" else 0.0,
+                           nesterov=opt == "nesterov", weight_decay="wd")
+    else:
+        optimizer = (hg.adam if opt == "adam" else hg.adamw)(lr="lr", betas=("mom", 0.999),
+                                                             weight_decay="wd")
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y, idx = batch
+        logp = F.log_softmax(m(x), -1)
+        return (1 - hp["smooth"]) * F.nll_loss(logp, y) - hp["smooth"] * logp.mean()
+
+    return hg.InnerProblem(base.fmodel.module, train_loss, optimizer, hg.HyperParams(items),
+                           base.batch, steps, base.val_loss)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+@pytest.mark.parametrize("steps,windows", [(6, 3), (5, 8), (7, 4)])
+def test_skipping_columns_equals_dense(opt: str, steps: int, windows: int) -> None:
+    problem = _mixed_problem(opt, steps, windows)
+    lam = problem.init_raw()
+    skip = hg.ForwardMode().hypergradient(problem, lam).grad
+    dense = hg.ForwardMode(skip_zero_columns=False).hypergradient(problem, lam).grad
+    torch.testing.assert_close(skip, dense, rtol=1e-12, atol=1e-15)
+    rev = hg.ReverseMode().hypergradient(problem, lam).grad
+    assert rel_err(skip, rev) <= 1e-9
+
+
+def test_skipping_with_batchnorm_and_the_loop() -> None:
+    problem = _mixed_problem("momentum", 6, 3, batchnorm=True)
+    lam = problem.init_raw()
+    a = hg.ForwardMode(hg.ColumnLoop()).hypergradient(problem, lam).grad
+    b = hg.ForwardMode(hg.ColumnLoop(), skip_zero_columns=False).hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+    assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9
+
+
+def test_columns_stay_exactly_zero_until_their_window() -> None:
+    problem = digits_case("nesterov", "schedule", steps=8, windows=4, **SMALL)
+    lam = problem.init_raw()
+    sched = problem.hyperparams.items[0]
+    fm = hg.ForwardMode()
+    fs = fm.init(problem, lam)
+    for t in range(problem.steps):
+        fs = fm.step(problem, fs, lam)
+        started = {sched.window(s, problem.steps) for s in range(t + 1)}
+        leaves = tree_flatten(fs.tangents)[0]
+        for c in range(4):
+            nonzero = any(bool(v[c].any()) for v in leaves)
+            assert nonzero == (c in started), (t, c)
+
+
+def test_a_non_zero_tangent_is_never_skipped() -> None:
+    """A user-made state with a non-zero column of a window that has not started (for instance
+    carried over from another run) is computed, not assumed zero."""
+    problem = digits_case("momentum", "schedule", steps=6, windows=3, **SMALL)
+    lam = problem.init_raw()
+    g = torch.Generator().manual_seed(1)
+    fs0 = hg.ForwardMode().init(problem, lam)
+    fs0 = fs0._replace(tangents=tree_map(
+        lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype), fs0.tangents))
+    a = hg.ForwardMode().step(problem, fs0, lam)
+    b = hg.ForwardMode(skip_zero_columns=False).step(problem, fs0, lam)
+    for x, y in zip(tree_flatten(a.tangents)[0], tree_flatten(b.tangents)[0]):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+
+
+def test_plan_reads_schedule_windows() -> None:
+    problem = _mixed_problem("momentum", steps=8, windows=4)  # lr: columns 0..3, mom: 4, wd: 5..
+    plan = fwd._Plan(problem)
+    assert plan.first_read[:4] == [0, 2, 4, 6]
+    assert plan.first_read[4:] == [0] * (problem.num_hyperparams - 4)
+    assert plan.not_started(3) == [2, 3]
+    n_wd = len(problem.fmodel.param_names)
+    assert plan.optimizer_columns(5) == [2, 4, *range(5, 5 + n_wd)]
+    never = fwd._Plan(_mixed_problem("momentum", steps=3, windows=8))  # windows 8 > T = 3
+    assert never.first_read[:8] == [0, 3, 1, 3, 3, 2, 3, 3]  # 3: read by no step
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+def test_elementwise_update_tangent_equals_jvp(opt: str) -> None:
+    """The diagonal linearization of the update against jvp of the update under vmap, at a
+    state with random tangents, every column read by the optimizer at this step."""
+    problem = _mixed_problem(opt, steps=6, windows=3)
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(problem, fm.init(problem, lam), lam, stop=3)
+    g = torch.Generator().manual_seed(2)
+    rnd = lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
+    s, z = fs.state, tree_map(rnd, fs.tangents)
+    grads = tree_map(rnd, s.params)
+    G = tree_map(rnd, z.params)
+    k, t = lam.shape[0], 3
+    cols = fwd._Plan(problem).optimizer_columns(t)
+    zp, zo = fwd._elementwise_tangent(problem, t, lam, grads, s.opt, s.params, G, z.opt,
+                                      z.params, cols, cols)
+    params, opt_state, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
+        problem, t, lam, grads, s, G, z, cols, cols, torch.eye(k, dtype=lam.dtype))
+    for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0]):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+
+
+def test_non_elementwise_fallback_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    problem = _mixed_problem("adam", steps=5, windows=2)
+    lam = problem.init_raw()
+    a = hg.ForwardMode().hypergradient(problem, lam).grad
+    monkeypatch.setattr(fwd, "_ELEMENTWISE", frozenset())
+    b = hg.ForwardMode().hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
+
+
+def test_constant_per_tensor_default_and_frozen_parameters() -> None:
+    """A PerTensor with a constant default for some parameters, and a frozen parameter."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    model[0].bias.requires_grad_(False)
+    x = torch.randn(16, 6, dtype=torch.float64)
+    y = torch.randint(0, 3, (16,))
+    hps = hg.HyperParams([hg.PerTensor("wd", 1e-2, transform="log", params=["0.weight"],
+                                       default=1e-3),
+                          hg.Schedule("lr", 0.1, windows=3, transform="log")])
+    problem = hg.InnerProblem(
+        model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        hg.sgd(lr="lr", momentum=0.9, weight_decay="wd"), hps,
+        MiniBatches(x, y, batch_size=8), 6, lambda m, hp: F.cross_entropy(m(x), y))
+    lam = problem.init_raw()
+    a = hg.ForwardMode().hypergradient(problem, lam).grad
+    b = hg.ReverseMode().hypergradient(problem, lam).grad
+    assert rel_err(a, b) <= 1e-10

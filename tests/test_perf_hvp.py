@@ -1,0 +1,105 @@
+"""Chunking of the batched Hessian-vector products: automatic from a memory budget, explicit, or
+none; every choice gives the same result (float64). No timings are asserted here: speed is the
+business of experiments/benchmarks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import hypergrad as hg
+from hypergrad.hvp import DEFAULT_MEMORY_BUDGET, HVPStrategy, saved_bytes
+from hypergrad.testing import digits_case
+
+SMALL = dict(steps=4, n_train=24, batch_size=8, hidden=8, n_val=32, windows=3)
+BATCHED = [hg.VmapVJP, hg.BatchedAutograd, hg.ForwardOverReverse]
+
+
+def _one_call(problem: hg.InnerProblem, strategy: HVPStrategy) -> tuple:
+    """One HVP call at a state with non-zero tangents."""
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(problem, fm.init(problem, lam), lam, stop=2)
+    batch = problem.batch(2)
+
+    def f(p, b, lm):  # type: ignore[no-untyped-def]
+        return problem.train_objective(p, b, lm, 2, batch)
+
+    eye = torch.eye(lam.shape[0], dtype=lam.dtype)
+    s, z = fs.state, fs.tangents
+    return f, s, z, lam, eye, strategy(f, s.params, s.buffers, lam, z.params, z.buffers, eye)
+
+
+@pytest.mark.parametrize("cls", BATCHED)
+def test_budget_and_chunk_choices_give_identical_results(cls: type[HVPStrategy]) -> None:
+    problem = digits_case("adam", "per_example", **SMALL)  # K = 24
+    lam = problem.init_raw()
+    whole = hg.ForwardMode(cls(memory_budget=math.inf)).hypergradient(problem, lam).grad
+    for strat in (cls(), cls(memory_budget=1.0), cls(memory_budget=5e5), cls(chunk_size=7)):
+        got = hg.ForwardMode(strat).hypergradient(problem, lam).grad
+        torch.testing.assert_close(got, whole, rtol=1e-12, atol=1e-15)
+
+
+def test_hvp_outputs_equal_across_chunkings_with_batchnorm() -> None:
+    problem = digits_case("momentum", "per_tensor_wd", batchnorm=True, **SMALL)
+    *_, ref = _one_call(problem, hg.VmapVJP(memory_budget=math.inf))
+    for strat in (hg.VmapVJP(chunk_size=1), hg.VmapVJP(memory_budget=1.0),
+                  hg.ForwardOverReverse(chunk_size=2), hg.BatchedAutograd(chunk_size=3),
+                  hg.ColumnLoop()):
+        *_, got = _one_call(problem, strat)
+        for a, b in zip(got, ref):  # g, new_b, G, Zb_new
+            for k in b:
+                torch.testing.assert_close(a[k], b[k], rtol=1e-11, atol=1e-14)
+
+
+def test_columns_per_call_follows_the_budget() -> None:
+    problem = digits_case("sgd", "per_example", **SMALL)  # K = 24
+    f, s, _, lam, _, _ = _one_call(problem, hg.VmapVJP())
+    saved = saved_bytes(f, s.params, s.buffers, lam)
+    assert saved > 0
+    per_col = hg.VmapVJP.column_memory_factor * saved
+
+    def chunk(**kw: float) -> int:
+        return hg.VmapVJP(**kw).columns_per_call(f, s.params, s.buffers, lam, 24)  # type: ignore
+
+    assert chunk() == 24  # a small model: the default budget holds every column
+    assert chunk(memory_budget=math.inf) == 24
+    assert chunk(memory_budget=1.0) == 1
+    assert chunk(memory_budget=per_col * 5.5) == 5  # 5 fit: 5 chunks of 5, 5, 5, 5, 4
+    assert chunk(memory_budget=per_col * 12.5) == 12
+    assert chunk(memory_budget=per_col * 13.5) == 12  # 13 fit: 2 chunks, balanced 12 + 12
+    assert hg.VmapVJP(chunk_size=7).columns_per_call(f, s.params, s.buffers, lam, 24) == 7
+    assert hg.VmapVJP(chunk_size=70).columns_per_call(f, s.params, s.buffers, lam, 24) == 24
+    assert DEFAULT_MEMORY_BUDGET == 2**30
+
+
+def test_saved_bytes_grows_with_the_batch() -> None:
+    small = digits_case("sgd", "lr", **{**SMALL, "batch_size": 4})
+    large = digits_case("sgd", "lr", **{**SMALL, "batch_size": 16})
+    sizes = []
+    for p in (small, large):
+        s, lam, batch = p.initial_state(), p.init_raw(), p.batch(0)
+        sizes.append(saved_bytes(lambda a, b, c: p.train_objective(a, b, c, 0, batch),
+                                 s.params, s.buffers, lam))
+    assert sizes[1] > sizes[0] > 0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "1GB", True, float("nan")])
+def test_bad_memory_budget_is_rejected(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"VmapVJP: memory_budget="):
+        hg.VmapVJP(memory_budget=bad)  # type: ignore[arg-type]
+
+
+def test_bad_compile_flag_and_reprs() -> None:
+    with pytest.raises(TypeError, match="compile"):
+        hg.VmapVJP(compile="yes")  # type: ignore[arg-type]
+    assert repr(hg.VmapVJP()) == "VmapVJP(chunk_size=None, memory_budget=None)"
+    assert "compile=True" in repr(hg.VmapVJP(compile=True))
+    assert repr(hg.ColumnLoop()) == "ColumnLoop()"
+    assert repr(hg.ForwardOverReverse(memory_budget=2.0)) == (
+        "ForwardOverReverse(chunk_size=None, memory_budget=2.0)")
+    # the existing constructor forms keep working
+    assert hg.VmapVJP(chunk_size=5).chunk_size == 5
+    assert hg.BatchedAutograd(5).chunk_size == 5
