@@ -157,8 +157,9 @@ each input (and on scalar hyperparameters). Their tangent rule is a diagonal lin
 
 def _elementwise_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt: Any,
                          params: Any, G: Any, zo: Any, zp: Any, cols: list[int],
-                         pos: list[int]) -> tuple[Any, Any]:
-    """The update's tangent for an elementwise optimizer, all columns at once.
+                         pos: list[int]) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The update and its tangent for an elementwise optimizer, all columns at once:
+    ``((params, opt), (Z_params, Z_opt))``.
 
     ``U`` maps each element independently, so its Jacobian is diagonal per input tensor: one
     reverse pass with a cotangent of ones per output kind (new parameters, each optimizer buffer)
@@ -232,7 +233,11 @@ def _elementwise_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt
                         for j, r in enumerate(pos):
                             res[n][r].add_(c * dh[id(sc)][j])
             results.append({n: res[n].detach() for n in out})
-    return results[0], type(opt)(*results[1:])
+    # the primal update comes out of the same pass (the values equal problem.update's bit for
+    # bit: the same elementwise operations, with the scalars broadcast)
+    primal = ({n: v.detach() for n, v in new_p.items()},
+              type(opt)(*[{n: v.detach() for n, v in getattr(new_o, f).items()} for f in fields]))
+    return primal, (results[0], type(opt)(*results[1:]))
 
 
 class ForwardMode(Method):
@@ -314,9 +319,8 @@ class ForwardMode(Method):
             pos_of = {int(c): i for i, c in enumerate(live.tolist())}
             pos = [pos_of[c] for c in cols]
         if problem.optimizer.name in _ELEMENTWISE:
-            params, opt = problem.update(g, s.opt, s.params, lam, t)
-            zp, zo = _elementwise_tangent(problem, t, lam, g, s.opt, s.params, G, z_in.opt,
-                                          z_in.params, cols, pos)
+            (params, opt), (zp, zo) = _elementwise_tangent(
+                problem, t, lam, g, s.opt, s.params, G, z_in.opt, z_in.params, cols, pos)
         else:
             params, opt, zp, zo = self._jvp_tangent(problem, t, lam, g, s, G, z_in, cols, pos,
                                                    eye)

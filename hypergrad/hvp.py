@@ -199,13 +199,15 @@ def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb:
 
 class VmapVJP(HVPStrategy):
     """Functional reverse-over-reverse: ``vmap(vjp_fn)`` of ``vjp(grad f)``; one gradient forward,
-    one batched backward per chunk. The fastest eager strategy measured (BENCHMARKS.md).
+    one batched backward per chunk. The fastest strategy measured on the benchmark models from
+    K = 16 up (BENCHMARKS.md). A single column goes through one ``torch.autograd`` call instead:
+    vmap's fixed cost buys nothing there.
 
     Args:
         chunk_size, memory_budget: see :class:`HVPStrategy`.
-        compile: run the gradient and the batched products through ``torch.compile`` (off by
-            default: the first step compiles for 10-30 s and each new shape recompiles; see
-            BENCHMARKS.md for when it pays off).
+        compile: run the gradient and the batched products through ``torch.compile``. Off by
+            default: not faster than eager on the benchmark models, and the first step compiles
+            for 10-30 s (BENCHMARKS.md).
     """
 
     name = "vmap_vjp"
@@ -221,6 +223,8 @@ class VmapVJP(HVPStrategy):
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
+        if eye.shape[0] == 1 and not self.compile:  # the same products, without vmap's cost
+            return _autograd_hvp(self, f, params, buffers, lam, zp, zb, eye, batched=False)
         chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
         run = _vmap_vjp
         if self.compile:
@@ -263,6 +267,45 @@ class ForwardOverReverse(HVPStrategy):
         return primal[0], primal[1], _cat(G_parts), _cat(zb_parts) if buffers else {}
 
 
+def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
+                  zp: Dict, zb: Dict, eye: Tensor, batched: bool) -> HVPResult:
+    """Reverse-over-reverse with ``torch.autograd``: a ``create_graph`` gradient, then either
+    batched calls (``is_grads_batched``, chunked) or one call per column."""
+    p = {k: v.detach().requires_grad_() for k, v in params.items()}
+    b = {k: v.detach().requires_grad_() for k, v in buffers.items()}
+    lm = lam.detach().requires_grad_()
+    with torch.enable_grad():
+        loss, new_b = f(p, b, lm)
+        inputs = [*p.values(), *b.values(), lm]
+        grads = torch.autograd.grad(loss, inputs, create_graph=True, allow_unused=True)
+    cots = [*zp.values(), *zb.values(), eye]
+    # outputs that do not depend on the inputs contribute nothing to the Hessian product
+    pairs = [(gr, c) for gr, c in zip(grads, cots) if gr is not None and gr.requires_grad]
+    k = eye.shape[0]
+    chunk = strategy.columns_per_call(f, params, buffers, lam, k) if batched else 1
+    Gs: list[Dict] = []
+    for s in _chunks(k, chunk):
+        n = s.stop - s.start
+        if pairs:
+            outs = torch.autograd.grad(
+                [gr for gr, _ in pairs], list(p.values()),
+                grad_outputs=[c[s] if batched else c[s.start] for _, c in pairs],
+                retain_graph=True, allow_unused=True, is_grads_batched=batched)
+        else:
+            outs = (None,) * len(p)
+        part = {}
+        for (name, v), o in zip(p.items(), outs):
+            if o is None:
+                o = torch.zeros((n, *v.shape), dtype=v.dtype, device=v.device)
+            part[name] = o.detach() if batched else o.detach().unsqueeze(0)
+        Gs.append(part)
+    g = {name: (gr.detach() if gr is not None else torch.zeros_like(v))
+         for (name, v), gr in zip(p.items(), grads)}
+    new_b = {name: v.detach() for name, v in new_b.items()}
+    zb_new = strategy._buffer_tangents(f, params, buffers, lam, zp, zb, eye)
+    return g, new_b, _cat(Gs), zb_new
+
+
 class _AutogradHVP(HVPStrategy):
     """Reverse-over-reverse with ``torch.autograd``: a ``create_graph`` gradient, then either
     batched (``is_grads_batched``) or one call per column."""
@@ -272,39 +315,7 @@ class _AutogradHVP(HVPStrategy):
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
-        p = {k: v.detach().requires_grad_() for k, v in params.items()}
-        b = {k: v.detach().requires_grad_() for k, v in buffers.items()}
-        lm = lam.detach().requires_grad_()
-        with torch.enable_grad():
-            loss, new_b = f(p, b, lm)
-            inputs = [*p.values(), *b.values(), lm]
-            grads = torch.autograd.grad(loss, inputs, create_graph=True, allow_unused=True)
-        cots = [*zp.values(), *zb.values(), eye]
-        # outputs that do not depend on the inputs contribute nothing to the Hessian product
-        pairs = [(gr, c) for gr, c in zip(grads, cots) if gr is not None and gr.requires_grad]
-        k = eye.shape[0]
-        chunk = self.columns_per_call(f, params, buffers, lam, k) if self.batched else 1
-        Gs: list[Dict] = []
-        for s in _chunks(k, chunk):
-            n = s.stop - s.start
-            if pairs:
-                outs = torch.autograd.grad(
-                    [gr for gr, _ in pairs], list(p.values()),
-                    grad_outputs=[c[s] if self.batched else c[s.start] for _, c in pairs],
-                    retain_graph=True, allow_unused=True, is_grads_batched=self.batched)
-            else:
-                outs = (None,) * len(p)
-            part = {}
-            for (name, v), o in zip(p.items(), outs):
-                if o is None:
-                    o = torch.zeros((n, *v.shape), dtype=v.dtype, device=v.device)
-                part[name] = o.detach() if self.batched else o.detach().unsqueeze(0)
-            Gs.append(part)
-        g = {name: (gr.detach() if gr is not None else torch.zeros_like(v))
-             for (name, v), gr in zip(p.items(), grads)}
-        new_b = {name: v.detach() for name, v in new_b.items()}
-        zb_new = self._buffer_tangents(f, params, buffers, lam, zp, zb, eye)
-        return g, new_b, _cat(Gs), zb_new
+        return _autograd_hvp(self, f, params, buffers, lam, zp, zb, eye, self.batched)
 
 
 class BatchedAutograd(_AutogradHVP):

@@ -123,12 +123,16 @@ def test_elementwise_update_tangent_equals_jvp(opt: str) -> None:
     G = tree_map(rnd, z.params)
     k, t = lam.shape[0], 3
     cols = fwd._Plan(problem).optimizer_columns(t)
-    zp, zo = fwd._elementwise_tangent(problem, t, lam, grads, s.opt, s.params, G, z.opt,
-                                      z.params, cols, cols)
+    primal, (zp, zo) = fwd._elementwise_tangent(problem, t, lam, grads, s.opt, s.params, G,
+                                                z.opt, z.params, cols, cols)
     params, opt_state, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
         problem, t, lam, grads, s, G, z, cols, cols, torch.eye(k, dtype=lam.dtype))
     for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0]):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+    # the primal update from the same pass is problem.update's, bit for bit
+    for x, y in zip(tree_flatten(primal)[0],
+                    tree_flatten(problem.update(grads, s.opt, s.params, lam, t))[0]):
+        assert torch.equal(x, y)
 
 
 def test_non_elementwise_fallback_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:

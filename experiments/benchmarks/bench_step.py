@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="*", default=None)
     ap.add_argument("--compile", action="store_true", help="also time VmapVJP(compile=True)")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-malloc-tuning", action="store_true",
+                    help="leave glibc's malloc thresholds alone (to measure what tuning buys)")
     ap.add_argument("--json", default=None, help="output path (default results/bench_step.json)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -65,7 +67,7 @@ def main() -> None:
         print(json.dumps(child(json.loads(args.child))))
         return
 
-    tuned = C.setup()
+    tuned = False if args.no_malloc_tuning else C.setup()
     models = args.models or (["mlp", "cnn8"] if args.quick else list(C.MODELS))
     ks = args.ks or ([4, 16] if args.quick else [1, 4, 16, 64])
     strategies = args.strategies or list(C.STRATEGY_NAMES)
