@@ -162,3 +162,76 @@ def test_constant_per_tensor_default_and_frozen_parameters() -> None:
     a = hg.ForwardMode().hypergradient(problem, lam).grad
     b = hg.ReverseMode().hypergradient(problem, lam).grad
     assert rel_err(a, b) <= 1e-10
+
+
+SGD_CONFIGS = {
+    # name: (optimizer kwargs, extra hyperparameters)
+    "plain": (dict(lr="lr"), []),
+    "wd_const": (dict(lr="lr", weight_decay=1e-2), []),
+    "momentum_wd": (dict(lr="lr", momentum="mom", weight_decay="wd"),
+                    [hg.Scalar("mom", 0.8, transform="logit"),
+                     hg.PerTensor("wd", 1e-2, transform="log")]),
+    "dampening": (dict(lr="lr", momentum=0.9, dampening="damp", weight_decay="wd"),
+                  [hg.Scalar("damp", 0.3, transform="logit"), hg.Scalar("wd", 1e-2)]),
+    "dampening_const": (dict(lr="lr", momentum="mom", dampening=0.25),
+                        [hg.Scalar("mom", 0.7)]),
+    "nesterov": (dict(lr="lr", momentum="mom", nesterov=True, weight_decay="wd"),
+                 [hg.Scalar("mom", 0.8, transform="logit"), hg.Scalar("wd", 1e-2)]),
+    "nesterov_damp": (dict(lr="lr", momentum="mom", nesterov=True, dampening="damp"),
+                      [hg.Scalar("mom", 0.8), hg.Scalar("damp", 0.2)]),
+}
+
+
+@pytest.mark.parametrize("lr_kind", ["schedule", "per_tensor"])
+@pytest.mark.parametrize("config", sorted(SGD_CONFIGS))
+@pytest.mark.parametrize("t", [0, 3])
+def test_sgd_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -> None:
+    """SGD's closed-form tangent (every argument constant or bound, dampening, Nesterov, the
+    first step's buffer) against jvp of the update under vmap, with random tangents."""
+    kwargs, extra = SGD_CONFIGS[config]
+    base = digits_case("momentum", "lr", steps=6, **SMALL)
+    lr = (hg.Schedule("lr", 0.05, windows=3, transform="log") if lr_kind == "schedule"
+          else hg.PerTensor("lr", 0.05, transform="log"))
+    problem = hg.InnerProblem(base.fmodel.module, base.train_loss, hg.sgd(**kwargs),
+                              hg.HyperParams([lr, *extra]), base.batch, 6, base.val_loss)
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(problem, fm.init(problem, lam), lam, stop=t)
+    g = torch.Generator().manual_seed(3)
+    rnd = lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
+    s, z = fs.state, tree_map(rnd, fs.tangents)
+    grads = tree_map(rnd, s.params)
+    G = tree_map(rnd, z.params)
+    cols = fwd._Plan(problem).optimizer_columns(t)
+    assert cols
+    G_copy = tree_map(torch.clone, G)
+    _, _, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
+        problem, t, lam, grads, s, G_copy, z, cols, cols, torch.eye(lam.shape[0],
+                                                                    dtype=lam.dtype))
+    z_before = tree_map(torch.clone, z)
+    out = fwd._sgd_tangent(problem, t, lam, grads, s.opt, s.params, G, z.opt, z.params, cols,
+                           cols)
+    assert out is not None
+    zp, zo = out
+    for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+    for x, y in zip(tree_flatten(z)[0], tree_flatten(z_before)[0]):  # inputs left alone
+        assert torch.equal(x, y)
+
+
+def test_sgd_closed_form_used_and_general_path_equal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole runs: the closed form, the general elementwise path and jvp give one result."""
+    problem = _mixed_problem("nesterov", steps=6, windows=3)
+    lam = problem.init_raw()
+    calls = []
+    real = fwd._sgd_tangent
+    monkeypatch.setitem(fwd._CLOSED_FORM, "sgd",
+                        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+    a = hg.ForwardMode().hypergradient(problem, lam).grad
+    assert len(calls) == problem.steps
+    monkeypatch.setattr(fwd, "_CLOSED_FORM", {})
+    b = hg.ForwardMode().hypergradient(problem, lam).grad
+    monkeypatch.setattr(fwd, "_ELEMENTWISE", frozenset())
+    c = hg.ForwardMode().hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
+    torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-15)
