@@ -155,6 +155,8 @@ class MethodConf:
     name: MethodName = MethodName.forward
     hvp: HVPName = HVPName.vmap_vjp
     chunk_size: Optional[int] = None
+    memory_budget_gb: Optional[float] = None
+    compile: bool = False
 
 
 # -- problems ------------------------------------------------------------------------------------

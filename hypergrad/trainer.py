@@ -97,9 +97,13 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
                        f"reverse; reverse fits: {rev_mem / gib:.3f} GiB for T={t}")
 
 
-def make_method(name: str = "forward", hvp: str = "vmap_vjp",
-                chunk_size: int | None = None) -> Method | str:
-    """A method by name (``"auto"`` is resolved by the Trainer), for configs."""
+def make_method(name: str = "forward", hvp: str = "vmap_vjp", chunk_size: int | None = None,
+                memory_budget_gb: float | None = None, compile: bool = False) -> Method | str:
+    """A method by name (``"auto"`` is resolved by the Trainer), for configs.
+
+    ``chunk_size`` / ``memory_budget_gb`` set the HVP strategy's chunking (default: automatic
+    from :data:`hypergrad.hvp.DEFAULT_MEMORY_BUDGET`); ``compile`` runs ``VmapVJP`` through
+    ``torch.compile`` (opt-in, see BENCHMARKS.md)."""
     name, hvp = getattr(name, "value", name), getattr(hvp, "value", hvp)  # config enums
     if name == "auto":
         return "auto"
@@ -108,8 +112,18 @@ def make_method(name: str = "forward", hvp: str = "vmap_vjp",
     if name == "forward":
         if hvp not in STRATEGIES:
             raise ValueError(f"make_method: hvp={hvp!r}; choose one of {sorted(STRATEGIES)}.")
+        if compile and hvp != "vmap_vjp":
+            raise ValueError(f"make_method: compile=True needs hvp='vmap_vjp', got hvp={hvp!r}.")
+        if memory_budget_gb is not None and not memory_budget_gb > 0:
+            raise ValueError(f"make_method: memory_budget_gb={memory_budget_gb!r} must be > 0 "
+                             f"(GiB), or null for the default.")
         cls = STRATEGIES[hvp]
-        return ForwardMode(cls() if hvp == "loop" else cls(chunk_size=chunk_size))
+        budget = None if memory_budget_gb is None else memory_budget_gb * 2**30
+        if hvp == "loop":
+            return ForwardMode(cls())
+        if compile:
+            return ForwardMode(cls(chunk_size=chunk_size, memory_budget=budget, compile=True))
+        return ForwardMode(cls(chunk_size=chunk_size, memory_budget=budget))
     raise ValueError(f"make_method: name={name!r}; choose 'forward', 'reverse' or 'auto'.")
 
 

@@ -103,3 +103,25 @@ def test_bad_compile_flag_and_reprs() -> None:
     # the existing constructor forms keep working
     assert hg.VmapVJP(chunk_size=5).chunk_size == 5
     assert hg.BatchedAutograd(5).chunk_size == 5
+
+
+def test_compiled_vmap_vjp_equals_eager() -> None:
+    """The optional torch.compile path: the same hypergradient as eager (float64), chunked,
+    with a Scalar and a per-example weight (no step-dependent values: one graph)."""
+    problem = digits_case("momentum", "per_example", steps=3, n_train=16, batch_size=8,
+                          hidden=6, n_val=16)
+    lam = problem.init_raw()
+    eager = hg.ForwardMode(hg.VmapVJP(chunk_size=8)).hypergradient(problem, lam).grad
+    compiled = hg.ForwardMode(hg.VmapVJP(chunk_size=8, compile=True)).hypergradient(problem, lam)
+    torch.testing.assert_close(compiled.grad, eager, rtol=1e-10, atol=1e-13)
+
+
+def test_make_method_options() -> None:
+    from hypergrad.trainer import make_method
+    m = make_method("forward", "vmap_vjp", memory_budget_gb=0.5, compile=True)
+    assert isinstance(m, hg.ForwardMode) and m.hvp.compile and m.hvp.memory_budget == 2**29
+    assert make_method("forward", "fwd_over_rev", chunk_size=3).hvp.chunk_size == 3
+    with pytest.raises(ValueError, match="compile=True needs hvp='vmap_vjp'"):
+        make_method("forward", "loop", compile=True)
+    with pytest.raises(ValueError, match="memory_budget_gb=0"):
+        make_method("forward", "vmap_vjp", memory_budget_gb=0)
