@@ -18,6 +18,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check hypergrad tests experiments
+	$(VENV)/bin/mypy
 	$(PY) -m pytest
 
 exactness: $(STAMP)

@@ -484,7 +484,8 @@ class ForwardMode(Method):
         def column(zg: Any, zo: Any, zp: Any) -> Any:
             return jvp(update_state, (g, s.opt, s.params), (zg, zo, zp))
 
-        (params, opt), (zp, zo) = vmap(column, out_dims=(None, 0))(G, z_in.opt, z_in.params)
+        (params, opt), (zp, zo) = vmap(column, out_dims=(None, 0))(  # type: ignore[arg-type]
+            G, z_in.opt, z_in.params)
         if cols:
             idx = torch.tensor(cols, device=lam.device)
 

@@ -188,7 +188,8 @@ class HVPStrategy(abc.ABC):
 def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
               eye: Tensor, chunk: int) -> tuple[Dict, Dict, Dict]:
     full_grad = grad(f, argnums=(0, 1, 2), has_aux=True)
-    (g, _, _), vjp_fn, new_b = vjp(full_grad, params, buffers, lam, has_aux=True)
+    out: Any = vjp(full_grad, params, buffers, lam, has_aux=True)  # (primal, vjp_fn, aux)
+    (g, _, _), vjp_fn, new_b = out
 
     def col(zp_: Dict, zb_: Dict, e: Tensor) -> Dict:
         return vjp_fn((zp_, zb_, e))[0]
@@ -258,7 +259,8 @@ class ForwardOverReverse(HVPStrategy):
             def col(zp_: Dict, zb_: Dict, e: Tensor) -> Any:
                 return jvp(g_and_b, (params, buffers, lam), (zp_, zb_, e))
 
-            (g, new_b), (G, zb_new) = vmap(col, out_dims=((None, None), (0, 0)))(
+            # nested out_dims work at runtime; torch's annotation says a flat tuple
+            (g, new_b), (G, zb_new) = vmap(col, out_dims=((None, None), (0, 0)))(  # type: ignore[arg-type]
                 _take(zp, s), _take(zb, s), eye[s])
             primal = (g, new_b)
             G_parts.append(G)
@@ -277,13 +279,15 @@ def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict,
     with torch.enable_grad():
         loss, new_b = f(p, b, lm)
         inputs = [*p.values(), *b.values(), lm]
-        grads = torch.autograd.grad(loss, inputs, create_graph=True, allow_unused=True)
+        grads: tuple[Tensor | None, ...] = torch.autograd.grad(loss, inputs, create_graph=True,
+                                                               allow_unused=True)
     cots = [*zp.values(), *zb.values(), eye]
     # outputs that do not depend on the inputs contribute nothing to the Hessian product
     pairs = [(gr, c) for gr, c in zip(grads, cots) if gr is not None and gr.requires_grad]
     k = eye.shape[0]
     chunk = strategy.columns_per_call(f, params, buffers, lam, k) if batched else 1
     Gs: list[Dict] = []
+    outs: tuple[Tensor | None, ...]
     for s in _chunks(k, chunk):
         n = s.stop - s.start
         if pairs:

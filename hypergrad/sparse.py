@@ -547,7 +547,8 @@ class SparseOperator:
     def __init__(self, A: Any, *, dtype: torch.dtype | None = None,
                  index_dtype: torch.dtype | None = None, device: torch.device | str | None = None,
                  validate: bool = True) -> None:
-        kw = dict(dtype=dtype, index_dtype=index_dtype, device=device, validate=validate)
+        kw: dict[str, Any] = dict(dtype=dtype, index_dtype=index_dtype, device=device,
+                                  validate=validate)
         api = "SparseOperator"
         if isinstance(A, SparseOperator):
             parts = A.to(device=device, dtype=dtype)
@@ -734,7 +735,7 @@ class SparseOperator:
 
         def move(M: Tensor) -> Tensor:
             return _csr_tensor(M.crow_indices().to(dev), M.col_indices().to(dev),
-                               M.values().to(device=dev, dtype=dt), tuple(M.shape))
+                               M.values().to(device=dev, dtype=dt), (M.shape[0], M.shape[1]))
 
         return SparseOperator._wrap(move(self._A), move(self._At))
 
@@ -786,7 +787,7 @@ def load_npz(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None,
     if not isinstance(npz, np.lib.npyio.NpzFile):
         raise ValueError(f"{api}: {p!r} holds a single array, not a scipy.sparse .npz; save the "
                          f"matrix with scipy.sparse.save_npz(path, A).")
-    kw = dict(dtype=dtype, index_dtype=index_dtype, device=device, validate=True)
+    kw: dict[str, Any] = dict(dtype=dtype, index_dtype=index_dtype, device=device, validate=True)
     with npz:
         keys = set(npz.files)
         if "format" not in keys or "shape" not in keys:

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .forward import ForwardMode, ForwardState
-from .hvp import STRATEGIES
+from .hvp import STRATEGIES, VmapVJP
 from .hyperparams import TRANSFORMS
 from .method import Method
 from .problem import InnerProblem, InnerState
@@ -122,7 +122,7 @@ def make_method(name: str = "forward", hvp: str = "vmap_vjp", chunk_size: int | 
         if hvp == "loop":
             return ForwardMode(cls())
         if compile:
-            return ForwardMode(cls(chunk_size=chunk_size, memory_budget=budget, compile=True))
+            return ForwardMode(VmapVJP(chunk_size=chunk_size, memory_budget=budget, compile=True))
         return ForwardMode(cls(chunk_size=chunk_size, memory_budget=budget))
     raise ValueError(f"make_method: name={name!r}; choose 'forward', 'reverse' or 'auto'.")
 
