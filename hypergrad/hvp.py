@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import abc
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -221,20 +222,30 @@ class VmapVJP(HVPStrategy):
             raise TypeError(f"VmapVJP: compile={compile!r} must be True or False.")
         self.compile = compile
         self._compiled: Callable[..., tuple[Dict, Dict, Dict]] | None = None
+        self._compile_failed = False
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
         if eye.shape[0] == 1 and not self.compile:  # the same products, without vmap's cost
             return _autograd_hvp(self, f, params, buffers, lam, zp, zb, eye, batched=False)
         chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
-        run = _vmap_vjp
-        if self.compile:
-            if self._compiled is None:
-                self._compiled = torch.compile(_vmap_vjp)
-            run = self._compiled
-        g, new_b, G = run(f, params, buffers, lam, zp, zb, eye, chunk)
+        g, new_b, G = self._run(f, params, buffers, lam, zp, zb, eye, chunk)
         zb_new = self._buffer_tangents(f, params, buffers, lam, zp, zb, eye)
         return g, new_b, G, zb_new
+
+    def _run(self, *args: Any) -> tuple[Dict, Dict, Dict]:
+        if not self.compile or self._compile_failed:
+            return _vmap_vjp(*args)
+        if self._compiled is None:
+            self._compiled = torch.compile(_vmap_vjp)
+        try:
+            return self._compiled(*args)
+        except Exception as err:  # torch.compile cannot trace this model: eager from now on
+            self._compile_failed = True
+            warnings.warn(f"VmapVJP(compile=True): torch.compile failed on this model "
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); running "
+                          f"eager from now on (same results).", RuntimeWarning, stacklevel=3)
+            return _vmap_vjp(*args)
 
     def __repr__(self) -> str:
         extra = ", compile=True" if self.compile else ""

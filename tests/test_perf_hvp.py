@@ -125,3 +125,29 @@ def test_make_method_options() -> None:
         make_method("forward", "loop", compile=True)
     with pytest.raises(ValueError, match="memory_budget_gb=0"):
         make_method("forward", "vmap_vjp", memory_budget_gb=0)
+
+
+def test_compile_failure_falls_back_to_eager_with_a_warning() -> None:
+    """torch 2.13 cannot trace vmap over the double backward of a convolution: the compiled
+    strategy warns once and runs eager, with the eager result."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from hypergrad.data import MiniBatches
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(2 * 4 * 4, 3)).double()
+    x = torch.randn(8, 1, 4, 4, dtype=torch.float64)
+    y = torch.randint(0, 3, (8,))
+    problem = hg.InnerProblem(
+        model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        hg.sgd(lr="lr", momentum="mom"), hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
+                                                       hg.Scalar("mom", 0.9)]),
+        MiniBatches(x, y, batch_size=4), 2, lambda m, hp: F.cross_entropy(m(x), y))
+    lam = problem.init_raw()
+    strat = hg.VmapVJP(compile=True)
+    with pytest.warns(RuntimeWarning, match=r"torch.compile failed on this model"):
+        got = hg.ForwardMode(strat).hypergradient(problem, lam).grad
+    want = hg.ForwardMode().hypergradient(problem, lam).grad
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)

@@ -168,6 +168,34 @@ def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1,
     return statistics.median(times)
 
 
+def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1,
+                      min_seconds: float = 0.0) -> dict[str, float]:
+    """Median wall time of each ``fns[name]()``, measured round-robin (one call of each per
+    round), so a slow spell of a shared machine falls on every candidate alike and their ratios
+    stay honest. Contended calls are repeated as in :func:`median_time`."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    retries = 0
+    while (min(len(v) for v in times.values()) < repeats
+           or time.perf_counter() - start < min_seconds):
+        for name, fn in fns.items():
+            probe = others_busy()
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            other = probe()
+            if other > 0.1 * max(dt, 0.02) and retries < 20 * repeats:
+                CONTENDED.append(other)
+                retries += 1
+                wait_quiet()
+                continue
+            times[name].append(dt)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def count_flops(fn: Callable[[], Any]) -> int:
     """FLOPs of the matrix products and convolutions ``fn()`` runs (torch's FLOP counter)."""
     with FlopCounterMode(display=False) as fc:

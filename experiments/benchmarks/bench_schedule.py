@@ -48,11 +48,11 @@ def main() -> None:
         lam = p.init_raw()
         methods = {"dense": hg.ForwardMode(skip_zero_columns=False),
                    "skip": hg.ForwardMode()}
-        times, grads = {}, {}
+        grads = {}
         for name, m in methods.items():
             grads[name] = m.hypergradient(p, lam).grad  # warm-up and the result
-        for name, m in methods.items():
-            times[name] = C.median_time(lambda m=m: m.hypergradient(p, lam), repeats, 0)
+        times = C.interleaved_times({name: (lambda m=m: m.hypergradient(p, lam))
+                                     for name, m in methods.items()}, repeats, 0)
         plain = C.plain_stepper(p, lam)
         t_plain = C.median_time(plain, 20, 3, min_seconds=0.5)
         first = [min(t for t in range(steps) if p.hyperparams.items[0].window(t, steps) == w)

@@ -92,11 +92,12 @@ def main() -> None:
             flops_plain = C.count_flops(plain)
             loop_step = C.forward_stepper(p, lam, hg.ForwardMode(hg.ColumnLoop()))
             flops = C.count_flops(loop_step)  # the step's work, the same for every strategy
-            times: dict[str, float] = {}
-            for name in strategies:
-                step = C.forward_stepper(p, lam, hg.ForwardMode(C.make_strategy(name)))
-                warm = 3 if name.endswith("compiled") else 1
-                times[name] = C.median_time(step, repeats, warm, min_seconds=0.3)
+            methods = {name: hg.ForwardMode(C.make_strategy(name)) for name in strategies}
+            steppers = {name: C.forward_stepper(p, lam, m) for name, m in methods.items()}
+            for name, step in steppers.items():  # compile / first-call costs out of the way
+                for _ in range(2 if name.endswith("compiled") else 0):
+                    step()
+            times = C.interleaved_times(steppers, repeats, 1, min_seconds=0.3)
             for name in strategies:
                 t = times[name]
                 row = {
@@ -106,6 +107,8 @@ def main() -> None:
                     "gflops": flops / t / 1e9, "peak_share": flops / t / 1e9 / peak,
                     "flops_per_plain": flops / flops_plain,
                 }
+                if getattr(methods[name].hvp, "_compile_failed", False):
+                    row["note"] = "torch.compile failed: ran eager"
                 if memory and not name.endswith("compiled"):
                     mem = C.in_subprocess(__file__, [json.dumps(
                         {"model": model, "k": k, "strategy": name})])
@@ -136,7 +139,7 @@ COLS = [("model", "model", ""), ("k", "K", "d"), ("strategy", "strategy", ""),
         ("ms", "ms/step", ".1f"), ("x_plain", "x plain", ".1f"),
         ("speedup_vs_loop", "vs loop", ".2f"), ("gflops", "GFLOP/s", ".0f"),
         ("peak_share", "peak", ".2f"), ("flops_per_plain", "FLOPs/plain", ".1f"),
-        ("extra_mb", "extra MB", ".0f")]
+        ("extra_mb", "extra MB", ".0f"), ("note", "note", "")]
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
