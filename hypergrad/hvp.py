@@ -27,9 +27,13 @@ into equal chunks. An int ``chunk_size`` wins over the budget; ``memory_budget=m
 chunks. Results never depend on the chunking (tested). On the benchmark models the default costs
 at most a few percent of the unchunked time (BENCHMARKS.md).
 
-``VmapVJP(compile=True)`` runs the batched products through ``torch.compile``. Off by default:
-it compiles for 10-30 s at the first step and was not faster than eager on the benchmark models
-(BENCHMARKS.md).
+``VmapVJP(compile=True)`` runs the gradient and the batched products through ``torch.compile``
+(opt-in; ``method.compile=true`` in the Hydra configs). Where it traces, it is faster in steady
+state (the MLP benchmark: 1.2-1.5x over eager VmapVJP, BENCHMARKS.md), but the first step
+compiles for about 10 s, a new column count or a step-dependent hyperparameter value (a schedule
+window) recompiles until dynamo's recompile limit, after which those calls run eagerly, and
+torch 2.13 cannot trace ``vmap`` over a convolution's double backward: then the strategy warns
+once and runs eager (same results). Hence off by default.
 """
 
 from __future__ import annotations
@@ -207,9 +211,9 @@ class VmapVJP(HVPStrategy):
 
     Args:
         chunk_size, memory_budget: see :class:`HVPStrategy`.
-        compile: run the gradient and the batched products through ``torch.compile``. Off by
-            default: not faster than eager on the benchmark models, and the first step compiles
-            for 10-30 s (BENCHMARKS.md).
+        compile: run the gradient and the batched products through ``torch.compile`` (see the
+            module docstring: faster where it traces, ~10 s to compile, eager with a warning
+            where it cannot trace, e.g. convolutions in torch 2.13).
     """
 
     name = "vmap_vjp"

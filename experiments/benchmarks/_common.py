@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
 
 import hypergrad as hg  # noqa: E402
 import hypergrad.data  # noqa: E402,F401
+import hypergrad.measure  # noqa: E402,F401
 import hypergrad.problems  # noqa: E402,F401
 from hypergrad.alloc import malloc_settings, tune_malloc  # noqa: E402
 

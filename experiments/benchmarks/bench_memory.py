@@ -34,8 +34,13 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         p = C.make_problem(HORIZON_MODEL, HORIZON_K, steps=spec["steps"])
         warm_p = C.make_problem(HORIZON_MODEL, 1, steps=2)  # loads code, keeps little memory
         method: Any = hg.ForwardMode() if spec["method"] == "forward" else hg.ReverseMode()
-        res = C.child_memory(lambda: method.hypergradient(p, p.init_raw()),
-                             lambda: method.hypergradient(warm_p, warm_p.init_raw()))
+        in_use: dict[str, Any] = {}
+
+        def run() -> None:  # also the peak of malloc's bytes in use (sampled every 2 ms)
+            in_use.update(hg.measure.measure(lambda: method.hypergradient(p, p.init_raw()))[1])
+
+        res = C.child_memory(run, lambda: method.hypergradient(warm_p, warm_p.init_raw()))
+        res["in_use_peak_bytes"] = in_use["peak_extra_bytes"]
         return res
     p = C.make_problem(spec["model"], spec["k"])
     warm_p = C.make_problem(spec["model"], 1)
@@ -84,19 +89,26 @@ def main() -> None:
             r = mem({"kind": "horizon", "method": method, "steps": T})
             hrows.append({"method": method, "T": T,
                           "extra_mb": r.get("peak_extra_bytes", float("nan")) / mb,
+                          "in_use_mb": r.get("in_use_peak_bytes", float("nan")) / mb,
                           "seconds": r.get("seconds"), "error": r.get("error")})
     print("\n## peak extra memory against the horizon T "
           f"({HORIZON_MODEL}, K = {HORIZON_K}, SGD with momentum)")
     print(C.table(hrows, [("method", "method", ""), ("T", "T", "d"),
-                          ("extra_mb", "extra MB", ".1f"), ("seconds", "s", ".1f")]))
-    fwd = {r["T"]: r["extra_mb"] for r in hrows if r["method"] == "forward"}
-    rev = {r["T"]: r["extra_mb"] for r in hrows if r["method"] == "reverse"}
+                          ("in_use_mb", "peak in use MB", ".1f"),
+                          ("extra_mb", "peak RSS growth MB", ".1f"), ("seconds", "s", ".1f")]))
+    # the method's live memory: the peak of malloc's bytes in use; the resident set also holds
+    # what the tuned allocator keeps after frees (it fragments over the first ~100 steps, then
+    # stays put), printed beside it
+    fwd = {r["T"]: r["in_use_mb"] for r in hrows if r["method"] == "forward"}
+    rev = {r["T"]: r["in_use_mb"] for r in hrows if r["method"] == "reverse"}
+    fwd_rss = {r["T"]: r["extra_mb"] for r in hrows if r["method"] == "forward"}
     t_hi = max(horizons)
     flat = fwd[t_hi] / fwd[10]
-    drift = (fwd[t_hi] - fwd[10]) / (t_hi - 10) * 1024
-    print(f"forward T={t_hi} / T=10: {flat:.3f} (drift {drift:.1f} KB/step)   reverse "
-          f"T={t_hi} / T=10: {rev[t_hi] / rev[10]:.1f} "
-          f"({(rev[t_hi] - rev[10]) / (t_hi - 10) * 1024:.0f} KB/step)")
+    flat_rss = fwd_rss[t_hi] / fwd_rss[10]
+    print(f"forward in use T={t_hi} / T=10: {flat:.3f}; RSS growth T={t_hi} / T=10: "
+          f"{flat_rss:.3f}, T={t_hi} / T={horizons[-2]}: "
+          f"{fwd_rss[t_hi] / fwd_rss[horizons[-2]]:.3f}   reverse in use T={t_hi} / T=10: "
+          f"{rev[t_hi] / rev[10]:.1f} ({(rev[t_hi] - rev[10]) / (t_hi - 10) * 1024:.0f} KB/step)")
 
     # 2. chunked vs unchunked batched HVP at K = 64
     model = "cnn8" if args.quick else "cnn28"
@@ -133,7 +145,8 @@ def main() -> None:
                           ("extra_mb", "extra MB", ".0f"), ("saved_mb", "saved MB/col", ".1f"),
                           ("factor", "MB/col/saved", ".1f")]))
     default = crows[0]
-    line = (f"forward_flat T{t_hi}/T10={flat:.3f} default_chunk K{k} {model}: "
+    line = (f"forward_flat T{t_hi}/T10={flat:.3f} (in use; RSS {flat_rss:.3f}) "
+            f"default_chunk K{k} {model}: "
             f"extra={default['extra_mb'] / 1024:.2f}GB")
     if un is not None:
         line += f" time_vs_unchunked={default['time_vs_unchunked']:.2f}"
