@@ -48,7 +48,9 @@ def bench_step(d: dict[str, Any]) -> str:
 
 def bench_memory(d: dict[str, Any]) -> str:
     h = markdown(d["horizon"], [("method", "method", ""), ("T", "T", "d"),
-                                ("extra_mb", "peak extra MB", ".1f"), ("seconds", "s", ".1f")])
+                                ("in_use_mb", "peak in use MB", ".1f"),
+                                ("extra_mb", "peak RSS growth MB", ".1f"),
+                                ("seconds", "s", ".1f")])
     c = markdown(d["chunking"], [("strategy", "strategy", ""), ("chunk", "columns/call", ""),
                                  ("ms", "ms/step", ".0f"),
                                  ("time_vs_unchunked", "x unchunked time", ".2f"),
