@@ -137,6 +137,14 @@ def wait_quiet(max_wait: float = 1800.0, share: float = 0.15, window: float = 2.
     return time.perf_counter() - t0
 
 
+def _contended(other: float, dt: float, max_other: float) -> bool:
+    """Whether other processes' CPU seconds ``other`` during a call of ``dt`` seconds exceed
+    ``max_other`` of one core, beyond the 2-3 ticks of rounding ``/proc`` accounting has (a
+    short call would otherwise be flagged on rounding alone)."""
+    tick = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+    return other > max(max_other * dt, 3 * tick)
+
+
 CONTENDED: list[float] = []
 """Seconds of CPU other processes took during measurements that were repeated because of it."""
 
@@ -160,7 +168,7 @@ def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1,
         fn()
         dt = time.perf_counter() - t0
         other = probe()
-        if other > max_other * max(dt, 0.02) and retries < 20 * repeats:
+        if _contended(other, dt, max_other) and retries < 20 * repeats:
             CONTENDED.append(other)
             retries += 1
             wait_quiet()
@@ -188,7 +196,7 @@ def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
             fn()
             dt = time.perf_counter() - t0
             other = probe()
-            if other > 0.1 * max(dt, 0.02) and retries < 20 * repeats:
+            if _contended(other, dt, 0.1) and retries < 20 * repeats:
                 CONTENDED.append(other)
                 retries += 1
                 wait_quiet()
