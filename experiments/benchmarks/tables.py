@@ -40,7 +40,8 @@ def bench_step(d: dict[str, Any]) -> str:
     cols = [("model", "model", ""), ("k", "K", "d"), ("strategy", "strategy", ""),
             ("ms", "ms/step", ".1f"), ("x_plain", "x SGD step", ".1f"),
             ("speedup_vs_loop", "speedup vs loop", ".2f"), ("gflops", "GFLOP/s", ".0f"),
-            ("peak_share", "share of peak", ".2f"), ("extra_mb", "extra MB", ".0f")]
+            ("peak_share", "share of peak", ".2f"), ("extra_mb", "extra MB", ".0f"),
+            ("note", "note", "")]
     head = (f"matmul peak {d['matmul_peak_gflops']:.0f} GFLOP/s; "
             f"{d.get('contended_repeats', 0)} timed calls repeated for contention\n\n")
     return head + markdown(d["rows"], cols) + f"\n\n`{d['summary'].get('line', '')}`"
