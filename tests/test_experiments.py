@@ -36,3 +36,17 @@ def test_compare_script_small() -> None:
     rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["3", "6"]
     assert all(float(r[2]) < 1e-10 for r in rows)  # forward = reverse
+
+
+def test_benchmark_tables_render_the_committed_results() -> None:
+    """BENCHMARKS.md's tables come from tables.py over the committed JSON: every benchmark
+    renders, with its summary line, and the bench_step table holds the default strategy."""
+    out = _script("experiments/benchmarks/tables.py")
+    for name in ("bench_step", "bench_memory", "bench_schedule", "bench_conv"):
+        assert f"### {name}" in out
+        assert f"{name}.json not found" not in out
+    assert "| vmap_vjp |" in out and "`speedup_vs_loop K16=" in out
+    assert "`forward_flat T" in out
+    unknown = subprocess.run([sys.executable, "experiments/benchmarks/tables.py", "bench_nope"],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert unknown.returncode != 0 and "unknown benchmark 'bench_nope'" in unknown.stderr
