@@ -212,9 +212,13 @@ def test_sgd_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -
     out = fwd._sgd_tangent(problem, t, lam, grads, s.opt, s.params, G, z.opt, z.params, cols,
                            cols)
     assert out is not None
-    zp, zo = out
+    primal, (zp, zo) = out
     for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+    # the update from the same pass is problem.update's, bit for bit
+    want = problem.update(grads, s.opt, s.params, lam, t)
+    for x, y in zip(tree_flatten(primal)[0], tree_flatten(want)[0], strict=True):
+        assert torch.equal(x, y)
     for x, y in zip(tree_flatten(z)[0], tree_flatten(z_before)[0]):  # inputs left alone
         assert torch.equal(x, y)
 
