@@ -157,28 +157,11 @@ def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1,
     A call during which other processes used more than ``max_other`` of one core's time is
     discarded and measured again after the machine is quiet (two cores shared with other jobs
     make OpenMP barriers wait whole scheduler ticks: a contended call can take 10x longer)."""
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    retries = 0
-    while len(times) < repeats or time.perf_counter() - start < min_seconds:
-        probe = others_busy()
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        other = probe()
-        if _contended(other, dt, max_other) and retries < 20 * repeats:
-            CONTENDED.append(other)
-            retries += 1
-            wait_quiet()
-            continue
-        times.append(dt)
-    return statistics.median(times)
+    return interleaved_times({"": fn}, repeats, warmup, min_seconds, max_other)[""]
 
 
 def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1,
-                      min_seconds: float = 0.0) -> dict[str, float]:
+                      min_seconds: float = 0.0, max_other: float = 0.1) -> dict[str, float]:
     """Median wall time of each ``fns[name]()``, measured round-robin (one call of each per
     round), so a slow spell of a shared machine falls on every candidate alike and their ratios
     stay honest. Contended calls are repeated as in :func:`median_time`."""
@@ -196,7 +179,7 @@ def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
             fn()
             dt = time.perf_counter() - t0
             other = probe()
-            if _contended(other, dt, 0.1) and retries < 20 * repeats:
+            if _contended(other, dt, max_other) and retries < 20 * repeats:
                 CONTENDED.append(other)
                 retries += 1
                 wait_quiet()
@@ -228,12 +211,17 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
 
 # -- memory ----------------------------------------------------------------------------------------
 
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as fh:
+def _proc_kb(path: str, key: str) -> int:
+    """The ``key:`` field, in kB, of a ``/proc`` file such as ``/proc/self/status``."""
+    with open(path) as fh:
         for line in fh:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     raise KeyError(key)
+
+
+def _status_kb(key: str) -> int:
+    return _proc_kb("/proc/self/status", key)
 
 
 def reset_peak_rss() -> int:
@@ -339,11 +327,7 @@ def machine() -> dict[str, Any]:
 
 
 def _meminfo_kb(key: str) -> int:
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
+    return _proc_kb("/proc/meminfo", key)
 
 
 def write_json(name: str, payload: dict[str, Any], path: str | None = None) -> Path:

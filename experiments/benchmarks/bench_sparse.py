@@ -328,12 +328,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # 2. torch sparse_csr, int32 indices (its best case), on the same arrays: no extra memory
     A32 = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col),
                                   torch.from_numpy(val), (m, n))
-    with Phase(mem, "torch_csr_int32"):
-        r = time_fwd_bwd(matmul_by(A32), x0, y, args.baseline_repeats, args.slow_limit)
-    gdiff = float((r.pop("grad") - grad_ours).norm() / grad_ours.norm())
-    rows["torch_csr_int32"] = {**r, "grad_rel_diff_vs_ours": gdiff}
-    print(f"  torch csr int32: fwd {r['fwd_s'] * 1e3:.1f} ms, bwd {r['bwd_s'] * 1e3:.1f} ms",
-          flush=True)
+
+    def baseline(name: str, label: str, A: torch.Tensor) -> None:
+        """Time a torch sparse layout's product and backward; its gradient against ours."""
+        with Phase(mem, name):
+            r = time_fwd_bwd(matmul_by(A), x0, y, args.baseline_repeats, args.slow_limit)
+        gdiff = float((r.pop("grad") - grad_ours).norm() / grad_ours.norm())
+        rows[name] = {**r, "grad_rel_diff_vs_ours": gdiff}
+        print(f"  {label}: fwd {r['fwd_s'] * 1e3:.1f} ms, bwd {r['bwd_s'] * 1e3:.1f} ms",
+              flush=True)
+
+    baseline("torch_csr_int32", "torch csr int32", A32)
     del A32
 
     # 3. COO (the seed's layout), then 4. A.to_sparse_csr() of it (int64 indices)
@@ -345,24 +350,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         A_coo = torch.sparse_coo_tensor(idx, torch.from_numpy(val), (m, n), is_coalesced=True)
         del idx
         res["build_coo_s"] = time.perf_counter() - t0
-    with Phase(mem, "torch_coo"):
-        r = time_fwd_bwd(matmul_by(A_coo), x0, y, args.baseline_repeats, args.slow_limit)
-    gdiff = float((r.pop("grad") - grad_ours).norm() / grad_ours.norm())
-    rows["torch_coo"] = {**r, "grad_rel_diff_vs_ours": gdiff}
-    print(f"  torch coo: fwd {r['fwd_s'] * 1e3:.1f} ms, bwd {r['bwd_s'] * 1e3:.1f} ms",
-          flush=True)
+    baseline("torch_coo", "torch coo", A_coo)
     with Phase(mem, "build_torch_csr"):
         t0 = time.perf_counter()
         A_csr = A_coo.to_sparse_csr()
         res["to_sparse_csr_s"] = time.perf_counter() - t0
         res["to_sparse_csr_index_dtype"] = str(A_csr.crow_indices().dtype)
         del A_coo
-    with Phase(mem, "torch_csr"):
-        r = time_fwd_bwd(matmul_by(A_csr), x0, y, args.baseline_repeats, args.slow_limit)
-    gdiff = float((r.pop("grad") - grad_ours).norm() / grad_ours.norm())
-    rows["torch_csr"] = {**r, "grad_rel_diff_vs_ours": gdiff}
-    print(f"  torch csr (A.to_sparse_csr()): fwd {r['fwd_s'] * 1e3:.1f} ms, "
-          f"bwd {r['bwd_s'] * 1e3:.1f} ms", flush=True)
+    baseline("torch_csr", "torch csr (A.to_sparse_csr())", A_csr)
     del A_csr
     gc.collect()
 
