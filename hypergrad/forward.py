@@ -5,11 +5,14 @@ Per step, with all K columns at once:
 - ``G_t = H_t Z^w_{t-1} + (d^2 L / dw dlam) I_K`` from the HVP strategy (one gradient, one batched
   call per chunk of columns);
 - ``Z_t = dU/ds Z_{t-1} + dU/dg G_t + dU/dh dh_t/dlam``, the tangent of the optimizer's pure
-  update: for SGD (momentum, dampening, Nesterov, weight decay) in closed form, a few fused
-  multiply-adds per tensor over the K columns (:func:`_sgd_tangent`); for Adam and AdamW, whose
-  update is elementwise, by automatic differentiation of its diagonal Jacobian (one reverse pass
-  per output kind at the size of the parameters, then one multiply-add per term); for any other
-  update, ``torch.func.jvp`` under ``vmap``. All three are tested equal to ``jvp``;
+  update: for SGD (momentum, dampening, Nesterov, weight decay) and Adam/AdamW (bias
+  corrections, eps, L2 or decoupled weight decay) in closed form, a few fused multiply-adds per
+  tensor over the K columns, no autograd (:func:`_sgd_tangent`, :func:`_adam_tangent`); for
+  another elementwise update (or a per-element optimizer hyperparameter), by automatic
+  differentiation of its diagonal Jacobian (one reverse pass per output kind at the size of the
+  parameters, then one multiply-add per term); for any other update, ``torch.func.jvp`` under
+  ``vmap``. All are tested equal to ``jvp``; ``experiments/benchmarks/bench_tangent.py`` times
+  them;
 - at any step, ``dE/dlam = sum <Z_T, dE/ds_T> + dE/dlam|direct``.
 
 Memory is ``O(K |s|)``, independent of ``T``.
@@ -41,7 +44,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from .hvp import HVPStrategy, VmapVJP
 from .hyperparams import Schedule
 from .method import HyperGradient, Method
-from .optim import _is_zero
+from .optim import _is_zero, safe_sqrt
 from .problem import InnerProblem, InnerState
 
 __all__ = ["ForwardMode", "ForwardState"]
@@ -361,7 +364,95 @@ def _elementwise_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt
     return primal, (results[0], type(opt)(*results[1:]))
 
 
-_CLOSED_FORM = {"sgd": _sgd_tangent}
+def _adam_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt: Any, params: Any,
+                  G: Any, zo: Any, zp: Any, cols: list[int], pos: list[int]
+                  ) -> tuple[tuple[Any, Any], tuple[Any, Any]] | None:
+    """Adam's and AdamW's update and its tangent in closed form, all columns at once (no
+    autograd), as ``((params, opt), (Z_params, Z_opt))``. With ``d = g + wd w`` (Adam's L2) or
+    ``w <- (1 - lr wd) w`` first (AdamW), ``m = m + (1 - b1)(d - m)``,
+    ``v = b2 v + (1 - b2) d^2``, ``s = sqrt(v)``, ``den = s / c2 + eps`` (``c2 = sqrt(1 - b2^n)``,
+    ``c1 = 1 - b1^n``, ``n = t + 1``), ``w' = w - (lr / c1) m / den``::
+
+        Z_d = G + wd Z_w                         Z_m = lerp(Z_m, Z_d, 1 - b1)
+        Z_v = b2 Z_v + 2 (1 - b2) d Z_d          Z_w' = Z_w - (lr / c1) / den Z_m
+                                                        + (lr / c1) m / den^2 / (2 s c2) Z_v
+
+    (``1 / (2 s)`` taken as 0 where ``s = 0``, as :func:`~hypergrad.optim.safe_sqrt` does), plus
+    the hyperparameters' own terms (``lr``, ``b1``, ``b2`` through the bias corrections too,
+    ``eps``, ``wd``) on the rows of the columns the optimizer reads (``pos``). Per tensor: six
+    multiply-adds over the K columns. Tested equal to ``jvp`` of :meth:`Optimizer.update` under
+    ``vmap``; the update is :meth:`Optimizer.update`'s, bit for bit (tested). ``None`` when a
+    hyperparameter is not a scalar."""
+    got = _hp_scalars(problem, t, lam, cols)
+    if got is None:
+        return None
+    hp, dh = got
+    a = problem.optimizer.args
+    read = problem.optimizer._read
+    n = t + 1
+    decoupled = problem.optimizer.name == "adamw"
+    has_wd = not _is_zero(a["weight_decay"])
+
+    def dv(coef: Any) -> Tensor | None:
+        """``d coef / d lam`` at the columns read (``None``: a constant)."""
+        return dh.get(id(coef)) if isinstance(coef, Tensor) else None
+
+    def lin(*terms: tuple[Any, Tensor | None]) -> Tensor | None:
+        """``sum c * dv`` over the terms whose ``dv`` is not ``None``."""
+        out = [c * d for c, d in terms if d is not None]
+        return None if not out else out[0] if len(out) == 1 else torch.stack(out).sum(0)
+
+    def direct(z: Tensor, d: Tensor | None, x: Tensor) -> None:
+        """``z[pos_j] += d[j] x`` for the columns read."""
+        if d is not None:
+            for j, r in enumerate(pos):
+                z[r].addcmul_(x, d[j])
+
+    new_p, new_m, new_v, new_zp, new_zm, new_zv = {}, {}, {}, {}, {}, {}
+    for k, w in params.items():
+        d, zd, zw = g[k], G[k], zp[k]
+        lr, b1, b2 = read(a["lr"], hp, k), read(a["betas"][0], hp, k), read(a["betas"][1], hp, k)
+        eps = read(a["eps"], hp, k)
+        dlr, db1, db2 = dv(lr), dv(b1), dv(b2)
+        if has_wd:
+            wd = read(a["weight_decay"], hp, k)
+            if decoupled:
+                zw = zw * (1 - lr * wd)
+                direct(zw, lin((-wd, dlr), (-lr, dv(wd))), w)
+                w = w * (1 - lr * wd)
+            else:
+                zd = _fma(_owned(zd), zw, wd, inplace=True)
+                direct(zd, dv(wd), w)
+                d = d + wd * w
+        m_prev, v_prev = opt.exp_avg[k], opt.exp_avg_sq[k]
+        m = m_prev + (1 - b1) * (d - m_prev)
+        v = b2 * v_prev + (1 - b2) * d * d
+        zm = torch.lerp(zo.exp_avg[k], zd, 1 - b1)
+        direct(zm, db1, m_prev - d)
+        zv = zo.exp_avg_sq[k] * b2
+        zv.addcmul_(zd, 2 * (1 - b2) * d)
+        direct(zv, db2, v_prev - d * d)
+        c1 = 1 - b1**n
+        c2 = (1 - b2**n) ** 0.5
+        root = safe_sqrt(v, a["eps_root"])
+        den = root / c2 + eps
+        ratio = m / den
+        new_p[k] = w - (lr / c1) * ratio
+        # the tangent of w - (lr / c1) m / den
+        step_den = (lr / c1) * ratio / den  # d w' / d den
+        inv2s = torch.where(root > 0, 0.5 / torch.where(root > 0, root, 1.0), 0.0)
+        zn = torch.addcmul(zw, zm, -(lr / c1) / den)
+        zn.addcmul_(zv, step_den * inv2s / c2)
+        dc1 = lin((-n * b1 ** (n - 1), db1))  # d c1
+        dc2 = lin((-0.5 * n * b2 ** (n - 1) / c2, db2))  # d c2
+        direct(zn, lin((-1 / c1, dlr), (lr / c1**2, dc1)), ratio)
+        direct(zn, dv(eps), step_den)
+        direct(zn, dc2, -step_den * root / c2**2)
+        new_m[k], new_v[k], new_zp[k], new_zm[k], new_zv[k] = m, v, zn, zm, zv
+    return (new_p, type(opt)(new_m, new_v)), (new_zp, type(opt)(new_zm, new_zv))
+
+
+_CLOSED_FORM = {"sgd": _sgd_tangent, "adam": _adam_tangent, "adamw": _adam_tangent}
 """Optimizers with a closed-form tangent (tried first; ``None`` falls back to the general
 elementwise path)."""
 

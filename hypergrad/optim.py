@@ -3,9 +3,9 @@
 An optimizer is a pair of pure functions (as in optax): ``init(params) -> state`` and
 ``update(grads, state, params, hp, step) -> (new_params, new_state)``, over dicts of tensors.
 Because ``update`` is pure and elementwise, forward mode can get its tangent rule from
-``torch.func.jvp`` under ``vmap`` (any new optimizer needs nothing more). For speed, SGD's tangent
-is also written in closed form and Adam's is taken from its diagonal Jacobian
-(``hypergrad.forward``); both are tested equal to ``jvp``.
+``torch.func.jvp`` under ``vmap`` (any new optimizer needs nothing more). For speed, the tangents
+of SGD, Adam and AdamW are also written in closed form (``hypergrad.forward``), tested equal to
+``jvp``.
 
 Each argument (``lr``, ``momentum``, ``betas``, ``weight_decay``, ``eps``, ...) is either a
 constant number or the *name* of a hyperparameter, read at every step from ``hp`` (a mapping name

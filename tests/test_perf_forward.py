@@ -239,3 +239,97 @@ def test_sgd_closed_form_used_and_general_path_equal(monkeypatch: pytest.MonkeyP
     c = hg.ForwardMode().hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
     torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-15)
+
+
+ADAM_CONFIGS = {
+    # name: (constructor, optimizer kwargs, extra hyperparameters)
+    "adam_plain": ("adam", dict(lr="lr"), []),
+    "adam_l2_const": ("adam", dict(lr="lr", weight_decay=1e-2), []),
+    "adam_all_bound": ("adam", dict(lr="lr", betas=("b1", "b2"), eps="eps", weight_decay="wd"),
+                       [hg.Scalar("b1", 0.8, transform="logit"),
+                        hg.Scalar("b2", 0.99, transform="logit"),
+                        hg.Scalar("eps", 1e-3, transform="log"),
+                        hg.PerTensor("wd", 1e-2, transform="log")]),
+    "adam_eps_root": ("adam", dict(lr="lr", betas=(0.9, "b2"), eps_root=1e-8),
+                      [hg.Scalar("b2", 0.95, transform="logit")]),
+    "adamw_const": ("adamw", dict(lr="lr", weight_decay=0.1), []),
+    "adamw_all_bound": ("adamw", dict(lr="lr", betas=("b1", "b2"), eps="eps",
+                                      weight_decay="wd"),
+                        [hg.Scalar("b1", 0.8, transform="logit"),
+                         hg.Scalar("b2", 0.99, transform="logit"),
+                         hg.Scalar("eps", 1e-3, transform="log"),
+                         hg.Scalar("wd", 0.1, transform="log")]),
+}
+
+
+def _adam_problem(config: str, lr_kind: str, steps: int = 6) -> hg.InnerProblem:
+    ctor, kwargs, extra = ADAM_CONFIGS[config]
+    base = digits_case("momentum", "lr", steps=steps, **SMALL)
+    lr = (hg.Schedule("lr", 0.01, windows=3, transform="log") if lr_kind == "schedule"
+          else hg.PerTensor("lr", 0.01, transform="log"))
+    opt = getattr(hg, ctor)(**kwargs)
+    return hg.InnerProblem(base.fmodel.module, base.train_loss, opt,
+                           hg.HyperParams([lr, *extra]), base.batch, steps, base.val_loss)
+
+
+@pytest.mark.parametrize("lr_kind", ["schedule", "per_tensor"])
+@pytest.mark.parametrize("config", sorted(ADAM_CONFIGS))
+@pytest.mark.parametrize("t", [0, 3])
+def test_adam_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -> None:
+    """Adam's and AdamW's closed-form tangent (betas, eps, weight decay constant or bound, the
+    bias corrections, a zero second moment at t = 0) against jvp of the update under vmap."""
+    problem = _adam_problem(config, lr_kind)
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(problem, fm.init(problem, lam), lam, stop=t)
+    g = torch.Generator().manual_seed(4)
+    rnd = lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
+    s, z = fs.state, tree_map(rnd, fs.tangents)
+    grads = tree_map(rnd, s.params)
+    first = next(iter(grads))
+    grads[first][0] = 0.0  # a row of zero gradients: v stays 0 there at t = 0 (safe_sqrt)
+    G = tree_map(rnd, z.params)
+    cols = fwd._Plan(problem).optimizer_columns(t)
+    assert cols
+    _, _, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
+        problem, t, lam, grads, s, tree_map(torch.clone, G), z, cols, cols,
+        torch.eye(lam.shape[0], dtype=lam.dtype))
+    z_before, G_before = tree_map(torch.clone, z), tree_map(torch.clone, G)
+    out = fwd._adam_tangent(problem, t, lam, grads, s.opt, s.params, G, z.opt, z.params, cols,
+                            cols)
+    assert out is not None
+    primal, (zp, zo) = out
+    for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
+        assert torch.isfinite(x).all()
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-13)
+    want = problem.update(grads, s.opt, s.params, lam, t)
+    for x, y in zip(tree_flatten(primal)[0], tree_flatten(want)[0], strict=True):
+        assert torch.equal(x, y)
+    # the caller's tangents are left alone (G only where L2 decay reuses this step's buffer)
+    for x, y in zip(tree_flatten(z)[0], tree_flatten(z_before)[0]):
+        assert torch.equal(x, y)
+    if config in ("adam_plain", "adam_eps_root") or config.startswith("adamw"):
+        for x, y in zip(tree_flatten(G)[0], tree_flatten(G_before)[0]):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("opt", ["adam", "adamw"])
+def test_adam_closed_form_used_and_paths_agree(opt: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole runs: the closed form, the diagonal-Jacobian path and jvp give one result, equal to
+    reverse mode."""
+    problem = _mixed_problem(opt, steps=6, windows=3)
+    lam = problem.init_raw()
+    calls = []
+    real = fwd._adam_tangent
+    monkeypatch.setitem(fwd._CLOSED_FORM, opt,
+                        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+    a = hg.ForwardMode().hypergradient(problem, lam).grad
+    assert len(calls) == problem.steps
+    monkeypatch.setattr(fwd, "_CLOSED_FORM", {})
+    b = hg.ForwardMode().hypergradient(problem, lam).grad
+    monkeypatch.setattr(fwd, "_ELEMENTWISE", frozenset())
+    c = hg.ForwardMode().hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
+    torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-15)
+    assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9

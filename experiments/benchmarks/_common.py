@@ -34,6 +34,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BASE_MODELS = ("mlp", "cnn8", "cnn28")
 MODELS = (*BASE_MODELS, "cnn28s2")
 BATCH = 128
+OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def setup() -> bool:
@@ -59,8 +60,9 @@ def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
 
 def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
                  hyper: str = "groups", windows: int = 8, seed: int = 0,
-                 dtype: torch.dtype = torch.float32) -> hg.InnerProblem:
-    """SGD with momentum and weight decay on random data, with ``K = k`` hyperparameters.
+                 dtype: torch.dtype = torch.float32, optimizer: str = "sgd") -> hg.InnerProblem:
+    """SGD with momentum and weight decay (or ``optimizer="adam"`` / ``"adamw"`` with weight
+    decay) on random data, with ``K = k`` hyperparameters.
 
     ``hyper="groups"``: the learning rate and ``k - 1`` example-group weights of the loss (data
     hyper-cleaning with groups ``idx % (k - 1)``): every column is live at every step.
@@ -94,7 +96,10 @@ def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
         return F.cross_entropy(m(xv), yv)
 
     batches = hg.data.MiniBatches(x, y, batch_size=BATCH, seed=seed)
-    opt = hg.sgd(lr="lr", momentum=0.9, weight_decay=5e-4)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"make_problem: optimizer={optimizer!r}; choose from {OPTIMIZERS}.")
+    opt = (hg.sgd(lr="lr", momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
+           else getattr(hg, optimizer)(lr="lr", weight_decay=5e-4))
     return hg.InnerProblem(model, train_loss, opt, hps, batches, steps, val_loss)
 
 

@@ -5,7 +5,8 @@ forward-mode step (``ForwardMode(hvp).step``: the gradient, K Hessian-vector pro
 and its tangent) as a ratio to one plain SGD step (``problem.step``), the speedup over the
 per-column loop (seed 002), the achieved GFLOP/s (FLOPs of the step, counted by torch's FLOP
 counter on the loop step, over its time) as a share of a large float32 matmul measured in the same
-run, and the peak extra memory (resident-set growth over plain training, measured in a fresh
+run, the cost of one column in plain steps (``(step / plain - 1) / K``; the FLOP count says 2),
+and the peak extra memory (resident-set growth over plain training, measured in a fresh
 process per configuration because the tuned allocator keeps freed memory).
 
     python experiments/benchmarks/bench_step.py            # full run (~15 min on 2 cores)
@@ -106,6 +107,7 @@ def main() -> None:
                     "speedup_vs_loop": times["loop"] / t if "loop" in times else None,
                     "gflops": flops / t / 1e9, "peak_share": flops / t / 1e9 / peak,
                     "flops_per_plain": flops / flops_plain,
+                    "col_x_plain": (t / t_plain - 1) / k,
                 }
                 if getattr(methods[name].hvp, "_compile_failed", False):
                     row["note"] = "torch.compile failed: ran eager"
@@ -139,6 +141,7 @@ COLS = [("model", "model", ""), ("k", "K", "d"), ("strategy", "strategy", ""),
         ("ms", "ms/step", ".1f"), ("x_plain", "x plain", ".1f"),
         ("speedup_vs_loop", "vs loop", ".2f"), ("gflops", "GFLOP/s", ".0f"),
         ("peak_share", "peak", ".2f"), ("flops_per_plain", "FLOPs/plain", ".1f"),
+        ("col_x_plain", "plain/col", ".2f"),
         ("extra_mb", "extra MB", ".0f"), ("note", "note", "")]
 
 

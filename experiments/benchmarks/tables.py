@@ -40,11 +40,14 @@ def bench_step(d: dict[str, Any]) -> str:
     cols = [("model", "model", ""), ("k", "K", "d"), ("strategy", "strategy", ""),
             ("ms", "ms/step", ".1f"), ("x_plain", "x SGD step", ".1f"),
             ("speedup_vs_loop", "speedup vs loop", ".2f"), ("gflops", "GFLOP/s", ".0f"),
-            ("peak_share", "share of peak", ".2f"), ("extra_mb", "extra MB", ".0f"),
+            ("peak_share", "share of peak", ".2f"),
+            ("col_x_plain", "SGD steps per column", ".2f"), ("extra_mb", "extra MB", ".0f"),
             ("note", "note", "")]
+    rows = [{**r, "col_x_plain": r.get("col_x_plain", (r["x_plain"] - 1) / r["k"])}
+            for r in d["rows"]]
     head = (f"matmul peak {d['matmul_peak_gflops']:.0f} GFLOP/s; "
             f"{d.get('contended_repeats', 0)} timed calls repeated for contention\n\n")
-    return head + markdown(d["rows"], cols) + f"\n\n`{d['summary'].get('line', '')}`"
+    return head + markdown(rows, cols) + f"\n\n`{d['summary'].get('line', '')}`"
 
 
 def bench_memory(d: dict[str, Any]) -> str:
@@ -65,7 +68,10 @@ def bench_schedule(d: dict[str, Any]) -> str:
     cols = [("model", "model", ""), ("T", "T", "d"), ("dense_s", "dense s", ".2f"),
             ("skip_s", "skipping s", ".2f"), ("ratio", "skipping/dense", ".2f"),
             ("floor_ratio", "FLOP floor", ".2f"), ("dense_x_plain", "dense x SGD", ".1f"),
-            ("skip_x_plain", "skipping x SGD", ".1f"), ("rel_diff", "rel diff", ".1e")]
+            ("skip_x_plain", "skipping x SGD", ".1f"),
+            ("fixed_x_plain", "fixed cost a (SGD steps)", ".2f"),
+            ("col_x_plain", "per column b (SGD steps)", ".2f"),
+            ("bound", "bound at a = 1", ".2f"), ("rel_diff", "rel diff", ".1e")]
     return markdown(d["rows"], cols) + f"\n\n`{d['line']}`"
 
 
