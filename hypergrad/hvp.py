@@ -30,17 +30,22 @@ default (8 columns per call) holds 1.6 GB and runs faster than the unchunked cal
 
 ``VmapVJP(compile=True)`` runs the gradient and the batched products through ``torch.compile``
 (opt-in; ``method.compile=true`` in the Hydra configs). Where it traces, it is faster in steady
-state (the MLP benchmark: 1.3-1.5x over eager at K = 4 and 16, equal at K = 64; BENCHMARKS.md),
-but the first step compiles for about 10 s, a new column count or a step-dependent
-hyperparameter value (a schedule window) recompiles until dynamo's recompile limit, after which
-those calls run eagerly, and torch 2.13 cannot trace ``vmap`` over a convolution's double
-backward: then the strategy warns once and runs eager (same results). Hence off by default.
+state (BENCHMARKS.md: the MLP 1.3-1.5x over eager at K = 4 and 16, the small CNNs up to 1.2x,
+equal on the 28x28 CNN), but the first step compiles for 10-20 s, a new column count or a
+step-dependent hyperparameter value (a schedule window) recompiles until dynamo's recompile
+limit, after which those calls run eagerly. torch 2.13 traces ``vmap`` over a convolution's
+double backward with static shapes only; dynamo switches a function to dynamic shapes once its
+input shapes change, so each compiled strategy compiles a code object of its own (one model's
+recompiles do not reach another's). Where tracing fails, the strategy warns once and runs eager
+(same results). Hence off by default.
 """
 
 from __future__ import annotations
 
 import abc
+import itertools
 import math
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -204,6 +209,9 @@ def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb:
     return g, new_b, G
 
 
+_COMPILED_IDS = itertools.count()
+
+
 class VmapVJP(HVPStrategy):
     """Functional reverse-over-reverse: ``vmap(vjp_fn)`` of ``vjp(grad f)``; one gradient forward,
     one batched backward per chunk. The fastest strategy measured on the benchmark models from
@@ -213,8 +221,8 @@ class VmapVJP(HVPStrategy):
     Args:
         chunk_size, memory_budget: see :class:`HVPStrategy`.
         compile: run the gradient and the batched products through ``torch.compile`` (see the
-            module docstring: faster where it traces, ~10 s to compile, eager with a warning
-            where it cannot trace, e.g. convolutions in torch 2.13).
+            module docstring: faster where it traces, 10-20 s to compile, eager with a
+            warning where it cannot trace).
     """
 
     name = "vmap_vjp"
@@ -242,7 +250,15 @@ class VmapVJP(HVPStrategy):
         if not self.compile or self._compile_failed:
             return _vmap_vjp(*args)
         if self._compiled is None:
-            self._compiled = torch.compile(_vmap_vjp)
+            # a code object of its own, under a name of its own: dynamo keeps its cache and
+            # its record of which inputs changed shape (automatic dynamic shapes, keyed by
+            # file, line and name) per function, so one strategy's recompiles never turn
+            # another model's trace dynamic (a convolution's double backward under vmap does
+            # not trace with dynamic shapes in torch 2.13)
+            name = f"_vmap_vjp_{next(_COMPILED_IDS)}"
+            own = types.FunctionType(_vmap_vjp.__code__.replace(co_name=name, co_qualname=name),
+                                     _vmap_vjp.__globals__, name)
+            self._compiled = torch.compile(own)
         try:
             return self._compiled(*args)
         except Exception as err:  # torch.compile cannot trace this model: eager from now on

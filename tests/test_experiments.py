@@ -42,7 +42,7 @@ def test_benchmark_tables_render_the_committed_results() -> None:
     """BENCHMARKS.md's tables come from tables.py over the committed JSON: every benchmark
     renders, with its summary line, and the bench_step table holds the default strategy."""
     out = _script("experiments/benchmarks/tables.py")
-    for name in ("bench_step", "bench_memory", "bench_schedule", "bench_conv"):
+    for name in ("bench_step", "bench_memory", "bench_schedule", "bench_conv", "bench_tangent"):
         assert f"### {name}" in out
         assert f"{name}.json not found" not in out
     assert "| vmap_vjp |" in out and "`speedup_vs_loop K16=" in out

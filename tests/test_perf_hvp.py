@@ -127,9 +127,7 @@ def test_make_method_options() -> None:
         make_method("forward", "vmap_vjp", memory_budget_gb=0)
 
 
-def test_compile_failure_falls_back_to_eager_with_a_warning() -> None:
-    """torch 2.13 cannot trace vmap over the double backward of a convolution: the compiled
-    strategy warns once and runs eager, with the eager result."""
+def _small_cnn_problem() -> hg.InnerProblem:
     import torch.nn.functional as F
     from torch import nn
 
@@ -140,14 +138,44 @@ def test_compile_failure_falls_back_to_eager_with_a_warning() -> None:
                           nn.Linear(2 * 4 * 4, 3)).double()
     x = torch.randn(8, 1, 4, 4, dtype=torch.float64)
     y = torch.randint(0, 3, (8,))
-    problem = hg.InnerProblem(
+    return hg.InnerProblem(
         model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
         hg.sgd(lr="lr", momentum="mom"), hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
                                                        hg.Scalar("mom", 0.9)]),
         MiniBatches(x, y, batch_size=4), 2, lambda m, hp: F.cross_entropy(m(x), y))
+
+
+def test_compiled_cnn_after_another_model_equals_eager() -> None:
+    """A convolution's double backward under vmap traces with static shapes only (torch 2.13).
+    Each compiled strategy gets its own code object, so an earlier strategy's recompiles (which
+    make dynamo trace later calls with dynamic shapes) do not reach this one: no fallback
+    warning (warnings are errors here), the eager result."""
+    mlp = digits_case("momentum", "lr", steps=3, n_train=16, batch_size=8, hidden=6, n_val=16)
+    # its steps recompile (the step index changes), after which dynamo traces dynamically
+    hg.ForwardMode(hg.VmapVJP(compile=True)).hypergradient(mlp, mlp.init_raw())
+    problem = _small_cnn_problem()
     lam = problem.init_raw()
     strat = hg.VmapVJP(compile=True)
-    with pytest.warns(RuntimeWarning, match=r"torch.compile failed on this model"):
+    got = hg.ForwardMode(strat).hypergradient(problem, lam).grad
+    assert strat._compiled is not None and not strat._compile_failed
+    want = hg.ForwardMode().hypergradient(problem, lam).grad
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_compile_failure_falls_back_to_eager_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torch.compile cannot trace the model, the strategy warns once and runs eager, with
+    the eager result."""
+    def fails(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("cannot trace this")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fails)
+    problem = _small_cnn_problem()
+    lam = problem.init_raw()
+    strat = hg.VmapVJP(compile=True)
+    with pytest.warns(RuntimeWarning, match=r"torch.compile failed on this model \(RuntimeError: "
+                                            r"cannot trace this\)"):
         got = hg.ForwardMode(strat).hypergradient(problem, lam).grad
+    assert strat._compile_failed
     want = hg.ForwardMode().hypergradient(problem, lam).grad
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)

@@ -89,8 +89,18 @@ def bench_conv(d: dict[str, Any]) -> str:
     return f"{c}\n\n{h}\n\n`{d['line']}`"
 
 
+def bench_tangent(d: dict[str, Any]) -> str:
+    cols = [("optimizer", "optimizer", ""), ("model", "model", ""), ("k", "K", "d"),
+            ("plain_ms", "plain step ms", ".2f"), ("closed_ms", "closed form ms", ".2f"),
+            ("diagonal_ms", "diagonal Jacobian ms", ".2f"), ("jvp_ms", "jvp ms", ".2f"),
+            ("diagonal_x_closed", "diagonal / closed", ".2f"),
+            ("jvp_x_closed", "jvp / closed", ".2f")]
+    return markdown(d["rows"], cols) + f"\n\n`{d['line']}`"
+
+
 RENDER = {"bench_step": bench_step, "bench_memory": bench_memory,
-          "bench_schedule": bench_schedule, "bench_conv": bench_conv}
+          "bench_schedule": bench_schedule, "bench_conv": bench_conv,
+          "bench_tangent": bench_tangent}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
