@@ -25,8 +25,8 @@ bytes one forward pass saves are measured once per parameter shapes, with
 ``torch.autograd.graph.saved_tensors_hooks``, and ``chunk = budget // (factor * saved)``, split
 into equal chunks. An int ``chunk_size`` wins over the budget; ``memory_budget=math.inf`` never
 chunks. Results never depend on the chunking (tested). At K = 64 on the 28x28 benchmark CNN the
-default (8 columns per call) holds 1.6 GB and runs faster than the unchunked call, which holds
-6.4 GB (BENCHMARKS.md).
+default (8 columns per call) holds 1.0-1.9 GiB and runs faster than the unchunked call, which
+holds 6.6 GiB (BENCHMARKS.md).
 
 ``VmapVJP(compile=True)`` runs the gradient and the batched products through ``torch.compile``
 (opt-in; ``method.compile=true`` in the Hydra configs). Where it traces, it is faster in steady

@@ -1,7 +1,9 @@
 """Seed 001 reproduction: a custom convolution ``autograd.Function`` whose backward calls
 ``torch.nn.grad.conv2d_input`` / ``conv2d_weight``, against the built-in convolution backward, at
-stride 1 and 2; and the cost of a convolutional Hessian-vector product per column, in plain SGD
-steps. All timed side by side in one process.
+stride 1 and 2; the cost of a convolutional Hessian-vector product per column, in plain SGD
+steps; and how much faster per FLOP oneDNN runs a convolution at the stacked shapes of a batched
+step than at the per-column loop's (the ceiling of what batching gains in the convolutions).
+All timed side by side in one process.
 
     python experiments/benchmarks/bench_conv.py          # full run
     python experiments/benchmarks/bench_conv.py --quick  # < 2 min
@@ -97,6 +99,55 @@ def hvp_per_column(model: str, k: int, repeats: int) -> dict[str, Any]:
     return res
 
 
+def kernel_speeds(repeats: int) -> list[dict[str, Any]]:
+    """How fast oneDNN runs cnn28's second convolution (16 -> 32 channels, 3x3, 28x28) at the
+    shapes a per-column loop uses (batch 128) and at the stacked shapes a batched step of 8
+    columns uses (batch 8 x 128, or 8 x 32 output channels), NCHW and channels-last: GFLOP/s and
+    the share of a float32 matmul measured in the same run. The ceiling on what batching the
+    columns can gain per FLOP in the convolutions."""
+    g = torch.Generator().manual_seed(0)
+    peak = C.matmul_peak()
+    cl = torch.channels_last
+
+    def conv(n: int, cout: int, layout: torch.memory_format,
+             backward: bool) -> tuple[Any, float]:
+        x = torch.randn(n, 16, 28, 28, generator=g).contiguous(memory_format=layout)
+        w = torch.randn(cout, 16, 3, 3, generator=g).contiguous(memory_format=layout)
+        flops = 2.0 * n * 28 * 28 * cout * 16 * 9
+        if not backward:
+            return (lambda: F.conv2d(x, w, padding=1)), flops
+        gy = torch.randn(n, cout, 28, 28, generator=g).contiguous(memory_format=layout)
+        return (lambda: torch.ops.aten.convolution_backward(
+            gy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+            [True, True, False])), 2 * flops
+
+    cases = {
+        ("forward", "batch 128 (loop)", "NCHW"): (128, 32, torch.contiguous_format, False),
+        ("forward", "batch 8 x 128 (stacked inputs)", "NCHW"): (1024, 32,
+                                                                torch.contiguous_format, False),
+        ("forward", "batch 8 x 128 (stacked inputs)", "channels-last"): (1024, 32, cl, False),
+        ("forward", "8 x 32 out channels (stacked weights)", "NCHW"): (
+            128, 256, torch.contiguous_format, False),
+        ("backward", "batch 128 (loop)", "NCHW"): (128, 32, torch.contiguous_format, True),
+        ("backward", "batch 8 x 128 (stacked inputs)", "NCHW"): (1024, 32,
+                                                                 torch.contiguous_format, True),
+        ("backward", "batch 8 x 128 (stacked inputs)", "channels-last"): (1024, 32, cl, True),
+    }
+    calls, flops = {}, {}
+    for key, args in cases.items():
+        calls[key], flops[key] = conv(*args)
+    times = C.interleaved_times(calls, repeats, 2, min_seconds=0.2)
+    rows = []
+    for (kind, shape, layout), t in times.items():
+        base = times[(kind, "batch 128 (loop)", "NCHW")] / flops[(kind, "batch 128 (loop)",
+                                                                  "NCHW")]
+        rows.append({"kind": kind, "shape": shape, "layout": layout, "ms": 1e3 * t,
+                     "gflops": flops[(kind, shape, layout)] / t / 1e9,
+                     "peak_share": flops[(kind, shape, layout)] / t / 1e9 / peak,
+                     "per_flop_vs_loop": base / (t / flops[(kind, shape, layout)])})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -127,12 +178,16 @@ def main() -> None:
              for m in (("cnn28", "cnn28s2") if not args.quick else ("cnn8",))]
     print("\n## Hessian-vector product per column, in plain SGD steps")
     print(C.table(hrows, HCOLS))
+    krows = kernel_speeds(repeats)
+    print("\n## cnn28's second convolution: loop shapes against stacked (batched) shapes")
+    print(C.table(krows, KCOLS))
     worst_bwd = max(r["bwd_ratio"] for r in crows if r["what"] != "seed 001's example")
     worst_hvp = max(r["vmap_vjp_steps_per_col"] for r in hrows)
     worst_flop = max(r["flop_steps_per_col"] for r in hrows)
     line = (f"nn_grad_vs_builtin_bwd max={worst_bwd:.2f} hvp_per_column max={worst_hvp:.2f} "
             f"SGD steps (FLOPs {worst_flop:.2f})")
     out = C.write_json("bench_conv", {"machine": mach, "conv_backward": crows, "hvp": hrows,
+                                      "kernels": krows,
                                       "line": line, "quick": args.quick,
                                       "contended_repeats": len(C.CONTENDED)}, args.json)
     print(f"\n# JSON: {out}")
@@ -144,6 +199,9 @@ CCOLS = [("what", "case", ""), ("input", "input", ""), ("cout", "Cout", "d"),
          ("builtin_bwd_ms", "bwd ms", ".3f"), ("nn_grad_bwd_ms", "nn.grad bwd ms", ".3f"),
          ("bwd_ratio", "nn.grad/builtin", ".2f"), ("builtin_bwd_over_fwd", "bwd/fwd", ".2f"),
          ("max_rel_diff", "rel diff", ".1e")]
+KCOLS = [("kind", "pass", ""), ("shape", "shape", ""), ("layout", "layout", ""),
+         ("ms", "ms", ".1f"), ("gflops", "GFLOP/s", ".0f"), ("peak_share", "peak", ".2f"),
+         ("per_flop_vs_loop", "per FLOP vs loop shape", ".2f")]
 HCOLS = [("model", "model", ""), ("k", "K", "d"), ("plain_ms", "SGD step ms", ".1f"),
          ("flop_steps_per_col", "FLOPs/col", ".2f"),
          ("vmap_vjp_steps_per_col", "time/col batched", ".2f"),

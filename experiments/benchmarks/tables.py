@@ -86,7 +86,14 @@ def bench_conv(d: dict[str, Any]) -> str:
                             ("flop_steps_per_col", "FLOPs per column (SGD steps)", ".2f"),
                             ("vmap_vjp_steps_per_col", "time per column, batched", ".2f"),
                             ("loop_steps_per_col", "time per column, loop", ".2f")])
-    return f"{c}\n\n{h}\n\n`{d['line']}`"
+    k = ""
+    if "kernels" in d:
+        k = "\n\n" + markdown(d["kernels"], [
+            ("kind", "pass", ""), ("shape", "shape", ""), ("layout", "layout", ""),
+            ("ms", "ms", ".1f"), ("gflops", "GFLOP/s", ".0f"),
+            ("peak_share", "share of peak", ".2f"),
+            ("per_flop_vs_loop", "per FLOP vs batch 128", ".2f")])
+    return f"{c}\n\n{h}{k}\n\n`{d['line']}`"
 
 
 def bench_tangent(d: dict[str, Any]) -> str:
