@@ -36,8 +36,9 @@ step-dependent hyperparameter value (a schedule window) recompiles until dynamo'
 limit, after which those calls run eagerly. torch 2.13 traces ``vmap`` over a convolution's
 double backward with static shapes only; dynamo switches a function to dynamic shapes once its
 input shapes change, so each compiled strategy compiles a code object of its own (one model's
-recompiles do not reach another's). Where tracing fails, the strategy warns once and runs eager
-(same results). Hence off by default.
+recompiles do not reach another's; reuse one strategy across runs of a model, as
+:class:`~hypergrad.Trainer` does, to compile once). Where tracing fails, the strategy warns once
+and runs eager (same results). Hence off by default.
 """
 
 from __future__ import annotations
