@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -202,6 +203,24 @@ def _fma(a: Tensor, b: Tensor, s: Any, inplace: bool) -> Tensor:
     return a.add_(b, alpha=s) if inplace else torch.add(a, b, alpha=s)
 
 
+def _hp_derivative(dh: dict[int, Tensor], coef: Any) -> Tensor | None:
+    """``d coef / d lam`` at the columns read, from :func:`_hp_scalars`' ``dh`` (``None``: a
+    constant)."""
+    return dh.get(id(coef)) if isinstance(coef, Tensor) else None
+
+
+def _add_direct(z: Tensor, pos: list[int], d: Tensor | None, x: Tensor | Callable[[], Tensor],
+                sign: float = 1.0) -> None:
+    """A hyperparameter's own term of a closed-form tangent: ``z[pos_j] += sign * d[j] x`` for
+    the columns read; nothing when ``d`` is ``None``. ``x`` may be a callable, evaluated only
+    then (the step does not pay for terms of constant hyperparameters)."""
+    if d is None:
+        return
+    xv = x() if callable(x) else x
+    for j, r in enumerate(pos):
+        z[r].addcmul_(xv, sign * d[j])
+
+
 def _sgd_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt: Any, params: Any,
                  G: Any, zo: Any, zp: Any, cols: list[int], pos: list[int]
                  ) -> tuple[tuple[Any, Any], tuple[Any, Any]] | None:
@@ -228,10 +247,7 @@ def _sgd_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt: Any, p
 
     def direct(z: Tensor, coef: Any, x: Tensor, sign: float = 1.0) -> None:
         """``z[pos_j] += sign * (d coef / d lam_j) x`` for the columns read."""
-        d = dh.get(id(coef)) if isinstance(coef, Tensor) else None
-        if d is not None:
-            for j, r in enumerate(pos):
-                z[r].addcmul_(x, sign * d[j])
+        _add_direct(z, pos, _hp_derivative(dh, coef), x, sign)
 
     has_wd, has_mom = not _is_zero(a["weight_decay"]), not _is_zero(a["momentum"])
     new_w, new_buf, new_zp, new_zb = {}, {}, {}, {}
@@ -394,19 +410,15 @@ def _adam_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt: Any, 
     has_wd = not _is_zero(a["weight_decay"])
 
     def dv(coef: Any) -> Tensor | None:
-        """``d coef / d lam`` at the columns read (``None``: a constant)."""
-        return dh.get(id(coef)) if isinstance(coef, Tensor) else None
+        return _hp_derivative(dh, coef)
 
     def lin(*terms: tuple[Any, Tensor | None]) -> Tensor | None:
         """``sum c * dv`` over the terms whose ``dv`` is not ``None``."""
         out = [c * d for c, d in terms if d is not None]
         return None if not out else out[0] if len(out) == 1 else torch.stack(out).sum(0)
 
-    def direct(z: Tensor, d: Tensor | None, x: Tensor) -> None:
-        """``z[pos_j] += d[j] x`` for the columns read."""
-        if d is not None:
-            for j, r in enumerate(pos):
-                z[r].addcmul_(x, d[j])
+    def direct(z: Tensor, d: Tensor | None, x: Tensor | Callable[[], Tensor]) -> None:
+        _add_direct(z, pos, d, x)
 
     new_p, new_m, new_v, new_zp, new_zm, new_zv = {}, {}, {}, {}, {}, {}
     for k, w in params.items():
@@ -428,10 +440,10 @@ def _adam_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt: Any, 
         m = m_prev + (1 - b1) * (d - m_prev)
         v = b2 * v_prev + (1 - b2) * d * d
         zm = torch.lerp(zo.exp_avg[k], zd, 1 - b1)
-        direct(zm, db1, m_prev - d)
+        direct(zm, db1, lambda: m_prev - d)
         zv = zo.exp_avg_sq[k] * b2
         zv.addcmul_(zd, 2 * (1 - b2) * d)
-        direct(zv, db2, v_prev - d * d)
+        direct(zv, db2, lambda: v_prev - d * d)
         c1 = 1 - b1**n
         c2 = (1 - b2**n) ** 0.5
         root = safe_sqrt(v, a["eps_root"])
@@ -447,7 +459,7 @@ def _adam_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt: Any, 
         dc2 = lin((-0.5 * n * b2 ** (n - 1) / c2, db2))  # d c2
         direct(zn, lin((-1 / c1, dlr), (lr / c1**2, dc1)), ratio)
         direct(zn, dv(eps), step_den)
-        direct(zn, dc2, -step_den * root / c2**2)
+        direct(zn, dc2, lambda: -step_den * root / c2**2)
         new_m[k], new_v[k], new_zp[k], new_zm[k], new_zv[k] = m, v, zn, zm, zv
     return (new_p, type(opt)(new_m, new_v)), (new_zp, type(opt)(new_zm, new_zv))
 
