@@ -4,6 +4,8 @@ elementwise linearization of the update against ``jvp`` under ``vmap``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -182,6 +184,41 @@ SGD_CONFIGS = {
 }
 
 
+def _closed_form_equals_jvp(problem: hg.InnerProblem, t: int, closed_form: Any, seed: int,
+                            atol: float, zero_grad_row: bool = False) -> tuple[Any, Any]:
+    """A closed-form update tangent against jvp of the update under vmap, at step ``t`` with
+    random tangents and gradients: tangents equal (and finite), the update bit for bit
+    ``problem.update``'s, the caller's tangents left alone. Returns ``(G, G before the call)``."""
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(problem, fm.init(problem, lam), lam, stop=t)
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
+    s, z = fs.state, tree_map(rnd, fs.tangents)
+    grads = tree_map(rnd, s.params)
+    if zero_grad_row:  # Adam: the second moment stays 0 there at t = 0 (safe_sqrt)
+        grads[next(iter(grads))][0] = 0.0
+    G = tree_map(rnd, z.params)
+    cols = fwd._Plan(problem).optimizer_columns(t)
+    assert cols
+    _, _, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
+        problem, t, lam, grads, s, tree_map(torch.clone, G), z, cols, cols,
+        torch.eye(lam.shape[0], dtype=lam.dtype))
+    z_before, G_before = tree_map(torch.clone, z), tree_map(torch.clone, G)
+    out = closed_form(problem, t, lam, grads, s.opt, s.params, G, z.opt, z.params, cols, cols)
+    assert out is not None
+    primal, (zp, zo) = out
+    for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
+        assert torch.isfinite(x).all()
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=atol)
+    want = problem.update(grads, s.opt, s.params, lam, t)
+    for x, y in zip(tree_flatten(primal)[0], tree_flatten(want)[0], strict=True):
+        assert torch.equal(x, y)
+    for x, y in zip(tree_flatten(z)[0], tree_flatten(z_before)[0]):  # inputs left alone
+        assert torch.equal(x, y)
+    return G, G_before
+
+
 @pytest.mark.parametrize("lr_kind", ["schedule", "per_tensor"])
 @pytest.mark.parametrize("config", sorted(SGD_CONFIGS))
 @pytest.mark.parametrize("t", [0, 3])
@@ -194,42 +231,19 @@ def test_sgd_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -
           else hg.PerTensor("lr", 0.05, transform="log"))
     problem = hg.InnerProblem(base.fmodel.module, base.train_loss, hg.sgd(**kwargs),
                               hg.HyperParams([lr, *extra]), base.batch, 6, base.val_loss)
-    lam = problem.init_raw()
-    fm = hg.ForwardMode()
-    fs = fm.run(problem, fm.init(problem, lam), lam, stop=t)
-    g = torch.Generator().manual_seed(3)
-    rnd = lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
-    s, z = fs.state, tree_map(rnd, fs.tangents)
-    grads = tree_map(rnd, s.params)
-    G = tree_map(rnd, z.params)
-    cols = fwd._Plan(problem).optimizer_columns(t)
-    assert cols
-    G_copy = tree_map(torch.clone, G)
-    _, _, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
-        problem, t, lam, grads, s, G_copy, z, cols, cols, torch.eye(lam.shape[0],
-                                                                    dtype=lam.dtype))
-    z_before = tree_map(torch.clone, z)
-    out = fwd._sgd_tangent(problem, t, lam, grads, s.opt, s.params, G, z.opt, z.params, cols,
-                           cols)
-    assert out is not None
-    primal, (zp, zo) = out
-    for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
-    # the update from the same pass is problem.update's, bit for bit
-    want = problem.update(grads, s.opt, s.params, lam, t)
-    for x, y in zip(tree_flatten(primal)[0], tree_flatten(want)[0], strict=True):
-        assert torch.equal(x, y)
-    for x, y in zip(tree_flatten(z)[0], tree_flatten(z_before)[0]):  # inputs left alone
-        assert torch.equal(x, y)
+    _closed_form_equals_jvp(problem, t, fwd._sgd_tangent, seed=3, atol=1e-14)
 
 
-def test_sgd_closed_form_used_and_general_path_equal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole runs: the closed form, the general elementwise path and jvp give one result."""
-    problem = _mixed_problem("nesterov", steps=6, windows=3)
+@pytest.mark.parametrize("opt,name", [("nesterov", "sgd"), ("adam", "adam"), ("adamw", "adamw")])
+def test_closed_form_used_and_general_paths_equal(opt: str, name: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole runs: the closed form (used at every step), the diagonal-Jacobian path and jvp
+    give one result, equal to reverse mode."""
+    problem = _mixed_problem(opt, steps=6, windows=3)
     lam = problem.init_raw()
     calls = []
-    real = fwd._sgd_tangent
-    monkeypatch.setitem(fwd._CLOSED_FORM, "sgd",
+    real = fwd._CLOSED_FORM[name]
+    monkeypatch.setitem(fwd._CLOSED_FORM, name,
                         lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
     a = hg.ForwardMode().hypergradient(problem, lam).grad
     assert len(calls) == problem.steps
@@ -239,6 +253,7 @@ def test_sgd_closed_form_used_and_general_path_equal(monkeypatch: pytest.MonkeyP
     c = hg.ForwardMode().hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
     torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-15)
+    assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9
 
 
 ADAM_CONFIGS = {
@@ -278,58 +293,9 @@ def _adam_problem(config: str, lr_kind: str, steps: int = 6) -> hg.InnerProblem:
 def test_adam_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -> None:
     """Adam's and AdamW's closed-form tangent (betas, eps, weight decay constant or bound, the
     bias corrections, a zero second moment at t = 0) against jvp of the update under vmap."""
-    problem = _adam_problem(config, lr_kind)
-    lam = problem.init_raw()
-    fm = hg.ForwardMode()
-    fs = fm.run(problem, fm.init(problem, lam), lam, stop=t)
-    g = torch.Generator().manual_seed(4)
-    rnd = lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
-    s, z = fs.state, tree_map(rnd, fs.tangents)
-    grads = tree_map(rnd, s.params)
-    first = next(iter(grads))
-    grads[first][0] = 0.0  # a row of zero gradients: v stays 0 there at t = 0 (safe_sqrt)
-    G = tree_map(rnd, z.params)
-    cols = fwd._Plan(problem).optimizer_columns(t)
-    assert cols
-    _, _, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
-        problem, t, lam, grads, s, tree_map(torch.clone, G), z, cols, cols,
-        torch.eye(lam.shape[0], dtype=lam.dtype))
-    z_before, G_before = tree_map(torch.clone, z), tree_map(torch.clone, G)
-    out = fwd._adam_tangent(problem, t, lam, grads, s.opt, s.params, G, z.opt, z.params, cols,
-                            cols)
-    assert out is not None
-    primal, (zp, zo) = out
-    for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
-        assert torch.isfinite(x).all()
-        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-13)
-    want = problem.update(grads, s.opt, s.params, lam, t)
-    for x, y in zip(tree_flatten(primal)[0], tree_flatten(want)[0], strict=True):
-        assert torch.equal(x, y)
-    # the caller's tangents are left alone (G only where L2 decay reuses this step's buffer)
-    for x, y in zip(tree_flatten(z)[0], tree_flatten(z_before)[0]):
-        assert torch.equal(x, y)
+    G, G_before = _closed_form_equals_jvp(_adam_problem(config, lr_kind), t, fwd._adam_tangent,
+                                          seed=4, atol=1e-13, zero_grad_row=True)
+    # G too is left alone, except where L2 decay reuses this step's buffer
     if config in ("adam_plain", "adam_eps_root") or config.startswith("adamw"):
         for x, y in zip(tree_flatten(G)[0], tree_flatten(G_before)[0]):
             assert torch.equal(x, y)
-
-
-@pytest.mark.parametrize("opt", ["adam", "adamw"])
-def test_adam_closed_form_used_and_paths_agree(opt: str,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole runs: the closed form, the diagonal-Jacobian path and jvp give one result, equal to
-    reverse mode."""
-    problem = _mixed_problem(opt, steps=6, windows=3)
-    lam = problem.init_raw()
-    calls = []
-    real = fwd._adam_tangent
-    monkeypatch.setitem(fwd._CLOSED_FORM, opt,
-                        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
-    a = hg.ForwardMode().hypergradient(problem, lam).grad
-    assert len(calls) == problem.steps
-    monkeypatch.setattr(fwd, "_CLOSED_FORM", {})
-    b = hg.ForwardMode().hypergradient(problem, lam).grad
-    monkeypatch.setattr(fwd, "_ELEMENTWISE", frozenset())
-    c = hg.ForwardMode().hypergradient(problem, lam).grad
-    torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
-    torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-15)
-    assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9
