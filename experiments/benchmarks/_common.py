@@ -342,6 +342,15 @@ def write_json(name: str, payload: dict[str, Any], path: str | None = None) -> P
     return out
 
 
+def finish(name: str, payload: dict[str, Any], path: str | None, line: str) -> Path:
+    """The end of a benchmark run: its JSON (``payload`` with the summary ``line`` and the count
+    of timed calls repeated for contention) written, its path printed, the summary line last."""
+    out = write_json(name, {**payload, "line": line, "contended_repeats": len(CONTENDED)}, path)
+    print(f"\n# JSON: {out}")
+    print(line)
+    return out
+
+
 def table(rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str, str]]) -> str:
     """A plain-text table: ``cols`` are ``(key, header, format)``."""
     cells = []

@@ -186,12 +186,8 @@ def main() -> None:
     worst_flop = max(r["flop_steps_per_col"] for r in hrows)
     line = (f"nn_grad_vs_builtin_bwd max={worst_bwd:.2f} hvp_per_column max={worst_hvp:.2f} "
             f"SGD steps (FLOPs {worst_flop:.2f})")
-    out = C.write_json("bench_conv", {"machine": mach, "conv_backward": crows, "hvp": hrows,
-                                      "kernels": krows,
-                                      "line": line, "quick": args.quick,
-                                      "contended_repeats": len(C.CONTENDED)}, args.json)
-    print(f"\n# JSON: {out}")
-    print(line)
+    C.finish("bench_conv", {"machine": mach, "conv_backward": crows, "hvp": hrows,
+                            "kernels": krows, "quick": args.quick}, args.json, line)
 
 
 CCOLS = [("what", "case", ""), ("input", "input", ""), ("cout", "Cout", "d"),

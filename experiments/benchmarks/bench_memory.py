@@ -150,11 +150,8 @@ def main() -> None:
             f"extra={default['extra_mb'] / 1024:.2f}GB")
     if un is not None:
         line += f" time_vs_unchunked={default['time_vs_unchunked']:.2f}"
-    payload = {"machine": mach, "horizon": hrows, "chunking": crows, "line": line,
-               "quick": args.quick, "contended_repeats": len(C.CONTENDED)}
-    out = C.write_json("bench_memory", payload, args.json)
-    print(f"\n# JSON: {out}")
-    print(line)
+    C.finish("bench_memory", {"machine": mach, "horizon": hrows, "chunking": crows,
+                              "quick": args.quick}, args.json, line)
 
 
 if __name__ == "__main__":

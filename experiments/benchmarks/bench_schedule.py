@@ -83,11 +83,8 @@ def main() -> None:
     worst = max(r["ratio"] for r in rows)
     line = (f"schedule_vs_dense max_ratio={worst:.2f} (models {', '.join(models)}); bound at "
             f"a fixed cost of one plain step: {max(r['bound'] for r in rows):.2f}")
-    out = C.write_json("bench_schedule", {"machine": mach, "rows": rows, "line": line,
-                                          "quick": args.quick,
-                                          "contended_repeats": len(C.CONTENDED)}, args.json)
-    print(f"\n# JSON: {out}")
-    print(line)
+    C.finish("bench_schedule", {"machine": mach, "rows": rows, "quick": args.quick}, args.json,
+             line)
 
 
 COLS = [("model", "model", ""), ("T", "T", "d"), ("dense_s", "dense s", ".2f"),

@@ -92,11 +92,8 @@ def main() -> None:
     line = (f"tangent diagonal/closed min={gain:.2f} "
             f"max={max(r['diagonal_x_closed'] for r in rows):.2f}; "
             f"jvp/closed max={max(r['jvp_x_closed'] for r in rows):.2f}")
-    out = C.write_json("bench_tangent", {"machine": mach, "rows": rows, "line": line,
-                                         "quick": args.quick,
-                                         "contended_repeats": len(C.CONTENDED)}, args.json)
-    print(f"\n# JSON: {out}")
-    print(line)
+    C.finish("bench_tangent", {"machine": mach, "rows": rows, "quick": args.quick}, args.json,
+             line)
 
 
 COLS = [("optimizer", "optimizer", ""), ("model", "model", ""), ("k", "K", "d"),
