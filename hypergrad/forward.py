@@ -47,6 +47,7 @@ from .hyperparams import Schedule
 from .method import HyperGradient, Method
 from .optim import _is_zero, safe_sqrt
 from .problem import InnerProblem, InnerState
+from .randomness import second_order
 
 __all__ = ["ForwardMode", "ForwardState"]
 
@@ -539,8 +540,9 @@ class ForwardMode(Method):
         def loss(p: Any, b: Any, lm: Tensor) -> Any:
             return problem.train_objective(p, b, lm, t, batch)
 
-        g, new_b, G, zb = self.hvp(loss, s.params, s.buffers, lam, z_in.params, z_in.buffers,
-                                   eye_in)
+        with second_order():  # attention through a kernel with a double backward
+            g, new_b, G, zb = self.hvp(loss, s.params, s.buffers, lam, z_in.params,
+                                       z_in.buffers, eye_in)
 
         cols = plan.optimizer_columns(t)
         pos = cols

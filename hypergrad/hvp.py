@@ -189,7 +189,7 @@ class HVPStrategy(abc.ABC):
             return jvp(lambda p, b, lm: f(p, b, lm)[1], (params, buffers, lam), (zp_, zb_, e))[1]
 
         chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
-        return _cat([vmap(col)(_take(zp, s), _take(zb, s), eye[s])
+        return _cat([vmap(col, randomness="same")(_take(zp, s), _take(zb, s), eye[s])
                      for s in _chunks(eye.shape[0], chunk)])
 
     def __repr__(self) -> str:
@@ -206,7 +206,10 @@ def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb:
     def col(zp_: Dict, zb_: Dict, e: Tensor) -> Dict:
         return vjp_fn((zp_, zb_, e))[0]
 
-    G = _cat([vmap(col)(_take(zp, s), _take(zb, s), eye[s]) for s in _chunks(eye.shape[0], chunk)])
+    # randomness="same": every column sees the primal's random draws (the step's contract; a
+    # vjp_fn replays saved masks, but a model may draw in its backward too)
+    G = _cat([vmap(col, randomness="same")(_take(zp, s), _take(zb, s), eye[s])
+              for s in _chunks(eye.shape[0], chunk)])
     return g, new_b, G
 
 
@@ -293,7 +296,8 @@ class ForwardOverReverse(HVPStrategy):
                 return jvp(g_and_b, (params, buffers, lam), (zp_, zb_, e))
 
             # nested out_dims work at runtime; torch's annotation says a flat tuple
-            (g, new_b), (G, zb_new) = vmap(col, out_dims=((None, None), (0, 0)))(  # type: ignore[arg-type]
+            dims: Any = ((None, None), (0, 0))
+            (g, new_b), (G, zb_new) = vmap(col, out_dims=dims, randomness="same")(
                 _take(zp, s), _take(zb, s), eye[s])
             primal = (g, new_b)
             G_parts.append(G)
@@ -304,16 +308,18 @@ class ForwardOverReverse(HVPStrategy):
 
 def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
                   zp: Dict, zb: Dict, eye: Tensor, batched: bool) -> HVPResult:
-    """Reverse-over-reverse with ``torch.autograd``: a ``create_graph`` gradient, then either
-    batched calls (``is_grads_batched``, chunked) or one call per column."""
+    """Reverse-over-reverse with ``torch.autograd``: a differentiable gradient, then either
+    batched calls (``is_grads_batched``, chunked) or one call per column.
+
+    The gradient is ``torch.func.grad`` of ``f`` at eager leaves that require grad (the same
+    graph as ``autograd.grad(..., create_graph=True)``), so that random ops in ``f`` draw as
+    in every other evaluation of the step (:mod:`hypergrad.randomness`)."""
     p = {k: v.detach().requires_grad_() for k, v in params.items()}
     b = {k: v.detach().requires_grad_() for k, v in buffers.items()}
     lm = lam.detach().requires_grad_()
     with torch.enable_grad():
-        loss, new_b = f(p, b, lm)
-        inputs = [*p.values(), *b.values(), lm]
-        grads: tuple[Tensor | None, ...] = torch.autograd.grad(loss, inputs, create_graph=True,
-                                                               allow_unused=True)
+        (gp, gb, glam), new_b = grad(f, argnums=(0, 1, 2), has_aux=True)(p, b, lm)
+        grads: tuple[Tensor | None, ...] = (*gp.values(), *gb.values(), glam)
     cots = [*zp.values(), *zb.values(), eye]
     # outputs that do not depend on the inputs contribute nothing to the Hessian product
     pairs = [(gr, c) for gr, c in zip(grads, cots) if gr is not None and gr.requires_grad]

@@ -28,9 +28,16 @@ class FunctionalModel:
     """A module split into trainable parameters, tracked buffers (state) and constants.
 
     - ``param_names``: parameters with ``requires_grad`` (trained, tangents carried).
-    - ``state_buffer_names``: BatchNorm running means/variances (updated by training; tangents
-      carried). ``num_batches_tracked`` counters follow the step index and carry no tangent.
-    - everything else (frozen parameters, other buffers) is a constant.
+    - ``state_buffer_names``: running means/variances of the BatchNorm layers that training
+      updates (updated by training; tangents carried). ``num_batches_tracked`` counters follow
+      the step index and carry no tangent.
+    - everything else (frozen parameters, other buffers, the statistics of a BatchNorm in eval
+      mode) is a constant.
+
+    Train/eval mode: training runs every submodule in the mode it had when this object was built
+    (the root module itself in train mode), as Lightning does since 2.2: a BatchNorm or Dropout
+    the user put in eval mode (frozen statistics, the classic fine-tuning setup) stays in eval
+    mode during training. Validation in ``val_mode="eval"`` runs every module in eval mode.
     """
 
     def __init__(self, module: nn.Module) -> None:
@@ -60,9 +67,12 @@ class FunctionalModel:
             )
         self.dtype = dtypes.pop()
         self.device = params[self.param_names[0]].device
+        # the modes training runs each submodule in: the user's, the root in train mode
+        self.train_modes = {name: (m.training or name == "")
+                            for name, m in module.named_modules()}
         self.bn: dict[str, _BatchNorm] = {
             name: m for name, m in module.named_modules()
-            if isinstance(m, _BatchNorm) and m.track_running_stats
+            if isinstance(m, _BatchNorm) and m.track_running_stats and self.train_modes[name]
         }
         self.state_buffer_names = [f"{_pre(n)}{b}" for n in self.bn
                                    for b in ("running_mean", "running_var")]
@@ -118,7 +128,7 @@ class ModelFn:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fm = self._fm
         tensors = {**fm.constants, **self.params, **self.new_buffers}
-        with _mode(fm.module, self.train), self._patched_bn():
+        with _mode(fm.module, fm.train_modes if self.train else None), self._patched_bn():
             return functional_call(fm.module, tensors, args, kwargs, strict=False)
 
     @contextlib.contextmanager
@@ -165,9 +175,12 @@ class _BNForward:
 
 
 @contextlib.contextmanager
-def _mode(module: nn.Module, train: bool) -> Iterator[None]:
+def _mode(module: nn.Module, modes: dict[str, bool] | None) -> Iterator[None]:
+    """Each submodule in its mode of ``modes`` (name -> training), or all in eval mode for
+    ``None``; the modes before are restored afterwards."""
     saved = [(m, m.training) for m in module.modules()]
-    module.train(train)
+    for name, m in module.named_modules():
+        m.training = False if modes is None else modes.get(name, True)
     try:
         yield
     finally:

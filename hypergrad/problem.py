@@ -7,15 +7,18 @@ is a real test of the differentiation.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten
 
 from .hyperparams import HPValues, HyperParams
 from .model import FunctionalModel, ModelFn
 from .optim import Optimizer
+from .randomness import VALIDATION_STEP, AttentionProbe, second_order, step_rng
 
 __all__ = ["InnerState", "InnerProblem", "TrainLoss", "ValLoss"]
 
@@ -53,6 +56,13 @@ class InnerProblem:
         val_loss: ``val_loss(model, hp) -> scalar``, the objective ``E(w_T, lam)``; close over
             the validation data. ``hp`` gives whole schedules.
         val_mode: ``"eval"`` (default) or ``"train"``: the module mode while ``val_loss`` runs.
+            Training runs each submodule in the mode it had when the problem was built (a
+            BatchNorm or Dropout put in eval mode stays in eval mode; the root module trains).
+        seed: the run seed of random draws in the step (dropout, noise from torch's default
+            generator): every evaluation of step ``t``, in every method, HVP strategy and
+            finite-difference run, draws from a generator state fixed by ``(seed, t)``
+            (:mod:`hypergrad.randomness`), so the step is a deterministic function and all
+            methods differentiate the same one. The caller's generator state is left untouched.
 
     Example:
         >>> problem = InnerProblem(model, train_loss, sgd(lr="lr"), HyperParams([...]),
@@ -61,7 +71,8 @@ class InnerProblem:
 
     def __init__(self, model: nn.Module, train_loss: TrainLoss, optimizer: Optimizer,
                  hyperparams: HyperParams, batches: Sequence[Any] | Callable[[int], Any]
-                 | Iterable[Any], steps: int, val_loss: ValLoss, val_mode: str = "eval") -> None:
+                 | Iterable[Any], steps: int, val_loss: ValLoss, val_mode: str = "eval",
+                 seed: int = 0) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(
                 f"InnerProblem: steps={steps!r} must be an int >= 1 (the horizon T); with T = 0 "
@@ -79,6 +90,9 @@ class InnerProblem:
             )
         if val_mode not in ("eval", "train"):
             raise ValueError(f"InnerProblem: val_mode={val_mode!r}; use 'eval' or 'train'.")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"InnerProblem: seed={seed!r} must be an int (the run seed of the "
+                            f"step's random draws), e.g. seed=0.")
         if not callable(train_loss) or not callable(val_loss):
             raise TypeError("InnerProblem: train_loss and val_loss must be callables.")
         self.fmodel = FunctionalModel(model)
@@ -87,10 +101,15 @@ class InnerProblem:
         self.train_loss = train_loss
         self.val_loss = val_loss
         self.val_mode = val_mode
+        self.seed = seed
         self.steps = steps
         self._batch = _batch_source(batches, steps)
         self._check_binding()
         self._checked_dtype: torch.dtype | None = None
+        self._attention_dropout: bool | None = None  # found on the first plain step
+        self.draws: bool | None = None
+        """Whether the training loss draws random numbers (known after its first evaluation;
+        once ``True``, it stays ``True``)."""
 
     # -- basic facts ------------------------------------------------------------------------------
     @property
@@ -120,10 +139,16 @@ class InnerProblem:
     # -- the pure functions every method differentiates --------------------------------------------
     def train_objective(self, params: dict[str, Tensor], buffers: dict[str, Tensor], lam: Tensor,
                         t: int, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
-        """``L_train(w, b, lam; B_t)`` and the running statistics after the forward pass."""
+        """``L_train(w, b, lam; B_t)`` and the running statistics after the forward pass, with
+        step ``t``'s random draws."""
         hp = HPValues(self.hyperparams.values(lam, t, self.steps), "train_loss")
         model = self.fmodel.bind(params, buffers, train=True, step=t)
-        loss = self.train_loss(model, batch, hp)
+        if self.draws is False and torch.compiler.is_compiling():  # nothing to seed; untraceable
+            return self.train_loss(model, batch, hp), model.new_buffers
+        with step_rng(self.seed, t, self.device, watch=not self.draws) as rng:
+            loss = self.train_loss(model, batch, hp)
+            if rng is not None:
+                self.draws = rng.drew()
         return loss, model.new_buffers
 
     def update(self, grads: dict[str, Tensor], opt: NamedTuple, params: dict[str, Tensor],
@@ -133,19 +158,68 @@ class InnerProblem:
         return self.optimizer.update(grads, opt, params, hp, t)
 
     def step(self, state: InnerState, lam: Tensor, t: int) -> InnerState:
-        """One inner step: ``g = grad_w L_train``, then ``s_t = U(s_{t-1}, g, h_t)``."""
-        g, new_buffers = torch.func.grad(self.train_objective, has_aux=True)(
-            state.params, state.buffers, lam, t, self.batch(t))
-        params, opt = self.update(g, state.opt, state.params, lam, t)
+        """One inner step: ``g = grad_w L_train``, then ``s_t = U(s_{t-1}, g, h_t)``.
+
+        The gradient comes from ``torch.func.grad``, except in plain training (no function
+        transform, nothing requiring grad) of a problem whose loss draws no random numbers:
+        there ``torch.autograd.grad`` runs torch's fused backward kernels (an LSTM's backward
+        is 4.5x faster than under ``torch.func.grad``, which must keep it differentiable). Both
+        give the same gradient to rounding. A loss that draws (dropout) always goes through
+        ``torch.func``: eager random ops lay their draws out in the input's memory order,
+        ``torch.func`` in logical order (dropout of a transposed tensor, as in
+        ``nn.TransformerEncoderLayer``, gets other masks), so every evaluation of the step runs
+        the way the differentiated passes do."""
+        batch = self.batch(t)
+        plain = _plain(state, lam)
+        if plain and self.draws is False:
+            g, new_buffers = self._eager_grad(state.params, state.buffers, lam, t, batch)
+            with torch.no_grad():
+                params, opt = self.update(g, state.opt, state.params, lam, t)
+            return InnerState(params, new_buffers, opt)
+        # attention: the differentiated passes run the math kernel (a double backward); plain
+        # steps keep the fused kernels unless attention draws dropout masks (the kernels draw
+        # them differently); the first plain step finds out, with the math kernel
+        probe = AttentionProbe() if plain and self._attention_dropout is None else None
+        kernel = (contextlib.nullcontext() if plain and self._attention_dropout is False
+                  else second_order())
+        with kernel, probe or contextlib.nullcontext():
+            g, new_buffers = torch.func.grad(self.train_objective, has_aux=True)(
+                state.params, state.buffers, lam, t, batch)
+        if probe is not None:
+            self._attention_dropout = probe.dropout
+        if plain:
+            with torch.no_grad():
+                params, opt = self.update(g, state.opt, state.params, lam, t)
+        else:
+            params, opt = self.update(g, state.opt, state.params, lam, t)
         return InnerState(params, new_buffers, opt)
+
+    def _detect_draws(self, lam: Tensor) -> None:
+        """Evaluate the training loss once at step 0 to learn whether it draws random numbers
+        (:attr:`draws`), before any transform traces it."""
+        s = self.initial_state()
+        with torch.no_grad():
+            self.train_objective(s.params, s.buffers, lam, 0, self.batch(0))
+
+    def _eager_grad(self, params: dict[str, Tensor], buffers: dict[str, Tensor], lam: Tensor,
+                    t: int, batch: Any) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        with torch.enable_grad():
+            p = {k: v.detach().requires_grad_() for k, v in params.items()}
+            loss, new_b = self.train_objective(p, buffers, lam, t, batch)
+            grads = torch.autograd.grad(loss, list(p.values()), allow_unused=True)
+        g = {k: (gr if gr is not None else torch.zeros_like(v))
+             for (k, v), gr in zip(p.items(), grads)}
+        return g, {k: v.detach() for k, v in new_b.items()}
 
     def objective(self, params: dict[str, Tensor], buffers: dict[str, Tensor],
                   lam: Tensor) -> Tensor:
-        """The validation objective ``E(w_T, b_T, lam)``."""
+        """The validation objective ``E(w_T, b_T, lam)`` (random draws from a stream of its
+        own, for a ``val_loss`` evaluated in train mode)."""
         hp = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
         model = self.fmodel.bind(params, buffers, train=self.val_mode == "train",
                                  step=self.steps)
-        return self.val_loss(model, hp)
+        with step_rng(self.seed, VALIDATION_STEP, self.device):
+            return self.val_loss(model, hp)
 
     def run(self, lam: Tensor, state: InnerState | None = None, start: int = 0,
             stop: int | None = None) -> InnerState:
@@ -195,6 +269,8 @@ class InnerProblem:
             val = self.val_loss(self.fmodel.bind(s.params, s.buffers,
                                                  self.val_mode == "train", self.steps), hpv)
             _check_scalar("val_loss", val, self.dtype)
+        if self.draws is None:
+            self._detect_draws(lam)
         used = hp.accessed | hpv.accessed | set(self.optimizer.bound_names())
         unused = [n for n in self.hyperparams.names if n not in used]
         if unused:
@@ -241,3 +317,13 @@ def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
         f"InnerProblem: batches must be a sequence, a callable t -> batch or an iterable, got "
         f"{type(batches).__name__}."
     )
+
+
+def _plain(state: InnerState, lam: Tensor) -> bool:
+    """Whether a step runs outside function transforms and autograd: nothing to differentiate
+    through, so the gradient may come from ``torch.autograd.grad`` and fused kernels."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    if lam.requires_grad:
+        return False
+    return not any(isinstance(x, Tensor) and x.requires_grad for x in tree_flatten(state)[0])

@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_map
 
 from .method import HyperGradient, Method
 from .problem import InnerProblem, InnerState
+from .randomness import second_order
 
 __all__ = ["ReverseMode"]
 
@@ -40,7 +41,8 @@ class ReverseMode(Method):
             def step(s: Any, lm: Tensor, t: int = t) -> Any:
                 return problem.step(s, lm, t)
 
-            _, vjp_fn = vjp(step, states[-1], lam)  # type: ignore[misc]
-            adj, dl = vjp_fn(adj)
+            with second_order():  # the step's VJP differentiates its gradient
+                _, vjp_fn = vjp(step, states[-1], lam)  # type: ignore[misc]
+                adj, dl = vjp_fn(adj)
             hg = hg + dl
         return HyperGradient(value.detach(), hg.detach(), final)
