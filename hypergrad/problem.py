@@ -259,7 +259,7 @@ class InnerProblem:
             )
         if self._checked_dtype == lam.dtype:
             return
-        with torch.no_grad():
+        with torch.no_grad(), step_rng(self.seed, 0, self.device):
             s = self.initial_state()
             hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
             loss = self.train_loss(self.fmodel.bind(s.params, s.buffers, True, 0),
