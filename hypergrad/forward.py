@@ -45,7 +45,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from .hvp import HVPStrategy, VmapVJP
 from .hyperparams import Schedule
 from .method import HyperGradient, Method
-from .optim import _is_zero, safe_sqrt
+from .optim import _const_zero, _is_zero, safe_sqrt
 from .problem import InnerProblem, InnerState
 from .randomness import second_order
 
@@ -273,7 +273,7 @@ def _sgd_tangent(problem: InnerProblem, t: int, lam: Tensor, g: Any, opt: Any, p
                     zd.mul_(1 - damp) if not nest else zd * (1 - damp))
                 zbuf = _fma(zd_scaled, zo.momentum_buffer[k], mom,
                             inplace=not nest or zd_scaled is not zd)
-                buf = mom * b_prev + (1 - damp) * d
+                buf = mom * b_prev + (d if _const_zero(damp) else (1 - damp) * d)
                 direct(zbuf, mom, b_prev)
                 direct(zbuf, damp, d, -1.0)
             new_buf[k], new_zb[k] = buf, zbuf

@@ -89,8 +89,11 @@ class FunctionalModel:
         return {k: self.module.get_buffer(k).detach().clone() for k in self.state_buffer_names}
 
     def bind(self, params: dict[str, Tensor], buffers: dict[str, Tensor], train: bool,
-             step: int = 0) -> ModelFn:
-        return ModelFn(self, params, buffers, train, step)
+             step: int = 0, fused: bool = False) -> ModelFn:
+        """The model at ``params``/``buffers``. ``fused``: BatchNorm updates (copies of) its
+        running statistics with torch's fused kernel, which no transform can differentiate;
+        for plain steps only."""
+        return ModelFn(self, params, buffers, train, step, fused)
 
     def load_into(self, params: dict[str, Tensor], buffers: dict[str, Tensor], steps: int) -> None:
         """Write trained values back into the module (counters advanced by ``steps``)."""
@@ -117,13 +120,15 @@ class ModelFn:
     """
 
     def __init__(self, fm: FunctionalModel, params: dict[str, Tensor],
-                 buffers: dict[str, Tensor], train: bool, step: int) -> None:
+                 buffers: dict[str, Tensor], train: bool, step: int,
+                 fused: bool = False) -> None:
         self._fm = fm
         self.params = params
         self.buffers = buffers
         self.new_buffers = dict(buffers)
         self.train = train
         self.step = step
+        self.fused = fused
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fm = self._fm
@@ -160,15 +165,20 @@ class _BNForward:
             if m.affine:
                 y = y * m.weight.reshape(shape) + m.bias.reshape(shape)
             return y
-        y = F.batch_norm(x, None, None, m.weight, m.bias, True, 0.0, m.eps)
-        dims = [0] + list(range(2, x.ndim))
-        var, mean = torch.var_mean(x, dim=dims, correction=0)
-        n = x.numel() // x.shape[1]
         if m.momentum is None:  # cumulative moving average, as torch does
             count = o._fm.counters0[pre + "num_batches_tracked"] + o.step + 1
             f = 1.0 / count
         else:
             f = m.momentum
+        if o.fused:  # torch's kernel computes the statistics once and updates the copies
+            rm, rv = rm.clone(), rv.clone()
+            y = F.batch_norm(x, rm, rv, m.weight, m.bias, True, f, m.eps)
+            o.new_buffers[rm_key], o.new_buffers[rv_key] = rm, rv
+            return y
+        y = F.batch_norm(x, None, None, m.weight, m.bias, True, 0.0, m.eps)
+        dims = [0] + list(range(2, x.ndim))
+        var, mean = torch.var_mean(x, dim=dims, correction=0)
+        n = x.numel() // x.shape[1]
         o.new_buffers[rm_key] = (1 - f) * rm + f * mean
         o.new_buffers[rv_key] = (1 - f) * rv + f * var * (n / max(n - 1, 1))
         return y

@@ -61,6 +61,11 @@ def _is_zero(a: Any) -> bool:
     return not isinstance(a, str) and float(a) == 0.0
 
 
+def _const_zero(a: Any) -> bool:
+    """Whether ``a`` is the number 0 (a hyperparameter's tensor is never taken as zero)."""
+    return isinstance(a, (int, float)) and a == 0
+
+
 class Optimizer:
     """A pure optimizer. Use the constructors :func:`sgd`, :func:`adam`, :func:`adamw`."""
 
@@ -131,7 +136,9 @@ class Optimizer:
                     buf = d
                 else:
                     damp = self._read(a["dampening"], hp, k)
-                    buf = mom * state.momentum_buffer[k] + (1 - damp) * d
+                    # (1 - 0) * d == d exactly: no multiply for the constant 0
+                    damped = d if _const_zero(damp) else (1 - damp) * d
+                    buf = mom * state.momentum_buffer[k] + damped
                 new_buf[k] = buf
                 d = d + mom * buf if a["nesterov"] else buf
             new_p[k] = p - self._read(a["lr"], hp, k) * d

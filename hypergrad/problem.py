@@ -138,11 +138,13 @@ class InnerProblem:
 
     # -- the pure functions every method differentiates --------------------------------------------
     def train_objective(self, params: dict[str, Tensor], buffers: dict[str, Tensor], lam: Tensor,
-                        t: int, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+                        t: int, batch: Any, fused: bool = False
+                        ) -> tuple[Tensor, dict[str, Tensor]]:
         """``L_train(w, b, lam; B_t)`` and the running statistics after the forward pass, with
-        step ``t``'s random draws."""
+        step ``t``'s random draws. ``fused``: running statistics from torch's fused BatchNorm
+        kernel (plain steps: not differentiable with respect to the weights)."""
         hp = HPValues(self.hyperparams.values(lam, t, self.steps), "train_loss")
-        model = self.fmodel.bind(params, buffers, train=True, step=t)
+        model = self.fmodel.bind(params, buffers, train=True, step=t, fused=fused)
         if self.draws is False and torch.compiler.is_compiling():  # nothing to seed; untraceable
             return self.train_loss(model, batch, hp), model.new_buffers
         with step_rng(self.seed, t, self.device, watch=not self.draws) as rng:
@@ -205,7 +207,7 @@ class InnerProblem:
                     t: int, batch: Any) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         with torch.enable_grad():
             p = {k: v.detach().requires_grad_() for k, v in params.items()}
-            loss, new_b = self.train_objective(p, buffers, lam, t, batch)
+            loss, new_b = self.train_objective(p, buffers, lam, t, batch, fused=True)
             grads = torch.autograd.grad(loss, list(p.values()), allow_unused=True)
         g = {k: (gr if gr is not None else torch.zeros_like(v))
              for (k, v), gr in zip(p.items(), grads)}
