@@ -58,6 +58,15 @@ LOCK = "run.lock"
 TRAINER_FILES = (CHECKPOINT, PREVIOUS, METRICS)
 """Files whose presence means a Trainer has already written a run into the folder."""
 _TMP_PREFIX = ".tmp-"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's files are 0600
 _FAULT_ENV = "HYPERGRAD_TEST_CHECKPOINT_FAULT"
 
 
@@ -140,6 +149,7 @@ def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
     writer: _Writer | None = None
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), _MODE)
             writer = _Writer(fh, kill_after)
             torch.save(dict(ck), writer)  # type: ignore[arg-type]  # a file-like object
             fh.flush()
@@ -168,6 +178,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), _MODE)
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -196,7 +207,7 @@ def _reason(err: BaseException) -> str:
     if isinstance(err, EOFError) or (isinstance(err, OSError) and not text):
         return "the file is empty or truncated"
     if "weights_only" in str(err) or "Unpickl" in type(err).__name__:
-        return "it holds objects a hypergrad checkpoint never contains (not a checkpoint)"
+        return "it is not a hypergrad checkpoint (garbage, or a pickle of other objects)"
     if "zip archive" in str(err) or "central directory" in str(err):
         return "the file is truncated or corrupted (not a complete zip archive)"
     if isinstance(err, (KeyError, IndexError, ValueError, RuntimeError)):
@@ -213,7 +224,7 @@ def _read(path: Path, map_location: Any) -> dict[str, Any]:
     return ck
 
 
-def load_checkpoint(run_dir: Path, map_location: Any = None
+def load_checkpoint(run_dir: Path, map_location: Any = None, api: str = "Trainer"
                     ) -> tuple[dict[str, Any], Path] | None:
     """The newest readable checkpoint of ``run_dir`` and its path; ``None`` when the folder has
     no checkpoint file at all. Falls back to ``checkpoint.prev.pt`` (with a
@@ -233,15 +244,15 @@ def load_checkpoint(run_dir: Path, map_location: Any = None
             continue
         if path.name == PREVIOUS:
             warnings.warn(CheckpointWarning(
-                f"{problems[0]}; resuming from the previous checkpoint {path} (outer step "
+                f"{api}: {problems[0]}; resuming from the previous checkpoint {path} (outer step "
                 f"{ck['outer_step']}): at most one outer step is computed again."), stacklevel=3)
         return ck, path
     if not found:
         return None
     raise CheckpointError(
-        f"cannot resume from {run_dir}: no readable checkpoint ({'; '.join(problems)}). Start "
-        f"the run afresh with overwrite=True (hypergrad-run: trainer.overwrite=true) or use "
-        f"another run folder.")
+        f"{api}: cannot resume from {run_dir}: no readable checkpoint "
+        f"({'; '.join(problems)}). Start the run afresh with overwrite=True (hypergrad-run: "
+        f"trainer.overwrite=true) or use another run folder.")
 
 
 # -- fingerprints --------------------------------------------------------------------------------
@@ -251,8 +262,9 @@ def _sig(x: float) -> float:
 
 
 def digest(tree: Any) -> list[Any]:
-    """A compact summary of every tensor in ``tree``: shape, dtype and three sums (plain, of
-    absolute values, position-weighted: a reordering shows) to 6 significant digits. It tells
+    """A compact summary of every tensor in ``tree``: shape, dtype and three sums (of the
+    values, of their absolute values, of the absolute differences of neighbours: a reordering
+    shows), accumulated in float64 on the tensor's device, to 6 significant digits. It tells
     data or initial weights apart (another seed, another file) without storing them."""
     out: list[Any] = []
     for x in tree_flatten(tree)[0]:
@@ -262,10 +274,13 @@ def digest(tree: Any) -> list[Any]:
         if x.layout != torch.strided or x.is_sparse:
             out.append([list(x.shape), str(x.dtype).replace("torch.", ""), str(x.layout)])
             continue
-        v = x.detach().reshape(-1).double().cpu()
-        w = torch.linspace(1.0, 2.0, v.numel(), dtype=torch.float64) if v.numel() else v
-        out.append([list(x.shape), str(x.dtype).replace("torch.", ""), _sig(float(v.sum())),
-                    _sig(float(v.abs().sum())), _sig(float((v * w).sum()))])
+        v = x.detach().reshape(-1)
+        if v.dtype == torch.bool or v.is_complex():
+            v = v.to(torch.float64) if v.dtype == torch.bool else torch.view_as_real(v).reshape(-1)
+        f64 = torch.float64
+        out.append([list(x.shape), str(x.dtype).replace("torch.", ""),
+                    _sig(float(v.sum(dtype=f64))), _sig(float(v.abs().sum(dtype=f64))),
+                    _sig(float((v[1:] - v[:-1]).abs().sum(dtype=f64)))])
     return out
 
 
@@ -312,9 +327,7 @@ def json_safe(obj: Any) -> Any:
         return [json_safe(v) for v in obj]
     if isinstance(obj, Tensor):
         return json_safe(obj.detach().cpu().tolist())
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return json_safe(obj.item())
-    if hasattr(obj, "tolist") and callable(obj.tolist):
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays and scalars
         return json_safe(obj.tolist())
     if hasattr(obj, "value"):  # enums
         return json_safe(obj.value)

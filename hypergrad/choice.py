@@ -105,15 +105,23 @@ def _state_bytes(problem: InnerProblem) -> int:
     return sum(x.numel() * x.element_size() for x in leaves)
 
 
+def no_draws(problem: InnerProblem) -> Any:
+    """A context in which the problem may draw random numbers (dropout, a random batch) without
+    moving the global generators the run itself draws from."""
+    dev = problem.device
+    return torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [])
+
+
 def _activation_bytes(problem: InnerProblem) -> int:
-    s = problem.initial_state()
-    lam = problem.init_raw()
-    batch = problem.batch(0)
+    with no_draws(problem):
+        s = problem.initial_state()
+        lam = problem.init_raw()
+        batch = problem.batch(0)
 
-    def loss(p: Any, b: Any, lm: Any) -> Any:
-        return problem.train_objective(p, b, lm, 0, batch)
+        def loss(p: Any, b: Any, lm: Any) -> Any:
+            return problem.train_objective(p, b, lm, 0, batch)
 
-    return saved_bytes(loss, s.params, s.buffers, lam)
+        return saved_bytes(loss, s.params, s.buffers, lam)
 
 
 def estimate_memory(problem: InnerProblem, method: Method | str = "forward",

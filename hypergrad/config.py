@@ -298,11 +298,12 @@ def register_configs() -> None:
 SAFE_CONFIG_KEYS = (
     "name", "trainer.outer_steps", "trainer.progress", "trainer.resume", "trainer.overwrite",
     "trainer.tensorboard", "trainer.memory_budget_gb", "trainer.divergence_factor", "report.*",
-    "method.hvp", "method.chunk_size", "method.memory_budget_gb", "method.compile",
-    "outer_optimizer.*",
+    "method.*", "outer_optimizer.*",
 )
 """Config keys that may change when a run is resumed (fnmatch patterns): how long to run, how
-to report, how to compute the same hypergradients, and the outer optimizer's hyperparameters
+to report, how to compute the same hypergradients (forward or reverse mode, the HVP strategy,
+chunking, compile: equal to rounding; offline only, online needs forward mode), and the outer
+optimizer's hyperparameters
 (the new ones replace the checkpoint's; its class, ``outer_optimizer._target_``, may not
 change). Every other key is in the checkpoint's fingerprint."""
 _NOT_SAFE = ("outer_optimizer._target_", "outer_optimizer._partial_")

@@ -47,7 +47,7 @@ from .checkpoint import (
     used_files,
     write_text_atomic,
 )
-from .choice import AutoMethod, check_memory, choose_method, make_method
+from .choice import AutoMethod, check_memory, choose_method, make_method, no_draws
 from .errors import (
     CheckpointError,
     CheckpointWarning,
@@ -69,7 +69,8 @@ Evaluate = Callable[[InnerState], Mapping[str, float]]
 
 SAFE_TO_CHANGE = ("outer_steps", "progress", "evaluate", "tensorboard", "memory_budget",
                   "divergence_factor", "log", "the outer optimizer's hyperparameters (lr, ...)",
-                  "the HVP strategy and its chunking")
+                  "the method (forward or reverse mode: the same hypergradients to rounding) "
+                  "and its HVP strategy and chunking")
 """Trainer settings that may differ when a run is resumed; every other setting, and the
 problem (K and layout, T, dtype, model, optimizer, initial values and state, first batch,
 validation loss at the start), is in the checkpoint's fingerprint and must match."""
@@ -211,6 +212,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._lam0 = self.lam.detach().clone()
         self._last_good = self.lam.detach().clone()  # lam of the last finite evaluation
+        self._last_good_step = 0  # and its outer step
         self._best: tuple[float, Tensor, int] | None = None  # (val loss, lam, outer step)
         self._nonzero: set[str] = set()  # hyperparameters with a non-zero hypergradient seen
         self._zero_warned: set[str] = set()
@@ -221,14 +223,15 @@ class Trainer:
         self._fingerprint: dict[str, Any] = {}
         if self.run_dir is not None:
             self._lock = RunLock(self.run_dir).acquire()
-            try:
+        try:
+            if self.run_dir is not None:
                 self._fingerprint = self._make_fingerprint(fingerprint or {})
                 self._open_run_dir(resume, overwrite)
-            except BaseException:
-                self._lock.release()
-                raise
-        if tensorboard:
-            self._tb = self._tensorboard()
+            if tensorboard:
+                self._tb = self._tensorboard()
+        except BaseException:
+            self.close()
+            raise
         self._project()
 
     # -- set-up ----------------------------------------------------------------------------------
@@ -293,7 +296,7 @@ class Trainer:
         """What defines this run: the problem's facts and the Trainer's settings that change
         the result (see :data:`SAFE_TO_CHANGE` for those left out), plus ``extra``."""
         p, hps = self.problem, self.problem.hyperparams
-        with torch.random.fork_rng(devices=[]), torch.no_grad():  # draws nothing from the run
+        with no_draws(p), torch.no_grad():  # draws nothing from the run's generators
             s0, lam0 = p.initial_state(), p.init_raw()
             start = float(p.objective(s0.params, s0.buffers, lam0))
             first = digest(p.batch(0))
@@ -315,7 +318,6 @@ class Trainer:
             "problem.val_loss_at_start": float(f"{start:.6g}") if math.isfinite(start) else
             repr(start),
             "trainer.mode": self.mode,
-            "trainer.method": self.method.name,
             "trainer.outer_optimizer": type(self.outer).__name__,
             "trainer.clip_norm": self.clip_norm,
             "trainer.bounds": {n: [None if v is None else float(v) for v in
@@ -410,6 +412,7 @@ class Trainer:
     def _track(self, value: Tensor, lam_used: Tensor, grad: Tensor | None) -> None:
         v = float(value)
         self._last_good = lam_used.detach().clone()
+        self._last_good_step = self.outer_step
         if self._best is None or v < self._best[0]:
             self._best = (v, lam_used.detach().clone(), self.outer_step)
         if grad is None:
@@ -572,9 +575,8 @@ class Trainer:
             kept = (f"returned the best hyperparameters evaluated, of outer step {keep_step} "
                     f"(validation loss {keep_val:.4g})")
         elif self._best is not None:  # online: the hyperparameters of the last finite interval
-            keep, keep_step, keep_val = self._last_good, len(self.history), self._best[0]
-            kept = (f"kept the last good hyperparameters, of outer step "
-                    f"{max(len(self.history) - 1, 0)}")
+            keep, keep_step, keep_val = self._last_good, self._last_good_step, self._best[0]
+            kept = f"kept the last good hyperparameters, of outer step {keep_step}"
         else:
             keep, keep_step, keep_val = self._lam0, 0, math.nan
             kept = ("the initial hyperparameters already diverge: returned them; start from a "
@@ -686,8 +688,9 @@ class Trainer:
         ck: dict[str, Any] = {
             "version": 2, "mode": self.mode, "outer_step": self.outer_step,
             "lam": self.lam.detach().clone(), "outer": self.outer.state_dict(),
-            "outer_class": type(self.outer).__name__,
-            "history": self.history, "last_good": self._last_good, "best": best,
+            "outer_class": type(self.outer).__name__, "method": self.method.name,
+            "history": self.history, "last_good": self._last_good,
+            "last_good_step": self._last_good_step, "best": best,
             "nonzero": sorted(self._nonzero),
             "stopped": "", "fingerprint": self._fingerprint,
             "rng": {"torch": torch.get_rng_state(), "python": _py_rng(),
@@ -748,10 +751,14 @@ class Trainer:
         if changed:
             self.log(f"[hypergrad] resume: outer optimizer settings given now replace the "
                      f"checkpoint's: {', '.join(changed)}")
+        if ck.get("method", self.method.name) != self.method.name:
+            self.log(f"[hypergrad] resume: the checkpoint's run used method={ck['method']}, this "
+                     f"one uses {self.method.name} (the same hypergradients to rounding)")
         with torch.no_grad():
             self.lam.copy_(ck["lam"])
         self.history = list(ck["history"])
         self._last_good = ck.get("last_good", ck["lam"]).to(self.lam)
+        self._last_good_step = int(ck.get("last_good_step", max(int(ck["outer_step"]) - 1, 0)))
         best = ck.get("best")
         if best is not None:
             self._best = (float(best["val"]), best["lam"].to(self.lam), int(best["step"]))

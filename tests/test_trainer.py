@@ -477,3 +477,14 @@ def test_progress_in_a_log_file_has_no_escape_codes(capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert "\r" not in err and "\x1b" not in err
     assert any("outer step 2/2: val_loss" in line for line in logs)
+
+
+def test_online_divergence_keeps_the_last_good_values_in_the_checkpoint(tmp_path: Path) -> None:
+    # online, "best" is measured on a moving inner state: the last good values are kept
+    tr = _trainer(problem=_linear_regression(40), mode="online", interval=10, run_dir=tmp_path,
+                  outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3))
+    res = tr.fit()
+    assert res.diverged and "kept the last good hyperparameters" in res.message
+    assert res.values == res.history[-1]["hyperparams"] and bool(torch.isfinite(res.lam).all())
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert torch.equal(ck["lam"], res.lam) and ck["stopped"]
