@@ -8,7 +8,8 @@ one call; unrolled reverse mode and central finite differences are built in as r
 
 from __future__ import annotations
 
-from . import optim, testing
+from . import errors, optim, testing
+from .choice import AutoMethod, estimate_memory, make_method
 from .finite_diff import FiniteDifference
 from .forward import ForwardMode, ForwardState
 from .hvp import BatchedAutograd, ColumnLoop, ForwardOverReverse, HVPStrategy, VmapVJP
@@ -30,6 +31,7 @@ __all__ = [
     "InnerProblem", "InnerState", "ModelFn",
     "Method", "HyperGradient", "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
-    "Trainer", "TrainResult", "SignDescent", "choose_method",
+    "Trainer", "TrainResult", "SignDescent", "choose_method", "make_method", "estimate_memory",
+    "AutoMethod", "errors",
     "SparseOperator", "load_npz", "load_svmlight",
 ]

@@ -4,16 +4,19 @@
     hypergrad-run experiment=hypercleaning method=reverse
     hypergrad-run --multirun experiment=digits_schedule seed=0,1,2 hydra/launcher=joblib
 
-Each run writes to its Hydra run directory: the resolved config, ``metrics.jsonl`` (one line per
-outer step), ``checkpoint.pt`` (resume with ``trainer.resume=true hydra.run.dir=<that dir>``),
-``results.json`` and PNG plots.
+Each run writes to its Hydra run directory: the resolved config (``config_resolved.yaml``; a
+resumed run adds ``config_resolved.resume-<n>.yaml``), ``metrics.jsonl`` (one line per outer
+step), ``checkpoint.pt`` and ``checkpoint.prev.pt`` (resume with ``trainer.resume=true
+hydra.run.dir=<that dir>``), ``results.json`` and PNG plots. JSON files are strict: NaN and
+infinities are written as ``null``. A folder that already holds a run is refused unless
+``trainer.resume=true`` or ``trainer.overwrite=true``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,31 +25,102 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .config import CONFIG_DIR, build, register_configs
+from .errors import HypergradWarning
 
 log = logging.getLogger("hypergrad")
 register_configs()
 
 
+CLI_FILES = ("results.json",)
+"""Files the CLI writes besides the Trainer's (:data:`hypergrad.checkpoint.TRAINER_FILES`)."""
+CLI_PATTERNS = ("config_resolved*.yaml", "val_curve.png", "hyperparams.png", "schedule.png")
+
+
+def _prepare_run_dir(cfg: DictConfig, run_dir: Path) -> None:
+    """Refuse a folder that holds a run unless resuming or overwriting (Hydra's own ``.hydra/``
+    and log file do not count); with ``trainer.overwrite=true``, remove the old run's files."""
+    from .checkpoint import TRAINER_FILES, clear_run_dir, used_files
+    from .errors import RunDirError
+
+    used = used_files(run_dir, (*TRAINER_FILES, *CLI_FILES))
+    if not used:
+        return
+    if cfg.trainer.overwrite:
+        gone = clear_run_dir(run_dir, (*TRAINER_FILES, *CLI_FILES), CLI_PATTERNS)
+        log.info(f"trainer.overwrite=true: removed {gone} from {run_dir}")
+    elif not cfg.trainer.resume:
+        raise RunDirError(
+            f"hypergrad-run: the run folder {run_dir} already holds a run ({', '.join(used)}). "
+            f"Continue it with trainer.resume=true, discard it with trainer.overwrite=true, or "
+            f"choose another folder with hydra.run.dir=...")
+
+
+def _write_config(cfg: DictConfig, run_dir: Path, resumed: bool) -> Path:
+    """``config_resolved.yaml``; a resumed run keeps it (the original settings) and writes
+    ``config_resolved.resume-<n>.yaml`` beside it."""
+    from .checkpoint import write_text_atomic
+
+    path = run_dir / "config_resolved.yaml"
+    if resumed and path.exists():
+        n = 1
+        while (run_dir / f"config_resolved.resume-{n}.yaml").exists():
+            n += 1
+        path = run_dir / f"config_resolved.resume-{n}.yaml"
+    write_text_atomic(path, OmegaConf.to_yaml(cfg, resolve=True))
+    return path
+
+
+def _fmt(values: dict[str, Any]) -> str:
+    """Hyperparameter values for a log line: 4 significant digits, long vectors summarised."""
+    parts = []
+    for name, v in values.items():
+        if isinstance(v, list) and len(v) > 8:
+            parts.append(f"{name}=[{len(v)} values: min {min(v):.4g}, mean "
+                         f"{sum(v) / len(v):.4g}, max {max(v):.4g}]")
+        elif isinstance(v, list):
+            parts.append(f"{name}=[{', '.join(f'{x:.4g}' for x in v)}]")
+        else:
+            parts.append(f"{name}={v:.4g}")
+    return ", ".join(parts)
+
+
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Build, tune, evaluate from scratch, report. Returns what ``results.json`` holds."""
+    """Build, tune, evaluate from scratch, report. Returns what ``results.json`` holds.
+
+    The run folder is locked (``run.lock``) for the whole run; a folder that already holds a
+    run is refused unless ``trainer.resume`` or ``trainer.overwrite``."""
+    from .checkpoint import RunLock
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir, "hypergrad-run"):
+        _prepare_run_dir(cfg, run_dir)
+        return _run(cfg, run_dir)
+
+
+def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     import torch
 
     from . import ForwardMode, ReverseMode
+    from .checkpoint import dumps, write_text_atomic
     from .measure import measure
     from .report import plot_run, table
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     task, trainer = build(cfg, run_dir)
+    cfg_path = _write_config(cfg, run_dir, resumed=trainer.outer_step > 0)
     p = task.problem
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
              f"method={type(trainer.method).__name__} mode={trainer.mode} "
-             f"outer_steps={trainer.outer_steps} -> {run_dir}")
+             f"outer_steps={trainer.outer_steps} -> {run_dir} (config: {cfg_path.name})")
     result, fit = measure(trainer.fit)
     rows: list[dict[str, Any]] = []
     if cfg.report.retrain:
         lam0 = p.init_raw()
-        for label, lam in {"initial": lam0, "learned": result.lam, **task.references}.items():
+        points = {"initial": lam0, "learned": result.lam}
+        if (result.last_lam is not None and not torch.equal(result.last_lam, result.lam)
+                and result.last_val_loss is not None and math.isfinite(result.last_val_loss)
+                and trainer.mode == "offline"):
+            points["last (after the final update)"] = result.last_lam
+        for label, lam in {**points, **task.references}.items():
             rows.append({"hyperparameters": label, **task.evaluate(p.run(lam))})
         if trainer.mode == "online" and result.state is not None:
             rows.insert(1, {"hyperparameters": "online run (its own final state)",
@@ -56,7 +130,15 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         if grid and key:
             best = min(grid, key=lambda r: r[key])
             best["best_of_grid"] = True
-    extra = task.extra(result.lam) if task.extra is not None else {}
+    extra: dict[str, Any] = {}
+    if task.extra is not None:
+        try:  # a report step: its failure must not lose the tuning's results
+            extra = task.extra(result.lam)
+        except Exception as err:
+            warnings.warn(f"hypergrad-run: the task's extra report failed ({type(err).__name__}: "
+                          f"{err}); results.json is written without it.", HypergradWarning,
+                          stacklevel=2)
+            extra = {"error": f"{type(err).__name__}: {err}"}
     compare = {}
     if cfg.report.compare_methods:
         lam0 = p.init_raw()
@@ -75,13 +157,15 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "name": cfg.name, "task": task.name, "K": p.num_hyperparams, "T": p.steps,
         "method": result.method, "mode": trainer.mode, "outer_steps": len(result.history),
         "fit_seconds": fit["seconds"], "fit_peak_extra_mib": fit["peak_extra_bytes"] / 2**20,
-        "learned": result.values, "table": rows,
+        "learned": result.values, "best_step": result.best_step,
+        "best_val_loss": result.best_val_loss, "last": result.last_values,
+        "last_val_loss": result.last_val_loss, "table": rows,
         "extra": extra, "compare_methods": compare, "diverged": result.diverged,
         "message": result.message, "final_val_loss": result.history[-1]["val_loss"]
         if result.history else None,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
-    (run_dir / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
         results["plots"] = plot_run(run_dir, p.hyperparams, p.steps, result.history,
                                     p.init_raw(), result.lam)
@@ -95,6 +179,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                  f"relative difference to forward {v['rel_diff_to_forward']:.2e}")
     log.info(f"tuning took {fit['seconds']:.1f} s, peak extra memory "
              f"{fit['peak_extra_bytes'] / 2**20:.1f} MiB ({result.method} mode)")
+    where = "" if result.best_step is None else f" (outer step {result.best_step})"
+    log.info(f"learned hyperparameters{where}: {_fmt(result.values)}")
+    if result.last_values is not None and result.last_values != result.values:
+        log.info(f"last hyperparameters: {_fmt(result.last_values)}")
+    if result.diverged:
+        log.warning(result.message)
     log.info(f"results: {run_dir / 'results.json'}")
     return results
 

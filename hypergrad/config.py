@@ -26,7 +26,8 @@ from .hyperparams import (
     Tensor_,
 )
 
-__all__ = ["build", "make_hyperparams", "register_configs", "CONFIG_DIR"]
+__all__ = ["build", "make_hyperparams", "register_configs", "config_fingerprint", "CONFIG_DIR",
+           "SAFE_CONFIG_KEYS"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -130,7 +131,7 @@ class TorchOuterConf:
 
 @dataclass
 class SignOuterConf:
-    _target_: str = "hypergrad.trainer.SignDescent"
+    _target_: str = "hypergrad.outer.SignDescent"
     _partial_: bool = True
     lr: float = 0.1
     factor: float = 0.5
@@ -151,7 +152,7 @@ class HVPName(enum.Enum):
 
 @dataclass
 class MethodConf:
-    _target_: str = "hypergrad.trainer.make_method"
+    _target_: str = "hypergrad.choice.make_method"
     name: MethodName = MethodName.forward
     hvp: HVPName = HVPName.vmap_vjp
     chunk_size: Optional[int] = None
@@ -244,10 +245,12 @@ class TrainerConf:
     reset_tangents: bool = False
     clip_norm: Optional[float] = None
     bounds: dict[str, list[Optional[float]]] = field(default_factory=dict)
-    resume: bool = False
+    resume: bool = False  # continue the run in hydra.run.dir (its fingerprint must match)
+    overwrite: bool = False  # discard a run already in hydra.run.dir
     progress: bool = True
     tensorboard: bool = False
-    memory_budget_gb: float = 4.0
+    memory_budget_gb: Optional[float] = None  # None: the device's available memory
+    divergence_factor: Optional[float] = 10.0  # val loss > factor x best seen: divergence
 
 
 @dataclass
@@ -292,6 +295,40 @@ def register_configs() -> None:
             cs.store(group=group, name=f"schema_{name}", node=node)
 
 
+SAFE_CONFIG_KEYS = (
+    "name", "trainer.outer_steps", "trainer.progress", "trainer.resume", "trainer.overwrite",
+    "trainer.tensorboard", "trainer.memory_budget_gb", "trainer.divergence_factor", "report.*",
+    "method.*", "outer_optimizer.*",
+)
+"""Config keys that may change when a run is resumed (fnmatch patterns): how long to run, how
+to report, how to compute the same hypergradients (forward or reverse mode, the HVP strategy,
+chunking, compile: equal to rounding; offline only, online needs forward mode), and the outer
+optimizer's hyperparameters
+(the new ones replace the checkpoint's; its class, ``outer_optimizer._target_``, may not
+change). Every other key is in the checkpoint's fingerprint."""
+_NOT_SAFE = ("outer_optimizer._target_", "outer_optimizer._partial_")
+
+
+def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            _flatten(v, f"{prefix}{k}.", out)
+    else:
+        out[prefix[:-1]] = node
+    return out
+
+
+def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """``{"config.<dotted key>": value}`` of the resolved config, without
+    :data:`SAFE_CONFIG_KEYS`: what the checkpoint of a ``hypergrad-run`` run must match."""
+    from fnmatch import fnmatchcase
+
+    tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    flat = _flatten(tree, "", {})
+    return {f"config.{k}": v for k, v in flat.items()
+            if k in _NOT_SAFE or not any(fnmatchcase(k, pat) for pat in SAFE_CONFIG_KEYS)}
+
+
 def build(cfg: DictConfig, run_dir: str | Path | None = None) -> tuple[Any, Any]:
     """Instantiate a composed config: returns ``(task, trainer)``."""
     import logging
@@ -316,6 +353,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> tuple[Any, Any]
         interval=tc["interval"], reset_tangents=tc["reset_tangents"],
         clip_norm=tc["clip_norm"], bounds=tc["bounds"], run_dir=run_dir, resume=tc["resume"],
         evaluate=task.evaluate, progress=tc["progress"], tensorboard=tc["tensorboard"],
-        memory_budget=tc["memory_budget_gb"] * 2**30,
-        log=logging.getLogger("hypergrad").info)
+        memory_budget=None if tc["memory_budget_gb"] is None else tc["memory_budget_gb"] * 2**30,
+        log=logging.getLogger("hypergrad").info, divergence_factor=tc["divergence_factor"],
+        overwrite=tc["overwrite"], fingerprint=config_fingerprint(cfg) if run_dir else None)
     return task, trainer

@@ -52,6 +52,21 @@ TRANSFORMS = {
 }
 
 
+def _check_init(api: str, init: Any) -> None:
+    """``init`` must be a number, a (nested) list of numbers or a floating/integer tensor."""
+    bad = isinstance(init, (str, bytes)) or init is None
+    if not bad:
+        try:
+            torch.as_tensor(init, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            bad = True
+    if bad:
+        raise TypeError(
+            f"{api}: init={init!r} ({type(init).__name__}) must be a number, a list of numbers "
+            f"or a tensor, in value space (after the transform), e.g. init=0.1."
+        )
+
+
 def _check_transform(api: str, transform: str) -> None:
     if transform not in TRANSFORMS:
         raise ValueError(
@@ -78,6 +93,7 @@ class HyperParameter:
                 f"'lr' or 'weight_decay'."
             )
         _check_transform(api, self.transform)
+        _check_init(api, self.init)
 
     # -- shape / raw layout ------------------------------------------------------------------
     def shape(self) -> tuple[int, ...]:
@@ -136,6 +152,7 @@ class Tensor_(HyperParameter):
     def __init__(self, name: str, init: float | Sequence[float] | Tensor,
                  shape: Sequence[int] | None = None, transform: str = "identity") -> None:
         if shape is None:
+            _check_init(f"Tensor_({name!r})", init)
             shape = tuple(torch.as_tensor(init).shape)
         self.name, self.init, self.transform = name, init, transform
         self.shape_ = tuple(int(s) for s in shape)

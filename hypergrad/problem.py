@@ -264,8 +264,9 @@ class InnerProblem:
         with torch.no_grad(), step_rng(self.seed, 0, self.device):
             s = self.initial_state()
             hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
-            loss = self.train_loss(self.fmodel.bind(s.params, s.buffers, True, 0),
-                                   self.batch(0), hp)
+            batch0 = self.batch(0)
+            _check_per_example(self.hyperparams, batch0, getattr(self._batch, "n_examples", None))
+            loss = self.train_loss(self.fmodel.bind(s.params, s.buffers, True, 0), batch0, hp)
             _check_scalar("train_loss", loss, self.dtype)
             hpv = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
             val = self.val_loss(self.fmodel.bind(s.params, s.buffers,
@@ -276,11 +277,7 @@ class InnerProblem:
         used = hp.accessed | hpv.accessed | set(self.optimizer.bound_names())
         unused = [n for n in self.hyperparams.names if n not in used]
         if unused:
-            raise ValueError(
-                f"InnerProblem: hyperparameters {unused} are bound to nothing: no optimizer "
-                f"argument names them and neither train_loss nor val_loss reads them (hp[...]). "
-                f"Bind them (e.g. sgd(lr={unused[0]!r})) or remove them."
-            )
+            raise ValueError(_unbound_message(unused, self.optimizer))
         self._checked_dtype = lam.dtype
 
 
@@ -298,12 +295,15 @@ def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
 
 
 def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
+    from .data import MiniBatches
+
     if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
-        return batches
+        return _Batches(batches, getattr(batches, "n", None)
+                        if isinstance(batches, MiniBatches) else None)
     if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
         if len(batches) == 0:
             raise ValueError("InnerProblem: batches is empty; give at least one mini-batch.")
-        return lambda t: batches[t % len(batches)]
+        return _Batches(lambda t: batches[t % len(batches)])
     if isinstance(batches, Iterable):
         stored: list[Any] = []
         while len(stored) < steps:
@@ -313,8 +313,17 @@ def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
                 if len(stored) == steps:
                     break
             if len(stored) == before:
-                raise ValueError("InnerProblem: batches yielded no mini-batch.")
-        return lambda t: stored[t % len(stored)]
+                if not stored:
+                    raise ValueError("InnerProblem: batches yielded no mini-batch; give at least "
+                                     "one.")
+                raise ValueError(
+                    f"InnerProblem: batches ran out after {len(stored)} mini-batches, fewer than "
+                    f"steps={steps}, and iterating it again gave none (a generator or iterator "
+                    f"is used up after one pass). Pass a list of batches, a callable t -> batch "
+                    f"(e.g. hypergrad.data.MiniBatches), an iterable that can be iterated again "
+                    f"(e.g. a DataLoader), or steps <= {len(stored)}."
+                )
+        return _Batches(lambda t: stored[t % len(stored)])
     raise TypeError(
         f"InnerProblem: batches must be a sequence, a callable t -> batch or an iterable, got "
         f"{type(batches).__name__}."
@@ -329,3 +338,85 @@ def _plain(state: InnerState, lam: Tensor) -> bool:
     if lam.requires_grad:
         return False
     return not any(isinstance(x, Tensor) and x.requires_grad for x in tree_flatten(state)[0])
+
+
+class _Batches:
+    """The batch of step ``t``, checked: a mini-batch with no examples (a tensor whose first
+    dimension is 0, anywhere in a tuple, list or dict) is an error here, not a NaN loss later
+    (NaN BatchNorm statistics, and NaN * 0 poisons the tangents). ``n_examples``: the number of
+    training examples when the source knows it (:class:`~hypergrad.data.MiniBatches`)."""
+
+    def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None) -> None:
+        self._fetch = fetch
+        self.n_examples = n_examples
+
+    def __call__(self, t: int) -> Any:
+        from torch.utils._pytree import tree_flatten
+
+        batch = self._fetch(t)
+        leaves, _ = tree_flatten(batch)
+        for i, x in enumerate(leaves):
+            if isinstance(x, Tensor) and x.ndim >= 1 and x.shape[0] == 0:
+                raise ValueError(
+                    f"InnerProblem: the mini-batch of step {t} is empty: its tensor {i} has "
+                    f"shape {tuple(x.shape)} (0 examples); the loss of an empty batch is NaN. "
+                    f"Give every step at least one example (e.g. MiniBatches drops the last "
+                    f"partial batch; check a batch_size or a filter that leaves nothing)."
+                )
+        return batch
+
+
+def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | None) -> None:
+    """A :class:`PerExample` must have one value per training example: compare its ``n`` with
+    the data's size when known, and with the example indices of the first batch (the last
+    element of a tuple batch, as :class:`~hypergrad.data.MiniBatches` gives)."""
+    from .hyperparams import PerExample
+
+    items = [it for it in hyperparams.items if isinstance(it, PerExample)]
+    if not items:
+        return
+    idx = None
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], Tensor):
+        last = batch[-1]
+        if not last.dtype.is_floating_point and last.dtype != torch.bool and last.ndim == 1:
+            idx = last
+    for it in items:
+        if n_examples is not None and it.n != n_examples:
+            raise ValueError(
+                f"InnerProblem: PerExample({it.name!r}) has n={it.n}, but the training data has "
+                f"{n_examples} examples; PerExample needs one value per training example: "
+                f"n={n_examples}."
+            )
+        if idx is not None and idx.numel() and int(idx.max()) >= it.n:
+            raise ValueError(
+                f"InnerProblem: PerExample({it.name!r}) has n={it.n}, but the first mini-batch "
+                f"indexes example {int(idx.max())}; n must be the number of training examples "
+                f"(> every example index)."
+            )
+
+
+_ALIASES = {"momentum": "momentum", "mom": "momentum", "wd": "weight_decay",
+            "weight_decay": "weight_decay", "lr": "lr", "dampening": "dampening", "eps": "eps",
+            "beta1": "beta1"}
+
+
+def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
+    args = [a for a in optimizer.args if a not in ("nesterov", "eps_root")]
+    examples = []
+    for name in unused:
+        arg = name if name in args else _ALIASES.get(name, "")
+        if arg in ("momentum", "beta1") and "betas" in args:
+            examples.append(f"betas=({name!r}, 0.999)")
+        elif arg in args:
+            examples.append(f"{arg}={name!r}")
+    if examples:
+        how = f"e.g. {optimizer.name}(..., {', '.join(examples)})"
+    else:
+        how = f"one of {optimizer.name}'s arguments {args} set to its name"
+    return (
+        f"InnerProblem: hyperparameters {unused} are bound to nothing: no optimizer argument "
+        f"names them and neither train_loss nor val_loss reads them (hp[...]). Bind each to what "
+        f"it should set: an optimizer argument, {how} (hypergrad-run: "
+        f"inner_optimizer.<argument>=<name>), or read it in a loss as hp[{unused[0]!r}]; or "
+        f"remove it."
+    )

@@ -65,3 +65,68 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     assert ra["learned"] == rb["learned"]
     lines = (part / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["outer_step"] for x in lines] == list(range(25))
+
+
+def test_help_says_what_it_does() -> None:
+    out = _run(["--help"], timeout=120).stdout
+    assert "tune training hyperparameters" in out and "Examples:" in out
+    assert "hypergrad-run experiment=digits_schedule" in out and "trainer.resume=true" in out
+
+
+# A small Trainer run in its own process: argv = run_dir, "fresh" | "resume"; writes the
+# learned hyperparameters next to the run folder.
+SCRIPT = """
+import functools, sys, torch
+import hypergrad as hg
+from hypergrad.testing import digits_case
+problem = digits_case("adam", "per_tensor_wd", steps=12, n_train=32, batch_size=8, hidden=8,
+                      n_val=32)
+trainer = hg.Trainer(problem, outer_steps=6, run_dir=sys.argv[1], resume=sys.argv[2] == "resume",
+                     progress=False, log=lambda s: None,
+                     outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1))
+res = trainer.fit()
+torch.save({"lam": res.lam, "last": res.last_lam}, sys.argv[1] + ".result.pt")
+"""
+
+
+def _script(run_dir: Path, how: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(ENV)
+    if fault:
+        env["HYPERGRAD_TEST_CHECKPOINT_FAULT"] = fault
+    return subprocess.run([sys.executable, "-c", SCRIPT, str(run_dir), how], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    out = _script(run_dir, "fresh")
+    assert out.returncode == 0, out.stderr
+    return torch.load(str(run_dir) + ".result.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("fault", ["kill-after-bytes=2000", "kill-after-rotate"])
+def test_sigkill_inside_the_checkpoint_write_loses_at_most_one_outer_step(
+        fault: str, tmp_path: Path, uninterrupted: dict[str, torch.Tensor]) -> None:
+    run_dir = tmp_path / "run"
+    out = _script(run_dir, "fresh", f"step=3,{fault}")  # dies writing outer step 3's checkpoint
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert not (tmp_path / "run.result.pt").exists()
+    if fault == "kill-after-rotate":  # the new file not yet in place: only the previous one
+        assert not (run_dir / "checkpoint.pt").exists()
+        survivor = run_dir / "checkpoint.prev.pt"
+    else:
+        assert list(run_dir.glob(".tmp-checkpoint-*"))  # the half-written file is there
+        survivor = run_dir / "checkpoint.pt"
+    assert torch.load(survivor, weights_only=True)["outer_step"] == 2  # one step lost, no more
+    assert (run_dir / "run.lock").exists()  # left by the killed process
+    out = _script(run_dir, "resume")
+    assert out.returncode == 0, out.stderr
+    if fault == "kill-after-rotate":
+        assert "resuming from the previous checkpoint" in out.stderr
+    res = torch.load(str(run_dir) + ".result.pt", weights_only=True)
+    assert torch.equal(res["lam"], uninterrupted["lam"])  # bitwise: float64, deterministic
+    assert torch.equal(res["last"], uninterrupted["last"])
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["outer_step"] for x in lines] == list(range(6))
+    assert not list(run_dir.glob(".tmp-*")) and not (run_dir / "run.lock").exists()

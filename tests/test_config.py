@@ -4,7 +4,10 @@ composition naming the key, and every experiment preset runs end to end with the
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -16,6 +19,7 @@ from omegaconf.errors import ValidationError
 import hypergrad as hg
 from hypergrad.cli import run
 from hypergrad.config import CONFIG_DIR, build, register_configs
+from hypergrad.errors import HypergradWarning, ResumeMismatchError, RunDirError
 from hypergrad.trainer import Trainer
 
 register_configs()
@@ -52,7 +56,7 @@ def test_every_option_instantiates(group: str, option: str) -> None:
     expected = {"model": callable, "hyperparams": lambda o: isinstance(o, hg.HyperParams),
                 "inner_optimizer": lambda o: isinstance(o, hg.optim.Optimizer),
                 "outer_optimizer": callable,
-                "method": lambda o: isinstance(o, hg.Method) or o == "auto"}[group]
+                "method": lambda o: isinstance(o, (hg.Method, hg.AutoMethod))}[group]
     assert expected(obj), obj
 
 
@@ -89,3 +93,56 @@ def test_preset_runs_end_to_end_with_debug(preset: str, tmp_path: Path) -> None:
     if preset == "hypercleaning":
         assert 0 <= on_disk["extra"]["flip_detection"]["f1"] <= 1
         assert set(on_disk["compare_methods"]) == {"forward", "reverse"}
+
+
+# -- issue 12 ------------------------------------------------------------------------------------
+def test_the_bare_config_is_consistent() -> None:
+    cfg = _compose([])  # bare `hypergrad-run`: every hyperparameter bound
+    task, trainer = build(cfg)
+    task.problem.check(task.problem.init_raw())
+    assert isinstance(trainer, Trainer) and task.problem.hyperparams.names == ["lr"]
+
+
+@pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # 2 outer steps of Adam
+def test_a_check_that_cannot_apply_is_skipped_and_results_are_written(tmp_path: Path) -> None:
+    cfg = _compose(["experiment=ridge_diabetes", "debug=fast", "inner_optimizer=adam",
+                    "report.plots=false"])
+    with pytest.warns(HypergradWarning, match="closed-form check of the hypergradient is "
+                                              "skipped"):
+        run(cfg, tmp_path)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert "plain gradient descent" in on_disk["extra"]["closed_form"]["skipped"]
+
+
+def test_per_example_size_is_checked_when_building() -> None:
+    cfg = _compose(["experiment=hypercleaning", "debug=fast", "hyperparams.items.weights.n=10"])
+    with pytest.raises(Exception, match=r"'weights' has n=10 but n_train=500"):
+        build(cfg)
+
+
+def _strict(text: str) -> Any:
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+
+
+def test_resume_keeps_the_original_config_and_refuses_changes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    base = ["experiment=ridge_diabetes", "debug=fast", "report.plots=false",
+            "report.retrain=false"]
+    with caplog.at_level(logging.INFO, logger="hypergrad"):
+        run(_compose(base), tmp_path)
+    assert re.search(r"learned hyperparameters \(outer step \d\): l2=\d", caplog.text)
+    first = (tmp_path / "config_resolved.yaml").read_text()
+    _strict((tmp_path / "results.json").read_text())
+    with pytest.raises(RunDirError, match="already holds a run.*trainer.resume=true"):
+        run(_compose(base), tmp_path)
+    run(_compose(base + ["trainer.resume=true", "trainer.outer_steps=3"]), tmp_path)
+    assert (tmp_path / "config_resolved.yaml").read_text() == first
+    assert "outer_steps: 3" in (tmp_path / "config_resolved.resume-1.yaml").read_text()
+    assert _strict((tmp_path / "results.json").read_text())["outer_steps"] == 3
+    with pytest.raises(ResumeMismatchError, match=r"config.problem.steps: 12 -> 10"):
+        run(_compose(base + ["trainer.resume=true", "problem.steps=10"]), tmp_path)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["outer_step"] for x in lines] == [0, 1, 2]
+    run(_compose(base + ["trainer.overwrite=true", "trainer.outer_steps=1"]), tmp_path)
+    assert not (tmp_path / "config_resolved.resume-1.yaml").exists()
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1

@@ -161,3 +161,107 @@ def test_schedule_and_per_example_arguments() -> None:
 def test_digits_case_bad_names() -> None:
     with pytest.raises(ValueError, match="opt='rmsprop' must be in"):
         digits_case("rmsprop", "lr")
+
+
+# -- issue 12: named errors up front ------------------------------------------------------------
+def test_unbound_hyperparameter_suggests_the_right_binding() -> None:
+    p = _problem(hps=[hg.Scalar("lr", 0.1, transform="log"),
+                      hg.Scalar("momentum", 0.5, transform="logit"),
+                      hg.Scalar("wd", 1e-3, transform="log")])
+    with pytest.raises(ValueError, match=r"\['momentum', 'wd'\] are bound to nothing") as info:
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+    msg = str(info.value)
+    assert "sgd(..., momentum='momentum', weight_decay='wd')" in msg
+    assert "lr='momentum'" not in msg  # the old, wrong suggestion
+    p = _problem(hps=[hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("momentum", 0.9)],
+                 opt=hg.adam(lr="lr"))
+    with pytest.raises(ValueError, match=r"adam\(\.\.\., betas=\('momentum', 0\.999\)\)"):
+        hg.ReverseMode().hypergradient(p, p.init_raw())
+
+
+@pytest.mark.parametrize("init", ["abc", None, [0.1, "x"]])
+def test_non_numeric_init(init: Any) -> None:
+    with pytest.raises(TypeError, match=r"Scalar\('lr'\): init=.* must be a number, a list"):
+        hg.Scalar("lr", init)
+    with pytest.raises(TypeError, match=r"Tensor_\('l2'\): init=.* must be a number"):
+        hg.Tensor("l2", init)
+
+
+def _per_example_problem(n: int, n_data: int = 8) -> hg.InnerProblem:
+    from hypergrad.data import MiniBatches
+
+    x, y = torch.randn(n_data, 4, dtype=torch.float64), torch.randint(0, 3, (n_data,))
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return (hp["w"][b[2]] * F.cross_entropy(m(b[0]), b[1], reduction="none")).mean()
+
+    return hg.InnerProblem(nn.Linear(4, 3).double(), tl, hg.sgd(lr=0.1),
+                           hg.HyperParams([hg.PerExample("w", 1.0, n=n)]),
+                           MiniBatches(x, y, batch_size=4), 3,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
+@pytest.mark.parametrize("n", [4, 10])
+def test_per_example_size_must_match_the_data(n: int) -> None:
+    p = _per_example_problem(n)
+    with pytest.raises(ValueError, match=rf"PerExample\('w'\) has n={n}, but the training data "
+                                         rf"has 8 examples.*n=8"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+    # indices beyond n in a batch of another kind (a list of (x, y, idx) batches)
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    q = hg.InnerProblem(nn.Linear(4, 3).double(), lambda m, b, hp: hp["w"][b[2]].mean(),
+                        hg.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=4)]),
+                        [(x, y, torch.arange(8))], 2, lambda m, hp: F.cross_entropy(m(x), y))
+    with pytest.raises(ValueError, match=r"the first mini-batch indexes example 7"):
+        hg.ReverseMode().hypergradient(q, q.init_raw())
+
+
+def test_a_batch_source_shorter_than_the_horizon() -> None:
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    gen = ((x, y) for _ in range(3))
+    with pytest.raises(ValueError, match=r"ran out after 3 mini-batches, fewer than steps=5.*a "
+                                         r"list of batches"):
+        hg.InnerProblem(nn.Linear(4, 3).double(), lambda m, b, hp: m(b[0]).sum(),
+                        hg.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]), gen, 5,
+                        lambda m, hp: m(x).sum())
+    with pytest.raises(ValueError, match="batches yielded no mini-batch"):
+        _problem_with_batches(iter([]), 2)
+
+
+def _problem_with_batches(batches: Any, steps: int) -> hg.InnerProblem:
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    return hg.InnerProblem(nn.Linear(4, 3).double(),
+                           lambda m, b, hp: F.cross_entropy(m(b["x"]), b["y"]), hg.sgd(lr="lr"),
+                           hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]), batches,
+                           steps, lambda m, hp: F.cross_entropy(m(x), y))
+
+
+@pytest.mark.parametrize("method", [hg.ForwardMode(), hg.ReverseMode()], ids=["fwd", "rev"])
+def test_an_empty_mini_batch_is_named(method: hg.Method) -> None:
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+
+    def batch(t: int) -> dict[str, torch.Tensor]:  # step 2 gets no examples
+        return {"x": x[:0], "y": y[:0]} if t == 2 else {"x": x, "y": y}
+
+    p = _problem_with_batches(batch, 4)
+    with pytest.raises(ValueError, match=r"the mini-batch of step 2 is empty: its tensor 0 has "
+                                         r"shape \(0, 4\)"):
+        method.hypergradient(p, p.init_raw())
+
+
+def test_nan_targets_loaded_from_disk(tmp_path: Any) -> None:
+    import numpy as np
+    import scipy.sparse
+
+    from hypergrad.problems.sparse_regression import sparse_regression_task
+
+    a = scipy.sparse.random(20, 6, density=0.5, format="csr", random_state=0)
+    scipy.sparse.save_npz(tmp_path / "a.npz", a)
+    y = np.ones(20)
+    y[[3, 11]] = np.nan
+    np.save(tmp_path / "a_y.npy", y)
+    hps = hg.HyperParams([hg.Tensor("res_w", 0.5, shape=(2,), transform="logit"),
+                          hg.Tensor("l2", 1e-3, shape=(2,), transform="log")])
+    with pytest.raises(ValueError, match=r"a_y.npy has 2 non-finite targets .*rows \[3, 11\]"):
+        sparse_regression_task(hps, hg.sgd(lr=0.1), data_path=str(tmp_path / "a.npz"),
+                               groups=2, feature_groups=2)

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import hypergrad as hg
+import hypergrad.trainer
+from hypergrad.choice import estimate_memory
+from hypergrad.errors import (
+    CheckpointError,
+    CheckpointWarning,
+    MemoryBudgetError,
+    ResumeMismatchError,
+    RunDirError,
+    TuningWarning,
+    ZeroHypergradientWarning,
+)
 from hypergrad.testing import digits_case
-from hypergrad.trainer import SignDescent, Trainer, choose_method
+from hypergrad.trainer import SignDescent, Trainer, choose_method, make_method
 
 SMALL = dict(steps=8, n_train=32, batch_size=8, hidden=8, n_val=32)
 
@@ -61,8 +79,10 @@ def test_sign_descent_halves_on_flip() -> None:
 def test_bounds_project_in_value_space() -> None:
     tr = _trainer(outer_steps=3, bounds={"lr": [None, 0.12]},
                   outer_optimizer=functools.partial(torch.optim.SGD, lr=100.0, maximize=True))
-    res = tr.fit()
-    assert max(res.values["lr"]) <= 0.12 + 1e-12
+    with pytest.warns(TuningWarning, match="no outer step improved"):  # uphill on purpose
+        res = tr.fit()
+    assert max(res.last_values["lr"]) <= 0.12 + 1e-12
+    assert res.values == res.history[0]["hyperparams"] and res.best_step == 0
     with pytest.raises(ValueError, match="bounds name 'nope' is not a hyperparameter"):
         _trainer(bounds={"nope": [0, 1]})
     with pytest.raises(ValueError, match="outside the domain of transform='log'"):
@@ -77,17 +97,24 @@ def test_clip_norm_limits_the_step() -> None:
     assert (b.lam - lam0).norm() <= 1e-3 + 1e-12 < (a.lam - lam0).norm()
 
 
-def _linear_regression(steps: int = 200) -> hg.InnerProblem:
+def _linear_regression(steps: int = 200, dtype: torch.dtype = torch.float64, init: float = 0.01,
+                       windows: int | None = None, scale: Any = None) -> hg.InnerProblem:
+    """Least squares by GD on a learnable learning rate (a Scalar, or a Schedule of ``windows``);
+    ``scale(hp["scale"])`` multiplies the loss when given (a second hyperparameter)."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 4, generator=g, dtype=torch.float64)
-    y = x @ torch.randn(4, generator=g, dtype=torch.float64)
-    model = torch.nn.Linear(4, 1).double()
+    x = torch.randn(32, 4, generator=g, dtype=dtype)
+    y = x @ torch.randn(4, generator=g, dtype=dtype)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).to(dtype)
 
     def loss(m, b, hp):  # type: ignore[no-untyped-def]
-        return ((m(b[0])[:, 0] - b[1]) ** 2).mean()
+        out = ((m(b[0])[:, 0] - b[1]) ** 2).mean()
+        return out if scale is None else out * (1 + scale(hp["scale"]))
 
-    return hg.InnerProblem(model, loss, hg.sgd(lr="lr"),
-                           hg.HyperParams([hg.Scalar("lr", 0.01, transform="log")]),
+    lr = (hg.Scalar("lr", init, transform="log") if windows is None else
+          hg.Schedule("lr", init, windows=windows, transform="log"))
+    items = [lr] if scale is None else [lr, hg.Scalar("scale", 0.5)]
+    return hg.InnerProblem(model, loss, hg.sgd(lr="lr"), hg.HyperParams(items),
                            [(x, y)], steps, lambda m, hp: loss(m, (x, y), hp))
 
 
@@ -111,7 +138,8 @@ def test_auto_method_choice(k: int, t: int, expect: str) -> None:
     problem = digits_case("momentum", kind, **{**SMALL, "steps": t, "n_train": max(k, 8)})
     name, why = choose_method(problem)
     assert name == expect and f"K={k}" in why
-    assert choose_method(problem, memory_budget=1.0)[0] == "forward"  # reverse cannot fit
+    with pytest.raises(MemoryBudgetError, match="neither method fits"):
+        choose_method(problem, memory_budget=1.0)
     assert choose_method(problem, mode="online")[0] == "forward"
     logs: list[str] = []
     tr = _trainer(problem=problem, method="auto", log=logs.append)
@@ -170,3 +198,293 @@ def test_tensorboard_option(tmp_path: Path) -> None:
         return
     _trainer(outer_steps=1, run_dir=tmp_path, tensorboard=True).fit()
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+# -- issue 12: no silent wrong hyperparameters ---------------------------------------------------
+class _Scaled(hg.Method):
+    """Forward mode with every hypergradient entry replaced by ``entry``: finite entries whose
+    squares overflow float32 (the issue's ~1e29)."""
+
+    name = "forward"
+
+    def __init__(self, entry: float) -> None:
+        self.entry = entry
+
+    def hypergradient(self, problem: hg.InnerProblem, lam: torch.Tensor) -> hg.HyperGradient:
+        r = hg.ForwardMode().hypergradient(problem, lam)
+        return hg.HyperGradient(r.objective, torch.full_like(r.grad, self.entry), r.state)
+
+
+def test_a_hypergradient_whose_norm_overflows_stops_the_run() -> None:
+    p = _linear_regression(20, torch.float32, windows=2)
+    res = _trainer(problem=p, method=_Scaled(1e29), outer_steps=3).fit()
+    # before: Adam's second moment became inf, every update 0, "diverged False"
+    assert res.diverged and "too large for float32" in res.message
+    assert torch.equal(res.lam, p.init_raw()) and res.best_step == 0
+
+
+def test_clip_norm_is_taken_in_float64_never_multiplying_by_zero() -> None:
+    p = _linear_regression(20, torch.float32, windows=2)
+    tr = _trainer(problem=p, method=_Scaled(1e29), outer_steps=1, clip_norm=1.0,
+                  outer_optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    with pytest.warns(TuningWarning):  # the fake hypergradient points uphill
+        res = tr.fit()
+    assert res.last_lam is not None and not res.diverged
+    assert float((res.last_lam - p.init_raw()).norm()) == pytest.approx(0.1, rel=1e-5)
+
+
+def test_a_huge_but_finite_validation_loss_is_divergence() -> None:
+    # the issue's case: float32, an outer Adam step so large that training explodes to a
+    # validation loss ~1e25 (finite), after which the hyperparameters used to stay frozen there
+    p = _linear_regression(30, torch.float32, init=0.05)
+    res = _trainer(problem=p, outer_steps=4,
+                   outer_optimizer=functools.partial(torch.optim.Adam, lr=3.0)).fit()
+    assert res.diverged and "divergence_factor=10" in res.message
+    assert res.last_val_loss is not None and res.last_val_loss > 1e20
+    assert res.best_val_loss == res.history[0]["val_loss"] < 0.1
+    assert torch.equal(res.lam, p.init_raw())  # the best evaluated point, not the exploded one
+
+
+def test_returns_the_best_evaluated_point_and_reports_the_last() -> None:
+    res = _trainer(outer_steps=4,
+                   outer_optimizer=functools.partial(torch.optim.Adam, lr=1.0)).fit()
+    vals = [h["val_loss"] for h in res.history] + [res.last_val_loss]
+    best = min(range(len(vals)), key=vals.__getitem__)
+    assert res.best_step == best == 2 and res.best_val_loss == vals[best]  # not the last point
+    assert res.values == res.history[best]["hyperparams"]
+    assert res.last_values != res.values and res.last_val_loss > res.best_val_loss
+
+
+def test_divergence_factor_can_be_turned_off_and_is_validated() -> None:
+    kw: Any = dict(outer_steps=2, outer_optimizer=functools.partial(torch.optim.Adam, lr=3.0))
+    # float64: the validation loss explodes to ~1e21, its square does not overflow
+    on = _trainer(problem=_linear_regression(30, init=0.05), **kw).fit()
+    off = _trainer(problem=_linear_regression(30, init=0.05), divergence_factor=None, **kw).fit()
+    assert on.diverged and not off.diverged and off.history[1]["val_loss"] > 1e20
+    with pytest.raises(ValueError, match="divergence_factor=0.5 must be a number > 1"):
+        _trainer(divergence_factor=0.5)
+
+
+@pytest.mark.parametrize("use", [
+    lambda v: v.item(), lambda v: v.detach(), lambda v: 0 * v, torch.round,
+    lambda v: torch.where(v > 0, 1.0, 0.0)], ids=["item", "detach", "times0", "round", "where"])
+def test_an_exactly_zero_hypergradient_warns_once_naming_it(use: Any) -> None:
+    p = _linear_regression(20, scale=use)
+    tr = _trainer(problem=p, outer_steps=2)
+    with pytest.warns(ZeroHypergradientWarning, match=r"\['scale'\] is exactly zero") as rec:
+        res = tr.fit()
+    assert sum(issubclass(w.category, ZeroHypergradientWarning) for w in rec) == 1
+    assert res.values["scale"] == 0.5 and res.values["lr"] != pytest.approx(0.01)
+
+
+def test_a_hyperparameter_that_never_moved_is_named_at_the_end(tmp_path: Path) -> None:
+    def mk(**kw: Any) -> Trainer:
+        return _trainer(problem=_linear_regression(20, scale=lambda v: 0 * v), run_dir=tmp_path,
+                        **kw)
+
+    with pytest.warns(ZeroHypergradientWarning, match="first outer step"):
+        mk(outer_steps=1).fit()
+    with pytest.warns(ZeroHypergradientWarning, match="'scale' never moved"):  # a new process
+        mk(outer_steps=2, resume=True).fit()
+
+
+def _k64(steps: int = 50) -> hg.InnerProblem:
+    return digits_case("momentum", "per_example", **{**SMALL, "steps": steps, "n_train": 64})
+
+
+def test_auto_picks_the_method_that_fits() -> None:
+    p = _k64()  # K = 64: reverse is the small one
+    fwd, rev = estimate_memory(p, "forward").total, estimate_memory(p, "reverse").total
+    assert rev < fwd
+    name, why = choose_method(p, memory_budget=(rev + fwd) / 2)
+    assert name == "reverse" and "forward mode would not fit" in why
+    # before: reverse over the budget meant forward, even when forward needed more
+    with pytest.raises(MemoryBudgetError, match=r"neither method fits.*forward .*reverse .*"
+                                                r"Options: .*chunk_size"):
+        choose_method(p, memory_budget=rev * 0.9)
+    q = digits_case("momentum", "lr", **{**SMALL, "steps": 400})  # K = 1, long: forward
+    fwd, rev = estimate_memory(q, "forward").total, estimate_memory(q, "reverse").total
+    assert fwd < rev and choose_method(q, memory_budget=(rev + fwd) / 2)[0] == "forward"
+
+
+def test_forward_refuses_a_run_over_the_memory_budget_before_allocating() -> None:
+    p = _k64()
+    fwd = estimate_memory(p, "forward").total
+    with pytest.raises(MemoryBudgetError, match=r"method=forward needs about .* > memory budget "
+                                                r".*Options: .*chunk_size=1.*method='reverse'"):
+        _trainer(problem=p, method="forward", memory_budget=fwd / 2)
+    with pytest.raises(ValueError, match="memory_budget=-1 must be bytes > 0"):
+        _trainer(memory_budget=-1)
+
+
+def test_auto_keeps_the_forward_settings() -> None:
+    m = make_method("auto", hvp="vmap_vjp", chunk_size=3, memory_budget_gb=0.5)
+    k1 = digits_case("momentum", "lr", **SMALL)  # K = 1: auto picks forward
+    tr = _trainer(problem=k1, method=m)
+    assert isinstance(tr.method, hg.ForwardMode) and isinstance(tr.method.hvp, hg.VmapVJP)
+    assert tr.method.hvp.chunk_size == 3 and tr.method.hvp.memory_budget == 0.5 * 2**30
+    tr = _trainer(problem=k1, method=make_method("auto", hvp="loop"))
+    assert isinstance(tr.method, hg.ForwardMode) and isinstance(tr.method.hvp, hg.ColumnLoop)
+
+
+def test_inverted_or_non_numeric_bounds_are_named() -> None:
+    with pytest.raises(ValueError, match=r"bounds\['lr'\]=\(0.5, 0.1\) has low > high; give "
+                                         r"\(low, high\) = \(0.1, 0.5\)"):
+        _trainer(bounds={"lr": [0.5, 0.1]})
+    with pytest.raises(ValueError, match=r"bounds\['lr'\]=\['a', 1.0\] has 'a'"):
+        _trainer(bounds={"lr": ["a", 1.0]})
+
+
+# -- issue 12: no lost or mixed-up runs ----------------------------------------------------------
+def _mk(run_dir: Path, problem: hg.InnerProblem | None = None, lr: float = 0.1,
+        outer: Any = torch.optim.Adam, **kw: Any) -> Trainer:
+    problem = problem or digits_case("adam", "per_tensor_wd", **{**SMALL, "steps": 12})
+    kw.setdefault("outer_steps", 2)
+    return _trainer(problem=problem, run_dir=run_dir, outer_optimizer=functools.partial(outer,
+                                                                                        lr=lr),
+                    **kw)
+
+
+@pytest.mark.parametrize("change,key", [
+    (dict(problem=digits_case("adam", "per_tensor_wd", **{**SMALL, "steps": 10})), "problem.steps"),
+    (dict(problem=digits_case("adam", "per_tensor_wd", **{**SMALL, "steps": 12, "seed": 1})),
+     "problem.first_batch"),
+    (dict(problem=_linear_regression(12, init=0.02)), "problem.initial_values"),
+    (dict(outer=torch.optim.SGD), "trainer.outer_optimizer"),
+    (dict(clip_norm=1.0), "trainer.clip_norm"),
+], ids=["T", "seed", "init", "outer_optimizer", "clip_norm"])
+def test_resume_refuses_a_run_that_differs(change: dict[str, Any], key: str,
+                                           tmp_path: Path) -> None:
+    base = {"problem": _linear_regression(12)} if key == "problem.initial_values" else {}
+    _mk(tmp_path, outer_steps=1, **base).fit()
+    first = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(ResumeMismatchError, match=rf"(?s)cannot resume .*\n  {key}: .* -> "):
+        _mk(tmp_path, resume=True, **{**base, **change})
+    assert (tmp_path / "metrics.jsonl").read_text() == first  # nothing mixed in
+
+
+def test_resume_takes_more_outer_steps_and_a_new_outer_lr(tmp_path: Path) -> None:
+    _mk(tmp_path, outer_steps=2, lr=0.1).fit()
+    logs: list[str] = []
+    tr = _mk(tmp_path, outer_steps=3, lr=0.05, resume=True, log=logs.append)
+    assert tr.outer.param_groups[0]["lr"] == 0.05  # before: the checkpoint's 0.1, silently
+    assert any("lr 0.1 -> 0.05" in line for line in logs)
+    assert len(tr.fit().history) == 3
+
+
+def test_after_a_divergence_the_checkpoint_holds_the_kept_values(tmp_path: Path) -> None:
+    res = _trainer(problem=_linear_regression(), outer_steps=5, run_dir=tmp_path,
+                   outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3)).fit()
+    assert res.diverged
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert torch.equal(ck["lam"], res.lam) and "diverged" in ck["stopped"]
+    logs: list[str] = []
+    tr = _trainer(problem=_linear_regression(), outer_steps=3, run_dir=tmp_path, resume=True,
+                  outer_optimizer=functools.partial(torch.optim.SGD, lr=1.0), log=logs.append)
+    assert torch.equal(tr.lam, res.lam) and tr.outer.param_groups[0]["lr"] == 1.0
+    assert any("stopped on a divergence" in line for line in logs)
+    tr.close()
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    path.write_bytes({"truncate": data[:len(data) // 2], "empty": b"", "garbage": b"\x00junk" * 50,
+                      "pickle": pickle.dumps({1, 2})}[how])
+
+
+@pytest.mark.parametrize("how", ["truncate", "empty", "garbage", "pickle"])
+def test_an_unreadable_checkpoint_falls_back_to_the_previous_one(how: str,
+                                                                 tmp_path: Path) -> None:
+    full = _mk(tmp_path / "full", outer_steps=3).fit()
+    _mk(tmp_path / "run", outer_steps=2).fit()
+    _damage(tmp_path / "run" / "checkpoint.pt", how)
+    with pytest.warns(CheckpointWarning, match=r"checkpoint\.pt is unreadable: .*previous "
+                                               r"checkpoint .*outer step 1") as rec:
+        tr = _mk(tmp_path / "run", outer_steps=3, resume=True)
+    assert "weights_only" not in str(rec[0].message)
+    assert tr.outer_step == 1
+    assert torch.equal(tr.fit().lam, full.lam)  # the lost step was computed again, identically
+
+
+def test_no_readable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    _mk(tmp_path, outer_steps=2).fit()
+    _damage(tmp_path / "checkpoint.pt", "pickle")
+    _damage(tmp_path / "checkpoint.prev.pt", "empty")
+    with pytest.raises(CheckpointError) as info:
+        _mk(tmp_path, resume=True)
+    msg = str(info.value)
+    assert "checkpoint.pt is unreadable" in msg and "checkpoint.prev.pt is unreadable" in msg
+    assert "weights_only" not in msg and "overwrite=True" in msg
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_no_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _mk(tmp_path, outer_steps=1).fit()
+    tr = _mk(tmp_path, outer_steps=2, resume=True)
+
+    def full_disk(obj: Any, f: Any, *a: Any, **k: Any) -> None:
+        fh = open(f, "wb") if isinstance(f, (str, os.PathLike)) else f
+        fh.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="no space left .* checkpoint checkpoint.pt") as info:
+        tr.fit()
+    monkeypatch.undo()
+    assert info.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "metrics.jsonl"]
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["outer_step"] == 1
+
+
+def test_a_used_run_dir_is_refused_unless_resume_or_overwrite(tmp_path: Path) -> None:
+    _mk(tmp_path, outer_steps=2).fit()
+    with pytest.raises(RunDirError, match=r"already holds a run .*resume=True.*overwrite=True"):
+        _mk(tmp_path, outer_steps=2)
+    with pytest.raises(ValueError, match="resume=True and overwrite=True contradict"):
+        _mk(tmp_path, resume=True, overwrite=True)
+    _mk(tmp_path, outer_steps=1, overwrite=True).fit()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["outer_step"] for x in lines] == [0]
+
+
+def test_the_run_lock_keeps_a_second_process_out(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run.lock").write_text(f"{holder.pid} {socket.gethostname()}\n")
+        with pytest.raises(RunDirError, match=rf"in use by another run \(process {holder.pid}"):
+            _mk(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    tr = _mk(tmp_path, outer_steps=1)  # its holder is dead: a stale lock, taken over
+    assert (tmp_path / "run.lock").read_text().split()[0] == str(os.getpid())
+    tr.fit()
+    assert not (tmp_path / "run.lock").exists()
+
+
+def test_metrics_write_nan_as_null(tmp_path: Path) -> None:
+    _trainer(outer_steps=1, run_dir=tmp_path, evaluate=lambda s: {"test_acc": float("nan")}).fit()
+    line = (tmp_path / "metrics.jsonl").read_text().splitlines()[0]
+    rec = json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.jsonl"))
+    assert rec["test_acc"] is None
+
+
+def test_progress_in_a_log_file_has_no_escape_codes(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hypergrad.trainer, "_isatty", lambda stream: False, raising=False)
+    logs: list[str] = []
+    _trainer(outer_steps=2, progress=True, log=logs.append).fit()
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    assert any("outer step 2/2: val_loss" in line for line in logs)
+
+
+def test_online_divergence_keeps_the_last_good_values_in_the_checkpoint(tmp_path: Path) -> None:
+    # online, "best" is measured on a moving inner state: the last good values are kept
+    tr = _trainer(problem=_linear_regression(40), mode="online", interval=10, run_dir=tmp_path,
+                  outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3))
+    res = tr.fit()
+    assert res.diverged and "kept the last good hyperparameters" in res.message
+    assert res.values == res.history[-1]["hyperparams"] and bool(torch.isfinite(res.lam).all())
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert torch.equal(ck["lam"], res.lam) and ck["stopped"]

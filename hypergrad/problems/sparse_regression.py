@@ -164,6 +164,19 @@ def _load(path: str, dtype: torch.dtype) -> tuple[SparseOperator, Tensor]:
         if y.shape != (op.shape[0],):
             raise ValueError(f"sparse_regression_task: {y_path} has shape {tuple(y.shape)}, "
                              f"expected ({op.shape[0]},) (one target per row of A).")
+        _check_finite(y, y_path)
         return op, y
     op, y = load_svmlight(p, dtype=dtype)
-    return op, torch.as_tensor(y, dtype=dtype)
+    y = torch.as_tensor(y, dtype=dtype)
+    _check_finite(y, p)
+    return op, y
+
+
+def _check_finite(y: Tensor, path: Any) -> None:
+    """Targets read from disk must be finite: one NaN makes every loss and hypergradient NaN."""
+    bad = ~torch.isfinite(y)
+    if bool(bad.any()):
+        rows = bad.nonzero()[:, 0]
+        raise ValueError(f"sparse_regression_task: {path} has {int(bad.sum())} non-finite "
+                         f"targets (NaN or inf), first at rows {rows[:5].tolist()}; remove or "
+                         f"impute those rows before loading.")

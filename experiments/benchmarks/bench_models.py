@@ -1,0 +1,167 @@
+"""Forward mode on models users train: ResNet-18, a transformer encoder, an LSTM classifier.
+
+For each model (float32, batch 32) and K in {4, 16}, with every HVP strategy: the library's
+plain training step (``problem.step``) over torch's own (``loss.backward(); opt.step()`` with
+``torch.optim.SGD`` on the module), the cost of one tangent column in torch plain steps
+(``(t_step / t_torch - 1) / K``; the FLOP floor is about 2), and each strategy's speedup over the
+per-column loop (seed 002). Inner problem: SGD with momentum 0.9 and weight decay 5e-4; K
+hyperparameters = the learning rate and ``K - 1`` example-group weights of the loss, so every
+column is live at every step.
+
+- ``resnet18``: torchvision's ResNet-18 layout (:func:`hypergrad.problems.models.resnet18`,
+  BatchNorm in train mode: running statistics are state with tangents), 3x32x32 inputs.
+- ``transformer``: ``nn.TransformerEncoder``, d_model 64, 4 heads, 2 layers, feed-forward 128,
+  dropout 0, sequence 32 (16 features per position), mean-pooled to a linear head.
+- ``lstm``: ``nn.LSTM`` (16 inputs, hidden 128) over a sequence of 32, the last output to a
+  linear head.
+
+    python experiments/benchmarks/bench_models.py            # full run
+    python experiments/benchmarks/bench_models.py --quick    # K = 16, default vs loop (< 3 min)
+
+Last line: ``models plain_overhead_max=<a> col_cost_max=<b> batched_vs_loop_min=<c>`` over the
+three models at K = 16 for the default strategy (``ForwardMode()``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+import hypergrad as hg  # noqa: E402
+from hypergrad.problems.models import RNNClassifier, TransformerClassifier, resnet18  # noqa: E402
+
+MODELS = ("resnet18", "transformer", "lstm")
+BATCH = 32
+DEFAULT = "vmap_vjp"
+
+
+def build(name: str) -> tuple[nn.Module, tuple[int, ...]]:
+    torch.manual_seed(0)
+    if name == "resnet18":
+        return resnet18(num_classes=10), (3, 32, 32)
+    if name == "transformer":
+        return TransformerClassifier(d_model=64, nhead=4, layers=2, dim_feedforward=128,
+                                     num_classes=10, in_features=16, dropout=0.0), (32, 16)
+    if name == "lstm":
+        return RNNClassifier(16, 128, 10, cell="lstm"), (32, 16)
+    raise ValueError(f"bench_models: unknown model {name!r}; choose from {MODELS}.")
+
+
+def make_problem(name: str, k: int, steps: int = 50) -> tuple[hg.InnerProblem, nn.Module, Any]:
+    """The inner problem, the module, and the torch plain step on the same data."""
+    model, shape = build(name)
+    g = torch.Generator().manual_seed(0)
+    n = 4 * BATCH
+    x = torch.randn((n, *shape), generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    items: list[Any] = [hg.Scalar("lr", 0.05, transform="log")]
+    if k > 1:
+        items.append(hg.Tensor("gw", 0.5, shape=(k - 1,), transform="logit"))
+    groups = max(k - 1, 1)
+
+    def train_loss(m: Any, batch: Any, hp: Any) -> torch.Tensor:
+        xb, yb, idx = batch
+        nll = F.cross_entropy(m(xb), yb, reduction="none")
+        return (hp["gw"][idx % groups] * nll).mean() if "gw" in hp else nll.mean()
+
+    def val_loss(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(x[:BATCH]), y[:BATCH])
+
+    problem = hg.InnerProblem(model, train_loss, hg.sgd(lr="lr", momentum=0.9, weight_decay=5e-4),
+                              hg.HyperParams(items), hg.data.MiniBatches(x, y, batch_size=BATCH),
+                              steps, val_loss)
+    ref, _ = build(name)  # torch's own step trains a copy of the same module
+    ref.train()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    it = [0]
+
+    def torch_step() -> None:
+        xb, yb, _ = problem.batch(it[0] % steps)
+        it[0] += 1
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(ref(xb), yb).backward()
+        opt.step()
+
+    return problem, model, torch_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="K = 16, default strategy vs loop")
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--ks", nargs="*", type=int, default=None)
+    ap.add_argument("--strategies", nargs="*", default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--json", default=None, help="output path (default results/bench_models.json)")
+    args = ap.parse_args()
+    tuned = C.setup()
+    models = args.models or list(MODELS)
+    ks = args.ks or ([16] if args.quick else [4, 16])
+    strategies = args.strategies or (["loop", DEFAULT] if args.quick
+                                     else list(C.STRATEGY_NAMES))
+    if "loop" not in strategies:
+        strategies = ["loop", *strategies]
+    repeats = args.repeats or (2 if args.quick else 3)
+    mach = C.machine()
+    C.print_machine(mach)
+    waited = C.wait_quiet()
+    print(f"# malloc tuned: {tuned}; waited {waited:.0f} s for a quiet machine", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    for name in models:
+        for k in ks:
+            problem, _, torch_step = make_problem(name, k)
+            lam = problem.init_raw()
+            plain = C.plain_stepper(problem, lam)
+            plains = C.interleaved_times({"torch": torch_step, "plain": plain}, 10, 3,
+                                         min_seconds=1.0)
+            t_torch, t_plain = plains["torch"], plains["plain"]
+            steppers = {s: C.forward_stepper(problem, lam, hg.ForwardMode(C.make_strategy(s)))
+                        for s in strategies}
+            times = C.interleaved_times(steppers, repeats, 1)
+            for s in strategies:
+                t = times[s]
+                row = {"model": name, "k": k, "strategy": s, "ms": 1e3 * t,
+                       "torch_ms": 1e3 * t_torch, "plain_ms": 1e3 * t_plain,
+                       "plain_overhead": t_plain / t_torch, "x_torch": t / t_torch,
+                       "col_cost": (t / t_torch - 1) / k, "vs_loop": times["loop"] / t}
+                rows.append(row)
+                print(C.table([row], COLS).splitlines()[1], flush=True)
+    print()
+    print(C.table(rows, COLS))
+    summary = summarize(rows)
+    payload = {"machine": mach, "rows": rows, "summary": summary, "quick": args.quick}
+    C.finish("bench_models", payload, args.json, summary.get("line", "models n/a"))
+
+
+COLS = [("model", "model", ""), ("k", "K", "d"), ("strategy", "strategy", ""),
+        ("ms", "ms/step", ".1f"), ("torch_ms", "torch ms", ".1f"), ("plain_ms", "plain ms", ".1f"),
+        ("plain_overhead", "plain/torch", ".2f"), ("x_torch", "x torch", ".1f"),
+        ("col_cost", "torch steps/col", ".2f"), ("vs_loop", "vs loop", ".2f")]
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    at16 = [r for r in rows if r["k"] == 16 and r["strategy"] == DEFAULT]
+    if {r["model"] for r in at16} != set(MODELS):
+        return {}
+    a = max(r["plain_overhead"] for r in at16)
+    b = max(r["col_cost"] for r in at16)
+    c = min(r["vs_loop"] for r in at16)
+    line = f"models plain_overhead_max={a:.2f} col_cost_max={b:.2f} batched_vs_loop_min={c:.2f}"
+    return {"plain_overhead_max": a, "col_cost_max": b, "batched_vs_loop_min": c, "line": line,
+            "per_model": {r["model"]: {k: r[k] for k in ("plain_overhead", "col_cost", "vs_loop")}
+                          for r in at16}}
+
+
+if __name__ == "__main__":
+    main()

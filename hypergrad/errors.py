@@ -1,0 +1,50 @@
+"""The errors and warnings hypergrad raises on its own account (besides ``ValueError`` /
+``TypeError`` for bad arguments), so that users can catch or filter them by class.
+
+Warnings are ordinary :class:`UserWarning` subclasses: ``warnings.simplefilter("ignore",
+hypergrad.errors.TuningWarning)`` silences one kind, ``"error"`` turns it into an exception.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "CheckpointWarning",
+    "CheckpointError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
+]
+
+
+class HypergradWarning(UserWarning):
+    """Base class of hypergrad's warnings."""
+
+
+class ZeroHypergradientWarning(HypergradWarning):
+    """A hyperparameter's hypergradient is exactly zero: the losses cannot differentiate it
+    (``.item()``, ``float()``, ``round``, ``detach``, ``torch.where`` on it, ``0 * hp``), so
+    gradient-based tuning never moves it."""
+
+
+class TuningWarning(HypergradWarning):
+    """Tuning did not help: the last hyperparameters are worse than the initial ones on the
+    validation objective, or a hyperparameter never moved."""
+
+
+class CheckpointWarning(HypergradWarning):
+    """A checkpoint could not be used as it is (unreadable, so the previous one was taken; or
+    written by an older version without a fingerprint to check)."""
+
+
+class CheckpointError(RuntimeError):
+    """No readable checkpoint in a run folder that should have one."""
+
+
+class RunDirError(ValueError):
+    """A run folder already holds a run (and neither ``resume`` nor ``overwrite`` was given), or
+    another live process is using it."""
+
+
+class ResumeMismatchError(ValueError):
+    """The run to resume differs from the checkpoint's in settings that define it."""
+
+
+class MemoryBudgetError(ValueError):
+    """The chosen method's memory estimate exceeds the memory budget."""
