@@ -133,22 +133,16 @@ def estimate_memory(problem: InnerProblem, method: Method | str = "forward",
         method = ForwardMode() if method == "forward" else ReverseMode()
     k, t = problem.num_hyperparams, problem.steps
     s, a = _state_bytes(problem), _activation_bytes(problem)
+    pb = sum(v.numel() * v.element_size() for v in problem.initial_state().params.values())
     if isinstance(method, ForwardMode):
         hvp: HVPStrategy = method.hvp
-        factor = hvp.column_memory_factor
         if getattr(hvp, "batched", True) and not (k == 1 and isinstance(hvp, VmapVJP)):
-            if hvp.chunk_size is not None:
-                cols = min(hvp.chunk_size, k)
-            else:
-                budget = hvp.memory_budget
-                budget = (1 << 30) if budget is None else budget
-                cols = k if math.isinf(budget) else int(max(1, min(k, budget // max(factor * a,
-                                                                                      1.0))))
+            cols = hvp.chunk_for(k, a, pb)
         else:
             cols = 1
-        inter = cols * factor * a
+        inter = cols * hvp.column_bytes(a, pb)
         return MemoryEstimate("forward", (2 * k + 1) * s + a + inter, s, a, cols, inter)
-    inter = VmapVJP.column_memory_factor * a
+    inter = VmapVJP().column_bytes(a, pb)
     return MemoryEstimate("reverse", (t + 1) * s + a + inter, s, a, 0, inter)
 
 

@@ -17,16 +17,18 @@ full gradient gives it. Strategies (all equal to rounding; the loop is the seed'
 - :class:`ColumnLoop`: one ``torch.autograd.grad`` per column.
 
 Memory. A batched call holds intermediates for every column it processes: about
-``column_memory_factor`` (6 for :class:`VmapVJP`) times the bytes the gradient pass saves for
-backward, per column (measured by ``experiments/benchmarks/bench_memory.py``); unchunked K = 64 on a
-small 28x28 CNN needs several GB. So the columns go through in chunks. ``chunk_size=None`` (the
-default) sizes them from ``memory_budget`` (default :data:`DEFAULT_MEMORY_BUDGET`, 1 GiB): the
-bytes one forward pass saves are measured once per parameter shapes, with
-``torch.autograd.graph.saved_tensors_hooks``, and ``chunk = budget // (factor * saved)``, split
-into equal chunks. An int ``chunk_size`` wins over the budget; ``memory_budget=math.inf`` never
-chunks. Results never depend on the chunking (tested). At K = 64 on the 28x28 benchmark CNN the
-default (8 columns per call) holds 1.0-1.9 GiB and runs faster than the unchunked call, which
-holds 6.6 GiB (BENCHMARKS.md).
+``column_memory_factor`` (6 for :class:`VmapVJP`) times the activations the gradient pass saves
+for backward, plus twice the parameters' bytes, per column (:meth:`HVPStrategy.column_bytes`;
+the weights a layer saves are shared by all columns and not counted per column: on ResNet-18 at
+32x32 they are 43 of the 57 MiB saved). Unchunked K = 64 on a small 28x28 CNN needs several GB.
+So the columns go through in chunks. ``chunk_size=None`` (the default) sizes them from
+``memory_budget`` (default :data:`DEFAULT_MEMORY_BUDGET`, 1 GiB): the activations one forward
+pass saves are measured once per parameter shapes, with
+``torch.autograd.graph.saved_tensors_hooks``, and ``chunk = budget // column_bytes``, split into
+equal chunks. An int ``chunk_size`` wins over the budget; ``memory_budget=math.inf`` never
+chunks. Chunks are written into one preallocated result as they come. Results never depend on
+the chunking (tested). At K = 64 on the 28x28 benchmark CNN the default (8 columns per call)
+holds 1.0-1.9 GiB and runs faster than the unchunked call, which holds 6.6 GiB (BENCHMARKS.md).
 
 ``VmapVJP(compile=True)`` runs the gradient and the batched products through ``torch.compile``
 (opt-in; ``method.compile=true`` in the Hydra configs). Where it traces, it is faster in steady
@@ -92,10 +94,21 @@ def _chunks(k: int, chunk_size: int | None) -> list[slice]:
     return [slice(i, min(i + c, k)) for i in range(0, k, c)]
 
 
-def _cat(parts: list[Dict]) -> Dict:
-    if len(parts) == 1:
-        return parts[0]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+def _by_chunks(fn: Callable[[slice], Dict], k: int, chunk: int) -> Dict:
+    """``fn(s)`` for the chunks ``s`` of ``range(k)``, written into one preallocated result as
+    they come (a list of parts then ``torch.cat`` would hold the result twice)."""
+    slices = _chunks(k, chunk)
+    first = fn(slices[0])
+    if len(slices) == 1:
+        return first
+    out = {name: v.new_empty((k, *v.shape[1:])) for name, v in first.items()}
+    for name, v in first.items():
+        out[name][slices[0]] = v
+    del first
+    for s in slices[1:]:
+        for name, v in fn(s).items():
+            out[name][s] = v
+    return out
 
 
 def _take(d: Dict, s: slice) -> Dict:
@@ -103,14 +116,18 @@ def _take(d: Dict, s: slice) -> Dict:
 
 
 def saved_bytes(f: LossFn, params: Dict, buffers: Dict, lam: Tensor) -> int:
-    """Bytes the forward pass of ``f`` saves for backward (distinct storages): the size of one
-    column's share of a batched Hessian-vector product, up to a factor. One forward pass."""
+    """Bytes of activations the forward pass of ``f`` saves for backward: distinct storages,
+    not counting the inputs' own (the weights a layer saves are shared by every column of a
+    batched product, the activations are not). One forward pass."""
     seen: dict[tuple[int, int], int] = {}
+    inputs = {x.untyped_storage().data_ptr()
+              for x in (*params.values(), *buffers.values(), lam)}
 
     def pack(x: Tensor) -> Tensor:
         if x.layout == torch.strided and x.device.type != "meta":
             key = (x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())
-            seen[key] = key[1]
+            if key[0] not in inputs:
+                seen[key] = key[1]
         return x
 
     p = {k: v.detach().requires_grad_() for k, v in params.items()}
@@ -119,6 +136,10 @@ def saved_bytes(f: LossFn, params: Dict, buffers: Dict, lam: Tensor) -> int:
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         f(p, b, lm)
     return sum(seen.values())
+
+
+def _tree_bytes(d: Dict) -> int:
+    return sum(v.numel() * v.element_size() for v in d.values())
 
 
 class HVPStrategy(abc.ABC):
@@ -142,8 +163,10 @@ class HVPStrategy(abc.ABC):
 
     name: str = "abstract"
     column_memory_factor: float = 6.0
-    """Extra bytes one batched column holds, over the bytes the gradient pass saves for backward
-    (measured on the benchmark CNNs, rounded up; ``bench_memory.py`` prints it)."""
+    """Bytes one batched column holds, as a multiple of the activations the gradient pass saves
+    for backward (:func:`saved_bytes`; measured 3-3.5 on the benchmark CNNs, doubled for
+    safety), plus twice the parameters' bytes (the column's Hessian-vector product and one
+    intermediate of that size): :meth:`column_bytes`."""
 
     def __init__(self, chunk_size: int | None = None,
                  memory_budget: float | None = None) -> None:
@@ -160,8 +183,11 @@ class HVPStrategy(abc.ABC):
         identity, or rows of it when the caller skips columns).
         Returns ``(g, new_b, G, Zb_new)`` with ``G[name]`` of shape ``(K, *param.shape)``."""
 
-    def columns_per_call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
-                         k: int) -> int:
+    def column_bytes(self, activation_bytes: float, param_bytes: float) -> float:
+        """Estimated bytes one column of a batched call holds."""
+        return self.column_memory_factor * activation_bytes + 2 * param_bytes
+
+    def chunk_for(self, k: int, activation_bytes: float, param_bytes: float) -> int:
         """Columns per batched call for ``k`` columns: ``chunk_size`` if given, else the most
         that fit ``memory_budget``, balanced so the chunks have equal sizes."""
         if self.chunk_size is not None:
@@ -169,14 +195,21 @@ class HVPStrategy(abc.ABC):
         budget = DEFAULT_MEMORY_BUDGET if self.memory_budget is None else self.memory_budget
         if k <= 1 or math.isinf(budget):
             return max(k, 1)
+        per_column = max(self.column_bytes(activation_bytes, param_bytes), 1.0)
+        c = int(max(1, min(k, budget // per_column)))
+        n = -(-k // c)
+        return -(-k // n)
+
+    def columns_per_call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
+                         k: int) -> int:
+        """:meth:`chunk_for` with the activations measured once per parameter shapes."""
+        if self.chunk_size is not None or k <= 1:
+            return self.chunk_for(k, 0.0, 0.0)
         key = (tuple((n, tuple(v.shape), v.dtype) for n, v in params.items()),
                tuple((n, tuple(v.shape)) for n, v in buffers.items()), tuple(lam.shape))
         if key not in self._saved:
             self._saved[key] = saved_bytes(f, params, buffers, lam)
-        per_column = max(self.column_memory_factor * self._saved[key], 1.0)
-        c = int(max(1, min(k, budget // per_column)))
-        n = -(-k // c)
-        return -(-k // n)
+        return self.chunk_for(k, self._saved[key], _tree_bytes(params))
 
     def _buffer_tangents(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict,
                          zb: Dict, eye: Tensor) -> Dict:
@@ -189,8 +222,8 @@ class HVPStrategy(abc.ABC):
             return jvp(lambda p, b, lm: f(p, b, lm)[1], (params, buffers, lam), (zp_, zb_, e))[1]
 
         chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
-        return _cat([vmap(col, randomness="same")(_take(zp, s), _take(zb, s), eye[s])
-                     for s in _chunks(eye.shape[0], chunk)])
+        return _by_chunks(lambda s: vmap(col, randomness="same")(_take(zp, s), _take(zb, s),
+                                                                  eye[s]), eye.shape[0], chunk)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(chunk_size={self.chunk_size}, "
@@ -208,8 +241,8 @@ def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb:
 
     # randomness="same": every column sees the primal's random draws (the step's contract; a
     # vjp_fn replays saved masks, but a model may draw in its backward too)
-    G = _cat([vmap(col, randomness="same")(_take(zp, s), _take(zb, s), eye[s])
-              for s in _chunks(eye.shape[0], chunk)])
+    G = _by_chunks(lambda s: vmap(col, randomness="same")(_take(zp, s), _take(zb, s), eye[s]),
+                   eye.shape[0], chunk)
     return g, new_b, G
 
 
@@ -288,22 +321,25 @@ class ForwardOverReverse(HVPStrategy):
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
         g_and_b = grad(f, argnums=0, has_aux=True)
-        primal: tuple[Dict, Dict] | None = None
-        G_parts, zb_parts = [], []
-        chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
-        for s in _chunks(eye.shape[0], chunk):
-            def col(zp_: Dict, zb_: Dict, e: Tensor) -> Any:
-                return jvp(g_and_b, (params, buffers, lam), (zp_, zb_, e))
+        primal: list[tuple[Dict, Dict]] = []
+        # nested out_dims work at runtime; torch's annotation says a flat tuple
+        dims: Any = ((None, None), (0, 0))
 
-            # nested out_dims work at runtime; torch's annotation says a flat tuple
-            dims: Any = ((None, None), (0, 0))
+        def col(zp_: Dict, zb_: Dict, e: Tensor) -> Any:
+            return jvp(g_and_b, (params, buffers, lam), (zp_, zb_, e))
+
+        def chunk_of(s: slice) -> Dict:
             (g, new_b), (G, zb_new) = vmap(col, out_dims=dims, randomness="same")(
                 _take(zp, s), _take(zb, s), eye[s])
-            primal = (g, new_b)
-            G_parts.append(G)
-            zb_parts.append(zb_new)
-        assert primal is not None
-        return primal[0], primal[1], _cat(G_parts), _cat(zb_parts) if buffers else {}
+            primal[:] = [(g, new_b)]
+            return {**{"G\0" + k: v for k, v in G.items()},
+                    **{"B\0" + k: v for k, v in zb_new.items()}}
+
+        chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
+        both = _by_chunks(chunk_of, eye.shape[0], chunk)
+        G = {k[2:]: v for k, v in both.items() if k[0] == "G"}
+        zb_new = {k[2:]: v for k, v in both.items() if k[0] == "B"}
+        return primal[0][0], primal[0][1], G, zb_new
 
 
 def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
@@ -325,28 +361,28 @@ def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict,
     pairs = [(gr, c) for gr, c in zip(grads, cots) if gr is not None and gr.requires_grad]
     k = eye.shape[0]
     chunk = strategy.columns_per_call(f, params, buffers, lam, k) if batched else 1
-    Gs: list[Dict] = []
-    outs: tuple[Tensor | None, ...]
-    for s in _chunks(k, chunk):
+
+    def chunk_of(s: slice) -> Dict:
         n = s.stop - s.start
+        outs: tuple[Tensor | None, ...] = (None,) * len(p)
         if pairs:
             outs = torch.autograd.grad(
                 [gr for gr, _ in pairs], list(p.values()),
                 grad_outputs=[c[s] if batched else c[s.start] for _, c in pairs],
                 retain_graph=True, allow_unused=True, is_grads_batched=batched)
-        else:
-            outs = (None,) * len(p)
         part = {}
         for (name, v), o in zip(p.items(), outs):
             if o is None:
                 o = torch.zeros((n, *v.shape), dtype=v.dtype, device=v.device)
             part[name] = o.detach() if batched else o.detach().unsqueeze(0)
-        Gs.append(part)
+        return part
+
+    G = _by_chunks(chunk_of, k, chunk)
     g = {name: (gr.detach() if gr is not None else torch.zeros_like(v))
          for (name, v), gr in zip(p.items(), grads)}
     new_b = {name: v.detach() for name, v in new_b.items()}
     zb_new = strategy._buffer_tangents(f, params, buffers, lam, zp, zb, eye)
-    return g, new_b, _cat(Gs), zb_new
+    return g, new_b, G, zb_new
 
 
 class _AutogradHVP(HVPStrategy):

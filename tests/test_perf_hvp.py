@@ -59,7 +59,10 @@ def test_columns_per_call_follows_the_budget() -> None:
     f, s, _, lam, _, _ = _one_call(problem, hg.VmapVJP())
     saved = saved_bytes(f, s.params, s.buffers, lam)
     assert saved > 0
-    per_col = hg.VmapVJP.column_memory_factor * saved
+    per_col = hg.VmapVJP().column_bytes(saved, sum(v.numel() * v.element_size()
+                                                   for v in s.params.values()))
+    assert per_col == hg.VmapVJP.column_memory_factor * saved + 2 * sum(
+        v.numel() * v.element_size() for v in s.params.values())
 
     def chunk(**kw: float) -> int:
         return hg.VmapVJP(**kw).columns_per_call(f, s.params, s.buffers, lam, 24)  # type: ignore
@@ -73,6 +76,27 @@ def test_columns_per_call_follows_the_budget() -> None:
     assert hg.VmapVJP(chunk_size=7).columns_per_call(f, s.params, s.buffers, lam, 24) == 7
     assert hg.VmapVJP(chunk_size=70).columns_per_call(f, s.params, s.buffers, lam, 24) == 24
     assert DEFAULT_MEMORY_BUDGET == 2**30
+
+
+def test_saved_bytes_leave_out_the_weights() -> None:
+    """A layer saves its weight for backward, but every column of a batched product shares it:
+    only activations count per column."""
+    problem = digits_case("sgd", "lr", **SMALL)
+    f, s, _, lam, _, _ = _one_call(problem, hg.VmapVJP())
+    saved = saved_bytes(f, s.params, s.buffers, lam)
+    seen: dict[int, int] = {}
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return x
+
+    p = {k: v.detach().requires_grad_() for k, v in s.params.items()}
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        f(p, s.buffers, lam.detach().requires_grad_())
+    weights = {v.untyped_storage().data_ptr() for v in s.params.values()}
+    inputs = weights | {lam.untyped_storage().data_ptr()}
+    assert weights & set(seen)  # the layers saved their weights ...
+    assert saved == sum(n for ptr, n in seen.items() if ptr not in inputs) > 0  # ... not counted
 
 
 def test_saved_bytes_grows_with_the_batch() -> None:
