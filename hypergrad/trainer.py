@@ -67,7 +67,8 @@ __all__ = ["Trainer", "TrainResult", "SignDescent", "choose_method", "make_metho
 
 Evaluate = Callable[[InnerState], Mapping[str, float]]
 
-SAFE_TO_CHANGE = ("outer_steps", "progress", "evaluate", "tensorboard", "memory_budget",
+SAFE_TO_CHANGE = ("outer_steps", "time_budget", "progress", "evaluate", "tensorboard",
+                  "memory_budget",
                   "divergence_factor", "log", "the outer optimizer's hyperparameters (lr, ...)",
                   "the method (forward or reverse mode: the same hypergradients to rounding) "
                   "and its HVP strategy and chunking")
@@ -87,7 +88,9 @@ class TrainResult:
     hyperparameters). ``last_lam`` / ``last_values``: where the outer optimizer ended (on a
     divergence: the hyperparameters that diverged), ``last_val_loss`` their validation loss.
     ``state``: the inner state trained at ``last_lam`` (offline: by the final evaluation; online:
-    the run's own final state; ``None`` after a divergence).
+    the run's own final state; ``None`` after a divergence). ``out_of_time``: offline tuning
+    stopped before ``outer_steps`` because the next outer step would not have finished within
+    ``time_budget``.
     """
 
     lam: Tensor
@@ -102,6 +105,7 @@ class TrainResult:
     best_step: int | None = None
     best_val_loss: float | None = None
     last_val_loss: float | None = None
+    out_of_time: bool = False
 
 
 def _isatty(stream: Any) -> bool:
@@ -125,6 +129,12 @@ class Trainer:
             hyperparameters, e.g. ``functools.partial(torch.optim.Adam, lr=0.05)`` or
             ``SignDescent``; default Adam with lr 0.05.
         outer_steps: offline: hyperparameter updates (each a full inner run of ``T`` steps).
+        time_budget: offline: seconds of wall clock for the outer steps of this ``fit()`` call
+            (``None``: no limit). An outer step starts only if it is expected to finish within
+            the budget (expected: as long as the previous one); the first always runs, and the
+            final evaluation of the last point (one plain inner run) follows. Each history
+            record has ``elapsed``, the seconds since ``fit()`` started, so the best point found
+            by any time can be read off. Tuning against other tuners at equal wall clock.
         mode: ``"offline"`` or ``"online"`` (RTHO: update every ``interval`` inner steps of one
             run; ``reset_tangents`` sets ``Z = 0`` after each update, i.e. truncation).
         clip_norm: clip the hypergradient to this norm (computed in float64; ``None``: no
@@ -161,7 +171,8 @@ class Trainer:
                  tensorboard: bool = False, memory_budget: float | None = None,
                  log: Callable[[str], None] = print, *,
                  divergence_factor: float | None = 10.0, overwrite: bool = False,
-                 fingerprint: Mapping[str, Any] | None = None) -> None:
+                 fingerprint: Mapping[str, Any] | None = None,
+                 time_budget: float | None = None) -> None:
         if not isinstance(problem, InnerProblem):
             raise TypeError(f"Trainer: problem must be an InnerProblem, got "
                             f"{type(problem).__name__}.")
@@ -173,6 +184,15 @@ class Trainer:
                                  or not 1 <= interval <= problem.steps):
             raise ValueError(f"Trainer: interval={interval!r} must be an int in [1, steps="
                              f"{problem.steps}] for online tuning.")
+        if time_budget is not None and (
+                isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
+                or not time_budget > 0 or not math.isfinite(time_budget)):
+            raise ValueError(f"Trainer: time_budget={time_budget!r} must be seconds > 0, or None "
+                             f"for no limit.")
+        if time_budget is not None and mode != "offline":
+            raise NotImplementedError(
+                "Trainer: time_budget is for offline tuning (whole inner runs per outer step); "
+                "online tuning is one run of `steps` inner steps: shorten it with steps=... .")
         if clip_norm is not None and not (isinstance(clip_norm, (int, float))
                                           and math.isfinite(clip_norm) and clip_norm > 0):
             raise ValueError(f"Trainer: clip_norm={clip_norm!r} must be a finite number > 0 or "
@@ -196,6 +216,8 @@ class Trainer:
         problem.check(self.lam)  # losses, shapes and bindings, before anything costly
         self.method = self._resolve_method(method, memory_budget)
         self.outer_steps = outer_steps
+        self.time_budget = None if time_budget is None else float(time_budget)
+        self._fit_start = time.perf_counter()
         self.interval = interval
         self.reset_tangents = reset_tangents
         self.clip_norm = None if clip_norm is None else float(clip_norm)
@@ -438,6 +460,7 @@ class Trainer:
         """Run to the end (or resume to the end); returns the best and the last hyperparameters
         (:class:`TrainResult`)."""
         self.problem.check(self.lam)
+        self._fit_start = time.perf_counter()
         if self._lock is not None:
             self._lock.acquire()
         try:
@@ -493,18 +516,30 @@ class Trainer:
         return None
 
     def _fit_offline(self) -> TrainResult:
+        last_seconds: float | None = None  # of the previous outer step of this fit() call
+        out_of_time = False
         with self._bar(self.outer_steps, self.outer_step, "outer") as bar:
             while self.outer_step < self.outer_steps:
                 t0 = time.perf_counter()
+                if (self.time_budget is not None and last_seconds is not None
+                        and t0 - self._fit_start + last_seconds > self.time_budget):
+                    out_of_time = True
+                    self.log(f"[hypergrad] time_budget={self.time_budget:g} s: stopped after "
+                             f"outer step {self.outer_step} ({t0 - self._fit_start:.1f} s; the "
+                             f"next would take about {last_seconds:.1f} s)")
+                    break
                 lam_used = self.lam.detach().clone()
                 value, grad, state = self._hypergradient(lam_used)
                 why = self._step(value, grad, lam_used)
                 if why is not None:
                     return self._diverged(why, lam_used, value)
-                self._record(value, grad, lam_used, state, time.perf_counter() - t0)
+                last_seconds = time.perf_counter() - t0
+                self._record(value, grad, lam_used, state, last_seconds)
                 bar.update()
                 bar.set_postfix(val=f"{float(value):.4g}")
-        return self._finish_offline()
+        res = self._finish_offline()
+        res.out_of_time = out_of_time and not res.diverged
+        return res
 
     def _finish_offline(self) -> TrainResult:
         """Evaluate the hyperparameters after the last update (no hypergradient: one plain
@@ -650,6 +685,7 @@ class Trainer:
         rec: dict[str, Any] = {"outer_step": self.outer_step, "val_loss": float(value),
                                "hypergrad_norm": float(grad.detach().double().norm()),
                                "seconds": seconds,
+                               "elapsed": time.perf_counter() - self._fit_start,
                                "hyperparams": self.problem.hyperparams.describe(lam_used)}
         if inner_step is not None:
             rec["inner_step"] = inner_step
