@@ -252,6 +252,7 @@ class TrainerConf:
     mode: Mode = Mode.offline
     outer_steps: int = 10
     time_budget: Optional[float] = None  # offline: seconds for the outer steps; None: no limit
+    backtrack: Optional[float] = None  # offline: a step above backtrack x best: back, lr / 2
     interval: int = 10
     reset_tangents: bool = False
     clip_norm: Optional[float] = None
@@ -367,5 +368,5 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> tuple[Any, Any]
         memory_budget=None if tc["memory_budget_gb"] is None else tc["memory_budget_gb"] * 2**30,
         log=logging.getLogger("hypergrad").info, divergence_factor=tc["divergence_factor"],
         overwrite=tc["overwrite"], fingerprint=config_fingerprint(cfg) if run_dir else None,
-        time_budget=tc["time_budget"])
+        time_budget=tc["time_budget"], backtrack=tc["backtrack"])
     return task, trainer

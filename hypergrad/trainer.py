@@ -135,6 +135,14 @@ class Trainer:
             final evaluation of the last point (one plain inner run) follows. Each history
             record has ``elapsed``, the seconds since ``fit()`` started, so the best point found
             by any time can be read off. Tuning against other tuners at equal wall clock.
+        backtrack: offline: an outer step whose validation loss is not finite or above
+            ``best + (backtrack - 1) * |best|`` (for positive losses: ``backtrack`` times the best
+            seen), or whose hypergradient is not finite, is not used: ``lam`` goes back to the
+            best hyperparameters evaluated, the outer optimizer's learning rate is halved and
+            its state reset (a line search along the outer trajectory), and tuning goes on.
+            After 10 backtracks in a row the run stops as diverged. ``None`` (default): such a
+            step stops the run per ``divergence_factor``. Useful with large outer steps (sign
+            descent) and with ``time_budget``, where a stop wastes the rest of the budget.
         mode: ``"offline"`` or ``"online"`` (RTHO: update every ``interval`` inner steps of one
             run; ``reset_tangents`` sets ``Z = 0`` after each update, i.e. truncation).
         clip_norm: clip the hypergradient to this norm (computed in float64; ``None``: no
@@ -172,7 +180,7 @@ class Trainer:
                  log: Callable[[str], None] = print, *,
                  divergence_factor: float | None = 10.0, overwrite: bool = False,
                  fingerprint: Mapping[str, Any] | None = None,
-                 time_budget: float | None = None) -> None:
+                 time_budget: float | None = None, backtrack: float | None = None) -> None:
         if not isinstance(problem, InnerProblem):
             raise TypeError(f"Trainer: problem must be an InnerProblem, got "
                             f"{type(problem).__name__}.")
@@ -189,10 +197,16 @@ class Trainer:
                 or not time_budget > 0 or not math.isfinite(time_budget)):
             raise ValueError(f"Trainer: time_budget={time_budget!r} must be seconds > 0, or None "
                              f"for no limit.")
-        if time_budget is not None and mode != "offline":
+        if backtrack is not None and (isinstance(backtrack, bool)
+                                      or not isinstance(backtrack, (int, float))
+                                      or not 1 <= backtrack < math.inf):
+            raise ValueError(f"Trainer: backtrack={backtrack!r} must be a number >= 1 (e.g. "
+                             f"1.5: back to the best point when a step's validation loss is "
+                             f"above 1.5 times the best), or None.")
+        if (time_budget is not None or backtrack is not None) and mode != "offline":
             raise NotImplementedError(
-                "Trainer: time_budget is for offline tuning (whole inner runs per outer step); "
-                "online tuning is one run of `steps` inner steps: shorten it with steps=... .")
+                "Trainer: time_budget and backtrack are for offline tuning (whole inner runs "
+                "per outer step); online tuning is one run of `steps` inner steps.")
         if clip_norm is not None and not (isinstance(clip_norm, (int, float))
                                           and math.isfinite(clip_norm) and clip_norm > 0):
             raise ValueError(f"Trainer: clip_norm={clip_norm!r} must be a finite number > 0 or "
@@ -217,6 +231,9 @@ class Trainer:
         self.method = self._resolve_method(method, memory_budget)
         self.outer_steps = outer_steps
         self.time_budget = None if time_budget is None else float(time_budget)
+        self.backtrack = None if backtrack is None else float(backtrack)
+        self._backtracks = 0  # in a row
+        self._best_grad: Tensor | None = None  # the outer gradient taken at the best point
         self._fit_start = time.perf_counter()
         self.interval = interval
         self.reset_tangents = reset_tangents
@@ -342,6 +359,7 @@ class Trainer:
             "trainer.mode": self.mode,
             "trainer.outer_optimizer": type(self.outer).__name__,
             "trainer.clip_norm": self.clip_norm,
+            "trainer.backtrack": self.backtrack,
             "trainer.bounds": {n: [None if v is None else float(v) for v in
                                    self._bounds_values(n)] for n in self.bounds},
         }
@@ -507,6 +525,8 @@ class Trainer:
         g, why = self._outer_gradient(grad)
         if g is None:
             return why
+        if self._best is not None and self._best[2] == self.outer_step:
+            self._best_grad = g.detach().clone()
         self.lam.grad = g
         self.outer.step()
         self.lam.grad = None
@@ -514,6 +534,42 @@ class Trainer:
         if not bool(torch.isfinite(self.lam).all()):
             return "the outer optimizer's update made the hyperparameters non-finite"
         return None
+
+    def _worse(self, value: Tensor, grad: Tensor) -> str | None:
+        """With ``backtrack``: why this outer step is not to be used, or ``None``."""
+        if self.backtrack is None or self._best is None:
+            return None
+        v, best = float(value), self._best[0]
+        if not math.isfinite(v):
+            return f"validation loss {v}"
+        if not bool(torch.isfinite(grad).all()):
+            return "a hypergradient that is not finite"
+        if v > best + (self.backtrack - 1) * abs(best):
+            return f"validation loss {v:.4g} > backtrack={self.backtrack:g} x best {best:.4g}"
+        return None
+
+    def _back(self, why: str) -> None:
+        """Back to the best point evaluated, with half the outer learning rate and a fresh
+        outer optimizer state, and a step from there along its (known) hypergradient: a
+        backtracking line search that costs no extra evaluation."""
+        assert self._best is not None
+        self._backtracks += 1
+        with torch.no_grad():
+            self.lam.copy_(self._best[1])
+        lrs = []
+        for group in self.outer.param_groups:
+            if "lr" in group:
+                group["lr"] = group["lr"] * 0.5
+                lrs.append(group["lr"])
+        self.outer.state.clear()
+        if self._best_grad is not None:
+            self.lam.grad = self._best_grad.clone()
+            self.outer.step()
+            self.lam.grad = None
+            self._project()
+        self.log(f"[hypergrad] outer step {self.outer_step}: {why}: back to the best "
+                 f"hyperparameters (outer step {self._best[2]}), outer lr halved to "
+                 f"{', '.join(f'{x:.3g}' for x in lrs)}, a step from there")
 
     def _fit_offline(self) -> TrainResult:
         last_seconds: float | None = None  # of the previous outer step of this fit() call
@@ -530,9 +586,17 @@ class Trainer:
                     break
                 lam_used = self.lam.detach().clone()
                 value, grad, state = self._hypergradient(lam_used)
+                bad = self._worse(value, grad)
+                if bad is not None and self._backtracks < 10:
+                    last_seconds = time.perf_counter() - t0
+                    self._back(bad)
+                    self._record(value, grad, lam_used, state, last_seconds, backtracked=True)
+                    bar.update()
+                    continue
                 why = self._step(value, grad, lam_used)
                 if why is not None:
                     return self._diverged(why, lam_used, value)
+                self._backtracks = 0
                 last_seconds = time.perf_counter() - t0
                 self._record(value, grad, lam_used, state, last_seconds)
                 bar.update()
@@ -681,7 +745,8 @@ class Trainer:
 
     # -- logging and checkpoints -----------------------------------------------------------------
     def _record(self, value: Tensor, grad: Tensor, lam_used: Tensor, state: InnerState,
-                seconds: float, inner_step: int | None = None) -> None:
+                seconds: float, inner_step: int | None = None,
+                backtracked: bool = False) -> None:
         rec: dict[str, Any] = {"outer_step": self.outer_step, "val_loss": float(value),
                                "hypergrad_norm": float(grad.detach().double().norm()),
                                "seconds": seconds,
@@ -689,7 +754,9 @@ class Trainer:
                                "hyperparams": self.problem.hyperparams.describe(lam_used)}
         if inner_step is not None:
             rec["inner_step"] = inner_step
-        if self.evaluate is not None:
+        if backtracked:
+            rec["backtracked"] = True
+        if self.evaluate is not None and math.isfinite(rec["val_loss"]):
             rec.update({k: float(v) for k, v in self.evaluate(state).items()})
         self.history.append(rec)
         self.outer_step += 1
@@ -727,6 +794,7 @@ class Trainer:
             "outer_class": type(self.outer).__name__, "method": self.method.name,
             "history": self.history, "last_good": self._last_good,
             "last_good_step": self._last_good_step, "best": best,
+            "best_grad": self._best_grad, "backtracks": self._backtracks,
             "nonzero": sorted(self._nonzero),
             "stopped": "", "fingerprint": self._fingerprint,
             "rng": {"torch": torch.get_rng_state(), "python": _py_rng(),
@@ -799,6 +867,9 @@ class Trainer:
         if best is not None:
             self._best = (float(best["val"]), best["lam"].to(self.lam), int(best["step"]))
         self._nonzero = set(ck.get("nonzero", []))
+        bg = ck.get("best_grad")
+        self._best_grad = None if bg is None else bg.to(self.lam)
+        self._backtracks = int(ck.get("backtracks", 0))
         self.outer_step = int(ck["outer_step"])
         torch.set_rng_state(ck["rng"]["torch"])
         random.setstate(_py_rng_restore(ck["rng"]["python"]))

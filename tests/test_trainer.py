@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import math
 import os
 import pickle
 import socket
@@ -539,5 +540,31 @@ def test_time_budget_is_validated_and_offline_only() -> None:
     for bad in (0, -1.0, float("inf"), True, "5"):
         with pytest.raises(ValueError, match="time_budget=.* must be seconds > 0"):
             _trainer(time_budget=bad)
-    with pytest.raises(NotImplementedError, match="time_budget is for offline tuning"):
+    with pytest.raises(NotImplementedError, match="time_budget and backtrack are for offline"):
         _trainer(mode="online", interval=4, time_budget=1.0)
+    with pytest.raises(NotImplementedError, match="time_budget and backtrack are for offline"):
+        _trainer(mode="online", interval=4, backtrack=2.0)
+    for bad in (0.5, True, float("nan"), "2"):
+        with pytest.raises(ValueError, match="backtrack=.* must be a number >= 1"):
+            _trainer(backtrack=bad)
+
+
+def test_backtrack_returns_to_the_best_point_with_half_the_outer_lr() -> None:
+    # the divergence test's set-up: an outer SGD step so large that training overflows
+    logs: list[str] = []
+    tr = _trainer(problem=_linear_regression(), outer_steps=6, log=logs.append, backtrack=1.5,
+                  outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3))
+    res = tr.fit()
+    assert not res.diverged and len(res.history) == 6  # before: stopped at outer step 1
+    flags = [bool(h.get("backtracked")) for h in res.history]
+    assert flags[0] is False and flags[1] is True
+    assert any("back to the best hyperparameters (outer step 0), outer lr halved to 1.5e+03"
+               in line for line in logs)
+    # a backtracked step restarts from the best point with half the step along its known
+    # hypergradient (no evaluation spent on the best point again)
+    lr0 = math.log(res.history[0]["hyperparams"]["lr"])
+    lr1 = math.log(res.history[1]["hyperparams"]["lr"])
+    lr2 = math.log(res.history[2]["hyperparams"]["lr"])
+    assert lr2 - lr0 == pytest.approx((lr1 - lr0) / 2, rel=1e-6)
+    assert tr.outer.param_groups[0]["lr"] < 3e3
+    assert res.best_val_loss is not None and res.best_val_loss <= res.history[0]["val_loss"]
