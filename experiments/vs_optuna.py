@@ -76,7 +76,7 @@ PROBLEMS: dict[str, Problem] = {
                                note="MLP, lr schedule (5) + momentum + per-tensor wd (4)"),
     "breast_cancer_l2": Problem("breast_cancer_l2", 10.0, 4.0,
                                 note="logistic regression, one L2 per feature"),
-    "cnn_digits": Problem("cnn_digits", 45.0, 12.0,
+    "cnn_digits": Problem("cnn_digits", 40.0, 12.0,
                           note="CNN, lr schedule (5) + momentum + per-tensor wd (6)"),
     "hypercleaning": Problem("hypercleaning", 15.0, 5.0,
                              note="softmax regression, one weight per training example"),
