@@ -4,26 +4,41 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# hydra-optuna-sweeper pins optuna<3 (and SQLAlchemy<2): it cannot share .venv with the optuna 4+
+# of the `compare` extra. Its pure-Python packages go to a folder of their own that one test puts
+# first on PYTHONPATH for one subprocess (tests/test_sweep_optuna.py): a few MB in seconds,
+# instead of a second venv with its own torch.
+SWEEPER := $(VENV)/sweep-optuna
+SWEEPER_PINS := "hydra-optuna-sweeper==1.3.0" "optuna==2.10.1" "sqlalchemy>=1.4,<2" \
+	"alembic>=1.7,<1.14" "cmaes>=0.8.2,<0.11"
 
-.PHONY: demo test lint exactness bench clean
+.PHONY: demo test lint exactness bench clean vs-optuna
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,sweep]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,sweep,compare]"
 	touch $(STAMP)
+
+$(SWEEPER)/.installed: $(STAMP)
+	rm -rf $(SWEEPER)
+	$(PY) -m pip install -q --no-deps --target $(SWEEPER) $(SWEEPER_PINS)
+	touch $(SWEEPER)/.installed
 
 demo: $(STAMP)
 	$(VENV)/bin/hypergrad-run experiment=digits_schedule
 
-test: $(STAMP)
+test: $(STAMP) $(SWEEPER)/.installed
 	$(VENV)/bin/ruff check hypergrad tests experiments
 	$(VENV)/bin/mypy
 	$(PY) -m pytest
 
 exactness: $(STAMP)
 	$(PY) experiments/exactness.py --json exactness.json
+
+vs-optuna: $(STAMP)
+	$(PY) experiments/vs_optuna.py
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -195,9 +195,11 @@ def _main(cfg: DictConfig) -> float:
 
     alloc.tune_malloc()
     results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    # for sweepers: the retrained learned point's validation loss; without retraining the best
+    # evaluated one (with trainer.outer_steps=0: the loss of one training at the given values)
     learned = [r for r in results["table"] if r["hyperparameters"] == "learned"]
-    val = learned[0].get("val_loss") if learned else results["final_val_loss"]
-    return float(val) if val is not None else math.nan  # for sweepers
+    val = learned[0].get("val_loss") if learned else results["best_val_loss"]
+    return float(val) if val is not None else math.nan
 
 
 def main() -> None:

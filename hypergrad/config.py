@@ -91,6 +91,13 @@ class MLPConf:
 
 
 @dataclass
+class CNNConf:
+    _target_: str = "hypergrad.problems.tasks.cnn_factory"
+    channels: list[int] = field(default_factory=lambda: [8, 16])
+    activation: str = "relu"
+
+
+@dataclass
 class LinearConf:
     _target_: str = "hypergrad.problems.tasks.linear_factory"
     bias: bool = True
@@ -172,6 +179,7 @@ class DigitsConf:
     dtype: str = "float32"
     val_mode: str = "eval"
     grid: dict[str, list[float]] = field(default_factory=dict)
+    data_seed: Optional[int] = None  # the split; None: seed (init and batch order)
 
 
 @dataclass
@@ -185,6 +193,7 @@ class HypercleaningConf:
     dtype: str = "float32"
     weights: str = "weights"
     threshold: float = 0.5
+    data_seed: Optional[int] = None  # the split and the flipped labels; None: seed
 
 
 @dataclass
@@ -208,6 +217,7 @@ class BreastCancerConf:
     dtype: str = "float32"
     l2_name: str = "l2"
     batch_size: Optional[int] = None
+    data_seed: Optional[int] = None  # the split; None: seed (initialisation)
 
 
 @dataclass
@@ -241,6 +251,8 @@ class Mode(enum.Enum):
 class TrainerConf:
     mode: Mode = Mode.offline
     outer_steps: int = 10
+    time_budget: Optional[float] = None  # offline: seconds for the outer steps; None: no limit
+    backtrack: Optional[float] = None  # offline: a step above backtrack x best: back, lr / 2
     interval: int = 10
     reset_tangents: bool = False
     clip_norm: Optional[float] = None
@@ -278,7 +290,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "problem": {"digits": DigitsConf, "hypercleaning": HypercleaningConf,
                 "ridge_diabetes": RidgeDiabetesConf, "breast_cancer": BreastCancerConf,
                 "sparse_regression": SparseRegressionConf},
-    "model": {"mlp": MLPConf, "linear": LinearConf},
+    "model": {"mlp": MLPConf, "linear": LinearConf, "cnn": CNNConf},
     "hyperparams": {"hyperparams": HyperParamsConf},
     "inner_optimizer": {"sgd": SGDConf, "adam": AdamConf, "adamw": AdamWConf},
     "outer_optimizer": {"torch": TorchOuterConf, "sign": SignOuterConf},
@@ -296,9 +308,9 @@ def register_configs() -> None:
 
 
 SAFE_CONFIG_KEYS = (
-    "name", "trainer.outer_steps", "trainer.progress", "trainer.resume", "trainer.overwrite",
-    "trainer.tensorboard", "trainer.memory_budget_gb", "trainer.divergence_factor", "report.*",
-    "method.*", "outer_optimizer.*",
+    "name", "trainer.outer_steps", "trainer.time_budget", "trainer.progress", "trainer.resume",
+    "trainer.overwrite", "trainer.tensorboard", "trainer.memory_budget_gb",
+    "trainer.divergence_factor", "report.*", "method.*", "outer_optimizer.*",
 )
 """Config keys that may change when a run is resumed (fnmatch patterns): how long to run, how
 to report, how to compute the same hypergradients (forward or reverse mode, the HVP strategy,
@@ -355,5 +367,6 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> tuple[Any, Any]
         evaluate=task.evaluate, progress=tc["progress"], tensorboard=tc["tensorboard"],
         memory_budget=None if tc["memory_budget_gb"] is None else tc["memory_budget_gb"] * 2**30,
         log=logging.getLogger("hypergrad").info, divergence_factor=tc["divergence_factor"],
-        overwrite=tc["overwrite"], fingerprint=config_fingerprint(cfg) if run_dir else None)
+        overwrite=tc["overwrite"], fingerprint=config_fingerprint(cfg) if run_dir else None,
+        time_budget=tc["time_budget"], backtrack=tc["backtrack"])
     return task, trainer

@@ -67,7 +67,8 @@ __all__ = ["Trainer", "TrainResult", "SignDescent", "choose_method", "make_metho
 
 Evaluate = Callable[[InnerState], Mapping[str, float]]
 
-SAFE_TO_CHANGE = ("outer_steps", "progress", "evaluate", "tensorboard", "memory_budget",
+SAFE_TO_CHANGE = ("outer_steps", "time_budget", "progress", "evaluate", "tensorboard",
+                  "memory_budget",
                   "divergence_factor", "log", "the outer optimizer's hyperparameters (lr, ...)",
                   "the method (forward or reverse mode: the same hypergradients to rounding) "
                   "and its HVP strategy and chunking")
@@ -87,7 +88,9 @@ class TrainResult:
     hyperparameters). ``last_lam`` / ``last_values``: where the outer optimizer ended (on a
     divergence: the hyperparameters that diverged), ``last_val_loss`` their validation loss.
     ``state``: the inner state trained at ``last_lam`` (offline: by the final evaluation; online:
-    the run's own final state; ``None`` after a divergence).
+    the run's own final state; ``None`` after a divergence). ``out_of_time``: offline tuning
+    stopped before ``outer_steps`` because the next outer step would not have finished within
+    ``time_budget``.
     """
 
     lam: Tensor
@@ -102,6 +105,7 @@ class TrainResult:
     best_step: int | None = None
     best_val_loss: float | None = None
     last_val_loss: float | None = None
+    out_of_time: bool = False
 
 
 def _isatty(stream: Any) -> bool:
@@ -125,6 +129,20 @@ class Trainer:
             hyperparameters, e.g. ``functools.partial(torch.optim.Adam, lr=0.05)`` or
             ``SignDescent``; default Adam with lr 0.05.
         outer_steps: offline: hyperparameter updates (each a full inner run of ``T`` steps).
+        time_budget: offline: seconds of wall clock for the outer steps of this ``fit()`` call
+            (``None``: no limit). An outer step starts only if it is expected to finish within
+            the budget (expected: as long as the previous one); the first always runs, and the
+            final evaluation of the last point (one plain inner run) follows. Each history
+            record has ``elapsed``, the seconds since ``fit()`` started, so the best point found
+            by any time can be read off. Tuning against other tuners at equal wall clock.
+        backtrack: offline: an outer step whose validation loss is not finite or above
+            ``best + (backtrack - 1) * |best|`` (for positive losses: ``backtrack`` times the best
+            seen), or whose hypergradient is not finite, is not used: ``lam`` goes back to the
+            best hyperparameters evaluated, the outer optimizer's learning rate is halved and
+            its state reset (a line search along the outer trajectory), and tuning goes on.
+            After 10 backtracks in a row the run stops as diverged. ``None`` (default): such a
+            step stops the run per ``divergence_factor``. Useful with large outer steps (sign
+            descent) and with ``time_budget``, where a stop wastes the rest of the budget.
         mode: ``"offline"`` or ``"online"`` (RTHO: update every ``interval`` inner steps of one
             run; ``reset_tangents`` sets ``Z = 0`` after each update, i.e. truncation).
         clip_norm: clip the hypergradient to this norm (computed in float64; ``None``: no
@@ -161,7 +179,8 @@ class Trainer:
                  tensorboard: bool = False, memory_budget: float | None = None,
                  log: Callable[[str], None] = print, *,
                  divergence_factor: float | None = 10.0, overwrite: bool = False,
-                 fingerprint: Mapping[str, Any] | None = None) -> None:
+                 fingerprint: Mapping[str, Any] | None = None,
+                 time_budget: float | None = None, backtrack: float | None = None) -> None:
         if not isinstance(problem, InnerProblem):
             raise TypeError(f"Trainer: problem must be an InnerProblem, got "
                             f"{type(problem).__name__}.")
@@ -173,6 +192,21 @@ class Trainer:
                                  or not 1 <= interval <= problem.steps):
             raise ValueError(f"Trainer: interval={interval!r} must be an int in [1, steps="
                              f"{problem.steps}] for online tuning.")
+        if time_budget is not None and (
+                isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
+                or not time_budget > 0 or not math.isfinite(time_budget)):
+            raise ValueError(f"Trainer: time_budget={time_budget!r} must be seconds > 0, or None "
+                             f"for no limit.")
+        if backtrack is not None and (isinstance(backtrack, bool)
+                                      or not isinstance(backtrack, (int, float))
+                                      or not 1 <= backtrack < math.inf):
+            raise ValueError(f"Trainer: backtrack={backtrack!r} must be a number >= 1 (e.g. "
+                             f"1.5: back to the best point when a step's validation loss is "
+                             f"above 1.5 times the best), or None.")
+        if (time_budget is not None or backtrack is not None) and mode != "offline":
+            raise NotImplementedError(
+                "Trainer: time_budget and backtrack are for offline tuning (whole inner runs "
+                "per outer step); online tuning is one run of `steps` inner steps.")
         if clip_norm is not None and not (isinstance(clip_norm, (int, float))
                                           and math.isfinite(clip_norm) and clip_norm > 0):
             raise ValueError(f"Trainer: clip_norm={clip_norm!r} must be a finite number > 0 or "
@@ -196,6 +230,11 @@ class Trainer:
         problem.check(self.lam)  # losses, shapes and bindings, before anything costly
         self.method = self._resolve_method(method, memory_budget)
         self.outer_steps = outer_steps
+        self.time_budget = None if time_budget is None else float(time_budget)
+        self.backtrack = None if backtrack is None else float(backtrack)
+        self._backtracks = 0  # in a row
+        self._best_grad: Tensor | None = None  # the outer gradient taken at the best point
+        self._fit_start = time.perf_counter()
         self.interval = interval
         self.reset_tangents = reset_tangents
         self.clip_norm = None if clip_norm is None else float(clip_norm)
@@ -320,6 +359,7 @@ class Trainer:
             "trainer.mode": self.mode,
             "trainer.outer_optimizer": type(self.outer).__name__,
             "trainer.clip_norm": self.clip_norm,
+            "trainer.backtrack": self.backtrack,
             "trainer.bounds": {n: [None if v is None else float(v) for v in
                                    self._bounds_values(n)] for n in self.bounds},
         }
@@ -438,6 +478,7 @@ class Trainer:
         """Run to the end (or resume to the end); returns the best and the last hyperparameters
         (:class:`TrainResult`)."""
         self.problem.check(self.lam)
+        self._fit_start = time.perf_counter()
         if self._lock is not None:
             self._lock.acquire()
         try:
@@ -484,6 +525,8 @@ class Trainer:
         g, why = self._outer_gradient(grad)
         if g is None:
             return why
+        if self._best is not None and self._best[2] == self.outer_step:
+            self._best_grad = g.detach().clone()
         self.lam.grad = g
         self.outer.step()
         self.lam.grad = None
@@ -492,19 +535,75 @@ class Trainer:
             return "the outer optimizer's update made the hyperparameters non-finite"
         return None
 
+    def _worse(self, value: Tensor, grad: Tensor) -> str | None:
+        """With ``backtrack``: why this outer step is not to be used, or ``None``."""
+        if self.backtrack is None or self._best is None:
+            return None
+        v, best = float(value), self._best[0]
+        if not math.isfinite(v):
+            return f"validation loss {v}"
+        if not bool(torch.isfinite(grad).all()):
+            return "a hypergradient that is not finite"
+        if v > best + (self.backtrack - 1) * abs(best):
+            return f"validation loss {v:.4g} > backtrack={self.backtrack:g} x best {best:.4g}"
+        return None
+
+    def _back(self, why: str) -> None:
+        """Back to the best point evaluated, with half the outer learning rate and a fresh
+        outer optimizer state, and a step from there along its (known) hypergradient: a
+        backtracking line search that costs no extra evaluation."""
+        assert self._best is not None
+        self._backtracks += 1
+        with torch.no_grad():
+            self.lam.copy_(self._best[1])
+        lrs = []
+        for group in self.outer.param_groups:
+            if "lr" in group:
+                group["lr"] = group["lr"] * 0.5
+                lrs.append(group["lr"])
+        self.outer.state.clear()
+        if self._best_grad is not None:
+            self.lam.grad = self._best_grad.clone()
+            self.outer.step()
+            self.lam.grad = None
+            self._project()
+        self.log(f"[hypergrad] outer step {self.outer_step}: {why}: back to the best "
+                 f"hyperparameters (outer step {self._best[2]}), outer lr halved to "
+                 f"{', '.join(f'{x:.3g}' for x in lrs)}, a step from there")
+
     def _fit_offline(self) -> TrainResult:
+        last_seconds: float | None = None  # of the previous outer step of this fit() call
+        out_of_time = False
         with self._bar(self.outer_steps, self.outer_step, "outer") as bar:
             while self.outer_step < self.outer_steps:
                 t0 = time.perf_counter()
+                if (self.time_budget is not None and last_seconds is not None
+                        and t0 - self._fit_start + last_seconds > self.time_budget):
+                    out_of_time = True
+                    self.log(f"[hypergrad] time_budget={self.time_budget:g} s: stopped after "
+                             f"outer step {self.outer_step} ({t0 - self._fit_start:.1f} s; the "
+                             f"next would take about {last_seconds:.1f} s)")
+                    break
                 lam_used = self.lam.detach().clone()
                 value, grad, state = self._hypergradient(lam_used)
+                bad = self._worse(value, grad)
+                if bad is not None and self._backtracks < 10:
+                    last_seconds = time.perf_counter() - t0
+                    self._back(bad)
+                    self._record(value, grad, lam_used, state, last_seconds, backtracked=True)
+                    bar.update()
+                    continue
                 why = self._step(value, grad, lam_used)
                 if why is not None:
                     return self._diverged(why, lam_used, value)
-                self._record(value, grad, lam_used, state, time.perf_counter() - t0)
+                self._backtracks = 0
+                last_seconds = time.perf_counter() - t0
+                self._record(value, grad, lam_used, state, last_seconds)
                 bar.update()
                 bar.set_postfix(val=f"{float(value):.4g}")
-        return self._finish_offline()
+        res = self._finish_offline()
+        res.out_of_time = out_of_time and not res.diverged
+        return res
 
     def _finish_offline(self) -> TrainResult:
         """Evaluate the hyperparameters after the last update (no hypergradient: one plain
@@ -646,14 +745,18 @@ class Trainer:
 
     # -- logging and checkpoints -----------------------------------------------------------------
     def _record(self, value: Tensor, grad: Tensor, lam_used: Tensor, state: InnerState,
-                seconds: float, inner_step: int | None = None) -> None:
+                seconds: float, inner_step: int | None = None,
+                backtracked: bool = False) -> None:
         rec: dict[str, Any] = {"outer_step": self.outer_step, "val_loss": float(value),
                                "hypergrad_norm": float(grad.detach().double().norm()),
                                "seconds": seconds,
+                               "elapsed": time.perf_counter() - self._fit_start,
                                "hyperparams": self.problem.hyperparams.describe(lam_used)}
         if inner_step is not None:
             rec["inner_step"] = inner_step
-        if self.evaluate is not None:
+        if backtracked:
+            rec["backtracked"] = True
+        if self.evaluate is not None and math.isfinite(rec["val_loss"]):
             rec.update({k: float(v) for k, v in self.evaluate(state).items()})
         self.history.append(rec)
         self.outer_step += 1
@@ -691,6 +794,7 @@ class Trainer:
             "outer_class": type(self.outer).__name__, "method": self.method.name,
             "history": self.history, "last_good": self._last_good,
             "last_good_step": self._last_good_step, "best": best,
+            "best_grad": self._best_grad, "backtracks": self._backtracks,
             "nonzero": sorted(self._nonzero),
             "stopped": "", "fingerprint": self._fingerprint,
             "rng": {"torch": torch.get_rng_state(), "python": _py_rng(),
@@ -763,6 +867,9 @@ class Trainer:
         if best is not None:
             self._best = (float(best["val"]), best["lam"].to(self.lam), int(best["step"]))
         self._nonzero = set(ck.get("nonzero", []))
+        bg = ck.get("best_grad")
+        self._best_grad = None if bg is None else bg.to(self.lam)
+        self._backtracks = int(ck.get("backtracks", 0))
         self.outer_step = int(ck["outer_step"])
         torch.set_rng_state(ck["rng"]["torch"])
         random.setstate(_py_rng_restore(ck["rng"]["python"]))

@@ -50,3 +50,30 @@ def test_benchmark_tables_render_the_committed_results() -> None:
     unknown = subprocess.run([sys.executable, "experiments/benchmarks/tables.py", "bench_nope"],
                              capture_output=True, text=True, cwd=ROOT)
     assert unknown.returncode != 0 and "unknown benchmark 'bench_nope'" in unknown.stderr
+
+
+def test_vs_optuna_script_small(tmp_path: Path) -> None:
+    """The head-to-head at a tiny size: three tuners, the table, the JSON summary, the curves
+    and the last line."""
+    import json
+
+    pytest.importorskip("optuna")
+    out = _script("experiments/vs_optuna.py", "--quick", "--problems", "digits_schedule",
+                  "--seeds", "1", "--retrain-seeds", "1", "--budget-scale", "0.15",
+                  "--max-wait", "0", "--retry-contended", "0", "--override", "problem.steps=30",
+                  "--out", str(tmp_path))
+    last = out.strip().splitlines()[-1]
+    m = re.fullmatch(r"vs_optuna wins=(\d)/1 seeds=1", last)
+    assert m, last
+    assert "val loss at B" in out and "test loss (retrained)" in out
+    data = json.loads((tmp_path / "vs_optuna_quick.json").read_text())
+    assert data["summary"] == {"wins": int(m[1]), "problems": 1, "seeds": 1}
+    res = data["problems"]["digits_schedule"]
+    assert res["K"] == 10 and res["T"] == 30 and res["costs"]["ratio"] > 1
+    assert set(res["tuners"]) == {"hypergrad", "tpe", "random"}
+    for tr in res["tuners"].values():
+        seed = tr["seeds"][0]
+        assert seed["evals"] >= 1 and seed["grad_equivalents"] > 0
+        assert seed["best_time"] <= res["budget_s"] and seed["val_at_budget"] > 0
+        assert tr["retrain"]["test_loss"]["mean"] > 0
+    assert (tmp_path / "vs_optuna_digits_schedule.png").stat().st_size > 1000

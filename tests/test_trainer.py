@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import math
 import os
 import pickle
 import socket
@@ -488,3 +489,82 @@ def test_online_divergence_keeps_the_last_good_values_in_the_checkpoint(tmp_path
     assert res.values == res.history[-1]["hyperparams"] and bool(torch.isfinite(res.lam).all())
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert torch.equal(ck["lam"], res.lam) and ck["stopped"]
+
+
+# -- issue 10: tuning at a wall-clock budget -----------------------------------------------------
+class _Clock:
+    """A stand-in for the Trainer's ``time`` module: seconds pass only when a step says so (a
+    shared machine makes real step times too uneven for a test)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _Slow(hg.Method):
+    """Forward mode whose hypergradients take ``seconds`` on ``clock``."""
+
+    name = "forward"
+
+    def __init__(self, clock: _Clock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    def hypergradient(self, problem: hg.InnerProblem, lam: torch.Tensor) -> hg.HyperGradient:
+        self.clock.now += self.seconds
+        return hg.ForwardMode().hypergradient(problem, lam)
+
+
+def test_time_budget_stops_before_an_outer_step_that_would_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(hypergrad.trainer, "time", clock)
+    logs: list[str] = []
+    # steps of 0.5 s: the second is expected to end at 1.0 s, the third at 1.5 s > 1.3
+    res = _trainer(method=_Slow(clock, 0.5), outer_steps=50, time_budget=1.3, log=logs.append,
+                   run_dir=tmp_path).fit()
+    assert len(res.history) == 2 and res.out_of_time and not res.diverged
+    assert [h["elapsed"] for h in res.history] == [0.5, 1.0]
+    assert any("time_budget=1.3 s: stopped after outer step 2" in line for line in logs)
+    assert res.last_val_loss is not None  # the point after the last update is still evaluated
+    # the budget may change on resume (like outer_steps): each fit() call has its own clock
+    more = _trainer(method=_Slow(clock, 0.5), outer_steps=3, time_budget=5.0, run_dir=tmp_path,
+                    resume=True).fit()
+    assert len(more.history) == 3 and not more.out_of_time
+    assert more.history[2]["elapsed"] == 0.5
+
+
+def test_time_budget_is_validated_and_offline_only() -> None:
+    assert not _trainer(outer_steps=1).fit().out_of_time
+    for bad in (0, -1.0, float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="time_budget=.* must be seconds > 0"):
+            _trainer(time_budget=bad)
+    with pytest.raises(NotImplementedError, match="time_budget and backtrack are for offline"):
+        _trainer(mode="online", interval=4, time_budget=1.0)
+    with pytest.raises(NotImplementedError, match="time_budget and backtrack are for offline"):
+        _trainer(mode="online", interval=4, backtrack=2.0)
+    for bad in (0.5, True, float("nan"), "2"):
+        with pytest.raises(ValueError, match="backtrack=.* must be a number >= 1"):
+            _trainer(backtrack=bad)
+
+
+def test_backtrack_returns_to_the_best_point_with_half_the_outer_lr() -> None:
+    # the divergence test's set-up: an outer SGD step so large that training overflows
+    logs: list[str] = []
+    tr = _trainer(problem=_linear_regression(), outer_steps=6, log=logs.append, backtrack=1.5,
+                  outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3))
+    res = tr.fit()
+    assert not res.diverged and len(res.history) == 6  # before: stopped at outer step 1
+    flags = [bool(h.get("backtracked")) for h in res.history]
+    assert flags[0] is False and flags[1] is True
+    assert any("back to the best hyperparameters (outer step 0), outer lr halved to 1.5e+03"
+               in line for line in logs)
+    # a backtracked step restarts from the best point with half the step along its known
+    # hypergradient (no evaluation spent on the best point again)
+    lr0 = math.log(res.history[0]["hyperparams"]["lr"])
+    lr1 = math.log(res.history[1]["hyperparams"]["lr"])
+    lr2 = math.log(res.history[2]["hyperparams"]["lr"])
+    assert lr2 - lr0 == pytest.approx((lr1 - lr0) / 2, rel=1e-6)
+    assert tr.outer.param_groups[0]["lr"] < 3e3
+    assert res.best_val_loss is not None and res.best_val_loss <= res.history[0]["val_loss"]

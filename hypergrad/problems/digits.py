@@ -1,4 +1,5 @@
-"""scikit-learn's bundled ``load_digits`` (1797 8x8 images, 10 classes) as tensors, and MLPs."""
+"""scikit-learn's bundled ``load_digits`` (1797 8x8 images, 10 classes) as tensors, MLPs and a
+small CNN over the images."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DataSplit", "digits_data", "mlp"]
+__all__ = ["DataSplit", "digits_data", "mlp", "digits_cnn"]
 
 
 class DataSplit(NamedTuple):
@@ -69,3 +70,19 @@ def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.Tanh,
         layers.append(activation())
     layers.append(nn.Linear(sizes[-2], sizes[-1]))
     return nn.Sequential(*layers)
+
+
+def digits_cnn(channels: Sequence[int] = (8, 16), num_classes: int = 10,
+               activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    """A small CNN over ``load_digits``' flattened 8x8 images (input ``(n, 64)``):
+    ``conv3x3(1 -> c1) -> act -> conv3x3 stride 2 (c1 -> c2) -> act -> Linear(c2 * 4 * 4, 10)``.
+    Six parameter tensors (a weight and a bias per layer), so a per-layer weight decay has six
+    values."""
+    if len(channels) != 2 or min(channels) < 1:
+        raise ValueError(f"digits_cnn: channels={list(channels)} must be two ints >= 1.")
+    c1, c2 = (int(c) for c in channels)
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, c1, 3, padding=1), activation(),
+        nn.Conv2d(c1, c2, 3, stride=2, padding=1), activation(),
+        nn.Flatten(), nn.Linear(c2 * 4 * 4, num_classes))

@@ -22,11 +22,11 @@ from ..errors import HypergradWarning
 from ..hyperparams import HyperParams, PerExample
 from ..optim import Optimizer
 from ..problem import InnerProblem, InnerState
-from .digits import digits_data, mlp
+from .digits import digits_cnn, digits_data, mlp
 from .ridge import ridge_closed_form_hypergradient
 
-__all__ = ["Task", "mlp_factory", "linear_factory", "digits_task", "hypercleaning_task",
-           "ridge_diabetes_task", "breast_cancer_task", "dtype_of"]
+__all__ = ["Task", "mlp_factory", "linear_factory", "cnn_factory", "digits_task",
+           "hypercleaning_task", "ridge_diabetes_task", "breast_cancer_task", "dtype_of"]
 
 ModelFactory = Callable[[int, int], nn.Module]
 
@@ -41,6 +41,11 @@ class Task:
     evaluate: Callable[[InnerState], dict[str, float]]
     references: dict[str, Tensor] = field(default_factory=dict)
     extra: Callable[[Tensor], dict[str, Any]] | None = None
+
+
+def _data_seed(seed: int, data_seed: int | None) -> int:
+    """The seed of a task's data split: ``data_seed``, or the run's ``seed`` when it is None."""
+    return seed if data_seed is None else int(data_seed)
 
 
 def dtype_of(name: str | torch.dtype) -> torch.dtype:
@@ -59,6 +64,21 @@ def mlp_factory(hidden: Sequence[int] = (64,), activation: str = "tanh",
     if activation not in acts:
         raise ValueError(f"mlp_factory: activation={activation!r}; choose from {sorted(acts)}.")
     return lambda i, o: mlp([i, *hidden, o], acts[activation], batchnorm)
+
+
+def cnn_factory(channels: Sequence[int] = (8, 16), activation: str = "relu") -> ModelFactory:
+    """``(64, out) -> digits_cnn``: a small CNN over the 8x8 digit images (``problem=digits``)."""
+    acts = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+    if activation not in acts:
+        raise ValueError(f"cnn_factory: activation={activation!r}; choose from {sorted(acts)}.")
+
+    def make(i: int, o: int) -> nn.Module:
+        if i != 64:
+            raise ValueError(f"cnn_factory: the CNN reads 8x8 images (64 inputs), got {i} inputs; "
+                             f"use it with problem=digits.")
+        return digits_cnn(channels, o, acts[activation])
+
+    return make
 
 
 def linear_factory(bias: bool = True) -> ModelFactory:
@@ -114,13 +134,17 @@ def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None) -> dic
 def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                 steps: int = 300, n_train: int = 1000, n_val: int = 400, batch_size: int = 64,
                 seed: int = 0, dtype: str = "float32", val_mode: str = "eval",
-                grid: dict[str, Sequence[float]] | None = None) -> Task:
-    """MLP classification of ``load_digits`` with mini-batch training; E = validation CE.
+                grid: dict[str, Sequence[float]] | None = None,
+                data_seed: int | None = None) -> Task:
+    """Classification of ``load_digits`` (an MLP, or a CNN over the 8x8 images) with mini-batch
+    training; E = validation CE.
 
-    The training loss reads ``hp["smooth"]`` (label smoothing) when that hyperparameter exists.
+    ``seed`` fixes the model's initialisation and the mini-batch order; ``data_seed`` the
+    train/validation/test split (``None``: ``seed``, so a run changes both). The training loss
+    reads ``hp["smooth"]`` (label smoothing) when that hyperparameter exists.
     """
     dt = dtype_of(dtype)
-    data = digits_data(n_train, n_val, None, seed=seed, dtype=dt)
+    data = digits_data(n_train, n_val, None, seed=_data_seed(seed, data_seed), dtype=dt)
     torch.manual_seed(seed)
     net = model(64, 10).to(dt)
 
@@ -146,7 +170,8 @@ def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFact
 def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                        steps: int = 100, n_train: int = 500, n_val: int = 200,
                        flip_fraction: float = 0.5, seed: int = 0, dtype: str = "float32",
-                       weights: str = "weights", threshold: float = 0.5) -> Task:
+                       weights: str = "weights", threshold: float = 0.5,
+                       data_seed: int | None = None) -> Task:
     """Data hyper-cleaning (Franceschi et al. 2017, sec. 5.1) on ``load_digits``.
 
     Softmax regression trained full-batch on ``n_train`` examples of which ``flip_fraction`` have
@@ -154,13 +179,15 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     (hyperparameter ``weights``, kept in [0, 1] by the Trainer's bounds); E = CE on clean
     validation data. References: the noisy baseline (all weights 1) and the oracle (weights 1 on
     clean examples, 0 on flipped ones). ``extra`` reports precision/recall/F1 of flagging
-    examples with a learned weight below ``threshold`` as flipped.
+    examples with a learned weight below ``threshold`` as flipped. ``seed`` fixes the model's
+    initialisation; ``data_seed`` the split and which labels flip (``None``: ``seed``).
     """
     if not 0 < flip_fraction < 1:
         raise ValueError(f"hypercleaning_task: flip_fraction={flip_fraction} must be in (0, 1).")
     dt = dtype_of(dtype)
-    data = digits_data(n_train, n_val, None, seed=seed, dtype=dt)
-    rng = np.random.default_rng(seed + 1)
+    ds = _data_seed(seed, data_seed)
+    data = digits_data(n_train, n_val, None, seed=ds, dtype=dt)
+    rng = np.random.default_rng(ds + 1)
     flipped = np.zeros(n_train, dtype=bool)
     flipped[rng.choice(n_train, int(round(flip_fraction * n_train)), replace=False)] = True
     y_noisy = data.y_train.clone()
@@ -309,14 +336,16 @@ def _ridge_closed_form_unavailable(problem: InnerProblem, optimizer: Optimizer,
 def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                        steps: int = 200, n_train: int = 300, n_val: int = 130, seed: int = 0,
                        dtype: str = "float32", l2_name: str = "l2",
-                       batch_size: int | None = None) -> Task:
+                       batch_size: int | None = None, data_seed: int | None = None) -> Task:
     """Logistic regression on ``load_breast_cancer`` (30 standardized features) with one L2
-    coefficient per feature (``hp[l2_name]`` of shape (30,), penalty on the weight only)."""
+    coefficient per feature (``hp[l2_name]`` of shape (30,), penalty on the weight only).
+    ``seed`` fixes the initialisation (and mini-batch order); ``data_seed`` the split (``None``:
+    ``seed``)."""
     from sklearn.datasets import load_breast_cancer
 
     dt = dtype_of(dtype)
     x, y = load_breast_cancer(return_X_y=True)
-    perm = np.random.default_rng(seed).permutation(len(y))
+    perm = np.random.default_rng(_data_seed(seed, data_seed)).permutation(len(y))
     x, y = _standardized(x[perm], n_train), y[perm]
     xt, yt = torch.as_tensor(x, dtype=dt), torch.as_tensor(y, dtype=torch.int64)
     xtr, ytr = xt[:n_train], yt[:n_train]

@@ -1,0 +1,51 @@
+"""Optuna over the presets with Hydra multirun (``hydra/sweeper=optuna``): a 2-trial sweep of
+digits_schedule's 10 hyperparameters through ``hypergrad-run --multirun ... +sweep=...``.
+
+hydra-optuna-sweeper pins optuna<3 (and SQLAlchemy<2), which cannot share the test venv with the
+optuna 4+ that experiments/vs_optuna.py uses. ``make test`` installs the plugin's pure-Python
+packages into a folder of their own (``.venv/sweep-optuna``, Makefile: SWEEPER_PINS), and this
+test puts that folder first on PYTHONPATH for one subprocess only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPER = Path(os.environ.get("HYPERGRAD_SWEEP_OPTUNA", ROOT / ".venv" / "sweep-optuna"))
+pytestmark = pytest.mark.slow
+
+
+def test_the_optuna_sweeper_runs_over_a_preset(tmp_path: Path) -> None:
+    if not (SWEEPER / "hydra_plugins" / "hydra_optuna_sweeper").is_dir():
+        pytest.skip(f"hydra-optuna-sweeper is not installed in {SWEEPER}: make "
+                    f".venv/sweep-optuna/.installed (make test does)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(SWEEPER), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run(
+        [sys.executable, "-m", "hypergrad.cli", "--multirun", "experiment=digits_schedule",
+         "+sweep=digits_schedule", "debug=fast", "hydra.sweeper.n_trials=2",
+         f"hydra.sweep.dir={tmp_path}"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    best = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert best["name"] == "optuna"
+    names = {f"hyperparams.items.lr.init.{i}" for i in range(5)} | {
+        f"hyperparams.items.wd.init.{i}" for i in range(4)} | {"hyperparams.items.momentum.init"}
+    assert set(best["best_params"]) == names  # the preset's K = 10, one Optuna param each
+    trials = [json.loads((tmp_path / str(i) / "results.json").read_text()) for i in range(2)]
+    for r in trials:  # each trial trained once at the sampled values, no hypergradient
+        assert r["outer_steps"] == 0 and r["table"] == [] and math.isfinite(r["best_val_loss"])
+    assert best["best_value"] == pytest.approx(min(r["best_val_loss"] for r in trials))
+    lr = [best["best_params"][f"hyperparams.items.lr.init.{i}"] for i in range(5)]
+    winner = min(trials, key=lambda r: r["best_val_loss"])
+    assert winner["learned"]["lr"] == pytest.approx(lr, rel=1e-6)
+    assert all(1e-4 <= v <= 3.0 for v in lr)
