@@ -21,6 +21,7 @@ from .optim import adam, adamw, sgd
 from .problem import InnerProblem, InnerState
 from .reverse import ReverseMode
 from .sparse import SparseOperator, load_npz, load_svmlight
+from .tangent import JVP, AutoTangent, ClosedForm, DiagonalJacobian, TangentRule
 from .trainer import SignDescent, Trainer, TrainResult, choose_method
 
 __version__ = "0.1.0"
@@ -31,6 +32,7 @@ __all__ = [
     "InnerProblem", "InnerState", "ModelFn",
     "Method", "HyperGradient", "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
+    "TangentRule", "AutoTangent", "ClosedForm", "DiagonalJacobian", "JVP",
     "Trainer", "TrainResult", "SignDescent", "choose_method", "make_method", "estimate_memory",
     "AutoMethod", "errors",
     "SparseOperator", "load_npz", "load_svmlight",

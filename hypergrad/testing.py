@@ -3,8 +3,9 @@ hypergradients, and the digits problems the exactness table and the tests are bu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ from .problem import InnerProblem
 from .reverse import ReverseMode
 
 __all__ = ["rel_err", "group_rel_errs", "CheckReport", "HypergradcheckError", "hypergradcheck",
-           "OPTIMIZERS", "KINDS", "digits_case"]
+           "OPTIMIZERS", "KINDS", "GRID", "GridOptimizer", "grid_cases", "digits_case"]
 
 
 def rel_err(a: Tensor, b: Tensor) -> float:
@@ -147,31 +148,59 @@ def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
 
 # -- the digits grid: every optimizer x every hyperparameter kind ---------------------------------
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+@dataclass(frozen=True)
+class GridOptimizer:
+    """A row of the exactness grid: the factory, its constant arguments (a constant weight decay
+    everywhere, so the L2 paths run in every row), the initial learning rate, and how a
+    ``momentum`` kind binds its hyperparameter (``None``: the optimizer has no momentum)."""
+
+    factory: Callable[..., Optimizer]
+    constants: dict[str, Any]
+    lr0: float
+    momentum: Callable[[Any], dict[str, Any]] | None = None
+    momentum0: float = 0.5
+
+
+GRID: dict[str, GridOptimizer] = {
+    "sgd": GridOptimizer(sgd, {"weight_decay": 1e-3}, 0.1),
+    "momentum": GridOptimizer(sgd, {"weight_decay": 1e-3}, 0.1,
+                              lambda m: {"momentum": m}, 0.5),
+    "nesterov": GridOptimizer(sgd, {"weight_decay": 1e-3, "nesterov": True}, 0.1,
+                              lambda m: {"momentum": m}, 0.5),
+    "adam": GridOptimizer(adam, {"weight_decay": 1e-3}, 0.01,
+                          lambda m: {"betas": (m, 0.999)}, 0.9),
+    "adamw": GridOptimizer(adamw, {"weight_decay": 1e-2}, 0.01,
+                           lambda m: {"betas": (m, 0.999)}, 0.9),
+}
+"""The optimizers of the exactness grid; a new optimizer adds a row."""
+
+OPTIMIZERS = tuple(GRID)
 KINDS = ("lr", "momentum", "per_tensor_wd", "schedule", "per_example", "loss_param")
 
 
+def grid_cases() -> list[tuple[str, str]]:
+    """Every (optimizer, kind) pair of the grid that applies (a momentum kind needs one)."""
+    return [(o, k) for o in GRID for k in KINDS
+            if not (k == "momentum" and GRID[o].momentum is None)]
+
+
 def _optimizer(opt: str, kind: str) -> Optimizer:
-    lr = "lr" if kind in ("lr", "schedule") else (0.1 if opt in OPTIMIZERS[:3] else 0.01)
-    # constant weight decay where it is not the hyperparameter, so the L2 paths (and AdamW's
-    # decoupled decay) are exercised by every row
-    wd = "wd" if kind == "per_tensor_wd" else (1e-2 if opt == "adamw" else 1e-3)
-    mom = "mom" if kind == "momentum" else 0.9
-    if opt == "sgd":
-        return sgd(lr=lr, weight_decay=wd)
-    if opt in ("momentum", "nesterov"):
-        return sgd(lr=lr, momentum=mom, nesterov=opt == "nesterov", weight_decay=wd)
-    if opt == "adam":
-        return adam(lr=lr, betas=(mom, 0.999), weight_decay=wd)
-    return adamw(lr=lr, betas=(mom, 0.999), weight_decay=wd)
+    row = GRID[opt]
+    args: dict[str, Any] = dict(row.constants)
+    args["lr"] = "lr" if kind in ("lr", "schedule") else row.lr0
+    if kind == "per_tensor_wd":
+        args["weight_decay"] = "wd"
+    if row.momentum is not None:
+        args.update(row.momentum("mom" if kind == "momentum" else 0.9))
+    return row.factory(**args)
 
 
 def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperParameter:
-    lr0 = 0.1 if opt in OPTIMIZERS[:3] else 0.01
+    lr0 = GRID[opt].lr0
     if kind == "lr":
         return Scalar("lr", lr0, transform="log")
     if kind == "momentum":
-        return Scalar("mom", 0.9 if opt in ("adam", "adamw") else 0.5, transform="logit")
+        return Scalar("mom", GRID[opt].momentum0, transform="logit")
     if kind == "per_tensor_wd":
         return PerTensor("wd", 1e-2, transform="log")
     if kind == "schedule":
@@ -185,16 +214,16 @@ def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batc
                 hidden: int = 16, n_val: int = 64, windows: int = 4, batchnorm: bool = False,
                 val_mode: str = "eval", seed: int = 0) -> InnerProblem:
     """A float64 MLP on a subset of ``load_digits`` with one hyperparameter kind and one optimizer
-    (names from :data:`OPTIMIZERS` and :data:`KINDS`); ``sgd`` x ``momentum`` has no momentum and
-    raises ``NotImplementedError``."""
+    (names from :data:`OPTIMIZERS` and :data:`KINDS`); a ``momentum`` kind for an optimizer
+    without momentum (plain ``sgd``) raises ``NotImplementedError``."""
     from .data import MiniBatches
     from .problems import digits_data, mlp
 
     if opt not in OPTIMIZERS or kind not in KINDS:
         raise ValueError(f"digits_case: opt={opt!r} must be in {OPTIMIZERS}, kind={kind!r} in "
                          f"{KINDS}.")
-    if opt == "sgd" and kind == "momentum":
-        raise NotImplementedError("digits_case: plain sgd has no momentum to tune.")
+    if kind == "momentum" and GRID[opt].momentum is None:
+        raise NotImplementedError(f"digits_case: {opt} has no momentum to tune.")
     data = digits_data(n_train, n_val, 1, seed=seed, dtype=torch.float64)
     torch.manual_seed(seed)
     model = mlp([64, hidden, 10], batchnorm=batchnorm).double()

@@ -9,10 +9,10 @@ import torch
 import hypergrad as hg
 from hypergrad.hvp import HVPStrategy
 from hypergrad.problems import ridge_closed_form_hypergradient, ridge_problem
-from hypergrad.testing import KINDS, OPTIMIZERS, digits_case, hypergradcheck, rel_err
+from hypergrad.testing import digits_case, grid_cases, hypergradcheck, rel_err
 
 SMALL = dict(steps=6, n_train=24, batch_size=8, hidden=8, n_val=32, windows=3)
-CASES = [(o, k) for o in OPTIMIZERS for k in KINDS if not (o == "sgd" and k == "momentum")]
+CASES = grid_cases()
 
 
 @pytest.mark.parametrize("opt,kind", CASES, ids=[f"{o}-{k}" for o, k in CASES])

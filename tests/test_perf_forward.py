@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 import hypergrad as hg
 from hypergrad import forward as fwd
 from hypergrad.data import MiniBatches
-from hypergrad.testing import OPTIMIZERS, digits_case, rel_err
+from hypergrad.testing import GRID, OPTIMIZERS, digits_case, rel_err
 
 SMALL = dict(n_train=24, batch_size=8, hidden=8, n_val=32)
 
@@ -25,18 +25,15 @@ def _mixed_problem(opt: str, steps: int, windows: int, batchnorm: bool = False,
     """A schedule next to other kinds: an lr schedule, a momentum (beta1) scalar except for plain
     sgd, a per-tensor weight decay and a loss parameter."""
     base = digits_case("momentum", "lr", steps=steps, batchnorm=batchnorm, seed=seed, **SMALL)
-    sgd_like = opt in ("sgd", "momentum", "nesterov")
-    items = [hg.Schedule("lr", 0.05 if sgd_like else 0.01, windows=windows, transform="log")]
-    if opt != "sgd":
+    row = GRID[opt]
+    items: list[Any] = [hg.Schedule("lr", row.lr0 / 2, windows=windows, transform="log")]
+    args = {**row.constants, "lr": "lr", "weight_decay": "wd"}
+    if row.momentum is not None:
         items.append(hg.Scalar("mom", 0.8, transform="logit"))
+        args.update(row.momentum("mom"))
     items += [hg.PerTensor("wd", 1e-2, transform="log"),
               hg.Tensor("smooth", 0.1, transform="logit")]
-    if sgd_like:
-        optimizer = hg.sgd(lr="lr", momentum="mom" if opt != "sgd" else 0.0,
-                           nesterov=opt == "nesterov", weight_decay="wd")
-    else:
-        optimizer = (hg.adam if opt == "adam" else hg.adamw)(lr="lr", betas=("mom", 0.999),
-                                                             weight_decay="wd")
+    optimizer = row.factory(**args)
 
     def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
         x, y, idx = batch
@@ -125,10 +122,13 @@ def test_elementwise_update_tangent_equals_jvp(opt: str) -> None:
     G = tree_map(rnd, z.params)
     k, t = lam.shape[0], 3
     cols = fwd._Plan(problem).optimizer_columns(t)
-    primal, (zp, zo) = fwd._elementwise_tangent(problem, t, lam, grads, s.opt, s.params, G,
-                                                z.opt, z.params, cols, cols)
-    params, opt_state, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
-        problem, t, lam, grads, s, G, z, cols, cols, torch.eye(k, dtype=lam.dtype))
+    eye = torch.eye(k, dtype=lam.dtype)
+    out = hg.DiagonalJacobian()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    assert out is not None
+    primal, (zp, zo) = out
+    ref = hg.JVP()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    assert ref is not None
+    _, (zp2, zo2) = ref
     for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0]):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
     # the primal update from the same pass is problem.update's, bit for bit
@@ -137,12 +137,15 @@ def test_elementwise_update_tangent_equals_jvp(opt: str) -> None:
         assert torch.equal(x, y)
 
 
-def test_non_elementwise_fallback_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_non_elementwise_fallback_is_the_same() -> None:
+    """An optimizer that is not elementwise gets no diagonal Jacobian: jvp instead."""
     problem = _mixed_problem("adam", steps=5, windows=2)
     lam = problem.init_raw()
     a = hg.ForwardMode().hypergradient(problem, lam).grad
-    monkeypatch.setattr(fwd, "_ELEMENTWISE", frozenset())
-    b = hg.ForwardMode().hypergradient(problem, lam).grad
+    problem.optimizer.elementwise = False  # this instance only
+    assert hg.DiagonalJacobian()(problem, 0, lam, *([None] * 7)) is None  # type: ignore[arg-type]
+    b = hg.ForwardMode(tangent=hg.AutoTangent((hg.DiagonalJacobian(), hg.JVP()))
+                       ).hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
 
 
@@ -166,25 +169,57 @@ def test_constant_per_tensor_default_and_frozen_parameters() -> None:
     assert rel_err(a, b) <= 1e-10
 
 
-SGD_CONFIGS = {
-    # name: (optimizer kwargs, extra hyperparameters)
-    "plain": (dict(lr="lr"), []),
-    "wd_const": (dict(lr="lr", weight_decay=1e-2), []),
-    "momentum_wd": (dict(lr="lr", momentum="mom", weight_decay="wd"),
-                    [hg.Scalar("mom", 0.8, transform="logit"),
-                     hg.PerTensor("wd", 1e-2, transform="log")]),
-    "dampening": (dict(lr="lr", momentum=0.9, dampening="damp", weight_decay="wd"),
-                  [hg.Scalar("damp", 0.3, transform="logit"), hg.Scalar("wd", 1e-2)]),
-    "dampening_const": (dict(lr="lr", momentum="mom", dampening=0.25),
-                        [hg.Scalar("mom", 0.7)]),
-    "nesterov": (dict(lr="lr", momentum="mom", nesterov=True, weight_decay="wd"),
-                 [hg.Scalar("mom", 0.8, transform="logit"), hg.Scalar("wd", 1e-2)]),
-    "nesterov_damp": (dict(lr="lr", momentum="mom", nesterov=True, dampening="damp"),
-                      [hg.Scalar("mom", 0.8), hg.Scalar("damp", 0.2)]),
+CLOSED_FORM: dict[str, tuple[str, dict[str, Any], list[Any], float]] = {
+    # name: (factory in hypergrad.optim, arguments, extra hyperparameters, initial lr)
+    "sgd_plain": ("sgd", dict(lr="lr"), [], 0.05),
+    "sgd_wd_const": ("sgd", dict(lr="lr", weight_decay=1e-2), [], 0.05),
+    "sgd_momentum_wd": ("sgd", dict(lr="lr", momentum="mom", weight_decay="wd"),
+                        [hg.Scalar("mom", 0.8, transform="logit"),
+                         hg.PerTensor("wd", 1e-2, transform="log")], 0.05),
+    "sgd_dampening": ("sgd", dict(lr="lr", momentum=0.9, dampening="damp", weight_decay="wd"),
+                      [hg.Scalar("damp", 0.3, transform="logit"), hg.Scalar("wd", 1e-2)], 0.05),
+    "sgd_dampening_const": ("sgd", dict(lr="lr", momentum="mom", dampening=0.25),
+                            [hg.Scalar("mom", 0.7)], 0.05),
+    "sgd_nesterov": ("sgd", dict(lr="lr", momentum="mom", nesterov=True, weight_decay="wd"),
+                     [hg.Scalar("mom", 0.8, transform="logit"), hg.Scalar("wd", 1e-2)], 0.05),
+    "sgd_nesterov_damp": ("sgd", dict(lr="lr", momentum="mom", nesterov=True, dampening="damp"),
+                          [hg.Scalar("mom", 0.8), hg.Scalar("damp", 0.2)], 0.05),
+    "adam_plain": ("adam", dict(lr="lr"), [], 0.01),
+    "adam_l2_const": ("adam", dict(lr="lr", weight_decay=1e-2), [], 0.01),
+    "adam_all_bound": ("adam", dict(lr="lr", betas=("b1", "b2"), eps="eps", weight_decay="wd"),
+                       [hg.Scalar("b1", 0.8, transform="logit"),
+                        hg.Scalar("b2", 0.99, transform="logit"),
+                        hg.Scalar("eps", 1e-3, transform="log"),
+                        hg.PerTensor("wd", 1e-2, transform="log")], 0.01),
+    "adam_eps_root": ("adam", dict(lr="lr", betas=(0.9, "b2"), eps_root=1e-8),
+                      [hg.Scalar("b2", 0.95, transform="logit")], 0.01),
+    "adamw_const": ("adamw", dict(lr="lr", weight_decay=0.1), [], 0.01),
+    "adamw_all_bound": ("adamw", dict(lr="lr", betas=("b1", "b2"), eps="eps",
+                                      weight_decay="wd"),
+                        [hg.Scalar("b1", 0.8, transform="logit"),
+                         hg.Scalar("b2", 0.99, transform="logit"),
+                         hg.Scalar("eps", 1e-3, transform="log"),
+                         hg.Scalar("wd", 0.1, transform="log")], 0.01),
 }
+"""Closed-form tangents checked against jvp: every argument constant or bound; a new optimizer
+with a closed form adds rows."""
+
+G_UNTOUCHED = {"adam_plain", "adam_eps_root", "adamw_const", "adamw_all_bound"}
+"""Configurations whose closed form must leave this step's ``G`` alone (no L2 decay reusing its
+buffer)."""
 
 
-def _closed_form_equals_jvp(problem: hg.InnerProblem, t: int, closed_form: Any, seed: int,
+def _closed_form_problem(config: str, lr_kind: str, steps: int = 6) -> hg.InnerProblem:
+    ctor, kwargs, extra, lr0 = CLOSED_FORM[config]
+    base = digits_case("momentum", "lr", steps=steps, **SMALL)
+    lr = (hg.Schedule("lr", lr0, windows=3, transform="log") if lr_kind == "schedule"
+          else hg.PerTensor("lr", lr0, transform="log"))
+    opt = getattr(hg.optim, ctor)(**kwargs)
+    return hg.InnerProblem(base.fmodel.module, base.train_loss, opt,
+                           hg.HyperParams([lr, *extra]), base.batch, steps, base.val_loss)
+
+
+def _closed_form_equals_jvp(problem: hg.InnerProblem, t: int, seed: int,
                             atol: float, zero_grad_row: bool = False) -> tuple[Any, Any]:
     """A closed-form update tangent against jvp of the update under vmap, at step ``t`` with
     random tangents and gradients: tangents equal (and finite), the update bit for bit
@@ -201,11 +236,12 @@ def _closed_form_equals_jvp(problem: hg.InnerProblem, t: int, closed_form: Any, 
     G = tree_map(rnd, z.params)
     cols = fwd._Plan(problem).optimizer_columns(t)
     assert cols
-    _, _, zp2, zo2 = fwd.ForwardMode._jvp_tangent(
-        problem, t, lam, grads, s, tree_map(torch.clone, G), z, cols, cols,
-        torch.eye(lam.shape[0], dtype=lam.dtype))
+    eye = torch.eye(lam.shape[0], dtype=lam.dtype)
+    ref = hg.JVP()(problem, t, lam, grads, s, tree_map(torch.clone, G), z, cols, cols, eye)
+    assert ref is not None
+    _, (zp2, zo2) = ref
     z_before, G_before = tree_map(torch.clone, z), tree_map(torch.clone, G)
-    out = closed_form(problem, t, lam, grads, s.opt, s.params, G, z.opt, z.params, cols, cols)
+    out = hg.ClosedForm()(problem, t, lam, grads, s, G, z, cols, cols, eye)
     assert out is not None
     primal, (zp, zo) = out
     for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
@@ -220,82 +256,33 @@ def _closed_form_equals_jvp(problem: hg.InnerProblem, t: int, closed_form: Any, 
 
 
 @pytest.mark.parametrize("lr_kind", ["schedule", "per_tensor"])
-@pytest.mark.parametrize("config", sorted(SGD_CONFIGS))
+@pytest.mark.parametrize("config", sorted(CLOSED_FORM))
 @pytest.mark.parametrize("t", [0, 3])
-def test_sgd_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -> None:
-    """SGD's closed-form tangent (every argument constant or bound, dampening, Nesterov, the
-    first step's buffer) against jvp of the update under vmap, with random tangents."""
-    kwargs, extra = SGD_CONFIGS[config]
-    base = digits_case("momentum", "lr", steps=6, **SMALL)
-    lr = (hg.Schedule("lr", 0.05, windows=3, transform="log") if lr_kind == "schedule"
-          else hg.PerTensor("lr", 0.05, transform="log"))
-    problem = hg.InnerProblem(base.fmodel.module, base.train_loss, hg.sgd(**kwargs),
-                              hg.HyperParams([lr, *extra]), base.batch, 6, base.val_loss)
-    _closed_form_equals_jvp(problem, t, fwd._sgd_tangent, seed=3, atol=1e-14)
+def test_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -> None:
+    """Each optimizer's closed-form tangent (every argument constant or bound, SGD's dampening,
+    Nesterov and first buffer, Adam's bias corrections, a zero second moment at t = 0) against
+    jvp of the update under vmap, with random tangents; the caller's tangents left alone."""
+    G, G_before = _closed_form_equals_jvp(_closed_form_problem(config, lr_kind), t, seed=4,
+                                          atol=1e-13, zero_grad_row=True)
+    if config in G_UNTOUCHED:
+        for x, y in zip(tree_flatten(G)[0], tree_flatten(G_before)[0]):
+            assert torch.equal(x, y)
 
 
-@pytest.mark.parametrize("opt,name", [("nesterov", "sgd"), ("adam", "adam"), ("adamw", "adamw")])
-def test_closed_form_used_and_general_paths_equal(opt: str, name: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole runs: the closed form (used at every step), the diagonal-Jacobian path and jvp
-    give one result, equal to reverse mode."""
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+def test_closed_form_used_and_general_paths_equal(opt: str) -> None:
+    """Whole runs: the closed form (the default's first choice, used at every step), the
+    diagonal-Jacobian path and jvp give one result, equal to reverse mode."""
     problem = _mixed_problem(opt, steps=6, windows=3)
     lam = problem.init_raw()
     calls = []
-    real = fwd._CLOSED_FORM[name]
-    monkeypatch.setitem(fwd._CLOSED_FORM, name,
-                        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+    real = problem.optimizer.tangent
+    problem.optimizer.tangent = (  # type: ignore[method-assign]
+        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
     a = hg.ForwardMode().hypergradient(problem, lam).grad
     assert len(calls) == problem.steps
-    monkeypatch.setattr(fwd, "_CLOSED_FORM", {})
-    b = hg.ForwardMode().hypergradient(problem, lam).grad
-    monkeypatch.setattr(fwd, "_ELEMENTWISE", frozenset())
-    c = hg.ForwardMode().hypergradient(problem, lam).grad
+    b = hg.ForwardMode(tangent=hg.DiagonalJacobian()).hypergradient(problem, lam).grad
+    c = hg.ForwardMode(tangent=hg.JVP()).hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
     torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-15)
     assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9
-
-
-ADAM_CONFIGS = {
-    # name: (constructor, optimizer kwargs, extra hyperparameters)
-    "adam_plain": ("adam", dict(lr="lr"), []),
-    "adam_l2_const": ("adam", dict(lr="lr", weight_decay=1e-2), []),
-    "adam_all_bound": ("adam", dict(lr="lr", betas=("b1", "b2"), eps="eps", weight_decay="wd"),
-                       [hg.Scalar("b1", 0.8, transform="logit"),
-                        hg.Scalar("b2", 0.99, transform="logit"),
-                        hg.Scalar("eps", 1e-3, transform="log"),
-                        hg.PerTensor("wd", 1e-2, transform="log")]),
-    "adam_eps_root": ("adam", dict(lr="lr", betas=(0.9, "b2"), eps_root=1e-8),
-                      [hg.Scalar("b2", 0.95, transform="logit")]),
-    "adamw_const": ("adamw", dict(lr="lr", weight_decay=0.1), []),
-    "adamw_all_bound": ("adamw", dict(lr="lr", betas=("b1", "b2"), eps="eps",
-                                      weight_decay="wd"),
-                        [hg.Scalar("b1", 0.8, transform="logit"),
-                         hg.Scalar("b2", 0.99, transform="logit"),
-                         hg.Scalar("eps", 1e-3, transform="log"),
-                         hg.Scalar("wd", 0.1, transform="log")]),
-}
-
-
-def _adam_problem(config: str, lr_kind: str, steps: int = 6) -> hg.InnerProblem:
-    ctor, kwargs, extra = ADAM_CONFIGS[config]
-    base = digits_case("momentum", "lr", steps=steps, **SMALL)
-    lr = (hg.Schedule("lr", 0.01, windows=3, transform="log") if lr_kind == "schedule"
-          else hg.PerTensor("lr", 0.01, transform="log"))
-    opt = getattr(hg, ctor)(**kwargs)
-    return hg.InnerProblem(base.fmodel.module, base.train_loss, opt,
-                           hg.HyperParams([lr, *extra]), base.batch, steps, base.val_loss)
-
-
-@pytest.mark.parametrize("lr_kind", ["schedule", "per_tensor"])
-@pytest.mark.parametrize("config", sorted(ADAM_CONFIGS))
-@pytest.mark.parametrize("t", [0, 3])
-def test_adam_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -> None:
-    """Adam's and AdamW's closed-form tangent (betas, eps, weight decay constant or bound, the
-    bias corrections, a zero second moment at t = 0) against jvp of the update under vmap."""
-    G, G_before = _closed_form_equals_jvp(_adam_problem(config, lr_kind), t, fwd._adam_tangent,
-                                          seed=4, atol=1e-13, zero_grad_row=True)
-    # G too is left alone, except where L2 decay reuses this step's buffer
-    if config in ("adam_plain", "adam_eps_root") or config.startswith("adamw"):
-        for x, y in zip(tree_flatten(G)[0], tree_flatten(G_before)[0]):
-            assert torch.equal(x, y)
