@@ -9,13 +9,13 @@ one call; unrolled reverse mode and central finite differences are built in as r
 from __future__ import annotations
 
 from . import errors, optim, testing
-from .choice import AutoMethod, estimate_memory, make_method
+from .choice import AutoMethod, AutoMode, estimate_memory, make_method
 from .finite_diff import FiniteDifference
 from .forward import ForwardMode, ForwardState
 from .hvp import BatchedAutograd, ColumnLoop, ForwardOverReverse, HVPStrategy, VmapVJP
 from .hyperparams import HyperParams, PerExample, PerTensor, Scalar, Schedule
 from .hyperparams import Tensor_ as Tensor
-from .method import HyperGradient, Method
+from .method import HyperGradient, Method, OnlineMethod
 from .model import ModelFn
 from .optim import adam, adamw, sgd
 from .problem import InnerProblem, InnerState
@@ -30,7 +30,8 @@ __all__ = [
     "HyperParams", "Scalar", "PerTensor", "Schedule", "PerExample", "Tensor",
     "optim", "testing", "sgd", "adam", "adamw",
     "InnerProblem", "InnerState", "ModelFn",
-    "Method", "HyperGradient", "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
+    "Method", "OnlineMethod", "AutoMode", "HyperGradient",
+    "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
     "TangentRule", "AutoTangent", "ClosedForm", "DiagonalJacobian", "JVP",
     "Trainer", "TrainResult", "SignDescent", "choose_method", "make_method", "estimate_memory",

@@ -24,16 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
 from .errors import MemoryBudgetError
 from .forward import ForwardMode
 from .hvp import STRATEGIES, HVPStrategy, VmapVJP, saved_bytes
-from .method import Method
+from .method import HyperGradient, Method
 from .problem import InnerProblem
 from .reverse import ReverseMode
 
-__all__ = ["AutoMethod", "MemoryEstimate", "available_memory", "estimate_memory",
+__all__ = ["AutoMode", "AutoMethod", "MemoryEstimate", "available_memory", "estimate_memory",
            "choose_method", "check_memory", "make_method"]
 
 GiB = float(2**30)
@@ -44,19 +45,42 @@ def _gib(x: float) -> str:
     return f"{x / GiB:.3g} GiB" if x >= GiB else f"{x / 2**20:.3g} MiB"
 
 
-class AutoMethod:
-    """``method="auto"`` with the forward mode to use if forward is picked (its HVP strategy,
-    chunking and ``compile`` kept from the config); reverse is :class:`ReverseMode`."""
+class AutoMode(Method):
+    """``method="auto"``: forward or reverse mode, chosen per problem by :func:`choose_method`
+    from both memory estimates and K (the reason is returned by :meth:`resolve` and logged by
+    the Trainer).
+
+    Args:
+        forward: the forward mode to use if forward is picked (its HVP strategy, chunking and
+            ``compile`` kept); default ``ForwardMode()``.
+        reverse: the reverse mode to use if reverse is picked; default ``ReverseMode()``.
+        memory_budget: bytes either may use (``None``: the caller's budget, else the device's
+            available memory).
+    """
 
     name = "auto"
 
-    def __init__(self, forward: ForwardMode | None = None,
-                 reverse: ReverseMode | None = None) -> None:
+    def __init__(self, forward: ForwardMode | None = None, reverse: ReverseMode | None = None,
+                 memory_budget: float | None = None) -> None:
         self.forward = forward if forward is not None else ForwardMode()
         self.reverse = reverse if reverse is not None else ReverseMode()
+        self.memory_budget = memory_budget
+
+    def resolve(self, problem: InnerProblem, mode: str = "offline",
+                memory_budget: float | None = None) -> tuple[Method, str]:
+        budget = self.memory_budget if self.memory_budget is not None else memory_budget
+        name, why = choose_method(problem, mode, budget, self.forward)
+        return (self.forward if name == "forward" else self.reverse), f"chose {name}: {why}"
+
+    def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+        return self.resolve(problem)[0].hypergradient(problem, lam)
 
     def __repr__(self) -> str:
-        return f"AutoMethod(forward={self.forward!r})"
+        return f"AutoMode(forward={self.forward!r}, reverse={self.reverse!r})"
+
+
+AutoMethod = AutoMode
+"""The earlier name of :class:`AutoMode`."""
 
 
 @dataclass
@@ -232,7 +256,7 @@ def check_memory(problem: InnerProblem, method: Method, mode: str = "offline",
 
 def make_method(name: str = "forward", hvp: str = "vmap_vjp", chunk_size: int | None = None,
                 memory_budget_gb: float | None = None,
-                compile: bool = False) -> Method | AutoMethod:
+                compile: bool = False) -> Method:
     """A method by name, for configs: ``"forward"`` (with the HVP strategy ``hvp``), ``"reverse"``
     or ``"auto"`` (an :class:`AutoMethod` the Trainer resolves with :func:`choose_method`; its
     forward mode keeps ``hvp``, ``chunk_size``, ``memory_budget_gb`` and ``compile``).
@@ -260,4 +284,4 @@ def make_method(name: str = "forward", hvp: str = "vmap_vjp", chunk_size: int | 
         fm = ForwardMode(VmapVJP(chunk_size=chunk_size, memory_budget=budget, compile=True))
     else:
         fm = ForwardMode(cls(chunk_size=chunk_size, memory_budget=budget))
-    return AutoMethod(fm) if name == "auto" else fm
+    return AutoMode(fm) if name == "auto" else fm

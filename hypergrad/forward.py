@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .hvp import HVPStrategy, VmapVJP
 from .hyperparams import Schedule
-from .method import HyperGradient, Method
+from .method import OnlineMethod
 from .problem import InnerProblem, InnerState
 from .randomness import second_order
 from .tangent import AutoTangent, TangentRule
@@ -134,7 +134,7 @@ def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
     return tree_map(one, tree)
 
 
-class ForwardMode(Method):
+class ForwardMode(OnlineMethod):
     """Forward-mode hypergradients.
 
     Args:
@@ -243,15 +243,7 @@ class ForwardMode(Method):
         first = tree_flatten(z)[0]
         return bool(first) and ref() is first[0] and dead.issuperset(cols)
 
-    def run(self, problem: InnerProblem, fs: ForwardState, lam: Tensor,
-            stop: int | None = None) -> ForwardState:
-        """Steps until ``stop`` (default: the horizon ``T``)."""
-        for _ in range(fs.step, problem.steps if stop is None else stop):
-            fs = self.step(problem, fs, lam)
-        return fs
-
-    @staticmethod
-    def hypergradient_at(problem: InnerProblem, fs: ForwardState,
+    def hypergradient_at(self, problem: InnerProblem, fs: ForwardState,
                          lam: Tensor) -> tuple[Tensor, Tensor]:
         """``(E, dE/dlam)`` at the current step: ``Z^T grad_s E + dE/dlam|direct``."""
         s, z = fs.state, fs.tangents
@@ -263,10 +255,10 @@ class ForwardMode(Method):
                 hg = hg + zs[name].reshape(hg.shape[0], -1) @ d.reshape(-1)
         return value.detach(), hg.detach()
 
-    def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
-        fs = self.run(problem, self.init(problem, lam), lam)
-        value, hg = self.hypergradient_at(problem, fs, lam)
-        return HyperGradient(value, hg, fs.state)
+    def truncate(self, fs: ForwardState) -> ForwardState:
+        """Tangents reset to zero (RTHO's truncation): later hypergradients see only the steps
+        from here on."""
+        return fs._replace(tangents=tree_map(torch.zeros_like, fs.tangents))
 
     def __repr__(self) -> str:
         return f"ForwardMode(hvp={self.hvp!r}, tangent={self.tangent!r})"
