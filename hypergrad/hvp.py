@@ -336,7 +336,17 @@ class ForwardOverReverse(HVPStrategy):
                     **{"B\0" + k: v for k, v in zb_new.items()}}
 
         chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
-        both = _by_chunks(chunk_of, eye.shape[0], chunk)
+        try:
+            both = _by_chunks(chunk_of, eye.shape[0], chunk)
+        except RuntimeError as err:
+            if "ZeroTensors are immutable" not in str(err):
+                raise
+            raise RuntimeError(
+                "ForwardOverReverse: torch's forward-over-reverse rule of a loss in the step "
+                "writes into a zero tangent (pytorch/pytorch#123996: F.mse_loss with "
+                "reduction='mean' and a target without tangent, open in torch 2.13). Use "
+                "VmapVJP() (the default), or write the loss out, e.g. "
+                "((pred - target) ** 2).mean().") from err
         G = {k[2:]: v for k, v in both.items() if k[0] == "G"}
         zb_new = {k[2:]: v for k, v in both.items() if k[0] == "B"}
         return primal[0][0], primal[0][1], G, zb_new

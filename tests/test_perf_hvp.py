@@ -203,3 +203,19 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(
     assert strat._compile_failed
     want = hg.ForwardMode().hypergradient(problem, lam).grad
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_forward_over_reverse_names_the_torch_mse_loss_bug(f64: torch.dtype) -> None:
+    """torch 2.13's forward-over-reverse rule of F.mse_loss(reduction='mean') writes into a zero
+    tangent of the target (pytorch/pytorch#123996): a clear error with the fix, not torch's."""
+    import torch.nn.functional as F
+
+    x, y = torch.randn(16, 3, dtype=f64), torch.randn(16, dtype=f64)
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")])
+    problem = hg.InnerProblem(torch.nn.Linear(3, 1).double(),
+                              lambda m, b, hp: F.mse_loss(m(b[0])[:, 0], b[1]),
+                              hg.sgd(lr="lr"), hps, [(x, y)], 2,
+                              lambda m, hp: F.mse_loss(m(x)[:, 0], y))
+    with pytest.raises(RuntimeError, match="pytorch/pytorch#123996.*VmapVJP"):
+        hg.ForwardMode(hg.ForwardOverReverse()).hypergradient(problem, problem.init_raw())
+    hg.ForwardMode().hypergradient(problem, problem.init_raw())  # the default works

@@ -1,0 +1,79 @@
+"""Finite differences: the step scaled per hyperparameter, the two-step estimate and its own
+error, and hypergradcheck reporting groups where finite differences cannot check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hypergrad as hg
+from hypergrad.testing import digits_case, hypergradcheck, rel_err
+
+SMALL = dict(steps=4, n_train=16, batch_size=8, hidden=6, n_val=16)
+
+
+def test_step_scales_with_the_raw_value(f64: torch.dtype) -> None:
+    lam = torch.tensor([-6.0, 0.5, 3.0], dtype=f64)
+    assert hg.FiniteDifference(1e-5).steps_for(lam).tolist() == pytest.approx([6e-5, 1e-5, 3e-5])
+    assert hg.FiniteDifference(1e-5, relative=False).steps_for(lam).tolist() == [1e-5] * 3
+
+
+def test_estimate_is_sharper_than_one_difference_and_bounds_its_error() -> None:
+    """On a smooth problem the extrapolated estimate is closer to reverse mode than a single
+    central difference, and its reported error bounds its actual error."""
+    problem = digits_case("momentum", "lr", **SMALL)
+    lam = problem.init_raw()
+    exact = hg.ReverseMode().hypergradient(problem, lam).grad
+    est = hg.FiniteDifference(1e-3).estimate(problem, lam)
+    one = hg.FiniteDifference(1e-3).hypergradient(problem, lam).grad
+    assert rel_err(est.grad, exact) < rel_err(one, exact) / 10
+    assert ((est.grad - exact).abs() <= est.error).all()
+    assert est.step.tolist() == hg.FiniteDifference(1e-3).steps_for(lam).tolist()
+
+
+def test_rough_objective_is_reported_not_failed(f64: torch.dtype) -> None:
+    """A loss with a kink at the scale of the step: finite differences disagree with themselves,
+    the check reports them as unreliable for that group and still holds forward = reverse."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 3, dtype=f64)
+    y = torch.randn(32, dtype=f64)
+    model = torch.nn.Linear(3, 1).double()
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
+                          hg.Scalar("wd", 1e-2, transform="log")])
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        xb, yb = batch
+        wd = hp["wd"] * sum(p.pow(2).sum() for p in m.params.values())
+        return ((m(xb)[:, 0] - yb) ** 2).mean() + wd
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return ((m(x)[:, 0] - y) ** 2).mean()
+
+    problem = hg.InnerProblem(model, train_loss, hg.sgd(lr="lr", weight_decay="wd"), hps,
+                              [(x, y)], 3, val_loss)
+    lam = problem.init_raw()
+    # a kink of the objective in the final bias, placed so that lr's finite-difference step h
+    # crosses it and the step h / 2 does not
+    fm = hg.ForwardMode()
+    fs = fm.run(problem, fm.init(problem, lam), lam)
+    b, db_dlr = float(fs.state.params["bias"][0]), float(fs.tangents.params["bias"][0, 0])
+    h = float(hg.FiniteDifference(1e-4).steps_for(lam)[0])
+    target = b + 0.75 * h * db_dlr
+
+    def val_loss2(m, hp):  # type: ignore[no-untyped-def]
+        return 10 * (m.params["bias"][0] - target).abs() + ((m(x)[:, 0] - y) ** 2).mean()
+
+    problem.val_loss = val_loss2
+    rep = hypergradcheck(problem, lam, fd_eps=1e-4, raise_exception=False)
+    assert rep.max("fwd_vs_rev") <= 1e-12
+    assert "lr" in rep.fd_unreliable and rep.fd_tolerance["lr"] == float("inf")
+    assert rep.ok  # reported, not failed
+    assert "finite differences unreliable" in str(rep)
+
+
+def test_a_wrong_gradient_still_fails_where_finite_differences_are_reliable() -> None:
+    problem = digits_case("adam", "lr", **SMALL)
+    rep = hypergradcheck(problem, raise_exception=False)
+    assert rep.ok and not rep.fd_unreliable
+    rep.fwd_vs_fd["lr"] = 1e-3  # as if forward were off by 0.1%
+    assert not rep.ok
