@@ -21,6 +21,7 @@ from .optim import adam, adamw, sgd
 from .problem import InnerProblem, InnerState
 from .reverse import ReverseMode
 from .sparse import SparseOperator, load_npz, load_svmlight
+from .stepvjp import DoubleBackward, MixedMode, StepVJP
 from .tangent import JVP, AutoTangent, ClosedForm, DiagonalJacobian, TangentRule
 from .trainer import SignDescent, Trainer, TrainResult, choose_method
 
@@ -32,6 +33,7 @@ __all__ = [
     "InnerProblem", "InnerState", "ModelFn",
     "Method", "OnlineMethod", "AutoMode", "HyperGradient",
     "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
+    "StepVJP", "DoubleBackward", "MixedMode",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
     "TangentRule", "AutoTangent", "ClosedForm", "DiagonalJacobian", "JVP",
     "Trainer", "TrainResult", "SignDescent", "choose_method", "make_method", "estimate_memory",
