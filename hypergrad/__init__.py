@@ -13,7 +13,15 @@ from .choice import AutoMethod, AutoMode, estimate_memory, make_method
 from .finite_diff import FiniteDifference
 from .forward import ForwardMode, ForwardState
 from .hvp import BatchedAutograd, ColumnLoop, ForwardOverReverse, HVPStrategy, VmapVJP
-from .hyperparams import HyperParams, PerExample, PerTensor, Scalar, Schedule
+from .hyperparams import (
+    HyperParams,
+    InitScale,
+    InitWeights,
+    PerExample,
+    PerTensor,
+    Scalar,
+    Schedule,
+)
 from .hyperparams import Tensor_ as Tensor
 from .method import HyperGradient, Method, OnlineMethod
 from .model import ModelFn
@@ -28,7 +36,8 @@ from .trainer import SignDescent, Trainer, TrainResult, choose_method
 __version__ = "0.1.0"
 
 __all__ = [
-    "HyperParams", "Scalar", "PerTensor", "Schedule", "PerExample", "Tensor",
+    "HyperParams", "Scalar", "PerTensor", "Schedule", "PerExample", "Tensor", "InitScale",
+    "InitWeights",
     "optim", "testing", "sgd", "adam", "adamw",
     "InnerProblem", "InnerState", "ModelFn",
     "Method", "OnlineMethod", "AutoMode", "HyperGradient",

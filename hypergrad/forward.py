@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.func import grad_and_value
+from torch.func import grad_and_value, jvp, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .hvp import HVPStrategy, VmapVJP
@@ -41,7 +41,7 @@ from .problem import InnerProblem, InnerState
 from .randomness import second_order
 from .tangent import AutoTangent, TangentRule
 
-__all__ = ["ForwardMode", "ForwardState"]
+__all__ = ["ForwardMode", "ForwardState", "initial_tangents"]
 
 
 class ForwardState(NamedTuple):
@@ -134,6 +134,16 @@ def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
     return tree_map(one, tree)
 
 
+def initial_tangents(problem: InnerProblem, lam: Tensor) -> tuple[InnerState, InnerState]:
+    """``s_0`` at ``lam`` and ``Z_0 = d s_0 / d lam``, every tensor with a leading axis of size K
+    (``jvp`` of :meth:`~hypergrad.InnerProblem.initial_state` under ``vmap`` over the identity).
+    """
+    eye = torch.eye(lam.shape[0], dtype=lam.dtype, device=lam.device)
+    s0 = problem.initial_state(lam)
+    z0 = vmap(lambda e: jvp(problem.initial_state, (lam,), (e,))[1])(eye)
+    return s0, z0
+
+
 class ForwardMode(OnlineMethod):
     """Forward-mode hypergradients.
 
@@ -181,9 +191,13 @@ class ForwardMode(OnlineMethod):
 
     def init(self, problem: InnerProblem, lam: Tensor,
              state: InnerState | None = None) -> ForwardState:
-        """Start at ``state`` (default: the initial state) with zero tangents, ``Z_0 = 0``."""
+        """Start at ``state`` with zero tangents, ``Z_0 = 0``; by default at the initial state
+        for ``lam``, with ``Z_0 = d s_0 / d lam`` (non-zero for initialisation
+        hyperparameters: :class:`~hypergrad.InitScale`, :class:`~hypergrad.InitWeights`)."""
         problem.check(lam)
-        s = problem.initial_state() if state is None else state
+        if state is None and problem.init_items:
+            return ForwardState(*initial_tangents(problem, lam), 0)
+        s = problem.initial_state(lam) if state is None else state
         k = problem.num_hyperparams
         z = tree_map(lambda v: torch.zeros((k, *v.shape), dtype=v.dtype, device=v.device), s)
         return ForwardState(s, z, 0)

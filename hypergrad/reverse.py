@@ -17,6 +17,9 @@ Two ways to spend less memory:
   plain step per step of time. The recomputed states are the stored ones bit for bit (a plain
   step is deterministic and its random draws are fixed by the problem's seed and ``t``), so
   the result equals full reverse mode exactly (tested bitwise).
+
+Initial-weight hyperparameters (:class:`~hypergrad.InitScale`, :class:`~hypergrad.InitWeights`)
+add ``a_0^T d s_0 / d lam`` when the backward sweep reaches step 0.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.func import grad_and_value
+from torch.func import grad_and_value, vjp
 from torch.utils._pytree import tree_map
 
 from .method import HyperGradient, Method
@@ -114,7 +117,7 @@ class ReverseMode(Method):
         start = T - n
         # forward sweep: plain steps; keep s_start, s_start+m, ... (every state when m = 1...n
         # covers them all: a "segment" of length m is recomputed from its first state)
-        s = problem.initial_state()
+        s = problem.initial_state(lam)
         for t in range(start):
             s = problem.step(s, lam, t)
         every = m >= n  # no recomputation: keep every state of the window
@@ -138,6 +141,10 @@ class ReverseMode(Method):
             for t in reversed(range(c, stop)):
                 adj, dl = self.step_vjp(problem, seg.pop(), lam, t, adj)
                 hg = hg + dl
+        if start == 0 and problem.init_items:
+            _, vjp_init = vjp(problem.initial_state, lam)  # type: ignore[misc]
+            (dl,) = vjp_init(adj)
+            hg = hg + dl
         return HyperGradient(value.detach(), hg.detach(), final)
 
     def __repr__(self) -> str:
