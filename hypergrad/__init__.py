@@ -23,6 +23,7 @@ from .hyperparams import (
     Schedule,
 )
 from .hyperparams import Tensor_ as Tensor
+from .implicit import CG, FixedPoint, ImplicitDiff, LinearSolver, Neumann
 from .method import HyperGradient, Method, OnlineMethod
 from .model import ModelFn
 from .optim import adam, adamw, sgd
@@ -43,6 +44,7 @@ __all__ = [
     "Method", "OnlineMethod", "AutoMode", "HyperGradient",
     "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
     "StepVJP", "DoubleBackward", "MixedMode",
+    "ImplicitDiff", "LinearSolver", "CG", "Neumann", "FixedPoint",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
     "TangentRule", "AutoTangent", "ClosedForm", "DiagonalJacobian", "JVP",
     "Trainer", "TrainResult", "SignDescent", "choose_method", "make_method", "estimate_memory",

@@ -26,12 +26,15 @@ class HyperGradient(NamedTuple):
     """Result of a hypergradient computation.
 
     objective: ``E(w_T, lam)``, 0-d. grad: ``dE/dlam``, shape ``(K,)`` (raw, unconstrained space).
-    state: the inner state at step ``T``.
+    state: the inner state at step ``T``. info: what an approximate method reports about
+    itself (:class:`~hypergrad.ImplicitDiff`: the solver's residual and iterations); ``None``
+    for the others.
     """
 
     objective: Tensor
     grad: Tensor
     state: InnerState
+    info: dict[str, Any] | None = None
 
 
 class Method(abc.ABC):

@@ -21,7 +21,8 @@ from .problem import InnerProblem
 from .reverse import ReverseMode
 
 __all__ = ["rel_err", "group_rel_errs", "CheckReport", "HypergradcheckError", "hypergradcheck",
-           "OPTIMIZERS", "KINDS", "GRID", "GridOptimizer", "grid_cases", "digits_case"]
+           "OPTIMIZERS", "KINDS", "GRID", "GridOptimizer", "grid_cases", "digits_case",
+           "l2_mlp_case", "ridge_diabetes_case"]
 
 
 def rel_err(a: Tensor, b: Tensor) -> float:
@@ -245,3 +246,62 @@ def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batc
     batches = MiniBatches(data.x_train, data.y_train, batch_size=batch_size, seed=seed)
     return InnerProblem(model, train_loss, _optimizer(opt, kind), hps, batches, steps, val_loss,
                         val_mode=val_mode)
+
+
+# -- problems with a known or converged answer (implicit differentiation, experiments/methods.py) --
+
+def l2_mlp_case(steps: int = 1000, *, n_train: int = 128, hidden: int = 16, l2: float = 0.1,
+                lr: float = 0.5, momentum: float = 0.9, n_val: int = 200,
+                via_optimizer: bool = False, seed: int = 0) -> InnerProblem:
+    """A float64 MLP (64-hidden-10, tanh) on ``n_train`` digits, trained full batch by SGD with
+    heavy-ball momentum, with one L2 coefficient per parameter tensor (``PerTensor("l2")``, K = 4)
+    in the training loss. The L2 makes the training loss strongly convex enough near its minimum
+    that ``steps=1000`` reaches it to a relative gradient norm of ~1e-12 (500: ~1e-7), so the
+    implicit hypergradient at ``w_T`` is the forward/reverse one at large ``T``.
+    ``via_optimizer``: the same L2 as ``sgd(weight_decay="l2")`` instead of a loss term."""
+    from .problems import digits_data, mlp
+
+    data = digits_data(n_train, n_val, 1, seed=seed, dtype=torch.float64)
+    torch.manual_seed(seed)
+    model = mlp([64, hidden, 10]).double()
+    hps = HyperParams([PerTensor("l2", l2, transform="log")])
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y = batch
+        ce = F.cross_entropy(m(x), y)
+        if via_optimizer:
+            return ce
+        return ce + sum(0.5 * hp["l2"][k] * (w * w).sum() for k, w in m.params.items())
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(data.x_val), data.y_val)
+
+    opt = sgd(lr=lr, momentum=momentum, weight_decay="l2" if via_optimizer else 0.0)
+    return InnerProblem(model, train_loss, opt, hps, [(data.x_train, data.y_train)], steps,
+                        val_loss)
+
+
+def ridge_diabetes_case(steps: int = 2000, l2: float = 0.1, n_train: int = 250,
+                        n_val: int = 100, seed: int = 0) -> tuple[InnerProblem, Tensor]:
+    """Ridge regression on standardized ``load_diabetes`` by full-batch gradient descent with the
+    learning rate ``2 / (lambda_max + lambda_min)`` of the training loss's Hessian (contraction
+    0.955 per step), from ``w_0 = 0``; returns the problem (K = 1, ``log l2``) and the
+    closed-form hypergradient at convergence (:func:`~hypergrad.problems.ridge_closed_form_
+    hypergradient` with ``steps=None``), which the problem reaches to ~1e-14 at 2000 steps."""
+    import numpy as np
+    from sklearn.datasets import load_diabetes
+
+    from .problems import ridge_closed_form_hypergradient, ridge_problem
+
+    x, y = load_diabetes(return_X_y=True)
+    perm = np.random.default_rng(seed).permutation(len(y))
+    x, y = x[perm], y[perm]
+    x = (x - x[:n_train].mean(0)) / x[:n_train].std(0)
+    y = (y - y[:n_train].mean()) / y[:n_train].std()
+    xt, yt = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    xtr, ytr = xt[:n_train], yt[:n_train]
+    xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
+    ev = torch.linalg.eigvalsh(xtr.T @ xtr / n_train)
+    lr = 2.0 / (float(ev[-1]) + float(ev[0]) + 2 * l2)
+    problem = ridge_problem(xtr, ytr, xv, yv, l2, lr, steps)
+    return problem, ridge_closed_form_hypergradient(xtr, ytr, xv, yv, l2, lr, None)

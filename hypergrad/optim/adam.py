@@ -9,7 +9,18 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .base import Arg, Optimizer, Params, TangentContext, fma, inv_twice, is_zero, owned, safe_sqrt
+from .base import (
+    Arg,
+    Optimizer,
+    Params,
+    TangentContext,
+    fma,
+    inv_twice,
+    is_zero,
+    l2_penalty,
+    owned,
+    safe_sqrt,
+)
 
 __all__ = ["Adam", "AdamW", "AdamState", "adam", "adamw"]
 
@@ -32,6 +43,7 @@ class Adam(Optimizer):
     pair_args = ("betas",)
     options = ("eps_root",)
     decoupled = False
+    stationary_args: tuple[str, ...] = ("weight_decay",)
 
     def init(self, params: Params) -> AdamState:
         return AdamState({k: torch.zeros_like(p) for k, p in params.items()},
@@ -117,6 +129,11 @@ class Adam(Optimizer):
             new_zp[k], new_zm[k], new_zv[k] = zn, zm, zv
         return new_zp, AdamState(new_zm, new_zv)
 
+    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
+        """L2 ``weight_decay`` (added to the gradient) is ``sum wd ||w||^2 / 2``; AdamW's
+        decoupled decay is no term of an objective."""
+        return None if self.decoupled else l2_penalty(self, "weight_decay", params, hp)
+
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:
         a, v = self.args, self._value
@@ -129,6 +146,7 @@ class AdamW(Adam):
     """Adam with decoupled weight decay: ``w <- (1 - lr wd) w`` before the Adam step."""
 
     decoupled = True
+    stationary_args = ()
 
 
 def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,

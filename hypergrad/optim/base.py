@@ -13,6 +13,12 @@ An optimizer is a small class, one module per algorithm (:mod:`~hypergrad.optim.
 - ``tangent(ctx, new_params, new_state)`` (optional): the update's tangent in closed form, all K
   columns at once, given the primal update that ``update`` computed. ``None`` (the default) lets
   forward mode derive it (:mod:`hypergrad.tangent`).
+- ``stationary_args`` and ``penalty(params, hp)`` (optional): the arguments whose effect at a
+  fixed point of the update is a term of the objective being minimised (an L2 weight decay
+  added to the gradient: SGD's and Adam's ``weight_decay``, not AdamW's decoupled one), and that
+  term. Implicit differentiation (:class:`~hypergrad.ImplicitDiff`) adds it to the training
+  loss and accepts hyperparameters bound to those arguments; every other optimizer
+  hyperparameter (learning rates, momenta, schedules of them) leaves the fixed point unchanged.
 
 The engine never reads an optimizer's name or private fields and takes the primal update only
 from ``update``. A new optimizer is a new module: subclass :class:`Optimizer`, write ``init`` and
@@ -29,7 +35,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Optimizer", "TangentContext", "Params", "Arg", "safe_sqrt", "fma", "owned",
-           "is_zero", "const_zero", "inv_twice"]
+           "is_zero", "const_zero", "inv_twice", "l2_penalty"]
 
 Params = dict[str, Tensor]
 Arg = float | str
@@ -52,6 +58,17 @@ def inv_twice(root: Tensor) -> Tensor:
     """``1 / (2 root)``, the derivative of :func:`safe_sqrt` at ``root**2``: 0 where ``root`` is
     0."""
     return torch.where(root > 0, 0.5 / torch.where(root > 0, root, 1.0), 0.0)
+
+
+def l2_penalty(opt: Optimizer, arg: str, params: Params, hp: Mapping[str, Any]
+               ) -> Tensor | None:
+    """``sum_p wd_p ||w_p||^2 / 2`` for the weight decay argument ``arg`` of ``opt`` (per
+    parameter where it is a per-tensor hyperparameter); ``None`` when it is the constant 0."""
+    wd = opt.args[arg]
+    if is_zero(wd):
+        return None
+    terms = [0.5 * opt.read(wd, hp, k) * (w * w).sum() for k, w in params.items()]
+    return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
 
 
 def is_zero(a: Any) -> bool:
@@ -136,6 +153,8 @@ class Optimizer(abc.ABC):
     pair_args: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
     elementwise: bool = True
+    stationary_args: tuple[str, ...] = ()
+    """Arguments whose effect at a fixed point of the update is :meth:`penalty`'s term."""
 
     def __init__(self, **args: Any) -> None:
         api = self.name  # the factory users call: sgd, adam, ...
@@ -200,6 +219,12 @@ class Optimizer(abc.ABC):
         """The update's tangent in closed form, ``(Z_params, Z_state)`` with a leading axis of
         ``K'`` columns, given the update's result; ``None``: no closed form (forward mode then
         derives the tangent)."""
+        return None
+
+    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
+        """The term the update adds to the objective it minimises, as a function of the
+        parameters (``None``: nothing). A fixed point of the update is a stationary point of
+        ``L_train + penalty``."""
         return None
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None

@@ -9,7 +9,17 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .base import Arg, Optimizer, Params, TangentContext, const_zero, fma, is_zero, owned
+from .base import (
+    Arg,
+    Optimizer,
+    Params,
+    TangentContext,
+    const_zero,
+    fma,
+    is_zero,
+    l2_penalty,
+    owned,
+)
 
 __all__ = ["SGD", "SGDState", "sgd"]
 
@@ -26,6 +36,7 @@ class SGD(Optimizer):
 
     hyper_args = ("lr", "momentum", "dampening", "weight_decay")
     options = ("nesterov",)
+    stationary_args = ("weight_decay",)
 
     def init(self, params: Params) -> SGDState:
         if is_zero(self.args["momentum"]):
@@ -109,6 +120,10 @@ class SGD(Optimizer):
             ctx.add_direct(zw, lr, s_primal, -1.0)
             new_zp[k] = zw
         return new_zp, SGDState(new_zb)
+
+    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
+        """``weight_decay`` is an L2 term: ``sum wd ||w||^2 / 2``."""
+        return l2_penalty(self, "weight_decay", params, hp)
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:
