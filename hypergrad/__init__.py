@@ -26,6 +26,7 @@ from .hyperparams import Tensor_ as Tensor
 from .implicit import CG, FixedPoint, ImplicitDiff, LinearSolver, Neumann
 from .method import HyperGradient, Method, OnlineMethod
 from .model import ModelFn
+from .online import HD, MARTHE, HDState
 from .optim import adam, adamw, sgd
 from .problem import InnerProblem, InnerState
 from .reverse import ReverseMode
@@ -45,6 +46,7 @@ __all__ = [
     "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",
     "StepVJP", "DoubleBackward", "MixedMode",
     "ImplicitDiff", "LinearSolver", "CG", "Neumann", "FixedPoint",
+    "HD", "HDState", "MARTHE",
     "HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
     "TangentRule", "AutoTangent", "ClosedForm", "DiagonalJacobian", "JVP",
     "Trainer", "TrainResult", "SignDescent", "choose_method", "make_method", "estimate_memory",
