@@ -194,3 +194,33 @@ def test_val_loss_hyperparameters_get_their_direct_term() -> None:
     lam = problem.init_raw()
     imp = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(problem, lam)
     assert rel_err(imp.grad, hg.ForwardMode().hypergradient(problem, lam).grad) <= 1e-3
+
+
+def test_per_example_weights_of_a_converged_softmax_regression() -> None:
+    """Data hyper-cleaning's hyperparameters (one weight per example, K = 64) on an
+    L2-regularised softmax regression trained to convergence: implicit = reverse mode."""
+    from torch import nn
+
+    from hypergrad.problems import digits_data
+
+    data = digits_data(64, 100, 1, seed=0, dtype=torch.float64)
+    torch.manual_seed(0)
+    idx = torch.arange(64)
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y, i = batch
+        ce = F.cross_entropy(m(x), y, reduction="none")
+        return (hp["w"][i] * ce).mean() + 0.05 * (m.params["weight"] ** 2).sum()
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(data.x_val), data.y_val)
+
+    problem = hg.InnerProblem(
+        nn.Linear(64, 10).double(), train_loss, hg.sgd(lr=0.5, momentum=0.9),
+        hg.HyperParams([hg.PerExample("w", 0.8, n=64, transform="logit")]),
+        [(data.x_train, data.y_train, idx)], 400, val_loss)
+    lam = problem.init_raw()
+    imp = hg.ImplicitDiff().hypergradient(problem, lam)
+    rev = hg.ReverseMode(checkpoint="sqrt").hypergradient(problem, lam)
+    assert imp.info is not None and imp.info["converged"]
+    assert rel_err(imp.grad, rev.grad) <= 1e-6
