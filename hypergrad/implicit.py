@@ -39,8 +39,8 @@ The stationarity of ``w_T`` is measured as ``r = ||grad_w L(w_T)|| / ||grad_w L(
 relative error was 3-5 times ``r`` (ridge: ``r`` = 8.7e-4 gave 4.1e-3, 8.6e-5 gave 4.1e-4; the
 MLP: 1.7e-4 gave 4.6e-4), so ``r <= 1e-3`` means a few percent at worst on such problems. The
 factor grows with the Hessian's condition number (the same MLP with half the L2: ``r`` = 3.8e-5
-and 1% error, a factor of 250), so the warning is a necessary check, not a guarantee: lower ``grad_tol`` where
-accuracy matters. A solver that stops above its tolerance gives a
+and 1% error, a factor of 250), so the warning is a necessary check, not a guarantee: lower
+``grad_tol`` where accuracy matters. A solver that stops above its tolerance gives a
 :class:`~hypergrad.errors.SolverNotConvergedWarning`.
 """
 
