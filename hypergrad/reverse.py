@@ -115,8 +115,8 @@ class ReverseMode(Method):
         T = problem.steps
         n, m = self.horizon(T), self.segment(T)
         start = T - n
-        # forward sweep: plain steps; keep s_start, s_start+m, ... (every state when m = 1...n
-        # covers them all: a "segment" of length m is recomputed from its first state)
+        # forward sweep, plain steps: the steps before the backpropagated window are only run;
+        # in it, keep every state, or with checkpointing the first state of each segment of m
         s = problem.initial_state(lam)
         for t in range(start):
             s = problem.step(s, lam, t)
