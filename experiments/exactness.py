@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from hypergrad.testing import KINDS, OPTIMIZERS, digits_case, hypergradcheck
+from hypergrad.testing import GRID, KINDS, OPTIMIZERS, digits_case, hypergradcheck
 
 
 def check_case(opt: str, kind: str, label: str, args: argparse.Namespace,
@@ -49,8 +49,8 @@ def main() -> None:
           f"{'strategies':>12}{'secs':>7}")
     for opt in OPTIMIZERS:
         for kind in KINDS:
-            if opt == "sgd" and kind == "momentum":
-                print(f"{opt:<10}{kind:<15}{'':>4}{'n/a (plain sgd has no momentum)':>36}")
+            if kind == "momentum" and GRID[opt].momentum is None:
+                print(f"{opt:<10}{kind:<15}{'':>4}{f'n/a ({opt} has no momentum)':>36}")
                 continue
             rows.append(check_case(opt, kind, kind, args))
     # BatchNorm: running statistics are state with tangents; validation in eval mode reads them

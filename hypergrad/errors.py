@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "CheckpointWarning",
     "CheckpointError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
+    "InnerNotConvergedWarning", "SolverNotConvergedWarning",
 ]
 
 
@@ -31,6 +32,16 @@ class TuningWarning(HypergradWarning):
 class CheckpointWarning(HypergradWarning):
     """A checkpoint could not be used as it is (unreadable, so the previous one was taken; or
     written by an older version without a fingerprint to check)."""
+
+
+class InnerNotConvergedWarning(HypergradWarning):
+    """Implicit differentiation at a state that is not near a stationary point of the training
+    objective (its gradient norm has not fallen enough): the implicit hypergradient may be far
+    off, even of the wrong sign."""
+
+
+class SolverNotConvergedWarning(HypergradWarning):
+    """The linear solver of implicit differentiation stopped above its tolerance."""
 
 
 class CheckpointError(RuntimeError):

@@ -13,6 +13,13 @@ Kinds (``K`` contributions in brackets):
   equal windows (FDS-style, Maclaurin et al. 2015; Micaelli & Storkey 2021).
 - :class:`PerExample` [N]: one weight per training example (data hyper-cleaning).
 - :class:`Tensor` [numel]: any tensor the training loss reads (an L2 coefficient, label smoothing).
+- :class:`InitScale` [one per listed parameter tensor]: a scale of the initial weights,
+  ``w_0 = scale * w_0(model)``.
+- :class:`InitWeights` [numel of the listed tensors]: the initial weights themselves (the
+  learnable initialisation of MAML-style meta-learning; reverse mode's case, K is large).
+
+The two initialisation kinds are read by the problem's initial state
+(:meth:`~hypergrad.InnerProblem.initial_state`), not by the losses or the optimizer.
 
 Example:
     >>> hp = HyperParams([Schedule("lr", init=0.1, windows=4, transform="log"),
@@ -39,6 +46,8 @@ __all__ = [
     "Schedule",
     "PerExample",
     "Tensor_",
+    "InitScale",
+    "InitWeights",
     "HyperParams",
     "HPValues",
 ]
@@ -84,6 +93,8 @@ class HyperParameter:
     transform: str = "identity"
 
     kind: str = field(init=False, default="base")
+    initializes = False
+    """Whether the kind sets the initial state (read by ``InnerProblem.initial_state``)."""
 
     def __post_init__(self) -> None:
         api = f"{type(self).__name__}({self.name!r})"
@@ -126,6 +137,12 @@ class HyperParameter:
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         """Map this hyperparameter's raw slice to what training reads at ``step``."""
         return TRANSFORMS[self.transform][0](raw)
+
+    def bind(self, param_names: Sequence[str],
+             params: Mapping[str, Tensor] | None = None) -> HyperParameter:
+        """This hyperparameter resolved against a model's trainable parameters (names, and
+        their initial values where a kind needs them); most kinds need nothing."""
+        return self
 
 
 @dataclass
@@ -235,7 +252,8 @@ class PerTensor(HyperParameter):
             )
         return (len(self.params),)
 
-    def bind(self, param_names: Sequence[str]) -> PerTensor:
+    def bind(self, param_names: Sequence[str],
+             params: Mapping[str, Tensor] | None = None) -> PerTensor:
         names = list(param_names)
         if self.params is None:
             return PerTensor(self.name, self.init, self.transform, names, self.default)
@@ -272,6 +290,144 @@ class _PerTensorValue(dict):
         if self.default is None:
             raise KeyError(key)
         return self.default
+
+
+def _bind_names(api: str, listed: Sequence[str] | None, param_names: Sequence[str]
+                ) -> list[str]:
+    """``listed`` checked against the model's trainable parameters (``None``: all of them)."""
+    names = list(param_names)
+    if listed is None:
+        return names
+    unknown = [p for p in listed if p not in names]
+    if unknown:
+        raise ValueError(f"{api}: params {unknown} are not trainable parameters of the model; "
+                         f"choose from {names}.")
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"{api}: params={list(listed)} has repeats.")
+    return list(listed)
+
+
+@dataclass
+class InitScale(HyperParameter):
+    """A scale of the initial weights, one per listed parameter tensor (a per-layer
+    initialisation scale): training starts from ``w_0[p] = scale[p] * w_0(model)[p]``.
+
+    ``params``: parameter names (as in ``model.named_parameters()``); ``None``: every trainable
+    parameter, resolved when the problem is built. Unlisted parameters start unscaled. Forward
+    mode starts from ``Z_0 = d s_0 / d lam`` (``w_0(model)[p]`` in column ``p``), reverse mode
+    adds ``a_0^T d s_0 / d lam``.
+
+    Example:
+        >>> InitScale("init", 1.0, params=["0.weight", "2.weight"]).shape()
+        (2,)
+    """
+
+    init: float | Sequence[float] | Tensor = 1.0
+    transform: str = "log"
+    params: Sequence[str] | None = None
+    kind: str = field(init=False, default="init_scale")
+    initializes = True
+
+    def shape(self) -> tuple[int, ...]:
+        if self.params is None:
+            raise ValueError(
+                f"InitScale({self.name!r}): parameter names are not bound yet; build an "
+                f"InnerProblem with it (which binds params=None to the model) or pass "
+                f"params=[...]."
+            )
+        return (len(self.params),)
+
+    def bind(self, param_names: Sequence[str],
+             params: Mapping[str, Tensor] | None = None) -> InitScale:
+        names = _bind_names(f"InitScale({self.name!r})", self.params, param_names)
+        return InitScale(self.name, self.init, self.transform, names)
+
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
+        v = TRANSFORMS[self.transform][0](raw)
+        assert self.params is not None
+        return {p: v[i] for i, p in enumerate(self.params)}
+
+    def apply_init(self, params: dict[str, Tensor], value: Mapping[str, Tensor]
+                   ) -> dict[str, Tensor]:
+        """``params`` with the listed tensors scaled: ``value[p] * params[p]``."""
+        return {k: value[k] * v if k in value else v for k, v in params.items()}
+
+
+class InitWeights(HyperParameter):
+    """The initial weights themselves as hyperparameters: ``w_0[p] = lam[p]`` for the listed
+    tensors (a learnable initialisation, as in MAML / FAR-HO / higher). ``K`` is their number of
+    elements, so reverse mode is the method for it (forward mode carries K tangent columns).
+
+    Args:
+        name: the hyperparameter's name.
+        params: parameter names; ``None``: every trainable parameter.
+        init: the initial values, flat, in the order of ``params`` (``None``: the model's own
+            initial values, read when the problem is built).
+        transform: ``"identity"`` (default) or another named transform.
+
+    Example:
+        >>> InitWeights("w0", params=["2.bias"]).kind
+        'init_weights'
+    """
+
+    kind = "init_weights"
+    initializes = True
+
+    def __init__(self, name: str, params: Sequence[str] | None = None,
+                 init: float | Sequence[float] | Tensor | None = None,
+                 transform: str = "identity") -> None:
+        self.name, self.transform = name, transform
+        self.params = None if params is None else list(params)
+        self.init = 0.0 if init is None else init  # validated now, replaced when bound
+        self._init_given = init is not None
+        self.shapes: dict[str, tuple[int, ...]] | None = None
+        self.__post_init__()
+
+    def __repr__(self) -> str:
+        return (f"InitWeights(name={self.name!r}, params={self.params!r}, "
+                f"transform={self.transform!r})")
+
+    __eq__ = object.__eq__  # the dataclass comparison would compare tensors elementwise
+    __hash__ = object.__hash__
+
+    def shape(self) -> tuple[int, ...]:
+        if self.shapes is None:
+            raise ValueError(
+                f"InitWeights({self.name!r}): not bound to a model yet; build an InnerProblem "
+                f"with it (which reads the parameters' shapes and initial values)."
+            )
+        return (sum(math.prod(s) for s in self.shapes.values()),)
+
+    def bind(self, param_names: Sequence[str],
+             params: Mapping[str, Tensor] | None = None) -> InitWeights:
+        api = f"InitWeights({self.name!r})"
+        names = _bind_names(api, self.params, param_names)
+        if params is None:
+            raise ValueError(f"{api}: binding needs the model's initial parameters; build an "
+                             f"InnerProblem with it.")
+        out = InitWeights(self.name, names, self.init if self._init_given else None,
+                          self.transform)
+        out.shapes = {p: tuple(params[p].shape) for p in names}
+        if not self._init_given:
+            out.init = torch.cat([params[p].detach().reshape(-1).to(torch.float64).cpu()
+                                  for p in names])
+            out._init_given = True
+        return out
+
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
+        v = TRANSFORMS[self.transform][0](raw)
+        assert self.shapes is not None
+        out, start = {}, 0
+        for p, shp in self.shapes.items():
+            n = math.prod(shp)
+            out[p] = v[start:start + n].reshape(shp)
+            start += n
+        return out
+
+    def apply_init(self, params: dict[str, Tensor], value: Mapping[str, Tensor]
+                   ) -> dict[str, Tensor]:
+        """``params`` with the listed tensors replaced by ``value[p]``."""
+        return {k: value[k].to(v.dtype) if k in value else v for k, v in params.items()}
 
 
 class HPValues(Mapping[str, Any]):
@@ -330,10 +486,28 @@ class HyperParams:
         self.items: list[HyperParameter] = items
         self.by_name = {it.name: it for it in items}
 
-    def bind(self, param_names: Sequence[str]) -> HyperParams:
-        """Resolve :class:`PerTensor` parameter lists against a model's trainable parameters."""
-        return HyperParams([it.bind(param_names) if isinstance(it, PerTensor) else it
-                            for it in self.items])
+    def bind(self, param_names: Sequence[str],
+             params: Mapping[str, Tensor] | None = None) -> HyperParams:
+        """Resolve parameter lists (:class:`PerTensor`, :class:`InitScale`) and initial values
+        (:class:`InitWeights`) against a model's trainable parameters."""
+        return HyperParams([it.bind(param_names, params) for it in self.items])
+
+    @property
+    def init_items(self) -> list[HyperParameter]:
+        """The kinds that set the initial state (:class:`InitScale`, :class:`InitWeights`)."""
+        return [it for it in self.items if it.initializes]
+
+    def apply_init(self, params: dict[str, Tensor], lam: Tensor) -> dict[str, Tensor]:
+        """The initial parameters at ``lam``: ``params`` (the model's) with every
+        initialisation kind applied in order. Differentiable in ``lam``."""
+        items = self.init_items
+        if not items:
+            return params
+        raw = self.split(lam)
+        out = dict(params)
+        for it in items:
+            out = it.apply_init(out, it.value(raw[it.name], None, 1))  # type: ignore[attr-defined]
+        return out
 
     @property
     def names(self) -> list[str]:

@@ -96,7 +96,8 @@ class InnerProblem:
         if not callable(train_loss) or not callable(val_loss):
             raise TypeError("InnerProblem: train_loss and val_loss must be callables.")
         self.fmodel = FunctionalModel(model)
-        self.hyperparams = hyperparams.bind(self.fmodel.param_names)
+        self.hyperparams = hyperparams.bind(self.fmodel.param_names,
+                                            self.fmodel.initial_params())
         self.optimizer = optimizer
         self.train_loss = train_loss
         self.val_loss = val_loss
@@ -132,8 +133,20 @@ class InnerProblem:
     def batch(self, t: int) -> Any:
         return self._batch(t)
 
-    def initial_state(self) -> InnerState:
+    @property
+    def init_items(self) -> list[Any]:
+        """The hyperparameters that set the initial state (:class:`~hypergrad.InitScale`,
+        :class:`~hypergrad.InitWeights`); empty for most problems."""
+        return self.hyperparams.init_items
+
+    def initial_state(self, lam: Tensor | None = None) -> InnerState:
+        """The state ``s_0`` training at ``lam`` starts from: the model's weights with the
+        initialisation hyperparameters applied (differentiable in ``lam``). Without ``lam``,
+        the model's own weights as they are (the base that :class:`~hypergrad.InitScale`
+        scales); the two are equal for problems without initialisation hyperparameters."""
         params = self.fmodel.initial_params()
+        if lam is not None and self.init_items:
+            params = self.hyperparams.apply_init(params, lam)
         return InnerState(params, self.fmodel.initial_buffers(), self.optimizer.init(params))
 
     # -- the pure functions every method differentiates --------------------------------------------
@@ -225,9 +238,10 @@ class InnerProblem:
 
     def run(self, lam: Tensor, state: InnerState | None = None, start: int = 0,
             stop: int | None = None) -> InnerState:
-        """Plain training from ``state`` (default: the initial one) over steps ``start..stop-1``."""
+        """Plain training from ``state`` (default: the initial one at ``lam``) over steps
+        ``start..stop-1``."""
         self.check(lam)
-        s = self.initial_state() if state is None else state
+        s = self.initial_state(lam) if state is None else state
         with torch.no_grad():
             for t in range(start, self.steps if stop is None else stop):
                 s = self.step(s, lam, t)
@@ -243,6 +257,12 @@ class InnerProblem:
                     f"defined are {hps.names}. Fix the name or add it to HyperParams."
                 )
             item = hps.by_name[name]
+            if item.initializes:
+                raise ValueError(
+                    f"InnerProblem: optimizer argument {arg} is bound to {name!r} of kind "
+                    f"{item.kind}, which sets the initial weights; bind optimizer arguments to a "
+                    f"Scalar, a Schedule, a PerTensor or a 0-d Tensor."
+                )
             if item.kind in ("per_example",) or (item.kind == "tensor" and item.shape() != ()):
                 raise ValueError(
                     f"InnerProblem: optimizer argument {arg} is bound to {name!r} of kind "
@@ -274,7 +294,8 @@ class InnerProblem:
             _check_scalar("val_loss", val, self.dtype)
         if self.draws is None:
             self._detect_draws(lam)
-        used = hp.accessed | hpv.accessed | set(self.optimizer.bound_names())
+        used = (hp.accessed | hpv.accessed | set(self.optimizer.bound_names())
+                | {it.name for it in self.init_items})
         unused = [n for n in self.hyperparams.names if n not in used]
         if unused:
             raise ValueError(_unbound_message(unused, self.optimizer))

@@ -3,8 +3,9 @@ hypergradients, and the digits problems the exactness table and the tests are bu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,8 @@ from .problem import InnerProblem
 from .reverse import ReverseMode
 
 __all__ = ["rel_err", "group_rel_errs", "CheckReport", "HypergradcheckError", "hypergradcheck",
-           "OPTIMIZERS", "KINDS", "digits_case"]
+           "OPTIMIZERS", "KINDS", "GRID", "GridOptimizer", "grid_cases", "digits_case",
+           "l2_mlp_case", "ridge_diabetes_case"]
 
 
 def rel_err(a: Tensor, b: Tensor) -> float:
@@ -147,31 +149,59 @@ def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
 
 # -- the digits grid: every optimizer x every hyperparameter kind ---------------------------------
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+@dataclass(frozen=True)
+class GridOptimizer:
+    """A row of the exactness grid: the factory, its constant arguments (a constant weight decay
+    everywhere, so the L2 paths run in every row), the initial learning rate, and how a
+    ``momentum`` kind binds its hyperparameter (``None``: the optimizer has no momentum)."""
+
+    factory: Callable[..., Optimizer]
+    constants: dict[str, Any]
+    lr0: float
+    momentum: Callable[[Any], dict[str, Any]] | None = None
+    momentum0: float = 0.5
+
+
+GRID: dict[str, GridOptimizer] = {
+    "sgd": GridOptimizer(sgd, {"weight_decay": 1e-3}, 0.1),
+    "momentum": GridOptimizer(sgd, {"weight_decay": 1e-3}, 0.1,
+                              lambda m: {"momentum": m}, 0.5),
+    "nesterov": GridOptimizer(sgd, {"weight_decay": 1e-3, "nesterov": True}, 0.1,
+                              lambda m: {"momentum": m}, 0.5),
+    "adam": GridOptimizer(adam, {"weight_decay": 1e-3}, 0.01,
+                          lambda m: {"betas": (m, 0.999)}, 0.9),
+    "adamw": GridOptimizer(adamw, {"weight_decay": 1e-2}, 0.01,
+                           lambda m: {"betas": (m, 0.999)}, 0.9),
+}
+"""The optimizers of the exactness grid; a new optimizer adds a row."""
+
+OPTIMIZERS = tuple(GRID)
 KINDS = ("lr", "momentum", "per_tensor_wd", "schedule", "per_example", "loss_param")
 
 
+def grid_cases() -> list[tuple[str, str]]:
+    """Every (optimizer, kind) pair of the grid that applies (a momentum kind needs one)."""
+    return [(o, k) for o in GRID for k in KINDS
+            if not (k == "momentum" and GRID[o].momentum is None)]
+
+
 def _optimizer(opt: str, kind: str) -> Optimizer:
-    lr = "lr" if kind in ("lr", "schedule") else (0.1 if opt in OPTIMIZERS[:3] else 0.01)
-    # constant weight decay where it is not the hyperparameter, so the L2 paths (and AdamW's
-    # decoupled decay) are exercised by every row
-    wd = "wd" if kind == "per_tensor_wd" else (1e-2 if opt == "adamw" else 1e-3)
-    mom = "mom" if kind == "momentum" else 0.9
-    if opt == "sgd":
-        return sgd(lr=lr, weight_decay=wd)
-    if opt in ("momentum", "nesterov"):
-        return sgd(lr=lr, momentum=mom, nesterov=opt == "nesterov", weight_decay=wd)
-    if opt == "adam":
-        return adam(lr=lr, betas=(mom, 0.999), weight_decay=wd)
-    return adamw(lr=lr, betas=(mom, 0.999), weight_decay=wd)
+    row = GRID[opt]
+    args: dict[str, Any] = dict(row.constants)
+    args["lr"] = "lr" if kind in ("lr", "schedule") else row.lr0
+    if kind == "per_tensor_wd":
+        args["weight_decay"] = "wd"
+    if row.momentum is not None:
+        args.update(row.momentum("mom" if kind == "momentum" else 0.9))
+    return row.factory(**args)
 
 
 def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperParameter:
-    lr0 = 0.1 if opt in OPTIMIZERS[:3] else 0.01
+    lr0 = GRID[opt].lr0
     if kind == "lr":
         return Scalar("lr", lr0, transform="log")
     if kind == "momentum":
-        return Scalar("mom", 0.9 if opt in ("adam", "adamw") else 0.5, transform="logit")
+        return Scalar("mom", GRID[opt].momentum0, transform="logit")
     if kind == "per_tensor_wd":
         return PerTensor("wd", 1e-2, transform="log")
     if kind == "schedule":
@@ -185,16 +215,16 @@ def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batc
                 hidden: int = 16, n_val: int = 64, windows: int = 4, batchnorm: bool = False,
                 val_mode: str = "eval", seed: int = 0) -> InnerProblem:
     """A float64 MLP on a subset of ``load_digits`` with one hyperparameter kind and one optimizer
-    (names from :data:`OPTIMIZERS` and :data:`KINDS`); ``sgd`` x ``momentum`` has no momentum and
-    raises ``NotImplementedError``."""
+    (names from :data:`OPTIMIZERS` and :data:`KINDS`); a ``momentum`` kind for an optimizer
+    without momentum (plain ``sgd``) raises ``NotImplementedError``."""
     from .data import MiniBatches
     from .problems import digits_data, mlp
 
     if opt not in OPTIMIZERS or kind not in KINDS:
         raise ValueError(f"digits_case: opt={opt!r} must be in {OPTIMIZERS}, kind={kind!r} in "
                          f"{KINDS}.")
-    if opt == "sgd" and kind == "momentum":
-        raise NotImplementedError("digits_case: plain sgd has no momentum to tune.")
+    if kind == "momentum" and GRID[opt].momentum is None:
+        raise NotImplementedError(f"digits_case: {opt} has no momentum to tune.")
     data = digits_data(n_train, n_val, 1, seed=seed, dtype=torch.float64)
     torch.manual_seed(seed)
     model = mlp([64, hidden, 10], batchnorm=batchnorm).double()
@@ -216,3 +246,62 @@ def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batc
     batches = MiniBatches(data.x_train, data.y_train, batch_size=batch_size, seed=seed)
     return InnerProblem(model, train_loss, _optimizer(opt, kind), hps, batches, steps, val_loss,
                         val_mode=val_mode)
+
+
+# -- problems with a known or converged answer (implicit differentiation, experiments/methods.py) --
+
+def l2_mlp_case(steps: int = 1000, *, n_train: int = 128, hidden: int = 16, l2: float = 0.1,
+                lr: float = 0.5, momentum: float = 0.9, n_val: int = 200,
+                via_optimizer: bool = False, seed: int = 0) -> InnerProblem:
+    """A float64 MLP (64-hidden-10, tanh) on ``n_train`` digits, trained full batch by SGD with
+    heavy-ball momentum, with one L2 coefficient per parameter tensor (``PerTensor("l2")``, K = 4)
+    in the training loss. The L2 makes the training loss strongly convex enough near its minimum
+    that ``steps=1000`` reaches it to a relative gradient norm of ~1e-12 (500: ~1e-7), so the
+    implicit hypergradient at ``w_T`` is the forward/reverse one at large ``T``.
+    ``via_optimizer``: the same L2 as ``sgd(weight_decay="l2")`` instead of a loss term."""
+    from .problems import digits_data, mlp
+
+    data = digits_data(n_train, n_val, 1, seed=seed, dtype=torch.float64)
+    torch.manual_seed(seed)
+    model = mlp([64, hidden, 10]).double()
+    hps = HyperParams([PerTensor("l2", l2, transform="log")])
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y = batch
+        ce = F.cross_entropy(m(x), y)
+        if via_optimizer:
+            return ce
+        return ce + sum(0.5 * hp["l2"][k] * (w * w).sum() for k, w in m.params.items())
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(data.x_val), data.y_val)
+
+    opt = sgd(lr=lr, momentum=momentum, weight_decay="l2" if via_optimizer else 0.0)
+    return InnerProblem(model, train_loss, opt, hps, [(data.x_train, data.y_train)], steps,
+                        val_loss)
+
+
+def ridge_diabetes_case(steps: int = 2000, l2: float = 0.1, n_train: int = 250,
+                        n_val: int = 100, seed: int = 0) -> tuple[InnerProblem, Tensor]:
+    """Ridge regression on standardized ``load_diabetes`` by full-batch gradient descent with the
+    learning rate ``2 / (lambda_max + lambda_min)`` of the training loss's Hessian (contraction
+    0.955 per step), from ``w_0 = 0``; returns the problem (K = 1, ``log l2``) and the
+    closed-form hypergradient at convergence (:func:`~hypergrad.problems.ridge_closed_form_
+    hypergradient` with ``steps=None``), which the problem reaches to ~1e-14 at 2000 steps."""
+    import numpy as np
+    from sklearn.datasets import load_diabetes
+
+    from .problems import ridge_closed_form_hypergradient, ridge_problem
+
+    x, y = load_diabetes(return_X_y=True)
+    perm = np.random.default_rng(seed).permutation(len(y))
+    x, y = x[perm], y[perm]
+    x = (x - x[:n_train].mean(0)) / x[:n_train].std(0)
+    y = (y - y[:n_train].mean()) / y[:n_train].std()
+    xt, yt = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    xtr, ytr = xt[:n_train], yt[:n_train]
+    xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
+    ev = torch.linalg.eigvalsh(xtr.T @ xtr / n_train)
+    lr = 2.0 / (float(ev[-1]) + float(ev[0]) + 2 * l2)
+    problem = ridge_problem(xtr, ytr, xv, yv, l2, lr, steps)
+    return problem, ridge_closed_form_hypergradient(xtr, ytr, xv, yv, l2, lr, None)

@@ -9,10 +9,10 @@ import torch
 import hypergrad as hg
 from hypergrad.hvp import HVPStrategy
 from hypergrad.problems import ridge_closed_form_hypergradient, ridge_problem
-from hypergrad.testing import KINDS, OPTIMIZERS, digits_case, hypergradcheck, rel_err
+from hypergrad.testing import digits_case, grid_cases, hypergradcheck, rel_err
 
 SMALL = dict(steps=6, n_train=24, batch_size=8, hidden=8, n_val=32, windows=3)
-CASES = [(o, k) for o in OPTIMIZERS for k in KINDS if not (o == "sgd" and k == "momentum")]
+CASES = grid_cases()
 
 
 @pytest.mark.parametrize("opt,kind", CASES, ids=[f"{o}-{k}" for o, k in CASES])
@@ -73,24 +73,6 @@ def test_batchnorm_counters_and_final_buffers(f64: torch.dtype) -> None:
         torch.testing.assert_close(model.get_parameter(k).detach(), v, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("strategy", [hg.VmapVJP, hg.BatchedAutograd, hg.ForwardOverReverse])
-def test_chunking_does_not_change_results(strategy: type[HVPStrategy]) -> None:
-    problem = digits_case("adam", "per_example", **SMALL)  # K = 24
-    lam = problem.init_raw()
-    whole = hg.ForwardMode(strategy()).hypergradient(problem, lam).grad
-    for chunk in (1, 5, 24, 100):
-        part = hg.ForwardMode(strategy(chunk_size=chunk)).hypergradient(problem, lam).grad
-        torch.testing.assert_close(part, whole, rtol=1e-12, atol=1e-15)
-
-
-def test_loop_baseline_equals_batched() -> None:
-    problem = digits_case("nesterov", "schedule", **SMALL)
-    lam = problem.init_raw()
-    a = hg.ForwardMode(hg.ColumnLoop()).hypergradient(problem, lam).grad
-    b = hg.ForwardMode(hg.VmapVJP()).hypergradient(problem, lam).grad
-    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
-
-
 @pytest.mark.parametrize("steps", [2, 7, 40])
 def test_ridge_closed_form(steps: int, f64: torch.dtype) -> None:
     g = torch.Generator().manual_seed(0)
@@ -107,36 +89,3 @@ def test_ridge_closed_form(steps: int, f64: torch.dtype) -> None:
         assert rel_err(got, exact) <= 1e-10, (method, got, exact)
     # and the closed form itself is right: central differences of the closed-form w_T
     assert rel_err(hg.FiniteDifference().hypergradient(problem, lam).grad, exact) <= 1e-7
-
-
-def test_hypergradient_at_any_step() -> None:
-    """Forward mode's hypergradient after t steps equals reverse mode over a horizon of t."""
-    long = digits_case("momentum", "per_tensor_wd", **{**SMALL, "steps": 9})
-    short = digits_case("momentum", "per_tensor_wd", **{**SMALL, "steps": 4})
-    lam = long.init_raw()
-    fm = hg.ForwardMode()
-    fs = fm.run(long, fm.init(long, lam), lam, stop=4)
-    assert fs.step == 4
-    value, grad = fm.hypergradient_at(long, fs, lam)
-    ref = hg.ReverseMode().hypergradient(short, lam)
-    assert rel_err(grad, ref.grad) <= 1e-12
-    torch.testing.assert_close(value, ref.objective, rtol=1e-14, atol=0)
-
-
-def test_direct_term_of_the_objective() -> None:
-    """A validation objective that reads the hyperparameters itself (here a penalty on the label
-    smoothing) gets the direct term dE/dlam."""
-    base = digits_case("adam", "loss_param", **SMALL)
-    inner_val = base.val_loss
-
-    def val_loss(m, hp):  # type: ignore[no-untyped-def]
-        return inner_val(m, hp) + 3.0 * hp["smooth"] ** 2
-
-    problem = hg.InnerProblem(base.fmodel.module, base.train_loss, base.optimizer,
-                              base.hyperparams, base.batch, base.steps, val_loss)
-    lam = problem.init_raw()
-    fwd = hg.ForwardMode().hypergradient(problem, lam).grad
-    fd = hg.FiniteDifference().hypergradient(problem, lam).grad
-    without = hg.ForwardMode().hypergradient(base, lam).grad
-    assert rel_err(fwd, fd) <= 1e-6
-    assert rel_err(without, fd) > 1e-2  # the direct term is not negligible here

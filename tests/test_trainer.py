@@ -299,10 +299,13 @@ def test_auto_picks_the_method_that_fits() -> None:
     assert rev < fwd
     name, why = choose_method(p, memory_budget=(rev + fwd) / 2)
     assert name == "reverse" and "forward mode would not fit" in why
-    # before: reverse over the budget meant forward, even when forward needed more
+    # before: reverse over the budget meant forward, even when forward needed more; now
+    # checkpointed reverse mode fits there (issue 14), and below it nothing does
+    assert choose_method(p, memory_budget=rev * 0.9)[0] == "checkpointed"
+    ckpt = estimate_memory(p, "checkpointed").total
     with pytest.raises(MemoryBudgetError, match=r"neither method fits.*forward .*reverse .*"
                                                 r"Options: .*chunk_size"):
-        choose_method(p, memory_budget=rev * 0.9)
+        choose_method(p, memory_budget=ckpt * 0.9)
     q = digits_case("momentum", "lr", **{**SMALL, "steps": 400})  # K = 1, long: forward
     fwd, rev = estimate_memory(q, "forward").total, estimate_memory(q, "reverse").total
     assert fwd < rev and choose_method(q, memory_budget=(rev + fwd) / 2)[0] == "forward"

@@ -23,32 +23,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
 
 import hypergrad as hg  # noqa: E402
-from hypergrad import forward as fwd  # noqa: E402
+from hypergrad.tangent import JVP, ClosedForm, DiagonalJacobian  # noqa: E402
 
-PATHS = ("closed", "diagonal", "jvp")
-
-
-def with_path(path: str, step: Callable[[], None]) -> Callable[[], None]:
-    """``step`` run with only ``path``'s tangent rule available."""
-    closed = fwd._CLOSED_FORM if path == "closed" else {}
-    elementwise = fwd._ELEMENTWISE if path != "jvp" else frozenset()
-
-    def run() -> None:
-        with mock.patch.object(fwd, "_CLOSED_FORM", closed), \
-                mock.patch.object(fwd, "_ELEMENTWISE", elementwise):
-            step()
-
-    return run
+PATHS = {"closed": ClosedForm, "diagonal": DiagonalJacobian, "jvp": JVP}
 
 
 def main() -> None:
@@ -73,8 +58,8 @@ def main() -> None:
             for k in ks:
                 p = C.make_problem(model, k, optimizer=opt)
                 lam = p.init_raw()
-                steppers = {path: with_path(path, C.forward_stepper(p, lam, hg.ForwardMode()))
-                            for path in PATHS}
+                steppers = {path: C.forward_stepper(p, lam, hg.ForwardMode(tangent=rule()))
+                            for path, rule in PATHS.items()}
                 steppers["plain"] = C.plain_stepper(p, lam)
                 for step in steppers.values():
                     step()

@@ -105,9 +105,20 @@ def bench_tangent(d: dict[str, Any]) -> str:
     return markdown(d["rows"], cols) + f"\n\n`{d['line']}`"
 
 
+def bench_stepvjp(d: dict[str, Any]) -> str:
+    cols = [("optimizer", "optimizer", ""), ("model", "model", ""),
+            ("plain_ms", "plain step ms", ".2f"),
+            ("double_backward_ms", "double backward ms", ".2f"),
+            ("mixed_ms", "mixed mode ms", ".2f"), ("mixed_x_double", "time mixed / double", ".2f"),
+            ("double_backward_mib", "double backward MiB", ".2f"),
+            ("mixed_mib", "mixed mode MiB", ".2f"),
+            ("mem_mixed_x_double", "memory mixed / double", ".2f")]
+    return markdown(d["rows"], cols) + f"\n\n`{d['line']}`"
+
+
 RENDER = {"bench_step": bench_step, "bench_memory": bench_memory,
           "bench_schedule": bench_schedule, "bench_conv": bench_conv,
-          "bench_tangent": bench_tangent}
+          "bench_tangent": bench_tangent, "bench_stepvjp": bench_stepvjp}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

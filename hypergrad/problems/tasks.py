@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ..data import MiniBatches
 from ..errors import HypergradWarning
 from ..hyperparams import HyperParams, PerExample
-from ..optim import Optimizer
+from ..optim import SGD, Optimizer
 from ..problem import InnerProblem, InnerState
 from .digits import digits_cnn, digits_data, mlp
 from .ridge import ridge_closed_form_hypergradient
@@ -321,7 +321,7 @@ def _ridge_closed_form_unavailable(problem: InnerProblem, optimizer: Optimizer,
     a = optimizer.args
     if "bias" in problem.fmodel.param_names:
         return "the closed form assumes no bias (use model=linear_nobias)"
-    if optimizer.name != "sgd" or a.get("nesterov") or any(
+    if not isinstance(optimizer, SGD) or a.get("nesterov") or any(
             not isinstance(a.get(k, 0.0), (int, float)) or a.get(k, 0.0) != 0
             for k in ("momentum", "weight_decay", "dampening")):
         return (f"the closed form is for plain gradient descent, not {optimizer!r} (use "

@@ -8,33 +8,18 @@ import math
 
 import pytest
 import torch
+from problems import SMALL, one_hvp_call, small_cnn_problem
 
 import hypergrad as hg
 from hypergrad.hvp import DEFAULT_MEMORY_BUDGET, HVPStrategy, saved_bytes
 from hypergrad.testing import digits_case
 
-SMALL = dict(steps=4, n_train=24, batch_size=8, hidden=8, n_val=32, windows=3)
 BATCHED = [hg.VmapVJP, hg.BatchedAutograd, hg.ForwardOverReverse]
-
-
-def _one_call(problem: hg.InnerProblem, strategy: HVPStrategy) -> tuple:
-    """One HVP call at a state with non-zero tangents."""
-    lam = problem.init_raw()
-    fm = hg.ForwardMode()
-    fs = fm.run(problem, fm.init(problem, lam), lam, stop=2)
-    batch = problem.batch(2)
-
-    def f(p, b, lm):  # type: ignore[no-untyped-def]
-        return problem.train_objective(p, b, lm, 2, batch)
-
-    eye = torch.eye(lam.shape[0], dtype=lam.dtype)
-    s, z = fs.state, fs.tangents
-    return f, s, z, lam, eye, strategy(f, s.params, s.buffers, lam, z.params, z.buffers, eye)
 
 
 @pytest.mark.parametrize("cls", BATCHED)
 def test_budget_and_chunk_choices_give_identical_results(cls: type[HVPStrategy]) -> None:
-    problem = digits_case("adam", "per_example", **SMALL)  # K = 24
+    problem = digits_case("adam", "per_example", **{**SMALL, "steps": 4})  # K = 24
     lam = problem.init_raw()
     whole = hg.ForwardMode(cls(memory_budget=math.inf)).hypergradient(problem, lam).grad
     for strat in (cls(), cls(memory_budget=1.0), cls(memory_budget=5e5), cls(chunk_size=7)):
@@ -43,20 +28,20 @@ def test_budget_and_chunk_choices_give_identical_results(cls: type[HVPStrategy])
 
 
 def test_hvp_outputs_equal_across_chunkings_with_batchnorm() -> None:
-    problem = digits_case("momentum", "per_tensor_wd", batchnorm=True, **SMALL)
-    *_, ref = _one_call(problem, hg.VmapVJP(memory_budget=math.inf))
+    problem = digits_case("momentum", "per_tensor_wd", batchnorm=True, **{**SMALL, "steps": 4})
+    *_, ref = one_hvp_call(problem, hg.VmapVJP(memory_budget=math.inf))
     for strat in (hg.VmapVJP(chunk_size=1), hg.VmapVJP(memory_budget=1.0),
                   hg.ForwardOverReverse(chunk_size=2), hg.BatchedAutograd(chunk_size=3),
                   hg.ColumnLoop()):
-        *_, got = _one_call(problem, strat)
+        *_, got = one_hvp_call(problem, strat)
         for a, b in zip(got, ref):  # g, new_b, G, Zb_new
             for k in b:
                 torch.testing.assert_close(a[k], b[k], rtol=1e-11, atol=1e-14)
 
 
 def test_columns_per_call_follows_the_budget() -> None:
-    problem = digits_case("sgd", "per_example", **SMALL)  # K = 24
-    f, s, _, lam, _, _ = _one_call(problem, hg.VmapVJP())
+    problem = digits_case("sgd", "per_example", **{**SMALL, "steps": 4})  # K = 24
+    f, s, _, lam, _, _ = one_hvp_call(problem, hg.VmapVJP())
     saved = saved_bytes(f, s.params, s.buffers, lam)
     assert saved > 0
     per_col = hg.VmapVJP().column_bytes(saved, sum(v.numel() * v.element_size()
@@ -81,8 +66,8 @@ def test_columns_per_call_follows_the_budget() -> None:
 def test_saved_bytes_leave_out_the_weights() -> None:
     """A layer saves its weight for backward, but every column of a batched product shares it:
     only activations count per column."""
-    problem = digits_case("sgd", "lr", **SMALL)
-    f, s, _, lam, _, _ = _one_call(problem, hg.VmapVJP())
+    problem = digits_case("sgd", "lr", **{**SMALL, "steps": 4})
+    f, s, _, lam, _, _ = one_hvp_call(problem, hg.VmapVJP())
     saved = saved_bytes(f, s.params, s.buffers, lam)
     seen: dict[int, int] = {}
 
@@ -151,24 +136,6 @@ def test_make_method_options() -> None:
         make_method("forward", "vmap_vjp", memory_budget_gb=0)
 
 
-def _small_cnn_problem() -> hg.InnerProblem:
-    import torch.nn.functional as F
-    from torch import nn
-
-    from hypergrad.data import MiniBatches
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.Flatten(),
-                          nn.Linear(2 * 4 * 4, 3)).double()
-    x = torch.randn(8, 1, 4, 4, dtype=torch.float64)
-    y = torch.randint(0, 3, (8,))
-    return hg.InnerProblem(
-        model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        hg.sgd(lr="lr", momentum="mom"), hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
-                                                       hg.Scalar("mom", 0.9)]),
-        MiniBatches(x, y, batch_size=4), 2, lambda m, hp: F.cross_entropy(m(x), y))
-
-
 def test_compiled_cnn_after_another_model_equals_eager() -> None:
     """A convolution's double backward under vmap traces with static shapes only (torch 2.13).
     Each compiled strategy gets its own code object, so an earlier strategy's recompiles (which
@@ -177,7 +144,7 @@ def test_compiled_cnn_after_another_model_equals_eager() -> None:
     mlp = digits_case("momentum", "lr", steps=3, n_train=16, batch_size=8, hidden=6, n_val=16)
     # its steps recompile (the step index changes), after which dynamo traces dynamically
     hg.ForwardMode(hg.VmapVJP(compile=True)).hypergradient(mlp, mlp.init_raw())
-    problem = _small_cnn_problem()
+    problem = small_cnn_problem()
     lam = problem.init_raw()
     strat = hg.VmapVJP(compile=True)
     got = hg.ForwardMode(strat).hypergradient(problem, lam).grad
@@ -194,7 +161,7 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(
         raise RuntimeError("cannot trace this")
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fails)
-    problem = _small_cnn_problem()
+    problem = small_cnn_problem()
     lam = problem.init_raw()
     strat = hg.VmapVJP(compile=True)
     with pytest.warns(RuntimeWarning, match=r"torch.compile failed on this model \(RuntimeError: "
@@ -219,3 +186,21 @@ def test_forward_over_reverse_names_the_torch_mse_loss_bug(f64: torch.dtype) -> 
     with pytest.raises(RuntimeError, match="pytorch/pytorch#123996.*VmapVJP"):
         hg.ForwardMode(hg.ForwardOverReverse()).hypergradient(problem, problem.init_raw())
     hg.ForwardMode().hypergradient(problem, problem.init_raw())  # the default works
+
+
+@pytest.mark.parametrize("strategy", [hg.VmapVJP, hg.BatchedAutograd, hg.ForwardOverReverse])
+def test_chunking_does_not_change_results(strategy: type[HVPStrategy]) -> None:
+    problem = digits_case("adam", "per_example", **SMALL)  # K = 24
+    lam = problem.init_raw()
+    whole = hg.ForwardMode(strategy()).hypergradient(problem, lam).grad
+    for chunk in (1, 5, 24, 100):
+        part = hg.ForwardMode(strategy(chunk_size=chunk)).hypergradient(problem, lam).grad
+        torch.testing.assert_close(part, whole, rtol=1e-12, atol=1e-15)
+
+
+def test_loop_baseline_equals_batched() -> None:
+    problem = digits_case("nesterov", "schedule", **SMALL)
+    lam = problem.init_raw()
+    a = hg.ForwardMode(hg.ColumnLoop()).hypergradient(problem, lam).grad
+    b = hg.ForwardMode(hg.VmapVJP()).hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)

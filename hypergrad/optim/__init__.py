@@ -1,0 +1,22 @@
+"""Inner optimizers: pure ``init``/``update`` over NamedTuple states, step for step equal to
+``torch.optim`` in float64, one module per algorithm, each with its tangent rule beside it
+(:mod:`hypergrad.optim.base` describes the interface).
+
+Each argument (``lr``, ``momentum``, ``betas``, ``weight_decay``, ``eps``, ...) is either a
+constant number or the *name* of a hyperparameter, read at every step from ``hp`` (a mapping name
+-> value; per-tensor hyperparameters give a dict param name -> value).
+
+Example:
+    >>> opt = sgd(lr="lr", momentum=0.9, weight_decay="wd")
+    >>> sorted(opt.bound_names())
+    ['lr', 'wd']
+"""
+
+from __future__ import annotations
+
+from .adam import Adam, AdamState, AdamW, adam, adamw
+from .base import Optimizer, TangentContext, safe_sqrt
+from .sgd import SGD, SGDState, sgd
+
+__all__ = ["Optimizer", "TangentContext", "safe_sqrt",
+           "SGD", "SGDState", "sgd", "Adam", "AdamW", "AdamState", "adam", "adamw"]

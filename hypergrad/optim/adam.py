@@ -1,0 +1,167 @@
+"""Adam and AdamW as ``torch.optim.Adam`` / ``torch.optim.AdamW`` (Kingma & Ba 2015; Loshchilov &
+Hutter 2019), with their tangent in closed form."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .base import (
+    Arg,
+    Optimizer,
+    Params,
+    TangentContext,
+    fma,
+    inv_twice,
+    is_zero,
+    l2_penalty,
+    owned,
+    safe_sqrt,
+)
+
+__all__ = ["Adam", "AdamW", "AdamState", "adam", "adamw"]
+
+
+class AdamState(NamedTuple):
+    """First and second moment estimates, dicts param name -> tensor."""
+
+    exp_avg: dict[str, Tensor]
+    exp_avg_sq: dict[str, Tensor]
+
+
+class Adam(Optimizer):
+    """``d = g + wd w`` (L2; :class:`AdamW` decays ``w <- (1 - lr wd) w`` instead),
+    ``m = m + (1 - b1)(d - m)``, ``v = b2 v + (1 - b2) d^2``,
+    ``w' = w - (lr / c1) m / (sqrt(v) / c2 + eps)`` with ``c1 = 1 - b1^n``,
+    ``c2 = sqrt(1 - b2^n)``, ``n = t + 1``. The square root is :func:`safe_sqrt` (finite
+    tangents where a second moment is 0); ``eps_root`` is added under it (optax's guard)."""
+
+    hyper_args = ("lr", "eps", "weight_decay")
+    pair_args = ("betas",)
+    options = ("eps_root",)
+    decoupled = False
+    stationary_args: tuple[str, ...] = ("weight_decay",)
+
+    def init(self, params: Params) -> AdamState:
+        return AdamState({k: torch.zeros_like(p) for k, p in params.items()},
+                         {k: torch.zeros_like(p) for k, p in params.items()})
+
+    def update(self, grads: Params, state: NamedTuple, params: Params, hp: Mapping[str, Any],
+               step: int) -> tuple[Params, AdamState]:
+        a, read = self.args, self.read
+        assert isinstance(state, AdamState)
+        n = step + 1
+        new_p, m_new, v_new = {}, {}, {}
+        for k, p in params.items():
+            g = grads[k]
+            lr = read(a["lr"], hp, k)
+            b1, b2 = read(a["betas"][0], hp, k), read(a["betas"][1], hp, k)
+            if not is_zero(a["weight_decay"]):
+                wd = read(a["weight_decay"], hp, k)
+                if self.decoupled:
+                    p = p * (1 - lr * wd)
+                else:
+                    g = g + wd * p
+            m = state.exp_avg[k] + (1 - b1) * (g - state.exp_avg[k])  # torch uses lerp
+            v = b2 * state.exp_avg_sq[k] + (1 - b2) * g * g
+            bc1 = 1 - b1**n
+            bc2_sqrt = (1 - b2**n) ** 0.5
+            denom = safe_sqrt(v, a["eps_root"]) / bc2_sqrt + read(a["eps"], hp, k)
+            new_p[k] = p - (lr / bc1) * (m / denom)
+            m_new[k], v_new[k] = m, v
+        return new_p, AdamState(m_new, v_new)
+
+    def tangent(self, ctx: TangentContext, new_params: Params, new_state: NamedTuple
+                ) -> tuple[Params, AdamState]:
+        """All columns at once, no autograd (``s = sqrt(v)``, ``den = s / c2 + eps``)::
+
+            Z_d = G + wd Z_w                         Z_m = lerp(Z_m, Z_d, 1 - b1)
+            Z_v = b2 Z_v + 2 (1 - b2) d Z_d          Z_w' = Z_w - (lr / c1) / den Z_m
+                                                            + (lr / c1) m / den^2 / (2 s c2) Z_v
+
+        (``1 / (2 s)`` taken as 0 where ``s = 0``, as :func:`safe_sqrt` does), plus the
+        hyperparameters' own terms (``lr``, ``b1``, ``b2`` through the bias corrections too,
+        ``eps``, ``wd``) on the rows of the columns the optimizer reads. Per tensor: six
+        multiply-adds over the K columns."""
+        a, read, hp, c = self.args, self.read, ctx.hp, ctx
+        assert isinstance(new_state, AdamState)
+        n = ctx.step + 1
+        has_wd = not is_zero(a["weight_decay"])
+        new_zp, new_zm, new_zv = {}, {}, {}
+        for k, w in ctx.params.items():
+            d, zd, zw = ctx.grads[k], ctx.G[k], ctx.z_params[k]
+            lr, b1, b2 = read(a["lr"], hp, k), read(a["betas"][0], hp, k), read(a["betas"][1],
+                                                                                 hp, k)
+            eps = read(a["eps"], hp, k)
+            dlr, db1, db2 = c.derivative(lr), c.derivative(b1), c.derivative(b2)
+            if has_wd:
+                wd = read(a["weight_decay"], hp, k)
+                if self.decoupled:
+                    zw = zw * (1 - lr * wd)
+                    c.add_term(zw, c.combine((-wd, dlr), (-lr, c.derivative(wd))), w)
+                else:
+                    zd = fma(owned(zd), zw, wd, inplace=True)
+                    c.add_direct(zd, wd, w)
+                    d = d + wd * w
+            m_prev, v_prev = ctx.state.exp_avg[k], ctx.state.exp_avg_sq[k]  # type: ignore[attr-defined]
+            m, v = new_state.exp_avg[k], new_state.exp_avg_sq[k]
+            zm = torch.lerp(ctx.z_state.exp_avg[k], zd, 1 - b1)  # type: ignore[attr-defined]
+            c.add_term(zm, db1, lambda: m_prev - d)
+            zv = ctx.z_state.exp_avg_sq[k] * b2  # type: ignore[attr-defined]
+            zv.addcmul_(zd, 2 * (1 - b2) * d)
+            c.add_term(zv, db2, lambda: v_prev - d * d)
+            c1 = 1 - b1**n
+            c2 = (1 - b2**n) ** 0.5
+            root = safe_sqrt(v, a["eps_root"])
+            den = root / c2 + eps
+            ratio = m / den
+            step_den = (lr / c1) * ratio / den  # d w' / d den
+            zn = torch.addcmul(zw, zm, -(lr / c1) / den)
+            zn.addcmul_(zv, step_den * inv_twice(root) / c2)
+            dc1 = c.combine((-n * b1 ** (n - 1), db1))  # d c1
+            dc2 = c.combine((-0.5 * n * b2 ** (n - 1) / c2, db2))  # d c2
+            c.add_term(zn, c.combine((-1 / c1, dlr), (lr / c1**2, dc1)), ratio)
+            c.add_direct(zn, eps, step_den)
+            c.add_term(zn, dc2, lambda: -step_den * root / c2**2)
+            new_zp[k], new_zm[k], new_zv[k] = zn, zm, zv
+        return new_zp, AdamState(new_zm, new_zv)
+
+    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
+        """L2 ``weight_decay`` (added to the gradient) is ``sum wd ||w||^2 / 2``; AdamW's
+        decoupled decay is no term of an objective."""
+        return None if self.decoupled else l2_penalty(self, "weight_decay", params, hp)
+
+    def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
+                 ) -> torch.optim.Optimizer:
+        a, v = self.args, self._value
+        cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
+        return cls(params, lr=v(a["lr"], hp), betas=(v(a["betas"][0], hp), v(a["betas"][1], hp)),
+                   eps=v(a["eps"], hp), weight_decay=v(a["weight_decay"], hp))
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: ``w <- (1 - lr wd) w`` before the Adam step."""
+
+    decoupled = True
+    stationary_args = ()
+
+
+def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
+         weight_decay: Arg = 0.0, eps_root: float = 0.0) -> Adam:
+    """Adam as ``torch.optim.Adam`` (Kingma & Ba 2015), L2 weight decay added to the gradient.
+
+    ``eps_root`` is added under the square root (optax's guard); the square root itself is
+    :func:`safe_sqrt`, so tangents stay finite when a second moment is exactly 0.
+    """
+    return Adam(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                eps_root=float(eps_root))
+
+
+def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
+          weight_decay: Arg = 1e-2, eps_root: float = 0.0) -> AdamW:
+    """AdamW as ``torch.optim.AdamW`` (Loshchilov & Hutter 2019): ``w *= 1 - lr * wd`` first."""
+    return AdamW(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                 eps_root=float(eps_root))

@@ -1,0 +1,247 @@
+"""The optimizer interface: pure ``init``/``update`` over NamedTuple states (as in optax), and
+beside them the optimizer's own tangent rule.
+
+An optimizer is a small class, one module per algorithm (:mod:`~hypergrad.optim.sgd`,
+:mod:`~hypergrad.optim.adam`, :mod:`~hypergrad.optim.rmsprop`, :mod:`~hypergrad.optim.adagrad`):
+
+- ``init(params) -> state`` and ``update(grads, state, params, hp, step) -> (params, state)``:
+  pure functions of dicts of tensors. Each argument (``lr``, ``momentum``, ...) is a constant
+  number or the *name* of a hyperparameter, read at every step from ``hp`` with :meth:`read`.
+- ``elementwise``: whether every output element depends only on the same element of each input
+  (and on scalar hyperparameters). Forward mode then linearises the update by its diagonal
+  Jacobian instead of ``jvp``.
+- ``tangent(ctx, new_params, new_state)`` (optional): the update's tangent in closed form, all K
+  columns at once, given the primal update that ``update`` computed. ``None`` (the default) lets
+  forward mode derive it (:mod:`hypergrad.tangent`).
+- ``stationary_args`` and ``penalty(params, hp)`` (optional): the arguments whose effect at a
+  fixed point of the update is a term of the objective being minimised (an L2 weight decay
+  added to the gradient: SGD's and Adam's ``weight_decay``, not AdamW's decoupled one), and that
+  term. Implicit differentiation (:class:`~hypergrad.ImplicitDiff`) adds it to the training
+  loss and accepts hyperparameters bound to those arguments; every other optimizer
+  hyperparameter (learning rates, momenta, schedules of them) leaves the fixed point unchanged.
+
+The engine never reads an optimizer's name or private fields and takes the primal update only
+from ``update``. A new optimizer is a new module: subclass :class:`Optimizer`, write ``init`` and
+``update`` (and ``tangent`` if you want the speed), add a factory.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["Optimizer", "TangentContext", "Params", "Arg", "safe_sqrt", "fma", "owned",
+           "is_zero", "const_zero", "inv_twice", "l2_penalty"]
+
+Params = dict[str, Tensor]
+Arg = float | str
+
+
+def safe_sqrt(x: Tensor, eps_root: float = 0.0) -> Tensor:
+    """``sqrt(x + eps_root)`` with a finite derivative (0) where ``x + eps_root <= 0``.
+
+    A second moment is exactly 0 for a weight whose gradient has always been 0; the plain square
+    root has an infinite derivative there and turns tangents into NaN (0 * inf). The value is
+    unchanged, so updates still equal ``torch.optim`` bit for bit when ``eps_root=0``.
+    """
+    x = x + eps_root if eps_root else x
+    pos = x > 0
+    return torch.where(pos, torch.sqrt(torch.where(pos, x, torch.ones_like(x))),
+                       torch.zeros_like(x))
+
+
+def inv_twice(root: Tensor) -> Tensor:
+    """``1 / (2 root)``, the derivative of :func:`safe_sqrt` at ``root**2``: 0 where ``root`` is
+    0."""
+    return torch.where(root > 0, 0.5 / torch.where(root > 0, root, 1.0), 0.0)
+
+
+def l2_penalty(opt: Optimizer, arg: str, params: Params, hp: Mapping[str, Any]
+               ) -> Tensor | None:
+    """``sum_p wd_p ||w_p||^2 / 2`` for the weight decay argument ``arg`` of ``opt`` (per
+    parameter where it is a per-tensor hyperparameter); ``None`` when it is the constant 0."""
+    wd = opt.args[arg]
+    if is_zero(wd):
+        return None
+    terms = [0.5 * opt.read(wd, hp, k) * (w * w).sum() for k, w in params.items()]
+    return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
+
+
+def is_zero(a: Any) -> bool:
+    """Whether an argument is the constant 0 (a hyperparameter's name never is)."""
+    return not isinstance(a, str) and float(a) == 0.0
+
+
+def const_zero(a: Any) -> bool:
+    """Whether a value read at a step is the number 0 (a hyperparameter's tensor never is)."""
+    return isinstance(a, (int, float)) and a == 0
+
+
+def fma(a: Tensor, b: Tensor, s: Any, inplace: bool) -> Tensor:
+    """``a + s * b`` (``s`` a number or a 0-d tensor), in ``a``'s memory when ``inplace``."""
+    if isinstance(s, Tensor):
+        return a.addcmul_(b, s) if inplace else torch.addcmul(a, b, s)
+    return a.add_(b, alpha=s) if inplace else torch.add(a, b, alpha=s)
+
+
+def owned(x: Tensor) -> Tensor:
+    """``x`` if it may be written in place (contiguous, alone in its storage), else a copy."""
+    whole = x.untyped_storage().nbytes() == x.numel() * x.element_size()
+    return x if x.is_contiguous() and whole else x.clone()
+
+
+class TangentContext:
+    """What a closed-form tangent rule gets for step ``t``: the primal inputs, their tangents
+    (leading axis of ``K'`` columns), and the hyperparameters' values with their derivatives.
+
+    Attributes:
+        step: ``t``. grads, state, params: the update's primal inputs.
+        G: tangent of the gradient, ``G[name]`` of shape ``(K', *param.shape)`` (this step's
+            own tensors: a rule may write into them). z_state, z_params: tangents of the
+            optimizer state and parameters (the caller's: never written).
+        hp: hyperparameter values at step ``t`` (detached 0-d tensors, dicts per parameter).
+        rows: the rows of the ``K'`` columns that the optimizer's hyperparameters occupy.
+    """
+
+    def __init__(self, step: int, grads: Params, state: NamedTuple, params: Params, G: Params,
+                 z_state: NamedTuple, z_params: Params, hp: Mapping[str, Any],
+                 derivatives: Mapping[int, Tensor], rows: Sequence[int]) -> None:
+        self.step, self.grads, self.state, self.params = step, grads, state, params
+        self.G, self.z_state, self.z_params = G, z_state, z_params
+        self.hp = hp
+        self._d = derivatives
+        self.rows = list(rows)
+
+    def derivative(self, value: Any) -> Tensor | None:
+        """``d value / d lam`` at the columns read (shape ``(len(rows),)``) for a value from
+        :attr:`hp`; ``None`` for a constant."""
+        return self._d.get(id(value)) if isinstance(value, Tensor) else None
+
+    def add_direct(self, z: Tensor, value: Any, x: Tensor | Callable[[], Tensor],
+                   sign: float = 1.0) -> None:
+        """A hyperparameter's own term: ``z[rows[j]] += sign * (d value / d lam_j) * x`` for the
+        columns read; nothing for a constant. ``x`` may be a callable, evaluated only when
+        needed (a step does not pay for the terms of constant hyperparameters)."""
+        d = self.derivative(value)
+        self.add_term(z, d, x, sign)
+
+    def add_term(self, z: Tensor, d: Tensor | None, x: Tensor | Callable[[], Tensor],
+                 sign: float = 1.0) -> None:
+        """``z[rows[j]] += sign * d[j] * x`` (``d`` a derivative vector, or ``None``: nothing)."""
+        if d is None:
+            return
+        xv = x() if callable(x) else x
+        for j, r in enumerate(self.rows):
+            z[r].addcmul_(xv, sign * d[j])
+
+    def combine(self, *terms: tuple[Any, Tensor | None]) -> Tensor | None:
+        """``sum c * d`` over the ``(c, d)`` whose derivative ``d`` is not ``None``."""
+        out = [c * d for c, d in terms if d is not None]
+        return None if not out else out[0] if len(out) == 1 else torch.stack(out).sum(0)
+
+
+class Optimizer(abc.ABC):
+    """A pure optimizer (see the module docstring). Subclasses list their hyperparameter-capable
+    arguments in ``hyper_args`` (``betas``-like pairs in ``pair_args``) and their fixed options
+    (booleans, ``eps_root``) in ``options``."""
+
+    hyper_args: tuple[str, ...] = ()
+    pair_args: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+    elementwise: bool = True
+    stationary_args: tuple[str, ...] = ()
+    """Arguments whose effect at a fixed point of the update is :meth:`penalty`'s term."""
+
+    def __init__(self, **args: Any) -> None:
+        api = self.name  # the factory users call: sgd, adam, ...
+        self.args: dict[str, Any] = dict(args)
+        for key, val in self.args.items():
+            if key in self.options:
+                continue
+            if key not in self.hyper_args and key not in self.pair_args:
+                raise TypeError(f"{api}: unexpected argument {key!r}; arguments are "
+                                f"{[*self.hyper_args, *self.pair_args, *self.options]}.")
+            vals = val if key in self.pair_args else (val,)
+            if key in self.pair_args and (not isinstance(val, (tuple, list)) or len(val) != 2):
+                raise ValueError(f"{api}: {key}={val!r} must be a pair, e.g. (0.9, 0.999).")
+            for v in vals:
+                if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+                    raise TypeError(
+                        f"{api}: {key}={v!r} must be a number or the name of a hyperparameter "
+                        f"(a str), e.g. {key}='lr' or {key}=0.1."
+                    )
+        for key in self.pair_args:
+            self.args[key] = tuple(self.args[key])
+
+    @property
+    def name(self) -> str:
+        """For messages and reprs only."""
+        return type(self).__name__.lower()
+
+    # -- binding ---------------------------------------------------------------------------------
+    def bound_names(self) -> dict[str, str]:
+        """Hyperparameter names this optimizer reads, mapped to the argument that reads them."""
+        out = {}
+        for key, val in self.args.items():
+            if key in self.options:
+                continue
+            vals = val if key in self.pair_args else (val,)
+            for i, v in enumerate(vals):
+                if isinstance(v, str):
+                    out[v] = f"{key}[{i}]" if key in self.pair_args else key
+        return out
+
+    @staticmethod
+    def read(arg: Arg, hp: Mapping[str, Any], pname: str) -> Any:
+        """The value of argument ``arg`` for parameter ``pname``: the constant, or the
+        hyperparameter's value (a per-tensor hyperparameter's entry for ``pname``)."""
+        if not isinstance(arg, str):
+            return arg
+        v = hp[arg]
+        return v[pname] if isinstance(v, dict) else v
+
+    # -- the pure functions ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def init(self, params: Params) -> NamedTuple:
+        """Initial state for ``params`` (as ``torch.optim`` before its first step)."""
+
+    @abc.abstractmethod
+    def update(self, grads: Params, state: NamedTuple, params: Params, hp: Mapping[str, Any],
+               step: int) -> tuple[Params, NamedTuple]:
+        """One step. ``step`` is the 0-based index of this update."""
+
+    def tangent(self, ctx: TangentContext, new_params: Params, new_state: NamedTuple
+                ) -> tuple[Params, NamedTuple] | None:
+        """The update's tangent in closed form, ``(Z_params, Z_state)`` with a leading axis of
+        ``K'`` columns, given the update's result; ``None``: no closed form (forward mode then
+        derives the tangent)."""
+        return None
+
+    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
+        """The term the update adds to the objective it minimises, as a function of the
+        parameters (``None``: nothing). A fixed point of the update is a stationary point of
+        ``L_train + penalty``."""
+        return None
+
+    def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
+                 ) -> torch.optim.Optimizer:
+        """The equivalent ``torch.optim`` optimizer with hyperparameters read once from ``hp``."""
+        raise NotImplementedError(f"{type(self).__name__}.to_torch: no torch.optim twin.")
+
+    def _value(self, arg: Arg, hp: Mapping[str, Any] | None) -> float:
+        """A constant, or a scalar hyperparameter read from ``hp`` (for :meth:`to_torch`)."""
+        v = (hp or {})[arg] if isinstance(arg, str) else arg
+        if isinstance(v, dict):
+            raise NotImplementedError(
+                f"{type(self).__name__}.to_torch: per-tensor hyperparameters need param "
+                f"groups; read them yourself."
+            )
+        return float(v)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
+        return f"{self.name}({args})"

@@ -1,0 +1,151 @@
+"""SGD as ``torch.optim.SGD`` (momentum, dampening, Nesterov, L2 weight decay), with its
+tangent in closed form."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .base import (
+    Arg,
+    Optimizer,
+    Params,
+    TangentContext,
+    const_zero,
+    fma,
+    is_zero,
+    l2_penalty,
+    owned,
+)
+
+__all__ = ["SGD", "SGDState", "sgd"]
+
+
+class SGDState(NamedTuple):
+    """``momentum_buffer``: dict param name -> tensor (empty when momentum is the constant 0)."""
+
+    momentum_buffer: dict[str, Tensor]
+
+
+class SGD(Optimizer):
+    """``d = g + wd w``; ``buf_0 = d_0``, ``buf_t = mom buf_{t-1} + (1 - damp) d_t``;
+    ``w -= lr (d + mom buf if nesterov else buf)`` (or ``lr d`` without momentum)."""
+
+    hyper_args = ("lr", "momentum", "dampening", "weight_decay")
+    options = ("nesterov",)
+    stationary_args = ("weight_decay",)
+
+    def init(self, params: Params) -> SGDState:
+        if is_zero(self.args["momentum"]):
+            return SGDState({})
+        return SGDState({k: torch.zeros_like(p) for k, p in params.items()})
+
+    def update(self, grads: Params, state: NamedTuple, params: Params, hp: Mapping[str, Any],
+               step: int) -> tuple[Params, SGDState]:
+        a, read = self.args, self.read
+        assert isinstance(state, SGDState)
+        new_p, new_buf = {}, {}
+        for k, p in params.items():
+            d = grads[k]
+            if not is_zero(a["weight_decay"]):
+                d = d + read(a["weight_decay"], hp, k) * p
+            if not is_zero(a["momentum"]):
+                mom = read(a["momentum"], hp, k)
+                if step == 0:  # torch.optim.SGD starts the buffer at the first gradient
+                    buf = d
+                else:
+                    damp = read(a["dampening"], hp, k)
+                    # (1 - 0) * d == d exactly: no multiply for the constant 0
+                    damped = d if const_zero(damp) else (1 - damp) * d
+                    buf = mom * state.momentum_buffer[k] + damped
+                new_buf[k] = buf
+                d = d + mom * buf if a["nesterov"] else buf
+            new_p[k] = p - read(a["lr"], hp, k) * d
+        return new_p, SGDState(new_buf)
+
+    def tangent(self, ctx: TangentContext, new_params: Params, new_state: NamedTuple
+                ) -> tuple[Params, SGDState]:
+        """All columns at once, no autograd. With ``d = g + wd w`` and ``s`` the step direction::
+
+            Z_d = G + wd Z_w (+ dwd w)        Z_buf = mom Z_buf + (1 - damp) Z_d
+                                                       (+ dmom buf - ddamp d)
+            Z_s = Z_d + mom Z_buf (+ dmom buf')   (Nesterov; else Z_s = Z_buf, or Z_d)
+            Z_w' = Z_w - lr Z_s (- dlr s)
+
+        the bracketed terms on the rows of the columns the optimizer reads. Three fused
+        multiply-adds over the K columns for momentum with weight decay, written into ``G``'s
+        memory where the result is new."""
+        a, read, hp, t = self.args, self.read, ctx.hp, ctx.step
+        assert isinstance(new_state, SGDState)
+        has_wd, has_mom = not is_zero(a["weight_decay"]), not is_zero(a["momentum"])
+        new_zp, new_zb = {}, {}
+        for k, w in ctx.params.items():
+            g = ctx.grads[k]
+            zd = owned(ctx.G[k])  # this step's own tensor: updated in place
+            wd = read(a["weight_decay"], hp, k) if has_wd else 0.0
+            if has_wd:
+                zd = fma(zd, ctx.z_params[k], wd, inplace=True)
+                ctx.add_direct(zd, wd, w)
+
+            # the primal terms, computed only when a hyperparameter's own term needs them (the
+            # closures are used within this iteration)
+            d: Callable[[], Tensor] = (lambda: g + wd * w) if has_wd else (lambda: g)
+            zs, s_primal = zd, d
+            if has_mom:
+                mom = read(a["momentum"], hp, k)
+                buf = new_state.momentum_buffer[k]
+                nest = a["nesterov"]
+                if t == 0:
+                    zbuf = zd
+                else:
+                    damp = read(a["dampening"], hp, k)
+                    zd_scaled = zd if const_zero(damp) else (
+                        zd.mul_(1 - damp) if not nest else zd * (1 - damp))
+                    zbuf = fma(zd_scaled, ctx.z_state.momentum_buffer[k], mom,  # type: ignore[attr-defined]
+                               inplace=not nest or zd_scaled is not zd)
+                    ctx.add_direct(zbuf, mom, ctx.state.momentum_buffer[k])  # type: ignore[attr-defined]
+                    ctx.add_direct(zbuf, damp, d, -1.0)
+                new_zb[k] = zbuf
+                if nest:
+                    s_primal = lambda: d() + mom * buf  # noqa: E731
+                    zs = fma(zd if zbuf is not zd else zd.clone(), zbuf, mom, inplace=True)
+                    ctx.add_direct(zs, mom, buf)
+                else:
+                    zs, s_primal = zbuf, (lambda: buf)
+            lr = read(a["lr"], hp, k)
+            zw = fma(ctx.z_params[k], zs, -lr, inplace=False)
+            ctx.add_direct(zw, lr, s_primal, -1.0)
+            new_zp[k] = zw
+        return new_zp, SGDState(new_zb)
+
+    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
+        """``weight_decay`` is an L2 term: ``sum wd ||w||^2 / 2``."""
+        return l2_penalty(self, "weight_decay", params, hp)
+
+    def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
+                 ) -> torch.optim.Optimizer:
+        a, v = self.args, self._value
+        return torch.optim.SGD(params, lr=v(a["lr"], hp), momentum=v(a["momentum"], hp),
+                               dampening=v(a["dampening"], hp), nesterov=a["nesterov"],
+                               weight_decay=v(a["weight_decay"], hp))
+
+
+def sgd(lr: Arg, momentum: Arg = 0.0, dampening: Arg = 0.0, nesterov: bool = False,
+        weight_decay: Arg = 0.0) -> SGD:
+    """SGD as ``torch.optim.SGD`` (momentum, dampening, Nesterov, L2 weight decay).
+
+    ``buf_0 = g_0``; ``buf_t = momentum * buf_{t-1} + (1 - dampening) * g_t``;
+    ``w -= lr * (g + momentum * buf if nesterov else buf)``.
+
+    Example:
+        >>> opt = sgd(lr="lr", momentum=0.9, weight_decay="wd")
+        >>> sorted(opt.bound_names())
+        ['lr', 'wd']
+    """
+    if nesterov and is_zero(momentum):
+        raise ValueError("sgd: nesterov=True needs a momentum (a number > 0 or a hyperparameter).")
+    return SGD(lr=lr, momentum=momentum, dampening=dampening, nesterov=bool(nesterov),
+               weight_decay=weight_decay)

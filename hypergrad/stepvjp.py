@@ -1,0 +1,161 @@
+"""The vector-Jacobian product of one inner step, for reverse mode: strategy objects.
+
+Step ``t`` maps ``s_t = (w, b, o)`` to ``s_{t+1} = (U_w(w, o, g, h), b', U_o(w, o, g, h))`` with
+``(g, b') = (grad_w L(w, b, lam; B_t), new running statistics)`` and ``h = h_t(lam)``. Given
+the adjoint ``a = (a_w, a_b, a_o)`` of ``s_{t+1}``, reverse mode needs ``a^T d s_{t+1} / d s_t``
+and ``a^T d s_{t+1} / d lam`` (Franceschi et al. 2017, eq. 7-8). Two ways, equal to rounding
+(tested):
+
+- :class:`DoubleBackward` (the default): ``torch.func.vjp`` of the whole step, i.e. a backward
+  pass through the graph of the gradient (reverse-over-reverse).
+- :class:`MixedMode` (MixFlow-MG, Kemaev et al., ICML 2025): split the step. The update's own
+  VJP (first order, elementwise) gives ``a_w``, ``a_o`` and the cotangent of the gradient
+  ``u = (dU/dg)^T a``; then, by the symmetry of the joint Hessian of ``L`` in ``(w, b, lam)``,
+  ``u^T d grad_w L / d(w, b, lam) = d/de grad_(w, b, lam) L(w + e u, b, lam)``: **one**
+  forward-over-reverse pass ``jvp(grad L, (w, b, lam), (u, 0, 0))`` gives ``H u`` and both
+  mixed partials. BatchNorm statistics get a first-order VJP of the forward pass. The
+  gradient ``g`` is computed first (the update's VJP depends on it, e.g. Adam's).
+
+Which is faster (``experiments/benchmarks/bench_stepvjp.py``, BENCHMARKS.md "Reverse mode: the
+step's VJP"; 2 CPU cores, float32, batch 128): double backward on every model measured (an MLP, two
+CNNs, a BatchNorm MLP; SGD and Adam): mixed mode took 1.16-2.09x its time and 0.98-1.64x its
+peak memory. Mixed mode computes the gradient twice (once for ``u``, once as the primal of
+``jvp``), and torch's forward-mode AD through the backward formulas costs more than the
+backward of the backward here; the graph that double backward keeps is small at these sizes.
+So :class:`DoubleBackward` is the default and :class:`MixedMode` an option (MixFlow-MG's
+savings were measured on large models on accelerators; re-measure there).
+"""
+
+from __future__ import annotations
+
+import abc
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.func import grad, jvp, vjp
+from torch.utils._pytree import tree_map
+
+from .problem import InnerProblem, InnerState
+from .randomness import second_order
+
+__all__ = ["StepVJP", "DoubleBackward", "MixedMode", "STEP_VJPS"]
+
+
+class StepVJP(abc.ABC):
+    """How reverse mode takes the vector-Jacobian product of step ``t``.
+
+    ``__call__(problem, state, lam, t, adj) -> (adj_prev, dlam)``: ``state`` is ``s_t`` (the
+    step's input), ``adj`` the adjoint of ``s_{t+1}`` (an :class:`~hypergrad.InnerState` of
+    tensors shaped like the state); returns the adjoint of ``s_t`` and ``a^T d s_{t+1} / d lam``
+    of shape ``(K,)``.
+    """
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def __call__(self, problem: InnerProblem, state: InnerState, lam: Tensor, t: int,
+                 adj: InnerState) -> tuple[InnerState, Tensor]: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class DoubleBackward(StepVJP):
+    """``torch.func.vjp`` of the whole step (reverse-over-reverse): the graph of the step's
+    gradient is built, then differentiated backwards."""
+
+    name = "double_backward"
+
+    def __call__(self, problem: InnerProblem, state: InnerState, lam: Tensor, t: int,
+                 adj: InnerState) -> tuple[InnerState, Tensor]:
+        def step(s: Any, lm: Tensor) -> Any:
+            return problem.step(s, lm, t)
+
+        with second_order():  # the step's VJP differentiates its gradient
+            _, vjp_fn = vjp(step, state, lam)  # type: ignore[misc]
+            adj_prev, dlam = vjp_fn(adj)
+        return adj_prev, dlam
+
+
+class MixedMode(StepVJP):
+    """Forward-over-reverse for the step's second-order term (MixFlow-MG): the update's VJP
+    gives ``u = (dU/dg)^T a``, then one ``jvp`` of the full gradient in the direction
+    ``(u, 0, 0)`` gives ``H_ww u``, ``H_bw u`` and ``H_lam,w u`` together (see the module
+    docstring). The result equals :class:`DoubleBackward`'s to rounding.
+
+    torch 2.13's forward-over-reverse rule of ``F.mse_loss(reduction='mean')`` with a target
+    that has no tangent writes into a zero tensor (pytorch/pytorch#123996); where a step hits it,
+    this strategy warns once and takes that step's VJP by :class:`DoubleBackward` (same result).
+    """
+
+    name = "mixed"
+
+    def __init__(self) -> None:
+        self._fell_back = False
+
+    def __call__(self, problem: InnerProblem, state: InnerState, lam: Tensor, t: int,
+                 adj: InnerState) -> tuple[InnerState, Tensor]:
+        try:
+            return self._mixed(problem, state, lam, t, adj)
+        except RuntimeError as err:
+            if "ZeroTensors are immutable" not in str(err):
+                raise
+            if not self._fell_back:
+                self._fell_back = True
+                warnings.warn(
+                    "MixedMode: torch's forward-over-reverse rule of a loss in the step writes "
+                    "into a zero tangent (pytorch/pytorch#123996: F.mse_loss with "
+                    "reduction='mean' and a target without tangent, open in torch 2.13); these "
+                    "steps' VJPs are taken by DoubleBackward (same result). Write the loss out, "
+                    "e.g. ((pred - target) ** 2).mean(), to use mixed mode.",
+                    RuntimeWarning, stacklevel=3)
+            return DoubleBackward()(problem, state, lam, t, adj)
+
+    def _mixed(self, problem: InnerProblem, state: InnerState, lam: Tensor, t: int,
+               adj: InnerState) -> tuple[InnerState, Tensor]:
+        batch = problem.batch(t)
+        w, b, o = state
+
+        def f(p: Any, bf: Any, lm: Tensor) -> Any:
+            return problem.train_objective(p, bf, lm, t, batch)
+
+        def loss(p: Any, bf: Any, lm: Tensor) -> Tensor:
+            return f(p, bf, lm)[0]  # type: ignore[no-any-return]
+
+        with second_order():
+            # the gradient, and the first-order VJP of the running statistics
+            if b:
+                (_, new_b), vjp_f = vjp(f, w, b, lam)  # type: ignore[misc]
+                one = torch.ones((), dtype=lam.dtype, device=lam.device)
+                zero_b = tree_map(torch.zeros_like, new_b)
+                g = vjp_f((one, zero_b))[0]
+                bn_w, bn_b, bn_lam = vjp_f((torch.zeros_like(one), adj.buffers))
+            else:
+                g = grad(loss)(w, b, lam)
+            # the update's VJP: a_w, a_o and the gradient's cotangent u
+
+            def update(p: Any, opt: Any, gr: Any, lm: Tensor) -> Any:
+                return problem.update(gr, opt, p, lm, t)
+
+            _, vjp_u = vjp(update, w, o, g, lam)  # type: ignore[misc]
+            a_w, a_o, u, a_lam = vjp_u((adj.params, adj.opt))
+            # H u and the mixed partials, one forward-over-reverse pass
+            full = grad(loss, argnums=(0, 1, 2))
+            _, (hu_w, hu_b, hu_lam) = jvp(full, (w, b, lam),  # type: ignore[misc]
+                                          (u, tree_map(torch.zeros_like, b),
+                                           torch.zeros_like(lam)))
+        pw = {k: a_w[k] + hu_w[k] for k in w}
+        pb = {k: hu_b[k] for k in b}
+        dlam = a_lam + hu_lam
+        if b:
+            pw = {k: pw[k] + bn_w[k] for k in w}
+            pb = {k: pb[k] + bn_b[k] for k in b}
+            dlam = dlam + bn_lam
+        return InnerState(pw, pb, a_o), dlam
+
+
+STEP_VJPS: dict[str, type[StepVJP]] = {DoubleBackward.name: DoubleBackward,
+                                       MixedMode.name: MixedMode}
+"""The step-VJP strategies by name (for configs)."""

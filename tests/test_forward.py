@@ -1,0 +1,133 @@
+"""Forward mode: the work it skips gives the dense step's results (schedule columns that have not
+started, the optimizer's hyperparameter term on its own columns only), hypergradients at any
+step, the objective's direct term, frozen parameters and per-tensor defaults (float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from problems import SMALL, TINY, mixed_problem
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+import hypergrad as hg
+from hypergrad import forward as fwd
+from hypergrad.data import MiniBatches
+from hypergrad.testing import OPTIMIZERS, digits_case, rel_err
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+@pytest.mark.parametrize("steps,windows", [(6, 3), (5, 8), (7, 4)])
+def test_skipping_columns_equals_dense(opt: str, steps: int, windows: int) -> None:
+    problem = mixed_problem(opt, steps, windows)
+    lam = problem.init_raw()
+    skip = hg.ForwardMode().hypergradient(problem, lam).grad
+    dense = hg.ForwardMode(skip_zero_columns=False).hypergradient(problem, lam).grad
+    torch.testing.assert_close(skip, dense, rtol=1e-12, atol=1e-15)
+    rev = hg.ReverseMode().hypergradient(problem, lam).grad
+    assert rel_err(skip, rev) <= 1e-9
+
+
+def test_skipping_with_batchnorm_and_the_loop() -> None:
+    problem = mixed_problem("momentum", 6, 3, batchnorm=True)
+    lam = problem.init_raw()
+    a = hg.ForwardMode(hg.ColumnLoop()).hypergradient(problem, lam).grad
+    b = hg.ForwardMode(hg.ColumnLoop(), skip_zero_columns=False).hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+    assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9
+
+
+def test_columns_stay_exactly_zero_until_their_window() -> None:
+    problem = digits_case("nesterov", "schedule", steps=8, windows=4, **TINY)
+    lam = problem.init_raw()
+    sched = problem.hyperparams.items[0]
+    fm = hg.ForwardMode()
+    fs = fm.init(problem, lam)
+    for t in range(problem.steps):
+        fs = fm.step(problem, fs, lam)
+        started = {sched.window(s, problem.steps) for s in range(t + 1)}
+        leaves = tree_flatten(fs.tangents)[0]
+        for c in range(4):
+            nonzero = any(bool(v[c].any()) for v in leaves)
+            assert nonzero == (c in started), (t, c)
+
+
+def test_a_non_zero_tangent_is_never_skipped() -> None:
+    """A user-made state with a non-zero column of a window that has not started (for instance
+    carried over from another run) is computed, not assumed zero."""
+    problem = digits_case("momentum", "schedule", steps=6, windows=3, **TINY)
+    lam = problem.init_raw()
+    g = torch.Generator().manual_seed(1)
+    fs0 = hg.ForwardMode().init(problem, lam)
+    fs0 = fs0._replace(tangents=tree_map(
+        lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype), fs0.tangents))
+    a = hg.ForwardMode().step(problem, fs0, lam)
+    b = hg.ForwardMode(skip_zero_columns=False).step(problem, fs0, lam)
+    for x, y in zip(tree_flatten(a.tangents)[0], tree_flatten(b.tangents)[0]):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+
+
+def test_plan_reads_schedule_windows() -> None:
+    problem = mixed_problem("momentum", steps=8, windows=4)  # lr: columns 0..3, mom: 4, wd: 5..
+    plan = fwd._Plan(problem)
+    assert plan.first_read[:4] == [0, 2, 4, 6]
+    assert plan.first_read[4:] == [0] * (problem.num_hyperparams - 4)
+    assert plan.not_started(3) == [2, 3]
+    n_wd = len(problem.fmodel.param_names)
+    assert plan.optimizer_columns(5) == [2, 4, *range(5, 5 + n_wd)]
+    never = fwd._Plan(mixed_problem("momentum", steps=3, windows=8))  # windows 8 > T = 3
+    assert never.first_read[:8] == [0, 3, 1, 3, 3, 2, 3, 3]  # 3: read by no step
+
+
+def test_constant_per_tensor_default_and_frozen_parameters() -> None:
+    """A PerTensor with a constant default for some parameters, and a frozen parameter."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    model[0].bias.requires_grad_(False)
+    x = torch.randn(16, 6, dtype=torch.float64)
+    y = torch.randint(0, 3, (16,))
+    hps = hg.HyperParams([hg.PerTensor("wd", 1e-2, transform="log", params=["0.weight"],
+                                       default=1e-3),
+                          hg.Schedule("lr", 0.1, windows=3, transform="log")])
+    problem = hg.InnerProblem(
+        model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        hg.sgd(lr="lr", momentum=0.9, weight_decay="wd"), hps,
+        MiniBatches(x, y, batch_size=8), 6, lambda m, hp: F.cross_entropy(m(x), y))
+    lam = problem.init_raw()
+    a = hg.ForwardMode().hypergradient(problem, lam).grad
+    b = hg.ReverseMode().hypergradient(problem, lam).grad
+    assert rel_err(a, b) <= 1e-10
+
+
+def test_hypergradient_at_any_step() -> None:
+    """Forward mode's hypergradient after t steps equals reverse mode over a horizon of t."""
+    long = digits_case("momentum", "per_tensor_wd", **{**SMALL, "steps": 9})
+    short = digits_case("momentum", "per_tensor_wd", **{**SMALL, "steps": 4})
+    lam = long.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(long, fm.init(long, lam), lam, stop=4)
+    assert fs.step == 4
+    value, grad = fm.hypergradient_at(long, fs, lam)
+    ref = hg.ReverseMode().hypergradient(short, lam)
+    assert rel_err(grad, ref.grad) <= 1e-12
+    torch.testing.assert_close(value, ref.objective, rtol=1e-14, atol=0)
+
+
+def test_direct_term_of_the_objective() -> None:
+    """A validation objective that reads the hyperparameters itself (here a penalty on the label
+    smoothing) gets the direct term dE/dlam."""
+    base = digits_case("adam", "loss_param", **SMALL)
+    inner_val = base.val_loss
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return inner_val(m, hp) + 3.0 * hp["smooth"] ** 2
+
+    problem = hg.InnerProblem(base.fmodel.module, base.train_loss, base.optimizer,
+                              base.hyperparams, base.batch, base.steps, val_loss)
+    lam = problem.init_raw()
+    fwd = hg.ForwardMode().hypergradient(problem, lam).grad
+    fd = hg.FiniteDifference().hypergradient(problem, lam).grad
+    without = hg.ForwardMode().hypergradient(base, lam).grad
+    assert rel_err(fwd, fd) <= 1e-6
+    assert rel_err(without, fd) > 1e-2  # the direct term is not negligible here

@@ -1,0 +1,226 @@
+"""Implicit differentiation (float64): ridge on load_diabetes equals the closed form, an
+L2-regularised MLP trained to convergence equals forward mode at large T, every solver reports
+its residual and iterations, the optimizer's L2 weight decay is the same loss term, and what the
+implicit function theorem does not cover (optimizer and initialisation hyperparameters, an
+unconverged inner problem) is refused or warned about."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from problems import SMALL
+
+import hypergrad as hg
+from hypergrad.errors import InnerNotConvergedWarning, SolverNotConvergedWarning
+from hypergrad.testing import digits_case, l2_mlp_case, rel_err, ridge_diabetes_case
+
+
+@pytest.fixture(scope="module")
+def ridge() -> tuple[hg.InnerProblem, torch.Tensor]:
+    return ridge_diabetes_case(2000)
+
+
+def test_ridge_equals_the_closed_form(ridge: tuple[hg.InnerProblem, torch.Tensor]) -> None:
+    problem, closed = ridge
+    r = hg.ImplicitDiff(hg.CG(tol=1e-12)).hypergradient(problem, problem.init_raw())
+    assert rel_err(r.grad, closed) <= 1e-8
+    assert r.info is not None and r.info["converged"] and r.info["residual"] <= 1e-12
+    assert r.info["iterations"] <= 11  # 10 features: CG is exact in 10 steps
+    assert r.info["grad_norm_ratio"] < 1e-12
+    objective, grad, state, info = r  # HyperGradient's fields, info last
+    assert torch.equal(grad, r.grad) and info is r.info and objective.ndim == 0
+
+
+@pytest.mark.parametrize("solver", [hg.Neumann(maxiter=3000, tol=1e-11),
+                                    hg.FixedPoint(maxiter=3000, tol=1e-11),
+                                    hg.FixedPoint(maxiter=3000, tol=1e-11, momentum=0.9)],
+                         ids=["neumann", "fixed_point", "fixed_point_momentum"])
+def test_ridge_every_solver(ridge: tuple[hg.InnerProblem, torch.Tensor],
+                            solver: hg.LinearSolver) -> None:
+    problem, closed = ridge
+    r = hg.ImplicitDiff(solver).hypergradient(problem, problem.init_raw())
+    assert r.info is not None
+    assert r.info["converged"] and r.info["residual"] <= 1e-11
+    assert r.info["alpha"] == pytest.approx(1 / r.info["lambda_max"])
+    assert r.info["hvps"] == r.info["iterations"] + 20 + 1 + (solver.name == "fixed_point")
+    assert rel_err(r.grad, closed) <= 1e-8
+
+
+def test_neumann_and_fixed_point_take_the_same_iterates(ridge: tuple[hg.InnerProblem,
+                                                                      torch.Tensor]) -> None:
+    problem, _ = ridge
+    with pytest.warns(SolverNotConvergedWarning):
+        a = hg.ImplicitDiff(hg.Neumann(maxiter=50)).hypergradient(problem, problem.init_raw())
+    with pytest.warns(SolverNotConvergedWarning):
+        b = hg.ImplicitDiff(hg.FixedPoint(maxiter=50)).hypergradient(problem, problem.init_raw())
+    assert a.info is not None and b.info is not None
+    assert a.info["residual"] == pytest.approx(b.info["residual"], rel=1e-8)
+    assert rel_err(a.grad, b.grad) <= 1e-10
+
+
+def test_l2_mlp_trained_to_convergence_agrees_with_forward_mode() -> None:
+    problem = l2_mlp_case(500)
+    lam = problem.init_raw()
+    imp = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(problem, lam)
+    fwd = hg.ForwardMode().hypergradient(problem, lam)
+    assert imp.info is not None and imp.info["converged"]
+    assert rel_err(imp.grad, fwd.grad) <= 1e-3
+    assert torch.equal(imp.objective, fwd.objective)
+
+
+def test_optimizer_weight_decay_is_the_same_l2_term() -> None:
+    """sgd(weight_decay="l2") has the same fixed point as the L2 term in the loss: accepted,
+    with the same hypergradient."""
+    loss_l2, opt_l2 = l2_mlp_case(300), l2_mlp_case(300, via_optimizer=True)
+    lam = loss_l2.init_raw()
+    a = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(loss_l2, lam)
+    b = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(opt_l2, lam)
+    assert rel_err(b.grad, a.grad) <= 1e-6
+    assert rel_err(b.grad, hg.ForwardMode().hypergradient(opt_l2, lam).grad) <= 1e-3
+
+
+def test_unconverged_inner_problem_warns_and_can_flip_the_sign(
+        ridge: tuple[hg.InnerProblem, torch.Tensor]) -> None:
+    _, closed = ridge
+    short, _ = ridge_diabetes_case(5)
+    with pytest.warns(InnerNotConvergedWarning, match=r"not near a stationary point.*grad_tol"):
+        r = hg.ImplicitDiff().hypergradient(short, short.init_raw())
+    assert r.info is not None and r.info["grad_norm_ratio"] > 0.5
+    assert float(r.grad[0]) * float(closed[0]) < 0  # the wrong sign
+
+
+def test_solver_that_stops_early_warns_with_its_residual(
+        ridge: tuple[hg.InnerProblem, torch.Tensor]) -> None:
+    problem, _ = ridge
+    with pytest.warns(SolverNotConvergedWarning, match=r"CG\(maxiter=2.*stopped at relative "
+                                                       r"residual .* after 2 iterations"):
+        r = hg.ImplicitDiff(hg.CG(maxiter=2)).hypergradient(problem, problem.init_raw())
+    assert r.info is not None and not r.info["converged"] and r.info["iterations"] == 2
+
+
+def test_warm_start_reuses_the_last_solution(ridge: tuple[hg.InnerProblem,
+                                                          torch.Tensor]) -> None:
+    problem, _ = ridge
+    lam = problem.init_raw()
+    m = hg.ImplicitDiff(hg.CG(tol=1e-12), warm_start=True)
+    first = m.hypergradient(problem, lam)
+    again = m.hypergradient(problem, lam)
+    assert first.info is not None and again.info is not None
+    assert again.info["iterations"] < first.info["iterations"]
+    assert rel_err(again.grad, first.grad) <= 1e-10
+
+
+def test_cg_on_a_known_system_and_its_breakdown() -> None:
+    a = torch.tensor([[4.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]], dtype=torch.float64)
+    b = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    x, info = hg.CG(tol=1e-14).solve(lambda v: a @ v, b)
+    torch.testing.assert_close(x, torch.linalg.solve(a, b), rtol=1e-13, atol=0)
+    assert info["iterations"] == 3 and info["hvps"] == 4 and info["converged"]
+    _, info = hg.CG().solve(lambda v: -v, b)
+    assert "non-positive curvature" in info["breakdown"] and not info["converged"]
+
+
+def test_optimizer_hyperparameters_are_refused_with_their_names() -> None:
+    problem = digits_case("momentum", "momentum", **SMALL)  # sgd(lr=0.1, momentum="mom")
+    with pytest.raises(ValueError, match=r"hyperparameters \['mom'\] are read by the optimizer "
+                                         r"\(sgd\(momentum='mom'\)\).*ForwardMode\(\)"):
+        hg.ImplicitDiff().hypergradient(problem, problem.init_raw())
+    sched = digits_case("sgd", "schedule", **SMALL)
+    with pytest.raises(ValueError, match=r"\['lr'\] are read by the optimizer"):
+        hg.ImplicitDiff().hypergradient(sched, sched.init_raw())
+    adamw = digits_case("adamw", "per_tensor_wd", **SMALL)  # decoupled decay: no loss term
+    with pytest.raises(ValueError, match=r"\['wd'\] are read by the optimizer \(adamw\("):
+        hg.ImplicitDiff().hypergradient(adamw, adamw.init_raw())
+
+
+def test_initialisation_hyperparameters_and_batchnorm_are_refused() -> None:
+    base = digits_case("sgd", "loss_param", **SMALL)
+    init = hg.InnerProblem(base.fmodel.module, base.train_loss, base.optimizer,
+                           hg.HyperParams([hg.InitScale("scale", 1.0)]), base.batch, 4,
+                           base.val_loss)
+    with pytest.raises(ValueError, match=r"\['scale'\] set the initial weights"):
+        hg.ImplicitDiff().hypergradient(init, init.init_raw())
+    bn = digits_case("sgd", "loss_param", batchnorm=True, **SMALL)
+    with pytest.raises(NotImplementedError, match="BatchNorm running statistics"):
+        hg.ImplicitDiff().hypergradient(bn, bn.init_raw())
+
+
+def test_loss_steps_average_the_batches() -> None:
+    """With mini-batches, loss_steps makes the objective the mean over those steps' batches;
+    a loss parameter of the training loss is accepted (warning: not converged here)."""
+    problem = digits_case("sgd", "loss_param", **SMALL)
+    lam = problem.init_raw()
+    m = hg.ImplicitDiff(hg.CG(maxiter=5), loss_steps=range(3, 6), grad_tol=1e9)
+    loss = m.objective(problem, problem.run(lam).buffers)
+    s = problem.run(lam)
+    want = sum(problem.train_objective(s.params, s.buffers, lam, t, problem.batch(t))[0]
+               for t in (3, 4, 5)) / 3
+    want = want + sum(0.5e-3 * (w * w).sum() for w in s.params.values())  # sgd's constant L2
+    torch.testing.assert_close(loss(s.params, lam), want, rtol=1e-14, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverNotConvergedWarning)
+        r = m.hypergradient(problem, lam)
+    assert torch.isfinite(r.grad).all()
+    with pytest.raises(ValueError, match="loss_steps reach step 9 but the problem has steps=6"):
+        hg.ImplicitDiff(loss_steps=[9]).hypergradient(problem, lam)
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(TypeError, match="solver must be a LinearSolver"):
+        hg.ImplicitDiff("cg")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"loss_steps=\[\] must be None"):
+        hg.ImplicitDiff(loss_steps=[])
+    with pytest.raises(ValueError, match="maxiter=0 must be an int >= 1"):
+        hg.CG(maxiter=0)
+    with pytest.raises(ValueError, match="alpha=-1 must be None"):
+        hg.Neumann(alpha=-1)
+    with pytest.raises(ValueError, match=r"momentum=1.0 must be in \[0, 1\)"):
+        hg.FixedPoint(momentum=1.0)
+
+
+def test_val_loss_hyperparameters_get_their_direct_term() -> None:
+    """A hyperparameter only the validation loss reads: implicit = direct term = forward."""
+    base = l2_mlp_case(300)
+    hps = hg.HyperParams([hg.PerTensor("l2", 0.1, transform="log"), hg.Scalar("t", 1.5)])
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return base.val_loss(m, hp) * hp["t"] + F.softplus(hp["t"])
+
+    problem = hg.InnerProblem(base.fmodel.module, base.train_loss, base.optimizer, hps,
+                              base.batch, 300, val_loss)
+    lam = problem.init_raw()
+    imp = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(problem, lam)
+    assert rel_err(imp.grad, hg.ForwardMode().hypergradient(problem, lam).grad) <= 1e-3
+
+
+def test_per_example_weights_of_a_converged_softmax_regression() -> None:
+    """Data hyper-cleaning's hyperparameters (one weight per example, K = 64) on an
+    L2-regularised softmax regression trained to convergence: implicit = reverse mode."""
+    from torch import nn
+
+    from hypergrad.problems import digits_data
+
+    data = digits_data(64, 100, 1, seed=0, dtype=torch.float64)
+    torch.manual_seed(0)
+    idx = torch.arange(64)
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y, i = batch
+        ce = F.cross_entropy(m(x), y, reduction="none")
+        return (hp["w"][i] * ce).mean() + 0.05 * (m.params["weight"] ** 2).sum()
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(data.x_val), data.y_val)
+
+    problem = hg.InnerProblem(
+        nn.Linear(64, 10).double(), train_loss, hg.sgd(lr=0.5, momentum=0.9),
+        hg.HyperParams([hg.PerExample("w", 0.8, n=64, transform="logit")]),
+        [(data.x_train, data.y_train, idx)], 400, val_loss)
+    lam = problem.init_raw()
+    imp = hg.ImplicitDiff().hypergradient(problem, lam)
+    rev = hg.ReverseMode(checkpoint="sqrt").hypergradient(problem, lam)
+    assert imp.info is not None and imp.info["converged"]
+    assert rel_err(imp.grad, rev.grad) <= 1e-6

@@ -1,0 +1,65 @@
+"""Randomness is part of the step's contract: every evaluation of step t draws from a generator
+state fixed by (run seed, t); the caller's generator is left alone; a user's own noise in the
+loss is differentiated consistently; a loss that draws nothing takes torch's fused kernels in
+plain steps; attention with dropout is detected once."""
+
+from __future__ import annotations
+
+import torch
+from problems import model_problem
+
+import hypergrad as hg
+from hypergrad.randomness import step_seed
+from hypergrad.testing import hypergradcheck, rel_err
+
+
+def test_user_noise_in_the_loss_draws_per_step_and_agrees() -> None:
+    problem = model_problem("dropout_mlp", noise=True)
+    rep = hypergradcheck(problem, strategies=[hg.ColumnLoop()])
+    assert rep.max("fwd_vs_rev") <= 1e-10 and not rep.fd_unreliable
+
+
+def test_step_draws_leave_the_callers_generator_alone() -> None:
+    problem = model_problem("dropout_mlp")
+    lam = problem.init_raw()
+    torch.manual_seed(123)
+    hg.ForwardMode().hypergradient(problem, lam)
+    problem.run(lam)
+    after = torch.rand(3)
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(3), after)
+
+
+def test_another_run_seed_draws_other_masks() -> None:
+    a, b = model_problem("dropout_mlp"), model_problem("dropout_mlp")
+    b.seed = 7
+    lam = a.init_raw()
+    ga, gb = (hg.ForwardMode().hypergradient(p, lam).grad for p in (a, b))
+    assert rel_err(ga, gb) > 1e-3
+
+
+def test_plain_steps_of_a_model_without_draws_use_eager_autograd() -> None:
+    problem = model_problem("lstm")
+    lam = problem.init_raw()
+    problem.run(lam)
+    assert problem.draws is False  # so plain steps take torch.autograd.grad (fused kernels)
+
+
+
+
+def test_step_seeds_differ_across_steps_and_runs() -> None:
+    seeds = {step_seed(s, t) for s in range(4) for t in range(-1, 50)}
+    assert len(seeds) == 4 * 51 and all(0 <= x < 2**63 for x in seeds)
+
+
+def test_attention_dropout_is_found_on_the_first_plain_step() -> None:
+    """Plain steps of a loss that draws go through torch.func; attention with dropout then takes
+    the math kernel in them too (the kernels draw different masks). A loss that draws nothing
+    takes eager autograd and the fused kernels."""
+    with_dropout, mlp_dropout = model_problem("transformer_dropout"), model_problem("dropout_mlp")
+    for p, expect in ((with_dropout, True), (mlp_dropout, False)):
+        p.run(p.init_raw(), stop=1)
+        assert p.draws is True and p._attention_dropout is expect
+    without = model_problem("transformer")
+    without.run(without.init_raw(), stop=1)
+    assert without.draws is False

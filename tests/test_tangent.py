@@ -1,0 +1,140 @@
+"""How forward mode gets the optimizer update's tangent: every rule (closed form, diagonal
+Jacobian, jvp) gives the same tangents, and the closed forms equal jvp of the update at random
+tangents, argument by argument (float64)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from problems import CLOSED_FORM, closed_form_problem, mixed_problem
+from torch.utils._pytree import tree_flatten, tree_map
+
+import hypergrad as hg
+from hypergrad import forward as fwd
+from hypergrad.testing import OPTIMIZERS, rel_err
+
+G_UNTOUCHED = {"adam_plain", "adam_eps_root", "adamw_const", "adamw_all_bound"}
+"""Configurations whose closed form must leave this step's ``G`` alone (no L2 decay reusing its
+buffer)."""
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+def test_elementwise_update_tangent_equals_jvp(opt: str) -> None:
+    """The diagonal linearization of the update against jvp of the update under vmap, at a
+    state with random tangents, every column read by the optimizer at this step."""
+    problem = mixed_problem(opt, steps=6, windows=3)
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(problem, fm.init(problem, lam), lam, stop=3)
+    g = torch.Generator().manual_seed(2)
+    rnd = lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
+    s, z = fs.state, tree_map(rnd, fs.tangents)
+    grads = tree_map(rnd, s.params)
+    G = tree_map(rnd, z.params)
+    k, t = lam.shape[0], 3
+    cols = fwd._Plan(problem).optimizer_columns(t)
+    eye = torch.eye(k, dtype=lam.dtype)
+    out = hg.DiagonalJacobian()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    assert out is not None
+    primal, (zp, zo) = out
+    ref = hg.JVP()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    assert ref is not None
+    _, (zp2, zo2) = ref
+    for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0]):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+    # the primal update from the same pass is problem.update's, bit for bit
+    for x, y in zip(tree_flatten(primal)[0],
+                    tree_flatten(problem.update(grads, s.opt, s.params, lam, t))[0]):
+        assert torch.equal(x, y)
+
+
+def test_non_elementwise_fallback_is_the_same() -> None:
+    """An optimizer that is not elementwise gets no diagonal Jacobian: jvp instead."""
+    problem = mixed_problem("adam", steps=5, windows=2)
+    lam = problem.init_raw()
+    a = hg.ForwardMode().hypergradient(problem, lam).grad
+    problem.optimizer.elementwise = False  # this instance only
+    assert hg.DiagonalJacobian()(problem, 0, lam, *([None] * 7)) is None  # type: ignore[arg-type]
+    b = hg.ForwardMode(tangent=hg.AutoTangent((hg.DiagonalJacobian(), hg.JVP()))
+                       ).hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
+
+
+def _closed_form_equals_jvp(problem: hg.InnerProblem, t: int, seed: int,
+                            atol: float, zero_grad_row: bool = False) -> tuple[Any, Any]:
+    """A closed-form update tangent against jvp of the update under vmap, at step ``t`` with
+    random tangents and gradients: tangents equal (and finite), the update bit for bit
+    ``problem.update``'s, the caller's tangents left alone. Returns ``(G, G before the call)``."""
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    fs = fm.run(problem, fm.init(problem, lam), lam, stop=t)
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
+    s, z = fs.state, tree_map(rnd, fs.tangents)
+    grads = tree_map(rnd, s.params)
+    if zero_grad_row:  # Adam: the second moment stays 0 there at t = 0 (safe_sqrt)
+        grads[next(iter(grads))][0] = 0.0
+    G = tree_map(rnd, z.params)
+    cols = fwd._Plan(problem).optimizer_columns(t)
+    assert cols
+    eye = torch.eye(lam.shape[0], dtype=lam.dtype)
+    ref = hg.JVP()(problem, t, lam, grads, s, tree_map(torch.clone, G), z, cols, cols, eye)
+    assert ref is not None
+    _, (zp2, zo2) = ref
+    z_before, G_before = tree_map(torch.clone, z), tree_map(torch.clone, G)
+    out = hg.ClosedForm()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    assert out is not None
+    primal, (zp, zo) = out
+    for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
+        assert torch.isfinite(x).all()
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=atol)
+    want = problem.update(grads, s.opt, s.params, lam, t)
+    for x, y in zip(tree_flatten(primal)[0], tree_flatten(want)[0], strict=True):
+        assert torch.equal(x, y)
+    for x, y in zip(tree_flatten(z)[0], tree_flatten(z_before)[0]):  # inputs left alone
+        assert torch.equal(x, y)
+    return G, G_before
+
+
+@pytest.mark.parametrize("lr_kind", ["schedule", "per_tensor"])
+@pytest.mark.parametrize("config", sorted(CLOSED_FORM))
+@pytest.mark.parametrize("t", [0, 3])
+def test_closed_form_tangent_equals_jvp(config: str, lr_kind: str, t: int) -> None:
+    """Each optimizer's closed-form tangent (every argument constant or bound, SGD's dampening,
+    Nesterov and first buffer, Adam's bias corrections, a zero second moment at t = 0) against
+    jvp of the update under vmap, with random tangents; the caller's tangents left alone."""
+    G, G_before = _closed_form_equals_jvp(closed_form_problem(config, lr_kind), t, seed=4,
+                                          atol=1e-13, zero_grad_row=True)
+    if config in G_UNTOUCHED:
+        for x, y in zip(tree_flatten(G)[0], tree_flatten(G_before)[0]):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+def test_closed_form_used_and_general_paths_equal(opt: str) -> None:
+    """Whole runs: the closed form (the default's first choice, used at every step), the
+    diagonal-Jacobian path and jvp give one result, equal to reverse mode."""
+    problem = mixed_problem(opt, steps=6, windows=3)
+    lam = problem.init_raw()
+    calls = []
+    real = problem.optimizer.tangent
+    problem.optimizer.tangent = (  # type: ignore[method-assign]
+        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+    a = hg.ForwardMode().hypergradient(problem, lam).grad
+    assert len(calls) == problem.steps
+    b = hg.ForwardMode(tangent=hg.DiagonalJacobian()).hypergradient(problem, lam).grad
+    c = hg.ForwardMode(tangent=hg.JVP()).hypergradient(problem, lam).grad
+    torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
+    torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-15)
+    assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9
+
+
+def test_an_explicit_rule_that_does_not_apply_is_an_error() -> None:
+    problem = mixed_problem("adam", steps=3, windows=2)
+    problem.optimizer.elementwise = False  # this instance only
+    with pytest.raises(ValueError, match="DiagonalJacobian.*does not apply.*AutoTangent"):
+        hg.ForwardMode(tangent=hg.DiagonalJacobian()).hypergradient(problem, problem.init_raw())
+    with pytest.raises(TypeError, match="tangent must be a TangentRule"):
+        hg.ForwardMode(tangent="jvp")  # type: ignore[arg-type]
