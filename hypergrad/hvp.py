@@ -338,6 +338,14 @@ class ForwardOverReverse(HVPStrategy):
         chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
         try:
             both = _by_chunks(chunk_of, eye.shape[0], chunk)
+        except NotImplementedError as err:
+            if "forward AD" not in str(err):
+                raise
+            raise NotImplementedError(
+                f"ForwardOverReverse: an operation in the step has no forward-mode derivative "
+                f"in torch {torch.__version__} ({str(err).splitlines()[0]}; e.g. the fused CPU "
+                f"LSTM/GRU kernel). Use VmapVJP() (the default) or IsGradsBatched(), which "
+                f"need only reverse mode.") from err
         except RuntimeError as err:
             if "ZeroTensors are immutable" not in str(err):
                 raise
