@@ -156,7 +156,8 @@ def timed(fn: Any, st: Settings) -> tuple[Run, dict[str, Any]]:
 
 def measure_costs(problem: Problem, st: Settings) -> dict[str, Any]:
     """Seconds of one plain inner run and of one hypergradient by the preset's method (median
-    of 3, interleaved, contended calls repeated after a wait, unless ``max_wait`` is 0), after
+    of 3, interleaved, contended calls repeated after a wait, unless ``max_wait`` is 0 or the run
+    is ``--quick``, which must end in minutes on a busy machine), after
     one warm-up call of each (which also warms this process up for the timed runs)."""
     cfg = compose_cfg(problem, 0, st.overrides)
     task, trainer = _quiet_build(cfg)
@@ -165,7 +166,7 @@ def measure_costs(problem: Problem, st: Settings) -> dict[str, Any]:
     C.wait_quiet(max_wait=st.max_wait)
     ts = C.interleaved_times({"plain": lambda: p.run(lam),
                               "hypergradient": lambda: method.hypergradient(p, lam)}, repeats=3,
-                             max_other=0.1 if st.max_wait > 0 else math.inf)
+                             max_other=0.1 if st.max_wait > 0 and not st.quick else math.inf)
     return {"plain_run_s": ts["plain"], "hypergradient_s": ts["hypergradient"],
             "ratio": ts["hypergradient"] / ts["plain"], "steps": p.steps,
             "plain_step_ms": 1e3 * ts["plain"] / p.steps, "method": method.name,
@@ -190,6 +191,8 @@ def _stats(xs: list[float]) -> dict[str, float]:
     xs = [x for x in xs if x is not None]
     if not xs:
         return {"mean": math.nan, "std": math.nan}
+    if not all(math.isfinite(x) for x in xs):  # a tuner that finished nothing within B: inf
+        return {"mean": statistics.fmean(xs), "std": math.nan}
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
 
