@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["SignDescent", "OuterOptimizerFactory"]
+__all__ = ["SignDescent", "OuterOptimizerFactory", "default_outer", "shrink_lr"]
 
 OuterOptimizerFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
 
@@ -45,3 +45,22 @@ class SignDescent(torch.optim.Optimizer):
                 st["step_size"][flip] *= group["factor"]
                 p.sub_(st["step_size"] * s)
                 st["prev_sign"].copy_(s)
+
+
+def default_outer(params: list[Tensor]) -> torch.optim.Optimizer:
+    """The Trainer's default outer optimizer: Adam with lr 0.05 (on raw hyperparameters, whose
+    scale the transforms make comparable)."""
+    return torch.optim.Adam(params, lr=0.05)
+
+
+def shrink_lr(optimizer: torch.optim.Optimizer, factor: float = 0.5) -> list[float]:
+    """Multiply every group's learning rate by ``factor`` and forget the optimizer's state (its
+    moments and step sizes belong to the steps being undone): a restart with smaller steps, for
+    backtracking. Returns the new learning rates."""
+    lrs = []
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = group["lr"] * factor
+            lrs.append(group["lr"])
+    optimizer.state.clear()
+    return lrs

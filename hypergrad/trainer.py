@@ -1,80 +1,56 @@
 """The outer loop: tune hyperparameters by their hypergradients, offline or online.
 
 - Offline (forward-mode HO, Franceschi et al. 2017): every outer step trains ``T`` inner steps from
-  the initial state, takes ``dE/dlam`` at step ``T`` and updates ``lam`` with an outer optimizer.
-- Online (RTHO, same paper): one training run; every ``interval`` inner steps ``lam`` is updated
-  from the current tangents and training goes on (tangents optionally reset: truncation).
+  the initial state, takes ``dE/dlam`` at step ``T`` (any :class:`~hypergrad.Method`) and updates
+  ``lam`` with an outer optimizer.
+- Online (RTHO, same paper; HD; MARTHE): one training run; every ``interval`` inner steps ``lam``
+  is updated from the hypergradient the :class:`~hypergrad.OnlineMethod` gives at that step, and
+  training goes on (``reset_tangents``: the method's truncation).
 
 The Trainer is the only stateful object: it holds ``lam``, the outer optimizer and, online, the
-inner state and tangents. Everything needed to resume is checkpointed (:mod:`hypergrad.checkpoint`)
-with a fingerprint of what defines the run, so a resume with other settings is refused.
-
-Guards: a validation loss or hypergradient that is not finite, a hypergradient whose norm
-overflows the working dtype, or a validation loss more than ``divergence_factor`` times the best
-seen stops the run; offline, the best evaluated hyperparameters are returned (never worse on the
-validation objective than any point evaluated, the initial one included), the last ones are
-reported beside them.
+method's run state, and it runs the loops. What else an outer loop needs lives beside it: the
+guards against divergence and the best-point tracking in :mod:`hypergrad.guards`, bounds in
+:mod:`hypergrad.bounds`, checkpoint contents, fingerprints and resume checks in
+:mod:`hypergrad.runstate` (file mechanics in :mod:`hypergrad.checkpoint`), outer optimizers and
+backtracking's learning-rate cut in :mod:`hypergrad.outer`.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import sys
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .checkpoint import (
-    METRICS,
-    TRAINER_FILES,
-    RunLock,
-    append_line,
-    clear_run_dir,
-    digest,
-    dumps,
-    fingerprint_diff,
-    load_checkpoint,
-    save_checkpoint,
-    used_files,
-    write_text_atomic,
-)
-from .choice import AutoMethod, check_memory, choose_method, make_method, no_draws
-from .errors import (
-    CheckpointError,
-    CheckpointWarning,
-    ResumeMismatchError,
-    RunDirError,
-    TuningWarning,
-    ZeroHypergradientWarning,
-)
-from .forward import ForwardMode, ForwardState
-from .hyperparams import TRANSFORMS
-from .method import Method
-from .outer import OuterOptimizerFactory, SignDescent
+from . import runstate
+from .bounds import Bounds
+from .choice import AutoMode, check_memory, choose_method, make_method
+from .forward import ForwardMode
+from .guards import Tracker, divergence, outer_gradient, worse
+from .method import HyperGradient, Method, OnlineMethod
+from .online import HD, MARTHE
+from .outer import OuterOptimizerFactory, SignDescent, default_outer, shrink_lr
 from .problem import InnerProblem, InnerState
+from .reverse import ReverseMode
+from .runstate import SAFE_TO_CHANGE, RunFolder
 
 __all__ = ["Trainer", "TrainResult", "SignDescent", "choose_method", "make_method",
            "OuterOptimizerFactory", "SAFE_TO_CHANGE"]
 
 Evaluate = Callable[[InnerState], Mapping[str, float]]
 
-SAFE_TO_CHANGE = ("outer_steps", "time_budget", "progress", "evaluate", "tensorboard",
-                  "memory_budget",
-                  "divergence_factor", "log", "the outer optimizer's hyperparameters (lr, ...)",
-                  "the method (forward or reverse mode: the same hypergradients to rounding) "
-                  "and its HVP strategy and chunking")
-"""Trainer settings that may differ when a run is resumed; every other setting, and the
-problem (K and layout, T, dtype, model, optimizer, initial values and state, first batch,
-validation loss at the start), is in the checkpoint's fingerprint and must match."""
+METHODS: dict[str, Callable[[], Method]] = {
+    "forward": ForwardMode, "reverse": ReverseMode, "auto": AutoMode, "hd": HD, "marthe": MARTHE}
+"""The methods the Trainer builds from a name (with their defaults)."""
+
+MAX_BACKTRACKS = 10
+"""Backtracks in a row after which the run stops as diverged."""
 
 
 @dataclass
@@ -115,16 +91,26 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
+def _check_number(name: str, value: Any, ok: Callable[[float], bool], must: str) -> None:
+    """``value`` is ``None`` or a number (not a bool) for which ``ok`` holds."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not ok(value)):
+        raise ValueError(f"Trainer: {name}={value!r} must be {must}.")
+
+
 class Trainer:
     """Tune ``problem``'s hyperparameters by gradient descent on ``E``.
 
     Args:
         problem: the :class:`InnerProblem`.
-        method: a :class:`Method` (``ForwardMode(...)``, ``ReverseMode()``), ``"forward"``,
-            ``"reverse"`` or ``"auto"`` / an :class:`~hypergrad.choice.AutoMethod` (chosen by
-            :func:`choose_method` from both memory estimates and K, reason logged). Forward and
-            reverse mode are checked against ``memory_budget`` before anything is allocated
-            (:class:`~hypergrad.errors.MemoryBudgetError` with the numbers and the options).
+        method: any :class:`Method`, or a name: ``"forward"``, ``"reverse"``, ``"auto"``,
+            ``"hd"``, ``"marthe"``. The method that runs is ``method.resolve(problem, mode,
+            memory_budget)``: itself, or the one :class:`~hypergrad.AutoMode` picks (forward,
+            reverse or checkpointed reverse, from the memory estimates and K; the reason is
+            logged). A method given (not picked) is checked against ``memory_budget`` before
+            anything is allocated (:class:`~hypergrad.errors.MemoryBudgetError` with the numbers
+            and the options). Online tuning needs an :class:`~hypergrad.OnlineMethod`
+            (``ForwardMode``, ``MARTHE``, ``HD``).
         outer_optimizer: a factory ``params -> torch.optim.Optimizer`` over the raw
             hyperparameters, e.g. ``functools.partial(torch.optim.Adam, lr=0.05)`` or
             ``SignDescent``; default Adam with lr 0.05.
@@ -143,8 +129,9 @@ class Trainer:
             After 10 backtracks in a row the run stops as diverged. ``None`` (default): such a
             step stops the run per ``divergence_factor``. Useful with large outer steps (sign
             descent) and with ``time_budget``, where a stop wastes the rest of the budget.
-        mode: ``"offline"`` or ``"online"`` (RTHO: update every ``interval`` inner steps of one
-            run; ``reset_tangents`` sets ``Z = 0`` after each update, i.e. truncation).
+        mode: ``"offline"`` or ``"online"`` (update every ``interval`` inner steps of one run;
+            ``reset_tangents`` truncates after each update: ``method.truncate``, for forward
+            mode and MARTHE ``Z = 0``).
         clip_norm: clip the hypergradient to this norm (computed in float64; ``None``: no
             clipping).
         bounds: ``{name: (low, high)}`` in *value* space; ``lam`` is projected into them after
@@ -169,7 +156,7 @@ class Trainer:
             passes its resolved config), stored in the checkpoint and compared on resume.
     """
 
-    def __init__(self, problem: InnerProblem, method: Method | AutoMethod | str = "forward",
+    def __init__(self, problem: InnerProblem, method: Method | str = "forward",
                  outer_optimizer: OuterOptimizerFactory | None = None, outer_steps: int = 10,
                  mode: str = "offline", interval: int = 10, reset_tangents: bool = False,
                  clip_norm: float | None = None,
@@ -192,286 +179,102 @@ class Trainer:
                                  or not 1 <= interval <= problem.steps):
             raise ValueError(f"Trainer: interval={interval!r} must be an int in [1, steps="
                              f"{problem.steps}] for online tuning.")
-        if time_budget is not None and (
-                isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
-                or not time_budget > 0 or not math.isfinite(time_budget)):
-            raise ValueError(f"Trainer: time_budget={time_budget!r} must be seconds > 0, or None "
-                             f"for no limit.")
-        if backtrack is not None and (isinstance(backtrack, bool)
-                                      or not isinstance(backtrack, (int, float))
-                                      or not 1 <= backtrack < math.inf):
-            raise ValueError(f"Trainer: backtrack={backtrack!r} must be a number >= 1 (e.g. "
-                             f"1.5: back to the best point when a step's validation loss is "
-                             f"above 1.5 times the best), or None.")
+        _check_number("time_budget", time_budget, lambda v: 0 < v < math.inf,
+                      "seconds > 0, or None for no limit")
+        _check_number("backtrack", backtrack, lambda v: 1 <= v < math.inf,
+                      "a number >= 1 (e.g. 1.5: back to the best point when a step's validation "
+                      "loss is above 1.5 times the best), or None")
         if (time_budget is not None or backtrack is not None) and mode != "offline":
             raise NotImplementedError(
                 "Trainer: time_budget and backtrack are for offline tuning (whole inner runs "
                 "per outer step); online tuning is one run of `steps` inner steps.")
-        if clip_norm is not None and not (isinstance(clip_norm, (int, float))
-                                          and math.isfinite(clip_norm) and clip_norm > 0):
-            raise ValueError(f"Trainer: clip_norm={clip_norm!r} must be a finite number > 0 or "
-                             f"None.")
-        if divergence_factor is not None and not (
-                isinstance(divergence_factor, (int, float)) and divergence_factor > 1):
-            raise ValueError(f"Trainer: divergence_factor={divergence_factor!r} must be a number "
-                             f"> 1 (e.g. 10), or None to turn the check off.")
-        if memory_budget is not None and not (isinstance(memory_budget, (int, float))
-                                              and memory_budget > 0):
-            raise ValueError(f"Trainer: memory_budget={memory_budget!r} must be bytes > 0, or "
-                             f"None for the device's available memory.")
+        _check_number("clip_norm", clip_norm, lambda v: 0 < v < math.inf,
+                      "a finite number > 0 or None")
+        _check_number("divergence_factor", divergence_factor, lambda v: v > 1,
+                      "a number > 1 (e.g. 10), or None to turn the check off")
+        _check_number("memory_budget", memory_budget, lambda v: v > 0,
+                      "bytes > 0, or None for the device's available memory")
         if resume and overwrite:
             raise ValueError("Trainer: resume=True and overwrite=True contradict each other: "
                              "resume continues the run in run_dir, overwrite discards it; pass "
                              "one of them.")
-        self.problem = problem
-        self.log = log
-        self.mode = mode
+        self.problem, self.log, self.mode = problem, log, mode
         self.lam = problem.init_raw().requires_grad_(False)
         problem.check(self.lam)  # losses, shapes and bindings, before anything costly
         self.method = self._resolve_method(method, memory_budget)
-        self.outer_steps = outer_steps
+        self.outer_steps, self.interval, self.reset_tangents = outer_steps, interval, reset_tangents
         self.time_budget = None if time_budget is None else float(time_budget)
         self.backtrack = None if backtrack is None else float(backtrack)
-        self._backtracks = 0  # in a row
-        self._best_grad: Tensor | None = None  # the outer gradient taken at the best point
-        self._fit_start = time.perf_counter()
-        self.interval = interval
-        self.reset_tangents = reset_tangents
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.divergence_factor = None if divergence_factor is None else float(divergence_factor)
-        self.bounds = self._check_bounds(bounds or {})
-        self.evaluate = evaluate
-        self.progress = progress
-        self._tty = _isatty(sys.stderr)
+        self.bounds = Bounds(problem.hyperparams, problem.dtype, bounds)
+        self.evaluate, self.progress, self._tty = evaluate, progress, _isatty(sys.stderr)
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        factory = outer_optimizer or (lambda ps: torch.optim.Adam(ps, lr=0.05))
-        self.outer = factory([self.lam])
+        self.outer = (outer_optimizer or default_outer)([self.lam])
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError("Trainer: outer_optimizer(params) must return a torch.optim.Optimizer.")
         self.history: list[dict[str, Any]] = []
-        self._lam0 = self.lam.detach().clone()
-        self._last_good = self.lam.detach().clone()  # lam of the last finite evaluation
-        self._last_good_step = 0  # and its outer step
-        self._best: tuple[float, Tensor, int] | None = None  # (val loss, lam, outer step)
-        self._nonzero: set[str] = set()  # hyperparameters with a non-zero hypergradient seen
-        self._zero_warned: set[str] = set()
+        self.tracker = Tracker(problem.hyperparams, self.lam)
         self.outer_step = 0
-        self.fstate: ForwardState | None = None
-        self._tb: Any = None
-        self._lock: RunLock | None = None
+        self._backtracks = 0  # in a row
+        self._fit_start = time.perf_counter()
+        self.run_state: Any = None  # online: the method's run state
         self._fingerprint: dict[str, Any] = {}
-        if self.run_dir is not None:
-            self._lock = RunLock(self.run_dir).acquire()
+        if tensorboard and self.run_dir is None:
+            raise ValueError("Trainer: tensorboard=True needs a run_dir.")
+        self.folder = RunFolder(self.run_dir) if self.run_dir is not None else None
         try:
-            if self.run_dir is not None:
-                self._fingerprint = self._make_fingerprint(fingerprint or {})
-                self._open_run_dir(resume, overwrite)
-            if tensorboard:
-                self._tb = self._tensorboard()
+            if self.folder is not None:
+                self._fingerprint = runstate.fingerprint(problem, self._settings(),
+                                                         fingerprint or {})
+                got = self.folder.open(resume, overwrite, problem.device, log)
+                if got is not None:
+                    self._load(*got)
+                if tensorboard:
+                    self.folder.tensorboard()
         except BaseException:
             self.close()
             raise
-        self._project()
+        self.bounds.project(self.lam)
+
+    @property
+    def fstate(self) -> Any:
+        """The earlier name of :attr:`run_state` (online: the method's run state)."""
+        return self.run_state
 
     # -- set-up ----------------------------------------------------------------------------------
-    def _resolve_method(self, method: Method | AutoMethod | str,
-                        memory_budget: float | None) -> Method:
-        p = self.problem
+    def _resolve_method(self, method: Method | str, memory_budget: float | None) -> Method:
         if isinstance(method, str):
-            m = make_method(method) if method in ("forward", "reverse", "auto") else None
-            if m is None:
-                raise ValueError(f"Trainer: method={method!r}; use 'forward', 'reverse', 'auto' "
-                                 f"or a Method such as ForwardMode().")
-            method = m
-        if isinstance(method, AutoMethod):
-            name, why = choose_method(p, self.mode, memory_budget, forward=method.forward)
-            self.log(f"[hypergrad] method=auto chose {name}: {why}")
-            return method.forward if name == "forward" else method.reverse
+            if method not in METHODS:
+                raise ValueError(f"Trainer: method={method!r}; use one of {list(METHODS)} or a "
+                                 f"Method such as ForwardMode().")
+            method = METHODS[method]()
         if not isinstance(method, Method):
-            raise TypeError(f"Trainer: method must be a Method or 'forward'/'reverse'/'auto', got "
+            raise TypeError(f"Trainer: method must be a Method or one of {list(METHODS)}, got "
                             f"{type(method).__name__}.")
-        if self.mode == "online" and not isinstance(method, ForwardMode):
+        chosen, why = method.resolve(self.problem, self.mode, memory_budget)
+        if why:
+            self.log(f"[hypergrad] method={method.name} {why}")
+        if self.mode == "online" and not isinstance(chosen, OnlineMethod):
             raise NotImplementedError(
-                f"Trainer: online tuning needs hypergradients during training, which only "
-                f"ForwardMode gives; got {type(method).__name__}. Use method='forward'."
-            )
-        check_memory(p, method, self.mode, memory_budget)
-        return method
+                f"Trainer: online tuning needs hypergradients during training, from an "
+                f"OnlineMethod (ForwardMode, MARTHE or HD); {type(chosen).__name__} gives one "
+                f"only after a whole run. Use method='forward', 'marthe' or 'hd' (or "
+                f"ForwardMode(), MARTHE(mu), HD()), or mode='offline'.")
+        if chosen is method:  # a method picked by resolve() was picked to fit
+            check_memory(self.problem, chosen, self.mode, memory_budget)
+        return chosen
 
-    def _check_bounds(self, bounds: Mapping[str, Sequence[float | None]]
-                      ) -> dict[str, tuple[Tensor | None, Tensor | None]]:
-        hps = self.problem.hyperparams
-        out = {}
-        for name, lohi in bounds.items():
-            if name not in hps.by_name:
-                raise ValueError(f"Trainer: bounds name {name!r} is not a hyperparameter; defined "
-                                 f"are {hps.names}.")
-            if isinstance(lohi, (str, bytes)) or not isinstance(lohi, Sequence) or len(lohi) != 2:
-                raise ValueError(f"Trainer: bounds[{name!r}]={lohi!r} must be (low, high), "
-                                 f"either may be None.")
-            item = hps.by_name[name]
-            inverse, valid, domain = TRANSFORMS[item.transform][1:]
-            raw: list[Tensor | None] = []
-            for v in lohi:
-                if v is None:
-                    raw.append(None)
-                    continue
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-                    raise ValueError(f"Trainer: bounds[{name!r}]={list(lohi)!r} has {v!r}; bounds "
-                                     f"are numbers (or None for no bound).")
-                t = torch.tensor(float(v), dtype=self.problem.dtype)
-                if not valid(t):
-                    raise ValueError(f"Trainer: bounds[{name!r}] value {v} is outside the domain "
-                                     f"of transform={item.transform!r} ({domain}).")
-                raw.append(inverse(t))  # transforms are increasing: bounds map to raw bounds
-            lo, hi = lohi
-            if lo is not None and hi is not None and lo > hi:
-                raise ValueError(f"Trainer: bounds[{name!r}]=({lo}, {hi}) has low > high; give "
-                                 f"(low, high) = ({hi}, {lo}).")
-            out[name] = (raw[0], raw[1])
-        return out
-
-    def _make_fingerprint(self, extra: Mapping[str, Any]) -> dict[str, Any]:
-        """What defines this run: the problem's facts and the Trainer's settings that change
-        the result (see :data:`SAFE_TO_CHANGE` for those left out), plus ``extra``."""
-        p, hps = self.problem, self.problem.hyperparams
-        with no_draws(p), torch.no_grad():  # draws nothing from the run's generators
-            s0, lam0 = p.initial_state(), p.init_raw()
-            start = float(p.objective(s0.params, s0.buffers, lam0))
-            first = digest(p.batch(0))
-        init = {}
-        for it, sl in zip(hps.items, hps.slices.values()):
-            vals = TRANSFORMS[it.transform][0](lam0[sl]).tolist()
-            init[it.name] = vals if len(vals) <= 16 else digest(lam0[sl])
-        opt = p.optimizer
-        fp: dict[str, Any] = {
-            "problem.K": p.num_hyperparams,
-            "problem.layout": [[it.name, it.kind, it.numel, it.transform] for it in hps.items],
-            "problem.steps": p.steps,
-            "problem.dtype": str(p.dtype).replace("torch.", ""),
-            "problem.model": [[n, list(v.shape)] for n, v in s0.params.items()],
-            "problem.optimizer": [opt.name, {k: repr(v) for k, v in sorted(opt.args.items())}],
-            "problem.initial_values": init,
-            "problem.initial_state": digest(s0),
-            "problem.first_batch": first,
-            "problem.val_loss_at_start": float(f"{start:.6g}") if math.isfinite(start) else
-            repr(start),
-            "trainer.mode": self.mode,
-            "trainer.outer_optimizer": type(self.outer).__name__,
-            "trainer.clip_norm": self.clip_norm,
-            "trainer.backtrack": self.backtrack,
-            "trainer.bounds": {n: [None if v is None else float(v) for v in
-                                   self._bounds_values(n)] for n in self.bounds},
-        }
+    def _settings(self) -> dict[str, Any]:
+        """The Trainer's settings that define a run (in its fingerprint)."""
+        out: dict[str, Any] = {
+            "trainer.mode": self.mode, "trainer.outer_optimizer": type(self.outer).__name__,
+            "trainer.clip_norm": self.clip_norm, "trainer.backtrack": self.backtrack,
+            "trainer.bounds": self.bounds.values()}
         if self.mode == "online":
-            fp["trainer.interval"] = self.interval
-            fp["trainer.reset_tangents"] = bool(self.reset_tangents)
-        fp.update(extra)
-        return fp
-
-    def _bounds_values(self, name: str) -> list[float | None]:
-        item = self.problem.hyperparams.by_name[name]
-        fwd = TRANSFORMS[item.transform][0]
-        return [None if r is None else float(fwd(r)) for r in self.bounds[name]]
-
-    def _open_run_dir(self, resume: bool, overwrite: bool) -> None:
-        assert self.run_dir is not None
-        used = used_files(self.run_dir)
-        if not used:
-            if resume:
-                self.log(f"[hypergrad] resume: no checkpoint in {self.run_dir}, starting afresh")
-            return
-        if overwrite:
-            gone = clear_run_dir(self.run_dir, TRAINER_FILES)
-            self.log(f"[hypergrad] overwrite: removed {gone} from {self.run_dir}")
-            return
-        if not resume:
-            n = 0
-            if (self.run_dir / METRICS).exists():
-                n = len((self.run_dir / METRICS).read_text().splitlines())
-            raise RunDirError(
-                f"Trainer: run_dir={str(self.run_dir)!r} already holds a run ({', '.join(used)}; "
-                f"{n} outer steps in {METRICS}). Pass resume=True to continue it (hypergrad-run: "
-                f"trainer.resume=true), overwrite=True to discard it (trainer.overwrite=true), or "
-                f"use another run_dir (hydra.run.dir=...).")
-        got = load_checkpoint(self.run_dir, self.problem.device)
-        if got is None:
-            raise CheckpointError(
-                f"Trainer: cannot resume from {self.run_dir}: it has {', '.join(used)} but no "
-                f"checkpoint. Start afresh with overwrite=True (trainer.overwrite=true).")
-        self._load(*got)
-
-    # -- guards ---------------------------------------------------------------------------------
-    def _project(self) -> None:
-        slices = self.problem.hyperparams.slices
-        with torch.no_grad():
-            for name, (lo, hi) in self.bounds.items():
-                self.lam[slices[name]] = self.lam[slices[name]].clamp(lo, hi)
-
-    def _threshold(self) -> float | None:
-        if self._best is None or self.divergence_factor is None:
-            return None
-        best = self._best[0]
-        return best + (self.divergence_factor - 1) * abs(best)
-
-    def _guard(self, value: Tensor, grad: Tensor | None) -> str | None:
-        """Why this evaluation means divergence, or ``None``."""
-        v = float(value)
-        if not math.isfinite(v):
-            return f"the validation loss is {v}"
-        if grad is not None:
-            bad = int((~torch.isfinite(grad)).sum())
-            if bad:
-                return f"{bad} of the {grad.numel()} hypergradient entries are not finite"
-        limit = self._threshold()
-        if limit is not None and v > limit:
-            assert self._best is not None
-            return (f"the validation loss {v:.4g} exceeds divergence_factor="
-                    f"{self.divergence_factor:g} times the best seen ({self._best[0]:.4g}, "
-                    f"outer step {self._best[2]})")
-        return None
-
-    def _outer_gradient(self, grad: Tensor) -> tuple[Tensor | None, str | None]:
-        """The (clipped) hypergradient the outer optimizer gets, or why there is none: the norm
-        is taken in float64, and its square must be representable in ``lam``'s dtype (Adam
-        squares the gradient: an overflow there freezes every later update)."""
-        g = grad.detach().to(torch.float64)
-        norm = float(g.norm())
-        if not math.isfinite(norm):
-            return None, "the hypergradient's norm overflows even in float64"
-        if self.clip_norm is not None and norm > self.clip_norm:
-            g = g * (self.clip_norm / norm)
-            norm = self.clip_norm
-        limit = math.sqrt(torch.finfo(self.lam.dtype).max)
-        if norm >= limit:
-            return None, (f"the hypergradient's norm {norm:.3g} is too large for "
-                          f"{str(self.lam.dtype).replace('torch.', '')} (its square overflows, "
-                          f"which would freeze the outer optimizer)")
-        return g.to(self.lam.dtype), None
-
-    def _track(self, value: Tensor, lam_used: Tensor, grad: Tensor | None) -> None:
-        v = float(value)
-        self._last_good = lam_used.detach().clone()
-        self._last_good_step = self.outer_step
-        if self._best is None or v < self._best[0]:
-            self._best = (v, lam_used.detach().clone(), self.outer_step)
-        if grad is None:
-            return
-        first = not self.history
-        zero = []
-        for name, sl in self.problem.hyperparams.slices.items():
-            if bool(grad[sl].any()):
-                self._nonzero.add(name)
-            elif first and name not in self._zero_warned:
-                zero.append(name)
-        if zero:
-            self._zero_warned.update(zero)
-            warnings.warn(ZeroHypergradientWarning(
-                f"Trainer: the hypergradient of {zero} is exactly zero at the first outer step: "
-                f"the losses cannot differentiate {'it' if len(zero) == 1 else 'them'}, so "
-                f"tuning will not move {'it' if len(zero) == 1 else 'them'}. Read the "
-                f"hyperparameter as a tensor (no .item(), float(), round, .detach(), "
-                f"torch.where on it, or 0 * hp), or remove it."), stacklevel=4)
+            out["trainer.interval"] = self.interval
+            out["trainer.reset_tangents"] = bool(self.reset_tangents)
+        return out
 
     # -- the loops -------------------------------------------------------------------------------
     def fit(self) -> TrainResult:
@@ -479,23 +282,21 @@ class Trainer:
         (:class:`TrainResult`)."""
         self.problem.check(self.lam)
         self._fit_start = time.perf_counter()
-        if self._lock is not None:
-            self._lock.acquire()
+        if self.folder is not None:
+            self.folder.lock.acquire()
         try:
-            if self.mode == "offline":
-                res = self._fit_offline()
-            else:
-                res = self._fit_online()
+            res = self._fit_offline() if self.mode == "offline" else self._fit_online()
         finally:
-            if self._lock is not None:
-                self._lock.release()
-        self._warn_at_end(res)
+            self.close()
+        self.tracker.warn_at_end(res.last_lam, res.diverged, self.mode == "offline",
+                                 self.history, res.best_step, res.best_val_loss,
+                                 res.last_val_loss)
         return res
 
     def close(self) -> None:
         """Release ``run_dir``'s lock without fitting (``fit`` releases it when it ends)."""
-        if self._lock is not None:
-            self._lock.release()
+        if self.folder is not None:
+            self.folder.lock.release()
 
     def _bar(self, total: int, initial: int, desc: str, leave: bool = True) -> Any:
         from tqdm.auto import tqdm
@@ -503,72 +304,55 @@ class Trainer:
         return tqdm(total=total, initial=initial, desc=desc, leave=leave,
                     disable=not (self.progress and self._tty), dynamic_ncols=True)
 
-    def _hypergradient(self, lam: Tensor) -> tuple[Tensor, Tensor, InnerState]:
-        if isinstance(self.method, ForwardMode):  # stepped here for the inner progress bar
-            fm = self.method
-            fs = fm.init(self.problem, lam)
-            with self._bar(self.problem.steps, 0, "inner", leave=False) as bar:
-                for _ in range(self.problem.steps):
-                    fs = fm.step(self.problem, fs, lam)
-                    bar.update()
-            value, grad = fm.hypergradient_at(self.problem, fs, lam)
-            return value, grad, fs.state
-        r = self.method.hypergradient(self.problem, lam)
-        return r.objective, r.grad, r.state
+    def _hypergradient(self, lam: Tensor) -> HyperGradient:
+        m, p = self.method, self.problem
+        if not isinstance(m, OnlineMethod):
+            return m.hypergradient(p, lam)
+        run = m.init(p, lam)  # stepped here for the inner progress bar
+        with self._bar(p.steps, 0, "inner", leave=False) as bar:
+            while run.step < p.steps:
+                run = m.step(p, run, lam)
+                bar.update()
+        value, grad = m.hypergradient_at(p, run, lam)
+        return HyperGradient(value, grad, run.state)
 
     def _step(self, value: Tensor, grad: Tensor, lam_used: Tensor) -> str | None:
         """Guard, track the best, update ``lam``; returns why the run diverged, or ``None``."""
-        why = self._guard(value, grad)
+        tr = self.tracker
+        why = divergence(value, grad, tr.best, self.divergence_factor)
         if why is not None:
             return why
-        self._track(value, lam_used, grad)
-        g, why = self._outer_gradient(grad)
+        tr.track(value, lam_used, grad, self.outer_step, first=not self.history)
+        g, why = outer_gradient(grad, self.clip_norm, self.lam.dtype)
         if g is None:
             return why
-        if self._best is not None and self._best[2] == self.outer_step:
-            self._best_grad = g.detach().clone()
-        self.lam.grad = g
-        self.outer.step()
-        self.lam.grad = None
-        self._project()
+        if tr.best is not None and tr.best[2] == self.outer_step:
+            tr.best_grad = g.detach().clone()
+        self._update(g)
         if not bool(torch.isfinite(self.lam).all()):
             return "the outer optimizer's update made the hyperparameters non-finite"
         return None
 
-    def _worse(self, value: Tensor, grad: Tensor) -> str | None:
-        """With ``backtrack``: why this outer step is not to be used, or ``None``."""
-        if self.backtrack is None or self._best is None:
-            return None
-        v, best = float(value), self._best[0]
-        if not math.isfinite(v):
-            return f"validation loss {v}"
-        if not bool(torch.isfinite(grad).all()):
-            return "a hypergradient that is not finite"
-        if v > best + (self.backtrack - 1) * abs(best):
-            return f"validation loss {v:.4g} > backtrack={self.backtrack:g} x best {best:.4g}"
-        return None
+    def _update(self, g: Tensor) -> None:
+        self.lam.grad = g
+        self.outer.step()
+        self.lam.grad = None
+        self.bounds.project(self.lam)
 
     def _back(self, why: str) -> None:
         """Back to the best point evaluated, with half the outer learning rate and a fresh
         outer optimizer state, and a step from there along its (known) hypergradient: a
         backtracking line search that costs no extra evaluation."""
-        assert self._best is not None
+        best, best_grad = self.tracker.best, self.tracker.best_grad
+        assert best is not None
         self._backtracks += 1
         with torch.no_grad():
-            self.lam.copy_(self._best[1])
-        lrs = []
-        for group in self.outer.param_groups:
-            if "lr" in group:
-                group["lr"] = group["lr"] * 0.5
-                lrs.append(group["lr"])
-        self.outer.state.clear()
-        if self._best_grad is not None:
-            self.lam.grad = self._best_grad.clone()
-            self.outer.step()
-            self.lam.grad = None
-            self._project()
+            self.lam.copy_(best[1])
+        lrs = shrink_lr(self.outer, 0.5)
+        if best_grad is not None:
+            self._update(best_grad.clone())
         self.log(f"[hypergrad] outer step {self.outer_step}: {why}: back to the best "
-                 f"hyperparameters (outer step {self._best[2]}), outer lr halved to "
+                 f"hyperparameters (outer step {best[2]}), outer lr halved to "
                  f"{', '.join(f'{x:.3g}' for x in lrs)}, a step from there")
 
     def _fit_offline(self) -> TrainResult:
@@ -585,20 +369,20 @@ class Trainer:
                              f"next would take about {last_seconds:.1f} s)")
                     break
                 lam_used = self.lam.detach().clone()
-                value, grad, state = self._hypergradient(lam_used)
-                bad = self._worse(value, grad)
-                if bad is not None and self._backtracks < 10:
-                    last_seconds = time.perf_counter() - t0
+                hg = self._hypergradient(lam_used)
+                value, grad = hg.objective, hg.grad
+                bad = worse(value, grad, self.tracker.best, self.backtrack)
+                backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
+                if bad is not None and backtracked:
                     self._back(bad)
-                    self._record(value, grad, lam_used, state, last_seconds, backtracked=True)
-                    bar.update()
-                    continue
-                why = self._step(value, grad, lam_used)
-                if why is not None:
-                    return self._diverged(why, lam_used, value)
-                self._backtracks = 0
+                else:
+                    why = self._step(value, grad, lam_used)
+                    if why is not None:
+                        return self._diverged(why, lam_used, value)
+                    self._backtracks = 0
                 last_seconds = time.perf_counter() - t0
-                self._record(value, grad, lam_used, state, last_seconds)
+                self._record(value, grad, lam_used, hg.state, last_seconds,
+                             backtracked=backtracked, info=hg.info)
                 bar.update()
                 bar.set_postfix(val=f"{float(value):.4g}")
         res = self._finish_offline()
@@ -612,12 +396,12 @@ class Trainer:
         with torch.no_grad():
             state = self.problem.run(last)
             value = self.problem.objective(state.params, state.buffers, last)
-        why = self._guard(value, None)
+        why = divergence(value, None, self.tracker.best, self.divergence_factor)
         if why is not None:
             return self._diverged(f"after the last update, {why}", last, value)
-        self._track(value, last, None)
-        assert self._best is not None
-        best_val, best_lam, best_step = self._best
+        self.tracker.track(value, last, None, self.outer_step, first=False)
+        assert self.tracker.best is not None
+        best_val, best_lam, best_step = self.tracker.best
         hps = self.problem.hyperparams
         if self.history:
             self.log(f"[hypergrad] validation loss: initial {self.history[0]['val_loss']:.4g}, "
@@ -629,37 +413,33 @@ class Trainer:
                            best_val_loss=best_val, last_val_loss=float(value))
 
     def _fit_online(self) -> TrainResult:
-        fm = self.method
-        assert isinstance(fm, ForwardMode)
-        p = self.problem
-        if self.fstate is None:
-            self.fstate = fm.init(p, self.lam.detach().clone())
+        m, p = self.method, self.problem
+        assert isinstance(m, OnlineMethod)
+        if self.run_state is None:
+            self.run_state = m.init(p, self.lam.detach().clone())
         t0 = time.perf_counter()
-        with self._bar(p.steps, self.fstate.step, "inner (online)") as bar:
-            while self.fstate.step < p.steps:
+        with self._bar(p.steps, self.run_state.step, f"inner (online, {m.name})") as bar:
+            while self.run_state.step < p.steps:
                 lam_used = self.lam.detach().clone()
-                self.fstate = fm.step(p, self.fstate, lam_used)
+                self.run_state = m.step(p, self.run_state, lam_used)
                 bar.update()
-                if self.fstate.step % self.interval and self.fstate.step < p.steps:
+                if self.run_state.step % self.interval and self.run_state.step < p.steps:
                     continue
-                value, grad = fm.hypergradient_at(p, self.fstate, lam_used)
+                value, grad = m.hypergradient_at(p, self.run_state, lam_used)
                 why = self._step(value, grad, lam_used)
                 if why is not None:
                     return self._diverged(why, lam_used, value)
                 if self.reset_tangents:
-                    z = self.fstate.tangents
-                    zeros = tree_unflatten([torch.zeros_like(x) for x in tree_flatten(z)[0]],
-                                           tree_flatten(z)[1])
-                    self.fstate = self.fstate._replace(tangents=zeros)
-                self._record(value, grad, lam_used, self.fstate.state,
-                             time.perf_counter() - t0, inner_step=self.fstate.step)
+                    self.run_state = m.truncate(self.run_state)
+                self._record(value, grad, lam_used, self.run_state.state,
+                             time.perf_counter() - t0, inner_step=self.run_state.step)
                 t0 = time.perf_counter()
                 bar.set_postfix(val=f"{float(value):.4g}")
         last = self.lam.detach().clone()
         hps = self.problem.hyperparams
         last_val = self.history[-1]["val_loss"] if self.history else None
-        return TrainResult(last, hps.describe(last), list(self.history), self.method.name,
-                           state=self.fstate.state, last_lam=last.clone(),
+        return TrainResult(last, hps.describe(last), list(self.history), m.name,
+                           state=self.run_state.state, last_lam=last.clone(),
                            last_values=hps.describe(last), best_step=self.outer_step,
                            best_val_loss=last_val, last_val_loss=last_val)
 
@@ -669,17 +449,7 @@ class Trainer:
         if not torch.equal(self.lam, lam_used):  # the update itself went wrong
             bad_lam, last_val = self.lam.detach().clone(), math.nan
         bad = hps.describe(bad_lam)
-        if self.mode == "offline" and self._best is not None:
-            keep_val, keep, keep_step = self._best
-            kept = (f"returned the best hyperparameters evaluated, of outer step {keep_step} "
-                    f"(validation loss {keep_val:.4g})")
-        elif self._best is not None:  # online: the hyperparameters of the last finite interval
-            keep, keep_step, keep_val = self._last_good, self._last_good_step, self._best[0]
-            kept = f"kept the last good hyperparameters, of outer step {keep_step}"
-        else:
-            keep, keep_step, keep_val = self._lam0, 0, math.nan
-            kept = ("the initial hyperparameters already diverge: returned them; start from a "
-                    "smaller learning rate")
+        keep, keep_step, keep_val, kept = self.tracker.fallback(self.mode == "offline")
         with torch.no_grad():
             self.lam.copy_(keep)
         msg = (f"[hypergrad] stopped at outer step {self.outer_step}: {why}, with "
@@ -687,66 +457,18 @@ class Trainer:
                f"Try a smaller outer learning rate, clip_norm=..., or bounds=... on learning "
                f"rates.")
         self.log(msg)
-        self._mark_stopped(msg)
+        if self.folder is not None:
+            self.folder.mark_stopped(self.problem.device, self.lam, msg)
         return TrainResult(keep.clone(), hps.describe(keep), list(self.history),
                            self.method.name, diverged=True, message=msg, state=None,
                            last_lam=bad_lam, last_values=bad, best_step=keep_step,
                            best_val_loss=None if math.isnan(keep_val) else keep_val,
                            last_val_loss=last_val)
 
-    def _mark_stopped(self, msg: str) -> None:
-        """Rewrite the last checkpoint with the hyperparameters kept (not the diverged ones),
-        so a resume (e.g. with a smaller outer learning rate) starts from them."""
-        if self.run_dir is None:
-            return
-        got = load_checkpoint(self.run_dir, self.problem.device)
-        if got is None:
-            return
-        ck, _ = got
-        ck["lam"] = self.lam.detach().clone()
-        ck["stopped"] = msg
-        save_checkpoint(self.run_dir, ck)
-
-    def _warn_at_end(self, res: TrainResult) -> None:
-        hps = self.problem.hyperparams
-        if self.outer_step == 0 or res.last_lam is None:
-            return
-        last = hps.split(res.last_lam)
-        first = hps.split(self._lam0)
-        for name in hps.names:
-            if name in self._zero_warned or not torch.equal(last[name], first[name]):
-                continue
-            if name not in self._nonzero:
-                self._zero_warned.add(name)
-                warnings.warn(ZeroHypergradientWarning(
-                    f"Trainer: {name!r} never moved: its hypergradient was exactly zero at "
-                    f"every outer step (the losses cannot differentiate it: .item(), float(), "
-                    f"round, .detach(), torch.where on it, or 0 * hp)."), stacklevel=3)
-            elif not res.diverged:
-                init = hps.describe(self._lam0)[name]
-                warnings.warn(TuningWarning(
-                    f"Trainer: {name!r} never moved from its initial value {init} (bounds held "
-                    f"it, or the outer steps were too small)."), stacklevel=3)
-        if self.mode != "offline" or res.diverged or not self.history:
-            return
-        init_val = float(self.history[0]["val_loss"])
-        last_val = res.last_val_loss
-        if res.best_step == 0:
-            warnings.warn(TuningWarning(
-                f"Trainer: no outer step improved on the initial hyperparameters (validation "
-                f"loss {init_val:.4g}; last {last_val:.4g}): returned the initial ones. Try a "
-                f"smaller outer learning rate."), stacklevel=3)
-        elif last_val is not None and last_val > init_val:
-            warnings.warn(TuningWarning(
-                f"Trainer: the last hyperparameters are worse than the initial ones (validation "
-                f"loss {last_val:.4g} vs {init_val:.4g}): returned the best evaluated ones, of "
-                f"outer step {res.best_step} ({res.best_val_loss:.4g}); they are in "
-                f"TrainResult.lam, the last ones in last_lam."), stacklevel=3)
-
     # -- logging and checkpoints -----------------------------------------------------------------
     def _record(self, value: Tensor, grad: Tensor, lam_used: Tensor, state: InnerState,
-                seconds: float, inner_step: int | None = None,
-                backtracked: bool = False) -> None:
+                seconds: float, inner_step: int | None = None, backtracked: bool = False,
+                info: Mapping[str, Any] | None = None) -> None:
         rec: dict[str, Any] = {"outer_step": self.outer_step, "val_loss": float(value),
                                "hypergrad_norm": float(grad.detach().double().norm()),
                                "seconds": seconds,
@@ -756,17 +478,14 @@ class Trainer:
             rec["inner_step"] = inner_step
         if backtracked:
             rec["backtracked"] = True
+        if info:  # what an approximate method reports (ImplicitDiff: residual, iterations)
+            rec["info"] = dict(info)
         if self.evaluate is not None and math.isfinite(rec["val_loss"]):
             rec.update({k: float(v) for k, v in self.evaluate(state).items()})
         self.history.append(rec)
         self.outer_step += 1
-        if self.run_dir is not None:
-            save_checkpoint(self.run_dir, self._checkpoint())  # first: metrics.jsonl is
-            append_line(self.run_dir / METRICS, dumps(rec))  # rewritten from it on resume
-        if self._tb is not None:
-            for k, v in rec.items():
-                if isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, rec["outer_step"])
+        if self.folder is not None:
+            self.folder.write(self._checkpoint(), rec)
         if self.progress and not self._tty:  # a log file: a line, not a progress bar
             total = self.outer_steps if self.mode == "offline" else self.problem.steps
             where = (f"outer step {self.outer_step}/{total}" if inner_step is None else
@@ -774,126 +493,40 @@ class Trainer:
             self.log(f"[hypergrad] {where}: val_loss {rec['val_loss']:.4g}, "
                      f"|dE/dlam| {rec['hypergrad_norm']:.3g}, {seconds:.1f} s")
 
-    def _tensorboard(self) -> Any:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("Trainer: tensorboard=True needs the tensorboard package: "
-                              "pip install tensorboard.") from e
-        if self.run_dir is None:
-            raise ValueError("Trainer: tensorboard=True needs a run_dir.")
-        return SummaryWriter(str(self.run_dir / "tb"))
-
     def _checkpoint(self) -> dict[str, Any]:
-        np_state: Any = np.random.get_state()
-        best = None if self._best is None else {"val": self._best[0], "lam": self._best[1],
-                                                  "step": self._best[2]}
         ck: dict[str, Any] = {
-            "version": 2, "mode": self.mode, "outer_step": self.outer_step,
+            "version": 3, "mode": self.mode, "outer_step": self.outer_step,
             "lam": self.lam.detach().clone(), "outer": self.outer.state_dict(),
             "outer_class": type(self.outer).__name__, "method": self.method.name,
-            "history": self.history, "last_good": self._last_good,
-            "last_good_step": self._last_good_step, "best": best,
-            "best_grad": self._best_grad, "backtracks": self._backtracks,
-            "nonzero": sorted(self._nonzero),
-            "stopped": "", "fingerprint": self._fingerprint,
-            "rng": {"torch": torch.get_rng_state(), "python": _py_rng(),
-                    "numpy": torch.as_tensor(np_state[1].astype(np.int64)),
-                    "numpy_pos": int(np_state[2])},
-        }
-        if self.fstate is not None:
-            ck["inner"] = {"step": self.fstate.step,
-                           "state": tree_flatten(self.fstate.state)[0],
-                           "tangents": tree_flatten(self.fstate.tangents)[0]}
+            "history": self.history, "backtracks": self._backtracks, "stopped": "",
+            "fingerprint": self._fingerprint, "rng": runstate.rng_state(),
+            **self.tracker.state_dict()}
+        if self.run_state is not None:
+            assert isinstance(self.method, OnlineMethod)
+            ck["online"] = runstate.pack_run(self.method, self.run_state)
         return ck
 
     def _load(self, ck: dict[str, Any], path: Path) -> None:
-        if ck.get("mode") != self.mode:
-            raise ResumeMismatchError(
-                f"Trainer: checkpoint {path} is from mode={ck.get('mode')!r}, this run is "
-                f"mode={self.mode!r}; use another run_dir.")
-        old = ck.get("fingerprint")
-        if old is None:
-            warnings.warn(CheckpointWarning(
-                f"Trainer: checkpoint {path} was written by an older hypergrad without a "
-                f"fingerprint: whether this run matches it cannot be checked."), stacklevel=4)
-        else:
-            diff = fingerprint_diff(old, self._fingerprint)
-            if diff:
-                lines = "\n  ".join(diff)
-                raise ResumeMismatchError(
-                    f"Trainer: cannot resume from {path}: this run differs from the one in the "
-                    f"checkpoint in what defines it (old -> new):\n  {lines}\nResume with the "
-                    f"original settings, or start a new run: another run_dir (hypergrad-run: "
-                    f"hydra.run.dir=...) or overwrite=True (trainer.overwrite=true). Settings "
-                    f"that may change on resume: {', '.join(SAFE_TO_CHANGE)}.")
-        if tuple(ck["lam"].shape) != tuple(self.lam.shape):
-            raise ResumeMismatchError(
-                f"Trainer: checkpoint {path} has K={ck['lam'].shape[0]} hyperparameters, this "
-                f"problem has K={self.lam.shape[0]}.")
-        cls = ck.get("outer_class", type(self.outer).__name__)
-        if cls != type(self.outer).__name__:
-            raise ResumeMismatchError(
-                f"Trainer: checkpoint {path} was written with outer optimizer {cls}, this run "
-                f"uses {type(self.outer).__name__}; its state cannot carry over. Resume with "
-                f"{cls}, or start a new run.")
-        settings = [{k: v for k, v in g.items() if k != "params"}
-                    for g in self.outer.param_groups]
-        try:
-            self.outer.load_state_dict(ck["outer"])
-        except (KeyError, ValueError, IndexError, TypeError, RuntimeError) as e:
-            raise ResumeMismatchError(
-                f"Trainer: the outer optimizer state in {path} does not fit "
-                f"{type(self.outer).__name__} ({type(e).__name__}: {e}); resume with the outer "
-                f"optimizer of the original run, or start a new run.") from e
-        changed = []
-        for group, new in zip(self.outer.param_groups, settings):
-            for k, v in new.items():
-                if k in group and group[k] != v:
-                    changed.append(f"{k} {group[k]!r} -> {v!r}")
-                group[k] = v
-        if changed:
-            self.log(f"[hypergrad] resume: outer optimizer settings given now replace the "
-                     f"checkpoint's: {', '.join(changed)}")
-        if ck.get("method", self.method.name) != self.method.name:
-            self.log(f"[hypergrad] resume: the checkpoint's run used method={ck['method']}, this "
-                     f"one uses {self.method.name} (the same hypergradients to rounding)")
+        runstate.check_resume(ck, path, self.mode, self._fingerprint, self.lam.shape[0])
+        runstate.load_outer(self.outer, ck, path, self.log)
+        name = ck.get("method", self.method.name)
+        if self.mode == "offline" and name != self.method.name:
+            self.log(f"[hypergrad] resume: the checkpoint's run used method={name}, this one "
+                     f"uses {self.method.name} (the same hypergradients to rounding)")
         with torch.no_grad():
             self.lam.copy_(ck["lam"])
+        if self.mode == "online":
+            assert isinstance(self.method, OnlineMethod)
+            self.run_state = runstate.unpack_run(ck, self.method, self.problem,
+                                                 self.lam.detach().clone(), path, self.log)
         self.history = list(ck["history"])
-        self._last_good = ck.get("last_good", ck["lam"]).to(self.lam)
-        self._last_good_step = int(ck.get("last_good_step", max(int(ck["outer_step"]) - 1, 0)))
-        best = ck.get("best")
-        if best is not None:
-            self._best = (float(best["val"]), best["lam"].to(self.lam), int(best["step"]))
-        self._nonzero = set(ck.get("nonzero", []))
-        bg = ck.get("best_grad")
-        self._best_grad = None if bg is None else bg.to(self.lam)
+        self.tracker.load_state_dict(ck, self.lam)
         self._backtracks = int(ck.get("backtracks", 0))
         self.outer_step = int(ck["outer_step"])
-        torch.set_rng_state(ck["rng"]["torch"])
-        random.setstate(_py_rng_restore(ck["rng"]["python"]))
-        np.random.set_state(("MT19937", ck["rng"]["numpy"].numpy().astype(np.uint32),
-                             ck["rng"]["numpy_pos"], 0, 0.0))
-        if "inner" in ck:
-            s0 = self.problem.initial_state()
-            spec = tree_flatten(s0)[1]
-            state = tree_unflatten(list(ck["inner"]["state"]), spec)
-            tangents = tree_unflatten(list(ck["inner"]["tangents"]), spec)
-            self.fstate = ForwardState(state, tangents, int(ck["inner"]["step"]))
-        if self.run_dir is not None:  # metrics.jsonl agrees with the checkpoint again
-            write_text_atomic(self.run_dir / METRICS,
-                              "".join(dumps(rec) + "\n" for rec in self.history))
+        runstate.set_rng_state(ck["rng"])
+        if self.folder is not None:  # metrics.jsonl agrees with the checkpoint again
+            self.folder.rewrite_metrics(self.history)
         self.log(f"[hypergrad] resumed from {path} at outer step {self.outer_step}")
         if ck.get("stopped"):
             self.log(f"[hypergrad] that run had stopped on a divergence; continuing from the "
                      f"hyperparameters it kept: {self.problem.hyperparams.describe(self.lam)}")
-
-
-def _py_rng() -> list[Any]:
-    version, state, gauss = random.getstate()
-    return [version, list(state), gauss]
-
-
-def _py_rng_restore(x: list[Any]) -> tuple[Any, ...]:
-    return (x[0], tuple(x[1]), x[2])

@@ -59,12 +59,8 @@ def test_online_tuning_updates_every_interval_and_resets() -> None:
     assert [h["inner_step"] for h in res.history] == [4, 8, 12]
     lrs = [h["hyperparams"]["lr"] for h in res.history]
     assert lrs[0] != lrs[1] != lrs[2]  # lam changed during the run
-    assert tr.fstate is not None and tr.fstate.step == 12
-
-
-def test_online_needs_forward_mode() -> None:
-    with pytest.raises(NotImplementedError, match="only ForwardMode gives"):
-        _trainer(method=hg.ReverseMode(), mode="online", interval=4)
+    assert tr.run_state is not None and tr.run_state.step == 12
+    assert tr.fstate is tr.run_state  # the earlier name
 
 
 def test_sign_descent_halves_on_flip() -> None:

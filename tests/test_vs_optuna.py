@@ -87,7 +87,7 @@ def test_the_trainer_projects_into_the_same_box_the_samplers_draw_from() -> None
     far = torch.tensor([9.0, -20.0, 0.5, 7.0, -30.0, 3.0, -9.0, 0.0])
     with torch.no_grad():
         tr.lam.copy_(far)
-    tr._project()
+    tr.bounds.project(tr.lam)
     assert torch.allclose(tr.lam, space.clamp(far), atol=1e-5)
     assert space.contains(tr.lam) and not space.contains(far)
 
