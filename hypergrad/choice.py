@@ -1,5 +1,5 @@
 """Which method to run, and whether it fits in memory: :func:`choose_method` (``method="auto"``),
-:func:`estimate_memory` and :func:`make_method` (methods by name, for configs).
+:func:`estimate_memory` and :func:`make_method` (methods by name).
 
 Memory estimates, in bytes, with ``|s|`` the training state (parameters, buffers, optimizer
 state), ``|w|`` the parameters and ``a`` the bytes one gradient pass saves for backward (measured
@@ -72,14 +72,25 @@ class AutoMode(Method):
             ``ReverseMode(checkpoint="sqrt")`` with ``reverse``'s step VJP.
         memory_budget: bytes any may use (``None``: the caller's budget, else the device's
             available memory).
+        hvp: short for ``forward=ForwardMode(hvp)``: the HVP strategy forward mode would use
+            (so that ``method=auto`` takes the same ``method/hvp`` group and options as
+            ``method=forward`` in the Hydra configs).
+
+    Example:
+        >>> AutoMode(hvp=VmapVJP(chunk_size=4)).forward.hvp
+        VmapVJP(chunk_size=4, memory_budget=None)
     """
 
     name = "auto"
 
     def __init__(self, forward: ForwardMode | None = None, reverse: ReverseMode | None = None,
                  memory_budget: float | None = None,
-                 checkpointed: ReverseMode | None = None) -> None:
-        self.forward = forward if forward is not None else ForwardMode()
+                 checkpointed: ReverseMode | None = None, *,
+                 hvp: HVPStrategy | None = None) -> None:
+        if forward is not None and hvp is not None:
+            raise ValueError(f"AutoMode: got forward={forward!r} and hvp={hvp!r}; pass one "
+                             f"(hvp=... is short for forward=ForwardMode(hvp=...)).")
+        self.forward = forward if forward is not None else ForwardMode(hvp)
         self.reverse = reverse if reverse is not None else ReverseMode()
         self.checkpointed = (checkpointed if checkpointed is not None else
                              ReverseMode(checkpoint="sqrt", step_vjp=self.reverse.step_vjp))
@@ -239,14 +250,14 @@ def _options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstim
                     f"{_gib(2 * k * fwd.state)})")
         if fwd.columns > 1:
             opts.append("fewer HVP columns per call: chunk_size=1 or a smaller HVP memory_budget "
-                        f"(method.chunk_size / method.memory_budget_gb; now "
+                        f"(method.hvp.chunk_size / method.hvp.memory_budget in bytes; now "
                         f"{_gib(fwd.intermediates)} for {fwd.columns} columns)")
     if rev is not None and mode == "offline":
         if ckpt is None:
-            opts.append(f"checkpointed reverse mode, ReverseMode(checkpoint='sqrt') (method."
-                        f"checkpoint=sqrt: ~2 sqrt(T) states instead of T+1={t + 1})")
-        opts.append(f"truncated reverse mode, ReverseMode(truncate=k) (method.truncate=k: k+1 "
-                    f"states, approximate for k < T={t})")
+            opts.append(f"checkpointed reverse mode, ReverseMode(checkpoint='sqrt') (method="
+                        f"checkpointed: ~2 sqrt(T) states instead of T+1={t + 1})")
+        opts.append(f"truncated reverse mode, ReverseMode(truncate=k) (method=truncated "
+                    f"method.truncate=k: k+1 states, approximate for k < T={t})")
         if fwd is not None:
             opts.append("method='reverse'" if rev.total < fwd.total else "method='forward'")
         opts.append("ImplicitDiff() for hyperparameters of the training loss (method=implicit: "
@@ -341,7 +352,8 @@ def make_method(name: str = "forward", hvp: str = "vmap_vjp", chunk_size: int | 
                 checkpoint: int | str | None = None, step_vjp: str = "double_backward",
                 mu: float = 0.9, solver: str = "cg", maxiter: int = 100, tol: float = 1e-10,
                 loss_steps: list[int] | None = None, grad_tol: float = 1e-3) -> Method:
-    """A method by name, for configs.
+    """A method by name (the strings ``Trainer(method="forward")`` takes, and earlier code). The
+    Hydra configs no longer use it: they instantiate the method classes (``configs/method/``).
 
     - ``"forward"`` (with the HVP strategy ``hvp``), ``"auto"`` (an :class:`AutoMode` resolved
       by :func:`choose_method`; its forward mode keeps ``hvp``, ``chunk_size``,
@@ -365,8 +377,6 @@ def make_method(name: str = "forward", hvp: str = "vmap_vjp", chunk_size: int | 
         >>> make_method("implicit", solver="neumann", maxiter=500).solver
         Neumann(maxiter=500, tol=1e-10, alpha=None)
     """
-    name, hvp = getattr(name, "value", name), getattr(hvp, "value", hvp)  # config enums
-    solver, step_vjp = getattr(solver, "value", solver), getattr(step_vjp, "value", step_vjp)
     names = ("forward", "reverse", "auto", "hd", "marthe", "implicit")
     if name not in names:
         raise ValueError(f"make_method: name={name!r}; choose one of {list(names)}.")

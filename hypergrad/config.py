@@ -1,248 +1,222 @@
-"""Typed Hydra config schemas and :func:`build`, the one place configs become objects.
+"""Hydra configs that instantiate the library's objects, and :func:`build`, the one place a
+composed config becomes a task and a Trainer.
 
-Every YAML option under ``configs/<group>/`` extends one of the dataclasses here (registered in
-Hydra's ConfigStore as ``<group>/schema_<name>``), so a misspelt key or a value of the wrong type
-fails at composition with the key named. Library classes never see a ``DictConfig``.
+Every config option names its object by ``_target_`` (a class or factory of the library, or of
+``torch.optim``) and extends a *schema* generated from that callable's signature by
+:func:`schema`: ``_target_`` plus one field per argument, typed where OmegaConf can check the
+type (numbers, strings, booleans, their ``Optional`` and lists of them), with the signature's
+default. The schemas are stored in Hydra's ConfigStore as ``<group>/schema_<name>`` (the table is
+:func:`targets`), and each YAML option extends one (``defaults: [schema_<name>, _self_]``). So a
+misspelt key, an argument the object does not take (``windows`` on a scalar, ``compile`` on the
+column loop) or a value of the wrong type fails at composition with the key named, and no schema
+can drift from the code it configures. An inner optimizer added to :mod:`hypergrad.optim` (its
+module and its export) gets its schema here without an edit: only its YAML file is new.
+
+Nested objects are nested groups: the HVP strategy of a forward-type method
+(``method/hvp=loop``, ``method.hvp.chunk_size=4``), the linear solver of implicit
+differentiation (``method/solver=neumann``), the step VJP of reverse mode
+(``method/step_vjp=mixed``), the tangent rule of forward mode (``method/tangent=jvp``), and each
+hyperparameter's kind, chosen per item in a ``hyperparams`` option's defaults list
+(``- kind@items.lr: schedule``; the item's ``name`` is its key). Library classes never see a
+``DictConfig``.
 """
 
 from __future__ import annotations
 
+import copy
 import enum
-from dataclasses import dataclass, field
+import importlib
+import inspect
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .hyperparams import (
-    HyperParameter,
-    HyperParams,
-    PerExample,
-    PerTensor,
-    Scalar,
-    Schedule,
-    Tensor_,
-)
-
-__all__ = ["build", "make_hyperparams", "register_configs", "config_fingerprint", "CONFIG_DIR",
-           "SAFE_CONFIG_KEYS"]
+__all__ = ["build", "register_configs", "config_fingerprint", "schema", "targets", "CONFIG_DIR",
+           "SAFE_CONFIG_KEYS", "PROBLEM_ARGS"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
-
-# -- hyperparameters ---------------------------------------------------------------------------
-class Kind(enum.Enum):
-    scalar = "scalar"
-    per_tensor = "per_tensor"
-    schedule = "schedule"
-    per_example = "per_example"
-    tensor = "tensor"
+PROBLEM_ARGS = ("hyperparams", "optimizer", "model")
+"""A problem's arguments that :func:`build` passes (the instantiated other groups), not the
+problem's config."""
 
 
-@dataclass
-class HPSpec:
-    kind: Kind = Kind.scalar
-    init: Any = MISSING  # a number, or a list for schedules / tensors
-    transform: str = "identity"
-    windows: int = 1  # schedule
-    params: Optional[list[str]] = None  # per_tensor: None = every trainable tensor
-    default: Optional[float] = None  # per_tensor: value of unlisted tensors
-    n: int = 0  # per_example: number of training examples
-    shape: Optional[list[int]] = None  # tensor
+# -- schemas from signatures ---------------------------------------------------------------------
+_PLAIN = (int, float, bool, str)
 
 
-@dataclass
-class HyperParamsConf:
-    _target_: str = "hypergrad.config.make_hyperparams"
-    items: dict[str, HPSpec] = field(default_factory=dict)
+def _conf_type(tp: Any) -> Any:
+    """The OmegaConf-checkable form of an annotation, else ``Any`` (then the object checks)."""
+    if tp in _PLAIN:
+        return tp
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            inner = _conf_type(rest[0])
+            return Any if inner is Any else Optional[inner]
+        return Any
+    if origin in (list, Sequence) and len(args) == 1 and args[0] in _PLAIN:
+        return list[args[0]]  # type: ignore[valid-type]
+    return Any
 
 
-def make_hyperparams(items: dict[str, Any]) -> HyperParams:
-    """``{name: {kind, init, transform, ...}}`` -> :class:`HyperParams`."""
-    out: list[HyperParameter] = []
-    for name, spec in items.items():
-        kind = spec["kind"].value if isinstance(spec["kind"], Kind) else str(spec["kind"])
-        common = dict(name=name, init=spec["init"], transform=spec.get("transform", "identity"))
-        if kind == "scalar":
-            out.append(Scalar(**common))
-        elif kind == "schedule":
-            out.append(Schedule(**common, windows=int(spec["windows"])))
-        elif kind == "per_tensor":
-            out.append(PerTensor(**common, params=spec.get("params"), default=spec.get("default")))
-        elif kind == "per_example":
-            out.append(PerExample(**common, n=int(spec["n"])))
-        elif kind == "tensor":
-            out.append(Tensor_(name, spec["init"], spec.get("shape"), common["transform"]))
+def _public_path(obj: Any) -> str:
+    """The shortest importable dotted path of ``obj`` (``hypergrad.ForwardMode`` rather than
+    ``hypergrad.forward.ForwardMode``), for readable ``_target_`` values."""
+    module, qual = str(obj.__module__), str(obj.__qualname__)
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):
+        mod = ".".join(parts[:i])
+        try:
+            if getattr(importlib.import_module(mod), qual, None) is obj:
+                return f"{mod}.{qual}"
+        except ImportError:  # pragma: no cover - a parent that cannot be imported alone
+            continue
+    return f"{module}.{qual}"
+
+
+def _copies(value: Any) -> Callable[[], Any]:
+    """A default factory: a fresh copy of ``value`` for every instance."""
+    return lambda: copy.deepcopy(value)
+
+
+def _hints(target: Callable[..., Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for fn in ((target, target.__init__) if inspect.isclass(target) else (target,)):
+        try:
+            out.update(typing.get_type_hints(fn))
+        except Exception:  # an annotation that does not evaluate: those fields take Any
+            pass
+    return out
+
+
+def schema(target: Callable[..., Any], *, skip: Sequence[str] = (), partial: bool = False,
+           defaults: dict[str, Any] | None = None) -> type:
+    """A structured-config dataclass for ``target``: ``_target_`` (its public path), one field
+    per argument of its signature except ``skip`` (typed by :func:`_conf_type`, defaulting to
+    the signature's default, or ``defaults[name]``; required arguments are ``???``), and
+    ``_partial_: true`` with ``partial`` (a factory of ``params -> optimizer``, say).
+
+    Example:
+        >>> from hypergrad.hvp import VmapVJP
+        >>> [f for f in schema(VmapVJP).__dataclass_fields__]
+        ['_target_', 'chunk_size', 'memory_budget', 'compile']
+    """
+    defaults = defaults or {}
+    try:
+        params = list(inspect.signature(target).parameters.values())
+    except ValueError:  # a class without an __init__ of its own: no arguments
+        params = []
+    hints = _hints(target)
+    fields: list[tuple[str, Any, Any]] = [("_target_", str, field(default=_public_path(target)))]
+    if partial:
+        fields.append(("_partial_", bool, field(default=True)))
+    for p in params:
+        if p.name in skip or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        default = defaults.get(p.name, p.default)
+        if default is inspect.Parameter.empty:
+            default = MISSING
+        if isinstance(default, (tuple, list, dict)):
+            f = field(default_factory=_copies(list(default) if isinstance(default, tuple)
+                                              else default))
+        elif default is None or default is MISSING or isinstance(default, (*_PLAIN, enum.Enum)):
+            f = field(default=default)
         else:
-            raise ValueError(f"make_hyperparams: {name}.kind={kind!r} is not a kind; choose from "
-                             f"{[k.value for k in Kind]}.")
-    return HyperParams(out)
+            raise TypeError(
+                f"schema({_public_path(target)}): the default of {p.name!r} is "
+                f"{type(default).__name__} {default!r}, which a config cannot hold; give it a "
+                f"number, string, bool, list or None default (or pass defaults={{...}}).")
+        fields.append((p.name, _conf_type(hints.get(p.name, Any)), f))
+    name = f"{getattr(target, '__name__', 'Target')}Conf"
+    return make_dataclass(name, fields)
 
 
-# -- models, optimizers, methods -----------------------------------------------------------------
-@dataclass
-class MLPConf:
-    _target_: str = "hypergrad.problems.tasks.mlp_factory"
-    hidden: list[int] = field(default_factory=lambda: [64])
-    activation: str = "tanh"
-    batchnorm: bool = False
+def _optimizer_factories() -> dict[str, Callable[..., Any]]:
+    """Every factory :mod:`hypergrad.optim` exports: a function whose return annotation is an
+    :class:`~hypergrad.optim.Optimizer` (``sgd``, ``adam``, ``adamw``, and any added later)."""
+    from . import optim
+
+    out: dict[str, Callable[..., Any]] = {}
+    for name in optim.__all__:
+        obj = getattr(optim, name)
+        if not inspect.isfunction(obj):
+            continue
+        ret = _hints(obj).get("return")
+        if inspect.isclass(ret) and issubclass(ret, optim.Optimizer):
+            out[name] = obj
+    return out
 
 
-@dataclass
-class CNNConf:
-    _target_: str = "hypergrad.problems.tasks.cnn_factory"
-    channels: list[int] = field(default_factory=lambda: [8, 16])
-    activation: str = "relu"
+def targets() -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]:
+    """``{group: {schema name: (target, schema options)}}``: what the configs can instantiate.
+    Each entry is stored as ``<group>/schema_<name>`` by :func:`register_configs`."""
+    import torch
+
+    from . import hyperparams as hp
+    from .choice import AutoMode
+    from .finite_diff import FiniteDifference
+    from .forward import ForwardMode
+    from .hvp import STRATEGIES
+    from .implicit import SOLVERS, ImplicitDiff
+    from .online import HD, MARTHE
+    from .outer import SignDescent
+    from .problems import sparse_regression, tasks
+    from .reverse import ReverseMode
+    from .stepvjp import STEP_VJPS
+    from .tangent import JVP, AutoTangent, ClosedForm, DiagonalJacobian
+
+    problem = {"skip": PROBLEM_ARGS}
+    item = {"defaults": {"name": "${hg.key:}"}}  # an item's name is its key under items
+    outer = {"skip": ("params",), "partial": True}
+    return {
+        "problem": {
+            "digits": (tasks.digits_task, problem),
+            "hypercleaning": (tasks.hypercleaning_task, problem),
+            "ridge_diabetes": (tasks.ridge_diabetes_task, problem),
+            "breast_cancer": (tasks.breast_cancer_task, problem),
+            "sparse_regression": (sparse_regression.sparse_regression_task, problem)},
+        "model": {"mlp": (tasks.mlp_factory, {}), "cnn": (tasks.cnn_factory, {}),
+                  "linear": (tasks.linear_factory, {})},
+        "hyperparams": {"hyperparams": (hp.HyperParams, {})},
+        "hyperparams/kind": {
+            "scalar": (hp.Scalar, item), "schedule": (hp.Schedule, item),
+            "per_tensor": (hp.PerTensor, item), "per_example": (hp.PerExample, item),
+            "tensor": (hp.Tensor_, item), "init_scale": (hp.InitScale, item),
+            "init_weights": (hp.InitWeights, item)},
+        "inner_optimizer": {n: (f, {}) for n, f in _optimizer_factories().items()},
+        "outer_optimizer": {"torch_adam": (torch.optim.Adam, outer),
+                            "torch_sgd": (torch.optim.SGD, outer),
+                            "sign": (SignDescent, outer)},
+        "method": {"forward": (ForwardMode, {}), "reverse": (ReverseMode, {}),
+                   "auto": (AutoMode, {}), "implicit": (ImplicitDiff, {}), "hd": (HD, {}),
+                   "marthe": (MARTHE, {}), "finite_difference": (FiniteDifference, {})},
+        "method/hvp": {n: (c, {}) for n, c in STRATEGIES.items()},
+        "method/solver": {n: (c, {}) for n, c in SOLVERS.items()},
+        "method/step_vjp": {n: (c, {}) for n, c in STEP_VJPS.items()},
+        "method/tangent": {"auto": (AutoTangent, {}), "closed_form": (ClosedForm, {}),
+                           "diagonal_jacobian": (DiagonalJacobian, {}), "jvp": (JVP, {})},
+    }
 
 
-@dataclass
-class LinearConf:
-    _target_: str = "hypergrad.problems.tasks.linear_factory"
-    bias: bool = True
-
-
-@dataclass
-class SGDConf:
-    _target_: str = "hypergrad.optim.sgd"
-    lr: Any = "lr"  # a number, or the name of a hyperparameter
-    momentum: Any = 0.0
-    dampening: Any = 0.0
-    nesterov: bool = False
-    weight_decay: Any = 0.0
-
-
-@dataclass
-class AdamConf:
-    _target_: str = "hypergrad.optim.adam"
-    lr: Any = "lr"
-    betas: list[Any] = field(default_factory=lambda: [0.9, 0.999])
-    eps: Any = 1e-8
-    weight_decay: Any = 0.0
-    eps_root: float = 0.0
-
-
-@dataclass
-class AdamWConf(AdamConf):
-    _target_: str = "hypergrad.optim.adamw"
-    weight_decay: Any = 1e-2
-
-
-@dataclass
-class TorchOuterConf:
-    _target_: str = "torch.optim.Adam"
-    _partial_: bool = True
-    lr: float = 0.05
-
-
-@dataclass
-class SignOuterConf:
-    _target_: str = "hypergrad.outer.SignDescent"
-    _partial_: bool = True
-    lr: float = 0.1
-    factor: float = 0.5
-
-
-class MethodName(enum.Enum):
-    forward = "forward"
-    reverse = "reverse"
-    auto = "auto"
-
-
-class HVPName(enum.Enum):
-    vmap_vjp = "vmap_vjp"
-    is_grads_batched = "is_grads_batched"
-    fwd_over_rev = "fwd_over_rev"
-    loop = "loop"
-
-
-@dataclass
-class MethodConf:
-    _target_: str = "hypergrad.choice.make_method"
-    name: MethodName = MethodName.forward
-    hvp: HVPName = HVPName.vmap_vjp
-    chunk_size: Optional[int] = None
-    memory_budget_gb: Optional[float] = None
-    compile: bool = False
-
-
-# -- problems ------------------------------------------------------------------------------------
-@dataclass
-class DigitsConf:
-    _target_: str = "hypergrad.problems.tasks.digits_task"
-    steps: int = 300
-    n_train: int = 1000
-    n_val: int = 400
-    batch_size: int = 64
-    seed: int = "${seed}"  # type: ignore[assignment]
-    dtype: str = "float32"
-    val_mode: str = "eval"
-    grid: dict[str, list[float]] = field(default_factory=dict)
-    data_seed: Optional[int] = None  # the split; None: seed (init and batch order)
-
-
-@dataclass
-class HypercleaningConf:
-    _target_: str = "hypergrad.problems.tasks.hypercleaning_task"
-    steps: int = 100
-    n_train: int = 500
-    n_val: int = 200
-    flip_fraction: float = 0.5
-    seed: int = "${seed}"  # type: ignore[assignment]
-    dtype: str = "float32"
-    weights: str = "weights"
-    threshold: float = 0.5
-    data_seed: Optional[int] = None  # the split and the flipped labels; None: seed
-
-
-@dataclass
-class RidgeDiabetesConf:
-    _target_: str = "hypergrad.problems.tasks.ridge_diabetes_task"
-    steps: int = 3000
-    n_train: int = 250
-    n_val: int = 100
-    seed: int = "${seed}"  # type: ignore[assignment]
-    dtype: str = "float64"
-    l2_name: str = "l2"
-
-
-@dataclass
-class BreastCancerConf:
-    _target_: str = "hypergrad.problems.tasks.breast_cancer_task"
-    steps: int = 200
-    n_train: int = 300
-    n_val: int = 130
-    seed: int = "${seed}"  # type: ignore[assignment]
-    dtype: str = "float32"
-    l2_name: str = "l2"
-    batch_size: Optional[int] = None
-    data_seed: Optional[int] = None  # the split; None: seed (initialisation)
-
-
-@dataclass
-class SparseRegressionConf:
-    _target_: str = "hypergrad.problems.sparse_regression.sparse_regression_task"
-    steps: int = 100
-    m: int = 20000
-    m_val: int = 4000
-    n: int = 2000
-    density: float = 0.005
-    groups: int = 10
-    corrupted: int = 3
-    feature_groups: int = 4
-    mask_fraction: float = 0.0
-    corruption: float = 3.0
-    seed: int = "${seed}"  # type: ignore[assignment]
-    dtype: str = "float32"
-    weights: str = "res_w"
-    l2: str = "l2"
-    data_path: Optional[str] = None
-    val_fraction: float = 0.2
+def _parent_key(*, _parent_: Any) -> str:
+    """``${hg.key:}``: the key of the node holding the field (a hyperparameter's name is its
+    key under ``hyperparams.items``)."""
+    return str(_parent_._key())
 
 
 # -- the run ---------------------------------------------------------------------------------------
 class Mode(enum.Enum):
+    """The Trainer's modes (an enum so that a wrong mode fails at composition)."""
+
     offline = "offline"
     online = "online"
 
@@ -286,25 +260,15 @@ class Config:
     name: str = "run"
 
 
-SCHEMAS: dict[str, dict[str, type]] = {
-    "problem": {"digits": DigitsConf, "hypercleaning": HypercleaningConf,
-                "ridge_diabetes": RidgeDiabetesConf, "breast_cancer": BreastCancerConf,
-                "sparse_regression": SparseRegressionConf},
-    "model": {"mlp": MLPConf, "linear": LinearConf, "cnn": CNNConf},
-    "hyperparams": {"hyperparams": HyperParamsConf},
-    "inner_optimizer": {"sgd": SGDConf, "adam": AdamConf, "adamw": AdamWConf},
-    "outer_optimizer": {"torch": TorchOuterConf, "sign": SignOuterConf},
-    "method": {"method": MethodConf},
-}
-
-
 def register_configs() -> None:
-    """Store the schemas: ``base_config`` and ``<group>/schema_<name>``."""
+    """Store ``base_config`` and every ``<group>/schema_<name>`` of :func:`targets`, and the
+    ``hg.key`` resolver."""
+    OmegaConf.register_new_resolver("hg.key", _parent_key, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    for group, schemas in SCHEMAS.items():
-        for name, node in schemas.items():
-            cs.store(group=group, name=f"schema_{name}", node=node)
+    for group, entries in targets().items():
+        for name, (target, options) in entries.items():
+            cs.store(group=group, name=f"schema_{name}", node=schema(target, **options))
 
 
 SAFE_CONFIG_KEYS = (
@@ -313,11 +277,11 @@ SAFE_CONFIG_KEYS = (
     "trainer.divergence_factor", "report.*", "method.*", "outer_optimizer.*",
 )
 """Config keys that may change when a run is resumed (fnmatch patterns): how long to run, how
-to report, how to compute the same hypergradients (forward or reverse mode, the HVP strategy,
-chunking, compile: equal to rounding; offline only, online needs forward mode), and the outer
-optimizer's hyperparameters
-(the new ones replace the checkpoint's; its class, ``outer_optimizer._target_``, may not
-change). Every other key is in the checkpoint's fingerprint."""
+to report, how to compute the hypergradients (the method and its nested options: forward or
+reverse mode, the HVP strategy, chunking, compile give the same ones to rounding; offline
+only, online needs a forward-type method), and the outer optimizer's hyperparameters (the new
+ones replace the checkpoint's; its class, ``outer_optimizer._target_``, may not change). Every
+other key is in the checkpoint's fingerprint."""
 _NOT_SAFE = ("outer_optimizer._target_", "outer_optimizer._partial_")
 
 
@@ -356,12 +320,10 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> tuple[Any, Any]
     task = instantiate(cfg.problem, hyperparams=hps, optimizer=opt, model=model, _convert_="all")
     method = instantiate(cfg.method, _convert_="all")
     outer = instantiate(cfg.outer_optimizer, _convert_="all")
-    tc = OmegaConf.to_container(cfg.trainer, resolve=True)
+    tc = OmegaConf.to_container(cfg.trainer, resolve=True, enum_to_str=True)
     assert isinstance(tc, dict)
-    mode = tc.pop("mode")
     trainer = Trainer(
-        task.problem, method, outer, outer_steps=tc["outer_steps"],
-        mode=mode.value if isinstance(mode, enum.Enum) else mode,
+        task.problem, method, outer, outer_steps=tc["outer_steps"], mode=tc["mode"],
         interval=tc["interval"], reset_tangents=tc["reset_tangents"],
         clip_norm=tc["clip_norm"], bounds=tc["bounds"], run_dir=run_dir, resume=tc["resume"],
         evaluate=task.evaluate, progress=tc["progress"], tensorboard=tc["tensorboard"],

@@ -459,13 +459,25 @@ class HyperParams:
     """An ordered set of hyperparameters laid out in one flat raw vector ``lam`` of length ``K``.
 
     Args:
-        items: the hyperparameters; names must be unique.
+        items: the hyperparameters, a sequence or a mapping ``{name: hyperparameter}`` (each
+            key its item's name; the form the Hydra configs instantiate); names must be unique.
 
     ``slices[name]`` is the slice of ``lam`` holding ``name``; :meth:`values` maps ``lam``
     (shape ``(K,)``) to what training reads at a step.
+
+    Example:
+        >>> HyperParams({"lr": Scalar("lr", 0.1, transform="log")}).names
+        ['lr']
     """
 
-    def __init__(self, items: Sequence[HyperParameter]) -> None:
+    def __init__(self, items: Sequence[HyperParameter] | Mapping[str, HyperParameter]) -> None:
+        if isinstance(items, Mapping):
+            for key, it in items.items():
+                if getattr(it, "name", key) != key:
+                    raise ValueError(
+                        f"HyperParams: the item under key {key!r} is named {it.name!r}; a "
+                        f"mapping's keys must be the items' names (rename one of them).")
+            items = list(items.values())
         items = list(items)
         if not items:
             raise ValueError(

@@ -106,3 +106,11 @@ def test_make_method_builds_every_method() -> None:
         make_method("implicit", solver="lu")
     with pytest.raises(ValueError, match=r"step_vjp='fast'; choose one of"):
         make_method("reverse", step_vjp="fast")
+
+
+def test_auto_mode_takes_the_hvp_strategy_of_its_forward_mode() -> None:
+    auto = AutoMode(hvp=hg.ColumnLoop())
+    assert isinstance(auto.forward, hg.ForwardMode) and isinstance(auto.forward.hvp, hg.ColumnLoop)
+    assert isinstance(AutoMode().forward.hvp, hg.VmapVJP)
+    with pytest.raises(ValueError, match="pass one"):
+        AutoMode(forward=hg.ForwardMode(), hvp=hg.ColumnLoop())

@@ -55,3 +55,11 @@ def test_minibatches_are_deterministic_epochs() -> None:
         MiniBatches(x, batch_size=11)
     with pytest.raises(ValueError, match="tensor 1 has 2 rows"):
         MiniBatches(x, torch.zeros(2), batch_size=1)
+
+
+def test_a_mapping_of_items_keyed_by_name() -> None:
+    """The form the Hydra configs instantiate: ``{name: item}``, in the mapping's order."""
+    hp = hg.HyperParams({"lr": hg.Schedule("lr", 0.1, windows=3), "m": hg.Scalar("m", 0.5)})
+    assert hp.names == ["lr", "m"] and hp.num_raw == 4
+    with pytest.raises(ValueError, match=r"key 'wd' is named 'l2'"):
+        hg.HyperParams({"wd": hg.Scalar("l2", 0.1)})
