@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .distributed import DistributedConf
 from .hyperparams import (
     HyperParameter,
     HyperParams,
@@ -282,6 +283,7 @@ class Config:
     method: Any = MISSING
     trainer: TrainerConf = field(default_factory=TrainerConf)
     report: ReportConf = field(default_factory=ReportConf)
+    distributed: DistributedConf = field(default_factory=DistributedConf)  # under torchrun
     seed: int = 0
     name: str = "run"
 
@@ -310,7 +312,7 @@ def register_configs() -> None:
 SAFE_CONFIG_KEYS = (
     "name", "trainer.outer_steps", "trainer.time_budget", "trainer.progress", "trainer.resume",
     "trainer.overwrite", "trainer.tensorboard", "trainer.memory_budget_gb",
-    "trainer.divergence_factor", "report.*", "method.*", "outer_optimizer.*",
+    "trainer.divergence_factor", "report.*", "method.*", "outer_optimizer.*", "distributed.*",
 )
 """Config keys that may change when a run is resumed (fnmatch patterns): how long to run, how
 to report, how to compute the same hypergradients (forward or reverse mode, the HVP strategy,

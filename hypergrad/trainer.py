@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from . import distributed as _dist
 from .checkpoint import (
     METRICS,
     TRAINER_FILES,
@@ -224,11 +225,12 @@ class Trainer:
                              "resume continues the run in run_dir, overwrite discards it; pass "
                              "one of them.")
         self.problem = problem
+        log, progress, tensorboard = _dist.trainer_io(log, progress, tensorboard)
         self.log = log
         self.mode = mode
         self.lam = problem.init_raw().requires_grad_(False)
         problem.check(self.lam)  # losses, shapes and bindings, before anything costly
-        self.method = self._resolve_method(method, memory_budget)
+        self.method = _dist.wrap(self._resolve_method(method, memory_budget))
         self.outer_steps = outer_steps
         self.time_budget = None if time_budget is None else float(time_budget)
         self.backtrack = None if backtrack is None else float(backtrack)
@@ -260,12 +262,13 @@ class Trainer:
         self._tb: Any = None
         self._lock: RunLock | None = None
         self._fingerprint: dict[str, Any] = {}
-        if self.run_dir is not None:
+        if self.run_dir is not None and _dist.is_writer():
             self._lock = RunLock(self.run_dir).acquire()
         try:
             if self.run_dir is not None:
-                self._fingerprint = self._make_fingerprint(fingerprint or {})
-                self._open_run_dir(resume, overwrite)
+                self._fingerprint = self._make_fingerprint(
+                    {**(fingerprint or {}), **_dist.fingerprint(self.method)})
+                _dist.open_run_dir(self, resume, overwrite)  # rank 0 opens, the others follow
             if tensorboard:
                 self._tb = self._tensorboard()
         except BaseException:
@@ -697,7 +700,7 @@ class Trainer:
     def _mark_stopped(self, msg: str) -> None:
         """Rewrite the last checkpoint with the hyperparameters kept (not the diverged ones),
         so a resume (e.g. with a smaller outer learning rate) starts from them."""
-        if self.run_dir is None:
+        if self.run_dir is None or not _dist.is_writer():
             return
         got = load_checkpoint(self.run_dir, self.problem.device)
         if got is None:
@@ -761,8 +764,10 @@ class Trainer:
         self.history.append(rec)
         self.outer_step += 1
         if self.run_dir is not None:
-            save_checkpoint(self.run_dir, self._checkpoint())  # first: metrics.jsonl is
-            append_line(self.run_dir / METRICS, dumps(rec))  # rewritten from it on resume
+            ck = self._checkpoint()  # on every rank: split tangents are gathered
+            if _dist.is_writer():
+                save_checkpoint(self.run_dir, ck)  # first: metrics.jsonl is
+                append_line(self.run_dir / METRICS, dumps(rec))  # rewritten from it on resume
         if self._tb is not None:
             for k, v in rec.items():
                 if isinstance(v, (int, float)):
@@ -804,7 +809,8 @@ class Trainer:
         if self.fstate is not None:
             ck["inner"] = {"step": self.fstate.step,
                            "state": tree_flatten(self.fstate.state)[0],
-                           "tangents": tree_flatten(self.fstate.tangents)[0]}
+                           "tangents": _dist.gather_tangents(self.method, self.problem,
+                                                             self.fstate)}
         return ck
 
     def _load(self, ck: dict[str, Any], path: Path) -> None:
@@ -813,6 +819,7 @@ class Trainer:
                 f"Trainer: checkpoint {path} is from mode={ck.get('mode')!r}, this run is "
                 f"mode={self.mode!r}; use another run_dir.")
         old = ck.get("fingerprint")
+        _dist.check_resume(old, path)
         if old is None:
             warnings.warn(CheckpointWarning(
                 f"Trainer: checkpoint {path} was written by an older hypergrad without a "
@@ -879,9 +886,10 @@ class Trainer:
             s0 = self.problem.initial_state()
             spec = tree_flatten(s0)[1]
             state = tree_unflatten(list(ck["inner"]["state"]), spec)
-            tangents = tree_unflatten(list(ck["inner"]["tangents"]), spec)
+            tangents = tree_unflatten(_dist.local_tangents(
+                self.method, self.problem, list(ck["inner"]["tangents"])), spec)
             self.fstate = ForwardState(state, tangents, int(ck["inner"]["step"]))
-        if self.run_dir is not None:  # metrics.jsonl agrees with the checkpoint again
+        if self.run_dir is not None and _dist.is_writer():  # metrics.jsonl agrees again
             write_text_atomic(self.run_dir / METRICS,
                               "".join(dumps(rec) + "\n" for rec in self.history))
         self.log(f"[hypergrad] resumed from {path} at outer step {self.outer_step}")

@@ -7,11 +7,13 @@ starts them (tests/dist_worker.py), compared with one process.
 - an online column-parallel Trainer run whose rank 0 is killed in a checkpoint write ends with
   an error on the other rank, and resumed under two processes it ends exactly where an
   uninterrupted run ends; resumed under one process it is refused with the reason;
-- a rank that hangs makes its peer fail after the timeout, not wait forever.
+- a rank that hangs makes its peer fail after the timeout, not wait forever;
+- ``hypergrad-run`` under torchrun: the Trainer splits the columns, rank 0 alone writes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -27,6 +29,7 @@ from problems import model_problem
 
 import hypergrad as hg
 from hypergrad import distributed as hd
+from hypergrad.errors import ResumeMismatchError
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
@@ -133,6 +136,33 @@ def test_data_parallel_reverse_equals_one_process(hypergrads: Any) -> None:
     assert torch.equal(ranks[0]["data_reverse"], ranks[1]["data_reverse"])
 
 
+def test_a_killed_rank_ends_the_job_and_resume_equals_an_uninterrupted_run(
+        tmp_path: Path) -> None:
+    cut, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    # an uninterrupted run, then one whose rank 0 dies writing its checkpoint of outer step 2
+    runs = launch("train", str(cut), str(out),
+                  env={"HYPERGRAD_TEST_CHECKPOINT_FAULT": "step=2,kill-before-rename"})
+    (rc0, text0, _), (rc1, text1, _) = runs
+    assert rc0 == -9, text0[-2000:]
+    assert rc1 not in (0, None), text1[-2000:]  # the other rank stopped with an error
+    assert "DistributedError" in text1 and "another rank died" in text1, text1[-2000:]
+    assert not (out / "rank1.pt").exists()
+    # resumed by two processes: exactly the uninterrupted run's result
+    _ok(launch("train", str(cut), str(out), "--resume"))
+    for r in range(2):
+        whole, res = torch.load(out / f"whole{r}.pt"), torch.load(out / f"rank{r}.pt")
+        assert "ParallelForward" in whole["method"] and whole["held"] < 10  # columns split
+        assert torch.equal(res["lam"], whole["lam"]), (res["lam"], whole["lam"])
+        assert res["history"] == whole["history"]
+    assert len((cut / "metrics.jsonl").read_text().splitlines()) == 4  # rank 0's lines only
+    # by one process (this one): refused, with the reason and the fix
+    with pytest.raises(ResumeMismatchError, match="written by a run of 2 processes, this run "
+                                                   "has 1.*--nproc_per_node=2"):
+        hg.Trainer(dist_worker.mixed(steps=8), "forward", mode="online", interval=2,
+                   run_dir=cut, resume=True, progress=False, log=lambda _: None)
+
+
 def test_a_hanging_rank_ends_the_job_after_the_timeout(tmp_path: Path) -> None:
     runs = launch("hang", str(tmp_path), timeout=60, kill_after_first=True)
     (rc0, text0, t0), (rc1, _, _) = runs
@@ -185,3 +215,22 @@ def test_data_parallel_refuses_batchnorm_and_dropout() -> None:
         hd.ParallelForward(hg.MARTHE(0.5))
     with pytest.raises(ValueError, match="does not match the 1 processes"):
         hd.mesh(data=2)
+
+
+@pytest.mark.slow
+def test_the_cli_under_torchrun_splits_the_columns_and_rank_0_writes(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "hypergrad.cli", "experiment=digits_schedule", "debug=fast",
+         "report.retrain=false", "report.plots=false", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "method=ParallelForward" in out.stdout + out.stderr
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["outer_steps"] == 2 and res["method"] == "forward"
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2  # once, by rank 0
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ck["fingerprint"]["distributed.world_size"] == 2
+    assert ck["fingerprint"]["distributed.mesh"] == [1, 2]
