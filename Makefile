@@ -11,6 +11,10 @@ STAMP := $(VENV)/.installed
 SWEEPER := $(VENV)/sweep-optuna
 SWEEPER_PINS := "hydra-optuna-sweeper==1.3.0" "optuna==2.10.1" "sqlalchemy>=1.4,<2" \
 	"alembic>=1.7,<1.14" "cmaes>=0.8.2,<0.11"
+# hydra-submitit-launcher (SLURM, and submitit_local for a test): pure Python, its own folder too
+# (tests/test_launchers.py), so .venv's packages stay as they are
+SUBMITIT := $(VENV)/sweep-submitit
+SUBMITIT_PINS := "hydra-submitit-launcher==1.2.0" "submitit==1.5.4"
 
 .PHONY: demo test lint exactness bench clean vs-optuna
 
@@ -26,10 +30,15 @@ $(SWEEPER)/.installed: $(STAMP)
 	$(PY) -m pip install -q --no-deps --target $(SWEEPER) $(SWEEPER_PINS)
 	touch $(SWEEPER)/.installed
 
+$(SUBMITIT)/.installed: $(STAMP)
+	rm -rf $(SUBMITIT)
+	$(PY) -m pip install -q --no-deps --target $(SUBMITIT) $(SUBMITIT_PINS)
+	touch $(SUBMITIT)/.installed
+
 demo: $(STAMP)
 	$(VENV)/bin/hypergrad-run experiment=digits_schedule
 
-test: $(STAMP) $(SWEEPER)/.installed
+test: $(STAMP) $(SWEEPER)/.installed $(SUBMITIT)/.installed
 	$(VENV)/bin/ruff check hypergrad tests experiments
 	$(VENV)/bin/mypy
 	$(PY) -m pytest

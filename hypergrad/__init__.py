@@ -8,7 +8,7 @@ one call; unrolled reverse mode and central finite differences are built in as r
 
 from __future__ import annotations
 
-from . import errors, optim, testing
+from . import distributed, errors, optim, testing
 from .choice import AutoMethod, AutoMode, estimate_memory, make_method
 from .finite_diff import FiniteDifference
 from .forward import ForwardMode, ForwardState
@@ -40,7 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "HyperParams", "Scalar", "PerTensor", "Schedule", "PerExample", "Tensor", "InitScale",
     "InitWeights",
-    "optim", "testing", "sgd", "adam", "adamw",
+    "optim", "testing", "distributed", "sgd", "adam", "adamw",
     "InnerProblem", "InnerState", "ModelFn",
     "Method", "OnlineMethod", "AutoMode", "HyperGradient",
     "ForwardMode", "ForwardState", "ReverseMode", "FiniteDifference",

@@ -24,6 +24,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from . import distributed as _dist
 from .config import CONFIG_DIR, build, register_configs
 from .errors import HypergradWarning
 
@@ -92,6 +93,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from .checkpoint import RunLock
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not _dist.is_writer():  # under torchrun, rank 0 locks, prepares and writes the folder
+        return _run(cfg, run_dir)
     with RunLock(run_dir, "hypergrad-run"):
         _prepare_run_dir(cfg, run_dir)
         return _run(cfg, run_dir)
@@ -106,6 +109,8 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from .report import plot_run, table
 
     task, trainer = build(cfg, run_dir)
+    if not _dist.is_writer():  # under torchrun: tune with rank 0, which alone reports
+        return {"table": [], "best_val_loss": trainer.fit().best_val_loss}
     cfg_path = _write_config(cfg, run_dir, resumed=trainer.outer_step > 0)
     p = task.problem
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
@@ -194,7 +199,9 @@ def _main(cfg: DictConfig) -> float:
     from . import alloc
 
     alloc.tune_malloc()
-    results = run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    run_dir = _dist.setup_cli(cfg.get("distributed"),
+                              Path(HydraConfig.get().runtime.output_dir))  # under torchrun
+    results = run(cfg, run_dir)
     # for sweepers: the retrained learned point's validation loss; without retraining the best
     # evaluated one (with trainer.outer_steps=0: the loss of one training at the given values)
     learned = [r for r in results["table"] if r["hyperparameters"] == "learned"]

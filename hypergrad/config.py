@@ -38,6 +38,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .distributed import DistributedConf
+
 __all__ = ["build", "register_configs", "config_fingerprint", "schema", "targets", "CONFIG_DIR",
            "SAFE_CONFIG_KEYS", "PROBLEM_ARGS"]
 
@@ -256,6 +258,7 @@ class Config:
     method: Any = MISSING
     trainer: TrainerConf = field(default_factory=TrainerConf)
     report: ReportConf = field(default_factory=ReportConf)
+    distributed: DistributedConf = field(default_factory=DistributedConf)  # under torchrun
     seed: int = 0
     name: str = "run"
 
@@ -274,7 +277,7 @@ def register_configs() -> None:
 SAFE_CONFIG_KEYS = (
     "name", "trainer.outer_steps", "trainer.time_budget", "trainer.progress", "trainer.resume",
     "trainer.overwrite", "trainer.tensorboard", "trainer.memory_budget_gb",
-    "trainer.divergence_factor", "report.*", "method.*", "outer_optimizer.*",
+    "trainer.divergence_factor", "report.*", "method.*", "outer_optimizer.*", "distributed.*",
 )
 """Config keys that may change when a run is resumed (fnmatch patterns): how long to run, how
 to report, how to compute the hypergradients (the method and its nested options: forward or

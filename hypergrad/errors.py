@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "CheckpointWarning",
     "CheckpointError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
-    "InnerNotConvergedWarning", "SolverNotConvergedWarning",
+    "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
 ]
 
 
@@ -59,3 +59,8 @@ class ResumeMismatchError(ValueError):
 
 class MemoryBudgetError(ValueError):
     """The chosen method's memory estimate exceeds the memory budget."""
+
+
+class DistributedError(RuntimeError):
+    """A collective of a multi-process run failed: another rank died, or did not arrive within
+    the timeout (:mod:`hypergrad.distributed`)."""

@@ -27,6 +27,7 @@ Work the step does not do, because its result is known exactly:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -134,11 +135,16 @@ def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
     return tree_map(one, tree)
 
 
-def initial_tangents(problem: InnerProblem, lam: Tensor) -> tuple[InnerState, InnerState]:
+def initial_tangents(problem: InnerProblem, lam: Tensor, columns: Sequence[int] | None = None
+                     ) -> tuple[InnerState, InnerState]:
     """``s_0`` at ``lam`` and ``Z_0 = d s_0 / d lam``, every tensor with a leading axis of size K
     (``jvp`` of :meth:`~hypergrad.InnerProblem.initial_state` under ``vmap`` over the identity).
+    ``columns``: only these columns, in this order (a rank's share in column-parallel runs,
+    :mod:`hypergrad.distributed`).
     """
     eye = torch.eye(lam.shape[0], dtype=lam.dtype, device=lam.device)
+    if columns is not None:
+        eye = eye[list(columns)]
     s0 = problem.initial_state(lam)
     z0 = vmap(lambda e: jvp(problem.initial_state, (lam,), (e,))[1])(eye)
     return s0, z0
@@ -194,35 +200,57 @@ class ForwardMode(OnlineMethod):
         """Start at ``state`` with zero tangents, ``Z_0 = 0``; by default at the initial state
         for ``lam``, with ``Z_0 = d s_0 / d lam`` (non-zero for initialisation
         hyperparameters: :class:`~hypergrad.InitScale`, :class:`~hypergrad.InitWeights`)."""
+        return self._init(problem, lam, state, None)
+
+    def _init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None,
+              held: Sequence[int] | None) -> ForwardState:
+        """:meth:`init` for the tangent columns ``held`` only (``None``: all K)."""
         problem.check(lam)
         if state is None and problem.init_items:
-            return ForwardState(*initial_tangents(problem, lam), 0)
+            return ForwardState(*initial_tangents(problem, lam, held), 0)
         s = problem.initial_state(lam) if state is None else state
-        k = problem.num_hyperparams
+        k = problem.num_hyperparams if held is None else len(held)
         z = tree_map(lambda v: torch.zeros((k, *v.shape), dtype=v.dtype, device=v.device), s)
         return ForwardState(s, z, 0)
 
     def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor) -> ForwardState:
         """One inner step of the state and of all K tangent columns."""
+        return self._step(problem, fs, lam, None)
+
+    def _step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor,
+              held: Sequence[int] | None) -> ForwardState:
+        """:meth:`step` for a state holding the tangent columns ``held`` (indices into ``lam``,
+        in the order of the tangents' rows; ``None``: all K). A column-parallel rank holds a
+        share of the columns (:mod:`hypergrad.distributed`); its HVP strategy may then get no
+        column at all at a step, and must still return the gradient."""
         t = fs.step
         s, z = fs.state, fs.tangents
         batch = problem.batch(t)
         k = lam.shape[0]
         plan = self._plan(problem)
         eye = torch.eye(k, dtype=lam.dtype, device=lam.device)
+        cols_held = list(range(k)) if held is None else list(held)
+        n = len(cols_held)
 
-        # columns whose tangent is zero and that this step cannot change: not computed
+        # rows whose tangent is zero and that this step cannot change: not computed
         live: Tensor | None = None
         if self.skip_zero_columns:
-            late = plan.not_started(t)
-            if late and (self._known_zero(z, late) or _zero_columns(z, late)):
-                late_set = set(late)
-                live = torch.tensor([c for c in range(k) if c not in late_set],
-                                    device=lam.device)
+            late = set(plan.not_started(t))
+            rows = [i for i, c in enumerate(cols_held) if c in late]
+            if rows and (self._known_zero(z, rows) or _zero_columns(z, rows)):
+                dead_rows = set(rows)
+                live = torch.tensor([i for i in range(n) if i not in dead_rows],
+                                    dtype=torch.long, device=lam.device)
+        live_cols = cols_held if live is None else [cols_held[i] for i in live.tolist()]
         if live is not None:
-            z_in, eye_in = _rows(z, live), eye.index_select(0, live)
+            z_in = _rows(z, live)
         else:
-            z_in, eye_in = z, eye
+            z_in = z
+        if held is None and live is None:
+            eye_in = eye
+        else:
+            eye_in = eye.index_select(0, torch.tensor(live_cols, dtype=torch.long,
+                                                      device=lam.device))
 
         def loss(p: Any, b: Any, lm: Tensor) -> Any:
             return problem.train_objective(p, b, lm, t, batch)
@@ -233,8 +261,9 @@ class ForwardMode(OnlineMethod):
 
         cols = plan.optimizer_columns(t)
         pos = cols
-        if live is not None:  # positions of the optimizer's columns among the live ones
-            pos_of = {int(c): i for i, c in enumerate(live.tolist())}
+        if held is not None or live is not None:  # rows of the optimizer's columns computed
+            pos_of = {c: i for i, c in enumerate(live_cols)}
+            cols = [c for c in cols if c in pos_of]
             pos = [pos_of[c] for c in cols]
         out = self.tangent(problem, t, lam, g, s, G, z_in, cols, pos, eye)
         if out is None:
@@ -243,14 +272,14 @@ class ForwardMode(OnlineMethod):
         (params, opt), (zp, zo) = out
         tangents = InnerState(zp, zb, zo)
         if live is not None:
-            tangents = _scatter(tangents, live, k)
-            dead = frozenset(range(k)) - frozenset(live.tolist())
+            tangents = _scatter(tangents, live, n)
+            dead = frozenset(range(n)) - frozenset(live.tolist())
             self._zero_memo = (weakref.ref(tree_flatten(tangents)[0][0]), dead)
         return ForwardState(InnerState(params, new_b, opt), tangents, t + 1)
 
     def _known_zero(self, z: InnerState, cols: list[int]) -> bool:
-        """Whether ``z`` is the tangent state the last step returned with ``cols`` left at zero
-        (then the check over the tensors is not needed)."""
+        """Whether ``z`` is the tangent state the last step returned with the rows ``cols`` left
+        at zero (then the check over the tensors is not needed)."""
         if self._zero_memo is None:
             return False
         ref, dead = self._zero_memo

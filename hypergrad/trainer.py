@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import distributed as _dist
 from . import runstate
 from .bounds import Bounds
 from .choice import AutoMode, check_memory, choose_method, make_method
@@ -198,10 +199,12 @@ class Trainer:
             raise ValueError("Trainer: resume=True and overwrite=True contradict each other: "
                              "resume continues the run in run_dir, overwrite discards it; pass "
                              "one of them.")
+        # under torchrun: rank 0 logs, shows progress and writes; methods split across ranks
+        log, progress, tensorboard = _dist.trainer_io(log, progress, tensorboard)
         self.problem, self.log, self.mode = problem, log, mode
         self.lam = problem.init_raw().requires_grad_(False)
         problem.check(self.lam)  # losses, shapes and bindings, before anything costly
-        self.method = self._resolve_method(method, memory_budget)
+        self.method = _dist.wrap(self._resolve_method(method, memory_budget))
         self.outer_steps, self.interval, self.reset_tangents = outer_steps, interval, reset_tangents
         self.time_budget = None if time_budget is None else float(time_budget)
         self.backtrack = None if backtrack is None else float(backtrack)
@@ -222,15 +225,19 @@ class Trainer:
         self._fingerprint: dict[str, Any] = {}
         if tensorboard and self.run_dir is None:
             raise ValueError("Trainer: tensorboard=True needs a run_dir.")
-        self.folder = RunFolder(self.run_dir) if self.run_dir is not None else None
+        self.folder = (RunFolder(self.run_dir) if self.run_dir is not None
+                       and _dist.is_writer() else None)
         try:
-            if self.folder is not None:
-                self._fingerprint = runstate.fingerprint(problem, self._settings(),
-                                                         fingerprint or {})
-                got = self.folder.open(resume, overwrite, problem.device, log)
+            if self.run_dir is not None:
+                self._fingerprint = runstate.fingerprint(
+                    problem, self._settings(),
+                    {**(fingerprint or {}), **_dist.fingerprint(self.method)})
+                got = (self.folder.open(resume, overwrite, problem.device, log)
+                       if self.folder is not None else None)
+                got = _dist.follow_run_dir(self.run_dir, resume, problem.device) or got
                 if got is not None:
                     self._load(*got)
-                if tensorboard:
+                if tensorboard and self.folder is not None:
                     self.folder.tensorboard()
         except BaseException:
             self.close()
@@ -484,8 +491,10 @@ class Trainer:
             rec.update({k: float(v) for k, v in self.evaluate(state).items()})
         self.history.append(rec)
         self.outer_step += 1
-        if self.folder is not None:
-            self.folder.write(self._checkpoint(), rec)
+        if self.run_dir is not None:
+            ck = self._checkpoint()  # on every rank: a split run's columns are gathered
+            if self.folder is not None:
+                self.folder.write(ck, rec)
         if self.progress and not self._tty:  # a log file: a line, not a progress bar
             total = self.outer_steps if self.mode == "offline" else self.problem.steps
             where = (f"outer step {self.outer_step}/{total}" if inner_step is None else
@@ -503,10 +512,13 @@ class Trainer:
             **self.tracker.state_dict()}
         if self.run_state is not None:
             assert isinstance(self.method, OnlineMethod)
-            ck["online"] = runstate.pack_run(self.method, self.run_state)
+            ck["online"] = runstate.pack_run(  # a split run's columns gathered (every rank)
+                _dist.checkpoint_method(self.method),
+                _dist.full_run(self.method, self.problem, self.run_state))
         return ck
 
     def _load(self, ck: dict[str, Any], path: Path) -> None:
+        _dist.check_resume(ck.get("fingerprint"), path)  # the same number of processes
         runstate.check_resume(ck, path, self.mode, self._fingerprint, self.lam.shape[0])
         runstate.load_outer(self.outer, ck, path, self.log)
         name = ck.get("method", self.method.name)
@@ -517,8 +529,9 @@ class Trainer:
             self.lam.copy_(ck["lam"])
         if self.mode == "online":
             assert isinstance(self.method, OnlineMethod)
-            self.run_state = runstate.unpack_run(ck, self.method, self.problem,
-                                                 self.lam.detach().clone(), path, self.log)
+            run = runstate.unpack_run(ck, _dist.checkpoint_method(self.method), self.problem,
+                                      self.lam.detach().clone(), path, self.log)
+            self.run_state = _dist.local_run(self.method, self.problem, run)
         self.history = list(ck["history"])
         self.tracker.load_state_dict(ck, self.lam)
         self._backtracks = int(ck.get("backtracks", 0))

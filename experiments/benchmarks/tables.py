@@ -116,9 +116,20 @@ def bench_stepvjp(d: dict[str, Any]) -> str:
     return markdown(d["rows"], cols) + f"\n\n`{d['line']}`"
 
 
+def bench_distributed(d: dict[str, Any]) -> str:
+    cols = [("mode", "mode", ""), ("ranks", "ranks", "d"),
+            ("seconds", "s / hypergradient", ".3f"), ("speedup", "speed-up", ".2f"),
+            ("rel_err", "max rel err", ".1e"), ("tangent_mib", "tangents MiB / rank", ".1f")]
+    head = (f"{d['model']} at K = {d['K']}, T = {d['steps']}, {d['dtype']}, batch {d['batch']}, "
+            f"one thread per process, median of {d['repeats']} (one process: of "
+            f"{2 * d['repeats']}, before and after)\n\n")
+    return head + markdown(d["rows"], cols) + f"\n\n`{d['line']}`"
+
+
 RENDER = {"bench_step": bench_step, "bench_memory": bench_memory,
           "bench_schedule": bench_schedule, "bench_conv": bench_conv,
-          "bench_tangent": bench_tangent, "bench_stepvjp": bench_stepvjp}
+          "bench_tangent": bench_tangent, "bench_stepvjp": bench_stepvjp,
+          "bench_distributed": bench_distributed}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

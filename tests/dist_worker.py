@@ -1,0 +1,171 @@
+"""One rank of the multi-process tests (tests/test_distributed.py starts two of these with the
+environment torchrun would give them: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+
+    python tests/dist_worker.py hypergrads OUT         # every parallel method's hypergradient
+    python tests/dist_worker.py train RUN_DIR OUT [--resume]   # online Trainer runs
+    python tests/dist_worker.py hang OUT               # rank 1 stops answering
+
+Rank ``r`` writes ``OUT/rank<r>.pt`` (or ``.txt``). Importing this module does nothing (pytest
+imports it for doctests).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _data() -> tuple[Any, Any]:
+    """An MLP 16-8-4 on random data (float64; no data set to load: a rank starts in seconds) and
+    its mini-batches of 7 examples (data-parallel shards of 4 and 3: unequal), validation loss."""
+    from torch import nn
+
+    from hypergrad.data import MiniBatches
+
+    g = torch.Generator().manual_seed(0)
+    x, xv = (torch.randn(n, 16, generator=g, dtype=torch.float64) for n in (28, 32))
+    y, yv = (torch.randint(0, 4, (n,), generator=g) for n in (28, 32))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4)).double()
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(xv), yv)
+
+    return (model, MiniBatches(x, y, batch_size=7, seed=0)), val_loss
+
+
+def mixed(steps: int = 6, windows: int = 4) -> Any:
+    """SGD with a learnable momentum, an lr schedule (windows starting late), a per-tensor weight
+    decay and a label-smoothing loss parameter."""
+    import hypergrad as hg
+
+    (model, batches), val_loss = _data()
+    items: list[Any] = [hg.Schedule("lr", 0.1, windows=windows, transform="log"),
+                        hg.Scalar("mom", 0.8, transform="logit"),
+                        hg.PerTensor("wd", 1e-2, transform="log"),
+                        hg.Tensor("smooth", 0.1, transform="logit")]
+    opt = hg.sgd(lr="lr", momentum="mom", weight_decay="wd")
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y, idx = batch
+        logp = F.log_softmax(m(x), -1)
+        return (1 - hp["smooth"]) * F.nll_loss(logp, y) - hp["smooth"] * logp.mean()
+
+    return hg.InnerProblem(model, train_loss, opt, hg.HyperParams(items), batches, steps,
+                           val_loss)
+
+
+def schedule_only(steps: int = 6) -> Any:
+    """Only an lr schedule of 4 windows: on 2 ranks, one rank's columns all start late, so it
+    has no column to compute at the first steps."""
+    import hypergrad as hg
+
+    (model, batches), val_loss = _data()
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(batch[0]), batch[1])
+
+    hps = hg.HyperParams([hg.Schedule("lr", 0.1, windows=4, transform="log")])
+    return hg.InnerProblem(model, train_loss, hg.sgd(lr="lr", momentum=0.9), hps, batches,
+                           steps, val_loss)
+
+
+def lam_of(problem: Any) -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    return problem.init_raw() + 0.2 * torch.randn(problem.num_hyperparams, generator=g,
+                                                  dtype=torch.float64)
+
+
+def hypergrads(out: Path) -> None:
+    import hypergrad as hg
+    from hypergrad import distributed as hd
+
+    p, q = mixed(), schedule_only()
+    lam, lq = lam_of(p), lam_of(q)
+    col = hd.column_parallel()
+    res: dict[str, Any] = {}
+    r = col.hypergradient(p, lam)
+    res["column"], res["column_state"] = r.grad, r.state.params
+    res["columns_held"] = col.columns(p)
+    res["column_schedule"] = col.hypergradient(q, lq).grad
+    res["column_schedule_held"] = col.columns(q)
+    r = hd.data_parallel(hg.ForwardMode()).hypergradient(p, lam)
+    res["data_forward"], res["data_forward_state"] = r.grad, r.state.params
+    r = hd.data_parallel(hg.ReverseMode()).hypergradient(p, lam)
+    res["data_reverse"], res["data_reverse_state"] = r.grad, r.state.params
+    r = hd.data_parallel(hg.ReverseMode(checkpoint=2)).hypergradient(p, lam)
+    res["data_reverse_ckpt"] = r.grad
+    torch.save(res, out / f"rank{hd.rank()}.pt")
+
+
+def train(run_dir: Path, out: Path, resume: bool) -> None:
+    """Without ``--resume``: an online Trainer run without a run folder (the uninterrupted
+    result, ``whole<r>.pt``), then the same run writing to ``run_dir`` (the test kills rank 0 in
+    its second checkpoint). With ``--resume``: that run resumed (``rank<r>.pt``)."""
+    import hypergrad as hg
+    from hypergrad import distributed as hd
+
+    def fit(folder: Path | None, name: str) -> None:
+        trainer = hg.Trainer(mixed(steps=8), "forward", mode="online", interval=2,
+                             run_dir=folder, resume=resume, progress=False, log=print)
+        res = trainer.fit()
+        assert trainer.fstate is not None
+        torch.save({"lam": res.lam, "history": [h["val_loss"] for h in res.history],
+                    "method": repr(trainer.method),
+                    "held": len(next(iter(trainer.fstate.tangents.params.values())))},
+                   out / f"{name}{hd.rank()}.pt")
+
+    if not resume:
+        fit(None, "whole")
+    fit(run_dir, "rank")
+
+
+def hang(out: Path) -> None:
+    from hypergrad import distributed as hd
+    from hypergrad.errors import DistributedError
+
+    hd.barrier("the first meeting")
+    # now that both ranks are up (a short timeout from the start would also bound their start),
+    # collectives wait 3 s for a peer
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d._set_pg_timeout(timedelta(seconds=3))
+    hd._STATE["timeout"] = 3.0
+    if hd.rank() == 1:
+        time.sleep(120)  # alive but silent: the test's launcher kills it
+    t0 = time.perf_counter()
+    try:
+        hd.barrier("the second meeting")
+    except DistributedError as err:
+        (out / "rank0.txt").write_text(f"{time.perf_counter() - t0:.1f}\n{err}")
+        raise
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    torch.set_num_threads(1)
+    from hypergrad import distributed as hd
+
+    case, args = sys.argv[1], sys.argv[2:]
+    hd.init(timeout=60.0)
+    if case == "hypergrads":
+        hypergrads(Path(args[0]))
+    elif case == "train":
+        train(Path(args[0]), Path(args[1]), "--resume" in args)
+    elif case == "hang":
+        hang(Path(args[0]))
+    else:
+        raise SystemExit(f"unknown case {case!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Scale-out with torch.distributed (gloo, CPU, float64): two processes started the way torchrun
+starts them (tests/dist_worker.py), compared with one process.
+
+- column-parallel forward, data-parallel forward and data-parallel reverse mode equal the
+  single-process hypergradient to 1e-12 on a problem with a schedule, momentum and a per-tensor
+  weight decay (unequal shards: batches of 7 split 4 + 3), and every rank runs the same primal;
+- an online column-parallel Trainer run whose rank 0 is killed in a checkpoint write ends with
+  an error on the other rank, and resumed under two processes it ends exactly where an
+  uninterrupted run ends; resumed under one process it is refused with the reason;
+- a rank that hangs makes its peer fail after the timeout, not wait forever;
+- ``hypergrad-run`` under torchrun: the Trainer splits the columns, rank 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import dist_worker
+import pytest
+import torch
+from problems import model_problem
+
+import hypergrad as hg
+from hypergrad import distributed as hd
+from hypergrad.errors import ResumeMismatchError
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().parent / "dist_worker.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(*args: str, nprocs: int = 2, timeout: float = 120.0, env: dict[str, str] | None = None,
+           kill_after_first: bool = False) -> list[tuple[int | None, str, float]]:
+    """Start ``nprocs`` ranks of the worker as torchrun would (its environment variables); wait
+    for all (``kill_after_first``: kill the others once one has ended, as torchrun does);
+    returns each rank's ``(return code, output, seconds)``."""
+    port = str(_free_port())
+    procs = []
+    t0 = time.perf_counter()
+    for r in range(nprocs):
+        e = {**os.environ, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r),
+             "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        if nprocs == 1 and env is None:  # one plain process, no launcher
+            for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+                e.pop(k)
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args], cwd=ROOT, env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    ended: dict[int, float] = {}
+    while len(ended) < nprocs and time.perf_counter() - t0 < timeout:
+        for r, p in enumerate(procs):
+            if r not in ended and p.poll() is not None:
+                ended[r] = time.perf_counter() - t0
+        if kill_after_first and ended:
+            break
+        time.sleep(0.05)
+    out = []
+    for r, p in enumerate(procs):
+        if p.poll() is None:
+            p.kill()
+        text = p.communicate()[0]
+        out.append((p.returncode if r in ended else None, text, ended.get(r, float("nan"))))
+    return out
+
+
+def _ok(runs: list[tuple[int | None, str, float]]) -> None:
+    for r, (rc, text, _) in enumerate(runs):
+        assert rc == 0, f"rank {r} ended with {rc}:\n{text[-3000:]}"
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-12) -> float:
+    err = float((a - b).abs().max() / b.abs().max())
+    assert err <= tol, f"relative error {err:.3g} > {tol:g}"
+    return err
+
+
+@pytest.fixture(scope="module")
+def hypergrads(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Any]:
+    out = tmp_path_factory.mktemp("hypergrads")
+    runs = launch("hypergrads", str(out))
+    _ok(runs)
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+    p, q = dist_worker.mixed(), dist_worker.schedule_only()
+    lam, lq = dist_worker.lam_of(p), dist_worker.lam_of(q)
+    ref = {"forward": hg.ForwardMode().hypergradient(p, lam),
+           "reverse": hg.ReverseMode().hypergradient(p, lam),
+           "schedule": hg.ForwardMode().hypergradient(q, lq)}
+    return ranks, ref
+
+
+def test_column_parallel_forward_equals_one_process(hypergrads: Any) -> None:
+    ranks, ref = hypergrads
+    held = [set(r["columns_held"]) for r in ranks]
+    assert held[0].isdisjoint(held[1]) and held[0] | held[1] == set(range(10))
+    assert abs(len(held[0]) - len(held[1])) <= 2  # balanced by live steps, not by count
+    for r in ranks:
+        _close(r["column"], ref["forward"].grad)
+        _close(r["column"], ref["reverse"].grad, 1e-10)  # and the method is right
+        # the schedule-only problem: one rank's columns all start late (no column at first)
+        assert min(len(x["column_schedule_held"]) for x in ranks) >= 1
+        _close(r["column_schedule"], ref["schedule"].grad)
+    for name, v in ranks[0]["column_state"].items():  # one primal trajectory on both ranks
+        assert torch.equal(v, ranks[1]["column_state"][name])
+        _close(v, ref["forward"].state.params[name])
+
+
+def test_data_parallel_forward_equals_one_process(hypergrads: Any) -> None:
+    ranks, ref = hypergrads
+    for r in ranks:
+        _close(r["data_forward"], ref["forward"].grad)
+    for name, v in ranks[0]["data_forward_state"].items():
+        assert torch.equal(v, ranks[1]["data_forward_state"][name])
+        _close(v, ref["forward"].state.params[name])
+
+
+def test_data_parallel_reverse_equals_one_process(hypergrads: Any) -> None:
+    ranks, ref = hypergrads
+    for r in ranks:
+        _close(r["data_reverse"], ref["reverse"].grad)
+        _close(r["data_reverse"], ref["forward"].grad)
+        _close(r["data_reverse_ckpt"], ref["reverse"].grad)
+    assert torch.equal(ranks[0]["data_reverse"], ranks[1]["data_reverse"])
+
+
+def test_a_killed_rank_ends_the_job_and_resume_equals_an_uninterrupted_run(
+        tmp_path: Path) -> None:
+    cut, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    # an uninterrupted run, then one whose rank 0 dies writing its checkpoint of outer step 2
+    runs = launch("train", str(cut), str(out),
+                  env={"HYPERGRAD_TEST_CHECKPOINT_FAULT": "step=2,kill-before-rename"})
+    (rc0, text0, _), (rc1, text1, _) = runs
+    assert rc0 == -9, text0[-2000:]
+    assert rc1 not in (0, None), text1[-2000:]  # the other rank stopped with an error
+    assert "DistributedError" in text1 and "another rank died" in text1, text1[-2000:]
+    assert not (out / "rank1.pt").exists()
+    # resumed by two processes: exactly the uninterrupted run's result
+    _ok(launch("train", str(cut), str(out), "--resume"))
+    for r in range(2):
+        whole, res = torch.load(out / f"whole{r}.pt"), torch.load(out / f"rank{r}.pt")
+        assert "ParallelForward" in whole["method"] and whole["held"] < 10  # columns split
+        assert torch.equal(res["lam"], whole["lam"]), (res["lam"], whole["lam"])
+        assert res["history"] == whole["history"]
+    assert len((cut / "metrics.jsonl").read_text().splitlines()) == 4  # rank 0's lines only
+    # by one process (this one): refused, with the reason and the fix
+    with pytest.raises(ResumeMismatchError, match="written by a run of 2 processes, this run "
+                                                   "has 1.*--nproc_per_node=2"):
+        hg.Trainer(dist_worker.mixed(steps=8), "forward", mode="online", interval=2,
+                   run_dir=cut, resume=True, progress=False, log=lambda _: None)
+
+
+def test_a_hanging_rank_ends_the_job_after_the_timeout(tmp_path: Path) -> None:
+    runs = launch("hang", str(tmp_path), timeout=60, kill_after_first=True)
+    (rc0, text0, t0), (rc1, _, _) = runs
+    assert rc0 == 1, text0[-2000:]
+    assert rc1 is None  # still hanging when rank 0 gave up (the launcher then ends it)
+    waited, msg = (tmp_path / "rank0.txt").read_text().split("\n", 1)
+    assert 2.5 <= float(waited) < 20, waited
+    assert "did not arrive within the timeout (3 s)" in msg
+
+
+def test_one_process_runs_the_parallel_methods_as_the_plain_ones() -> None:
+    p = dist_worker.mixed()
+    lam = dist_worker.lam_of(p)
+    ref = hg.ForwardMode().hypergradient(p, lam).grad
+    assert torch.equal(hd.column_parallel().hypergradient(p, lam).grad, ref)
+    assert torch.equal(hd.wrap(hg.ForwardMode()).hypergradient(p, lam).grad, ref)
+    assert hd.world_size() == 1 and hd.is_writer() and hd.fingerprint(hg.ForwardMode()) == {}
+
+
+def test_columns_are_dealt_by_the_steps_they_are_computed() -> None:
+    # 8 windows over 8 steps: window w is computed for 8 - w steps
+    costs = [8.0 - w for w in range(8)]
+    shares = hd.assign_columns(costs, 2)
+    assert sorted(shares[0] + shares[1]) == list(range(8))
+    loads = [sum(costs[c] for c in s) for s in shares]
+    assert loads == [18.0, 18.0]
+    assert hd.assign_columns([1.0] * 5, 3) == [[0, 3], [1, 4], [2]]
+
+
+def test_batches_split_along_the_example_axis() -> None:
+    x, y, idx = torch.arange(14.0).reshape(7, 2), torch.arange(7), torch.arange(7)
+    (xs, ys, ids), m, n = hd.shard_batch((x, y, idx), 1, 2)
+    assert (m, n) == (3, 7) and ids.tolist() == [4, 5, 6] and torch.equal(xs, x[4:])
+    with pytest.raises(ValueError, match="first axes of sizes"):
+        hd.shard_batch((x, y[:3]), 0, 2)
+    with pytest.raises(ValueError, match="cannot be split over 2"):
+        hd.shard_batch((x[:1],), 0, 2)
+
+
+def test_data_parallel_refuses_batchnorm_and_dropout() -> None:
+    from hypergrad.testing import digits_case
+
+    bn = digits_case("momentum", "lr", steps=2, n_train=16, batch_size=8, hidden=4,
+                     batchnorm=True)
+    with pytest.raises(ValueError, match="BatchNorm running statistics"):
+        hd._check_data_parallel(bn)
+    with pytest.raises(ValueError, match="draws no random numbers"):
+        hd._check_data_parallel(model_problem("dropout_mlp"))
+    with pytest.raises(TypeError, match="must be a ForwardMode"):
+        hd.ParallelForward(hg.MARTHE(0.5))
+    with pytest.raises(ValueError, match="does not match the 1 processes"):
+        hd.mesh(data=2)
+
+
+@pytest.mark.slow
+def test_the_cli_under_torchrun_splits_the_columns_and_rank_0_writes(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "hypergrad.cli", "experiment=digits_schedule", "debug=fast",
+         "report.retrain=false", "report.plots=false", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "method=ParallelForward" in out.stdout + out.stderr
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["outer_steps"] == 2 and res["method"] == "forward"
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2  # once, by rank 0
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ck["fingerprint"]["distributed.world_size"] == 2
+    assert ck["fingerprint"]["distributed.mesh"] == [1, 2]
