@@ -16,7 +16,7 @@ from .forward import ForwardMode
 from .hvp import STRATEGIES, HVPStrategy, VmapVJP
 from .hyperparams import HyperParameter, HyperParams, PerExample, PerTensor, Scalar, Schedule
 from .hyperparams import Tensor_ as HPTensor
-from .optim import Optimizer, adam, adamw, sgd
+from .optim import Optimizer, adagrad, adam, adamw, rmsprop, sgd
 from .problem import InnerProblem
 from .reverse import ReverseMode
 
@@ -172,6 +172,11 @@ GRID: dict[str, GridOptimizer] = {
                           lambda m: {"betas": (m, 0.999)}, 0.9),
     "adamw": GridOptimizer(adamw, {"weight_decay": 1e-2}, 0.01,
                            lambda m: {"betas": (m, 0.999)}, 0.9),
+    "rmsprop": GridOptimizer(rmsprop, {"weight_decay": 1e-3}, 0.01,
+                             lambda m: {"momentum": m}, 0.5),
+    "rmsprop_centered": GridOptimizer(rmsprop, {"weight_decay": 1e-3, "centered": True}, 0.01,
+                                      lambda m: {"momentum": m}, 0.5),
+    "adagrad": GridOptimizer(adagrad, {"weight_decay": 1e-3, "lr_decay": 0.01}, 0.05),
 }
 """The optimizers of the exactness grid; a new optimizer adds a row."""
 

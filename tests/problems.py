@@ -86,11 +86,31 @@ CLOSED_FORM: dict[str, tuple[str, dict[str, Any], list[Any], float]] = {
                          hg.Scalar("b2", 0.99, transform="logit"),
                          hg.Scalar("eps", 1e-3, transform="log"),
                          hg.Scalar("wd", 0.1, transform="log")], 0.01),
+    "rmsprop_plain": ("rmsprop", dict(lr="lr"), [], 0.01),
+    "rmsprop_all_bound": ("rmsprop", dict(lr="lr", alpha="alpha", eps="eps", weight_decay="wd",
+                                          momentum="mom"),
+                          [hg.Scalar("alpha", 0.9, transform="logit"),
+                           hg.Scalar("eps", 1e-3, transform="log"),
+                           hg.PerTensor("wd", 1e-2, transform="log"),
+                           hg.Scalar("mom", 0.5, transform="logit")], 0.01),
+    "rmsprop_centered": ("rmsprop", dict(lr="lr", alpha="alpha", centered=True, momentum=0.9,
+                                         weight_decay=1e-2),
+                         [hg.Scalar("alpha", 0.9, transform="logit")], 0.01),
+    "rmsprop_centered_eps": ("rmsprop", dict(lr="lr", eps="eps", centered=True),
+                             [hg.Scalar("eps", 1e-3, transform="log")], 0.01),
+    "adagrad_plain": ("adagrad", dict(lr="lr"), [], 0.05),
+    "adagrad_all_bound": ("adagrad", dict(lr="lr", lr_decay="decay", eps="eps",
+                                          weight_decay="wd"),
+                          [hg.Scalar("decay", 0.1, transform="log"),
+                           hg.Scalar("eps", 1e-3, transform="log"),
+                           hg.PerTensor("wd", 1e-2, transform="log")], 0.05),
+    "adagrad_accumulator": ("adagrad", dict(lr="lr", initial_accumulator_value=0.1), [], 0.05),
 }
 """Closed-form tangents checked against jvp: every argument constant or bound; a new optimizer
 with a closed form adds rows."""
 
-G_UNTOUCHED = {"adam_plain", "adam_eps_root", "adamw_const", "adamw_all_bound"}
+G_UNTOUCHED = {"adam_plain", "adam_eps_root", "adamw_const", "adamw_all_bound", "rmsprop_plain",
+               "rmsprop_centered_eps", "adagrad_plain", "adagrad_accumulator"}
 """Configurations whose closed form must leave this step's ``G`` alone (no L2 decay reusing its
 buffer)."""
 

@@ -20,6 +20,13 @@ GRID = [
     ("adam", dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01)),
     ("adamw", dict(lr=0.01)),
     ("adamw", dict(lr=0.02, betas=(0.5, 0.9), eps=1e-7, weight_decay=0.1)),
+    ("rmsprop", dict(lr=0.01)),
+    ("rmsprop", dict(lr=0.01, alpha=0.9, eps=1e-6, weight_decay=0.01, momentum=0.9)),
+    ("rmsprop", dict(lr=0.01, centered=True, momentum=0.5)),
+    ("rmsprop", dict(lr=0.02, alpha=0.8, centered=True, weight_decay=0.1)),
+    ("adagrad", dict(lr=0.1)),
+    ("adagrad", dict(lr=0.1, lr_decay=0.05, weight_decay=0.01, eps=1e-6,
+                     initial_accumulator_value=0.1)),
 ]
 
 

@@ -1,0 +1,105 @@
+"""Adagrad as ``torch.optim.Adagrad`` (Duchi et al. 2011), with its tangent in closed form."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .base import Arg, Optimizer, Params, TangentContext, fma, inv_twice, is_zero, owned, safe_sqrt
+
+__all__ = ["Adagrad", "AdagradState", "adagrad"]
+
+
+class AdagradState(NamedTuple):
+    """``sum``: the accumulated squared gradients, dict param name -> tensor."""
+
+    sum: dict[str, Tensor]
+
+
+class Adagrad(Optimizer):
+    """``d = g + wd w``; ``S = S + d^2``; ``w -= clr d / (sqrt(S) + eps)`` with
+    ``clr = lr / (1 + t lr_decay)`` at the 0-based step ``t``."""
+
+    hyper_args = ("lr", "lr_decay", "weight_decay", "eps")
+    options = ("initial_accumulator_value",)
+
+    def init(self, params: Params) -> AdagradState:
+        v = float(self.args["initial_accumulator_value"])
+        return AdagradState({k: torch.full_like(p, v) for k, p in params.items()})
+
+    def update(self, grads: Params, state: NamedTuple, params: Params, hp: Mapping[str, Any],
+               step: int) -> tuple[Params, AdagradState]:
+        a, read = self.args, self.read
+        assert isinstance(state, AdagradState)
+        new_p, new_s = {}, {}
+        for k, p in params.items():
+            d = grads[k]
+            if not is_zero(a["weight_decay"]):
+                d = d + read(a["weight_decay"], hp, k) * p
+            clr = read(a["lr"], hp, k) / (1 + step * read(a["lr_decay"], hp, k))
+            s = new_s[k] = state.sum[k] + d * d
+            new_p[k] = p - clr * (d / (safe_sqrt(s) + read(a["eps"], hp, k)))
+        return new_p, AdagradState(new_s)
+
+    def tangent(self, ctx: TangentContext, new_params: Params, new_state: NamedTuple
+                ) -> tuple[Params, AdagradState]:
+        """All columns at once, no autograd (``r = sqrt(S)``, ``den = r + eps``,
+        ``q = d / den``)::
+
+            Z_d = G + wd Z_w (+ dwd w)      Z_S = Z_S + 2 d Z_d
+            Z_q = Z_d / den - q / den (Z_S / (2 r) + deps)
+            Z_w' = Z_w - clr Z_q - (dlr / (1 + t decay) - lr t ddecay / (1 + t decay)^2) q
+        """
+        a, read, hp, c, t = self.args, self.read, ctx.hp, ctx, ctx.step
+        assert isinstance(new_state, AdagradState)
+        has_wd = not is_zero(a["weight_decay"])
+        zp_new, zs_new = {}, {}
+        for k, w in ctx.params.items():
+            d, zd = ctx.grads[k], owned(ctx.G[k])
+            if has_wd:
+                wd = read(a["weight_decay"], hp, k)
+                zd = fma(zd, ctx.z_params[k], wd, inplace=True)
+                c.add_direct(zd, wd, w)
+                d = d + wd * w
+            zs = torch.addcmul(ctx.z_state.sum[k], zd, 2 * d)  # type: ignore[attr-defined]
+            zs_new[k] = zs
+            lr, decay, eps = read(a["lr"], hp, k), read(a["lr_decay"], hp, k), read(a["eps"], hp,
+                                                                                   k)
+            r = safe_sqrt(new_state.sum[k])
+            den = r + eps
+            q = d / den
+            zden = zs * inv_twice(r)
+            c.add_direct(zden, eps, torch.ones_like(r))
+            zq = torch.addcmul(zd / den, zden, -q / den)
+            scale = 1 + t * decay
+            clr = lr / scale
+            zw = fma(ctx.z_params[k], zq, -clr, inplace=False)
+            c.add_term(zw, c.combine((1 / scale, c.derivative(lr)),
+                                     (-lr * t / scale**2, c.derivative(decay))), q, -1.0)
+            zp_new[k] = zw
+        return zp_new, AdagradState(zs_new)
+
+    def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
+                 ) -> torch.optim.Optimizer:
+        a, v = self.args, self._value
+        return torch.optim.Adagrad(params, lr=v(a["lr"], hp), lr_decay=v(a["lr_decay"], hp),
+                                   weight_decay=v(a["weight_decay"], hp), eps=v(a["eps"], hp),
+                                   initial_accumulator_value=a["initial_accumulator_value"])
+
+
+def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: Arg = 1e-10,
+            initial_accumulator_value: float = 0.0) -> Adagrad:
+    """Adagrad as ``torch.optim.Adagrad`` (same defaults).
+
+    Example:
+        >>> sorted(adagrad(lr="lr", weight_decay="wd").bound_names())
+        ['lr', 'wd']
+    """
+    if not initial_accumulator_value >= 0:
+        raise ValueError(f"adagrad: initial_accumulator_value={initial_accumulator_value!r} "
+                         f"must be >= 0.")
+    return Adagrad(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps,
+                   initial_accumulator_value=float(initial_accumulator_value))
