@@ -74,7 +74,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .errors import DistributedError, ResumeMismatchError
 from .forward import ForwardMode, ForwardState
 from .hvp import HVPResult, HVPStrategy, LossFn
-from .method import HyperGradient, Method
+from .method import HyperGradient, Method, OnlineMethod
 from .problem import InnerProblem, InnerState, _plain
 from .randomness import second_order
 from .reverse import ReverseMode
@@ -824,7 +824,7 @@ def setup_cli(conf: Any, run_dir: Path) -> Path:
 
 
 # -- the Trainer's checkpoints of an online run --------------------------------------------------
-def checkpoint_method(method: Method) -> Method:
+def checkpoint_method(method: OnlineMethod) -> OnlineMethod:
     """The method whose run state a checkpoint holds: a :class:`ParallelForward`'s own
     ForwardMode (all K columns), so a checkpoint reads like one of a single process."""
     return method.base if isinstance(method, ParallelForward) else method

@@ -4,6 +4,7 @@ Graves 2013), with its tangent in closed form."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -95,13 +96,13 @@ class RMSprop(Optimizer):
             v_prev = st.square_avg[k]  # type: ignore[attr-defined]
             zv = zst.square_avg[k] * alpha  # type: ignore[attr-defined]
             zv.addcmul_(zd, 2 * (1 - alpha) * d)
-            c.add_direct(zv, alpha, lambda v_prev=v_prev, d=d: v_prev - d * d)
+            c.add_direct(zv, alpha, partial(torch.addcmul, v_prev, d, d, value=-1))
             zsq[k] = zv
             avg = None
             if a["centered"]:
                 avg, a_prev = new_state.grad_avg[k], st.grad_avg[k]  # type: ignore[attr-defined]
                 za = torch.lerp(zst.grad_avg[k], zd, 1 - alpha)  # type: ignore[attr-defined]
-                c.add_direct(za, alpha, lambda a_prev=a_prev, d=d: a_prev - d)
+                c.add_direct(za, alpha, partial(torch.sub, a_prev, d))
                 zgavg[k] = za
                 zr = torch.addcmul(zv, za, -2 * avg)
             else:
