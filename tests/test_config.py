@@ -240,16 +240,19 @@ def test_methods_and_their_options_are_safe_to_change_on_resume() -> None:
     assert fp["config.hyperparams.items.lr.name"] == "lr"
 
 
-def test_online_methods_from_hydra(tmp_path: Path) -> None:
-    cfg = _compose(["experiment=online_digits", "method=hd", "debug=fast"])
-    assert isinstance(instantiate(cfg.method, _convert_="all"), hg.HD)
-    cfg = _compose(["experiment=online_digits", "method=marthe", "method.mu=0.5", "debug=fast",
+@pytest.mark.parametrize("method,cls", [("marthe", hg.MARTHE), ("hd", hg.HD)])
+def test_online_methods_from_hydra(method: str, cls: type, tmp_path: Path) -> None:
+    cfg = _compose(["experiment=online_digits", f"method={method}", "debug=fast",
                     "report.plots=false"])
     _, trainer = build(cfg)
-    assert isinstance(trainer.method, hg.MARTHE) and trainer.method.mu == 0.5
+    assert type(trainer.method) is cls
     results = run(cfg, tmp_path)
-    assert results["mode"] == "online" and results["outer_steps"] >= 1
+    assert results["mode"] == "online" and results["method"] == method
+    assert results["outer_steps"] >= 1
     assert all(v == v for v in results["learned"].values())  # no NaN
+    if method == "marthe":
+        mu = _compose(["experiment=online_digits", "method=marthe", "method.mu=0.5"])
+        assert instantiate(mu.method, _convert_="all").mu == 0.5
 
 
 @pytest.mark.parametrize("preset", PRESETS)
