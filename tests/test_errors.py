@@ -159,8 +159,8 @@ def test_schedule_and_per_example_arguments() -> None:
 
 
 def test_digits_case_bad_names() -> None:
-    with pytest.raises(ValueError, match="opt='rmsprop' must be in"):
-        digits_case("rmsprop", "lr")
+    with pytest.raises(ValueError, match="opt='lion' must be in"):
+        digits_case("lion", "lr")
 
 
 # -- issue 12: named errors up front ------------------------------------------------------------
