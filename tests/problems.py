@@ -220,3 +220,20 @@ def one_hvp_call(problem: hg.InnerProblem, strategy: HVPStrategy) -> tuple:
     return f, s, z, lam, eye, strategy(f, s.params, s.buffers, lam, z.params, z.buffers, eye)
 
 
+
+
+class Interrupt(Exception):
+    """Raised by :func:`interrupt_after`'s evaluate hook: a run killed between outer steps."""
+
+
+def interrupt_after(n: int):  # type: ignore[no-untyped-def]
+    """A Trainer ``evaluate`` hook that raises :class:`Interrupt` on its ``n + 1``-th call."""
+    calls = [0]
+
+    def evaluate(state):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] > n:
+            raise Interrupt
+        return {}
+
+    return evaluate

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from problems import Interrupt as _Interrupt
+from problems import interrupt_after as _interrupt_after
 
 import hypergrad as hg
 import hypergrad.trainer
@@ -142,22 +144,6 @@ def test_auto_method_choice(k: int, t: int, expect: str) -> None:
     tr = _trainer(problem=problem, method="auto", log=logs.append)
     assert f"chose {expect}" in logs[0]
     assert isinstance(tr.method, hg.ForwardMode if expect == "forward" else hg.ReverseMode)
-
-
-class _Interrupt(Exception):
-    pass
-
-
-def _interrupt_after(n: int):  # type: ignore[no-untyped-def]
-    calls = [0]
-
-    def evaluate(state):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        if calls[0] > n:
-            raise _Interrupt
-        return {}
-
-    return evaluate
 
 
 @pytest.mark.parametrize("mode", ["offline", "online"])

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from problems import Interrupt as _Interrupt
+from problems import interrupt_after as _interrupt_after
 from torch.func import grad
 from torch.utils._pytree import tree_flatten
 
@@ -83,22 +85,6 @@ def test_hd_online_first_update_is_the_one_step_hypergradient() -> None:
     assert res.history[1]["hyperparams"]["lr"] == pytest.approx(want, rel=1e-12)
     assert res.history[1]["hyperparams"]["lr"] != pytest.approx(res.history[0]["hyperparams"]
                                                                 ["lr"], rel=1e-6)
-
-
-class _Interrupt(Exception):
-    pass
-
-
-def _interrupt_after(n: int):  # type: ignore[no-untyped-def]
-    calls = [0]
-
-    def evaluate(state):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        if calls[0] > n:
-            raise _Interrupt
-        return {}
-
-    return evaluate
 
 
 def _resumable(method: Any, run_dir: Path, resume: bool = False, evaluate: Any = None,
