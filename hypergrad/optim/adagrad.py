@@ -8,7 +8,17 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .base import Arg, Optimizer, Params, TangentContext, fma, inv_twice, is_zero, owned, safe_sqrt
+from .base import (
+    Arg,
+    Optimizer,
+    Params,
+    TangentContext,
+    fma,
+    inv_twice,
+    is_zero,
+    l2_tangent,
+    safe_sqrt,
+)
 
 __all__ = ["Adagrad", "AdagradState", "adagrad"]
 
@@ -55,15 +65,9 @@ class Adagrad(Optimizer):
         """
         a, read, hp, c, t = self.args, self.read, ctx.hp, ctx, ctx.step
         assert isinstance(new_state, AdagradState)
-        has_wd = not is_zero(a["weight_decay"])
         zp_new, zs_new = {}, {}
-        for k, w in ctx.params.items():
-            d, zd = ctx.grads[k], owned(ctx.G[k])
-            if has_wd:
-                wd = read(a["weight_decay"], hp, k)
-                zd = fma(zd, ctx.z_params[k], wd, inplace=True)
-                c.add_direct(zd, wd, w)
-                d = d + wd * w
+        for k in ctx.params:
+            d, zd = l2_tangent(self, ctx, "weight_decay", k)
             zs = torch.addcmul(ctx.z_state.sum[k], zd, 2 * d)  # type: ignore[attr-defined]
             zs_new[k] = zs
             lr, decay, eps = read(a["lr"], hp, k), read(a["lr_decay"], hp, k), read(a["eps"], hp,

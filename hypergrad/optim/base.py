@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Optimizer", "TangentContext", "Params", "Arg", "safe_sqrt", "fma", "owned",
-           "is_zero", "const_zero", "inv_twice", "l2_penalty"]
+           "is_zero", "const_zero", "inv_twice", "l2_penalty", "l2_tangent"]
 
 Params = dict[str, Tensor]
 Arg = float | str
@@ -69,6 +69,19 @@ def l2_penalty(opt: Optimizer, arg: str, params: Params, hp: Mapping[str, Any]
         return None
     terms = [0.5 * opt.read(wd, hp, k) * (w * w).sum() for k, w in params.items()]
     return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
+
+
+def l2_tangent(opt: Optimizer, ctx: TangentContext, arg: str, k: str) -> tuple[Tensor, Tensor]:
+    """``(d, Z_d)`` for the L2-decayed gradient ``d = g + wd w`` of parameter ``k`` (``wd`` the
+    argument ``arg``; the gradient itself when it is the constant 0): ``Z_d = G + wd Z_w``, plus
+    ``w`` on the rows of a bound ``wd``, written into this step's ``G``."""
+    d, zd = ctx.grads[k], owned(ctx.G[k])
+    if is_zero(opt.args[arg]):
+        return d, zd
+    w, wd = ctx.params[k], opt.read(opt.args[arg], ctx.hp, k)
+    zd = fma(zd, ctx.z_params[k], wd, inplace=True)
+    ctx.add_direct(zd, wd, w)
+    return d + wd * w, zd
 
 
 def is_zero(a: Any) -> bool:

@@ -10,7 +10,17 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .base import Arg, Optimizer, Params, TangentContext, fma, inv_twice, is_zero, owned, safe_sqrt
+from .base import (
+    Arg,
+    Optimizer,
+    Params,
+    TangentContext,
+    fma,
+    inv_twice,
+    is_zero,
+    l2_tangent,
+    safe_sqrt,
+)
 
 __all__ = ["RMSprop", "RMSpropState", "rmsprop"]
 
@@ -83,15 +93,10 @@ class RMSprop(Optimizer):
         a, read, hp, c = self.args, self.read, ctx.hp, ctx
         assert isinstance(new_state, RMSpropState)
         st, zst = ctx.state, ctx.z_state
-        has_wd, has_mom = not is_zero(a["weight_decay"]), not is_zero(a["momentum"])
+        has_mom = not is_zero(a["momentum"])
         zp_new, zsq, zbuf, zgavg = {}, {}, {}, {}
-        for k, w in ctx.params.items():
-            d, zd = ctx.grads[k], owned(ctx.G[k])
-            if has_wd:
-                wd = read(a["weight_decay"], hp, k)
-                zd = fma(zd, ctx.z_params[k], wd, inplace=True)
-                c.add_direct(zd, wd, w)
-                d = d + wd * w
+        for k in ctx.params:
+            d, zd = l2_tangent(self, ctx, "weight_decay", k)
             alpha, eps = read(a["alpha"], hp, k), read(a["eps"], hp, k)
             v_prev = st.square_avg[k]  # type: ignore[attr-defined]
             zv = zst.square_avg[k] * alpha  # type: ignore[attr-defined]
