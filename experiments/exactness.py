@@ -1,8 +1,9 @@
 """Exactness table: forward vs reverse vs central finite differences vs every HVP strategy.
 
-Every optimizer (sgd, momentum, nesterov, adam, adamw) x every hyperparameter kind (scalar lr,
-momentum or beta1, per-tensor weight decay, a schedule, per-example weights, a loss parameter) on
-a small MLP over ``load_digits``, float64, mini-batches. Errors are norm-wise relative per
+Every optimizer of ``hypergrad.testing.GRID`` (sgd, momentum, nesterov, adam, adamw, rmsprop,
+rmsprop_centered, adagrad) x every hyperparameter kind that applies (scalar lr, momentum or beta1,
+per-tensor weight decay, a schedule, per-example weights, a loss parameter) on a small MLP over
+``load_digits``, float64, mini-batches. Errors are norm-wise relative per
 hyperparameter group; the last line gives the worst case over the table.
 
     python experiments/exactness.py [--steps 20] [--json exactness.json]
