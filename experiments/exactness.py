@@ -27,7 +27,7 @@ def check_case(opt: str, kind: str, label: str, args: argparse.Namespace,
     rep = hypergradcheck(problem, raise_exception=False)
     row = {"optimizer": opt, "kind": label, "K": problem.num_hyperparams,
            **{k: rep.max(k) for k in WORST}, "seconds": time.perf_counter() - t}
-    print(f"{opt:<10}{label:<15}{row['K']:>4}{row['fwd_vs_rev']:>12.2e}"
+    print(f"{opt:<17}{label:<15}{row['K']:>4}{row['fwd_vs_rev']:>12.2e}"
           f"{row['fwd_vs_fd']:>12.2e}{row['strategies']:>12.2e}{row['seconds']:>7.1f}",
           flush=True)
     return row
@@ -46,12 +46,12 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     worst = dict.fromkeys(WORST, 0.0)
     t0 = time.perf_counter()
-    print(f"{'optimizer':<10}{'kind':<15}{'K':>4}{'fwd_vs_rev':>12}{'fwd_vs_fd':>12}"
+    print(f"{'optimizer':<17}{'kind':<15}{'K':>4}{'fwd_vs_rev':>12}{'fwd_vs_fd':>12}"
           f"{'strategies':>12}{'secs':>7}")
     for opt in OPTIMIZERS:
         for kind in KINDS:
             if kind == "momentum" and GRID[opt].momentum is None:
-                print(f"{opt:<10}{kind:<15}{'':>4}{f'n/a ({opt} has no momentum)':>36}")
+                print(f"{opt:<17}{kind:<15}{'':>4}{f'n/a ({opt} has no momentum)':>36}")
                 continue
             rows.append(check_case(opt, kind, kind, args))
     # BatchNorm: running statistics are state with tangents; validation in eval mode reads them
