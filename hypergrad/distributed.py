@@ -76,7 +76,6 @@ from .forward import ForwardMode, ForwardState
 from .hvp import HVPResult, HVPStrategy, LossFn
 from .method import HyperGradient, Method, OnlineMethod
 from .problem import InnerProblem, InnerState, _plain
-from .randomness import second_order
 from .reverse import ReverseMode
 from .stepvjp import StepVJP
 
@@ -649,7 +648,7 @@ class _DataParallelVJP(StepVJP):
         def update(p: Any, opt: Any, g_: Any, lm: Tensor) -> Any:
             return problem.update(g_, opt, p, lm, t)
 
-        with second_order():
+        with problem.second_order():
             g_own, vjp_g = vjp(gradient, w, lam)  # type: ignore[misc]
             g = _sum_tree(g_own, self.group, f"the gradient of step {t}")
             _, vjp_u = vjp(update, w, o, g, lam)  # type: ignore[misc]

@@ -39,7 +39,6 @@ from .hvp import HVPStrategy, VmapVJP
 from .hyperparams import Schedule
 from .method import OnlineMethod
 from .problem import InnerProblem, InnerState
-from .randomness import second_order
 from .tangent import AutoTangent, TangentRule
 
 __all__ = ["ForwardMode", "ForwardState", "initial_tangents"]
@@ -255,7 +254,7 @@ class ForwardMode(OnlineMethod):
         def loss(p: Any, b: Any, lm: Tensor) -> Any:
             return problem.train_objective(p, b, lm, t, batch)
 
-        with second_order():  # attention through a kernel with a double backward
+        with problem.second_order():  # attention and RNNs through kernels with a double backward
             g, new_b, G, zb = self.hvp(loss, s.params, s.buffers, lam, z_in.params,
                                        z_in.buffers, eye_in)
 

@@ -344,8 +344,9 @@ class ForwardOverReverse(HVPStrategy):
             raise NotImplementedError(
                 f"ForwardOverReverse: an operation in the step has no forward-mode derivative "
                 f"in torch {torch.__version__} ({str(err).splitlines()[0]}; e.g. the fused CPU "
-                f"LSTM/GRU kernel). Use VmapVJP() (the default) or IsGradsBatched(), which "
-                f"need only reverse mode.") from err
+                f"LSTM/GRU kernel, which recurrent layers over packed sequences use). Use "
+                f"VmapVJP() (the default) or IsGradsBatched(), which need only "
+                f"reverse mode.") from err
         except RuntimeError as err:
             if "ZeroTensors are immutable" not in str(err):
                 raise

@@ -60,7 +60,6 @@ from torch.func import grad, grad_and_value, vjp
 from .errors import InnerNotConvergedWarning, SolverNotConvergedWarning
 from .method import HyperGradient, Method
 from .problem import InnerProblem, InnerState
-from .randomness import second_order
 
 __all__ = ["LinearSolver", "CG", "Neumann", "FixedPoint", "ImplicitDiff", "SOLVERS"]
 
@@ -423,7 +422,7 @@ class ImplicitDiff(Method):
         w, b = state.params, state.buffers
         loss = self.objective(problem, b)
         (dEw, _, dElam), value = grad_and_value(problem.objective, argnums=(0, 1, 2))(w, b, lam)
-        with second_order():
+        with problem.second_order():
             gw, vjp_fn = vjp(lambda p, lm: grad(loss)(p, lm), w, lam)  # type: ignore[misc]
             w0 = problem.initial_state(lam).params
             g0 = grad(loss)(w0, lam)
@@ -439,7 +438,7 @@ class ImplicitDiff(Method):
                 f"actually run.", InnerNotConvergedWarning, stacklevel=2)
 
         def hvp(v: Tensor) -> Tensor:
-            with second_order():
+            with problem.second_order():
                 return _flat(vjp_fn(_unflat(v, w))[0])
 
         rhs = _flat(dEw).detach()
@@ -456,7 +455,7 @@ class ImplicitDiff(Method):
                 f"iterations{'; ' + info['breakdown'] if 'breakdown' in info else ''}. Raise "
                 f"maxiter, use CG(), or check that the inner problem converged.",
                 SolverNotConvergedWarning, stacklevel=2)
-        with second_order():
+        with problem.second_order():
             cross = vjp_fn(_unflat(v, w))[1]
         info.update(grad_norm=gn, grad_norm_ratio=ratio)
         return HyperGradient(value.detach(), (dElam - cross).detach(), state, info)

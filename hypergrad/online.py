@@ -33,7 +33,6 @@ from .forward import ForwardMode, ForwardState
 from .hvp import HVPStrategy
 from .method import OnlineMethod
 from .problem import InnerProblem, InnerState
-from .randomness import second_order
 from .tangent import TangentRule
 
 __all__ = ["HD", "HDState", "MARTHE"]
@@ -92,7 +91,7 @@ class HD(OnlineMethod):
         def last_step(lm: Tensor) -> InnerState:
             return problem.step(prev, lm, t)
 
-        with second_order():  # the step's VJP differentiates its gradient
+        with problem.second_order():  # the step's VJP differentiates its gradient
             _, vjp_fn = vjp(last_step, lam)  # type: ignore[misc]
             (dl,) = vjp_fn(cot)
         return value.detach(), (direct + dl).detach()

@@ -19,6 +19,7 @@ from .hyperparams import HPValues, HyperParams
 from .model import FunctionalModel, ModelFn
 from .optim import Optimizer
 from .randomness import VALIDATION_STEP, AttentionProbe, second_order, step_rng
+from .rnn import has_recurrent
 
 __all__ = ["InnerState", "InnerProblem", "TrainLoss", "ValLoss"]
 
@@ -85,7 +86,8 @@ class InnerProblem:
             )
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
-                f"InnerProblem: optimizer must come from hypergrad.optim (sgd, adam, adamw), got "
+                f"InnerProblem: optimizer must come from hypergrad.optim (sgd, adam, adamw, "
+                f"rmsprop, adagrad), got "
                 f"{type(optimizer).__name__}."
             )
         if val_mode not in ("eval", "train"):
@@ -96,6 +98,9 @@ class InnerProblem:
         if not callable(train_loss) or not callable(val_loss):
             raise TypeError("InnerProblem: train_loss and val_loss must be callables.")
         self.fmodel = FunctionalModel(model)
+        self.recurrent = has_recurrent(model)
+        """Whether the model has an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` (its differentiated
+        passes then run them through :mod:`hypergrad.rnn`)."""
         self.hyperparams = hyperparams.bind(self.fmodel.param_names,
                                             self.fmodel.initial_params())
         self.optimizer = optimizer
@@ -132,6 +137,12 @@ class InnerProblem:
 
     def batch(self, t: int) -> Any:
         return self._batch(t)
+
+    def second_order(self) -> contextlib.AbstractContextManager[None]:
+        """The context of the passes that differentiate this problem's gradient (HVPs, step
+        VJPs): attention through the math kernel, recurrent layers through
+        :mod:`hypergrad.rnn` (:func:`hypergrad.randomness.second_order`)."""
+        return second_order(self.recurrent)
 
     @property
     def init_items(self) -> list[Any]:
@@ -196,7 +207,7 @@ class InnerProblem:
         # them differently); the first plain step finds out, with the math kernel
         probe = AttentionProbe() if plain and self._attention_dropout is None else None
         kernel = (contextlib.nullcontext() if plain and self._attention_dropout is False
-                  else second_order())
+                  else self.second_order())
         with kernel, probe or contextlib.nullcontext():
             g, new_buffers = torch.func.grad(self.train_objective, has_aux=True)(
                 state.params, state.buffers, lam, t, batch)

@@ -28,6 +28,10 @@ training steps (finite differences, reverse mode's forward sweep, ``problem.run`
 kernels, which are 3-4x faster on CPU at sequence length 32, unless attention applies dropout:
 the kernels draw their dropout masks differently, so then every evaluation of the step uses the
 math kernel (:class:`AttentionProbe` finds out on the first plain step).
+
+**Recurrent layers.** The same passes run ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` through the cells
+of :mod:`hypergrad.rnn`, whose double backward is linear in the sequence length (torch's
+composite is quadratic); plain steps keep torch's fused kernels.
 """
 
 from __future__ import annotations
@@ -92,12 +96,17 @@ def step_rng(seed: int, t: int, device: torch.device, watch: bool = False
 
 
 @contextlib.contextmanager
-def second_order() -> Iterator[None]:
+def second_order(recurrent: bool = False) -> Iterator[None]:
     """Attention through the math kernel of ``scaled_dot_product_attention`` (the one with a
-    double backward) inside the body; other ops are unaffected."""
+    double backward) inside the body; with ``recurrent`` (a model with ``nn.LSTM``, ``nn.GRU`` or
+    ``nn.RNN``), those layers through :class:`hypergrad.rnn.RecurrentMode` (a double backward
+    linear in the sequence length). Other ops are unaffected."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel([SDPBackend.MATH]):
+    from .rnn import RecurrentMode
+
+    with sdpa_kernel([SDPBackend.MATH]), (RecurrentMode() if recurrent
+                                          else contextlib.nullcontext()):
         yield
 
 

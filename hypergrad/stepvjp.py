@@ -38,7 +38,6 @@ from torch.func import grad, jvp, vjp
 from torch.utils._pytree import tree_map
 
 from .problem import InnerProblem, InnerState
-from .randomness import second_order
 
 __all__ = ["StepVJP", "DoubleBackward", "MixedMode", "STEP_VJPS"]
 
@@ -73,7 +72,7 @@ class DoubleBackward(StepVJP):
         def step(s: Any, lm: Tensor) -> Any:
             return problem.step(s, lm, t)
 
-        with second_order():  # the step's VJP differentiates its gradient
+        with problem.second_order():  # the step's VJP differentiates its gradient
             _, vjp_fn = vjp(step, state, lam)  # type: ignore[misc]
             adj_prev, dlam = vjp_fn(adj)
         return adj_prev, dlam
@@ -124,7 +123,7 @@ class MixedMode(StepVJP):
         def loss(p: Any, bf: Any, lm: Tensor) -> Tensor:
             return f(p, bf, lm)[0]  # type: ignore[no-any-return]
 
-        with second_order():
+        with problem.second_order():
             # the gradient, and the first-order VJP of the running statistics
             if b:
                 (_, new_b), vjp_f = vjp(f, w, b, lam)  # type: ignore[misc]
