@@ -4,7 +4,9 @@ For each model (float32, batch 32) and K in {4, 16}, with every HVP strategy: th
 plain training step (``problem.step``) over torch's own (``loss.backward(); opt.step()`` with
 ``torch.optim.SGD`` on the module), the cost of one tangent column in torch plain steps
 (``(t_step / t_torch - 1) / K``; the FLOP floor is about 2), and each strategy's speedup over the
-per-column loop (seed 002). Inner problem: SGD with momentum 0.9 and weight decay 5e-4; K
+per-column loop (seed 002). ``t_torch`` of the column cost is timed in the same round robin as
+the strategies (``torch ms``; ``alone``: timed beside the library's plain step only, the
+reference of ``plain/torch``). Inner problem: SGD with momentum 0.9 and weight decay 5e-4; K
 hyperparameters = the learning rate and ``K - 1`` example-group weights of the loss, so every
 column is live at every step.
 
@@ -111,7 +113,7 @@ def main() -> None:
                                      else list(C.STRATEGY_NAMES))
     if "loop" not in strategies:
         strategies = ["loop", *strategies]
-    repeats = args.repeats or (2 if args.quick else 3)
+    repeats = args.repeats or (2 if args.quick else 5)
     mach = C.machine()
     C.print_machine(mach)
     waited = C.wait_quiet()
@@ -138,13 +140,25 @@ def main() -> None:
                 steppers[s] = step
             rows.extend({"model": name, "k": k, "strategy": s, "unsupported": why}
                         for s, why in unsupported.items())
-            times = C.interleaved_times(steppers, repeats, 1)
+            # torch's step is timed again in the strategies' round robin (a block of calls of
+            # about 0.5 s), so the column cost compares steps run in the same memory and cache
+            # state: alone, in a fresh process, torch's ResNet step took 72-90 ms; after a K = 4
+            # run in the same process, 83-120 ms, which made columns look cheaper
+            n_torch = max(1, round(0.5 / t_torch))
+
+            def torch_block(n: int = n_torch) -> None:
+                for _ in range(n):
+                    torch_step()
+
+            times = C.interleaved_times({"torch_block": torch_block, **steppers}, repeats, 1)
+            t_ref = times["torch_block"] / n_torch
             for s in steppers:
                 t = times[s]
                 row = {"model": name, "k": k, "strategy": s, "ms": 1e3 * t,
-                       "torch_ms": 1e3 * t_torch, "plain_ms": 1e3 * t_plain,
-                       "plain_overhead": t_plain / t_torch, "x_torch": t / t_torch,
-                       "col_cost": (t / t_torch - 1) / k, "vs_loop": times["loop"] / t}
+                       "torch_ms": 1e3 * t_ref, "torch_alone_ms": 1e3 * t_torch,
+                       "plain_ms": 1e3 * t_plain,
+                       "plain_overhead": t_plain / t_torch, "x_torch": t / t_ref,
+                       "col_cost": (t / t_ref - 1) / k, "vs_loop": times["loop"] / t}
                 rows.append(row)
                 print(C.table([row], COLS).splitlines()[1], flush=True)
     print()
@@ -155,7 +169,8 @@ def main() -> None:
 
 
 COLS = [("model", "model", ""), ("k", "K", "d"), ("strategy", "strategy", ""),
-        ("ms", "ms/step", ".1f"), ("torch_ms", "torch ms", ".1f"), ("plain_ms", "plain ms", ".1f"),
+        ("ms", "ms/step", ".1f"), ("torch_ms", "torch ms", ".1f"),
+        ("torch_alone_ms", "alone", ".1f"), ("plain_ms", "plain ms", ".1f"),
         ("plain_overhead", "plain/torch", ".2f"), ("x_torch", "x torch", ".1f"),
         ("col_cost", "torch steps/col", ".2f"), ("vs_loop", "vs loop", ".2f")]
 
