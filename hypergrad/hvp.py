@@ -231,19 +231,41 @@ class HVPStrategy(abc.ABC):
 
 
 def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
-              eye: Tensor, chunk: int) -> tuple[Dict, Dict, Dict]:
-    full_grad = grad(f, argnums=(0, 1, 2), has_aux=True)
-    out: Any = vjp(full_grad, params, buffers, lam, has_aux=True)  # (primal, vjp_fn, aux)
-    (g, _, _), vjp_fn, new_b = out
+              eye: Tensor, chunk: int) -> tuple[Dict, Dict, Dict, Dict]:
+    """``(g, new_b, G, Zb_new)``. The buffers' tangents (BatchNorm's running statistics) come
+    out of the same batched products, without a forward-mode pass of their own: with probes
+    ``s = 0``, ``L' = L + sum_b <s_b, new_b(p, b, lam)>`` has the gradient of ``L`` and
+    ``d/ds (grad L' . z) = J_new_b z``, so the ``s`` block of ``H_{L'} (z, 0)`` is the buffers'
+    tangent."""
+    probes = {k: torch.zeros_like(buffers[k]) for k in zb}
 
-    def col(zp_: Dict, zb_: Dict, e: Tensor) -> Dict:
-        return vjp_fn((zp_, zb_, e))[0]
+    def probed(p: Dict, b: Dict, lm: Tensor, s: Dict) -> tuple[Tensor, Dict]:
+        loss, nb = f(p, b, lm)
+        for k, v in s.items():
+            loss = loss + (v * nb[k]).sum()
+        return loss, nb
+
+    full_grad = grad(probed, argnums=(0, 1, 2, 3), has_aux=True)
+    out: Any = vjp(full_grad, params, buffers, lam, probes, has_aux=True)
+    (g, _, _, _), vjp_fn, new_b = out
+
+    def col(zp_: Dict, zb_: Dict, e: Tensor) -> tuple[Dict, Dict]:
+        res = vjp_fn((zp_, zb_, e, probes))  # probes: a zero cotangent of the right shapes
+        return res[0], res[3]
 
     # randomness="same": every column sees the primal's random draws (the step's contract; a
     # vjp_fn replays saved masks, but a model may draw in its backward too)
-    G = _by_chunks(lambda s: vmap(col, randomness="same")(_take(zp, s), _take(zb, s), eye[s]),
-                   eye.shape[0], chunk)
-    return g, new_b, G
+    both = _by_chunks(lambda s: _pair(vmap(col, randomness="same")(_take(zp, s), _take(zb, s),
+                                                                      eye[s])),
+                      eye.shape[0], chunk)
+    G = {k[2:]: v for k, v in both.items() if k.startswith("P\0")}
+    zb_new = {k[2:]: v for k, v in both.items() if k.startswith("B\0")}
+    return g, new_b, G, zb_new
+
+
+def _pair(gz: tuple[Dict, Dict]) -> Dict:
+    return {**{"P\0" + k: v for k, v in gz[0].items()},
+            **{"B\0" + k: v for k, v in gz[1].items()}}
 
 
 _COMPILED_IDS = itertools.count()
@@ -271,7 +293,7 @@ class VmapVJP(HVPStrategy):
         if not isinstance(compile, bool):
             raise TypeError(f"VmapVJP: compile={compile!r} must be True or False.")
         self.compile = compile
-        self._compiled: Callable[..., tuple[Dict, Dict, Dict]] | None = None
+        self._compiled: Callable[..., tuple[Dict, Dict, Dict, Dict]] | None = None
         self._compile_failed = False
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
@@ -279,11 +301,9 @@ class VmapVJP(HVPStrategy):
         if eye.shape[0] == 1 and not self.compile:  # the same products, without vmap's cost
             return _autograd_hvp(self, f, params, buffers, lam, zp, zb, eye, batched=False)
         chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
-        g, new_b, G = self._run(f, params, buffers, lam, zp, zb, eye, chunk)
-        zb_new = self._buffer_tangents(f, params, buffers, lam, zp, zb, eye)
-        return g, new_b, G, zb_new
+        return self._run(f, params, buffers, lam, zp, zb, eye, chunk)
 
-    def _run(self, *args: Any) -> tuple[Dict, Dict, Dict]:
+    def _run(self, *args: Any) -> tuple[Dict, Dict, Dict, Dict]:
         if not self.compile or self._compile_failed:
             return _vmap_vjp(*args)
         if self._compiled is None:
