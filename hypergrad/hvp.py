@@ -211,41 +211,31 @@ class HVPStrategy(abc.ABC):
             self._saved[key] = saved_bytes(f, params, buffers, lam)
         return self.chunk_for(k, self._saved[key], _tree_bytes(params))
 
-    def _buffer_tangents(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict,
-                         zb: Dict, eye: Tensor) -> Dict:
-        # Running statistics are not a gradient, so no symmetry trick: a batched forward-mode
-        # pass over the model (only for models with BatchNorm).
-        if not buffers:
-            return {}
-
-        def col(zp_: Dict, zb_: Dict, e: Tensor) -> Dict:
-            return jvp(lambda p, b, lm: f(p, b, lm)[1], (params, buffers, lam), (zp_, zb_, e))[1]
-
-        chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
-        return _by_chunks(lambda s: vmap(col, randomness="same")(_take(zp, s), _take(zb, s),
-                                                                  eye[s]), eye.shape[0], chunk)
-
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(chunk_size={self.chunk_size}, "
                 f"memory_budget={self.memory_budget})")
 
 
-def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
-              eye: Tensor, chunk: int) -> tuple[Dict, Dict, Dict, Dict]:
-    """``(g, new_b, G, Zb_new)``. The buffers' tangents (BatchNorm's running statistics) come
-    out of the same batched products, without a forward-mode pass of their own: with probes
-    ``s = 0``, ``L' = L + sum_b <s_b, new_b(p, b, lam)>`` has the gradient of ``L`` and
-    ``d/ds (grad L' . z) = J_new_b z``, so the ``s`` block of ``H_{L'} (z, 0)`` is the buffers'
-    tangent."""
-    probes = {k: torch.zeros_like(buffers[k]) for k in zb}
+def _probed(f: LossFn) -> Callable[[Dict, Dict, Tensor, Dict], tuple[Tensor, Dict]]:
+    """``f`` with probes on its new buffers: ``L' = L + sum_b <s_b, new_b(p, b, lam)>``.
 
+    At ``s = 0``, ``L'`` has the value and the gradient of ``L``, and ``d/ds (grad L' . z) =
+    J_new_b z``: the ``s`` block of the Hessian product ``H_{L'} (z, 0)`` is the buffers' tangent
+    (BatchNorm's running statistics), so the reverse-over-reverse strategies get it from the
+    products they compute anyway, without a forward-mode pass over the model of its own."""
     def probed(p: Dict, b: Dict, lm: Tensor, s: Dict) -> tuple[Tensor, Dict]:
         loss, nb = f(p, b, lm)
         for k, v in s.items():
             loss = loss + (v * nb[k]).sum()
         return loss, nb
+    return probed
 
-    full_grad = grad(probed, argnums=(0, 1, 2, 3), has_aux=True)
+
+def _vmap_vjp(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
+              eye: Tensor, chunk: int) -> tuple[Dict, Dict, Dict, Dict]:
+    """``(g, new_b, G, Zb_new)``; the buffers' tangents from the same products (:func:`_probed`)."""
+    probes = {k: torch.zeros_like(buffers[k]) for k in zb}
+    full_grad = grad(_probed(f), argnums=(0, 1, 2, 3), has_aux=True)
     out: Any = vjp(full_grad, params, buffers, lam, probes, has_aux=True)
     (g, _, _, _), vjp_fn, new_b = out
 
@@ -392,8 +382,10 @@ def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict,
     p = {k: v.detach().requires_grad_() for k, v in params.items()}
     b = {k: v.detach().requires_grad_() for k, v in buffers.items()}
     lm = lam.detach().requires_grad_()
+    probes = {k: torch.zeros_like(buffers[k]).requires_grad_() for k in zb}  # see _probed
     with torch.enable_grad():
-        (gp, gb, glam), new_b = grad(f, argnums=(0, 1, 2), has_aux=True)(p, b, lm)
+        (gp, gb, glam, _), new_b = grad(_probed(f), argnums=(0, 1, 2, 3), has_aux=True)(
+            p, b, lm, probes)
         grads: tuple[Tensor | None, ...] = (*gp.values(), *gb.values(), glam)
     cots = [*zp.values(), *zb.values(), eye]
     # outputs that do not depend on the inputs contribute nothing to the Hessian product
@@ -401,27 +393,29 @@ def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict,
     k = eye.shape[0]
     chunk = strategy.columns_per_call(f, params, buffers, lam, k) if batched else 1
 
+    wrt = {**{"P\0" + k: v for k, v in p.items()}, **{"B\0" + k: v for k, v in probes.items()}}
+
     def chunk_of(s: slice) -> Dict:
         n = s.stop - s.start
-        outs: tuple[Tensor | None, ...] = (None,) * len(p)
+        outs: tuple[Tensor | None, ...] = (None,) * len(wrt)
         if pairs:
             outs = torch.autograd.grad(
-                [gr for gr, _ in pairs], list(p.values()),
+                [gr for gr, _ in pairs], list(wrt.values()),
                 grad_outputs=[c[s] if batched else c[s.start] for _, c in pairs],
                 retain_graph=True, allow_unused=True, is_grads_batched=batched)
         part = {}
-        for (name, v), o in zip(p.items(), outs):
+        for (name, v), o in zip(wrt.items(), outs):
             if o is None:
                 o = torch.zeros((n, *v.shape), dtype=v.dtype, device=v.device)
             part[name] = o.detach() if batched else o.detach().unsqueeze(0)
         return part
 
-    G = _by_chunks(chunk_of, k, chunk)
+    both = _by_chunks(chunk_of, k, chunk)
     g = {name: (gr.detach() if gr is not None else torch.zeros_like(v))
          for (name, v), gr in zip(p.items(), grads)}
     new_b = {name: v.detach() for name, v in new_b.items()}
-    zb_new = strategy._buffer_tangents(f, params, buffers, lam, zp, zb, eye)
-    return g, new_b, G, zb_new
+    return (g, new_b, {n[2:]: v for n, v in both.items() if n.startswith("P\0")},
+            {n[2:]: v for n, v in both.items() if n.startswith("B\0")})
 
 
 class _AutogradHVP(HVPStrategy):

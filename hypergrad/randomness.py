@@ -46,6 +46,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from .rnn import RecurrentMode
+
 __all__ = ["step_seed", "step_rng", "second_order", "AttentionProbe", "VALIDATION_STEP"]
 
 _MASK64 = (1 << 64) - 1
@@ -102,8 +104,6 @@ def second_order(recurrent: bool = False) -> Iterator[None]:
     ``nn.RNN``), those layers through :class:`hypergrad.rnn.RecurrentMode` (a double backward
     linear in the sequence length). Other ops are unaffected."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from .rnn import RecurrentMode
 
     with sdpa_kernel([SDPBackend.MATH]), (RecurrentMode() if recurrent
                                           else contextlib.nullcontext()):
