@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .hyperparams import TRANSFORMS, HyperParams
+from ..hyperparams import TRANSFORMS, HyperParams
 
 __all__ = ["Bounds"]
 

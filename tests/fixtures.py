@@ -21,7 +21,7 @@ from torch import nn
 import hypergrad as hg
 from hypergrad.data import MiniBatches
 from hypergrad.hvp import HVPStrategy
-from hypergrad.problems.models import RNNClassifier, TransformerClassifier, resnet18
+from hypergrad.tasks.models import RNNClassifier, TransformerClassifier, resnet18
 from hypergrad.testing import GRID, digits_case
 
 TINY = dict(n_train=24, batch_size=8, hidden=8, n_val=32)
@@ -42,7 +42,7 @@ def mixed_problem(opt: str, steps: int, windows: int, batchnorm: bool = False,
         items.append(hg.Scalar("mom", 0.8, transform="logit"))
         args.update(row.momentum("mom"))
     items += [hg.PerTensor("wd", 1e-2, transform="log"),
-              hg.Tensor("smooth", 0.1, transform="logit")]
+              hg.Array("smooth", 0.1, transform="logit")]
     optimizer = row.factory(**args)
 
     def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
@@ -182,7 +182,8 @@ def model_problem(name: str, steps: int = 4, noise: bool = False) -> hg.InnerPro
     def val_loss(m, hp):  # type: ignore[no-untyped-def]
         return F.cross_entropy(m(x[:8]), y[:8])
 
-    return hg.InnerProblem(model, train_loss, hg.sgd(lr="lr", momentum="mom", weight_decay="wd"),
+    opt = hg.optim.sgd(lr="lr", momentum="mom", weight_decay="wd")
+    return hg.InnerProblem(model, train_loss, opt,
                            hps, MiniBatches(x, y, batch_size=8), steps, val_loss)
 
 
@@ -199,7 +200,8 @@ def small_cnn_problem() -> hg.InnerProblem:
     y = torch.randint(0, 3, (8,))
     return hg.InnerProblem(
         model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        hg.sgd(lr="lr", momentum="mom"), hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
+        hg.optim.sgd(lr="lr", momentum="mom"),
+        hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
                                                        hg.Scalar("mom", 0.9)]),
         MiniBatches(x, y, batch_size=4), 2, lambda m, hp: F.cross_entropy(m(x), y))
 
@@ -237,3 +239,27 @@ def interrupt_after(n: int):  # type: ignore[no-untyped-def]
         return {}
 
     return evaluate
+
+
+def make_trainer(problem: Any, method: Any = "forward", outer: Any = None, *,
+                 outer_steps: int = 10, mode: str = "offline", interval: int = 10,
+                 reset_tangents: bool = False, run_dir: Any = None, resume: bool = False,
+                 overwrite: bool = False, fingerprint: Any = None, evaluate: Any = None,
+                 log: Any = None, progress: bool = False, tensorboard: bool = False,
+                 **guards: Any) -> hg.Trainer:
+    """A Trainer from flat settings, each given to the part that owns it: ``outer_steps`` to
+    :class:`~hypergrad.Offline` (``mode="online"``: ``interval`` and ``reset_tangents`` to
+    :class:`~hypergrad.Online`), ``run_dir``/``resume``/``overwrite`` to a
+    :class:`~hypergrad.RunFolder`, ``evaluate`` to a :class:`~hypergrad.Task`, ``log``,
+    ``progress`` and ``tensorboard`` to callbacks, the rest to :class:`~hypergrad.Guards`.
+    Messages are dropped unless ``log`` is given."""
+    from hypergrad.run import Log, Progress, TensorBoard
+
+    task = hg.Task(problem, evaluate=evaluate) if evaluate is not None else problem
+    m = hg.Online(interval, reset_tangents) if mode == "online" else hg.Offline(outer_steps)
+    folder = (None if run_dir is None else
+              hg.RunFolder(run_dir, resume=resume, overwrite=overwrite, fingerprint=fingerprint))
+    cbs: list[Any] = [Log(log), Progress(progress)]
+    if tensorboard:
+        cbs.append(TensorBoard())
+    return hg.Trainer(task, method, outer, m, hg.Guards(**guards), folder, cbs)

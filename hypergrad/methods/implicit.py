@@ -57,9 +57,9 @@ import torch
 from torch import Tensor
 from torch.func import grad, grad_and_value, vjp
 
-from .errors import InnerNotConvergedWarning, SolverNotConvergedWarning
-from .method import HyperGradient, Method
-from .problem import InnerProblem, InnerState
+from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning
+from ..problem import InnerProblem, InnerState
+from .base import HyperGradient, MemoryEstimate, Method, Sizes
 
 __all__ = ["LinearSolver", "CG", "Neumann", "FixedPoint", "ImplicitDiff", "SOLVERS"]
 
@@ -306,7 +306,7 @@ def _unflat(x: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-class ImplicitDiff(Method):
+class ImplicitDiff(Method, name="implicit"):
     """Implicit-differentiation hypergradients at the state after ``T`` plain steps (see the
     module docstring for the objective, what it applies to, and the checks).
 
@@ -328,8 +328,6 @@ class ImplicitDiff(Method):
         >>> r = m.hypergradient(problem, problem.init_raw())  # doctest: +SKIP
         >>> r.grad, r.info["residual"], r.info["iterations"]  # doctest: +SKIP
     """
-
-    name = "implicit"
 
     def __init__(self, solver: LinearSolver | None = None, *,
                  loss_steps: Sequence[int] | None = None, grad_tol: float = 1e-3,
@@ -459,6 +457,21 @@ class ImplicitDiff(Method):
             cross = vjp_fn(_unflat(v, w))[1]
         info.update(grad_norm=gn, grad_norm_ratio=ratio)
         return HyperGradient(value.detach(), (dElam - cross).detach(), state, info)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The solver and the training objective (an approximation: a resume must keep them)."""
+        return {"method": "implicit", "method.solver": repr(self.solver),
+                "method.loss_steps": self.loss_steps}
+
+    def estimate_memory(self, problem: InnerProblem,
+                        sizes: Sizes | None = None) -> MemoryEstimate:
+        """``|s| + 6 |w| + a + f * a * n_L``: the trained state, the solver's vectors, the
+        retained graph of the gradient over the ``n_L`` loss steps."""
+        sz = Sizes.of(problem) if sizes is None else sizes
+        n_l = 1 if self.loss_steps is None else len(self.loss_steps)
+        inter = sz.vjp_intermediates() * n_l
+        return MemoryEstimate(self.name, sz.state + 6 * sz.params + sz.activations + inter,
+                              sz.state, sz.activations, 0, inter)
 
     def __repr__(self) -> str:
         return (f"ImplicitDiff(solver={self.solver!r}, loss_steps={self.loss_steps!r}, "

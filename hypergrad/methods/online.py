@@ -22,18 +22,19 @@ in tests/test_online.py.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 from torch.func import grad_and_value, vjp
 from torch.utils._pytree import tree_map
 
+from ..hvp import HVPStrategy
+from ..problem import InnerProblem, InnerState
+from ..tangent import TangentRule
+from .base import MemoryEstimate, OnlineMethod, Sizes
 from .forward import ForwardMode, ForwardState
-from .hvp import HVPStrategy
-from .method import OnlineMethod
-from .problem import InnerProblem, InnerState
-from .tangent import TangentRule
 
 __all__ = ["HD", "HDState", "MARTHE"]
 
@@ -47,7 +48,7 @@ class HDState(NamedTuple):
     step: int
 
 
-class HD(OnlineMethod):
+class HD(OnlineMethod, name="hd"):
     """Greedy one-step hypergradients (hypergradient descent), see the module docstring.
 
     At step 0 (no step taken) the hypergradient is the initial state's own derivative: the
@@ -59,8 +60,6 @@ class HD(OnlineMethod):
         >>> run = hd.step(problem, run, lam)             # doctest: +SKIP
         >>> E, dE = hd.hypergradient_at(problem, run, lam)  # doctest: +SKIP
     """
-
-    name = "hd"
 
     def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None) -> HDState:
         problem.check(lam)
@@ -100,11 +99,23 @@ class HD(OnlineMethod):
         """HD carries no derivative beyond the last step: the run unchanged."""
         return run
 
+    def fingerprint(self) -> dict[str, Any]:
+        """Greedy one-step hypergradients are not forward mode's: a resume keeps HD."""
+        return {"method": "hd"}
+
+    def estimate_memory(self, problem: InnerProblem,
+                        sizes: Sizes | None = None) -> MemoryEstimate:
+        """``2 |s| + a + f * a``: the state before the last step and one step VJP."""
+        sz = Sizes.of(problem) if sizes is None else sizes
+        inter = sz.vjp_intermediates()
+        return MemoryEstimate(self.name, 2 * sz.state + sz.activations + inter, sz.state,
+                              sz.activations, 0, inter)
+
     def __repr__(self) -> str:
         return "HD()"
 
 
-class MARTHE(ForwardMode):
+class MARTHE(ForwardMode, name="marthe"):
     """MARTHE with a fixed discount ``mu`` (see the module docstring): forward mode whose
     tangents are multiplied by ``mu`` before each step, ``Z_t = mu A_t Z_{t-1} + B_t``.
 
@@ -118,8 +129,6 @@ class MARTHE(ForwardMode):
         MARTHE(mu=0.9)
     """
 
-    name = "marthe"
-
     def __init__(self, mu: float = 0.9, hvp: HVPStrategy | None = None, *,
                  tangent: TangentRule | None = None, skip_zero_columns: bool = True) -> None:
         if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu <= 1:
@@ -128,13 +137,18 @@ class MARTHE(ForwardMode):
         super().__init__(hvp, tangent=tangent, skip_zero_columns=skip_zero_columns)
         self.mu = float(mu)
 
-    def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor) -> ForwardState:
+    def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor, *,
+             columns: Sequence[int] | None = None) -> ForwardState:
         """One step of ``Z_t = A_t (mu Z_{t-1}) + B_t``."""
         if self.mu == 0.0:  # exact zeros (0 * inf would be nan)
             fs = fs._replace(tangents=tree_map(torch.zeros_like, fs.tangents))
         elif self.mu != 1.0:
             fs = fs._replace(tangents=tree_map(lambda z: z * self.mu, fs.tangents))
-        return super().step(problem, fs, lam)
+        return super().step(problem, fs, lam, columns=columns)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The discount (a resume must keep it; ``mu = 1`` is forward mode)."""
+        return {} if self.mu == 1.0 else {"method": "marthe", "method.mu": self.mu}
 
     def __repr__(self) -> str:
         return f"MARTHE(mu={self.mu:g})"

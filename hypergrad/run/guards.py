@@ -1,5 +1,8 @@
 """What keeps an outer loop from returning silently wrong hyperparameters.
 
+- :class:`Guards`: the Trainer's part that holds the settings below (divergence, backtracking,
+  clipping, bounds, a time budget, a memory budget), checked once, in its constructor.
+
 - :func:`divergence`: a validation loss or hypergradient that is not finite, or a validation
   loss more than ``factor`` times the best seen, means the tuning diverged.
 - :func:`outer_gradient`: the hypergradient the outer optimizer gets, clipped with its norm taken
@@ -16,18 +19,98 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .errors import TuningWarning, ZeroHypergradientWarning
-from .hyperparams import HyperParams
+from ..errors import TuningWarning, ZeroHypergradientWarning
+from ..hyperparams import HyperParams
 
-__all__ = ["divergence", "outer_gradient", "worse", "Tracker", "Best"]
+__all__ = ["Guards", "divergence", "outer_gradient", "worse", "Tracker", "Best",
+           "MAX_BACKTRACKS"]
+
+MAX_BACKTRACKS = 10
+"""Backtracks in a row after which the run stops as diverged."""
 
 Best = tuple[float, Tensor, int]
 """``(validation loss, raw hyperparameters, outer step)`` of the best point evaluated."""
+
+
+def _number(name: str, value: Any, ok: Callable[[float], bool], must: str) -> float | None:
+    """``value`` as a float, checked: ``None`` or a number (not a bool) for which ``ok`` holds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ValueError(f"Guards: {name}={value!r} must be {must}.")
+    return float(value)
+
+
+class Guards:
+    """What keeps tuning from diverging, running out of time or memory, or leaving its box.
+
+    Args:
+        divergence_factor: a validation loss above ``best + (factor - 1) * |best|`` (for
+            positive losses: ``factor`` times the best seen) counts as divergence; ``None``
+            turns this check off (non-finite values always stop the run).
+        backtrack: offline: an outer step whose validation loss is not finite or above
+            ``best + (backtrack - 1) * |best|``, or whose hypergradient is not finite, is not
+            used: ``lam`` goes back to the best hyperparameters evaluated, the outer optimizer's
+            learning rate is halved and its state reset (a line search along the outer
+            trajectory), and tuning goes on. After 10 backtracks in a row the run stops as
+            diverged. ``None`` (default): such a step stops the run per ``divergence_factor``.
+        clip_norm: clip the hypergradient to this norm (computed in float64; ``None``: no
+            clipping).
+        bounds: ``{name: (low, high)}`` in *value* space, the search box; ``lam`` is projected
+            into it after every update (e.g. per-example weights in ``[0, 1]``, a learning rate
+            ``<= 1``).
+        time_budget: offline: seconds of wall clock for the outer steps of one ``fit()`` call
+            (``None``: no limit). An outer step starts only if it is expected to finish within
+            the budget (as long as the previous one); the first always runs, and the final
+            evaluation of the last point (one plain inner run) follows.
+        memory_budget: bytes the method may use (``None``: the device's available memory); a
+            method that would not fit is refused before anything is allocated.
+
+    Example:
+        >>> Guards(backtrack=1.5, bounds={"lr": (1e-4, 1.0)})
+        Guards(backtrack=1.5, bounds={'lr': (0.0001, 1.0)})
+    """
+
+    def __init__(self, divergence_factor: float | None = 10.0, backtrack: float | None = None,
+                 clip_norm: float | None = None,
+                 bounds: Mapping[str, Sequence[float | None]] | None = None,
+                 time_budget: float | None = None, memory_budget: float | None = None) -> None:
+        self.divergence_factor = _number(
+            "divergence_factor", divergence_factor, lambda v: v > 1,
+            "a number > 1 (e.g. 10), or None to turn the check off")
+        self.backtrack = _number(
+            "backtrack", backtrack, lambda v: 1 <= v < math.inf,
+            "a number >= 1 (e.g. 1.5: back to the best point when a step's validation loss is "
+            "above 1.5 times the best), or None")
+        self.clip_norm = _number("clip_norm", clip_norm, lambda v: 0 < v < math.inf,
+                                 "a finite number > 0 or None")
+        self.time_budget = _number("time_budget", time_budget, lambda v: 0 < v < math.inf,
+                                   "seconds > 0, or None for no limit")
+        self.memory_budget = _number("memory_budget", memory_budget, lambda v: v > 0,
+                                     "bytes > 0, or None for the device's available memory")
+        if bounds is not None and not isinstance(bounds, Mapping):
+            raise TypeError(f"Guards: bounds={bounds!r} must be a mapping {{name: (low, "
+                            f"high)}}.")
+        self.bounds = {k: tuple(v) if isinstance(v, (list, tuple)) else v
+                       for k, v in (bounds or {}).items()}
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that change a run's result (in its fingerprint)."""
+        return {"guards.clip_norm": self.clip_norm, "guards.backtrack": self.backtrack}
+
+    def __repr__(self) -> str:
+        defaults = Guards.__init__.__defaults__ or ()
+        names = ("divergence_factor", "backtrack", "clip_norm", "bounds", "time_budget",
+                 "memory_budget")
+        args = [f"{n}={getattr(self, n)!r}" for n, d in zip(names, defaults)
+                if getattr(self, n) != (d if n != "bounds" else {})]
+        return f"Guards({', '.join(args)})"
 
 
 def _above(v: float, best: float, factor: float) -> bool:

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
-from .errors import CheckpointError, CheckpointWarning, RunDirError
+from ..errors import CheckpointError, CheckpointWarning, RunDirError
 
 __all__ = ["CHECKPOINT", "PREVIOUS", "METRICS", "LOCK", "TRAINER_FILES", "save_checkpoint",
            "load_checkpoint", "fingerprint_diff", "digest", "json_safe", "dumps",

@@ -22,7 +22,8 @@ from ..hyperparams import HyperParams
 from ..optim import Optimizer
 from ..problem import InnerProblem, InnerState
 from ..sparse import SparseOperator, load_npz, load_svmlight
-from .tasks import Task, dtype_of
+from ..task import Task
+from .bundled import dtype_of
 
 __all__ = ["SparseLinear", "generate_sparse_regression", "sparse_regression_task"]
 
@@ -134,12 +135,12 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
 
     refs = {}
     if corrupted:
-        from .tasks import _lam_with
+        from .bundled import _lam_with
 
         clean_w = (torch.arange(groups) >= corrupted).to(dt)
         refs["oracle (corrupted groups weight 0)"] = _lam_with(
             problem, problem.init_raw(), weights, clean_w.clamp_min(1e-3))
-    return Task("sparse_regression", problem, evaluate, refs, extra)
+    return Task(problem, evaluate, refs, extra, name="sparse_regression")
 
 
 def _row_slice(a: Tensor, start: int, stop: int) -> Tensor:

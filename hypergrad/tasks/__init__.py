@@ -1,4 +1,5 @@
-"""Ready-made inner problems on data that packages ship (no downloads)."""
+"""Tasks and models on data that packages ship (no downloads): scikit-learn's digits, diabetes and
+breast cancer, a generated sparse regression, and small reference models."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ Work the step does not do, because its result is known exactly:
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -35,13 +36,13 @@ from torch import Tensor
 from torch.func import grad_and_value, jvp, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .hvp import HVPStrategy, VmapVJP
-from .hyperparams import Schedule
-from .method import OnlineMethod
-from .problem import InnerProblem, InnerState
-from .tangent import AutoTangent, TangentRule
+from ..hvp import HVPStrategy, VmapVJP
+from ..hyperparams import Schedule
+from ..problem import InnerProblem, InnerState
+from ..tangent import AutoTangent, TangentRule
+from .base import MemoryEstimate, OnlineMethod, Sizes
 
-__all__ = ["ForwardMode", "ForwardState", "initial_tangents"]
+__all__ = ["ForwardMode", "ForwardState", "ColumnPlan", "initial_tangents"]
 
 
 class ForwardState(NamedTuple):
@@ -53,7 +54,7 @@ class ForwardState(NamedTuple):
     step: int
 
 
-class _Plan:
+class ColumnPlan:
     """Which raw columns a problem's step ``t`` reads, from the hyperparameters' structure.
 
     ``first_read[c]``: the first step that reads column ``c`` (schedule windows start late; every
@@ -85,6 +86,14 @@ class _Plan:
         if not self.has_late:
             return []
         return [c for c, f in enumerate(self.first_read) if f > t]
+
+    def costs(self, skip_zero_columns: bool = True) -> list[float]:
+        """Steps at which each column is computed: ``T`` minus the first step that reads it
+        where forward mode skips columns that have not started (schedule windows), else
+        ``T`` (the work a column-parallel rank carries per column)."""
+        if not skip_zero_columns:
+            return [float(self.horizon)] * self.k
+        return [float(self.horizon - f) for f in self.first_read]
 
     def optimizer_columns(self, t: int) -> list[int]:
         cols = set(self._opt_static)
@@ -149,7 +158,7 @@ def initial_tangents(problem: InnerProblem, lam: Tensor, columns: Sequence[int] 
     return s0, z0
 
 
-class ForwardMode(OnlineMethod):
+class ForwardMode(OnlineMethod, name="forward"):
     """Forward-mode hypergradients.
 
     Args:
@@ -170,8 +179,6 @@ class ForwardMode(OnlineMethod):
         >>> E, dE = fm.hypergradient_at(problem, fs, lam)  # doctest: +SKIP
     """
 
-    name = "forward"
-
     def __init__(self, hvp: HVPStrategy | None = None, *, tangent: TangentRule | None = None,
                  skip_zero_columns: bool = True) -> None:
         if hvp is not None and not isinstance(hvp, HVPStrategy):
@@ -184,51 +191,44 @@ class ForwardMode(OnlineMethod):
         self.hvp = hvp if hvp is not None else VmapVJP()
         self.tangent = tangent if tangent is not None else AutoTangent()
         self.skip_zero_columns = bool(skip_zero_columns)
-        self._plans: weakref.WeakKeyDictionary[InnerProblem, _Plan] = (
+        self._plans: weakref.WeakKeyDictionary[InnerProblem, ColumnPlan] = (
             weakref.WeakKeyDictionary())
         self._zero_memo: tuple[weakref.ref[Tensor], frozenset[int]] | None = None
 
-    def _plan(self, problem: InnerProblem) -> _Plan:
+    def _plan(self, problem: InnerProblem) -> ColumnPlan:
         plan = self._plans.get(problem)
         if plan is None or plan.k != problem.num_hyperparams or plan.horizon != problem.steps:
-            plan = self._plans[problem] = _Plan(problem)
+            plan = self._plans[problem] = ColumnPlan(problem)
         return plan
 
-    def init(self, problem: InnerProblem, lam: Tensor,
-             state: InnerState | None = None) -> ForwardState:
+    def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None, *,
+             columns: Sequence[int] | None = None) -> ForwardState:
         """Start at ``state`` with zero tangents, ``Z_0 = 0``; by default at the initial state
         for ``lam``, with ``Z_0 = d s_0 / d lam`` (non-zero for initialisation
-        hyperparameters: :class:`~hypergrad.InitScale`, :class:`~hypergrad.InitWeights`)."""
-        return self._init(problem, lam, state, None)
-
-    def _init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None,
-              held: Sequence[int] | None) -> ForwardState:
-        """:meth:`init` for the tangent columns ``held`` only (``None``: all K)."""
+        hyperparameters: :class:`~hypergrad.InitScale`, :class:`~hypergrad.InitWeights`).
+        ``columns``: carry only these tangent columns (indices into ``lam``, in the order of the
+        tangents' rows; ``None``: all K), as a column-parallel rank does."""
         problem.check(lam)
         if state is None and problem.init_items:
-            return ForwardState(*initial_tangents(problem, lam, held), 0)
+            return ForwardState(*initial_tangents(problem, lam, columns), 0)
         s = problem.initial_state(lam) if state is None else state
-        k = problem.num_hyperparams if held is None else len(held)
+        k = problem.num_hyperparams if columns is None else len(columns)
         z = tree_map(lambda v: torch.zeros((k, *v.shape), dtype=v.dtype, device=v.device), s)
         return ForwardState(s, z, 0)
 
-    def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor) -> ForwardState:
-        """One inner step of the state and of all K tangent columns."""
-        return self._step(problem, fs, lam, None)
-
-    def _step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor,
-              held: Sequence[int] | None) -> ForwardState:
-        """:meth:`step` for a state holding the tangent columns ``held`` (indices into ``lam``,
-        in the order of the tangents' rows; ``None``: all K). A column-parallel rank holds a
-        share of the columns (:mod:`hypergrad.distributed`); its HVP strategy may then get no
-        column at all at a step, and must still return the gradient."""
+    def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor, *,
+             columns: Sequence[int] | None = None) -> ForwardState:
+        """One inner step of the state and of its tangent columns: all K, or ``columns``
+        (indices into ``lam``, in the order of the tangents' rows, as :meth:`init` made them).
+        With ``columns`` the HVP strategy may get no column at all at a step (a rank whose
+        columns have not started), and must still return the gradient."""
         t = fs.step
         s, z = fs.state, fs.tangents
         batch = problem.batch(t)
         k = lam.shape[0]
         plan = self._plan(problem)
         eye = torch.eye(k, dtype=lam.dtype, device=lam.device)
-        cols_held = list(range(k)) if held is None else list(held)
+        cols_held = list(range(k)) if columns is None else list(columns)
         n = len(cols_held)
 
         # rows whose tangent is zero and that this step cannot change: not computed
@@ -245,7 +245,7 @@ class ForwardMode(OnlineMethod):
             z_in = _rows(z, live)
         else:
             z_in = z
-        if held is None and live is None:
+        if columns is None and live is None:
             eye_in = eye
         else:
             eye_in = eye.index_select(0, torch.tensor(live_cols, dtype=torch.long,
@@ -260,7 +260,7 @@ class ForwardMode(OnlineMethod):
 
         cols = plan.optimizer_columns(t)
         pos = cols
-        if held is not None or live is not None:  # rows of the optimizer's columns computed
+        if columns is not None or live is not None:  # rows of the optimizer's columns computed
             pos_of = {c: i for i, c in enumerate(live_cols)}
             cols = [c for c in cols if c in pos_of]
             pos = [pos_of[c] for c in cols]
@@ -285,16 +285,53 @@ class ForwardMode(OnlineMethod):
         first = tree_flatten(z)[0]
         return bool(first) and ref() is first[0] and dead.issuperset(cols)
 
-    def hypergradient_at(self, problem: InnerProblem, fs: ForwardState,
-                         lam: Tensor) -> tuple[Tensor, Tensor]:
-        """``(E, dE/dlam)`` at the current step: ``Z^T grad_s E + dE/dlam|direct``."""
+    def estimate_memory(self, problem: InnerProblem,
+                        sizes: Sizes | None = None) -> MemoryEstimate:
+        """``(2K + 1) |s| + a + c * f * a``: the K tangent columns before and after a step, the
+        state, one gradient's activations ``a``, and the intermediates of one batched call of
+        ``c`` Hessian-vector columns (``c`` from the HVP strategy's ``chunk_size`` /
+        ``memory_budget``). Independent of ``T``."""
+        sz = Sizes.of(problem) if sizes is None else sizes
+        k, hvp = problem.num_hyperparams, self.hvp
+        if getattr(hvp, "batched", True) and not (k == 1 and isinstance(hvp, VmapVJP)):
+            cols = hvp.chunk_for(k, sz.activations, sz.params)
+        else:
+            cols = 1
+        inter = cols * hvp.column_bytes(sz.activations, sz.params)
+        return MemoryEstimate(self.name, (2 * k + 1) * sz.state + sz.activations + inter,
+                              sz.state, sz.activations, cols, inter)
+
+    def across_ranks(self, ranks: Any) -> Any:
+        """Columns split across the ranks, or mini-batches, or both
+        (:class:`hypergrad.distributed.ParallelForward`)."""
+        return ranks.forward(self)
+
+    def with_hvp(self, hvp: HVPStrategy) -> ForwardMode:
+        """This method with another HVP strategy (the rest shared)."""
+        out = copy.copy(self)
+        out.hvp = hvp
+        out._plans = weakref.WeakKeyDictionary()
+        out._zero_memo = None
+        return out
+
+    def hypergradient_at(self, problem: InnerProblem, fs: ForwardState, lam: Tensor, *,
+                         columns: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """``(E, dE/dlam)`` at the current step: ``Z^T grad_s E + dE/dlam|direct``. With
+        ``columns`` (a state made with them), the rows of those columns, zero elsewhere."""
         s, z = fs.state, fs.tangents
         (dp, db, direct), value = grad_and_value(problem.objective, argnums=(0, 1, 2))(
             s.params, s.buffers, lam)
-        hg = direct.clone()
+        idx = None
+        if columns is None:
+            hg = direct.clone()
+        else:
+            idx = torch.tensor(list(columns), dtype=torch.long, device=lam.device)
+            hg = direct.index_select(0, idx)
         for zs, ds in ((z.params, dp), (z.buffers, db)):
             for name, d in ds.items():
                 hg = hg + zs[name].reshape(hg.shape[0], -1) @ d.reshape(-1)
+        if idx is not None:
+            hg = torch.zeros_like(direct).index_copy_(0, idx, hg)
         return value.detach(), hg.detach()
 
     def truncate(self, fs: ForwardState) -> ForwardState:

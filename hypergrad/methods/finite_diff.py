@@ -13,13 +13,13 @@ finite differences as unreliable for that group instead of failing on them.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .method import HyperGradient, Method
-from .problem import InnerProblem
+from ..problem import InnerProblem
+from .base import HyperGradient, Method
 
 __all__ = ["FiniteDifference", "FDEstimate"]
 
@@ -38,7 +38,7 @@ class FDEstimate(NamedTuple):
     step: Tensor
 
 
-class FiniteDifference(Method):
+class FiniteDifference(Method, name="finite_difference"):
     """``dE/dlam_k ~ (E(lam + h_k e_k) - E(lam - h_k e_k)) / (2 h_k)``: 2K inner runs.
 
     Args:
@@ -51,8 +51,6 @@ class FiniteDifference(Method):
     two (``h`` and ``h / 2``, 4K runs) and returns the extrapolated value with an error
     estimate.
     """
-
-    name = "finite_difference"
 
     def __init__(self, eps: float = 1e-5, relative: bool = True) -> None:
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
@@ -101,6 +99,11 @@ class FiniteDifference(Method):
         rich = d2 + (d2 - d1) / 3
         rounding = 4 * torch.finfo(lam.dtype).eps * value.abs() / (h / 2)
         return FDEstimate(value, rich, (d2 - d1).abs() + rounding, h)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The step size (an approximation: a resume must keep it)."""
+        return {"method": "finite_difference", "method.eps": self.eps,
+                "method.relative": self.relative}
 
     def __repr__(self) -> str:
         return f"FiniteDifference(eps={self.eps}, relative={self.relative})"

@@ -33,9 +33,9 @@ from torch import Tensor
 from torch.func import grad_and_value, vjp
 from torch.utils._pytree import tree_map
 
-from .method import HyperGradient, Method
-from .problem import InnerProblem, InnerState
-from .stepvjp import DoubleBackward, StepVJP
+from ..problem import InnerProblem, InnerState
+from ..stepvjp import DoubleBackward, StepVJP
+from .base import HyperGradient, MemoryEstimate, Method, Sizes
 
 __all__ = ["ReverseMode"]
 
@@ -45,7 +45,7 @@ def _check_positive(api: str, name: str, value: Any, example: str) -> None:
         raise ValueError(f"{api}: {name}={value!r} must be None or an int >= 1, e.g. {example}.")
 
 
-class ReverseMode(Method):
+class ReverseMode(Method, name="reverse"):
     """Reverse-mode hypergradients: exact, memory linear in the steps it backpropagates.
 
     Args:
@@ -67,8 +67,6 @@ class ReverseMode(Method):
         >>> ReverseMode(truncate=20)                     # the last 20 steps only (biased)
         ReverseMode(truncate=20)
     """
-
-    name = "reverse"
 
     def __init__(self, truncate: int | None = None, checkpoint: int | str | None = None,
                  step_vjp: StepVJP | None = None) -> None:
@@ -109,6 +107,36 @@ class ReverseMode(Method):
         if m >= n:
             return n + 1
         return math.ceil(n / m) + m + 1
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Truncated reverse mode's truncation length (a resume must keep it); full and
+        checkpointed reverse mode are exact (``{}``: a resume may switch to forward mode)."""
+        return {} if self.truncate is None else {"method": "reverse",
+                                                 "method.truncate": self.truncate}
+
+    def label(self) -> str:
+        """``reverse``, ``checkpointed reverse``, or the repr for other settings."""
+        if self.checkpoint is None and self.truncate is None:
+            return "reverse"
+        if self.truncate is None and self.checkpoint == "sqrt":
+            return "checkpointed reverse"
+        return repr(self).replace("ReverseMode", "reverse")
+
+    def estimate_memory(self, problem: InnerProblem,
+                        sizes: Sizes | None = None) -> MemoryEstimate:
+        """``(n + 1) |s| + a + f * a`` for the ``n = min(truncate, T)`` steps it
+        backpropagates: every state of them, and one step's vector-Jacobian product.
+        Checkpointed (``checkpoint=m``): ``(ceil(n / m) + m + 1) |s|`` states instead."""
+        sz = Sizes.of(problem) if sizes is None else sizes
+        n = self.stored_states(problem.steps)
+        inter = sz.vjp_intermediates()
+        return MemoryEstimate(self.label(), n * sz.state + sz.activations + inter, sz.state,
+                              sz.activations, 0, inter, n)
+
+    def across_ranks(self, ranks: Any) -> Method:
+        """Every mini-batch split across the ranks
+        (:class:`hypergrad.distributed.ParallelReverse`)."""
+        return ranks.reverse(self)
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
         problem.check(lam)

@@ -1,15 +1,16 @@
-"""Experiment tasks on bundled data: an :class:`InnerProblem` plus how to judge its result.
+"""Tasks on bundled data (scikit-learn's digits, diabetes, breast cancer): the builders of the
+``task`` config group.
 
 Each builder takes the parts a config chooses (hyperparameters, inner optimizer, a model factory)
-and returns a :class:`Task`: the problem, ``evaluate(state) -> metrics``, named reference points
-in hyperparameter space (baselines to compare against) and task-specific extra results.
+and returns a :class:`~hypergrad.Task`: the problem, ``evaluate(state) -> metrics``, named
+reference points in hyperparameter space (baselines to compare against) and task-specific extra
+results.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,25 +23,14 @@ from ..errors import HypergradWarning
 from ..hyperparams import HyperParams, PerExample
 from ..optim import SGD, Optimizer
 from ..problem import InnerProblem, InnerState
+from ..task import Task
 from .digits import digits_cnn, digits_data, mlp
 from .ridge import ridge_closed_form_hypergradient
 
-__all__ = ["Task", "mlp_factory", "linear_factory", "cnn_factory", "digits_task",
+__all__ = ["mlp_factory", "linear_factory", "cnn_factory", "digits_task",
            "hypercleaning_task", "ridge_diabetes_task", "breast_cancer_task", "dtype_of"]
 
 ModelFactory = Callable[[int, int], nn.Module]
-
-
-@dataclass
-class Task:
-    """problem; evaluate(state) -> {metric: value}; references: {label: raw lam} baselines;
-    extra(lam) -> task-specific results (F1 of a cleaner, a closed-form check, ...)."""
-
-    name: str
-    problem: InnerProblem
-    evaluate: Callable[[InnerState], dict[str, float]]
-    references: dict[str, Tensor] = field(default_factory=dict)
-    extra: Callable[[Tensor], dict[str, Any]] | None = None
 
 
 def _data_seed(seed: int, data_seed: int | None) -> int:
@@ -164,7 +154,7 @@ def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFact
                            val_mode=val_mode)
     ev = _classifier_eval(problem, {"val": (data.x_val, data.y_val),
                                     "test": (data.x_test, data.y_test)})
-    return Task("digits", problem, ev, _grid(problem, grid))
+    return Task(problem, ev, _grid(problem, grid), name="digits")
 
 
 def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
@@ -235,7 +225,7 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
 
     ev = _classifier_eval(problem, {"val": (data.x_val, data.y_val),
                                     "test": (data.x_test, data.y_test)})
-    return Task("hypercleaning", problem, ev, refs, extra)
+    return Task(problem, ev, refs, extra, name="hypercleaning")
 
 
 def _standardized(x: np.ndarray, n_train: int) -> np.ndarray:
@@ -290,7 +280,7 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
                       HypergradWarning, stacklevel=2)
 
     def extra(lam: Tensor) -> dict[str, Any]:
-        from ..forward import ForwardMode
+        from ..methods.forward import ForwardMode
 
         if why_not:
             return {"closed_form": {"skipped": why_not,
@@ -310,7 +300,7 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
                                            f"{float(implicit[0]):.6e}, relative difference "
                                            f"{rel:.2e}"}}
 
-    return Task("ridge_diabetes", problem, evaluate, {}, extra)
+    return Task(problem, evaluate, {}, extra, name="ridge_diabetes")
 
 
 def _ridge_closed_form_unavailable(problem: InnerProblem, optimizer: Optimizer,
@@ -367,4 +357,4 @@ def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
                     MiniBatches(xtr, ytr, batch_size=batch_size, seed=seed))
     problem = InnerProblem(net, train_loss, optimizer, hyperparams, batches, steps, val_loss)
     ev = _classifier_eval(problem, {"val": (xv, yv), "test": (xte, yte)}, binary=True)
-    return Task("breast_cancer_l2", problem, ev)
+    return Task(problem, ev, name="breast_cancer_l2")

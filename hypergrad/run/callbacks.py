@@ -1,0 +1,178 @@
+"""What happens beside the Trainer's loop: messages, progress, TensorBoard, your own code.
+
+A :class:`Callback` gets the Trainer and an event: ``on_fit_start``, ``on_inner_step`` (every
+inner step the Trainer itself runs: the hypergradient's inner run offline, the run online),
+``on_outer_step`` (the record written to ``metrics.jsonl``), ``on_message`` (a line of text),
+``on_fit_end`` (the :class:`~hypergrad.TrainResult`). Only the process that writes (rank 0
+under torchrun) calls them. :func:`default_callbacks` gives :class:`Log` (messages to ``print``)
+and :class:`Progress`; a list passed to the Trainer is added to them, and replaces the default
+of its own type (``Log(None)`` silences the messages).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["Callback", "Log", "Progress", "TensorBoard", "default_callbacks", "callbacks",
+           "standard"]
+
+
+class Callback:
+    """Override the events you need; each gets the Trainer first."""
+
+    def on_fit_start(self, trainer: Any) -> None:
+        """Before the first outer step of a ``fit()`` call."""
+
+    def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
+        """After inner step ``step`` (1-based) of ``total``."""
+
+    def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+        """After an outer step, with its record (as in ``metrics.jsonl``)."""
+
+    def on_message(self, trainer: Any, text: str) -> None:
+        """A message for the user."""
+
+    def on_fit_end(self, trainer: Any, result: Any) -> None:
+        """When ``fit()`` returns (also after a divergence)."""
+
+
+class Log(Callback):
+    """Messages to ``fn`` (default ``print``; ``None``: nowhere)."""
+
+    def __init__(self, fn: Callable[[str], Any] | None = print) -> None:
+        self.fn = fn
+
+    def on_message(self, trainer: Any, text: str) -> None:
+        if self.fn is not None:
+            self.fn(text)
+
+    def __repr__(self) -> str:
+        return f"Log({getattr(self.fn, '__name__', self.fn)})"
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class Progress(Callback):
+    """tqdm bars for the outer and inner loops when stderr is a terminal; otherwise one message
+    per outer step, so log files get no escape codes. ``enabled=False``: neither."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = bool(enabled)
+        self._outer: Any = None
+        self._inner: Any = None
+
+    def _bar(self, total: int, initial: int, desc: str, leave: bool) -> Any:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=initial, desc=desc, leave=leave, dynamic_ncols=True)
+
+    def on_fit_start(self, trainer: Any) -> None:
+        self.tty = self.enabled and _isatty(sys.stderr)
+        if not self.tty:
+            return
+        if trainer.mode.online:
+            self._inner = self._bar(trainer.problem.steps, trainer.inner_step,
+                                    f"inner (online, {trainer.method.name})", True)
+        else:
+            self._outer = self._bar(trainer.mode.outer_steps, trainer.outer_step, "outer", True)
+
+    def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
+        if not self.tty:
+            return
+        if self._inner is None:
+            self._inner = self._bar(total, step - 1, "inner", False)
+        self._inner.update()
+        if step == total and not trainer.mode.online:
+            self._inner.close()
+            self._inner = None
+
+    def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+        if self.tty:
+            bar = self._inner if trainer.mode.online else self._outer
+            if bar is not None:
+                if not trainer.mode.online:
+                    bar.update()
+                bar.set_postfix(val=f"{record['val_loss']:.4g}")
+            return
+        if not self.enabled:
+            return
+        if trainer.mode.online:
+            where = f"inner step {record['inner_step']}/{trainer.problem.steps}"
+        else:
+            where = f"outer step {record['outer_step']}/{trainer.mode.outer_steps}"
+        trainer.message(f"[hypergrad] {where}: val_loss {record['val_loss']:.4g}, "
+                        f"|dE/dlam| {record['hypergrad_norm']:.3g}, {record['seconds']:.1f} s")
+
+    def on_fit_end(self, trainer: Any, result: Any) -> None:
+        for bar in (self._inner, self._outer):
+            if bar is not None:
+                bar.close()
+        self._inner = self._outer = None
+
+    def __repr__(self) -> str:
+        return f"Progress(enabled={self.enabled})"
+
+
+class TensorBoard(Callback):
+    """Scalars of every outer step to ``<run folder>/tb`` (needs a run folder and the
+    ``tensorboard`` package)."""
+
+    def __init__(self) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:  # depends on the environment
+            raise ImportError("TensorBoard needs the tensorboard package: pip install "
+                              "tensorboard (or pip install hypergrad-forward[tensorboard]).") from e
+        self._writer_class = SummaryWriter
+        self.writer: Any = None
+
+    def on_fit_start(self, trainer: Any) -> None:
+        if trainer.folder is None:
+            raise ValueError("TensorBoard: the Trainer has no run folder to write to; pass "
+                             "folder=RunFolder(...).")
+        self.writer = self._writer_class(str(trainer.folder.path / "tb"))
+
+    def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        for k, v in record.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.writer.add_scalar(k, v, record["outer_step"])
+
+    def on_fit_end(self, trainer: Any, result: Any) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def default_callbacks() -> list[Callback]:
+    """``[Log(), Progress()]``."""
+    return [Log(), Progress()]
+
+
+def callbacks(given: Iterable[Callback] | None) -> list[Callback]:
+    """The defaults, each replaced by a given callback of its own type, then the given ones."""
+    extra = list(given or [])
+    for cb in extra:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"Trainer: callbacks must be Callback objects (Log, Progress, "
+                            f"TensorBoard, or a subclass of hypergrad.Callback), got "
+                            f"{type(cb).__name__} {cb!r}.")
+    kept = [d for d in default_callbacks() if not any(type(c) is type(d) for c in extra)]
+    return kept + extra
+
+
+def standard(progress: bool = True, tensorboard: bool = False) -> list[Callback]:
+    """The callbacks ``hypergrad-run`` chooses from its config (``callbacks.progress``,
+    ``callbacks.tensorboard``)."""
+    out: list[Callback] = [Progress(progress)]
+    if tensorboard:
+        out.append(TensorBoard())
+    return out
