@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 import hypergrad as hg
 from hypergrad.methods import forward as fwd
+from hypergrad.tangent import UpdateStep
 from hypergrad.testing import OPTIMIZERS, rel_err
 
 G_UNTOUCHED = {"adam_plain", "adam_eps_root", "adamw_const", "adamw_all_bound", "rmsprop_plain",
@@ -37,10 +38,11 @@ def test_elementwise_update_tangent_equals_jvp(opt: str) -> None:
     k, t = lam.shape[0], 3
     cols = fwd.ColumnPlan(problem).optimizer_columns(t)
     eye = torch.eye(k, dtype=lam.dtype)
-    out = hg.tangent.DiagonalJacobian()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    step = UpdateStep(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    out = hg.tangent.DiagonalJacobian()(step)
     assert out is not None
     primal, (zp, zo) = out
-    ref = hg.tangent.JVP()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    ref = hg.tangent.JVP()(UpdateStep(problem, t, lam, grads, s, G, z, cols, cols, eye))
     assert ref is not None
     _, (zp2, zo2) = ref
     for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0]):
@@ -57,7 +59,8 @@ def test_non_elementwise_fallback_is_the_same() -> None:
     lam = problem.init_raw()
     a = hg.ForwardMode().hypergradient(problem, lam).grad
     problem.optimizer.elementwise = False  # this instance only
-    assert hg.tangent.DiagonalJacobian()(problem, 0, lam, *([None] * 7)) is None  # type: ignore[arg-type]
+    assert hg.tangent.DiagonalJacobian()(
+        UpdateStep(problem, 0, lam, *([None] * 7))) is None  # type: ignore[arg-type]
     rules = (hg.tangent.DiagonalJacobian(), hg.tangent.JVP())
     b = hg.ForwardMode(tangent=hg.tangent.AutoTangent(rules)
                        ).hypergradient(problem, lam).grad
@@ -82,11 +85,12 @@ def _closed_form_equals_jvp(problem: hg.InnerProblem, t: int, seed: int,
     cols = fwd.ColumnPlan(problem).optimizer_columns(t)
     assert cols
     eye = torch.eye(lam.shape[0], dtype=lam.dtype)
-    ref = hg.tangent.JVP()(problem, t, lam, grads, s, tree_map(torch.clone, G), z, cols, cols, eye)
+    ref = hg.tangent.JVP()(UpdateStep(problem, t, lam, grads, s, tree_map(torch.clone, G), z,
+                                      cols, cols, eye))
     assert ref is not None
     _, (zp2, zo2) = ref
     z_before, G_before = tree_map(torch.clone, z), tree_map(torch.clone, G)
-    out = hg.tangent.ClosedForm()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    out = hg.tangent.ClosedForm()(UpdateStep(problem, t, lam, grads, s, G, z, cols, cols, eye))
     assert out is not None
     primal, (zp, zo) = out
     for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):

@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..hvp import HVPStrategy, VmapVJP
 from ..hyperparams import Schedule
 from ..problem import InnerProblem, InnerState
-from ..tangent import AutoTangent, TangentRule
+from ..tangent import AutoTangent, TangentRule, UpdateStep
 from .base import MemoryEstimate, OnlineMethod, Sizes
 
 __all__ = ["ForwardMode", "ForwardState", "ColumnPlan", "initial_tangents"]
@@ -264,7 +264,7 @@ class ForwardMode(OnlineMethod, name="forward"):
             pos_of = {c: i for i, c in enumerate(live_cols)}
             cols = [c for c in cols if c in pos_of]
             pos = [pos_of[c] for c in cols]
-        out = self.tangent(problem, t, lam, g, s, G, z_in, cols, pos, eye)
+        out = self.tangent(UpdateStep(problem, t, lam, g, s, G, z_in, cols, pos, eye))
         if out is None:
             raise ValueError(f"ForwardMode(tangent={self.tangent!r}): that rule does not apply "
                              f"to {problem.optimizer!r}; use AutoTangent() (the default).")
