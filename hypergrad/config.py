@@ -230,15 +230,23 @@ class Config:
     name: str = "run"
 
 
+REGISTRIES = ("method", "inner_optimizer")
+"""Groups whose options include every registered name (a method or optimizer registered by an
+entry point or an import is ``method=<name>`` without a YAML file)."""
+
+
 def register_configs() -> None:
-    """Store ``base_config`` and every ``<group>/schema_<name>`` of :func:`targets`, and the
-    ``hg.key`` resolver."""
+    """Store ``base_config`` and every ``<group>/schema_<name>`` of :func:`targets` (and, for
+    the registries, ``<group>/<name>``), and the ``hg.key`` resolver."""
     OmegaConf.register_new_resolver("hg.key", _parent_key, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, entries in targets().items():
         for name, (target, options) in entries.items():
-            cs.store(group=group, name=f"schema_{name}", node=schema(target, **options))
+            node = schema(target, **options)
+            cs.store(group=group, name=f"schema_{name}", node=node)
+            if group in REGISTRIES and not (CONFIG_DIR / group / f"{name}.yaml").exists():
+                cs.store(group=group, name=name, node=node)  # a registered name is an option
 
 
 SAFE_CONFIG_KEYS = (

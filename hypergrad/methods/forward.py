@@ -340,4 +340,4 @@ class ForwardMode(OnlineMethod, name="forward"):
         return fs._replace(tangents=tree_map(torch.zeros_like, fs.tangents))
 
     def __repr__(self) -> str:
-        return f"ForwardMode(hvp={self.hvp!r}, tangent={self.tangent!r})"
+        return f"{type(self).__name__}(hvp={self.hvp!r}, tangent={self.tangent!r})"

@@ -98,7 +98,7 @@ def _classifier_eval(problem: InnerProblem, splits: dict[str, tuple[Tensor, Tens
     return evaluate
 
 
-def _lam_with(problem: InnerProblem, lam: Tensor, name: str, value: Any) -> Tensor:
+def lam_with(problem: InnerProblem, lam: Tensor, name: str, value: Any) -> Tensor:
     """``lam`` with hyperparameter ``name`` set to ``value`` (in value space)."""
     from ..hyperparams import TRANSFORMS
 
@@ -117,7 +117,7 @@ def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None) -> dic
             raise ValueError(f"grid: {name!r} is not a hyperparameter; defined are "
                              f"{problem.hyperparams.names}.")
         for v in values:
-            refs[f"grid {name}={v:g}"] = _lam_with(problem, problem.init_raw(), name, v)
+            refs[f"grid {name}={v:g}"] = lam_with(problem, problem.init_raw(), name, v)
     return refs
 
 
@@ -206,8 +206,8 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     problem = InnerProblem(net, train_loss, optimizer, hyperparams,
                            [(data.x_train, y_noisy, idx_all)], steps, val_loss)
     clean = torch.as_tensor(~flipped, dtype=dt)
-    refs = {"baseline (noisy, weights 1)": _lam_with(problem, problem.init_raw(), weights, 1.0),
-            "oracle (clean examples only)": _lam_with(problem, problem.init_raw(), weights,
+    refs = {"baseline (noisy, weights 1)": lam_with(problem, problem.init_raw(), weights, 1.0),
+            "oracle (clean examples only)": lam_with(problem, problem.init_raw(), weights,
                                                       clean)}
 
     def extra(lam: Tensor) -> dict[str, Any]:

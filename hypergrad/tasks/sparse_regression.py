@@ -135,10 +135,10 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
 
     refs = {}
     if corrupted:
-        from .bundled import _lam_with
+        from .bundled import lam_with
 
         clean_w = (torch.arange(groups) >= corrupted).to(dt)
-        refs["oracle (corrupted groups weight 0)"] = _lam_with(
+        refs["oracle (corrupted groups weight 0)"] = lam_with(
             problem, problem.init_raw(), weights, clean_w.clamp_min(1e-3))
     return Task(problem, evaluate, refs, extra, name="sparse_regression")
 
