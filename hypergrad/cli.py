@@ -130,8 +130,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     result, fit = measure(trainer.fit)
     rows: list[dict[str, Any]] = []
     if cfg.report.retrain:
-        lam0 = p.init_raw()
-        points = {"initial": lam0, "learned": result.lam}
+        points = {"initial": trainer.initial_lam, "learned": result.lam}
         if (result.last_lam is not None and not torch.equal(result.last_lam, result.lam)
                 and result.last_val_loss is not None and math.isfinite(result.last_val_loss)
                 and not trainer.mode.online):
@@ -185,7 +184,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
         results["plots"] = plot_run(run_dir, p.hyperparams, p.steps, result.history,
-                                    p.init_raw(), result.lam)
+                                    trainer.initial_lam, result.lam)
     text = table(rows)
     if text:
         log.info("\n" + text)
@@ -228,6 +227,13 @@ def _main(cfg: DictConfig) -> float:
     from . import alloc
 
     alloc.tune_malloc()
+    out = Path(HydraConfig.get().runtime.output_dir)
+    tilde = [part for part in out.parts if part.startswith("~")]
+    if tilde:
+        raise ValueError(
+            f"hypergrad-run: the run folder {out} has a part {tilde[0]!r}: '~' was not expanded "
+            f"(the shell does not expand it after 'hydra.run.dir='). Give the folder as "
+            f"hydra.run.dir=$HOME/... or an absolute path.")
     timeout = cfg.distributed.get("timeout") if cfg.get("distributed") else None
     with distributed.launch(timeout):  # under torchrun: the process group, ended cleanly
         run_dir = _shared_run_dir(Path(HydraConfig.get().runtime.output_dir))

@@ -235,10 +235,25 @@ REGISTRIES = ("method", "inner_optimizer")
 entry point or an import is ``method=<name>`` without a YAML file)."""
 
 
+def _hydra_subdir(output_dir: str) -> str:
+    """``${hg.hydra_subdir:<run folder>}``, Hydra's ``output_subdir``: ``.hydra`` for a folder's
+    first invocation, ``.hydra.2``, ``.hydra.3``, ... for later ones in the same folder (a
+    resume, or one refused because the folder holds a run), so no invocation overwrites the
+    record of another."""
+    folder = Path(output_dir)
+    if not (folder / ".hydra").exists():
+        return ".hydra"
+    n = 2
+    while (folder / f".hydra.{n}").exists():
+        n += 1
+    return f".hydra.{n}"
+
+
 def register_configs() -> None:
     """Store ``base_config`` and every ``<group>/schema_<name>`` of :func:`targets` (and, for
     the registries, ``<group>/<name>``), and the ``hg.key`` resolver."""
     OmegaConf.register_new_resolver("hg.key", _parent_key, replace=True)
+    OmegaConf.register_new_resolver("hg.hydra_subdir", _hydra_subdir, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, entries in targets().items():

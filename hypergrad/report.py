@@ -45,7 +45,7 @@ def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[s
         ax.set_ylabel("validation loss")
         ax.set_title("validation objective while tuning")
         fig.tight_layout()
-        fig.savefig(run_dir / "val_curve.png", dpi=110)
+        _save(fig, run_dir / "val_curve.png")
         plt.close(fig)
         files.append("val_curve.png")
 
@@ -71,7 +71,7 @@ def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[s
         axes[-1, 0].set_xlabel(xlabel)
         fig.suptitle("hyperparameter trajectories", fontsize=9)
         fig.tight_layout()
-        fig.savefig(run_dir / "hyperparams.png", dpi=110)
+        _save(fig, run_dir / "hyperparams.png")
         plt.close(fig)
         files.append("hyperparams.png")
 
@@ -89,7 +89,18 @@ def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[s
             ax.set_title(f"{it.name} schedule ({it.windows} windows)")
             ax.legend()
         fig.tight_layout()
-        fig.savefig(run_dir / "schedule.png", dpi=110)
+        _save(fig, run_dir / "schedule.png")
         plt.close(fig)
         files.append("schedule.png")
     return files
+
+
+def _save(fig: Any, path: Path) -> None:
+    """``fig`` as a PNG written atomically (never a 0-byte or half file on a full disk)."""
+    import io
+
+    from .run.files import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_bytes_atomic(path, buf.getvalue())

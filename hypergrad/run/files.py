@@ -49,7 +49,8 @@ from ..errors import CheckpointError, CheckpointWarning, RunDirError
 
 __all__ = ["CHECKPOINT", "PREVIOUS", "METRICS", "LOCK", "TRAINER_FILES", "save_checkpoint",
            "load_checkpoint", "fingerprint_diff", "digest", "json_safe", "dumps",
-           "write_text_atomic", "append_line", "RunLock", "used_files", "clear_run_dir"]
+           "write_text_atomic", "write_bytes_atomic", "append_line", "RunLock", "used_files",
+           "clear_run_dir"]
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
@@ -174,12 +175,17 @@ def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename (readers see the old or
     the new file, never half); a full disk gives a clear ``OSError`` and no temporary file."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """:func:`write_text_atomic` for bytes (a PNG, say)."""
     fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX + path.name + "-", dir=path.parent)
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), _MODE)
-            fh.write(text)
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -191,14 +197,23 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def append_line(path: Path, line: str) -> None:
-    """Append one line (``metrics.jsonl``); a full disk gives a clear ``OSError``."""
+    """Append one line (``metrics.jsonl``) in one write; a write that fails (a full disk)
+    leaves the file as it was (no half line) and gives a clear ``OSError``."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _MODE)
     try:
-        with open(path, "a") as fh:
-            fh.write(line + "\n")
-    except OSError as err:
-        if _disk_full(err):
-            raise _no_space(path, "", err) from err
-        raise
+        size = os.fstat(fd).st_size
+        try:
+            n = os.write(fd, data)
+            if n != len(data):  # a short write: the device is full
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as err:
+            os.ftruncate(fd, size)
+            if _disk_full(err):
+                raise _no_space(path, "", err) from err
+            raise
+    finally:
+        os.close(fd)
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -367,7 +382,8 @@ def clear_run_dir(run_dir: Path, names: Iterable[str] = TRAINER_FILES,
     return gone
 
 
-_HELD: dict[str, int] = {}
+_HELD: dict[str, RunLock] = {}
+"""The locks this process holds, by lock file: each belongs to one run (one RunLock object)."""
 
 
 def _alive(pid: int) -> bool:
@@ -385,29 +401,38 @@ def _alive(pid: int) -> bool:
 
 
 class RunLock:
-    """``run_dir/run.lock`` (pid and host inside) for the lifetime of a run: a second process
-    asking for the same folder gets a :class:`RunDirError`. Re-entrant within a process. A lock
-    whose process is dead (same host) is taken over; temporary files a killed writer left are
-    removed then."""
+    """``run_dir/run.lock`` (pid and host inside) for the lifetime of a run. The lock belongs to
+    the run that took it (this object; acquiring it again is a no-op): another run asking for
+    the same folder, in another process or in this one, gets a :class:`RunDirError`. A lock
+    whose process is dead (same host) is taken over, and :attr:`taken_over` says whose it was;
+    temporary files a killed writer left are removed then."""
 
     def __init__(self, run_dir: str | os.PathLike[str], who: str = "Trainer") -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK
         self.who = who
         self._held = False
+        self.taken_over: str = ""
+        """After :meth:`acquire`: ``"process <pid> on <host>"`` when a stale lock was taken
+        over, else empty."""
 
     @property
     def key(self) -> str:
         return str(self.path.resolve())
+
+    @property
+    def held(self) -> bool:
+        return self._held
 
     def acquire(self) -> RunLock:
         if self._held:
             return self
         key = self.key
         if key in _HELD:
-            _HELD[key] += 1
-            self._held = True
-            return self
+            raise RunDirError(
+                f"{self.who}: run folder {self.run_dir} is in use by another run in this process "
+                f"({_HELD[key].who}); a folder holds one run at a time. Let that run finish (or "
+                f"close it: trainer.close()), or use another folder.")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         me = f"{os.getpid()} {socket.gethostname()}\n"
         for _ in range(3):
@@ -419,7 +444,7 @@ class RunLock:
                 continue
             with os.fdopen(fd, "w") as fh:
                 fh.write(me)
-            _HELD[key] = 1
+            _HELD[key] = self
             self._held = True
             for p in self.run_dir.glob(_TMP_PREFIX + "*"):  # left by a killed writer
                 p.unlink(missing_ok=True)
@@ -448,25 +473,29 @@ class RunLock:
         except FileNotFoundError:
             return True  # someone else removed it: try again
         stale.unlink(missing_ok=True)
+        self.taken_over = (f"process {pid} on {host}" if pid is not None else
+                           "an unreadable lock file")
         return True
 
     def _busy(self) -> RunDirError:
         pid, host, _ = self._owner()
+        here = host == socket.gethostname()
+        how = (f"if process {pid} is gone (e.g. a node that died), delete {self.path} and run "
+               f"again" if not here else
+               f"wait for it to finish, or stop it (kill {pid}); a lock left by a process that "
+               f"has died is taken over by itself")
         return RunDirError(
             f"{self.who}: run folder {self.run_dir} is in use by another run (process {pid} on "
-            f"{host or 'an unknown host'}, lock file {self.path}). Wait for it to finish, use "
-            f"another folder (hypergrad-run: hydra.run.dir=...), or delete {self.path} if no "
-            f"run is using the folder.")
+            f"{host or 'an unknown host'}, lock file {self.path}): {how}. Or use another folder "
+            f"(hypergrad-run: hydra.run.dir=...).")
 
     def release(self) -> None:
         if not self._held:
             return
         self._held = False
         key = self.key
-        _HELD[key] -= 1
-        if _HELD[key] > 0:
-            return
-        del _HELD[key]
+        if _HELD.get(key) is self:
+            del _HELD[key]
         pid, _, _ = self._owner()
         if pid == os.getpid():
             self.path.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ goes in them and whether a run may continue from them:
 from __future__ import annotations
 
 import math
+import os
 import random
 import warnings
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ from ..errors import CheckpointError, CheckpointWarning, ResumeMismatchError, Ru
 from ..hyperparams import TRANSFORMS
 from ..problem import InnerProblem
 from .files import (
+    LOCK,
     METRICS,
     TRAINER_FILES,
     RunLock,
@@ -134,6 +136,10 @@ class RunFolder:
         fresh run. A folder that holds a run is refused unless ``resume`` or ``overwrite``
         (which empties it)."""
         self.lock.acquire()
+        if self.lock.taken_over:
+            log(f"[hypergrad] {self.path} was locked by a run that died "
+                f"({self.lock.taken_over}): its lock was taken over")
+        self._check_writable()
         used = used_files(self.path)
         if not used:
             if self.resume:
@@ -159,6 +165,24 @@ class RunFolder:
                 f"Trainer: cannot resume from {self.path}: it has {', '.join(used)} but no "
                 f"checkpoint. Start afresh with overwrite=True (folder.overwrite=true).")
         return got
+
+    def _check_writable(self) -> None:
+        """Refuse, before any work, a folder whose records cannot be written: a file name of a
+        record taken by a folder, a folder without write permission."""
+        for name in (*TRAINER_FILES, LOCK):
+            if (self.path / name).is_dir():
+                raise RunDirError(
+                    f"Trainer: {self.path / name} is a folder, where the run writes its "
+                    f"{name} file; move it away or use another run folder.")
+        probe = self.path / f".tmp-probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError as err:
+            raise RunDirError(
+                f"Trainer: cannot write in the run folder {self.path} ({type(err).__name__}: "
+                f"{err.strerror or err}); give it write permission (chmod u+w) or use another "
+                f"folder.") from err
+        probe.unlink(missing_ok=True)
 
     def write(self, ck: Mapping[str, Any], rec: Mapping[str, Any]) -> None:
         """An outer step: its checkpoint first, then its metrics line."""

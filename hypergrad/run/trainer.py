@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import BoundsWarning
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
 from ..methods.memory import check_memory
 from ..problem import InnerProblem, InnerState
@@ -163,6 +165,9 @@ class Trainer:
             raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
                             "outer=functools.partial(torch.optim.Adam, lr=0.05).")
         self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds)
+        self._start_in_bounds()
+        self.initial_lam = self.lam.detach().clone()
+        """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
         self.tracker = Tracker(p.hyperparams, self.lam)
         self.history: list[dict[str, Any]] = []
         self.outer_step = 0
@@ -172,7 +177,6 @@ class Trainer:
         self._fingerprint: dict[str, Any] = {}
         if self.folder is not None:
             self._open_folder(self.folder)
-        self.bounds.project(self.lam)
 
     # -- set-up ----------------------------------------------------------------------------------
     def _resolve(self, method: Method) -> Method:
@@ -188,6 +192,21 @@ class Trainer:
         if chosen is method:  # a method picked by resolve() was picked to fit
             check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget)
         return chosen
+
+    def _start_in_bounds(self) -> None:
+        """Move initial values outside the guards' bounds onto them, and say where to."""
+        hps = self.problem.hyperparams
+        before = hps.describe(self.lam)
+        self.bounds.project(self.lam)
+        after = hps.describe(self.lam)
+        moved = [f"{n}={before[n]} -> {after[n]} (bounds {self.bounds.values()[n]})"
+                 for n in hps.names if before[n] != after[n]]
+        if moved:
+            warnings.warn(BoundsWarning(
+                f"Trainer: initial values outside Guards(bounds=...) were moved onto the "
+                f"bounds: {'; '.join(moved)}. Tuning starts there (hypergrad-run retrains that "
+                f"point as 'initial'); give an initial value inside the bounds to silence "
+                f"this."), stacklevel=3)
 
     def settings(self) -> dict[str, Any]:
         """The settings of the parts that define a run (in its fingerprint): the mode's, the
