@@ -32,7 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import distributed
-from .config import CONFIG_DIR, build, register_configs
+from .config import CONFIG_DIR, build, check_keys, register_configs
 from .errors import HypergradWarning
 from .run import RunFolder
 
@@ -227,7 +227,10 @@ def _main(cfg: DictConfig) -> float:
     from . import alloc
 
     alloc.tune_malloc()
-    out = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    check_keys(cfg, [g for g in hydra_cfg.runtime.choices if "/" not in g
+                     and not g.startswith("hydra")])
+    out = Path(hydra_cfg.runtime.output_dir)
     tilde = [part for part in out.parts if part.startswith("~")]
     if tilde:
         raise ValueError(

@@ -44,7 +44,7 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 __all__ = ["build", "register_configs", "config_fingerprint", "schema", "targets", "CONFIG_DIR",
-           "SAFE_CONFIG_KEYS", "TASK_ARGS"]
+           "SAFE_CONFIG_KEYS", "TASK_ARGS", "check_keys", "unknown_keys"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -249,13 +249,122 @@ def _hydra_subdir(output_dir: str) -> str:
     return f".hydra.{n}"
 
 
+def _choices() -> str:
+    """``${hg.choices:}``: the groups and the options a user chooses from, for ``--help``
+    (Hydra's own list, without the ``schema_*`` entries the options extend)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+    lines: list[str] = []
+
+    def walk(parent: str) -> None:
+        for g in loader.list_groups(parent):
+            name = f"{parent}/{g}" if parent else g
+            if name == "hydra" or name.startswith("hydra/"):
+                continue
+            opts = sorted(o for o in loader.get_group_options(name, ObjectType.CONFIG)
+                          if not o.startswith("schema_"))
+            if opts:
+                lines.append(f"{name}: {', '.join(opts)}")
+            walk(name)
+
+    walk("")
+    return "\n".join(sorted(lines))
+
+
+_HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
+
+
+def _known(target: Any) -> set[str] | None:
+    """The arguments ``target`` takes (``None``: any, it has ``**kwargs`` or no signature)."""
+    try:
+        obj = _import(target) if isinstance(target, str) else target
+        params = inspect.signature(obj).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind != p.VAR_POSITIONAL}
+
+
+def _import(path: str) -> Any:
+    module, _, attr = path.rpartition(".")
+    obj: Any = importlib.import_module(module)
+    return getattr(obj, attr)
+
+
+def unknown_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+    """Keys of a composed config that name no setting, each with the nearest known names: a
+    top-level key that is neither a field of :class:`Config` nor a config group chosen
+    (``groups``: a user's own groups, ``+augment=strong``), and a key of a node with a
+    ``_target_`` that its target does not take (a key added with ``+``, or a typo in a user's
+    config file)."""
+    import difflib
+
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(tree, dict)
+    out: list[tuple[str, list[str]]] = []
+    top = set(Config.__dataclass_fields__) | set(groups) | {"hydra"}
+    valid = [k for k in _flatten({k: v for k, v in tree.items() if k in top and k != "hydra"},
+                                 "", {})]
+    by_leaf: dict[str, list[str]] = {}
+    for path in valid:
+        by_leaf.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+    for key in tree:
+        if key in top:
+            continue
+        near = difflib.get_close_matches(str(key), sorted(top), n=3, cutoff=0.6)
+        leaves = list(_flatten({key: tree[key]}, "", {}))
+        for leaf in leaves:  # trainer.outer_step: mode.outer_steps
+            for name in difflib.get_close_matches(leaf.rsplit(".", 1)[-1], by_leaf, n=2,
+                                                  cutoff=0.7):
+                near += [p for p in by_leaf[name] if p not in near]
+        out.append((", ".join(leaves), near[:4]))
+
+    def walk(node: Any, prefix: str) -> None:
+        if not isinstance(node, dict):
+            return
+        if "_target_" in node:
+            known = _known(node["_target_"])
+            if known is not None:
+                for k in node:
+                    if k not in known and k not in _HYDRA_KEYS:
+                        out.append((f"{prefix}{k}", [f"{prefix}{n}" for n in
+                                    difflib.get_close_matches(str(k), sorted(known), n=3,
+                                                              cutoff=0.5)]))
+        for k, v in node.items():
+            walk(v, f"{prefix}{k}.")
+
+    for key, value in tree.items():
+        if key in top and key != "hydra":
+            walk(value, f"{key}.")
+    return out
+
+
+def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
+    """Raise a ``ValueError`` naming every key that names no setting (:func:`unknown_keys`),
+    with the nearest known names."""
+    bad = unknown_keys(cfg, groups)
+    if bad:
+        lines = "; ".join(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else "")
+                          for k, near in bad)
+        raise ValueError(f"hypergrad-run: the config has keys that name no setting: {lines}. "
+                         f"Check the spelling (hypergrad-run --help lists the groups; "
+                         f"--cfg job prints the composed config).")
+
+
 def register_configs() -> None:
     """Store ``base_config`` and every ``<group>/schema_<name>`` of :func:`targets` (and, for
     the registries, ``<group>/<name>``), and the ``hg.key`` resolver."""
     OmegaConf.register_new_resolver("hg.key", _parent_key, replace=True)
     OmegaConf.register_new_resolver("hg.hydra_subdir", _hydra_subdir, replace=True)
+    OmegaConf.register_new_resolver("hg.choices", _choices, replace=True)
     cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
+    base = OmegaConf.structured(Config)
+    OmegaConf.set_struct(base, False)  # a group of a user's config folder may add a key here;
+    OmegaConf.set_struct(base.report, True)  # its settings stay closed; check_keys does the rest
+    cs.store(name="base_config", node=base)
     for group, entries in targets().items():
         for name, (target, options) in entries.items():
             node = schema(target, **options)
@@ -325,6 +434,6 @@ def build(cfg: DictConfig, folder: Any = None,
         folder = RunFolder(folder, resume=cfg.folder.resume, overwrite=cfg.folder.overwrite,
                            fingerprint=config_fingerprint(cfg))
     say = log if log is not None else logging.getLogger("hypergrad").info
-    trainer = Trainer(task, method, outer, mode, guards, folder, [Log(say), *callbacks],
-                      strategy)
+    trainer = Trainer(task, method, outer, mode, guards, folder,
+                      [Log(say, prefix=""), *callbacks], strategy)
     return task, trainer

@@ -341,3 +341,90 @@ def test_resume_keeps_the_original_config_and_refuses_changes(
     run(_compose(base + ["folder.overwrite=true", "mode.outer_steps=1"]), tmp_path)
     assert not (tmp_path / "config_resolved.resume-1.yaml").exists()
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+# -- issue 24: unknown keys, --help, resume messages -----------------------------------------------
+@pytest.mark.parametrize("override,key,near", [
+    ("+trainer.outer_step=3", "trainer.outer_step", "mode.outer_steps"),
+    ("+mode.outer_step=3", "mode.outer_step", "mode.outer_steps"),
+    ("+guards.backtrak=1.5", "guards.backtrak", "guards.backtrack"),
+    ("+task.n_trian=5", "task.n_trian", "task.n_train"),
+    ("+method.hvp.chunks=3", "method.hvp.chunks", "method.hvp.chunk_size"),
+])
+def test_a_key_that_names_no_setting_is_refused_with_the_nearest(override: str, key: str,
+                                                                near: str) -> None:
+    from hypergrad.config import check_keys
+
+    cfg = _compose(["experiment=digits_schedule", override])
+    with pytest.raises(ValueError, match=rf"'{re.escape(key)}' \(did you mean .*"
+                                         rf"{re.escape(near)}"):
+        check_keys(cfg)
+    check_keys(_compose(["experiment=digits_schedule"]))  # the preset itself is clean
+
+
+def test_a_key_in_a_users_config_file_and_a_users_own_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypergrad.config import check_keys
+
+    for group in ("task", "augment"):
+        (tmp_path / group).mkdir()
+    # the user's own task builder, by _target_, with a typo in the user's file
+    (tmp_path / "user_task_builder.py").write_text(
+        "def build(hyperparams, optimizer, model, n_train=100, steps=10):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "task" / "mine.yaml").write_text(
+        "_target_: user_task_builder.build\nn_trian: 50\nsteps: 5\n")
+    # a schema's option extended in the user's file: refused at composition already
+    (tmp_path / "task" / "digits_typo.yaml").write_text(
+        "defaults:\n  - digits\n  - _self_\nn_trian: 100\n")
+    (tmp_path / "augment" / "strong.yaml").write_text("noise: 0.1\n")
+
+    def user(*overrides: str) -> DictConfig:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return compose("config", overrides=[f"hydra.searchpath=[file://{tmp_path}]",
+                                                *overrides])
+
+    cfg = user("task=mine", "+augment=strong")
+    with pytest.raises(ValueError, match=r"'task.n_trian' \(did you mean task.n_train"):
+        check_keys(cfg, ["augment", "task"])
+    del cfg.task.n_trian
+    check_keys(cfg, ["augment", "task"])  # a group of the user's folder is a legitimate append
+    with pytest.raises(ValueError, match=r"'augment.noise'"):
+        check_keys(cfg, ["task"])  # the same key not chosen as a group: refused
+    with pytest.raises(ConfigCompositionException, match="n_trian"):
+        user("task=digits_typo")
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_a_misspelt_override_and_help_lists_only_choices(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", "debug=fast",
+                          "+trainer.outer_step=3", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0 and "did you mean mode.outer_steps" in out.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()
+    helped = subprocess.run([sys.executable, "-m", "hypergrad.cli", "--help"],
+                            capture_output=True, text=True, env=env, timeout=300).stdout
+    assert "mode: offline, online" in helped and "method: " in helped
+    assert "schema_" not in helped
+
+
+def test_a_resume_mismatch_says_what_differs_in_ten_lines_and_where_the_settings_are(
+        tmp_path: Path) -> None:
+    base = ["experiment=ridge_diabetes", "debug=fast", "report.plots=false",
+            "report.retrain=false"]
+    run(_compose(base), tmp_path)
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- experiment=ridge_diabetes\n")
+    with pytest.raises(ResumeMismatchError) as info:
+        run(_compose(["experiment=digits_schedule", "debug=fast", "folder.resume=true",
+                      "report.plots=false"]), tmp_path)
+    text = str(info.value)
+    assert len(text.splitlines()) <= 10 and len(text) < 1500, text
+    assert "... and " in text and "more" in text  # many keys differ: the first ones shown
+    assert str(tmp_path / ".hydra" / "overrides.yaml") in text
+    assert str(tmp_path / "config_resolved.yaml") in text

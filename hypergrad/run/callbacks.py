@@ -39,14 +39,16 @@ class Callback:
 
 
 class Log(Callback):
-    """Messages to ``fn`` (default ``print``; ``None``: nowhere)."""
+    """Messages to ``fn`` (default ``print``; ``None``: nowhere), each after ``prefix`` (a
+    logger that names its source already, as ``hypergrad-run``'s does, takes ``prefix=""``)."""
 
-    def __init__(self, fn: Callable[[str], Any] | None = print) -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[[str], Any] | None = print,
+                 prefix: str = "[hypergrad] ") -> None:
+        self.fn, self.prefix = fn, prefix
 
     def on_message(self, trainer: Any, text: str) -> None:
         if self.fn is not None:
-            self.fn(text)
+            self.fn(self.prefix + text)
 
     def __repr__(self) -> str:
         return f"Log({getattr(self.fn, '__name__', self.fn)})"
@@ -107,7 +109,7 @@ class Progress(Callback):
             where = f"inner step {record['inner_step']}/{trainer.problem.steps}"
         else:
             where = f"outer step {record['outer_step']}/{trainer.mode.outer_steps}"
-        trainer.message(f"[hypergrad] {where}: val_loss {record['val_loss']:.4g}, "
+        trainer.message(f"{where}: val_loss {record['val_loss']:.4g}, "
                         f"|dE/dlam| {record['hypergrad_norm']:.3g}, {record['seconds']:.1f} s")
 
     def on_fit_end(self, trainer: Any, result: Any) -> None:

@@ -325,7 +325,7 @@ def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
 
 def _short(v: Any) -> str:
     text = repr(v)
-    return text if len(text) <= 160 else text[:157] + "..."
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # -- JSON ----------------------------------------------------------------------------------------

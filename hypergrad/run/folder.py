@@ -137,17 +137,17 @@ class RunFolder:
         (which empties it)."""
         self.lock.acquire()
         if self.lock.taken_over:
-            log(f"[hypergrad] {self.path} was locked by a run that died "
+            log(f"{self.path} was locked by a run that died "
                 f"({self.lock.taken_over}): its lock was taken over")
         self._check_writable()
         used = used_files(self.path)
         if not used:
             if self.resume:
-                log(f"[hypergrad] resume: no checkpoint in {self.path}, starting afresh")
+                log(f"resume: no checkpoint in {self.path}, starting afresh")
             return None
         if self.overwrite:
             gone = clear_run_dir(self.path, TRAINER_FILES)
-            log(f"[hypergrad] overwrite: removed {gone} from {self.path}")
+            log(f"overwrite: removed {gone} from {self.path}")
             return None
         if not self.resume:
             n = 0
@@ -214,7 +214,8 @@ class RunFolder:
 
 
 def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: int) -> None:
-    """Refuse a checkpoint of another fingerprint or another K."""
+    """Refuse a checkpoint of another fingerprint or another K, in at most ten lines: the
+    differing keys (old -> new) and where the original run's settings are."""
     old = ck.get("fingerprint")
     if old is None:
         warnings.warn(CheckpointWarning(
@@ -223,13 +224,20 @@ def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: in
     else:
         diff = fingerprint_diff(old, fp)
         if diff:
-            lines = "\n  ".join(diff)
+            shown = diff[:6] + ([f"... and {len(diff) - 6} more"] if len(diff) > 6 else [])
+            lines = "\n  ".join(shown)
+            folder = path.parent
+            settings = [str(folder / f) for f in (".hydra/overrides.yaml",
+                                                   "config_resolved.yaml")
+                        if (folder / f).exists()]
+            where = (f"The original run's settings: {', '.join(settings)}. " if settings
+                     else "")
             raise ResumeMismatchError(
                 f"Trainer: cannot resume from {path}: this run differs from the one in the "
-                f"checkpoint in what defines it (old -> new):\n  {lines}\nResume with the "
-                f"original settings, or start a new run: another run folder (hypergrad-run: "
-                f"hydra.run.dir=...) or overwrite=True (folder.overwrite=true). Settings "
-                f"that may change on resume: {', '.join(SAFE_TO_CHANGE)}.")
+                f"checkpoint (old -> new):\n  {lines}\n{where}Resume with the original "
+                f"settings, or start a new run: another folder (hydra.run.dir=...) or "
+                f"overwrite=True (folder.overwrite=true); docs/troubleshooting.md lists what may "
+                f"change on resume.")
     if ck["lam"].shape[0] != k:
         raise ResumeMismatchError(
             f"Trainer: checkpoint {path} has K={ck['lam'].shape[0]} hyperparameters, this "
@@ -261,7 +269,7 @@ def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
                 changed.append(f"{k} {group[k]!r} -> {v!r}")
             group[k] = v
     if changed:
-        log(f"[hypergrad] resume: outer optimizer settings given now replace the "
+        log(f"resume: outer optimizer settings given now replace the "
             f"checkpoint's: {', '.join(changed)}")
 
 

@@ -182,7 +182,7 @@ class Trainer:
     def _resolve(self, method: Method) -> Method:
         chosen, why = method.resolve(self.problem, self.mode.name, self.guards.memory_budget)
         if why:
-            self.message(f"[hypergrad] method={method.name} {why}")
+            self.message(f"method={method.name} {why}")
         if self.mode.online and not isinstance(chosen, OnlineMethod):
             raise NotImplementedError(
                 f"Trainer: online tuning needs hypergradients during training, from an "
@@ -319,7 +319,7 @@ class Trainer:
         lrs = shrink_lr(self.outer, 0.5)
         if best_grad is not None:
             self._update(best_grad.clone())
-        self.message(f"[hypergrad] outer step {self.outer_step}: {why}: back to the best "
+        self.message(f"outer step {self.outer_step}: {why}: back to the best "
                      f"hyperparameters (outer step {best[2]}), outer lr halved to "
                      f"{', '.join(f'{x:.3g}' for x in lrs)}, a step from there")
 
@@ -333,7 +333,7 @@ class Trainer:
             if (budget is not None and last_seconds is not None
                     and t0 - self._fit_start + last_seconds > budget):
                 out_of_time = True
-                self.message(f"[hypergrad] time_budget={budget:g} s: stopped after outer step "
+                self.message(f"time_budget={budget:g} s: stopped after outer step "
                              f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
                              f"take about {last_seconds:.1f} s)")
                 break
@@ -371,7 +371,7 @@ class Trainer:
         best_val, best_lam, best_step = self.tracker.best
         hps = self.problem.hyperparams
         if self.history:
-            self.message(f"[hypergrad] validation loss: initial "
+            self.message(f"validation loss: initial "
                          f"{self.history[0]['val_loss']:.4g}, best {best_val:.4g} (outer step "
                          f"{best_step}), last {float(value):.4g} (outer step {self.outer_step})")
         return TrainResult(best_lam.clone(), hps.describe(best_lam), list(self.history),
@@ -417,7 +417,7 @@ class Trainer:
         keep, keep_step, keep_val, kept = self.tracker.fallback(not self.mode.online)
         with torch.no_grad():
             self.lam.copy_(keep)
-        msg = (f"[hypergrad] stopped at outer step {self.outer_step}: {why}, with "
+        msg = (f"stopped at outer step {self.outer_step}: {why}, with "
                f"hyperparameters {bad}. The tuning diverged; {kept}: {hps.describe(keep)}. "
                f"Try a smaller outer learning rate, Guards(clip_norm=...), or "
                f"Guards(bounds=...) on learning rates.")
@@ -478,7 +478,7 @@ class Trainer:
         load_outer(self.outer, ck, path, self.message)
         name = ck.get("method", self.method.name)
         if not self.mode.online and name != self.method.name:
-            self.message(f"[hypergrad] resume: the checkpoint's run used method={name}, this "
+            self.message(f"resume: the checkpoint's run used method={name}, this "
                          f"one uses {self.method.name} (the same hypergradients to rounding)")
         with torch.no_grad():
             self.lam.copy_(ck["lam"])
@@ -488,7 +488,7 @@ class Trainer:
             self.run_state = self.method.load_state_dict(self.problem, self.lam.detach().clone(),
                                                          entry, str(path))
             if entry["method"] != self.method.name:
-                self.message(f"[hypergrad] resume: the online run state of {entry['method']} "
+                self.message(f"resume: the online run state of {entry['method']} "
                              f"carries over to {self.method.name}, whose hypergradients are "
                              f"used from here on")
         self.history = list(ck["history"])
@@ -498,8 +498,8 @@ class Trainer:
         set_rng_state(ck["rng"])
         if self.folder is not None and self.strategy.is_writer:
             self.folder.rewrite_metrics(self.history)  # agrees with the checkpoint again
-        self.message(f"[hypergrad] resumed from {path} at outer step {self.outer_step}")
+        self.message(f"resumed from {path} at outer step {self.outer_step}")
         if ck.get("stopped"):
-            self.message(f"[hypergrad] that run had stopped on a divergence; continuing from "
+            self.message(f"that run had stopped on a divergence; continuing from "
                          f"the hyperparameters it kept: "
                          f"{self.problem.hyperparams.describe(self.lam)}")
