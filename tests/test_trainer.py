@@ -123,7 +123,7 @@ def test_divergence_stops_and_keeps_last_good() -> None:
                   outer=functools.partial(torch.optim.SGD, lr=3e3))
     res = tr.fit()
     assert res.diverged and "diverged" in res.message and "Try a smaller" in res.message
-    assert logs and logs[-1] == res.message
+    assert logs and logs[-1] == "[hypergrad] " + res.message
     assert len(res.history) == 1  # outer step 0 was fine, step 1 diverged
     good = res.history[0]["hyperparams"]["lr"]
     assert res.values["lr"] == pytest.approx(good) and good == pytest.approx(0.01)
