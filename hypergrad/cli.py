@@ -40,9 +40,10 @@ log = logging.getLogger("hypergrad")
 register_configs()
 
 
-CLI_FILES = ("results.json",)
+CLI_FILES = ("results.json", "learned.yaml", "model_learned.pt")
 """Files the CLI writes besides the Trainer's (:data:`hypergrad.checkpoint.TRAINER_FILES`)."""
-CLI_PATTERNS = ("config_resolved*.yaml", "val_curve.png", "hyperparams.png", "schedule.png")
+CLI_PATTERNS = ("config_resolved*.yaml", "val_curve.png", "hyperparams.png", "schedule.png",
+                "learned_*.pt")
 
 
 def _prepare_run_dir(folder: RunFolder) -> None:
@@ -114,6 +115,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     import torch
 
     from . import ForwardMode, ReverseMode
+    from .export import write_learned
     from .measure import measure
     from .report import plot_run, table
     from .run.files import dumps, write_text_atomic
@@ -129,6 +131,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
              f"(config: {cfg_path.name})")
     result, fit = measure(trainer.fit)
     rows: list[dict[str, Any]] = []
+    learned_state = None
     if cfg.report.retrain:
         points = {"initial": trainer.initial_lam, "learned": result.lam}
         if (result.last_lam is not None and not torch.equal(result.last_lam, result.lam)
@@ -136,7 +139,11 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
                 and not trainer.mode.online):
             points["last (after the final update)"] = result.last_lam
         for label, lam in {**points, **task.references}.items():
-            rows.append({"hyperparameters": label, **task.evaluate(p.run(lam))})
+            state = p.run(lam)
+            if label == "learned":
+                learned_state = state
+            rows.append({"hyperparameters": label, **(task.evaluate(state)
+                                                      if task.evaluate else {})})
         if trainer.mode.online and result.state is not None:
             rows.insert(1, {"hyperparameters": "online run (its own final state)",
                             **task.evaluate(result.state)})
@@ -181,6 +188,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
         if result.history else None,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
+    results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
         results["plots"] = plot_run(run_dir, p.hyperparams, p.steps, result.history,

@@ -283,6 +283,8 @@ def test_preset_runs_end_to_end_with_debug(preset: str, tmp_path: Path) -> None:
     for png in results["plots"]:
         assert (tmp_path / png).stat().st_size > 1000
     assert (tmp_path / "config_resolved.yaml").exists()
+    assert {"learned.yaml", "model_learned.pt"} <= set(on_disk["learned_files"])
+    assert (tmp_path / "model_learned.pt").stat().st_size > 0
     if preset == "ridge_diabetes":
         assert on_disk["extra"]["closed_form"]["rel_diff_finite_T"] < 1e-10
     if preset == "hypercleaning":

@@ -88,6 +88,18 @@ class TrainResult:
     best_val_loss: float | None = None
     last_val_loss: float | None = None
     out_of_time: bool = False
+    problem: InnerProblem | None = field(default=None, repr=False)
+
+    def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
+        """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
+        (:attr:`lam`) for your own ``params`` (the model, or ``{name: tensor}``): per-tensor
+        values as parameter groups, a learning-rate schedule as ``LambdaLR`` stretched over
+        ``steps`` (default: the horizon it was learned on). See :mod:`hypergrad.export`."""
+        from ..export import learned_optimizer
+
+        if self.problem is None:
+            raise ValueError("TrainResult.learned_optimizer: this result holds no problem.")
+        return learned_optimizer(self.problem, self.lam, params, steps)
 
 
 def _part(name: str, value: Any, cls: type, example: str) -> None:
@@ -262,6 +274,7 @@ class Trainer:
             if res is None:  # an exception: the callbacks still close what they opened
                 for cb in self.callbacks:
                     cb.on_fit_end(self, None)
+        res.problem = self.problem
         self.tracker.warn_at_end(res.last_lam, res.diverged, not self.mode.online,
                                  self.history, res.best_step, res.best_val_loss,
                                  res.last_val_loss)
