@@ -78,6 +78,7 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         groups.append({"params": [name], **{k: v for k, v in group.items()
                                             if defaults is not None and v != defaults.get(k)}})
     assert torch_cls is not None and defaults is not None
+    cls: type = torch_cls
     import inspect
 
     sig = inspect.signature(torch_cls).parameters
@@ -100,9 +101,9 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         v = values[it.name]
         loss[it.name] = float(v) if v.numel() == 1 else f"learned_{it.name}.pt"
     return {
-        "optimizer": {"class": (f"torch.optim.{torch_cls.__name__}"
-                                if getattr(torch.optim, torch_cls.__name__, None) is torch_cls
-                                else f"{torch_cls.__module__}.{torch_cls.__qualname__}"),
+        "optimizer": {"class": (f"torch.optim.{cls.__name__}"
+                                if getattr(torch.optim, cls.__name__, None) is cls
+                                else f"{cls.__module__}.{cls.__qualname__}"),
                       "defaults": dict(defaults),
                       "param_groups": [g for g in groups if len(g) > 1 or per_tensor]},
         "schedule": schedule,
@@ -128,6 +129,7 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     horizon it was learned on). Call ``scheduler.step()`` after every ``optimizer.step()``;
     ``scheduler`` is ``None`` without a schedule."""
     o = settings["optimizer"]
+    named: dict[str, Tensor]
     if isinstance(params, nn.Module):
         named = {k: p for k, p in params.named_parameters() if p.requires_grad}
     elif isinstance(params, Mapping):
@@ -193,7 +195,7 @@ def write_learned(folder: Path, problem: InnerProblem, lam: Tensor,
     each written atomically. Returns the file names."""
     import io
 
-    import yaml
+    import yaml  # type: ignore[import-untyped]
 
     from .run.files import write_bytes_atomic, write_text_atomic
 
