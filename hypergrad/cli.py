@@ -80,20 +80,6 @@ def _write_config(cfg: DictConfig, run_dir: Path, resumed: bool) -> Path:
     return path
 
 
-def _fmt(values: dict[str, Any]) -> str:
-    """Hyperparameter values for a log line: 4 significant digits, long vectors summarised."""
-    parts = []
-    for name, v in values.items():
-        if isinstance(v, list) and len(v) > 8:
-            parts.append(f"{name}=[{len(v)} values: min {min(v):.4g}, mean "
-                         f"{sum(v) / len(v):.4g}, max {max(v):.4g}]")
-        elif isinstance(v, list):
-            parts.append(f"{name}=[{', '.join(f'{x:.4g}' for x in v)}]")
-        else:
-            parts.append(f"{name}={v:.4g}")
-    return ", ".join(parts)
-
-
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Build, tune, evaluate from scratch, report. Returns what ``results.json`` holds.
 
@@ -117,7 +103,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     from . import ForwardMode, ReverseMode
     from .export import write_learned
     from .measure import measure
-    from .report import plot_run, table
+    from .report import named_values, plot_run, summary, table
     from .run.files import dumps, write_text_atomic
 
     run_dir = folder.path
@@ -175,24 +161,32 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
             ref = hgr.grad if ref is None else ref
             compare[meth.name]["rel_diff_to_forward"] = float(
                 (hgr.grad - ref).norm() / ref.norm().clamp_min(1e-300))
+    hps, horizon = p.hyperparams, p.steps
+    last_step = (trainer.outer_step if not trainer.mode.online and not result.diverged
+                 else None)
     results = {
         "name": cfg.name, "task": task.name, "K": p.num_hyperparams, "T": p.steps,
         "method": result.method, "mode": trainer.mode.name,
         "outer_steps": len(result.history),
         "fit_seconds": fit["seconds"], "fit_peak_extra_mib": fit["peak_extra_bytes"] / 2**20,
-        "learned": result.values, "best_step": result.best_step,
-        "best_val_loss": result.best_val_loss, "last": result.last_values,
+        # the learned point: the best evaluated (offline), its outer step and validation loss
+        "learned": result.values, "learned_named": named_values(hps, result.values, horizon),
+        "learned_step": result.best_step, "learned_val_loss": result.best_val_loss,
+        # where the outer optimizer ended: the point after the last update
+        "last": result.last_values, "last_step": last_step,
         "last_val_loss": result.last_val_loss, "table": rows,
         "extra": extra, "compare_methods": compare, "diverged": result.diverged,
-        "message": result.message, "final_val_loss": result.history[-1]["val_loss"]
-        if result.history else None,
+        "message": result.message,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
-        results["plots"] = plot_run(run_dir, p.hyperparams, p.steps, result.history,
-                                    trainer.initial_lam, result.lam)
+        last = (None if last_step is None or result.last_val_loss is None
+                or result.last_values is None
+                else (last_step, result.last_val_loss, result.last_values))
+        results["plots"] = plot_run(run_dir, hps, horizon, result.history,
+                                    trainer.initial_lam, result.lam, result.best_step, last)
     text = table(rows)
     if text:
         log.info("\n" + text)
@@ -204,9 +198,10 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     log.info(f"tuning took {fit['seconds']:.1f} s, peak extra memory "
              f"{fit['peak_extra_bytes'] / 2**20:.1f} MiB ({result.method} mode)")
     where = "" if result.best_step is None else f" (outer step {result.best_step})"
-    log.info(f"learned hyperparameters{where}: {_fmt(result.values)}")
+    log.info(f"learned hyperparameters{where}: {summary(hps, result.values, horizon)}")
     if result.last_values is not None and result.last_values != result.values:
-        log.info(f"last hyperparameters: {_fmt(result.last_values)}")
+        log.info(f"last hyperparameters (outer step {last_step}): "
+                 f"{summary(hps, result.last_values, horizon)}")
     if result.diverged:
         log.warning(result.message)
     log.info(f"results: {run_dir / 'results.json'}")
@@ -252,7 +247,7 @@ def _main(cfg: DictConfig) -> float:
     # for sweepers: the retrained learned point's validation loss; without retraining the best
     # evaluated one (with mode.outer_steps=0: the loss of one training at the given values)
     learned = [r for r in results["table"] if r["hyperparameters"] == "learned"]
-    val = learned[0].get("val_loss") if learned else results["best_val_loss"]
+    val = learned[0].get("val_loss") if learned else results["learned_val_loss"]
     return float(val) if val is not None else math.nan
 
 

@@ -171,15 +171,25 @@ def test_checkpoint_loads_with_weights_only(tmp_path: Path) -> None:
     assert ck["outer_step"] == 1 and ck["lam"].dtype == torch.float64
 
 
-def test_tensorboard_option(tmp_path: Path) -> None:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="pip install tensorboard"):
-            _trainer(outer_steps=1, run_dir=tmp_path, tensorboard=True)
-        return
-    _trainer(outer_steps=1, run_dir=tmp_path, tensorboard=True).fit()
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+def test_tensorboard_logs_named_hyperparameters_and_the_learned_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _trainer(outer_steps=2, run_dir=tmp_path, tensorboard=True).fit()
+    runs = sorted(p for p in (tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert runs
+    scalars: set[str] = set()
+    for path in runs:
+        acc = EventAccumulator(str(path.parent))
+        acc.Reload()
+        scalars |= set(acc.Tags()["scalars"])
+    # SMALL: 8 steps, a schedule of 4 windows (digits_case's "schedule" kind)
+    assert {"val_loss", "hypergrad_norm", "hyperparams/lr[steps 0-1]",
+            "hyperparams/lr[steps 6-7]"} <= scalars, scalars
+    assert "outer_step" not in scalars and "hparam/learned_val_loss" in scalars
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ImportError, match=r"pip install hypergrad-forward\[tensorboard\]"):
+        hg.run.TensorBoard()
 
 
 # -- issue 12: no silent wrong hyperparameters ---------------------------------------------------

@@ -123,16 +123,21 @@ class Progress(Callback):
 
 
 class TensorBoard(Callback):
-    """Scalars of every outer step to ``<run folder>/tb`` (needs a run folder and the
-    ``tensorboard`` package)."""
+    """TensorBoard logs in ``<run folder>/tb`` (needs a run folder and the ``tensorboard``
+    package: ``pip install hypergrad-forward[tensorboard]``): per outer step (the x axis), the
+    validation loss, the hypergradient's norm, the seconds, the task's metrics and every
+    hyperparameter's value under its name (``hyperparams/lr[steps 0-59]``, per tensor by the
+    parameter's name; a vector of more than ``max_values`` values as its min, mean and max);
+    at the end, the learned point in the HParams view with its validation loss."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_values: int = 64) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:  # depends on the environment
             raise ImportError("TensorBoard needs the tensorboard package: pip install "
                               "tensorboard (or pip install hypergrad-forward[tensorboard]).") from e
         self._writer_class = SummaryWriter
+        self.max_values = int(max_values)
         self.writer: Any = None
 
     def on_fit_start(self, trainer: Any) -> None:
@@ -141,17 +146,41 @@ class TensorBoard(Callback):
                              "folder=RunFolder(...).")
         self.writer = self._writer_class(str(trainer.folder.path / "tb"))
 
+    def _named(self, trainer: Any, values: dict[str, Any]) -> dict[str, float]:
+        from ..hyperparams import HyperParams
+        from ..report import named_values
+
+        hps, out = trainer.problem.hyperparams, {}
+        for it in hps.items:
+            named = named_values(HyperParams([it]), {it.name: values[it.name]},
+                                 trainer.problem.steps)
+            if len(named) > self.max_values:
+                xs = list(named.values())
+                named = {f"{it.name}/min": min(xs), f"{it.name}/mean": sum(xs) / len(xs),
+                         f"{it.name}/max": max(xs)}
+            out.update(named)
+        return out
+
     def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
         if self.writer is None:
             return
+        step = record["inner_step"] if "inner_step" in record else record["outer_step"]
         for k, v in record.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                self.writer.add_scalar(k, v, record["outer_step"])
+            if (k not in ("outer_step", "inner_step", "elapsed") and isinstance(v, (int, float))
+                    and not isinstance(v, bool)):
+                self.writer.add_scalar(k, v, step)
+        for name, v in self._named(trainer, record["hyperparams"]).items():
+            self.writer.add_scalar(f"hyperparams/{name}", v, step)
 
     def on_fit_end(self, trainer: Any, result: Any) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        if self.writer is None:
+            return
+        if result is not None and result.best_val_loss is not None:
+            self.writer.add_hparams(self._named(trainer, result.values),
+                                    {"hparam/learned_val_loss": result.best_val_loss},
+                                    run_name="learned")
+        self.writer.close()
+        self.writer = None
 
 
 def default_callbacks() -> list[Callback]:
