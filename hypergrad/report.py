@@ -57,8 +57,8 @@ def named_values(hps: HyperParams, values: Mapping[str, Any], horizon: int
         if isinstance(it, Schedule):
             for (a, b), x in zip(window_steps(it, horizon), flat):
                 out[f"{it.name}[steps {a}-{b}]"] = x
-        elif getattr(it, "params", None) is not None and len(it.params) == len(flat):
-            for p, x in zip(it.params, flat):
+        elif len(params := getattr(it, "params", None) or []) == len(flat) > 0:
+            for p, x in zip(params, flat):
                 out[f"{it.name}[{p}]"] = x
         elif len(flat) == 1:
             out[it.name] = flat[0]
