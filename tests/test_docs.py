@@ -11,6 +11,7 @@ so that the examples' own registrations do not leak into other tests.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ import hypergrad.optim.base as optimizer_registry
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+RUN_BY = {"own-model.md": ROOT / "tests" / "test_own_model.py"}
+"""Pages whose blocks are files and shell commands run by a test of their own (slow: it runs
+``hypergrad-run``), not by :func:`test_python_blocks_run`."""
 FENCE = re.compile(r"^```python\n(.*?)^```\s*$", flags=re.S | re.M)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -34,7 +38,8 @@ def _id(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=_id)
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p) and p.name not in RUN_BY],
+                         ids=_id)
 def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(method_registry, "_REGISTRY", dict(method_registry._REGISTRY))
@@ -46,8 +51,10 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_every_page_has_examples_or_is_reference() -> None:
     assert python_blocks(ROOT / "README.md")
-    for name in ("guide", "methods", "extending", "troubleshooting", "distributed"):
+    for name in ("guide", "methods", "extending", "troubleshooting", "distributed", "configs"):
         assert python_blocks(DOCS / f"{name}.md"), name
+    for page, test in RUN_BY.items():
+        assert not (DOCS / page).exists() or test.exists(), f"docs/{page}: {test} is missing"
 
 
 def test_readme_is_short_and_maps_every_page() -> None:
@@ -58,13 +65,45 @@ def test_readme_is_short_and_maps_every_page() -> None:
     assert not (ROOT / "BENCHMARKS.md").exists()  # moved to docs/benchmarks.md
 
 
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation but ``-`` and ``_``
+    dropped, spaces as ``-`` (code fences' comment lines are not headings)."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_id)
 def test_relative_links_resolve(page: Path) -> None:
     for target in LINK.findall(page.read_text()):
-        if "://" in target or target.startswith("#"):
+        if "://" in target:
             continue
-        path = (page.parent / target.split("#")[0]).resolve()
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file).resolve() if file else page
         assert path.exists(), f"{_id(page)} links to {target}, which does not exist"
+        if anchor and path.suffix == ".md":
+            assert anchor in anchors(path), f"{_id(page)} links to {target}: no such heading"
+
+
+def test_extending_modules_work_by_import_path(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/extending.md: its modules, saved as files, are found by import path (as in a
+    launcher's worker or a torchrun rank that never ran the registration)."""
+    monkeypatch.setattr(method_registry, "_REGISTRY", dict(method_registry._REGISTRY))
+    monkeypatch.setattr(optimizer_registry, "_FACTORIES", dict(optimizer_registry._FACTORIES))
+    for code in python_blocks(DOCS / "extending.md"):
+        name = re.match(r"# (\w+)\.py\n", code)
+        if name:
+            (tmp_path / f"{name[1]}.py").write_text(code)
+            monkeypatch.delitem(sys.modules, name[1], raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    method = hypergrad.methods.create("my_methods.ForwardFD")
+    assert type(method).__module__ == "my_methods" and method.name == "forward_fd"
+    assert type(hypergrad.methods.create("my_methods:ForwardFD")) is type(method)
+    opt = hypergrad.optim.create("my_optimizers.normalized_sgd", lr="lr")
+    assert type(opt).__module__ == "my_optimizers" and opt.bound_names() == {"lr": "lr"}
+    for module in ("my_methods", "my_optimizers"):
+        sys.modules.pop(module, None)
 
 
 def test_api_page_lists_every_public_name() -> None:
