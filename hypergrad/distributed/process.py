@@ -15,6 +15,7 @@ the process exits, and torchrun stops the other ranks.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -140,6 +141,10 @@ def launch(timeout: float | None = None, backend: str | None = None) -> Iterator
             dist.destroy_process_group()
             for forget in ON_DESTROY:
                 forget()
+            # free the groups (and their gloo threads' work) while the interpreter is alive: a
+            # gloo thread that drops its last Python reference during interpreter shutdown is
+            # stopped mid-unwind, and the process aborts after a run that succeeded
+            gc.collect()
 
 
 def set_timeout(seconds: float) -> None:
