@@ -109,7 +109,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     run_dir = folder.path
     task, trainer = build(cfg, folder)
     if not distributed.is_writer():  # under torchrun: tune with rank 0, which alone reports
-        return {"table": [], "best_val_loss": trainer.fit().best_val_loss}
+        return {"table": [], "learned_val_loss": trainer.fit().best_val_loss}
     cfg_path = _write_config(cfg, run_dir, resumed=trainer.outer_step > 0)
     p = task.problem
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "

@@ -28,11 +28,11 @@ pass saves are measured once per parameter shapes, with
 equal chunks. An int ``chunk_size`` wins over the budget; ``memory_budget=math.inf`` never
 chunks. Chunks are written into one preallocated result as they come. Results never depend on
 the chunking (tested). At K = 64 on the 28x28 benchmark CNN the default (8 columns per call)
-holds 1.0-1.9 GiB and runs faster than the unchunked call, which holds 6.6 GiB (BENCHMARKS.md).
+holds 1.0-1.9 GiB and runs faster than the unchunked call, which holds 6.6 GiB (docs/benchmarks.md).
 
 ``VmapVJP(compile=True)`` runs the gradient and the batched products through ``torch.compile``
 (opt-in; ``method.compile=true`` in the Hydra configs). Where it traces, it is faster in steady
-state (BENCHMARKS.md: the MLP 1.3-1.5x over eager at K = 4 and 16, the small CNNs up to 1.2x,
+state (docs/benchmarks.md: the MLP 1.3-1.5x over eager at K = 4 and 16, the small CNNs up to 1.2x,
 equal on the 28x28 CNN), but the first step compiles for 10-20 s, a new column count or a
 step-dependent hyperparameter value (a schedule window) recompiles until dynamo's recompile
 limit, after which those calls run eagerly. torch 2.13 traces ``vmap`` over a convolution's
@@ -67,7 +67,7 @@ HVPResult = tuple[Dict, Dict, Dict, Dict]  # g, new_b, G, Zb_new
 DEFAULT_MEMORY_BUDGET: float = float(1 << 30)
 """Bytes of column intermediates one batched call may hold when ``chunk_size`` is automatic:
 1 GiB. On the benchmark models it keeps K = 64 within 2 GB of extra memory at the speed of the
-unchunked call (BENCHMARKS.md); raise it on a machine with memory to spare, or pass
+unchunked call (docs/benchmarks.md); raise it on a machine with memory to spare, or pass
 ``memory_budget=`` to a strategy."""
 
 
@@ -264,8 +264,8 @@ _COMPILED_IDS = itertools.count()
 class VmapVJP(HVPStrategy):
     """Functional reverse-over-reverse: ``vmap(vjp_fn)`` of ``vjp(grad f)``; one gradient forward,
     one batched backward per chunk. The fastest strategy measured on the benchmark models from
-    K = 16 up (BENCHMARKS.md). A single column goes through one ``torch.autograd`` call instead:
-    vmap's fixed cost buys nothing there.
+    K = 16 up (docs/benchmarks.md). A single column goes through one ``torch.autograd`` call
+    instead: vmap's fixed cost buys nothing there.
 
     Args:
         chunk_size, memory_budget: see :class:`HVPStrategy`.
@@ -355,7 +355,7 @@ class ForwardOverReverse(HVPStrategy):
                 f"ForwardOverReverse: an operation in the step has no forward-mode derivative "
                 f"in torch {torch.__version__} ({str(err).splitlines()[0]}; e.g. the fused CPU "
                 f"LSTM/GRU kernel, which recurrent layers over packed sequences use). Use "
-                f"VmapVJP() (the default) or IsGradsBatched(), which need only "
+                f"VmapVJP() (the default) or BatchedAutograd(), which need only "
                 f"reverse mode.") from err
         except RuntimeError as err:
             if "ZeroTensors are immutable" not in str(err):

@@ -16,7 +16,7 @@ and ``a^T d s_{t+1} / d lam`` (Franceschi et al. 2017, eq. 7-8). Two ways, equal
   mixed partials. BatchNorm statistics get a first-order VJP of the forward pass. The
   gradient ``g`` is computed first (the update's VJP depends on it, e.g. Adam's).
 
-Which is faster (``experiments/benchmarks/bench_stepvjp.py``, BENCHMARKS.md "Reverse mode: the
+Which is faster (``experiments/benchmarks/bench_stepvjp.py``, docs/benchmarks.md "Reverse mode: the
 step's VJP"; 2 CPU cores, float32, batch 128): double backward on every model measured (an MLP, two
 CNNs, a BatchNorm MLP; SGD and Adam): mixed mode took 1.16-2.09x its time and 0.98-1.64x its
 peak memory. Mixed mode computes the gradient twice (once for ``u``, once as the primal of

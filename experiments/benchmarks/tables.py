@@ -1,5 +1,5 @@
-"""Markdown tables from the benchmarks' JSON results, for BENCHMARKS.md (numbers are copied from
-the files the benchmark runs wrote, never typed by hand).
+"""Markdown tables from the benchmarks' JSON results, for docs/benchmarks.md (numbers are copied
+from the files the benchmark runs wrote, never typed by hand).
 
     python experiments/benchmarks/tables.py                 # every results/bench_*.json found
     python experiments/benchmarks/tables.py bench_step      # one benchmark

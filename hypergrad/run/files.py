@@ -267,7 +267,7 @@ def load_checkpoint(run_dir: Path, map_location: Any = None, api: str = "Trainer
     raise CheckpointError(
         f"{api}: cannot resume from {run_dir}: no readable checkpoint "
         f"({'; '.join(problems)}). Start the run afresh with overwrite=True (hypergrad-run: "
-        f"trainer.overwrite=true) or use another run folder.")
+        f"folder.overwrite=true) or use another run folder.")
 
 
 # -- fingerprints --------------------------------------------------------------------------------
