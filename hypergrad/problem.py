@@ -8,7 +8,8 @@ is a real test of the differentiation.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
 from .hyperparams import HPValues, HyperParams
-from .model import FunctionalModel, ModelFn
+from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
 from .randomness import VALIDATION_STEP, AttentionProbe, second_order, step_rng
 from .rnn import has_recurrent
@@ -155,6 +156,8 @@ class InnerProblem:
         initialisation hyperparameters applied (differentiable in ``lam``). Without ``lam``,
         the model's own weights as they are (the base that :class:`~hypergrad.InitScale`
         scales); the two are equal for problems without initialisation hyperparameters."""
+        if not self.fmodel.probed:  # the state's buffers are known after the probe pass
+            self._probe_model(self.init_raw() if lam is None else lam)
         params = self.fmodel.initial_params()
         if lam is not None and self.init_items:
             params = self.hyperparams.apply_init(params, lam)
@@ -292,11 +295,11 @@ class InnerProblem:
             )
         if self._checked_dtype == lam.dtype:
             return
+        self._probe_model(lam)
         with torch.no_grad(), step_rng(self.seed, 0, self.device):
             s = self.initial_state()
             hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
             batch0 = self.batch(0)
-            _check_per_example(self.hyperparams, batch0, getattr(self._batch, "n_examples", None))
             loss = self.train_loss(self.fmodel.bind(s.params, s.buffers, True, 0), batch0, hp)
             _check_scalar("train_loss", loss, self.dtype)
             hpv = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
@@ -311,6 +314,137 @@ class InnerProblem:
         if unused:
             raise ValueError(_unbound_message(unused, self.optimizer))
         self._checked_dtype = lam.dtype
+
+    def _probe_model(self, lam: Tensor) -> None:
+        """Once per problem: run the losses with a :class:`~hypergrad.model.ModelProbe` to find
+        what the model's forward writes. Weights written in place are refused naming the
+        module; buffers it writes become state (:meth:`FunctionalModel.track`), unless their
+        update cuts a dependence on the weights that a loss reads (``torch.no_grad()``), or
+        changes their shape. The user's module is left as it was."""
+        fm = self.fmodel
+        if fm.probed:
+            return
+        _check_per_example(self.hyperparams, self.batch(0),
+                           getattr(self._batch, "n_examples", None))
+        lam = lam.detach()
+        snapshot = {k: v.detach().clone() for k, v in _tensors_of(fm.module).items()}
+        probe = ModelProbe(fm)
+        leaves = {k: v.requires_grad_() for k, v in fm.initial_params().items()}
+
+        def run_train(params: dict[str, Tensor], pr: ModelProbe) -> Any:
+            with torch.enable_grad(), step_rng(self.seed, 0, self.device), _quiet():
+                p = {k: v.clone() for k, v in params.items()}
+                hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
+                model = ModelFn(fm, p, fm.initial_buffers(), True, 0, probe=pr)
+                return self.train_loss(model, self.batch(0), hp)
+
+        def run_val(pr: ModelProbe) -> Any:
+            with torch.no_grad(), step_rng(self.seed, VALIDATION_STEP, self.device), _quiet():
+                hpv = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
+                model = ModelFn(fm, {k: v.detach().clone() for k, v in leaves.items()},
+                                fm.initial_buffers(), self.val_mode == "train", self.steps,
+                                probe=pr)
+                return self.val_loss(model, hpv)
+
+        try:
+            run_train(leaves, probe)
+            run_val(probe)
+        finally:
+            changed = _restore(fm.module, snapshot)
+        if changed:
+            raise ValueError(
+                f"InnerProblem: running the model changed its own tensors {changed} (restored "
+                f"now): its forward writes tensors it reaches outside the parameters and "
+                f"buffers that a functional call passes in (e.g. a reference kept in an "
+                f"attribute), which training could neither carry nor differentiate. Write "
+                f"nothing in forward, or register the tensor as a buffer."
+            )
+        writes = probe.writes
+        weights = [k for k in writes if k in fm.param_names
+                   or (k in fm.constants and k in dict(fm.module.named_parameters()))]
+        if weights:
+            who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), weights)
+            k = weights[0]
+            mod = who.get(k, "")
+            attr = k[len(mod) + 1:] if mod and k.startswith(mod + ".") else k
+            raise ValueError(
+                f"InnerProblem: the forward of {describe_module(fm, mod)} writes the "
+                f"parameter {k!r} in place (e.g. self.{attr}.data.clamp_(...), or an in-place "
+                f"op under torch.no_grad()); that change is no part of the optimizer's "
+                f"update, so no method can differentiate it (finite differences would "
+                f"disagree). Constrain it out of place: w = self.{attr}.clamp(-1, 1) in "
+                f"forward and use w (e.g. F.linear(x, w, bias)), or register a "
+                f"parametrization (torch.nn.utils.parametrize.register_parametrization), which "
+                f"hypergrad differentiates exactly."
+                + (f" Other parameters written: {weights[1:]}." if weights[1:] else "")
+            )
+        track: dict[str, torch.dtype] = {}
+        for k, new in writes.items():
+            old = _lookup_tensor(fm.module, k)
+            if k in fm.state_buffer_names or old is None:
+                who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), [k])
+                raise ValueError(
+                    f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
+                    f"writes {k!r}, state that hypergrad updates itself (BatchNorm running "
+                    f"statistics, spectral_norm's vectors); leave it to the module that owns "
+                    f"it."
+                )
+            if new.shape != old.shape or new.dtype != old.dtype or old.is_complex():
+                who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), [k])
+                raise ValueError(
+                    f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
+                    f"replaces its buffer {k!r} ({old.dtype}, shape {tuple(old.shape)}) by "
+                    f"one of {new.dtype}, shape {tuple(new.shape)}; hypergrad carries the "
+                    f"buffers forward updates as training state of a fixed shape and a real "
+                    f"dtype. Keep its shape and dtype, or keep a cache that does not depend on "
+                    f"the weights in a plain attribute."
+                )
+            if (old.dtype.is_floating_point and k in probe.train_writes
+                    and not _reaches(new, leaves)
+                    and self._depends_on_weights(k, leaves, run_train)
+                    and self._read_by_a_loss(k, old, leaves, run_train, run_val)):
+                who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), [k])
+                leaf = k.rpartition(".")[2]
+                raise ValueError(
+                    f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
+                    f"updates its buffer {k!r} from values that depend on the weights under "
+                    f"torch.no_grad() (or through .detach() / .data), and a loss reads it: the "
+                    f"dependence of the hyperparameters' effect through it is cut, so every "
+                    f"hypergradient through it would be wrong. Write the update out of place "
+                    f"without no_grad or detach (hypergrad runs forward functionally and keeps "
+                    f"no graph across steps), e.g. self.{leaf} = (1 - m) * self.{leaf} + m * "
+                    f"mean, or use nn.BatchNorm1d/2d, whose statistics hypergrad carries "
+                    f"exactly."
+                )
+            track[k] = old.dtype
+        fm.track(track)
+        fm.probed = True
+
+    def _depends_on_weights(self, k: str, leaves: dict[str, Tensor],
+                            run_train: Callable[[dict[str, Tensor], ModelProbe], Any]) -> bool:
+        """Whether the value forward leaves in buffer ``k`` changes with the weights: the
+        probe pass again at perturbed weights (the same random draws)."""
+        fm = self.fmodel
+        a, b = ModelProbe(fm), ModelProbe(fm)
+        with torch.no_grad():
+            run_train({n: v.detach() for n, v in leaves.items()}, a)
+            shifted = {n: _nudged(v) for n, v in leaves.items()}
+            run_train(shifted, b)
+        x, y = a.writes.get(k), b.writes.get(k)
+        return x is not None and y is not None and not torch.equal(x.detach(), y.detach())
+
+    def _read_by_a_loss(self, k: str, old: Tensor, leaves: dict[str, Tensor],
+                        run_train: Callable[[dict[str, Tensor], ModelProbe], Any],
+                        run_val: Callable[[ModelProbe], Any]) -> bool:
+        """Whether a loss changes when buffer ``k`` starts from another value."""
+        fm = self.fmodel
+        shifted = {k: _nudged(old)}
+        with torch.no_grad():
+            base = (run_train(leaves, ModelProbe(fm)), run_val(ModelProbe(fm)))
+            moved = (run_train(leaves, ModelProbe(fm, shifted)),
+                     run_val(ModelProbe(fm, shifted)))
+        return any(isinstance(a, Tensor) and isinstance(b, Tensor)
+                   and not torch.equal(a.detach(), b.detach()) for a, b in zip(base, moved))
 
 
 def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
@@ -452,3 +586,74 @@ def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
         f"inner_optimizer.<argument>=<name>), or read it in a loss as hp[{unused[0]!r}]; or "
         f"remove it."
     )
+
+
+# -- helpers of the model probe ----------------------------------------------------------------
+def _reachable(out: Any) -> set[int]:
+    """The ids of the leaf tensors the autograd graph of ``out`` reaches (structural: an
+    operation whose derivative is numerically zero still connects)."""
+    if not isinstance(out, Tensor) or out.grad_fn is None:
+        return set()
+    seen: set[Any] = set()
+    found: set[int] = set()
+    todo: list[Any] = [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)
+        if isinstance(var, Tensor):
+            found.add(id(var))
+        todo.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def _nudged(x: Tensor) -> Tensor:
+    """``x`` moved by about 1e-3 of its size, by a different amount in each entry (a uniform
+    shift can be invisible, e.g. to a softmax)."""
+    x = x.detach()
+    ramp = torch.linspace(1.0, 2.0, x.numel(), dtype=x.dtype, device=x.device).reshape(x.shape)
+    return x + 1e-3 * (x.abs() + 1e-3) * ramp
+
+
+def _reaches(x: Tensor, leaves: dict[str, Tensor]) -> bool:
+    ids = _reachable(x)
+    return any(id(v) in ids for v in leaves.values())
+
+
+def _tensors_of(module: nn.Module) -> dict[str, Tensor]:
+    return {**dict(module.named_parameters(remove_duplicate=False)),
+            **dict(module.named_buffers(remove_duplicate=False))}
+
+
+def _lookup_tensor(module: nn.Module, name: str) -> Tensor | None:
+    owner, _, leaf = name.rpartition(".")
+    x = getattr(module.get_submodule(owner) if owner else module, leaf, None)
+    return x if isinstance(x, Tensor) else None
+
+
+def _restore(module: nn.Module, snapshot: dict[str, Tensor]) -> list[str]:
+    """Put back every tensor of ``module`` that differs from ``snapshot``; their names."""
+    changed = []
+    now = _tensors_of(module)
+    with torch.no_grad():
+        for k, old in snapshot.items():
+            x = now.get(k)
+            if x is None:
+                continue
+            if x.shape != old.shape or not torch.equal(x.detach(), old):
+                changed.append(k)
+                if x.shape == old.shape:
+                    x.copy_(old)
+    return changed
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The checks run the losses with leaves that require grad: a loss that converts a tensor
+    to a Python number would warn about it there (and nowhere else)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True")
+        warnings.filterwarnings("ignore", message="To copy construct from a tensor")
+        yield
