@@ -546,6 +546,7 @@ class HyperParams:
                 f"HyperParams.init_raw: dtype={dtype} is not a floating dtype; hypergradients "
                 f"need float32 or float64."
             )
+
         return torch.cat([it.init_raw(dtype, device).reshape(-1) for it in self.items])
 
     def split(self, lam: Tensor) -> dict[str, Tensor]:
@@ -566,13 +567,20 @@ class HyperParams:
         if not lam.dtype.is_floating_point:
             raise TypeError(f"{api}: lam has dtype {lam.dtype}; use a floating dtype.")
 
+
     def values(self, lam: Tensor, step: int | None = None, horizon: int = 1) -> dict[str, Any]:
         """What training reads: name -> transformed value at ``step`` of ``horizon``.
 
         Scalars and schedules give 0-d tensors (the whole schedule when ``step`` is None),
         per-tensor kinds a ``dict`` param name -> 0-d tensor, the others tensors.
         """
-        raw = self.split(lam)
+        return self.values_from(self.split(lam), step, horizon)
+
+    def values_from(self, raw: Mapping[str, Tensor], step: int | None = None,
+                    horizon: int = 1) -> dict[str, Any]:
+        """:meth:`values` from the raw slices by name (each of its hyperparameter's shape):
+        ``InnerProblem.check`` gives each group a leaf of its own, to see which losses'
+        autograd graphs reach which group."""
         return {it.name: it.value(raw[it.name], step, horizon) for it in self.items}
 
     def describe(self, lam: Tensor) -> dict[str, list[float] | float]:

@@ -14,9 +14,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from .hyperparams import HPValues, HyperParams
+from .hyperparams import HPValues, HyperParams, Schedule
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
 from .randomness import VALIDATION_STEP, AttentionProbe, second_order, step_rng
@@ -113,6 +114,7 @@ class InnerProblem:
         self._batch = _batch_source(batches, steps)
         self._check_binding()
         self._checked_dtype: torch.dtype | None = None
+        self._data_checked = False
         self._attention_dropout: bool | None = None  # found on the first plain step
         self.draws: bool | None = None
         """Whether the training loss draws random numbers (known after its first evaluation;
@@ -285,8 +287,11 @@ class InnerProblem:
                 )
 
     def check(self, lam: Tensor) -> None:
-        """Validate ``lam`` and run the losses once: scalar losses, float dtype, every
-        hyperparameter read by something. Cheap after the first call for a dtype."""
+        """Validate ``lam`` and run the losses once at step 0, before anything costly: scalar
+        float losses; the model's forward writes nothing that cannot be differentiated
+        (:meth:`_probe_model`); every hyperparameter can act: read by something, connected to
+        a loss's autograd graph, every schedule window read by a step. Cheap after the first
+        call for a dtype."""
         self.hyperparams.check_raw(lam, "InnerProblem")
         if lam.dtype != self.dtype:
             raise TypeError(
@@ -295,25 +300,38 @@ class InnerProblem:
             )
         if self._checked_dtype == lam.dtype:
             return
+        self._check_data()
         self._probe_model(lam)
-        with torch.no_grad(), step_rng(self.seed, 0, self.device):
-            s = self.initial_state()
-            hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
-            batch0 = self.batch(0)
-            loss = self.train_loss(self.fmodel.bind(s.params, s.buffers, True, 0), batch0, hp)
+        with step_rng(self.seed, 0, self.device):
+            loss, hp, reach = self._probe_loss("train_loss", lam)
             _check_scalar("train_loss", loss, self.dtype)
-            hpv = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
-            val = self.val_loss(self.fmodel.bind(s.params, s.buffers,
-                                                 self.val_mode == "train", self.steps), hpv)
+            val, hpv, reach_v = self._probe_loss("val_loss", lam)
             _check_scalar("val_loss", val, self.dtype)
         if self.draws is None:
             self._detect_draws(lam)
-        used = (hp.accessed | hpv.accessed | set(self.optimizer.bound_names())
-                | {it.name for it in self.init_items})
+        bound = set(self.optimizer.bound_names()) | {it.name for it in self.init_items}
+        used = hp.accessed | hpv.accessed | bound
         unused = [n for n in self.hyperparams.names if n not in used]
         if unused:
             raise ValueError(_unbound_message(unused, self.optimizer))
+        cut = [n for n in self.hyperparams.names
+               if n not in bound and n not in reach | reach_v]
+        if cut:
+            raise ValueError(self._cut_message(cut, lam, hp.accessed, hpv.accessed))
+        self._check_windows(hp.accessed, hpv.accessed)
         self._checked_dtype = lam.dtype
+
+    # -- the checks' parts ------------------------------------------------------------------------
+    def _call(self, which: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+    def _check_data(self) -> None:
+        """Once per problem: the per-example hyperparameters against the data."""
+        if self._data_checked:
+            return
+        _check_per_example(self.hyperparams, self.batch(0),
+                           getattr(self._batch, "n_examples", None))
+        self._data_checked = True
 
     def _probe_model(self, lam: Tensor) -> None:
         """Once per problem: run the losses with a :class:`~hypergrad.model.ModelProbe` to find
@@ -324,8 +342,7 @@ class InnerProblem:
         fm = self.fmodel
         if fm.probed:
             return
-        _check_per_example(self.hyperparams, self.batch(0),
-                           getattr(self._batch, "n_examples", None))
+        self._check_data()
         lam = lam.detach()
         snapshot = {k: v.detach().clone() for k, v in _tensors_of(fm.module).items()}
         probe = ModelProbe(fm)
@@ -336,7 +353,7 @@ class InnerProblem:
                 p = {k: v.clone() for k, v in params.items()}
                 hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
                 model = ModelFn(fm, p, fm.initial_buffers(), True, 0, probe=pr)
-                return self.train_loss(model, self.batch(0), hp)
+                return self._call("train_loss", self.train_loss, model, self.batch(0), hp)
 
         def run_val(pr: ModelProbe) -> Any:
             with torch.no_grad(), step_rng(self.seed, VALIDATION_STEP, self.device), _quiet():
@@ -344,7 +361,7 @@ class InnerProblem:
                 model = ModelFn(fm, {k: v.detach().clone() for k, v in leaves.items()},
                                 fm.initial_buffers(), self.val_mode == "train", self.steps,
                                 probe=pr)
-                return self.val_loss(model, hpv)
+                return self._call("val_loss", self.val_loss, model, hpv)
 
         try:
             run_train(leaves, probe)
@@ -445,6 +462,99 @@ class InnerProblem:
                      run_val(ModelProbe(fm, shifted)))
         return any(isinstance(a, Tensor) and isinstance(b, Tensor)
                    and not torch.equal(a.detach(), b.detach()) for a, b in zip(base, moved))
+
+    def _probe_loss(self, which: str, lam: Tensor) -> tuple[Any, HPValues, set[str]]:
+        """One loss at the initial state, each hyperparameter group a leaf of its own: the
+        loss, what it read, and the groups its autograd graph reaches."""
+        hps = self.hyperparams
+        leaves = {n: v.detach().clone().requires_grad_() for n, v in hps.split(lam).items()}
+        s = self.initial_state()
+        train = which == "train_loss"
+        step = 0 if train else None
+        with torch.enable_grad(), _quiet():
+            hp = HPValues(hps.values_from(leaves, step, self.steps), which)
+            model = self.fmodel.bind(s.params, s.buffers, train or self.val_mode == "train",
+                                     0 if train else self.steps)
+            try:
+                out = (self._call(which, self.train_loss, model, self.batch(0), hp) if train
+                       else self._call(which, self.val_loss, model, hp))
+            except (RuntimeError, TypeError) as err:
+                cuts = self._find_cuts(which, lam)
+                if cuts:
+                    name, how = next(iter(cuts.items()))
+                    raise ValueError(
+                        f"InnerProblem: {which} passes hyperparameter {name!r} to {how}, "
+                        f"which fails on a tensor that hypergrad differentiates ("
+                        f"{str(err).splitlines()[0]}). Keep hp[{name!r}] a tensor in torch "
+                        f"operations (no .item(), float(), .detach(), torch.no_grad() or "
+                        f"numpy on it)."
+                    ) from err
+                raise
+        ids = _reachable(out)
+        return out, hp, {n for n, v in leaves.items() if id(v) in ids}
+
+    def _find_cuts(self, which: str, lam: Tensor) -> dict[str, str]:
+        """The first operation that cut each hyperparameter group from the graph in one run
+        of ``which`` (for messages): ``.item()``, ``float()``, ``.detach()``, ``.data``,
+        numpy, an operation under ``torch.no_grad()``, or one without a derivative."""
+        hps = self.hyperparams
+        leaves = {n: v.detach().clone().requires_grad_() for n, v in hps.split(lam).items()}
+        s = self.initial_state()
+        train = which == "train_loss"
+        with (torch.enable_grad(), _quiet(), step_rng(self.seed, 0, self.device)):
+            values = hps.values_from(leaves, 0 if train else None, self.steps)
+            finder = _CutFinder(values)
+            hp = HPValues(values, which)
+            model = self.fmodel.bind(s.params, s.buffers, train or self.val_mode == "train",
+                                     0 if train else self.steps)
+            with contextlib.suppress(Exception), finder:
+                if train:
+                    self.train_loss(model, self.batch(0), hp)
+                else:
+                    self.val_loss(model, hp)
+        return finder.cuts
+
+    def _cut_message(self, cut: list[str], lam: Tensor, train_read: set[str],
+                     val_read: set[str]) -> str:
+        found: dict[str, str] = {}
+        for which, read in (("train_loss", train_read), ("val_loss", val_read)):
+            if any(n in read for n in cut):
+                for n, how in self._find_cuts(which, lam).items():
+                    found.setdefault(n, f"{how} in {which}")
+        name = cut[0]
+        where = " and ".join(w for w, r in (("train_loss", train_read), ("val_loss", val_read))
+                             if name in r)
+        how = found.get(name, "one of .item(), float(), .detach(), .data, torch.no_grad() or "
+                              "numpy (the usual causes)")
+        more = f" Also cut: {cut[1:]}." if cut[1:] else ""
+        return (
+            f"InnerProblem: hyperparameter {name!r} is read by {where}, but {how} cuts it from "
+            f"the autograd graph, so its hypergradient is structurally zero and tuning would "
+            f"never move it. Use hp[{name!r}] as a tensor in torch operations "
+            f"(no .item(), float(), .detach(), torch.no_grad() or numpy on it), bind it to an "
+            f"optimizer argument, or remove it.{more}"
+        )
+
+    def _check_windows(self, train_read: set[str], val_read: set[str]) -> None:
+        """A :class:`~hypergrad.Schedule` with more windows than steps has windows no step
+        reads: their hypergradients stay zero and tuning would report them as learned.
+        (A schedule that ``val_loss`` reads whole may use every window.)"""
+        stepwise = set(self.optimizer.bound_names()) | train_read
+        T = self.steps
+        for it in self.hyperparams.items:
+            if not isinstance(it, Schedule) or it.windows <= T:
+                continue
+            if it.name not in stepwise or it.name in val_read:
+                continue
+            read = {it.window(t, T) for t in range(T)}
+            unread = [w for w in range(it.windows) if w not in read]
+            raise ValueError(
+                f"InnerProblem: Schedule({it.name!r}) has windows={it.windows} but steps={T}: "
+                f"windows {unread} are read by no step (step t reads window "
+                f"t * {it.windows} // {T}), so their hypergradients stay zero and tuning would "
+                f"report them as learned. Use windows <= steps, e.g. Schedule({it.name!r}, "
+                f"..., windows={T}), or more steps."
+            )
 
 
 def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
@@ -588,7 +698,7 @@ def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
     )
 
 
-# -- helpers of the model probe ----------------------------------------------------------------
+# -- helpers of the checks ------------------------------------------------------------------------
 def _reachable(out: Any) -> set[int]:
     """The ids of the leaf tensors the autograd graph of ``out`` reaches (structural: an
     operation whose derivative is numerically zero still connects)."""
@@ -657,3 +767,58 @@ def _quiet() -> Iterator[None]:
         warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True")
         warnings.filterwarnings("ignore", message="To copy construct from a tensor")
         yield
+
+
+_CUTTERS = {
+    "item": ".item()", "__float__": "float()", "__int__": "int()", "__bool__": "bool()",
+    "tolist": ".tolist()", "numpy": ".numpy()", "__array__": "numpy", "detach": ".detach()",
+    "detach_": ".detach_()", "tensor": "torch.tensor(...)", "new_tensor": ".new_tensor(...)",
+    ".data": ".data",
+}
+
+
+class _CutFinder(TorchFunctionMode):
+    """Follows the tensors derived from each hyperparameter group through one run of a loss
+    and records, per group, the first operation that cut them from the autograd graph."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        super().__init__()
+        self.tags: dict[int, tuple[Tensor, frozenset[str]]] = {}
+        self.cuts: dict[str, str] = {}
+        for name, v in values.items():
+            leaves, _ = tree_flatten(v)
+            for x in leaves:
+                if isinstance(x, Tensor):
+                    self.tags[id(x)] = (x, frozenset({name}))
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
+        groups: set[str] = set()
+        for x in inputs:
+            tag = self.tags.get(id(x))
+            if tag is not None and tag[0] is x:
+                groups |= tag[1]
+        fname = getattr(func, "__name__", "")
+        if fname == "__get__":  # a property: name it by the attribute
+            fname = "." + getattr(getattr(func, "__self__", None), "__name__", "?")
+        if groups and fname in _CUTTERS:
+            self._cut(groups, _CUTTERS[fname])
+        out = func(*args, **kwargs)
+        if not groups:
+            return out
+        outs = [x for x in tree_flatten(out)[0] if isinstance(x, Tensor)]
+        if not torch.is_grad_enabled() and fname not in _CUTTERS:
+            self._cut(groups, f"torch.no_grad() (around {fname})")
+        elif (outs and any(x.requires_grad for x in inputs)
+              and not any(x.requires_grad for x in outs) and fname not in _CUTTERS):
+            self._cut(groups, f"{fname} (it has no derivative)")
+        for x in outs:
+            if x.requires_grad:
+                self.tags[id(x)] = (x, frozenset(groups))
+        return out
+
+    def _cut(self, groups: set[str], how: str) -> None:
+        for g in groups:
+            self.cuts.setdefault(g, how)

@@ -10,7 +10,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 import hypergrad as hg
 from hypergrad.optim import adagrad, rmsprop
@@ -78,3 +82,188 @@ def test_valid_constants_and_hyperparameter_names_pass() -> None:
     hg.adamw(betas=("b1", 0.5))
     rmsprop(alpha=0.0, momentum=0.99, centered=True)
     adagrad(lr_decay=0.0, initial_accumulator_value=0.1)
+
+
+# -- shared problem -------------------------------------------------------------------------------
+D = torch.float64
+
+
+def _data(n: int = 16, dtype: torch.dtype = D) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 4, generator=g, dtype=dtype), torch.randint(0, 3, (n,), generator=g)
+
+
+def _problem(hps: list[Any] | None = None, opt: Any = None, steps: int = 3,
+             train_loss: Any = None, val_loss: Any = None, batches: Any = None,
+             model: nn.Module | None = None) -> hg.InnerProblem:
+    x, y = _data()
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1])
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(x), y)
+
+    torch.manual_seed(0)
+    return hg.InnerProblem(model or nn.Linear(4, 3).double(), train_loss or tl,
+                           opt or hg.sgd(lr="lr"),
+                           hg.HyperParams(hps or [hg.Scalar("lr", 0.1, transform="log")]),
+                           batches or [(x[:8], y[:8]), (x[8:], y[8:])], steps, val_loss or vl)
+
+
+def _check(p: hg.InnerProblem) -> None:
+    p.check(p.init_raw())
+
+
+# -- group 1 (a): schedule windows no step reads --------------------------------------------------
+def test_schedule_windows_after_the_last_step_are_refused() -> None:
+    p = _problem([hg.Schedule("lr", 0.1, windows=8, transform="log")], steps=4)
+    with pytest.raises(ValueError) as info:
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+    assert str(info.value) == (
+        "InnerProblem: Schedule('lr') has windows=8 but steps=4: windows [1, 3, 5, 7] are read "
+        "by no step (step t reads window t * 8 // 4), so their hypergradients stay zero and "
+        "tuning would report them as learned. Use windows <= steps, e.g. Schedule('lr', ..., "
+        "windows=4), or more steps.")
+
+
+def test_a_schedule_the_training_loss_reads_is_checked_too() -> None:
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]) * hp["temp"], b[1])
+
+    p = _problem([hg.Scalar("lr", 0.1), hg.Schedule("temp", 1.0, windows=5)], steps=3,
+                 train_loss=tl)
+    with pytest.raises(ValueError, match=r"Schedule\('temp'\) has windows=5 but steps=3: "
+                                         r"windows \[2, 4\] are read by no step"):
+        _check(p)
+
+
+def test_schedules_whose_windows_all_act_pass() -> None:
+    _check(_problem([hg.Schedule("lr", 0.1, windows=4, transform="log")], steps=4))
+    _check(_problem([hg.Schedule("lr", 0.1, windows=3, transform="log")], steps=7))
+    x, y = _data()
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:  # val_loss reads the whole schedule
+        return F.cross_entropy(m(x), y) + 1e-3 * hp["lr"].sum()
+
+    _check(_problem([hg.Schedule("lr", 0.1, windows=8, transform="log")], steps=4, val_loss=vl))
+
+
+# -- group 1 (b), (c): per-example weights and hyperparameters bound to nothing ------------------
+def _per_example(read: str) -> hg.InnerProblem:
+    from hypergrad.data import MiniBatches
+
+    x, y = _data()
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        losses = F.cross_entropy(m(b[0]), b[1], reduction="none")
+        if read == "indexed":
+            return (hp["w"][b[2]] * losses).mean()
+        if read == "by_name_only":
+            hp["w"]  # read, never used
+        elif read == "detached":
+            return (hp["w"][b[2]].detach() * losses).mean()
+        return losses.mean()
+
+    return hg.InnerProblem(nn.Linear(4, 3).double(), tl, hg.sgd(lr=0.1),
+                           hg.HyperParams([hg.PerExample("w", 1.0, n=16)]),
+                           MiniBatches(x, y, batch_size=8), 3,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
+def test_per_example_weights_the_loss_never_reads_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"hyperparameters \['w'\] are bound to nothing"):
+        _check(_per_example("not_at_all"))
+    with pytest.raises(ValueError, match=r"hyperparameter 'w' is read by train_loss, but one "
+                                         r"of .* cuts it from the autograd graph"):
+        _check(_per_example("by_name_only"))
+    with pytest.raises(ValueError, match=r"'w' is read by train_loss, but .detach\(\) in "
+                                         r"train_loss cuts it from the autograd graph"):
+        _check(_per_example("detached"))
+    _check(_per_example("indexed"))
+
+
+def test_a_hyperparameter_bound_to_nothing_is_named() -> None:
+    p = _problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("unused", 1.0)])
+    with pytest.raises(ValueError, match=r"\['unused'\] are bound to nothing"):
+        _check(p)
+
+
+def test_an_initial_value_outside_the_transform_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"init=0.0 is outside the domain of transform='log'"):
+        _problem([hg.Scalar("lr", 0.0, transform="log")]).init_raw()
+
+
+# -- group 1 (d): user code that cuts the graph ---------------------------------------------------
+def _no_grad_double(v: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return v * 2
+
+
+CUTS: dict[str, tuple[Any, str]] = {
+    "item": (lambda v: v.item(), r"\.item\(\)"),
+    "float": (lambda v: float(v), r"float\(\)"),
+    "detach": (lambda v: v.detach(), r"\.detach\(\)"),
+    "data": (lambda v: v.data, r"\.data"),
+    "no_grad": (_no_grad_double, r"torch\.no_grad\(\) \(around mul\)"),
+    "numpy": (lambda v: torch.as_tensor(np.exp(v.detach().numpy())), r"\.detach\(\)"),
+    "where": (lambda v: torch.where(v > 0, 1.0, 0.0), r"gt \(it has no derivative\)"),
+}
+
+
+@pytest.mark.parametrize("where", ["train_loss", "val_loss"])
+@pytest.mark.parametrize("cause", CUTS)
+def test_a_hyperparameter_cut_from_the_graph_is_named_with_its_cause(cause: str,
+                                                                      where: str) -> None:
+    use, words = CUTS[cause]
+    x, y = _data()
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        out = F.cross_entropy(m(b[0]), b[1])
+        return out * (1 + use(hp["scale"])) if where == "train_loss" else out
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        out = F.cross_entropy(m(x), y)
+        return out * (1 + use(hp["scale"])) if where == "val_loss" else out
+
+    p = _problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("scale", 0.5)],
+                 train_loss=tl, val_loss=vl)
+    with pytest.raises(ValueError, match=rf"^InnerProblem: hyperparameter 'scale' is read by "
+                                         rf"{where}, but {words} in {where} cuts it from the "
+                                         rf"autograd graph, so its hypergradient is "
+                                         rf"structurally zero"):
+        hg.ReverseMode().hypergradient(p, p.init_raw())
+
+
+@pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning")
+def test_a_hyperparameter_given_to_numpy_is_named() -> None:
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1]) * float(np.exp(hp["scale"]))
+
+    p = _problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("scale", 0.5)],
+                 train_loss=tl)
+    with pytest.raises(ValueError, match=r"train_loss passes hyperparameter 'scale' to numpy, "
+                                         r"which fails on a tensor that hypergrad "
+                                         r"differentiates"):
+        _check(p)
+
+
+@pytest.mark.parametrize("use", [lambda v: 0 * v, torch.round, lambda v: torch.relu(v - 0.5)],
+                         ids=["times0", "round", "relu_at_0"])
+def test_a_numerically_zero_derivative_is_not_a_cut(use: Any) -> None:
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1]) * (1 + use(hp["scale"]))
+
+    _check(_problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("scale", 0.5)],
+                    train_loss=tl))
+
+
+def test_a_hyperparameter_bound_to_the_optimizer_may_be_read_as_a_number() -> None:
+    logged: list[float] = []
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        logged.append(hp["lr"].item())
+        return F.cross_entropy(m(b[0]), b[1])
+
+    _check(_problem(train_loss=tl))
+    assert logged
