@@ -52,6 +52,10 @@ __all__ = [
     "HPValues",
 ]
 
+_HALF = (torch.float16, torch.bfloat16)
+_HALF_WHY = ("tangents carried over T steps and Hessian-vector products keep 8 to 11 bits in "
+             "half precision, so a hypergradient would be rounding noise")
+
 # name -> (forward: raw -> value, inverse: value -> raw, domain check on values)
 TRANSFORMS = {
     "identity": (lambda r: r, lambda v: v, lambda v: True, "any real value"),
@@ -546,7 +550,11 @@ class HyperParams:
                 f"HyperParams.init_raw: dtype={dtype} is not a floating dtype; hypergradients "
                 f"need float32 or float64."
             )
-
+        if dtype in _HALF:
+            raise TypeError(
+                f"HyperParams.init_raw: dtype={dtype}; hypergradients need float32 or float64 "
+                f"({_HALF_WHY}). Use init_raw(torch.float32) or problem.init_raw()."
+            )
         return torch.cat([it.init_raw(dtype, device).reshape(-1) for it in self.items])
 
     def split(self, lam: Tensor) -> dict[str, Tensor]:
@@ -566,7 +574,10 @@ class HyperParams:
             )
         if not lam.dtype.is_floating_point:
             raise TypeError(f"{api}: lam has dtype {lam.dtype}; use a floating dtype.")
-
+        if lam.dtype in _HALF:
+            raise TypeError(f"{api}: lam has dtype {lam.dtype}; hypergradients need float32 or "
+                            f"float64 ({_HALF_WHY}): lam.float(), or start from "
+                            f"problem.init_raw().")
 
     def values(self, lam: Tensor, step: int | None = None, horizon: int = 1) -> dict[str, Any]:
         """What training reads: name -> transformed value at ``step`` of ``horizon``.

@@ -8,6 +8,9 @@ is a real test of the differentiation.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -288,10 +291,11 @@ class InnerProblem:
 
     def check(self, lam: Tensor) -> None:
         """Validate ``lam`` and run the losses once at step 0, before anything costly: scalar
-        float losses; the model's forward writes nothing that cannot be differentiated
-        (:meth:`_probe_model`); every hyperparameter can act: read by something, connected to
-        a loss's autograd graph, every schedule window read by a step. Cheap after the first
-        call for a dtype."""
+        float losses; finite data, weights and losses (a NaN is named as a data problem, not
+        left to look like a diverging learning rate); the model's forward writes nothing that
+        cannot be differentiated (:meth:`_probe_model`); every hyperparameter can act: read
+        by something, connected to a loss's autograd graph, every schedule window read by a
+        step. Cheap after the first call for a dtype."""
         self.hyperparams.check_raw(lam, "InnerProblem")
         if lam.dtype != self.dtype:
             raise TypeError(
@@ -307,6 +311,7 @@ class InnerProblem:
             _check_scalar("train_loss", loss, self.dtype)
             val, hpv, reach_v = self._probe_loss("val_loss", lam)
             _check_scalar("val_loss", val, self.dtype)
+        self._check_finite_losses(loss, val, lam)
         if self.draws is None:
             self._detect_draws(lam)
         bound = set(self.optimizer.bound_names()) | {it.name for it in self.init_items}
@@ -323,14 +328,84 @@ class InnerProblem:
 
     # -- the checks' parts ------------------------------------------------------------------------
     def _call(self, which: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return fn(*args)
+        """A loss called by a check: torch's dtype error of a model and data in different
+        dtypes becomes one that names both and the fix."""
+        try:
+            return fn(*args)
+        except RuntimeError as err:
+            if not _DTYPE_ERROR.search(str(err)):
+                raise
+            found = _other_dtype(self._data_tensors(which), self.dtype)
+            if found is None:
+                raise
+            desc, x = found
+            raise TypeError(
+                f"InnerProblem: the model is {self.dtype} but {desc} is {x.dtype} (shape "
+                f"{tuple(x.shape)}), and torch cannot mix them in {which} "
+                f"({str(err).splitlines()[0]}). Convert one side: the model, "
+                f"model{_TO.get(x.dtype, f'.to({x.dtype})')}, or the data, "
+                f"x{_TO.get(self.dtype, f'.to({self.dtype})')}."
+            ) from err
+
+    def _data_tensors(self, which: str) -> list[tuple[str, Tensor]]:
+        """The tensors a loss reads besides the model: mini-batch 0 and what ``train_loss``
+        closes over, or what ``val_loss`` closes over (best effort, for messages)."""
+        if which == "train_loss":
+            leaves, _ = tree_flatten(self.batch(0))
+            out = [(f"tensor {i} of mini-batch 0", x) for i, x in enumerate(leaves)
+                   if isinstance(x, Tensor)]
+            return out + _closure_tensors(self.train_loss, "train_loss")
+        return _closure_tensors(self.val_loss, "val_loss")
 
     def _check_data(self) -> None:
-        """Once per problem: the per-example hyperparameters against the data."""
+        """Once per problem: the per-example hyperparameters against the data, then every
+        training tensor finite (mini-batch 0; all data of a MiniBatches or a sequence of
+        batches), and the model's initial weights and buffers finite."""
         if self._data_checked:
             return
-        _check_per_example(self.hyperparams, self.batch(0),
-                           getattr(self._batch, "n_examples", None))
+        batch0 = self.batch(0)
+        src = self._batch
+        _check_per_example(self.hyperparams, batch0, getattr(src, "n_examples", None))
+        data: list[tuple[str, Tensor]] = []
+        whole = getattr(src, "data", None)
+        if whole is not None and hasattr(whole, "tensors"):  # a MiniBatches: all its tensors
+            data = [(f"MiniBatches tensor {i}", x) for i, x in enumerate(whole.tensors)]
+        elif isinstance(whole, Sequence):
+            for j, b in enumerate(whole):
+                leaves, _ = tree_flatten(b)
+                data += [(f"tensor {i} of mini-batch {j}", x) for i, x in enumerate(leaves)
+                         if isinstance(x, Tensor)]
+        else:
+            leaves, _ = tree_flatten(batch0)
+            data = [(f"tensor {i} of mini-batch 0", x) for i, x in enumerate(leaves)
+                    if isinstance(x, Tensor)]
+        for desc, x in data:
+            bad = _non_finite(x)
+            if bad:
+                raise ValueError(
+                    f"InnerProblem: the training data has non-finite values: {desc} (shape "
+                    f"{tuple(x.shape)}) has {bad}. A NaN or inf input makes the losses and "
+                    f"every hypergradient NaN, which would look like a diverging learning "
+                    f"rate. Clean the data before building the problem, e.g. keep = "
+                    f"torch.isfinite(x).flatten(1).all(1); x, y = x[keep], y[keep] (or "
+                    f"x = torch.nan_to_num(x); a -inf additive mask: pass a boolean mask)."
+                )
+        fm = self.fmodel
+        for k in fm.param_names:
+            bad = _non_finite(fm.module.get_parameter(k))
+            if bad:
+                raise ValueError(
+                    f"InnerProblem: the model's initial parameter {k!r} has {bad}; training "
+                    f"from it gives NaN everywhere. Re-initialise the model (e.g. "
+                    f"module.reset_parameters()) or load finite weights."
+                )
+        for k, b in fm.module.named_buffers():
+            bad = _non_finite(b)
+            if bad:
+                raise ValueError(
+                    f"InnerProblem: the model's buffer {k!r} has {bad} at the start; reset it "
+                    f"(e.g. BatchNorm: module.reset_running_stats())."
+                )
         self._data_checked = True
 
     def _probe_model(self, lam: Tensor) -> None:
@@ -535,6 +610,31 @@ class InnerProblem:
             f"optimizer argument, or remove it.{more}"
         )
 
+    def _check_finite_losses(self, loss: Tensor, val: Tensor, lam: Tensor) -> None:
+        """A NaN or inf loss at the initial (finite) weights is a data or loss problem: name
+        the tensor the loss closes over that holds it, when there is one."""
+        for which, out in (("train_loss", loss), ("val_loss", val)):
+            if bool(torch.isfinite(out.detach()).all()):
+                continue
+            where = "step 0" if which == "train_loss" else "the initial weights"
+            for desc, x in self._data_tensors(which):
+                bad = _non_finite(x)
+                if bad:
+                    raise ValueError(
+                        f"InnerProblem: {which} is {float(out)} at {where} (the weights are "
+                        f"finite): {desc} (shape {tuple(x.shape)}) has {bad}. That is a data "
+                        f"problem, not a learning rate: clean it before building the problem, "
+                        f"e.g. keep = torch.isfinite(x).flatten(1).all(1); x, y = x[keep], "
+                        f"y[keep] (or x = torch.nan_to_num(x))."
+                    )
+            raise ValueError(
+                f"InnerProblem: {which} is {float(out)} at {where}, with finite weights"
+                f"{' and a finite mini-batch 0' if which == 'train_loss' else ''} and "
+                f"hyperparameters {self.hyperparams.describe(lam)}: the loss itself or data it "
+                f"loads produces it (log(0), 0/0, a hyperparameter outside the loss's domain); "
+                f"no tensor it closes over holds a NaN or inf. Fix the loss or the data first."
+            )
+
     def _check_windows(self, train_read: set[str], val_read: set[str]) -> None:
         """A :class:`~hypergrad.Schedule` with more windows than steps has windows no step
         reads: their hypergradients stay zero and tuning would report them as learned.
@@ -574,12 +674,13 @@ def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
     from .data import MiniBatches
 
     if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
-        return _Batches(batches, getattr(batches, "n", None)
-                        if isinstance(batches, MiniBatches) else None)
+        mb = isinstance(batches, MiniBatches)
+        return _Batches(batches, getattr(batches, "n", None) if mb else None,
+                        batches if mb else None)
     if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
         if len(batches) == 0:
             raise ValueError("InnerProblem: batches is empty; give at least one mini-batch.")
-        return _Batches(lambda t: batches[t % len(batches)])
+        return _Batches(lambda t: batches[t % len(batches)], data=batches)
     if isinstance(batches, Iterable):
         stored: list[Any] = []
         while len(stored) < steps:
@@ -599,7 +700,7 @@ def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
                     f"(e.g. hypergrad.data.MiniBatches), an iterable that can be iterated again "
                     f"(e.g. a DataLoader), or steps <= {len(stored)}."
                 )
-        return _Batches(lambda t: stored[t % len(stored)])
+        return _Batches(lambda t: stored[t % len(stored)], data=stored)
     raise TypeError(
         f"InnerProblem: batches must be a sequence, a callable t -> batch or an iterable, got "
         f"{type(batches).__name__}."
@@ -620,11 +721,15 @@ class _Batches:
     """The batch of step ``t``, checked: a mini-batch with no examples (a tensor whose first
     dimension is 0, anywhere in a tuple, list or dict) is an error here, not a NaN loss later
     (NaN BatchNorm statistics, and NaN * 0 poisons the tangents). ``n_examples``: the number of
-    training examples when the source knows it (:class:`~hypergrad.data.MiniBatches`)."""
+    training examples when the source knows it (:class:`~hypergrad.data.MiniBatches`).
+    ``data``: all the batches (a sequence) or the :class:`~hypergrad.data.MiniBatches`, where
+    known, for the check that every training tensor is finite."""
 
-    def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None) -> None:
+    def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None,
+                 data: Any = None) -> None:
         self._fetch = fetch
         self.n_examples = n_examples
+        self.data = data
 
     def __call__(self, t: int) -> Any:
         from torch.utils._pytree import tree_flatten
@@ -699,6 +804,72 @@ def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
 
 
 # -- helpers of the checks ------------------------------------------------------------------------
+_DTYPE_ERROR = re.compile(r"dtype|scalar type|type \(\w+\) and|Double|Float|Half|BFloat16")
+_TO = {torch.float32: ".float()", torch.float64: ".double()"}
+
+
+def _other_dtype(tensors: list[tuple[str, Tensor]], dtype: torch.dtype
+                 ) -> tuple[str, Tensor] | None:
+    for desc, x in tensors:
+        if (x.dtype.is_floating_point or x.dtype.is_complex) and x.dtype != dtype:
+            return desc, x
+    return None
+
+
+def _non_finite(x: Any) -> str:
+    """``"3 NaN and 1 inf entries (the first at index (2, 0))"``, or ``""`` when finite."""
+    if not isinstance(x, Tensor) or not (x.dtype.is_floating_point or x.dtype.is_complex):
+        return ""
+    x = x.detach()
+    bad = ~torch.isfinite(x)
+    n = int(bad.sum())
+    if not n:
+        return ""
+    nan = int(torch.isnan(x).sum())
+    first = tuple(int(i) for i in bad.nonzero()[0]) if x.ndim else ()
+    at = f" (the first at index {first})" if first else ""
+    return f"{nan} NaN and {n - nan} inf entr{'y' if n == 1 else 'ies'}{at}"
+
+
+def _closure_tensors(fn: Any, name: str, depth: int = 0) -> list[tuple[str, Tensor]]:
+    """Tensors a loss closes over, best effort, for messages: closure cells and the globals
+    it names, the arguments of a ``functools.partial``, and the tensor attributes of a bound
+    method's object or a callable object."""
+    out: list[tuple[str, Tensor]] = []
+    if depth > 2:
+        return out
+
+    def add(label: str, value: Any) -> None:
+        if isinstance(value, Tensor):
+            out.append((label, value))
+        elif isinstance(value, (tuple, list, dict)):
+            leaves, _ = tree_flatten(value)
+            out.extend((f"{label}[{i}]", v) for i, v in enumerate(leaves)
+                       if isinstance(v, Tensor))
+
+    if isinstance(fn, functools.partial):
+        for i, a in enumerate(fn.args):
+            add(f"argument {i} of the partial {name}", a)
+        for k, a in fn.keywords.items():
+            add(f"{name}'s argument {k!r}", a)
+        return out + _closure_tensors(fn.func, name, depth + 1)
+    owner = getattr(fn, "__self__", None)
+    if owner is None and not inspect.isfunction(fn) and not inspect.ismethod(fn):
+        owner = fn  # a callable object
+    if owner is not None and hasattr(owner, "__dict__"):
+        for k, v in vars(owner).items():
+            add(f"{type(owner).__name__}.{k}", v)
+    func = getattr(fn, "__func__", fn)
+    if inspect.isfunction(func):
+        try:
+            cv = inspect.getclosurevars(func)
+        except (TypeError, ValueError):
+            return out
+        for k, v in {**cv.nonlocals, **cv.globals}.items():
+            add(f"{k!r} (which {name} closes over)", v)
+    return out
+
+
 def _reachable(out: Any) -> set[int]:
     """The ids of the leaf tensors the autograd graph of ``out`` reaches (structural: an
     operation whose derivative is numerically zero still connects)."""

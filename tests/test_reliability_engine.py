@@ -267,3 +267,122 @@ def test_a_hyperparameter_bound_to_the_optimizer_may_be_read_as_a_number() -> No
 
     _check(_problem(train_loss=tl))
     assert logged
+
+
+# -- group 4: data problems named as data problems ------------------------------------------------
+def test_nan_in_the_training_data_is_named_before_training() -> None:
+    from hypergrad.data import MiniBatches
+
+    x, y = _data()
+    x[13, 2] = math.nan  # not in the first mini-batch of the unshuffled data
+    p = _problem(batches=MiniBatches(x, y, batch_size=8, shuffle=False))
+    with pytest.raises(ValueError) as info:
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+    assert str(info.value).startswith(
+        "InnerProblem: the training data has non-finite values: MiniBatches tensor 0 (shape "
+        "(16, 4)) has 1 NaN and 0 inf entry (the first at index (13, 2)). A NaN or inf input "
+        "makes the losses and every hypergradient NaN, which would look like a diverging "
+        "learning rate. Clean the data")
+
+
+def test_inf_in_a_later_batch_of_a_list_is_named() -> None:
+    x, y = _data()
+    x[9, 0] = -math.inf
+    p = _problem(batches=[(x[:8], y[:8]), (x[8:], y[8:])])
+    with pytest.raises(ValueError, match=r"tensor 0 of mini-batch 1 \(shape \(8, 4\)\) has 0 NaN "
+                                         r"and 1 inf entry \(the first at index \(1, 0\)\)"):
+        _check(p)
+
+
+def test_nan_in_the_first_batch_of_a_callable_is_named() -> None:
+    x, y = _data()
+    x[0, 0] = math.nan
+    p = _problem(batches=lambda t: (x, y))
+    with pytest.raises(ValueError, match=r"tensor 0 of mini-batch 0 \(shape \(16, 4\)\) has 1 "
+                                         r"NaN"):
+        _check(p)
+
+
+def test_nan_in_the_validation_data_is_named() -> None:
+    x_val, y_val = _data(10)
+    x_val[[2, 5], 1] = math.nan
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(x_val), y_val)
+
+    p = _problem(val_loss=vl)
+    with pytest.raises(ValueError, match=r"val_loss is nan at the initial weights \(the weights "
+                                         r"are finite\): 'x_val' \(which val_loss closes over\) "
+                                         r"\(shape \(10, 4\)\) has 2 NaN and 0 inf entries.*data "
+                                         r"problem, not a learning rate"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+
+
+def test_nan_in_data_a_training_loss_indexes_is_named() -> None:
+    X, Y = _data()
+    X[3, 3] = math.nan
+
+    def tl(m: Any, idx: Any, hp: Any) -> torch.Tensor:  # batches are example indices
+        return F.cross_entropy(m(X[idx]), Y[idx])
+
+    p = _problem(train_loss=tl, batches=[torch.arange(8), torch.arange(8, 16)])
+    with pytest.raises(ValueError, match=r"train_loss is nan at step 0 .*'X' \(which train_loss "
+                                         r"closes over\) \(shape \(16, 4\)\) has 1 NaN"):
+        _check(p)
+
+
+def test_a_loss_that_is_nan_by_itself_is_named() -> None:
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        return torch.log(torch.zeros((), dtype=D)) * 0
+
+    p = _problem(val_loss=vl)
+    with pytest.raises(ValueError, match=r"val_loss is nan at the initial weights, with finite "
+                                         r"weights and hyperparameters \{'lr': 0.1\d*\}: the loss "
+                                         r"itself"):
+        _check(p)
+
+
+def test_nan_initial_weights_are_named() -> None:
+    model = nn.Linear(4, 3).double()
+    with torch.no_grad():
+        model.bias[1] = math.nan
+    p = _problem(model=model)
+    with pytest.raises(ValueError, match=r"initial parameter 'bias' has 1 NaN and 0 inf entry"):
+        _check(p)
+
+
+@pytest.mark.parametrize(("model_dtype", "data_dtype", "fix"), [
+    (torch.float32, torch.float64, r"model.double\(\), or the data, x.float\(\)"),
+    (torch.float64, torch.float32, r"model.float\(\), or the data, x.double\(\)"),
+])
+def test_a_model_and_data_of_different_dtypes_get_one_clear_error(
+        model_dtype: torch.dtype, data_dtype: torch.dtype, fix: str) -> None:
+    x, y = _data(dtype=data_dtype)
+    p = _problem(model=nn.Linear(4, 3).to(model_dtype), batches=[(x, y)],
+                 val_loss=lambda m, hp: F.cross_entropy(m(x.to(model_dtype)), y))
+    with pytest.raises(TypeError, match=rf"^InnerProblem: the model is {model_dtype} but tensor 0 "
+                                        rf"of mini-batch 0 is {data_dtype} \(shape \(16, 4\)\), "
+                                        rf"and torch cannot mix them in train_loss .*{fix}"):
+        p.check(p.init_raw())
+
+
+def test_validation_data_of_another_dtype_is_named() -> None:
+    x32, y = _data(dtype=torch.float32)
+    p = _problem(val_loss=lambda m, hp: F.cross_entropy(m(x32), y))
+    with pytest.raises(TypeError, match=r"the model is torch.float64 but 'x32' \(which val_loss "
+                                        r"closes over\) is torch.float32"):
+        _check(p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_hyperparameters_are_refused(dtype: torch.dtype) -> None:
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1)])
+    with pytest.raises(TypeError, match=rf"init_raw: dtype={dtype}; hypergradients need float32 "
+                                        rf"or float64 \(tangents"):
+        hps.init_raw(dtype)
+    with pytest.raises(TypeError, match=rf"lam has dtype {dtype}; hypergradients need float32"):
+        _check_lam(_problem(), torch.zeros(1, dtype=dtype))
+
+
+def _check_lam(p: hg.InnerProblem, lam: torch.Tensor) -> None:
+    p.check(lam)
