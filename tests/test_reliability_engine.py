@@ -8,6 +8,8 @@ weights or buffers in forward: test_parametrizations.py.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -386,3 +388,27 @@ def test_half_precision_hyperparameters_are_refused(dtype: torch.dtype) -> None:
 
 def _check_lam(p: hg.InnerProblem, lam: torch.Tensor) -> None:
     p.check(lam)
+
+
+# -- the troubleshooting page's examples run ------------------------------------------------------
+DOC = Path(__file__).resolve().parents[1] / "docs" / "troubleshooting_engine.md"
+
+
+def test_the_troubleshooting_page_examples_run() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert blocks
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"troubleshooting_engine.md[python block {i}]", "exec"), {})
+
+
+def test_the_troubleshooting_page_names_every_message_of_this_change() -> None:
+    text = DOC.read_text()
+    for words in ("must be a number > 0 (or the name of a hyperparameter)",
+                  "are read by no step", "cuts it from the autograd graph",
+                  "the training data has non-finite values", "torch cannot mix them",
+                  "writes the parameter", "updates its buffer", "replaces its buffer",
+                  "uses the hook-based", "renormalises the rows", "keep 8 to 11 bits",
+                  "passes hyperparameter 'scale' to numpy", "changed its own tensors",
+                  "state that hypergrad updates itself", "initial parameter 'bias'",
+                  "is nan at the initial weights"):
+        assert words in text, words
