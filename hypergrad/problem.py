@@ -499,10 +499,11 @@ class InnerProblem:
                 leaf = k.rpartition(".")[2]
                 raise ValueError(
                     f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
-                    f"updates its buffer {k!r} from values that depend on the weights under "
-                    f"torch.no_grad() (or through .detach() / .data), and a loss reads it: the "
-                    f"dependence of the hyperparameters' effect through it is cut, so every "
-                    f"hypergradient through it would be wrong. Write the update out of place "
+                    f"updates its buffer {k!r} from values that depend on the weights without "
+                    f"autograd (under torch.no_grad(), or through .detach() / .data), and a "
+                    f"loss reads it: how the hyperparameters move it is lost, so every "
+                    f"hypergradient through it would be wrong (finite differences would "
+                    f"disagree). Write the update out of place "
                     f"without no_grad or detach (hypergrad runs forward functionally and keeps "
                     f"no graph across steps), e.g. self.{leaf} = (1 - m) * self.{leaf} + m * "
                     f"mean, or use nn.BatchNorm1d/2d, whose statistics hypergrad carries "
