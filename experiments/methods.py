@@ -52,7 +52,8 @@ def digits_problem(steps: int, hidden: int = 128) -> hg.InnerProblem:
                           hg.Scalar("mom", 0.5, transform="logit"),
                           hg.PerTensor("wd", 1e-3, transform="log")])
     return hg.InnerProblem(base.fmodel.module, base.train_loss,
-                           hg.sgd(lr="lr", momentum="mom", weight_decay="wd"), hps, base.batch,
+                           hg.optim.sgd(lr="lr", momentum="mom", weight_decay="wd"), hps,
+                           base.batch,
                            steps, base.val_loss)
 
 
@@ -96,7 +97,8 @@ def main() -> None:
     # -- digits: optimizer hyperparameters; reference full reverse ------------------------------
     p = digits_problem(t_dig, 32 if args.quick else 128)
     warm = digits_problem(4, 8)  # load the code paths before anything is timed (4 windows)
-    for method in (hg.ForwardMode(), hg.ReverseMode(), hg.ReverseMode(step_vjp=hg.MixedMode())):
+    for method in (hg.ForwardMode(), hg.ReverseMode(),
+                   hg.ReverseMode(step_vjp=hg.stepvjp.MixedMode())):
         method.hypergradient(warm, warm.init_raw())
     ref, mref = run(hg.ReverseMode(), p)
     name = f"digits T={t_dig} K={p.num_hyperparams}"
@@ -105,7 +107,7 @@ def main() -> None:
         ("forward", hg.ForwardMode()),
         (f"reverse truncate={t_dig} (k=T)", hg.ReverseMode(truncate=t_dig)),
         ("reverse checkpoint=sqrt", hg.ReverseMode(checkpoint="sqrt")),
-        ("reverse step_vjp=mixed", hg.ReverseMode(step_vjp=hg.MixedMode())),
+        ("reverse step_vjp=mixed", hg.ReverseMode(step_vjp=hg.stepvjp.MixedMode())),
         (f"reverse truncate={t_dig // 4}", hg.ReverseMode(truncate=t_dig // 4)),
         ("MARTHE mu=1 (RTHO)", hg.MARTHE(1.0)),
         ("MARTHE mu=0.9", hg.MARTHE(0.9)),
@@ -131,11 +133,11 @@ def main() -> None:
     p, closed = ridge_diabetes_case(t_ridge)
     name = f"ridge T={t_ridge} K=1"
     solvers: list[tuple[str, hg.Method]] = [
-        ("implicit CG", hg.ImplicitDiff(hg.CG(tol=1e-12))),
-        ("implicit Neumann", hg.ImplicitDiff(hg.Neumann(maxiter=3000, tol=1e-10))),
-        ("implicit FixedPoint", hg.ImplicitDiff(hg.FixedPoint(maxiter=3000, tol=1e-10))),
+        ("implicit CG", hg.ImplicitDiff(hg.methods.CG(tol=1e-12))),
+        ("implicit Neumann", hg.ImplicitDiff(hg.methods.Neumann(maxiter=3000, tol=1e-10))),
+        ("implicit FixedPoint", hg.ImplicitDiff(hg.methods.FixedPoint(maxiter=3000, tol=1e-10))),
         ("implicit FixedPoint momentum=0.9",
-         hg.ImplicitDiff(hg.FixedPoint(maxiter=3000, tol=1e-10, momentum=0.9))),
+         hg.ImplicitDiff(hg.methods.FixedPoint(maxiter=3000, tol=1e-10, momentum=0.9))),
         ("forward", hg.ForwardMode()),
         ("reverse", hg.ReverseMode()),
         ("reverse checkpoint=sqrt", hg.ReverseMode(checkpoint="sqrt")),
@@ -153,9 +155,9 @@ def main() -> None:
     rows.append(row(name, "reverse (reference)", ref, mref, ref.grad, "reverse"))
     for label, method in [("forward", hg.ForwardMode()),
                           ("reverse checkpoint=sqrt", hg.ReverseMode(checkpoint="sqrt")),
-                          ("implicit CG", hg.ImplicitDiff(hg.CG(maxiter=300))),
+                          ("implicit CG", hg.ImplicitDiff(hg.methods.CG(maxiter=300))),
                           ("implicit Neumann",
-                           hg.ImplicitDiff(hg.Neumann(maxiter=3000, tol=1e-8))),
+                           hg.ImplicitDiff(hg.methods.Neumann(maxiter=3000, tol=1e-8))),
                           ("HD", hg.HD())]:
         res, m = run(method, p)
         got[name + label] = res

@@ -1,7 +1,7 @@
 """Three tuners over one search space at one wall-clock budget (``vs_optuna.py``).
 
 - hypergrad: the preset's :class:`~hypergrad.Trainer` (method, outer optimizer), projected into
-  the search space's box (as Trainer ``bounds``) and stopped by ``time_budget``;
+  the search space's box (as ``Guards(bounds=...)``) and stopped by ``Guards(time_budget=...)``;
 - Optuna's TPE sampler and Optuna's RandomSampler, driven with ask/tell: each trial one full
   inner training at the proposed hyperparameters.
 
@@ -57,7 +57,8 @@ class SearchSpace:
     """A box in raw coordinates: ``low[i] <= lam[i] <= high[i]`` for the K raw hyperparameters.
 
     ``value_bounds[name] = (low, high)`` is the same box in value space per hyperparameter, in
-    the form :class:`~hypergrad.Trainer` takes as ``bounds`` (it projects ``lam`` into them),
+    the form :class:`~hypergrad.Guards` takes as ``bounds`` (the Trainer projects ``lam``
+    into them),
     so the hypergradient tuner and the samplers search the same space. ``names[i]`` names raw
     coordinate ``i`` for Optuna (``lr[0]``, ``momentum``, ``wd[3]``).
     """
@@ -240,7 +241,8 @@ def run_optuna(problem: InnerProblem, space: SearchSpace, budget: float, sampler
 
 def run_trainer(trainer: Any, space: SearchSpace, name: str, seed: int, budget: float,
                 clock: Callable[[], float] = time.perf_counter) -> Run:
-    """``trainer.fit()`` (its ``time_budget`` set to ``budget``); the evaluated points are the
+    """``trainer.fit()`` (its guards' ``time_budget`` set to ``budget``); the evaluated points are
+    the
     hyperparameters of each outer step (finished at the record's ``elapsed``) and the point
     after the last update (finished when ``fit`` returns)."""
     hps = trainer.problem.hyperparams
@@ -260,5 +262,6 @@ def run_trainer(trainer: Any, space: SearchSpace, name: str, seed: int, budget: 
     for lam in run.lams:
         if not space.contains(lam, tol=1e-4):
             raise RuntimeError(f"run_trainer: the Trainer left the search space at "
-                               f"{hps.describe(lam)}; its bounds must be space.value_bounds.")
+                               f"{hps.describe(lam)}; its guards' bounds must be "
+                               f"space.value_bounds.")
     return run

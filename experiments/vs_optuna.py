@@ -7,13 +7,13 @@ Trainer optimizes, each in a box: the preset's bounds, else ``init +- log(100)``
 transforms, ``[-6, 6]`` for logit, ``init +- 1`` for identity):
 
 - hypergrad: the preset's method and outer optimizer (``hypergrad.Trainer``), projected into
-  the box, stopped by ``trainer.time_budget``;
+  the box, stopped by ``guards.time_budget``;
 - TPE: ``optuna.samplers.TPESampler(seed)``, ask/tell, one full inner training per trial;
 - random: ``optuna.samplers.RandomSampler(seed)``.
 
 Optuna starts from the preset's initial point (enqueued), as hypergrad does. Seed ``s`` sets the
 model's initialisation, the mini-batch order and the sampler's seed; the data split is the same
-for all (``problem.data_seed``). A tuner's result is the best validation loss among the points it
+for all (``task.data_seed``). A tuner's result is the best validation loss among the points it
 evaluated within ``B``; those hyperparameters are retrained from scratch with fresh seeds and
 judged on the test split. Budgets are also given in gradient-equivalents (plain inner steps; a
 hypergradient counts as its measured time over a plain run's).
@@ -51,9 +51,9 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from tuners import Run, SearchSpace, plain_steps, run_optuna, run_trainer  # noqa: E402
 
 from hypergrad.alloc import tune_malloc  # noqa: E402
-from hypergrad.checkpoint import dumps  # noqa: E402
 from hypergrad.config import CONFIG_DIR, build, register_configs  # noqa: E402
 from hypergrad.errors import HypergradWarning  # noqa: E402
+from hypergrad.run.files import dumps  # noqa: E402
 
 TUNERS = ("hypergrad", "tpe", "random")
 DATA_SEED = 0  # one split for every seed and tuner: seeds change initialisation and batches
@@ -97,8 +97,8 @@ class Settings:
 def compose_cfg(problem: Problem, seed: int, extra: list[str]) -> DictConfig:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("config", overrides=[
-            f"experiment={problem.preset}", f"seed={seed}", f"problem.data_seed={DATA_SEED}",
-            "trainer.progress=false",
+            f"experiment={problem.preset}", f"seed={seed}", f"task.data_seed={DATA_SEED}",
+            "callbacks.progress=false",
             *problem.overrides, *extra])
 
 
@@ -111,11 +111,11 @@ def _quiet_build(cfg: DictConfig) -> tuple[Any, Any]:
 def hypergrad_run(problem: Problem, seed: int, space: SearchSpace, budget: float,
                   extra: list[str]) -> Run:
     cfg = compose_cfg(problem, seed, extra)
-    cfg.trainer.bounds = {k: [lo, hi] for k, (lo, hi) in space.value_bounds.items()}
-    cfg.trainer.time_budget = budget
-    cfg.trainer.outer_steps = 10**6  # the budget stops it
+    cfg.guards.bounds = {k: [lo, hi] for k, (lo, hi) in space.value_bounds.items()}
+    cfg.guards.time_budget = budget
+    cfg.mode.outer_steps = 10**6  # the budget stops it
     task, trainer = _quiet_build(cfg)
-    trainer.evaluate = None  # the samplers compute only the validation loss: so does it
+    trainer.task.evaluate = None  # the samplers compute only the validation loss: so does it
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", HypergradWarning)
         return run_trainer(trainer, space, "hypergrad", seed, budget)
@@ -202,7 +202,7 @@ def compare(name: str, problem: Problem, st: Settings) -> dict[str, Any]:
     cfg0 = compose_cfg(problem, st.seeds[0], extra)
     task0, _ = _quiet_build(cfg0)
     p0 = task0.problem
-    bounds = OmegaConf.to_container(cfg0.trainer.bounds, resolve=True)
+    bounds = OmegaConf.to_container(cfg0.guards.bounds, resolve=True)
     space = SearchSpace.from_problem(p0.hyperparams, bounds)  # type: ignore[arg-type]
     costs = measure_costs(problem, st)
     print(f"\n== {name} (K={space.dim}, T={costs['steps']}, budget {budget:g} s): plain run "

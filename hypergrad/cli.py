@@ -6,16 +6,23 @@
 
 Each run writes to its Hydra run directory: the resolved config (``config_resolved.yaml``; a
 resumed run adds ``config_resolved.resume-<n>.yaml``), ``metrics.jsonl`` (one line per outer
-step), ``checkpoint.pt`` and ``checkpoint.prev.pt`` (resume with ``trainer.resume=true
+step), ``checkpoint.pt`` and ``checkpoint.prev.pt`` (resume with ``folder.resume=true
 hydra.run.dir=<that dir>``), ``results.json`` and PNG plots. JSON files are strict: NaN and
 infinities are written as ``null``. A folder that already holds a run is refused unless
-``trainer.resume=true`` or ``trainer.overwrite=true``.
+``folder.resume=true`` or ``folder.overwrite=true``.
+
+Your own task, method or optimizer: a module in the folder you run from (or an installed
+package) named by ``_target_`` (``task._target_=my_task.build``); the folder you run from is on
+the import path, as for ``python -m``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,42 +31,44 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import distributed as _dist
-from .config import CONFIG_DIR, build, register_configs
+from . import distributed
+from .config import CONFIG_DIR, build, check_keys, register_configs
 from .errors import HypergradWarning
+from .run import RunFolder
 
 log = logging.getLogger("hypergrad")
 register_configs()
 
 
-CLI_FILES = ("results.json",)
+CLI_FILES = ("results.json", "learned.yaml", "model_learned.pt")
 """Files the CLI writes besides the Trainer's (:data:`hypergrad.checkpoint.TRAINER_FILES`)."""
-CLI_PATTERNS = ("config_resolved*.yaml", "val_curve.png", "hyperparams.png", "schedule.png")
+CLI_PATTERNS = ("config_resolved*.yaml", "val_curve.png", "hyperparams.png", "schedule.png",
+                "learned_*.pt")
 
 
-def _prepare_run_dir(cfg: DictConfig, run_dir: Path) -> None:
+def _prepare_run_dir(folder: RunFolder) -> None:
     """Refuse a folder that holds a run unless resuming or overwriting (Hydra's own ``.hydra/``
-    and log file do not count); with ``trainer.overwrite=true``, remove the old run's files."""
-    from .checkpoint import TRAINER_FILES, clear_run_dir, used_files
+    and log file do not count); with ``folder.overwrite=true``, remove the old run's files."""
     from .errors import RunDirError
+    from .run.files import TRAINER_FILES, clear_run_dir, used_files
 
-    used = used_files(run_dir, (*TRAINER_FILES, *CLI_FILES))
+    used = used_files(folder.path, (*TRAINER_FILES, *CLI_FILES))
     if not used:
         return
-    if cfg.trainer.overwrite:
-        gone = clear_run_dir(run_dir, (*TRAINER_FILES, *CLI_FILES), CLI_PATTERNS)
-        log.info(f"trainer.overwrite=true: removed {gone} from {run_dir}")
-    elif not cfg.trainer.resume:
+    if folder.overwrite:
+        gone = clear_run_dir(folder.path, (*TRAINER_FILES, *CLI_FILES), CLI_PATTERNS)
+        log.info(f"folder.overwrite=true: removed {gone} from {folder.path}")
+    elif not folder.resume:
         raise RunDirError(
-            f"hypergrad-run: the run folder {run_dir} already holds a run ({', '.join(used)}). "
-            f"Continue it with trainer.resume=true, discard it with trainer.overwrite=true, or "
-            f"choose another folder with hydra.run.dir=...")
+            f"hypergrad-run: the run folder {folder.path} already holds a run "
+            f"({', '.join(used)}). Continue it with folder.resume=true, discard it with "
+            f"folder.overwrite=true, or choose another folder with hydra.run.dir=...")
 
 
 def _write_config(cfg: DictConfig, run_dir: Path, resumed: bool) -> Path:
     """``config_resolved.yaml``; a resumed run keeps it (the original settings) and writes
     ``config_resolved.resume-<n>.yaml`` beside it."""
-    from .checkpoint import write_text_atomic
+    from .run.files import write_text_atomic
 
     path = run_dir / "config_resolved.yaml"
     if resumed and path.exists():
@@ -71,63 +80,57 @@ def _write_config(cfg: DictConfig, run_dir: Path, resumed: bool) -> Path:
     return path
 
 
-def _fmt(values: dict[str, Any]) -> str:
-    """Hyperparameter values for a log line: 4 significant digits, long vectors summarised."""
-    parts = []
-    for name, v in values.items():
-        if isinstance(v, list) and len(v) > 8:
-            parts.append(f"{name}=[{len(v)} values: min {min(v):.4g}, mean "
-                         f"{sum(v) / len(v):.4g}, max {max(v):.4g}]")
-        elif isinstance(v, list):
-            parts.append(f"{name}=[{', '.join(f'{x:.4g}' for x in v)}]")
-        else:
-            parts.append(f"{name}={v:.4g}")
-    return ", ".join(parts)
-
-
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Build, tune, evaluate from scratch, report. Returns what ``results.json`` holds.
 
     The run folder is locked (``run.lock``) for the whole run; a folder that already holds a
-    run is refused unless ``trainer.resume`` or ``trainer.overwrite``."""
-    from .checkpoint import RunLock
+    run is refused unless ``folder.resume`` or ``folder.overwrite``."""
+    from .config import config_fingerprint
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not _dist.is_writer():  # under torchrun, rank 0 locks, prepares and writes the folder
-        return _run(cfg, run_dir)
-    with RunLock(run_dir, "hypergrad-run"):
-        _prepare_run_dir(cfg, run_dir)
-        return _run(cfg, run_dir)
+    folder = RunFolder(run_dir, resume=cfg.folder.resume, overwrite=cfg.folder.overwrite,
+                       fingerprint=config_fingerprint(cfg))
+    if not distributed.is_writer():  # under torchrun, rank 0 locks, prepares and writes
+        return _run(cfg, folder)
+    with folder.lock:
+        _prepare_run_dir(folder)
+        return _run(cfg, folder)
 
 
-def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     import torch
 
     from . import ForwardMode, ReverseMode
-    from .checkpoint import dumps, write_text_atomic
+    from .export import write_learned
     from .measure import measure
-    from .report import plot_run, table
+    from .report import named_values, plot_run, summary, table
+    from .run.files import dumps, write_text_atomic
 
-    task, trainer = build(cfg, run_dir)
-    if not _dist.is_writer():  # under torchrun: tune with rank 0, which alone reports
+    run_dir = folder.path
+    task, trainer = build(cfg, folder)
+    if not distributed.is_writer():  # under torchrun: tune with rank 0, which alone reports
         return {"table": [], "best_val_loss": trainer.fit().best_val_loss}
     cfg_path = _write_config(cfg, run_dir, resumed=trainer.outer_step > 0)
     p = task.problem
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
-             f"method={type(trainer.method).__name__} mode={trainer.mode} "
-             f"outer_steps={trainer.outer_steps} -> {run_dir} (config: {cfg_path.name})")
+             f"method={type(trainer.method).__name__} mode={trainer.mode!r} -> {run_dir} "
+             f"(config: {cfg_path.name})")
     result, fit = measure(trainer.fit)
     rows: list[dict[str, Any]] = []
+    learned_state = None
     if cfg.report.retrain:
-        lam0 = p.init_raw()
-        points = {"initial": lam0, "learned": result.lam}
+        points = {"initial": trainer.initial_lam, "learned": result.lam}
         if (result.last_lam is not None and not torch.equal(result.last_lam, result.lam)
                 and result.last_val_loss is not None and math.isfinite(result.last_val_loss)
-                and trainer.mode == "offline"):
+                and not trainer.mode.online):
             points["last (after the final update)"] = result.last_lam
         for label, lam in {**points, **task.references}.items():
-            rows.append({"hyperparameters": label, **task.evaluate(p.run(lam))})
-        if trainer.mode == "online" and result.state is not None:
+            state = p.run(lam)
+            if label == "learned":
+                learned_state = state
+            rows.append({"hyperparameters": label, **(task.evaluate(state)
+                                                      if task.evaluate else {})})
+        if trainer.mode.online and result.state is not None:
             rows.insert(1, {"hyperparameters": "online run (its own final state)",
                             **task.evaluate(result.state)})
         grid = [r for r in rows if r["hyperparameters"].startswith("grid ")]
@@ -158,22 +161,32 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             ref = hgr.grad if ref is None else ref
             compare[meth.name]["rel_diff_to_forward"] = float(
                 (hgr.grad - ref).norm() / ref.norm().clamp_min(1e-300))
+    hps, horizon = p.hyperparams, p.steps
+    last_step = (trainer.outer_step if not trainer.mode.online and not result.diverged
+                 else None)
     results = {
         "name": cfg.name, "task": task.name, "K": p.num_hyperparams, "T": p.steps,
-        "method": result.method, "mode": trainer.mode, "outer_steps": len(result.history),
+        "method": result.method, "mode": trainer.mode.name,
+        "outer_steps": len(result.history),
         "fit_seconds": fit["seconds"], "fit_peak_extra_mib": fit["peak_extra_bytes"] / 2**20,
-        "learned": result.values, "best_step": result.best_step,
-        "best_val_loss": result.best_val_loss, "last": result.last_values,
+        # the learned point: the best evaluated (offline), its outer step and validation loss
+        "learned": result.values, "learned_named": named_values(hps, result.values, horizon),
+        "learned_step": result.best_step, "learned_val_loss": result.best_val_loss,
+        # where the outer optimizer ended: the point after the last update
+        "last": result.last_values, "last_step": last_step,
         "last_val_loss": result.last_val_loss, "table": rows,
         "extra": extra, "compare_methods": compare, "diverged": result.diverged,
-        "message": result.message, "final_val_loss": result.history[-1]["val_loss"]
-        if result.history else None,
+        "message": result.message,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
+    results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
-        results["plots"] = plot_run(run_dir, p.hyperparams, p.steps, result.history,
-                                    p.init_raw(), result.lam)
+        last = (None if last_step is None or result.last_val_loss is None
+                or result.last_values is None
+                else (last_step, result.last_val_loss, result.last_values))
+        results["plots"] = plot_run(run_dir, hps, horizon, result.history,
+                                    trainer.initial_lam, result.lam, result.best_step, last)
     text = table(rows)
     if text:
         log.info("\n" + text)
@@ -185,13 +198,31 @@ def _run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     log.info(f"tuning took {fit['seconds']:.1f} s, peak extra memory "
              f"{fit['peak_extra_bytes'] / 2**20:.1f} MiB ({result.method} mode)")
     where = "" if result.best_step is None else f" (outer step {result.best_step})"
-    log.info(f"learned hyperparameters{where}: {_fmt(result.values)}")
+    log.info(f"learned hyperparameters{where}: {summary(hps, result.values, horizon)}")
     if result.last_values is not None and result.last_values != result.values:
-        log.info(f"last hyperparameters: {_fmt(result.last_values)}")
+        log.info(f"last hyperparameters (outer step {last_step}): "
+                 f"{summary(hps, result.last_values, horizon)}")
     if result.diverged:
         log.warning(result.message)
     log.info(f"results: {run_dir / 'results.json'}")
     return results
+
+
+def _shared_run_dir(run_dir: Path) -> Path:
+    """Under torchrun: rank 0's run folder on every rank (Hydra names it from the clock, which
+    the ranks read apart); the folder Hydra made for another rank alone is removed. The logs of
+    ranks other than 0 are kept to warnings."""
+    if not distributed.active():
+        return run_dir
+    if not distributed.is_writer():
+        logging.getLogger("hypergrad").setLevel(logging.WARNING)
+    shared = Path(distributed.broadcast_object(str(run_dir), "agreeing on the run folder"))
+    if shared != run_dir and not distributed.is_writer():
+        with contextlib.suppress(OSError):
+            for q in sorted(run_dir.rglob("*"), reverse=True):
+                q.rmdir() if q.is_dir() else q.unlink()
+            run_dir.rmdir()
+    return shared
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
@@ -199,18 +230,33 @@ def _main(cfg: DictConfig) -> float:
     from . import alloc
 
     alloc.tune_malloc()
-    run_dir = _dist.setup_cli(cfg.get("distributed"),
-                              Path(HydraConfig.get().runtime.output_dir))  # under torchrun
-    results = run(cfg, run_dir)
+    hydra_cfg = HydraConfig.get()
+    check_keys(cfg, [g for g in hydra_cfg.runtime.choices if "/" not in g
+                     and not g.startswith("hydra")])
+    out = Path(hydra_cfg.runtime.output_dir)
+    tilde = [part for part in out.parts if part.startswith("~")]
+    if tilde:
+        raise ValueError(
+            f"hypergrad-run: the run folder {out} has a part {tilde[0]!r}: '~' was not expanded "
+            f"(the shell does not expand it after 'hydra.run.dir='). Give the folder as "
+            f"hydra.run.dir=$HOME/... or an absolute path.")
+    timeout = cfg.distributed.get("timeout") if cfg.get("distributed") else None
+    with distributed.launch(timeout):  # under torchrun: the process group, ended cleanly
+        run_dir = _shared_run_dir(Path(HydraConfig.get().runtime.output_dir))
+        results = run(cfg, run_dir)
     # for sweepers: the retrained learned point's validation loss; without retraining the best
-    # evaluated one (with trainer.outer_steps=0: the loss of one training at the given values)
+    # evaluated one (with mode.outer_steps=0: the loss of one training at the given values)
     learned = [r for r in results["table"] if r["hyperparameters"] == "learned"]
-    val = learned[0].get("val_loss") if learned else results["best_val_loss"]
+    val = learned[0].get("val_loss") if learned else results["learned_val_loss"]
     return float(val) if val is not None else math.nan
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. The folder it runs from is importable (your own task,
+    method or optimizer module named by ``_target_``), as for ``python -m``."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
     _main()
 
 

@@ -1,5 +1,5 @@
 """Hydra configs that instantiate the library's objects, and :func:`build`, the one place a
-composed config becomes a task and a Trainer.
+composed config becomes a task and a Trainer with its parts.
 
 Every config option names its object by ``_target_`` (a class or factory of the library, or of
 ``torch.optim``) and extends a *schema* generated from that callable's signature by
@@ -9,8 +9,13 @@ default. The schemas are stored in Hydra's ConfigStore as ``<group>/schema_<name
 :func:`targets`), and each YAML option extends one (``defaults: [schema_<name>, _self_]``). So a
 misspelt key, an argument the object does not take (``windows`` on a scalar, ``compile`` on the
 column loop) or a value of the wrong type fails at composition with the key named, and no schema
-can drift from the code it configures. An inner optimizer added to :mod:`hypergrad.optim` (its
-module and its export) gets its schema here without an edit: only its YAML file is new.
+can drift from the code it configures. The ``method`` and ``inner_optimizer`` groups are the
+registries (:func:`hypergrad.methods.registered`, :func:`hypergrad.optim.registered`): a method
+or optimizer registered by name (yours included, by an entry point or an import in this
+process) is an option without an edit here, as is any class named by ``_target_``.
+
+The Trainer's parts are their own nodes: ``mode`` (a group: ``offline`` / ``online``),
+``guards``, ``folder``, ``callbacks`` and ``distributed``, each a schema of its class.
 
 Nested objects are nested groups: the HVP strategy of a forward-type method
 (``method/hvp=loop``, ``method.hvp.chunk_size=4``), the linear solver of implicit
@@ -38,16 +43,14 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .distributed import DistributedConf
-
 __all__ = ["build", "register_configs", "config_fingerprint", "schema", "targets", "CONFIG_DIR",
-           "SAFE_CONFIG_KEYS", "PROBLEM_ARGS"]
+           "SAFE_CONFIG_KEYS", "TASK_ARGS", "check_keys", "unknown_keys"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
-PROBLEM_ARGS = ("hyperparams", "optimizer", "model")
-"""A problem's arguments that :func:`build` passes (the instantiated other groups), not the
-problem's config."""
+TASK_ARGS = ("hyperparams", "optimizer", "model")
+"""A task builder's arguments that :func:`build` passes (the instantiated other groups), not
+the task's config."""
 
 
 # -- schemas from signatures ---------------------------------------------------------------------
@@ -142,70 +145,56 @@ def schema(target: Callable[..., Any], *, skip: Sequence[str] = (), partial: boo
     return make_dataclass(name, fields)
 
 
-def _optimizer_factories() -> dict[str, Callable[..., Any]]:
-    """Every factory :mod:`hypergrad.optim` exports: a function whose return annotation is an
-    :class:`~hypergrad.optim.Optimizer` (``sgd``, ``adam``, ``adamw``, and any added later)."""
-    from . import optim
-
-    out: dict[str, Callable[..., Any]] = {}
-    for name in optim.__all__:
-        obj = getattr(optim, name)
-        if not inspect.isfunction(obj):
-            continue
-        ret = _hints(obj).get("return")
-        if inspect.isclass(ret) and issubclass(ret, optim.Optimizer):
-            out[name] = obj
-    return out
-
-
 def targets() -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]:
     """``{group: {schema name: (target, schema options)}}``: what the configs can instantiate.
     Each entry is stored as ``<group>/schema_<name>`` by :func:`register_configs`."""
     import torch
 
     from . import hyperparams as hp
-    from .choice import AutoMode
-    from .finite_diff import FiniteDifference
-    from .forward import ForwardMode
+    from .distributed import Ranks
     from .hvp import STRATEGIES
-    from .implicit import SOLVERS, ImplicitDiff
-    from .online import HD, MARTHE
-    from .outer import SignDescent
-    from .problems import sparse_regression, tasks
-    from .reverse import ReverseMode
+    from .methods import registered as methods
+    from .methods.implicit import SOLVERS
+    from .optim import registered as optimizers
+    from .run import Guards, Offline, Online, RunFolder, SignDescent
+    from .run.callbacks import standard
     from .stepvjp import STEP_VJPS
     from .tangent import JVP, AutoTangent, ClosedForm, DiagonalJacobian
+    from .tasks import bundled, sparse_regression
 
-    problem = {"skip": PROBLEM_ARGS}
+    task = {"skip": TASK_ARGS}
     item = {"defaults": {"name": "${hg.key:}"}}  # an item's name is its key under items
     outer = {"skip": ("params",), "partial": True}
     return {
-        "problem": {
-            "digits": (tasks.digits_task, problem),
-            "hypercleaning": (tasks.hypercleaning_task, problem),
-            "ridge_diabetes": (tasks.ridge_diabetes_task, problem),
-            "breast_cancer": (tasks.breast_cancer_task, problem),
-            "sparse_regression": (sparse_regression.sparse_regression_task, problem)},
-        "model": {"mlp": (tasks.mlp_factory, {}), "cnn": (tasks.cnn_factory, {}),
-                  "linear": (tasks.linear_factory, {})},
+        "task": {
+            "digits": (bundled.digits_task, task),
+            "hypercleaning": (bundled.hypercleaning_task, task),
+            "ridge_diabetes": (bundled.ridge_diabetes_task, task),
+            "breast_cancer": (bundled.breast_cancer_task, task),
+            "sparse_regression": (sparse_regression.sparse_regression_task, task)},
+        "model": {"mlp": (bundled.mlp_factory, {}), "cnn": (bundled.cnn_factory, {}),
+                  "linear": (bundled.linear_factory, {})},
         "hyperparams": {"hyperparams": (hp.HyperParams, {})},
         "hyperparams/kind": {
             "scalar": (hp.Scalar, item), "schedule": (hp.Schedule, item),
             "per_tensor": (hp.PerTensor, item), "per_example": (hp.PerExample, item),
-            "tensor": (hp.Tensor_, item), "init_scale": (hp.InitScale, item),
+            "array": (hp.Array, item), "init_scale": (hp.InitScale, item),
             "init_weights": (hp.InitWeights, item)},
-        "inner_optimizer": {n: (f, {}) for n, f in _optimizer_factories().items()},
+        "inner_optimizer": {n: (f, {}) for n, f in optimizers().items()},
         "outer_optimizer": {"torch_adam": (torch.optim.Adam, outer),
                             "torch_sgd": (torch.optim.SGD, outer),
                             "sign": (SignDescent, outer)},
-        "method": {"forward": (ForwardMode, {}), "reverse": (ReverseMode, {}),
-                   "auto": (AutoMode, {}), "implicit": (ImplicitDiff, {}), "hd": (HD, {}),
-                   "marthe": (MARTHE, {}), "finite_difference": (FiniteDifference, {})},
+        "method": {n: (c, {}) for n, c in methods().items()},
         "method/hvp": {n: (c, {}) for n, c in STRATEGIES.items()},
         "method/solver": {n: (c, {}) for n, c in SOLVERS.items()},
         "method/step_vjp": {n: (c, {}) for n, c in STEP_VJPS.items()},
         "method/tangent": {"auto": (AutoTangent, {}), "closed_form": (ClosedForm, {}),
                            "diagonal_jacobian": (DiagonalJacobian, {}), "jvp": (JVP, {})},
+        "mode": {"offline": (Offline, {}), "online": (Online, {})},
+        "guards": {"guards": (Guards, {})},
+        "folder": {"folder": (RunFolder, {"skip": ("path", "fingerprint")})},
+        "callbacks": {"callbacks": (standard, {})},
+        "distributed": {"distributed": (Ranks, {})},
     }
 
 
@@ -216,31 +205,6 @@ def _parent_key(*, _parent_: Any) -> str:
 
 
 # -- the run ---------------------------------------------------------------------------------------
-class Mode(enum.Enum):
-    """The Trainer's modes (an enum so that a wrong mode fails at composition)."""
-
-    offline = "offline"
-    online = "online"
-
-
-@dataclass
-class TrainerConf:
-    mode: Mode = Mode.offline
-    outer_steps: int = 10
-    time_budget: Optional[float] = None  # offline: seconds for the outer steps; None: no limit
-    backtrack: Optional[float] = None  # offline: a step above backtrack x best: back, lr / 2
-    interval: int = 10
-    reset_tangents: bool = False
-    clip_norm: Optional[float] = None
-    bounds: dict[str, list[Optional[float]]] = field(default_factory=dict)
-    resume: bool = False  # continue the run in hydra.run.dir (its fingerprint must match)
-    overwrite: bool = False  # discard a run already in hydra.run.dir
-    progress: bool = True
-    tensorboard: bool = False
-    memory_budget_gb: Optional[float] = None  # None: the device's available memory
-    divergence_factor: Optional[float] = 10.0  # val loss > factor x best seen: divergence
-
-
 @dataclass
 class ReportConf:
     plots: bool = True
@@ -250,41 +214,176 @@ class ReportConf:
 
 @dataclass
 class Config:
-    problem: Any = MISSING
+    task: Any = MISSING
     model: Any = MISSING
     hyperparams: Any = MISSING
     inner_optimizer: Any = MISSING
     outer_optimizer: Any = MISSING
     method: Any = MISSING
-    trainer: TrainerConf = field(default_factory=TrainerConf)
+    mode: Any = MISSING
+    guards: Any = MISSING
+    folder: Any = MISSING
+    callbacks: Any = MISSING
+    distributed: Any = MISSING  # used under torchrun
     report: ReportConf = field(default_factory=ReportConf)
-    distributed: DistributedConf = field(default_factory=DistributedConf)  # under torchrun
     seed: int = 0
     name: str = "run"
 
 
+REGISTRIES = ("method", "inner_optimizer")
+"""Groups whose options include every registered name (a method or optimizer registered by an
+entry point or an import is ``method=<name>`` without a YAML file)."""
+
+
+def _hydra_subdir(output_dir: str) -> str:
+    """``${hg.hydra_subdir:<run folder>}``, Hydra's ``output_subdir``: ``.hydra`` for a folder's
+    first invocation, ``.hydra.2``, ``.hydra.3``, ... for later ones in the same folder (a
+    resume, or one refused because the folder holds a run), so no invocation overwrites the
+    record of another."""
+    folder = Path(output_dir)
+    if not (folder / ".hydra").exists():
+        return ".hydra"
+    n = 2
+    while (folder / f".hydra.{n}").exists():
+        n += 1
+    return f".hydra.{n}"
+
+
+def _choices() -> str:
+    """``${hg.choices:}``: the groups and the options a user chooses from, for ``--help``
+    (Hydra's own list, without the ``schema_*`` entries the options extend)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+    lines: list[str] = []
+
+    def walk(parent: str) -> None:
+        for g in loader.list_groups(parent):
+            name = f"{parent}/{g}" if parent else g
+            if name == "hydra" or name.startswith("hydra/"):
+                continue
+            opts = sorted(o for o in loader.get_group_options(name, ObjectType.CONFIG)
+                          if not o.startswith("schema_"))
+            if opts:
+                lines.append(f"{name}: {', '.join(opts)}")
+            walk(name)
+
+    walk("")
+    return "\n".join(sorted(lines))
+
+
+_HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
+
+
+def _known(target: Any) -> set[str] | None:
+    """The arguments ``target`` takes (``None``: any, it has ``**kwargs`` or no signature)."""
+    try:
+        obj = _import(target) if isinstance(target, str) else target
+        params = inspect.signature(obj).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind != p.VAR_POSITIONAL}
+
+
+def _import(path: str) -> Any:
+    module, _, attr = path.rpartition(".")
+    obj: Any = importlib.import_module(module)
+    return getattr(obj, attr)
+
+
+def unknown_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+    """Keys of a composed config that name no setting, each with the nearest known names: a
+    top-level key that is neither a field of :class:`Config` nor a config group chosen
+    (``groups``: a user's own groups, ``+augment=strong``), and a key of a node with a
+    ``_target_`` that its target does not take (a key added with ``+``, or a typo in a user's
+    config file)."""
+    import difflib
+
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(tree, dict)
+    out: list[tuple[str, list[str]]] = []
+    top = set(Config.__dataclass_fields__) | set(groups) | {"hydra"}
+    valid = [k for k in _flatten({k: v for k, v in tree.items() if k in top and k != "hydra"},
+                                 "", {})]
+    by_leaf: dict[str, list[str]] = {}
+    for path in valid:
+        by_leaf.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+    for key in tree:
+        if key in top:
+            continue
+        near = difflib.get_close_matches(str(key), sorted(top), n=3, cutoff=0.6)
+        leaves = list(_flatten({key: tree[key]}, "", {}))
+        for leaf in leaves:  # trainer.outer_step: mode.outer_steps
+            for name in difflib.get_close_matches(leaf.rsplit(".", 1)[-1], by_leaf, n=2,
+                                                  cutoff=0.7):
+                near += [p for p in by_leaf[name] if p not in near]
+        out.append((", ".join(leaves), near[:4]))
+
+    def walk(node: Any, prefix: str) -> None:
+        if not isinstance(node, dict):
+            return
+        if "_target_" in node:
+            known = _known(node["_target_"])
+            if known is not None:
+                for k in node:
+                    if k not in known and k not in _HYDRA_KEYS:
+                        out.append((f"{prefix}{k}", [f"{prefix}{n}" for n in
+                                    difflib.get_close_matches(str(k), sorted(known), n=3,
+                                                              cutoff=0.5)]))
+        for k, v in node.items():
+            walk(v, f"{prefix}{k}.")
+
+    for key, value in tree.items():
+        if key in top and key != "hydra":
+            walk(value, f"{key}.")
+    return out
+
+
+def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
+    """Raise a ``ValueError`` naming every key that names no setting (:func:`unknown_keys`),
+    with the nearest known names."""
+    bad = unknown_keys(cfg, groups)
+    if bad:
+        lines = "; ".join(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else "")
+                          for k, near in bad)
+        raise ValueError(f"hypergrad-run: the config has keys that name no setting: {lines}. "
+                         f"Check the spelling (hypergrad-run --help lists the groups; "
+                         f"--cfg job prints the composed config).")
+
+
 def register_configs() -> None:
-    """Store ``base_config`` and every ``<group>/schema_<name>`` of :func:`targets`, and the
-    ``hg.key`` resolver."""
+    """Store ``base_config`` and every ``<group>/schema_<name>`` of :func:`targets` (and, for
+    the registries, ``<group>/<name>``), and the ``hg.key`` resolver."""
     OmegaConf.register_new_resolver("hg.key", _parent_key, replace=True)
+    OmegaConf.register_new_resolver("hg.hydra_subdir", _hydra_subdir, replace=True)
+    OmegaConf.register_new_resolver("hg.choices", _choices, replace=True)
     cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
+    base = OmegaConf.structured(Config)
+    OmegaConf.set_struct(base, False)  # a group of a user's config folder may add a key here;
+    OmegaConf.set_struct(base.report, True)  # its settings stay closed; check_keys does the rest
+    cs.store(name="base_config", node=base)
     for group, entries in targets().items():
         for name, (target, options) in entries.items():
-            cs.store(group=group, name=f"schema_{name}", node=schema(target, **options))
+            node = schema(target, **options)
+            cs.store(group=group, name=f"schema_{name}", node=node)
+            if group in REGISTRIES and not (CONFIG_DIR / group / f"{name}.yaml").exists():
+                cs.store(group=group, name=name, node=node)  # a registered name is an option
 
 
 SAFE_CONFIG_KEYS = (
-    "name", "trainer.outer_steps", "trainer.time_budget", "trainer.progress", "trainer.resume",
-    "trainer.overwrite", "trainer.tensorboard", "trainer.memory_budget_gb",
-    "trainer.divergence_factor", "report.*", "method.*", "outer_optimizer.*", "distributed.*",
+    "name", "mode.outer_steps", "guards.time_budget", "guards.memory_budget",
+    "guards.divergence_factor", "folder.*", "callbacks.*", "report.*", "method.*",
+    "outer_optimizer.*", "distributed.*",
 )
 """Config keys that may change when a run is resumed (fnmatch patterns): how long to run, how
 to report, how to compute the hypergradients (the method and its nested options: forward or
-reverse mode, the HVP strategy, chunking, compile give the same ones to rounding; offline
-only, online needs a forward-type method), and the outer optimizer's hyperparameters (the new
-ones replace the checkpoint's; its class, ``outer_optimizer._target_``, may not change). Every
-other key is in the checkpoint's fingerprint."""
+reverse mode, the HVP strategy, chunking, compile give the same ones to rounding; an
+approximate method's settings are in the Trainer's own fingerprint), and the outer optimizer's
+hyperparameters (the new ones replace the checkpoint's; its class, ``outer_optimizer._target_``,
+may not change). Every other key is in the checkpoint's fingerprint."""
 _NOT_SAFE = ("outer_optimizer._target_", "outer_optimizer._partial_")
 
 
@@ -308,30 +407,33 @@ def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
             if k in _NOT_SAFE or not any(fnmatchcase(k, pat) for pat in SAFE_CONFIG_KEYS)}
 
 
-def build(cfg: DictConfig, run_dir: str | Path | None = None) -> tuple[Any, Any]:
-    """Instantiate a composed config: returns ``(task, trainer)``."""
+def build(cfg: DictConfig, folder: Any = None,
+          log: Callable[[str], Any] | None = None) -> tuple[Any, Any]:
+    """Instantiate a composed config: returns ``(task, trainer)``. ``folder``: the run folder
+    (a :class:`~hypergrad.RunFolder`, or a path that ``cfg.folder`` and the config's
+    fingerprint complete; ``None``: nothing written); ``log``: where the Trainer's messages go
+    (default: the ``hypergrad`` logger)."""
     import logging
 
     import torch
 
-    from .trainer import Trainer
+    from .run import Log, RunFolder, Trainer
 
     torch.manual_seed(cfg.seed)
     hps = instantiate(cfg.hyperparams, _convert_="all")
     opt = instantiate(cfg.inner_optimizer, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")
-    task = instantiate(cfg.problem, hyperparams=hps, optimizer=opt, model=model, _convert_="all")
+    task = instantiate(cfg.task, hyperparams=hps, optimizer=opt, model=model, _convert_="all")
     method = instantiate(cfg.method, _convert_="all")
     outer = instantiate(cfg.outer_optimizer, _convert_="all")
-    tc = OmegaConf.to_container(cfg.trainer, resolve=True, enum_to_str=True)
-    assert isinstance(tc, dict)
-    trainer = Trainer(
-        task.problem, method, outer, outer_steps=tc["outer_steps"], mode=tc["mode"],
-        interval=tc["interval"], reset_tangents=tc["reset_tangents"],
-        clip_norm=tc["clip_norm"], bounds=tc["bounds"], run_dir=run_dir, resume=tc["resume"],
-        evaluate=task.evaluate, progress=tc["progress"], tensorboard=tc["tensorboard"],
-        memory_budget=None if tc["memory_budget_gb"] is None else tc["memory_budget_gb"] * 2**30,
-        log=logging.getLogger("hypergrad").info, divergence_factor=tc["divergence_factor"],
-        overwrite=tc["overwrite"], fingerprint=config_fingerprint(cfg) if run_dir else None,
-        time_budget=tc["time_budget"], backtrack=tc["backtrack"])
+    mode = instantiate(cfg.mode, _convert_="all")
+    guards = instantiate(cfg.guards, _convert_="all")
+    callbacks = instantiate(cfg.callbacks, _convert_="all")
+    strategy = instantiate(cfg.distributed, _convert_="all")
+    if folder is not None and not isinstance(folder, RunFolder):
+        folder = RunFolder(folder, resume=cfg.folder.resume, overwrite=cfg.folder.overwrite,
+                           fingerprint=config_fingerprint(cfg))
+    say = log if log is not None else logging.getLogger("hypergrad").info
+    trainer = Trainer(task, method, outer, mode, guards, folder,
+                      [Log(say, prefix=""), *callbacks], strategy)
     return task, trainer

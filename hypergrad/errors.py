@@ -8,7 +8,8 @@ hypergrad.errors.TuningWarning)`` silences one kind, ``"error"`` turns it into a
 from __future__ import annotations
 
 __all__ = [
-    "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "CheckpointWarning",
+    "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
+    "CheckpointWarning",
     "CheckpointError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
     "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
 ]
@@ -27,6 +28,11 @@ class ZeroHypergradientWarning(HypergradWarning):
 class TuningWarning(HypergradWarning):
     """Tuning did not help: the last hyperparameters are worse than the initial ones on the
     validation objective, or a hyperparameter never moved."""
+
+
+class BoundsWarning(HypergradWarning):
+    """An initial value lies outside the search box (``Guards(bounds=...)``): it was moved onto
+    the nearest bound, where tuning starts."""
 
 
 class CheckpointWarning(HypergradWarning):

@@ -378,7 +378,7 @@ def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict,
 
     The gradient is ``torch.func.grad`` of ``f`` at eager leaves that require grad (the same
     graph as ``autograd.grad(..., create_graph=True)``), so that random ops in ``f`` draw as
-    in every other evaluation of the step (:mod:`hypergrad.randomness`)."""
+    in every other evaluation of the step (:mod:`hypergrad.rng`)."""
     p = {k: v.detach().requires_grad_() for k, v in params.items()}
     b = {k: v.detach().requires_grad_() for k, v in buffers.items()}
     lm = lam.detach().requires_grad_()

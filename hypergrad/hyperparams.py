@@ -45,7 +45,7 @@ __all__ = [
     "PerTensor",
     "Schedule",
     "PerExample",
-    "Tensor_",
+    "Array",
     "InitScale",
     "InitWeights",
     "HyperParams",
@@ -160,24 +160,24 @@ class Scalar(HyperParameter):
 
 
 @dataclass
-class Tensor_(HyperParameter):
-    """Any tensor the training loss reads, of a given ``shape`` (exported as ``hypergrad.Tensor``).
+class Array(HyperParameter):
+    """Any tensor of hyperparameters the training loss reads, of a given ``shape``.
 
-    ``Tensor_("l2", init=1e-3, shape=(30,), transform="log")`` gives one L2 coefficient per
+    ``Array("l2", init=1e-3, shape=(30,), transform="log")`` gives one L2 coefficient per
     feature; the loss receives a tensor of shape ``(30,)``.
     """
 
     shape_: tuple[int, ...] = ()
-    kind: str = field(init=False, default="tensor")
+    kind: str = field(init=False, default="array")
 
     def __init__(self, name: str, init: float | Sequence[float] | Tensor,
                  shape: Sequence[int] | None = None, transform: str = "identity") -> None:
         if shape is None:
-            _check_init(f"Tensor_({name!r})", init)
+            _check_init(f"Array({name!r})", init)
             shape = tuple(torch.as_tensor(init).shape)
         self.name, self.init, self.transform = name, init, transform
         self.shape_ = tuple(int(s) for s in shape)
-        self.kind = "tensor"
+        self.kind = "array"
         self.__post_init__()
 
     def shape(self) -> tuple[int, ...]:

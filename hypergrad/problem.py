@@ -21,12 +21,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from .hyperparams import HPValues, HyperParams, Schedule
+from .kernels import AttentionProbe, second_order
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
-from .randomness import VALIDATION_STEP, AttentionProbe, second_order, step_rng
+from .rng import VALIDATION_STEP, step_rng
 from .rnn import has_recurrent
 
-__all__ = ["InnerState", "InnerProblem", "TrainLoss", "ValLoss"]
+__all__ = ["InnerState", "InnerProblem", "TrainLoss", "ValLoss", "is_plain"]
 
 TrainLoss = Callable[[ModelFn, Any, HPValues], Tensor]
 ValLoss = Callable[[ModelFn, HPValues], Tensor]
@@ -67,7 +68,7 @@ class InnerProblem:
         seed: the run seed of random draws in the step (dropout, noise from torch's default
             generator): every evaluation of step ``t``, in every method, HVP strategy and
             finite-difference run, draws from a generator state fixed by ``(seed, t)``
-            (:mod:`hypergrad.randomness`), so the step is a deterministic function and all
+            (:mod:`hypergrad.rng`), so the step is a deterministic function and all
             methods differentiate the same one. The caller's generator state is left untouched.
 
     Example:
@@ -147,7 +148,7 @@ class InnerProblem:
     def second_order(self) -> contextlib.AbstractContextManager[None]:
         """The context of the passes that differentiate this problem's gradient (HVPs, step
         VJPs): attention through the math kernel, recurrent layers through
-        :mod:`hypergrad.rnn` (:func:`hypergrad.randomness.second_order`)."""
+        :mod:`hypergrad.rnn` (:func:`hypergrad.kernels.second_order`)."""
         return second_order(self.recurrent)
 
     @property
@@ -192,24 +193,38 @@ class InnerProblem:
         return self.optimizer.update(grads, opt, params, hp, t)
 
     def step(self, state: InnerState, lam: Tensor, t: int) -> InnerState:
-        """One inner step: ``g = grad_w L_train``, then ``s_t = U(s_{t-1}, g, h_t)``.
-
-        The gradient comes from ``torch.func.grad``, except in plain training (no function
-        transform, nothing requiring grad) of a problem whose loss draws no random numbers:
-        there ``torch.autograd.grad`` runs torch's fused backward kernels (an LSTM's backward
-        is 4.5x faster than under ``torch.func.grad``, which must keep it differentiable). Both
-        give the same gradient to rounding. A loss that draws (dropout) always goes through
-        ``torch.func``: eager random ops lay their draws out in the input's memory order,
-        ``torch.func`` in logical order (dropout of a transposed tensor, as in
-        ``nn.TransformerEncoderLayer``, gets other masks), so every evaluation of the step runs
-        the way the differentiated passes do."""
-        batch = self.batch(t)
-        plain = _plain(state, lam)
-        if plain and self.draws is False:
-            g, new_buffers = self._eager_grad(state.params, state.buffers, lam, t, batch)
+        """One inner step: ``g = grad_w L_train`` (:meth:`gradient`), then
+        ``s_t = U(s_{t-1}, g, h_t)``."""
+        plain = is_plain(state, lam)
+        g, new_buffers = self._gradient(state, lam, t, plain)
+        if plain:
             with torch.no_grad():
                 params, opt = self.update(g, state.opt, state.params, lam, t)
-            return InnerState(params, new_buffers, opt)
+        else:
+            params, opt = self.update(g, state.opt, state.params, lam, t)
+        return InnerState(params, new_buffers, opt)
+
+    def gradient(self, state: InnerState, lam: Tensor, t: int
+                 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """``grad_w L_train(w_{t-1}, lam; B_t)`` and the running statistics after the forward
+        pass.
+
+        The gradient comes from ``torch.func.grad``, except in plain training (no function
+        transform, nothing requiring grad: :func:`is_plain`) of a problem whose loss draws no
+        random numbers: there ``torch.autograd.grad`` runs torch's fused backward kernels (an
+        LSTM's backward is 4.5x faster than under ``torch.func.grad``, which must keep it
+        differentiable). Both give the same gradient to rounding. A loss that draws (dropout)
+        always goes through ``torch.func``: eager random ops lay their draws out in the input's
+        memory order, ``torch.func`` in logical order (dropout of a transposed tensor, as in
+        ``nn.TransformerEncoderLayer``, gets other masks), so every evaluation of the step runs
+        the way the differentiated passes do."""
+        return self._gradient(state, lam, t, is_plain(state, lam))
+
+    def _gradient(self, state: InnerState, lam: Tensor, t: int, plain: bool
+                  ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        batch = self.batch(t)
+        if plain and self.draws is False:
+            return self._eager_grad(state.params, state.buffers, lam, t, batch)
         # attention: the differentiated passes run the math kernel (a double backward); plain
         # steps keep the fused kernels unless attention draws dropout masks (the kernels draw
         # them differently); the first plain step finds out, with the math kernel
@@ -221,12 +236,7 @@ class InnerProblem:
                 state.params, state.buffers, lam, t, batch)
         if probe is not None:
             self._attention_dropout = probe.dropout
-        if plain:
-            with torch.no_grad():
-                params, opt = self.update(g, state.opt, state.params, lam, t)
-        else:
-            params, opt = self.update(g, state.opt, state.params, lam, t)
-        return InnerState(params, new_buffers, opt)
+        return g, new_buffers
 
     def _detect_draws(self, lam: Tensor) -> None:
         """Evaluate the training loss once at step 0 to learn whether it draws random numbers
@@ -282,7 +292,7 @@ class InnerProblem:
                     f"{item.kind}, which sets the initial weights; bind optimizer arguments to a "
                     f"Scalar, a Schedule, a PerTensor or a 0-d Tensor."
                 )
-            if item.kind in ("per_example",) or (item.kind == "tensor" and item.shape() != ()):
+            if item.kind in ("per_example",) or (item.kind == "array" and item.shape() != ()):
                 raise ValueError(
                     f"InnerProblem: optimizer argument {arg} is bound to {name!r} of kind "
                     f"{item.kind} with shape {item.shape()}; optimizer arguments take a Scalar, "
@@ -708,7 +718,7 @@ def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
     )
 
 
-def _plain(state: InnerState, lam: Tensor) -> bool:
+def is_plain(state: InnerState, lam: Tensor) -> bool:
     """Whether a step runs outside function transforms and autograd: nothing to differentiate
     through, so the gradient may come from ``torch.autograd.grad`` and fused kernels."""
     if torch._C._functorch.peek_interpreter_stack() is not None:

@@ -1,7 +1,15 @@
-"""Tables and PNG plots of a tuning run (matplotlib, imported only here)."""
+"""Tables, named values and PNG plots of a tuning run (matplotlib, imported only here).
+
+Every value is reported under its name (:func:`named_values`): a scalar as ``lr``, a schedule's
+windows by their inner steps (``lr[steps 0-59]``), per-tensor values by the parameter's name
+(``wd[fc1.weight]``), vectors by index (``cw[2]``). Outer steps are numbered as in
+``metrics.jsonl``: outer step ``k`` evaluates the hyperparameters after ``k`` updates (0: the
+initial ones); the point after the last update is outer step ``N``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +17,10 @@ import torch
 
 from .hyperparams import HyperParams, Schedule
 
-__all__ = ["table", "plot_run"]
+__all__ = ["table", "named_values", "window_steps", "summary", "figures", "plot_run"]
+
+MANY = 12
+"""More values than this in one hyperparameter: plotted as min / mean / max, summarised in logs."""
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -27,69 +38,174 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[str, Any]],
-             lam0: torch.Tensor, lam: torch.Tensor) -> list[str]:
-    """Write ``val_curve.png``, ``hyperparams.png`` and (for schedules) ``schedule.png``."""
+def window_steps(item: Schedule, horizon: int) -> list[tuple[int, int]]:
+    """The inner steps ``[first, last]`` of each window of a schedule over ``horizon``."""
+    starts = [next((t for t in range(horizon) if item.window(t, horizon) >= w), horizon)
+              for w in range(item.windows)]
+    ends = [*starts[1:], horizon]
+    return [(a, b - 1) for a, b in zip(starts, ends)]
+
+
+def named_values(hps: HyperParams, values: Mapping[str, Any], horizon: int
+                 ) -> dict[str, float]:
+    """``{label: value}`` of described values (``hps.describe(lam)``, or a history record's
+    ``hyperparams``), every entry named (see the module docstring)."""
+    out: dict[str, float] = {}
+    for it in hps.items:
+        v = values[it.name]
+        flat = [float(x) for x in torch.as_tensor(v).reshape(-1).tolist()]
+        if isinstance(it, Schedule):
+            for (a, b), x in zip(window_steps(it, horizon), flat):
+                out[f"{it.name}[steps {a}-{b}]"] = x
+        elif len(params := getattr(it, "params", None) or []) == len(flat) > 0:
+            for p, x in zip(params, flat):
+                out[f"{it.name}[{p}]"] = x
+        elif len(flat) == 1:
+            out[it.name] = flat[0]
+        else:
+            for i, x in enumerate(flat):
+                out[f"{it.name}[{i}]"] = x
+    return out
+
+
+def summary(hps: HyperParams, values: Mapping[str, Any], horizon: int) -> str:
+    """A log line of named values, a long vector as its min / mean / max."""
+    parts = []
+    for it in hps.items:
+        named = named_values(HyperParams([it]), {it.name: values[it.name]}, horizon)
+        if len(named) > MANY:
+            xs = list(named.values())
+            parts.append(f"{it.name}=[{len(xs)} values: min {min(xs):.4g}, mean "
+                         f"{sum(xs) / len(xs):.4g}, max {max(xs):.4g}]")
+        else:
+            parts.extend(f"{k}={x:.4g}" for k, x in named.items())
+    return ", ".join(parts)
+
+
+def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0: torch.Tensor,
+            lam: torch.Tensor, best_step: int | None = None,
+            last: tuple[int, float, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The figures :func:`plot_run` writes, by file name (matplotlib figures: close them)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    files = []
+    out: dict[str, Any] = {}
+    online = bool(history) and "inner_step" in history[0]
+    if online:
+        last = None
+    xlabel = "inner step (online updates)" if online else "outer step (0: initial)"
+    points = [(h["inner_step"] if online else h["outer_step"], h["val_loss"], h["hyperparams"])
+              for h in history]
+    if last is not None:
+        points.append(last)
+    x = [pt[0] for pt in points]
     if history:
-        x = [h.get("inner_step", h["outer_step"] + 1) for h in history]
-        xlabel = "inner step" if "inner_step" in history[0] else "outer step"
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(x, [h["val_loss"] for h in history], marker="o", ms=3)
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        ys = [pt[1] for pt in points]
+        ax.plot(x, ys, marker="o", ms=3, color="C0", label="validation loss")
+        back = [(xi, y) for xi, y, h in zip(x, ys, history) if h.get("backtracked")]
+        if back:
+            ax.plot(*zip(*back), "x", color="C3", ms=8, mew=2,
+                    label="backtracked (not used: back to the best point)")
+        if last is not None and last[0] != best_step:
+            ax.plot([last[0]], [last[1]], "s", color="C2", ms=6, label="after the last update")
+        if best_step is not None and not online:
+            vals = {pt[0]: pt[1] for pt in points}
+            if best_step in vals:
+                ax.plot([best_step], [vals[best_step]], "*", color="C1", ms=16,
+                        label=f"learned (outer step {best_step})", zorder=5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("validation loss")
+        ax.set_ylabel("validation loss E")
         ax.set_title("validation objective while tuning")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(run_dir / "val_curve.png", dpi=110)
-        plt.close(fig)
-        files.append("val_curve.png")
+        out["val_curve.png"] = fig
 
         names = hps.names
-        fig, axes = plt.subplots(len(names), 1, figsize=(5, 2.2 * len(names)), squeeze=False)
+        fig, axes = plt.subplots(len(names), 1, figsize=(6.5, 2.4 * len(names) + 0.6),
+                                 squeeze=False)
         for ax, name in zip(axes[:, 0], names):
-            traj = [h["hyperparams"][name] for h in history]
-            flat = [t if isinstance(t, list) else [t] for t in traj]
-            n = len(flat[0])
-            if n <= 10:
-                for j in range(n):
-                    ax.plot(x, [f[j] for f in flat], label=f"{name}[{j}]" if n > 1 else name)
-                if n > 1:
-                    ax.legend(fontsize=6, ncol=2)
+            one = HyperParams([hps.by_name[name]])
+            named = [named_values(one, {name: pt[2][name]}, horizon) for pt in points]
+            labels = list(named[0])
+            if len(labels) <= MANY:
+                for j, label in enumerate(labels):
+                    ax.plot(x, [n[label] for n in named], marker=".", ms=3, label=label,
+                            color=f"C{j % 10}")
+                ax.legend(fontsize=6, ncol=2 if len(labels) > 4 else 1, loc="best")
             else:
-                t = torch.tensor(flat)
-                ax.plot(x, t.mean(1), label="mean")
-                ax.fill_between(x, t.min(1).values, t.max(1).values, alpha=0.3, label="min-max")
+                t = torch.tensor([list(n.values()) for n in named])
+                ax.plot(x, t.mean(1), label=f"mean of {len(labels)}")
+                ax.fill_between(x, t.min(1).values, t.max(1).values, alpha=0.3,
+                                label="min - max")
                 ax.legend(fontsize=6)
+            if best_step is not None and not online:
+                ax.axvline(best_step, color="C1", lw=0.8, ls="--")
             ax.set_ylabel(name)
-            if all(v > 0 for f in flat for v in f):
+            vs = [v for n in named for v in n.values()]
+            if min(vs) > 0 and max(vs) / min(vs) > 20:
                 ax.set_yscale("log")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
         axes[-1, 0].set_xlabel(xlabel)
-        fig.suptitle("hyperparameter trajectories", fontsize=9)
+        title = "hyperparameter trajectories"
+        if best_step is not None and not online:
+            title += f" (dashed: the learned point, outer step {best_step})"
+        fig.suptitle(title, fontsize=9)
         fig.tight_layout()
-        fig.savefig(run_dir / "hyperparams.png", dpi=110)
-        plt.close(fig)
-        files.append("hyperparams.png")
+        out["hyperparams.png"] = fig
 
     scheds = [it for it in hps.items if isinstance(it, Schedule)]
     if scheds:
-        fig, axes = plt.subplots(1, len(scheds), figsize=(5 * len(scheds), 3.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(scheds), figsize=(6 * len(scheds), 3.6), squeeze=False)
         for ax, it in zip(axes[0], scheds):
-            steps = list(range(horizon))
-            for label, vec in (("initial", lam0), ("learned", lam)):
+            steps = list(range(horizon + 1))
+            for label, vec, style in (("initial", lam0, "--"), ("learned", lam, "-")):
                 v = hps.values(vec.detach(), None, horizon)[it.name]
-                ax.step(steps, [float(v[it.window(t, horizon)]) for t in steps], where="post",
-                        label=label)
+                ys = [float(v[it.window(min(t, horizon - 1), horizon)]) for t in steps]
+                ax.step(steps, ys, where="post", ls=style, lw=2, label=label)
             ax.set_xlabel("inner step")
             ax.set_ylabel(it.name)
-            ax.set_title(f"{it.name} schedule ({it.windows} windows)")
+            ax.set_title(f"{it.name}: {it.windows} windows over T = {horizon} steps")
+            ax.grid(alpha=0.3)
             ax.legend()
         fig.tight_layout()
-        fig.savefig(run_dir / "schedule.png", dpi=110)
-        plt.close(fig)
-        files.append("schedule.png")
-    return files
+        out["schedule.png"] = fig
+    return out
+
+
+def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[str, Any]],
+             lam0: torch.Tensor, lam: torch.Tensor, best_step: int | None = None,
+             last: tuple[int, float, Mapping[str, Any]] | None = None) -> list[str]:
+    """Write ``val_curve.png`` (validation loss per outer step, the learned point and the
+    backtracked steps marked), ``hyperparams.png`` (each hyperparameter's trajectory, by name)
+    and, for schedules, ``schedule.png`` (the learned schedule as a step function over the
+    inner steps beside the initial one) into ``run_dir``; returns the file names.
+    ``best_step``: the learned point's outer step; ``last``: ``(outer step, validation loss,
+    values)`` of the point after the last update."""
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, fig in figures(hps, horizon, history, lam0, lam, best_step, last).items():
+        try:
+            _save(fig, run_dir / name)
+        finally:
+            plt.close(fig)
+        written.append(name)
+    return written
+
+
+def _save(fig: Any, path: Path) -> None:
+    """``fig`` as a PNG written atomically (never a 0-byte or half file on a full disk)."""
+    import io
+
+    from .run.files import write_bytes_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_bytes_atomic(path, buf.getvalue())

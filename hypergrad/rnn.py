@@ -10,7 +10,7 @@ zero and add ``T`` full-sequence tensors per layer, quadratic in ``T``. Profiled
 LSTM (sequence 32, hidden 128, K = 16): ``fill_`` and full-size ``add`` were about 60 % of the
 tangent step.
 
-:class:`RecurrentMode` (entered by :func:`hypergrad.randomness.second_order` for models with a
+:class:`RecurrentMode` (entered by :func:`hypergrad.kernels.second_order` for models with a
 recurrent layer) replaces those calls with the same cells written here, joined by :func:`stack`,
 whose backward is ``unbind`` (and ``unbind``'s derivative is ``stack`` again): every
 differentiated pass stays linear in ``T``. The cells compute what torch's do (same gate order and

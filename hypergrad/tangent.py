@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import copy
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -31,26 +31,39 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .optim.base import TangentContext
 from .problem import InnerProblem, InnerState
 
-__all__ = ["TangentRule", "ClosedForm", "DiagonalJacobian", "JVP", "AutoTangent"]
+__all__ = ["TangentRule", "UpdateStep", "ClosedForm", "DiagonalJacobian", "JVP", "AutoTangent"]
 
 Result = tuple[tuple[Any, Any], tuple[Any, Any]]
 
 
-class TangentRule(abc.ABC):
-    """How to get the update's tangent of step ``t``.
+class UpdateStep(NamedTuple):
+    """What a tangent rule gets for the update of step ``t``.
 
-    ``__call__(problem, t, lam, g, state, G, z, cols, pos, eye)``: ``g`` the gradient, ``state``
-    the :class:`~hypergrad.InnerState` before the step, ``G`` the gradient's tangent and ``z`` the
-    state's tangents (leading axis of the ``K'`` columns computed), ``cols`` the columns the
-    optimizer reads at this step and ``pos`` their rows among the ``K'``, ``eye`` the identity of
-    size K. Returns ``((params, opt), (Z_params, Z_opt))``, or ``None`` where the rule does not
-    apply to this optimizer.
+    ``grads`` the gradient, ``state`` the :class:`~hypergrad.InnerState` before the step, ``G``
+    the gradient's tangent and ``z`` the state's tangents (leading axis of the ``K'`` columns
+    computed), ``cols`` the columns the optimizer reads at this step and ``pos`` their rows among
+    the ``K'``, ``eye`` the identity of size K.
     """
 
+    problem: InnerProblem
+    t: int
+    lam: Tensor
+    grads: Any
+    state: InnerState
+    G: Any
+    z: InnerState
+    cols: list[int]
+    pos: list[int]
+    eye: Tensor
+
+
+class TangentRule(abc.ABC):
+    """How to get the update's tangent of a step: ``rule(step)`` with an :class:`UpdateStep`
+    returns ``((params, opt), (Z_params, Z_opt))``, or ``None`` where the rule does not apply to
+    this optimizer."""
+
     @abc.abstractmethod
-    def __call__(self, problem: InnerProblem, t: int, lam: Tensor, g: Any, state: InnerState,
-                 G: Any, z: InnerState, cols: list[int], pos: list[int],
-                 eye: Tensor) -> Result | None: ...
+    def __call__(self, step: UpdateStep) -> Result | None: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -59,10 +72,9 @@ class TangentRule(abc.ABC):
 class ClosedForm(TangentRule):
     """The optimizer's own closed-form ``tangent`` (``None`` where it has none)."""
 
-    def __call__(self, problem: InnerProblem, t: int, lam: Tensor, g: Any, state: InnerState,
-                 G: Any, z: InnerState, cols: list[int], pos: list[int],
-                 eye: Tensor) -> Result | None:
-        got = _hp_scalars(problem, t, lam, cols)
+    def __call__(self, step: UpdateStep) -> Result | None:
+        problem, t, _, g, state, G, z, cols, pos, _ = step
+        got = _hp_scalars(problem, t, step.lam, cols)
         if got is None:
             return None
         hp, dh = got
@@ -76,9 +88,8 @@ class ClosedForm(TangentRule):
 class DiagonalJacobian(TangentRule):
     """The diagonal Jacobian of an ``elementwise`` optimizer's update (``None`` otherwise)."""
 
-    def __call__(self, problem: InnerProblem, t: int, lam: Tensor, g: Any, state: InnerState,
-                 G: Any, z: InnerState, cols: list[int], pos: list[int],
-                 eye: Tensor) -> Result | None:
+    def __call__(self, step: UpdateStep) -> Result | None:
+        problem, t, lam, g, state, G, z, cols, pos, _ = step
         if not problem.optimizer.elementwise:
             return None
         return _diagonal(problem, t, lam, g, state.opt, state.params, G, z.opt, z.params, cols,
@@ -88,10 +99,8 @@ class DiagonalJacobian(TangentRule):
 class JVP(TangentRule):
     """``torch.func.jvp`` of the update under ``vmap``: any pure update."""
 
-    def __call__(self, problem: InnerProblem, t: int, lam: Tensor, g: Any, state: InnerState,
-                 G: Any, z: InnerState, cols: list[int], pos: list[int],
-                 eye: Tensor) -> Result | None:
-        return _jvp(problem, t, lam, g, state, G, z, cols, pos, eye)  # type: ignore[no-any-return]
+    def __call__(self, step: UpdateStep) -> Result | None:
+        return _jvp(*step)  # type: ignore[no-any-return]
 
 
 class AutoTangent(TangentRule):
@@ -100,11 +109,9 @@ class AutoTangent(TangentRule):
     def __init__(self, rules: tuple[TangentRule, ...] | None = None) -> None:
         self.rules = rules if rules is not None else (ClosedForm(), DiagonalJacobian(), JVP())
 
-    def __call__(self, problem: InnerProblem, t: int, lam: Tensor, g: Any, state: InnerState,
-                 G: Any, z: InnerState, cols: list[int], pos: list[int],
-                 eye: Tensor) -> Result | None:
+    def __call__(self, step: UpdateStep) -> Result | None:
         for rule in self.rules:
-            out = rule(problem, t, lam, g, state, G, z, cols, pos, eye)
+            out = rule(step)
             if out is not None:
                 return out
         return None

@@ -11,14 +11,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .finite_diff import FiniteDifference
-from .forward import ForwardMode
 from .hvp import STRATEGIES, HVPStrategy, VmapVJP
-from .hyperparams import HyperParameter, HyperParams, PerExample, PerTensor, Scalar, Schedule
-from .hyperparams import Tensor_ as HPTensor
+from .hyperparams import (
+    Array,
+    HyperParameter,
+    HyperParams,
+    PerExample,
+    PerTensor,
+    Scalar,
+    Schedule,
+)
+from .methods.finite_diff import FiniteDifference
+from .methods.forward import ForwardMode
+from .methods.reverse import ReverseMode
 from .optim import Optimizer, adagrad, adam, adamw, rmsprop, sgd
 from .problem import InnerProblem
-from .reverse import ReverseMode
 
 __all__ = ["rel_err", "group_rel_errs", "CheckReport", "HypergradcheckError", "hypergradcheck",
            "OPTIMIZERS", "KINDS", "GRID", "GridOptimizer", "grid_cases", "digits_case",
@@ -213,7 +220,7 @@ def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperPar
         return Schedule("lr", lr0, windows=windows, transform="log")
     if kind == "per_example":
         return PerExample("ex_w", n=n_train, init=0.5, transform="logit")
-    return HPTensor("smooth", 0.1, transform="logit")
+    return Array("smooth", 0.1, transform="logit")
 
 
 def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batch_size: int = 16,
@@ -223,7 +230,7 @@ def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batc
     (names from :data:`OPTIMIZERS` and :data:`KINDS`); a ``momentum`` kind for an optimizer
     without momentum (plain ``sgd``) raises ``NotImplementedError``."""
     from .data import MiniBatches
-    from .problems import digits_data, mlp
+    from .tasks import digits_data, mlp
 
     if opt not in OPTIMIZERS or kind not in KINDS:
         raise ValueError(f"digits_case: opt={opt!r} must be in {OPTIMIZERS}, kind={kind!r} in "
@@ -264,7 +271,7 @@ def l2_mlp_case(steps: int = 1000, *, n_train: int = 128, hidden: int = 16, l2: 
     that ``steps=1000`` reaches it to a relative gradient norm of ~1e-12 (500: ~1e-7), so the
     implicit hypergradient at ``w_T`` is the forward/reverse one at large ``T``.
     ``via_optimizer``: the same L2 as ``sgd(weight_decay="l2")`` instead of a loss term."""
-    from .problems import digits_data, mlp
+    from .tasks import digits_data, mlp
 
     data = digits_data(n_train, n_val, 1, seed=seed, dtype=torch.float64)
     torch.manual_seed(seed)
@@ -291,12 +298,12 @@ def ridge_diabetes_case(steps: int = 2000, l2: float = 0.1, n_train: int = 250,
     """Ridge regression on standardized ``load_diabetes`` by full-batch gradient descent with the
     learning rate ``2 / (lambda_max + lambda_min)`` of the training loss's Hessian (contraction
     0.955 per step), from ``w_0 = 0``; returns the problem (K = 1, ``log l2``) and the
-    closed-form hypergradient at convergence (:func:`~hypergrad.problems.ridge_closed_form_
+    closed-form hypergradient at convergence (:func:`~hypergrad.tasks.ridge_closed_form_
     hypergradient` with ``steps=None``), which the problem reaches to ~1e-14 at 2000 steps."""
     import numpy as np
     from sklearn.datasets import load_diabetes
 
-    from .problems import ridge_closed_form_hypergradient, ridge_problem
+    from .tasks import ridge_closed_form_hypergradient, ridge_problem
 
     x, y = load_diabetes(return_X_y=True)
     perm = np.random.default_rng(seed).permutation(len(y))

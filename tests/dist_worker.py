@@ -50,8 +50,8 @@ def mixed(steps: int = 6, windows: int = 4) -> Any:
     items: list[Any] = [hg.Schedule("lr", 0.1, windows=windows, transform="log"),
                         hg.Scalar("mom", 0.8, transform="logit"),
                         hg.PerTensor("wd", 1e-2, transform="log"),
-                        hg.Tensor("smooth", 0.1, transform="logit")]
-    opt = hg.sgd(lr="lr", momentum="mom", weight_decay="wd")
+                        hg.Array("smooth", 0.1, transform="logit")]
+    opt = hg.optim.sgd(lr="lr", momentum="mom", weight_decay="wd")
 
     def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
         x, y, idx = batch
@@ -73,7 +73,7 @@ def schedule_only(steps: int = 6) -> Any:
         return F.cross_entropy(m(batch[0]), batch[1])
 
     hps = hg.HyperParams([hg.Schedule("lr", 0.1, windows=4, transform="log")])
-    return hg.InnerProblem(model, train_loss, hg.sgd(lr="lr", momentum=0.9), hps, batches,
+    return hg.InnerProblem(model, train_loss, hg.optim.sgd(lr="lr", momentum=0.9), hps, batches,
                            steps, val_loss)
 
 
@@ -113,13 +113,15 @@ def train(run_dir: Path, out: Path, resume: bool) -> None:
     from hypergrad import distributed as hd
 
     def fit(folder: Path | None, name: str) -> None:
-        trainer = hg.Trainer(mixed(steps=8), "forward", mode="online", interval=2,
-                             run_dir=folder, resume=resume, progress=False, log=print)
+        trainer = hg.Trainer(mixed(steps=8), "forward", mode=hg.Online(interval=2),
+                             folder=None if folder is None else hg.RunFolder(folder,
+                                                                             resume=resume),
+                             callbacks=[hg.run.Progress(False)], strategy=hd.Ranks())
         res = trainer.fit()
-        assert trainer.fstate is not None
+        assert trainer.run_state is not None
         torch.save({"lam": res.lam, "history": [h["val_loss"] for h in res.history],
                     "method": repr(trainer.method),
-                    "held": len(next(iter(trainer.fstate.tangents.params.values())))},
+                    "held": len(next(iter(trainer.run_state.tangents.params.values())))},
                    out / f"{name}{hd.rank()}.pt")
 
     if not resume:
@@ -134,12 +136,9 @@ def hang(out: Path) -> None:
     hd.barrier("the first meeting")
     # now that both ranks are up (a short timeout from the start would also bound their start),
     # collectives wait 3 s for a peer
-    from datetime import timedelta
+    from hypergrad.distributed.process import set_timeout
 
-    from torch.distributed import distributed_c10d
-
-    distributed_c10d._set_pg_timeout(timedelta(seconds=3))
-    hd._STATE["timeout"] = 3.0
+    set_timeout(3.0)
     if hd.rank() == 1:
         time.sleep(120)  # alive but silent: the test's launcher kills it
     t0 = time.perf_counter()
@@ -156,15 +155,15 @@ def main() -> None:
     from hypergrad import distributed as hd
 
     case, args = sys.argv[1], sys.argv[2:]
-    hd.init(timeout=60.0)
-    if case == "hypergrads":
-        hypergrads(Path(args[0]))
-    elif case == "train":
-        train(Path(args[0]), Path(args[1]), "--resume" in args)
-    elif case == "hang":
-        hang(Path(args[0]))
-    else:
-        raise SystemExit(f"unknown case {case!r}")
+    with hd.launch(timeout=60.0):
+        if case == "hypergrads":
+            hypergrads(Path(args[0]))
+        elif case == "train":
+            train(Path(args[0]), Path(args[1]), "--resume" in args)
+        elif case == "hang":
+            hang(Path(args[0]))
+        else:
+            raise SystemExit(f"unknown case {case!r}")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,18 @@ method by name (for configs)."""
 from __future__ import annotations
 
 import pytest
-from problems import SMALL
+from fixtures import SMALL
 
 import hypergrad as hg
-from hypergrad.choice import AutoMode, check_memory, choose_method, estimate_memory, make_method
 from hypergrad.errors import MemoryBudgetError
+from hypergrad.methods import (
+    AutoMode,
+    check_memory,
+    choose_method,
+    create,
+    estimate_memory,
+    registered,
+)
 from hypergrad.testing import digits_case
 
 
@@ -21,7 +28,8 @@ def _problem(kind: str = "per_example", steps: int = 100, n_train: int = 64) -> 
 def test_estimates_of_every_method() -> None:
     p = _problem("lr", steps=100)
     est = {name: estimate_memory(p, name) for name in
-           ("forward", "reverse", "checkpointed", "hd", "marthe", "implicit")}
+           ("forward", "reverse", "hd", "marthe", "implicit")}
+    est["checkpointed"] = estimate_memory(p, hg.ReverseMode(checkpoint="sqrt"))
     s = est["reverse"].state
     assert est["reverse"].states == 101 and est["checkpointed"].states == 10 + 10 + 1
     assert est["checkpointed"].total < est["reverse"].total / 4
@@ -32,15 +40,16 @@ def test_estimates_of_every_method() -> None:
     assert trunc.states == 11 and trunc.method == "reverse(truncate=10)"
     assert str(est["checkpointed"]).startswith("checkpointed reverse ")
     assert "21 stored states" in str(est["checkpointed"])
-    with pytest.raises(ValueError, match=r"method='bogus'; choose one of"):
+    with pytest.raises(ValueError, match=r"method='bogus' is not a registered method"):
         estimate_memory(p, "bogus")
-    with pytest.raises(NotImplementedError, match="no estimate for FiniteDifference"):
+    with pytest.raises(NotImplementedError, match="FiniteDifference has no memory estimate"):
         estimate_memory(p, hg.FiniteDifference())
 
 
 def test_checkpointed_where_reverse_does_not_fit() -> None:
     p = _problem()  # K = 64, T = 100: forward is the largest
-    fwd, rev, ck = (estimate_memory(p, n).total for n in ("forward", "reverse", "checkpointed"))
+    fwd, rev, ck = (estimate_memory(p, n).total
+                    for n in ("forward", "reverse", hg.ReverseMode(checkpoint="sqrt")))
     assert ck < rev < fwd
     name, why = choose_method(p, memory_budget=(ck + rev) / 2)
     assert name == "checkpointed"
@@ -54,14 +63,14 @@ def test_checkpointed_where_reverse_does_not_fit() -> None:
 def test_forward_wins_ties_and_cheap_k() -> None:
     """K = 2: forward costs 5 gradients per step, as checkpointed reverse: forward is kept."""
     p = _problem("per_tensor_wd", steps=400)  # K = 4 parameter tensors
-    k2 = hg.InnerProblem(p.fmodel.module, p.train_loss, hg.sgd(lr="lr", momentum="m"),
+    k2 = hg.InnerProblem(p.fmodel.module, p.train_loss, hg.optim.sgd(lr="lr", momentum="m"),
                          hg.HyperParams([hg.Scalar("m", 0.5), hg.Scalar("lr", 0.1)]),
                          p.batch, 400, p.val_loss)
     fwd, rev = estimate_memory(k2, "forward").total, estimate_memory(k2, "reverse").total
     assert fwd < rev
     assert choose_method(k2, memory_budget=(fwd + rev) / 2)[0] == "forward"
     f4, r4 = estimate_memory(p, "forward").total, estimate_memory(p, "reverse").total
-    budget = max(f4, estimate_memory(p, "checkpointed").total) * 1.01
+    budget = max(f4, estimate_memory(p, hg.ReverseMode(checkpoint="sqrt")).total) * 1.01
     assert budget < r4 and choose_method(p, memory_budget=budget)[0] == "checkpointed"
 
 
@@ -77,7 +86,7 @@ def test_nothing_fits_names_the_approximate_options() -> None:
 
 def test_check_memory_covers_the_new_methods() -> None:
     p = _problem("lr", steps=100)
-    ck = estimate_memory(p, "checkpointed").total
+    ck = estimate_memory(p, hg.ReverseMode(checkpoint="sqrt")).total
     with pytest.raises(MemoryBudgetError, match=r"method=checkpointed reverse needs about"):
         check_memory(p, hg.ReverseMode(checkpoint="sqrt"), memory_budget=ck / 2)
     check_memory(p, hg.ReverseMode(checkpoint="sqrt"), memory_budget=ck * 1.01)
@@ -85,32 +94,37 @@ def test_check_memory_covers_the_new_methods() -> None:
         check_memory(p, hg.HD(), memory_budget=1.0)
 
 
-def test_make_method_builds_every_method() -> None:
-    r = make_method("reverse", truncate=20, checkpoint="5", step_vjp="mixed")
-    assert isinstance(r, hg.ReverseMode) and (r.truncate, r.checkpoint) == (20, 5)
-    assert isinstance(r.step_vjp, hg.MixedMode)
-    assert make_method("reverse", checkpoint="sqrt").checkpoint == "sqrt"  # type: ignore[attr-defined]
-    assert isinstance(make_method("hd"), hg.HD)
-    m = make_method("marthe", mu=0.5, chunk_size=2)
-    assert isinstance(m, hg.MARTHE) and m.mu == 0.5 and m.hvp.chunk_size == 2
-    i = make_method("implicit", solver="fixed_point", maxiter=7, tol=1e-6, loss_steps=[3, 4],
-                    grad_tol=1e-2)
-    assert isinstance(i, hg.ImplicitDiff) and isinstance(i.solver, hg.FixedPoint)
-    assert (i.solver.maxiter, i.solver.tol, i.loss_steps, i.grad_tol) == (7, 1e-6, [3, 4], 1e-2)
-    a = make_method("auto", step_vjp="mixed")
-    assert isinstance(a, AutoMode) and isinstance(a.checkpointed.step_vjp, hg.MixedMode)
-    with pytest.raises(ValueError, match=r"name='rtho'; choose one of \['forward', 'reverse', "
-                                         r"'auto', 'hd', 'marthe', 'implicit'\]"):
-        make_method("rtho")
-    with pytest.raises(ValueError, match=r"solver='lu'; choose one of"):
-        make_method("implicit", solver="lu")
-    with pytest.raises(ValueError, match=r"step_vjp='fast'; choose one of"):
-        make_method("reverse", step_vjp="fast")
+def test_every_registered_method_is_built_by_its_name() -> None:
+    names = registered()
+    assert {"forward", "reverse", "auto", "hd", "marthe", "implicit",
+            "finite_difference"} <= set(names)
+    for name, cls in names.items():
+        m = create(name)
+        assert type(m) is cls and m.name == name
+    assert isinstance(create("hypergrad.methods.reverse.ReverseMode"), hg.ReverseMode)
+    assert isinstance(create("hypergrad.methods.online:HD"), hg.HD)
+    with pytest.raises(ValueError, match=r"method='rtho' is not a registered method"):
+        create("rtho")
+    with pytest.raises(ValueError, match=r"method='no_such_module.Method': cannot import it"):
+        create("no_such_module.Method")
+    with pytest.raises(TypeError, match=r"method='hypergrad.problem.InnerProblem' is type"):
+        create("hypergrad.problem.InnerProblem")
+
+
+def test_a_method_name_is_taken_once() -> None:
+    with pytest.raises(ValueError, match=r"Method name 'forward' is taken by "
+                                         r"hypergrad.methods.forward.ForwardMode"):
+        class Other(hg.ForwardMode, name="forward"):
+            pass
+    with pytest.raises(ValueError, match=r"must be an identifier"):
+        class Bad(hg.ForwardMode, name="not a name"):
+            pass
 
 
 def test_auto_mode_takes_the_hvp_strategy_of_its_forward_mode() -> None:
-    auto = AutoMode(hvp=hg.ColumnLoop())
-    assert isinstance(auto.forward, hg.ForwardMode) and isinstance(auto.forward.hvp, hg.ColumnLoop)
-    assert isinstance(AutoMode().forward.hvp, hg.VmapVJP)
+    auto = AutoMode(hvp=hg.hvp.ColumnLoop())
+    assert isinstance(auto.forward, hg.ForwardMode)
+    assert isinstance(auto.forward.hvp, hg.hvp.ColumnLoop)
+    assert isinstance(AutoMode().forward.hvp, hg.hvp.VmapVJP)
     with pytest.raises(ValueError, match="pass one"):
-        AutoMode(forward=hg.ForwardMode(), hvp=hg.ColumnLoop())
+        AutoMode(forward=hg.ForwardMode(), hvp=hg.hvp.ColumnLoop())

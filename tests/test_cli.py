@@ -36,8 +36,8 @@ def test_multirun_over_seeds(launcher: str, tmp_path: Path) -> None:
 
 
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
-    args = ["experiment=digits_schedule", "debug=fast", "problem.steps=20",
-            "trainer.outer_steps=25", "problem.dtype=float64", "report.retrain=false",
+    args = ["experiment=digits_schedule", "debug=fast", "task.steps=20",
+            "mode.outer_steps=25", "task.dtype=float64", "report.retrain=false",
             "report.plots=false"]
     _run(args + [f"hydra.run.dir={tmp_path / 'full'}"])
     part = tmp_path / "part"
@@ -55,7 +55,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     assert not (part / "results.json").exists()
     killed_at = torch.load(part / "checkpoint.pt", weights_only=True)["outer_step"]
     assert 3 <= killed_at < 25
-    _run(args + [f"hydra.run.dir={part}", "trainer.resume=true"])
+    _run(args + [f"hydra.run.dir={part}", "folder.resume=true"])
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)
     b = torch.load(part / "checkpoint.pt", weights_only=True)
     assert a["outer_step"] == b["outer_step"] == 25
@@ -70,7 +70,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
 def test_help_says_what_it_does() -> None:
     out = _run(["--help"], timeout=120).stdout
     assert "tune training hyperparameters" in out and "Examples:" in out
-    assert "hypergrad-run experiment=digits_schedule" in out and "trainer.resume=true" in out
+    assert "hypergrad-run experiment=digits_schedule" in out and "folder.resume=true" in out
 
 
 # A small Trainer run in its own process: argv = run_dir, "fresh" | "resume"; writes the
@@ -81,9 +81,10 @@ import hypergrad as hg
 from hypergrad.testing import digits_case
 problem = digits_case("adam", "per_tensor_wd", steps=12, n_train=32, batch_size=8, hidden=8,
                       n_val=32)
-trainer = hg.Trainer(problem, outer_steps=6, run_dir=sys.argv[1], resume=sys.argv[2] == "resume",
-                     progress=False, log=lambda s: None,
-                     outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1))
+trainer = hg.Trainer(problem, outer=functools.partial(torch.optim.Adam, lr=0.1),
+                     mode=hg.Offline(outer_steps=6),
+                     folder=hg.RunFolder(sys.argv[1], resume=sys.argv[2] == "resume"),
+                     callbacks=[hg.run.Log(None), hg.run.Progress(False)])
 res = trainer.fit()
 torch.save({"lam": res.lam, "last": res.last_lam}, sys.argv[1] + ".result.pt")
 """

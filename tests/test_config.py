@@ -19,23 +19,24 @@ from omegaconf import DictConfig
 from omegaconf.errors import ValidationError
 
 import hypergrad as hg
+from hypergrad import Trainer
 from hypergrad.cli import run
 from hypergrad.config import CONFIG_DIR, build, config_fingerprint, register_configs, schema
 from hypergrad.errors import HypergradWarning, ResumeMismatchError, RunDirError
 from hypergrad.hyperparams import HyperParameter
-from hypergrad.implicit import LinearSolver
+from hypergrad.methods.implicit import LinearSolver
 from hypergrad.stepvjp import StepVJP
-from hypergrad.trainer import Trainer
 
 register_configs()
-GROUPS = ["problem", "model", "hyperparams", "inner_optimizer", "outer_optimizer", "method"]
+GROUPS = ["task", "model", "hyperparams", "inner_optimizer", "outer_optimizer", "method", "mode",
+          "guards", "folder", "callbacks", "distributed"]
 PRESET_DIRS = ("experiment", "debug", "sweep")  # @package _global_ presets, run below
 ALL_GROUPS = sorted(str(d.relative_to(CONFIG_DIR)) for d in CONFIG_DIR.rglob("*")
                     if d.is_dir() and d.name not in PRESET_DIRS and any(d.glob("*.yaml")))
 OPTIONS = [(g, p.stem) for g in ALL_GROUPS for p in sorted((CONFIG_DIR / g).glob("*.yaml"))]
 PRESETS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
-NESTED = {"method/hvp": hg.HVPStrategy, "method/solver": LinearSolver,
-          "method/step_vjp": StepVJP, "method/tangent": hg.TangentRule}
+NESTED = {"method/hvp": hg.hvp.HVPStrategy, "method/solver": LinearSolver,
+          "method/step_vjp": StepVJP, "method/tangent": hg.tangent.TangentRule}
 """Nested groups of a method: the attribute of the method they set (the group's last name) and
 the base class of their objects."""
 
@@ -67,8 +68,8 @@ _KIND_EXTRA = {"per_example": ["hyperparams.items.extra.n=3"]}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_instantiates(group: str, option: str) -> None:
-    if group == "problem":  # a problem needs matching parts: take them from a preset using it
+def test_every_option_instantiates(group: str, option: str, tmp_path: Path) -> None:
+    if group == "task":  # a task needs matching parts: take them from a preset using it
         preset = {"digits": "digits_schedule", "hypercleaning": "hypercleaning",
                   "ridge_diabetes": "ridge_diabetes", "breast_cancer": "breast_cancer_l2",
                   "sparse_regression": "sparse_regression"}
@@ -97,12 +98,22 @@ def test_every_option_instantiates(group: str, option: str) -> None:
         return
     # options that read another group's values (interpolations) compose within their preset
     context = {("hyperparams", "sparse_weights"): ["experiment=sparse_regression"]}
-    cfg = _compose([*context.get((group, option), []), f"{group}={option}", "debug=fast"])
+    debug = "debug=fast_online" if (group, option) == ("mode", "online") else "debug=fast"
+    cfg = _compose([*context.get((group, option), []), f"{group}={option}", debug])
+    if group == "folder":  # a folder needs its path: build() gives it
+        _, trainer = build(cfg, folder=tmp_path)
+        assert isinstance(trainer.folder, hg.RunFolder)
+        trainer.close()
+        return
     obj = instantiate(cfg[group], _convert_="all")
     expected = {"model": callable, "hyperparams": lambda o: isinstance(o, hg.HyperParams),
                 "inner_optimizer": lambda o: isinstance(o, hg.optim.Optimizer),
                 "outer_optimizer": callable,
-                "method": lambda o: isinstance(o, (hg.Method, hg.AutoMethod))}[group]
+                "method": lambda o: isinstance(o, (hg.Method, hg.AutoMode)),
+                "mode": lambda o: isinstance(o, (hg.Offline, hg.Online)),
+                "guards": lambda o: isinstance(o, hg.Guards),
+                "callbacks": lambda o: all(isinstance(c, hg.Callback) for c in o),
+                "distributed": lambda o: isinstance(o, hg.distributed.Ranks)}[group]
     assert expected(obj), obj
 
 
@@ -111,21 +122,21 @@ def test_method_options_are_the_objects_they_say() -> None:
         return instantiate(_compose(list(overrides)).method, _convert_="all")
 
     fwd = method("method=forward")
-    assert type(fwd) is hg.ForwardMode and isinstance(fwd.hvp, hg.VmapVJP)
-    assert isinstance(fwd.tangent, hg.AutoTangent) and fwd.skip_zero_columns
+    assert type(fwd) is hg.ForwardMode and isinstance(fwd.hvp, hg.hvp.VmapVJP)
+    assert isinstance(fwd.tangent, hg.tangent.AutoTangent) and fwd.skip_zero_columns
     rev = method("method=reverse")
     assert type(rev) is hg.ReverseMode and rev.truncate is None and rev.checkpoint is None
-    assert isinstance(rev.step_vjp, hg.DoubleBackward)
+    assert isinstance(rev.step_vjp, hg.stepvjp.DoubleBackward)
     assert method("method=checkpointed").checkpoint == "sqrt"
     tr = method("method=truncated", "method.truncate=7", "method/step_vjp=mixed")
-    assert tr.truncate == 7 and isinstance(tr.step_vjp, hg.MixedMode)
+    assert tr.truncate == 7 and isinstance(tr.step_vjp, hg.stepvjp.MixedMode)
     imp = method("method=implicit", "method/solver=neumann", "method.solver.maxiter=500",
                  "method.loss_steps=[3,4]")
-    assert isinstance(imp, hg.ImplicitDiff) and isinstance(imp.solver, hg.Neumann)
+    assert isinstance(imp, hg.ImplicitDiff) and isinstance(imp.solver, hg.methods.Neumann)
     assert imp.solver.maxiter == 500 and imp.loss_steps == [3, 4]
     assert type(method("method=hd")) is hg.HD
     mar = method("method=marthe", "method.mu=0.5", "method/hvp=loop")
-    assert type(mar) is hg.MARTHE and mar.mu == 0.5 and isinstance(mar.hvp, hg.ColumnLoop)
+    assert type(mar) is hg.MARTHE and mar.mu == 0.5 and isinstance(mar.hvp, hg.hvp.ColumnLoop)
     fd = method("method=finite_difference", "method.eps=1e-4")
     assert isinstance(fd, hg.FiniteDifference) and fd.eps == 1e-4
 
@@ -134,23 +145,26 @@ def test_method_auto_keeps_the_forward_settings() -> None:
     cfg = _compose(["method=auto", "method.hvp.chunk_size=3", "method.hvp.memory_budget=5e8",
                     "method.hvp.compile=true"])
     auto = instantiate(cfg.method, _convert_="all")
-    assert isinstance(auto, hg.AutoMode) and isinstance(auto.forward.hvp, hg.VmapVJP)
+    assert isinstance(auto, hg.AutoMode) and isinstance(auto.forward.hvp, hg.hvp.VmapVJP)
     hvp = auto.forward.hvp
     assert (hvp.chunk_size, hvp.memory_budget, hvp.compile) == (3, 5e8, True)
     cfg = _compose(["method=auto", "method/hvp=fwd_over_rev", "method.hvp.chunk_size=2",
                     "method/step_vjp@method.reverse.step_vjp=mixed"])
     auto = instantiate(cfg.method, _convert_="all")
-    assert isinstance(auto.forward.hvp, hg.ForwardOverReverse)
+    assert isinstance(auto.forward.hvp, hg.hvp.ForwardOverReverse)
     assert auto.forward.hvp.chunk_size == 2
-    assert isinstance(auto.reverse.step_vjp, hg.MixedMode)
-    assert isinstance(auto.checkpointed.step_vjp, hg.MixedMode)
+    assert isinstance(auto.reverse.step_vjp, hg.stepvjp.MixedMode)
+    assert isinstance(auto.checkpointed.step_vjp, hg.stepvjp.MixedMode)
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["problem.n_trian=5"], "n_trian"),                     # a typo in a key
-    (["problem.steps=abc"], "steps"),                       # a wrong type
-    (["trainer.mode=sideways"], "mode"),                    # not one of the choices
-    (["trainer.outer_steps=1.5"], "outer_steps"),
+    (["task.n_trian=5"], "n_trian"),                        # a typo in a key
+    (["task.steps=abc"], "steps"),                          # a wrong type
+    (["mode=sideways"], "sideways"),                        # not one of the choices
+    (["mode.outer_steps=1.5"], "outer_steps"),
+    (["mode.interval=3"], "interval"),                      # online's, not offline's
+    (["guards.backtrak=1.5"], "backtrak"),
+    (["folder.resum=true"], "resum"),
     (["method=magic"], "magic"),                            # a method that does not exist
     (["method=fowrard"], "fowrard"),
     (["method/hvp=magic"], "magic"),                        # an HVP strategy likewise
@@ -195,8 +209,8 @@ def test_a_kind_is_chosen_per_item_and_names_come_from_keys() -> None:
 
 def test_schemas_follow_the_signatures() -> None:
     store = ConfigStore.instance().repo
-    factories = {n for n in hg.optim.__all__ if n.islower() and n != "safe_sqrt"}
-    assert {"sgd", "adam", "adamw"} <= factories
+    factories = set(hg.optim.registered())
+    assert {"sgd", "adam", "adamw", "rmsprop", "adagrad"} <= factories
     assert {f"schema_{n}.yaml" for n in factories} <= set(store["inner_optimizer"])
     fields = schema(hg.ForwardMode).__dataclass_fields__
     assert list(fields) == ["_target_", "hvp", "tangent", "skip_zero_columns"]
@@ -209,23 +223,23 @@ def test_schemas_follow_the_signatures() -> None:
         schema(Odd)
 
 
-def test_a_new_inner_optimizer_needs_no_config_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    # what the lead does to add RMSprop: a factory exported by hypergrad.optim, and a YAML
+def test_a_new_inner_optimizer_needs_no_config_code() -> None:
+    # what a user does to add an optimizer: a factory registered by name (and a YAML if wanted)
+    @hg.optim.register(name="fancy_sgd")
     def fancy(lr: hg.optim.base.Arg = 0.01, rho: float = 0.9, centered: bool = False
               ) -> hg.optim.SGD:
         return hg.optim.sgd(lr=lr)
 
-    monkeypatch.setattr(hg.optim, "fancy", fancy, raising=False)
-    monkeypatch.setattr(hg.optim, "__all__", [*hg.optim.__all__, "fancy"])
     register_configs()
-    node = ConfigStore.instance().repo["inner_optimizer"]["schema_fancy.yaml"].node
+    node = ConfigStore.instance().repo["inner_optimizer"]["schema_fancy_sgd.yaml"].node
     assert set(node) == {"_target_", "lr", "rho", "centered"} and node.rho == 0.9
-    cfg = _compose(["inner_optimizer=schema_fancy", "inner_optimizer.rho=0.5"])
+    cfg = _compose(["inner_optimizer=schema_fancy_sgd", "inner_optimizer.rho=0.5"])
     assert cfg.inner_optimizer.rho == 0.5
     with pytest.raises(ConfigCompositionException, match="rhoo"):
-        _compose(["inner_optimizer=schema_fancy", "inner_optimizer.rhoo=0.5"])
+        _compose(["inner_optimizer=schema_fancy_sgd", "inner_optimizer.rhoo=0.5"])
     with pytest.raises((ConfigCompositionException, ValidationError), match="centered"):
-        _compose(["inner_optimizer=schema_fancy", "inner_optimizer.centered=sometimes"])
+        _compose(["inner_optimizer=schema_fancy_sgd", "inner_optimizer.centered=sometimes"])
+    assert isinstance(hg.optim.create("fancy_sgd", lr=0.1), hg.optim.SGD)
 
 
 def test_methods_and_their_options_are_safe_to_change_on_resume() -> None:
@@ -242,7 +256,7 @@ def test_methods_and_their_options_are_safe_to_change_on_resume() -> None:
 
 @pytest.mark.parametrize("method,cls", [("marthe", hg.MARTHE), ("hd", hg.HD)])
 def test_online_methods_from_hydra(method: str, cls: type, tmp_path: Path) -> None:
-    cfg = _compose(["experiment=online_digits", f"method={method}", "debug=fast",
+    cfg = _compose(["experiment=online_digits", f"method={method}", "debug=fast_online",
                     "report.plots=false"])
     _, trainer = build(cfg)
     assert type(trainer.method) is cls
@@ -257,7 +271,8 @@ def test_online_methods_from_hydra(method: str, cls: type, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_runs_end_to_end_with_debug(preset: str, tmp_path: Path) -> None:
-    cfg = _compose([f"experiment={preset}", "debug=fast"])
+    debug = "debug=fast_online" if preset.startswith("online") else "debug=fast"
+    cfg = _compose([f"experiment={preset}", debug])
     results = run(cfg, tmp_path)
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["name"] == preset and on_disk["outer_steps"] >= 1
@@ -268,6 +283,8 @@ def test_preset_runs_end_to_end_with_debug(preset: str, tmp_path: Path) -> None:
     for png in results["plots"]:
         assert (tmp_path / png).stat().st_size > 1000
     assert (tmp_path / "config_resolved.yaml").exists()
+    assert {"learned.yaml", "model_learned.pt"} <= set(on_disk["learned_files"])
+    assert (tmp_path / "model_learned.pt").stat().st_size > 0
     if preset == "ridge_diabetes":
         assert on_disk["extra"]["closed_form"]["rel_diff_finite_T"] < 1e-10
     if preset == "hypercleaning":
@@ -313,16 +330,103 @@ def test_resume_keeps_the_original_config_and_refuses_changes(
     assert re.search(r"learned hyperparameters \(outer step \d\): l2=\d", caplog.text)
     first = (tmp_path / "config_resolved.yaml").read_text()
     _strict((tmp_path / "results.json").read_text())
-    with pytest.raises(RunDirError, match="already holds a run.*trainer.resume=true"):
+    with pytest.raises(RunDirError, match="already holds a run.*folder.resume=true"):
         run(_compose(base), tmp_path)
-    run(_compose(base + ["trainer.resume=true", "trainer.outer_steps=3"]), tmp_path)
+    run(_compose(base + ["folder.resume=true", "mode.outer_steps=3"]), tmp_path)
     assert (tmp_path / "config_resolved.yaml").read_text() == first
     assert "outer_steps: 3" in (tmp_path / "config_resolved.resume-1.yaml").read_text()
     assert _strict((tmp_path / "results.json").read_text())["outer_steps"] == 3
-    with pytest.raises(ResumeMismatchError, match=r"config.problem.steps: 12 -> 10"):
-        run(_compose(base + ["trainer.resume=true", "problem.steps=10"]), tmp_path)
+    with pytest.raises(ResumeMismatchError, match=r"config.task.steps: 12 -> 10"):
+        run(_compose(base + ["folder.resume=true", "task.steps=10"]), tmp_path)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["outer_step"] for x in lines] == [0, 1, 2]
-    run(_compose(base + ["trainer.overwrite=true", "trainer.outer_steps=1"]), tmp_path)
+    run(_compose(base + ["folder.overwrite=true", "mode.outer_steps=1"]), tmp_path)
     assert not (tmp_path / "config_resolved.resume-1.yaml").exists()
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+# -- issue 24: unknown keys, --help, resume messages -----------------------------------------------
+@pytest.mark.parametrize("override,key,near", [
+    ("+trainer.outer_step=3", "trainer.outer_step", "mode.outer_steps"),
+    ("+mode.outer_step=3", "mode.outer_step", "mode.outer_steps"),
+    ("+guards.backtrak=1.5", "guards.backtrak", "guards.backtrack"),
+    ("+task.n_trian=5", "task.n_trian", "task.n_train"),
+    ("+method.hvp.chunks=3", "method.hvp.chunks", "method.hvp.chunk_size"),
+])
+def test_a_key_that_names_no_setting_is_refused_with_the_nearest(override: str, key: str,
+                                                                near: str) -> None:
+    from hypergrad.config import check_keys
+
+    cfg = _compose(["experiment=digits_schedule", override])
+    with pytest.raises(ValueError, match=rf"'{re.escape(key)}' \(did you mean .*"
+                                         rf"{re.escape(near)}"):
+        check_keys(cfg)
+    check_keys(_compose(["experiment=digits_schedule"]))  # the preset itself is clean
+
+
+def test_a_key_in_a_users_config_file_and_a_users_own_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypergrad.config import check_keys
+
+    for group in ("task", "augment"):
+        (tmp_path / group).mkdir()
+    # the user's own task builder, by _target_, with a typo in the user's file
+    (tmp_path / "user_task_builder.py").write_text(
+        "def build(hyperparams, optimizer, model, n_train=100, steps=10):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "task" / "mine.yaml").write_text(
+        "_target_: user_task_builder.build\nn_trian: 50\nsteps: 5\n")
+    # a schema's option extended in the user's file: refused at composition already
+    (tmp_path / "task" / "digits_typo.yaml").write_text(
+        "defaults:\n  - digits\n  - _self_\nn_trian: 100\n")
+    (tmp_path / "augment" / "strong.yaml").write_text("noise: 0.1\n")
+
+    def user(*overrides: str) -> DictConfig:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return compose("config", overrides=[f"hydra.searchpath=[file://{tmp_path}]",
+                                                *overrides])
+
+    cfg = user("task=mine", "+augment=strong")
+    with pytest.raises(ValueError, match=r"'task.n_trian' \(did you mean task.n_train"):
+        check_keys(cfg, ["augment", "task"])
+    del cfg.task.n_trian
+    check_keys(cfg, ["augment", "task"])  # a group of the user's folder is a legitimate append
+    with pytest.raises(ValueError, match=r"'augment.noise'"):
+        check_keys(cfg, ["task"])  # the same key not chosen as a group: refused
+    with pytest.raises(ConfigCompositionException, match="n_trian"):
+        user("task=digits_typo")
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_a_misspelt_override_and_help_lists_only_choices(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", "debug=fast",
+                          "+trainer.outer_step=3", f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0 and "did you mean mode.outer_steps" in out.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()
+    helped = subprocess.run([sys.executable, "-m", "hypergrad.cli", "--help"],
+                            capture_output=True, text=True, env=env, timeout=300).stdout
+    assert "mode: offline, online" in helped and "method: " in helped
+    assert "schema_" not in helped
+
+
+def test_a_resume_mismatch_says_what_differs_in_ten_lines_and_where_the_settings_are(
+        tmp_path: Path) -> None:
+    base = ["experiment=ridge_diabetes", "debug=fast", "report.plots=false",
+            "report.retrain=false"]
+    run(_compose(base), tmp_path)
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- experiment=ridge_diabetes\n")
+    with pytest.raises(ResumeMismatchError) as info:
+        run(_compose(["experiment=digits_schedule", "debug=fast", "folder.resume=true",
+                      "report.plots=false"]), tmp_path)
+    text = str(info.value)
+    assert len(text.splitlines()) <= 10 and len(text) < 1500, text
+    assert "... and " in text and "more" in text  # many keys differ: the first ones shown
+    assert str(tmp_path / ".hydra" / "overrides.yaml") in text
+    assert str(tmp_path / "config_resolved.yaml") in text

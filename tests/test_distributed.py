@@ -25,10 +25,11 @@ from typing import Any
 import dist_worker
 import pytest
 import torch
-from problems import model_problem
+from fixtures import model_problem
 
 import hypergrad as hg
 from hypergrad import distributed as hd
+from hypergrad.distributed.shard import check_data_parallel
 from hypergrad.errors import ResumeMismatchError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,8 +160,8 @@ def test_a_killed_rank_ends_the_job_and_resume_equals_an_uninterrupted_run(
     # by one process (this one): refused, with the reason and the fix
     with pytest.raises(ResumeMismatchError, match="written by a run of 2 processes, this run "
                                                    "has 1.*--nproc_per_node=2"):
-        hg.Trainer(dist_worker.mixed(steps=8), "forward", mode="online", interval=2,
-                   run_dir=cut, resume=True, progress=False, log=lambda _: None)
+        hg.Trainer(dist_worker.mixed(steps=8), "forward", mode=hg.Online(interval=2),
+                   folder=hg.RunFolder(cut, resume=True), callbacks=[hg.run.Log(None)])
 
 
 def test_a_hanging_rank_ends_the_job_after_the_timeout(tmp_path: Path) -> None:
@@ -178,8 +179,9 @@ def test_one_process_runs_the_parallel_methods_as_the_plain_ones() -> None:
     lam = dist_worker.lam_of(p)
     ref = hg.ForwardMode().hypergradient(p, lam).grad
     assert torch.equal(hd.column_parallel().hypergradient(p, lam).grad, ref)
-    assert torch.equal(hd.wrap(hg.ForwardMode()).hypergradient(p, lam).grad, ref)
-    assert hd.world_size() == 1 and hd.is_writer() and hd.fingerprint(hg.ForwardMode()) == {}
+    ranks = hd.Ranks()
+    assert torch.equal(ranks.setup(hg.ForwardMode()).hypergradient(p, lam).grad, ref)
+    assert hd.world_size() == 1 and hd.is_writer() and ranks.fingerprint(hg.ForwardMode()) == {}
 
 
 def test_columns_are_dealt_by_the_steps_they_are_computed() -> None:
@@ -208,11 +210,11 @@ def test_data_parallel_refuses_batchnorm_and_dropout() -> None:
     bn = digits_case("momentum", "lr", steps=2, n_train=16, batch_size=8, hidden=4,
                      batchnorm=True)
     with pytest.raises(ValueError, match="BatchNorm running statistics"):
-        hd._check_data_parallel(bn)
+        check_data_parallel(bn)
     with pytest.raises(ValueError, match="draws no random numbers"):
-        hd._check_data_parallel(model_problem("dropout_mlp"))
+        check_data_parallel(model_problem("dropout_mlp"))
     with pytest.raises(TypeError, match="must be a ForwardMode"):
-        hd.ParallelForward(hg.MARTHE(0.5))
+        hd.ParallelForward(hg.ReverseMode())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="does not match the 1 processes"):
         hd.mesh(data=2)
 

@@ -25,7 +25,7 @@ def _problem(hps: list[Any] | None = None, opt: hg.optim.Optimizer | None = None
     def vl(m: Any, hp: Any) -> torch.Tensor:
         return F.cross_entropy(m(x), y)
 
-    return hg.InnerProblem(model, train_loss or tl, opt or hg.sgd(lr="lr"),
+    return hg.InnerProblem(model, train_loss or tl, opt or hg.optim.sgd(lr="lr"),
                            hg.HyperParams(hps or [hg.Scalar("lr", 0.1, transform="log")]),
                            [(x, y)], steps, val_loss or vl)
 
@@ -42,7 +42,7 @@ def test_t_zero() -> None:
 
 def test_unknown_name_in_optimizer() -> None:
     with pytest.raises(ValueError, match=r"lr='lrr' names no hyperparameter; defined are \['lr'\]"):
-        _problem(opt=hg.sgd(lr="lrr"))
+        _problem(opt=hg.optim.sgd(lr="lrr"))
 
 
 def test_unknown_name_in_loss() -> None:
@@ -91,13 +91,13 @@ def test_non_float_dtype() -> None:
     model = nn.Linear(2, 2).double()
     model.weight.data = model.weight.data.half()
     with pytest.raises(TypeError, match="mix dtypes"):
-        hg.InnerProblem(model, lambda m, b, hp: 0, hg.sgd(lr=0.1),
+        hg.InnerProblem(model, lambda m, b, hp: 0, hg.optim.sgd(lr=0.1),
                         hg.HyperParams([hg.Scalar("x", 1.0)]), [0], 1, lambda m, hp: 0)
 
 
 def test_shape_mismatches() -> None:
     with pytest.raises(ValueError, match=r"init has shape \(2,\), expected a number or shape"):
-        hg.HyperParams([hg.Tensor("t", [1.0, 2.0], shape=(3,))]).init_raw()
+        hg.HyperParams([hg.Array("t", [1.0, 2.0], shape=(3,))]).init_raw()
     with pytest.raises(ValueError, match=r"params \['nope'\] are not trainable parameters"):
         _problem(hps=[hg.Scalar("lr", 0.1), hg.PerTensor("wd", 0.1, params=["nope"])])
     with pytest.raises(ValueError, match=r"parameters \['bias'\] have no value.*default="):
@@ -106,7 +106,7 @@ def test_shape_mismatches() -> None:
 
 def test_optimizer_bound_to_per_example() -> None:
     with pytest.raises(ValueError, match=r"lr is bound to 'w' of kind per_example"):
-        _problem(hps=[hg.PerExample("w", n=8, init=1.0)], opt=hg.sgd(lr="w"))
+        _problem(hps=[hg.PerExample("w", n=8, init=1.0)], opt=hg.optim.sgd(lr="w"))
 
 
 def test_transform_and_domain() -> None:
@@ -122,16 +122,16 @@ def test_transform_and_domain() -> None:
 
 def test_bad_optimizer_arguments() -> None:
     with pytest.raises(TypeError, match=r"sgd: lr=\[0.1\] must be a number or the name"):
-        hg.sgd(lr=[0.1])  # type: ignore[arg-type]
+        hg.optim.sgd(lr=[0.1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="nesterov=True needs a momentum"):
-        hg.sgd(lr=0.1, nesterov=True)
+        hg.optim.sgd(lr=0.1, nesterov=True)
     with pytest.raises(ValueError, match="betas=.* must be a pair"):
-        hg.adam(betas=(0.9,))  # type: ignore[arg-type]
+        hg.optim.adam(betas=(0.9,))  # type: ignore[arg-type]
 
 
 def test_bad_strategy_arguments() -> None:
     with pytest.raises(ValueError, match=r"VmapVJP: chunk_size=0 must be None"):
-        hg.VmapVJP(chunk_size=0)
+        hg.hvp.VmapVJP(chunk_size=0)
     with pytest.raises(TypeError, match="hvp must be an HVPStrategy"):
         hg.ForwardMode(hvp="vmap")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="eps=0 must be > 0"):
@@ -147,7 +147,7 @@ def test_hypergradcheck_needs_float64() -> None:
 def test_model_without_trainable_parameters() -> None:
     model = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="no parameter with requires_grad=True"):
-        hg.InnerProblem(model, lambda m, b, hp: 0, hg.sgd(lr=0.1),
+        hg.InnerProblem(model, lambda m, b, hp: 0, hg.optim.sgd(lr=0.1),
                         hg.HyperParams([hg.Scalar("x", 1.0)]), [0], 1, lambda m, hp: 0)
 
 
@@ -174,7 +174,7 @@ def test_unbound_hyperparameter_suggests_the_right_binding() -> None:
     assert "sgd(..., momentum='momentum', weight_decay='wd')" in msg
     assert "lr='momentum'" not in msg  # the old, wrong suggestion
     p = _problem(hps=[hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("momentum", 0.9)],
-                 opt=hg.adam(lr="lr"))
+                 opt=hg.optim.adam(lr="lr"))
     with pytest.raises(ValueError, match=r"adam\(\.\.\., betas=\('momentum', 0\.999\)\)"):
         hg.ReverseMode().hypergradient(p, p.init_raw())
 
@@ -183,8 +183,8 @@ def test_unbound_hyperparameter_suggests_the_right_binding() -> None:
 def test_non_numeric_init(init: Any) -> None:
     with pytest.raises(TypeError, match=r"Scalar\('lr'\): init=.* must be a number, a list"):
         hg.Scalar("lr", init)
-    with pytest.raises(TypeError, match=r"Tensor_\('l2'\): init=.* must be a number"):
-        hg.Tensor("l2", init)
+    with pytest.raises(TypeError, match=r"Array\('l2'\): init=.* must be a number"):
+        hg.Array("l2", init)
 
 
 def _per_example_problem(n: int, n_data: int = 8) -> hg.InnerProblem:
@@ -195,7 +195,7 @@ def _per_example_problem(n: int, n_data: int = 8) -> hg.InnerProblem:
     def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
         return (hp["w"][b[2]] * F.cross_entropy(m(b[0]), b[1], reduction="none")).mean()
 
-    return hg.InnerProblem(nn.Linear(4, 3).double(), tl, hg.sgd(lr=0.1),
+    return hg.InnerProblem(nn.Linear(4, 3).double(), tl, hg.optim.sgd(lr=0.1),
                            hg.HyperParams([hg.PerExample("w", 1.0, n=n)]),
                            MiniBatches(x, y, batch_size=4), 3,
                            lambda m, hp: F.cross_entropy(m(x), y))
@@ -210,7 +210,7 @@ def test_per_example_size_must_match_the_data(n: int) -> None:
     # indices beyond n in a batch of another kind (a list of (x, y, idx) batches)
     x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
     q = hg.InnerProblem(nn.Linear(4, 3).double(), lambda m, b, hp: hp["w"][b[2]].mean(),
-                        hg.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=4)]),
+                        hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=4)]),
                         [(x, y, torch.arange(8))], 2, lambda m, hp: F.cross_entropy(m(x), y))
     with pytest.raises(ValueError, match=r"the first mini-batch indexes example 7"):
         hg.ReverseMode().hypergradient(q, q.init_raw())
@@ -222,7 +222,7 @@ def test_a_batch_source_shorter_than_the_horizon() -> None:
     with pytest.raises(ValueError, match=r"ran out after 3 mini-batches, fewer than steps=5.*a "
                                          r"list of batches"):
         hg.InnerProblem(nn.Linear(4, 3).double(), lambda m, b, hp: m(b[0]).sum(),
-                        hg.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]), gen, 5,
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]), gen, 5,
                         lambda m, hp: m(x).sum())
     with pytest.raises(ValueError, match="batches yielded no mini-batch"):
         _problem_with_batches(iter([]), 2)
@@ -231,7 +231,8 @@ def test_a_batch_source_shorter_than_the_horizon() -> None:
 def _problem_with_batches(batches: Any, steps: int) -> hg.InnerProblem:
     x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
     return hg.InnerProblem(nn.Linear(4, 3).double(),
-                           lambda m, b, hp: F.cross_entropy(m(b["x"]), b["y"]), hg.sgd(lr="lr"),
+                           lambda m, b, hp: F.cross_entropy(m(b["x"]), b["y"]),
+                           hg.optim.sgd(lr="lr"),
                            hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]), batches,
                            steps, lambda m, hp: F.cross_entropy(m(x), y))
 
@@ -253,15 +254,15 @@ def test_nan_targets_loaded_from_disk(tmp_path: Any) -> None:
     import numpy as np
     import scipy.sparse
 
-    from hypergrad.problems.sparse_regression import sparse_regression_task
+    from hypergrad.tasks.sparse_regression import sparse_regression_task
 
     a = scipy.sparse.random(20, 6, density=0.5, format="csr", random_state=0)
     scipy.sparse.save_npz(tmp_path / "a.npz", a)
     y = np.ones(20)
     y[[3, 11]] = np.nan
     np.save(tmp_path / "a_y.npy", y)
-    hps = hg.HyperParams([hg.Tensor("res_w", 0.5, shape=(2,), transform="logit"),
-                          hg.Tensor("l2", 1e-3, shape=(2,), transform="log")])
+    hps = hg.HyperParams([hg.Array("res_w", 0.5, shape=(2,), transform="logit"),
+                          hg.Array("l2", 1e-3, shape=(2,), transform="log")])
     with pytest.raises(ValueError, match=r"a_y.npy has 2 non-finite targets .*rows \[3, 11\]"):
-        sparse_regression_task(hps, hg.sgd(lr=0.1), data_path=str(tmp_path / "a.npz"),
+        sparse_regression_task(hps, hg.optim.sgd(lr=0.1), data_path=str(tmp_path / "a.npz"),
                                groups=2, feature_groups=2)

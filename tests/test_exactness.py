@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hypergrad as hg
-from hypergrad.problems import ridge_closed_form_hypergradient, ridge_problem
+from hypergrad.tasks import ridge_closed_form_hypergradient, ridge_problem
 from hypergrad.testing import digits_case, grid_cases, hypergradcheck, rel_err
 
 SMALL = dict(steps=6, n_train=24, batch_size=8, hidden=8, n_val=32, windows=3)
@@ -42,7 +42,7 @@ def test_batchnorm_statistics_tangents_matter() -> None:
     lam = problem.init_raw()
     fd = hg.FiniteDifference().hypergradient(problem, lam).grad
 
-    class NoBufferTangents(hg.VmapVJP):
+    class NoBufferTangents(hg.hvp.VmapVJP):
         def __call__(self, f, params, buffers, lam, zp, zb, eye):  # type: ignore[no-untyped-def]
             g, new_b, G, zb_new = super().__call__(f, params, buffers, lam, zp, zb, eye)
             assert zb_new  # the running statistics had tangents to drop

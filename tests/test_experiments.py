@@ -63,7 +63,7 @@ def test_vs_optuna_script_small(tmp_path: Path) -> None:
     pytest.importorskip("optuna")
     out = _script("experiments/vs_optuna.py", "--quick", "--problems", "digits_schedule",
                   "--seeds", "1", "--retrain-seeds", "1", "--budget-scale", "0.5",
-                  "--max-wait", "0", "--retry-contended", "0", "--override", "problem.steps=30",
+                  "--max-wait", "0", "--retry-contended", "0", "--override", "task.steps=30",
                   "--out", str(tmp_path))
     last = out.strip().splitlines()[-1]
     m = re.fullmatch(r"vs_optuna wins=(\d)/1 seeds=1", last)

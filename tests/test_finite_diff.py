@@ -49,7 +49,7 @@ def test_rough_objective_is_reported_not_failed(f64: torch.dtype) -> None:
     def val_loss(m, hp):  # type: ignore[no-untyped-def]
         return ((m(x)[:, 0] - y) ** 2).mean()
 
-    problem = hg.InnerProblem(model, train_loss, hg.sgd(lr="lr", weight_decay="wd"), hps,
+    problem = hg.InnerProblem(model, train_loss, hg.optim.sgd(lr="lr", weight_decay="wd"), hps,
                               [(x, y)], 3, val_loss)
     lam = problem.init_raw()
     # a kink of the objective in the final bias, placed so that lr's finite-difference step h

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from problems import SMALL, TINY, mixed_problem
+from fixtures import SMALL, TINY, mixed_problem
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 import hypergrad as hg
-from hypergrad import forward as fwd
 from hypergrad.data import MiniBatches
+from hypergrad.methods import forward as fwd
 from hypergrad.testing import OPTIMIZERS, digits_case, rel_err
 
 
@@ -37,8 +37,9 @@ def test_skipping_columns_equals_dense(opt: str, steps: int, windows: int) -> No
 def test_skipping_with_batchnorm_and_the_loop() -> None:
     problem = mixed_problem("momentum", 6, 3, batchnorm=True)
     lam = problem.init_raw()
-    a = hg.ForwardMode(hg.ColumnLoop()).hypergradient(problem, lam).grad
-    b = hg.ForwardMode(hg.ColumnLoop(), skip_zero_columns=False).hypergradient(problem, lam).grad
+    a = hg.ForwardMode(hg.hvp.ColumnLoop()).hypergradient(problem, lam).grad
+    dense = hg.ForwardMode(hg.hvp.ColumnLoop(), skip_zero_columns=False)
+    b = dense.hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
     assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9
 
@@ -75,13 +76,13 @@ def test_a_non_zero_tangent_is_never_skipped() -> None:
 
 def test_plan_reads_schedule_windows() -> None:
     problem = mixed_problem("momentum", steps=8, windows=4)  # lr: columns 0..3, mom: 4, wd: 5..
-    plan = fwd._Plan(problem)
+    plan = fwd.ColumnPlan(problem)
     assert plan.first_read[:4] == [0, 2, 4, 6]
     assert plan.first_read[4:] == [0] * (problem.num_hyperparams - 4)
     assert plan.not_started(3) == [2, 3]
     n_wd = len(problem.fmodel.param_names)
     assert plan.optimizer_columns(5) == [2, 4, *range(5, 5 + n_wd)]
-    never = fwd._Plan(mixed_problem("momentum", steps=3, windows=8))  # windows 8 > T = 3
+    never = fwd.ColumnPlan(mixed_problem("momentum", steps=3, windows=8))  # windows 8 > T = 3
     assert never.first_read[:8] == [0, 3, 1, 3, 3, 2, 3, 3]  # 3: read by no step
 
 
@@ -97,7 +98,7 @@ def test_constant_per_tensor_default_and_frozen_parameters() -> None:
                           hg.Schedule("lr", 0.1, windows=3, transform="log")])
     problem = hg.InnerProblem(
         model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        hg.sgd(lr="lr", momentum=0.9, weight_decay="wd"), hps,
+        hg.optim.sgd(lr="lr", momentum=0.9, weight_decay="wd"), hps,
         MiniBatches(x, y, batch_size=8), 6, lambda m, hp: F.cross_entropy(m(x), y))
     lam = problem.init_raw()
     a = hg.ForwardMode().hypergradient(problem, lam).grad

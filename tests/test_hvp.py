@@ -8,13 +8,13 @@ import math
 
 import pytest
 import torch
-from problems import SMALL, one_hvp_call, small_cnn_problem
+from fixtures import SMALL, one_hvp_call, small_cnn_problem
 
 import hypergrad as hg
 from hypergrad.hvp import DEFAULT_MEMORY_BUDGET, HVPStrategy, saved_bytes
 from hypergrad.testing import digits_case
 
-BATCHED = [hg.VmapVJP, hg.BatchedAutograd, hg.ForwardOverReverse]
+BATCHED = [hg.hvp.VmapVJP, hg.hvp.BatchedAutograd, hg.hvp.ForwardOverReverse]
 
 
 @pytest.mark.parametrize("cls", BATCHED)
@@ -29,11 +29,11 @@ def test_budget_and_chunk_choices_give_identical_results(cls: type[HVPStrategy])
 
 def test_hvp_outputs_equal_across_chunkings_with_batchnorm() -> None:
     problem = digits_case("momentum", "per_tensor_wd", batchnorm=True, **{**SMALL, "steps": 4})
-    *_, ref = one_hvp_call(problem, hg.VmapVJP(memory_budget=math.inf))
+    *_, ref = one_hvp_call(problem, hg.hvp.VmapVJP(memory_budget=math.inf))
     assert ref[3] and all(z.abs().sum() > 0 for z in ref[3].values())  # running stats' tangents
-    for strat in (hg.VmapVJP(chunk_size=1), hg.VmapVJP(memory_budget=1.0),
-                  hg.ForwardOverReverse(chunk_size=2), hg.BatchedAutograd(chunk_size=3),
-                  hg.ColumnLoop()):
+    for strat in (hg.hvp.VmapVJP(chunk_size=1), hg.hvp.VmapVJP(memory_budget=1.0),
+                  hg.hvp.ForwardOverReverse(chunk_size=2), hg.hvp.BatchedAutograd(chunk_size=3),
+                  hg.hvp.ColumnLoop()):
         *_, got = one_hvp_call(problem, strat)
         for a, b in zip(got, ref):  # g, new_b, G, Zb_new
             assert set(a) == set(b)
@@ -43,16 +43,16 @@ def test_hvp_outputs_equal_across_chunkings_with_batchnorm() -> None:
 
 def test_columns_per_call_follows_the_budget() -> None:
     problem = digits_case("sgd", "per_example", **{**SMALL, "steps": 4})  # K = 24
-    f, s, _, lam, _, _ = one_hvp_call(problem, hg.VmapVJP())
+    f, s, _, lam, _, _ = one_hvp_call(problem, hg.hvp.VmapVJP())
     saved = saved_bytes(f, s.params, s.buffers, lam)
     assert saved > 0
-    per_col = hg.VmapVJP().column_bytes(saved, sum(v.numel() * v.element_size()
+    per_col = hg.hvp.VmapVJP().column_bytes(saved, sum(v.numel() * v.element_size()
                                                    for v in s.params.values()))
-    assert per_col == hg.VmapVJP.column_memory_factor * saved + 2 * sum(
+    assert per_col == hg.hvp.VmapVJP.column_memory_factor * saved + 2 * sum(
         v.numel() * v.element_size() for v in s.params.values())
 
     def chunk(**kw: float) -> int:
-        return hg.VmapVJP(**kw).columns_per_call(f, s.params, s.buffers, lam, 24)  # type: ignore
+        return hg.hvp.VmapVJP(**kw).columns_per_call(f, s.params, s.buffers, lam, 24)  # type: ignore
 
     assert chunk() == 24  # a small model: the default budget holds every column
     assert chunk(memory_budget=math.inf) == 24
@@ -60,8 +60,8 @@ def test_columns_per_call_follows_the_budget() -> None:
     assert chunk(memory_budget=per_col * 5.5) == 5  # 5 fit: 5 chunks of 5, 5, 5, 5, 4
     assert chunk(memory_budget=per_col * 12.5) == 12
     assert chunk(memory_budget=per_col * 13.5) == 12  # 13 fit: 2 chunks, balanced 12 + 12
-    assert hg.VmapVJP(chunk_size=7).columns_per_call(f, s.params, s.buffers, lam, 24) == 7
-    assert hg.VmapVJP(chunk_size=70).columns_per_call(f, s.params, s.buffers, lam, 24) == 24
+    assert hg.hvp.VmapVJP(chunk_size=7).columns_per_call(f, s.params, s.buffers, lam, 24) == 7
+    assert hg.hvp.VmapVJP(chunk_size=70).columns_per_call(f, s.params, s.buffers, lam, 24) == 24
     assert DEFAULT_MEMORY_BUDGET == 2**30
 
 
@@ -69,7 +69,7 @@ def test_saved_bytes_leave_out_the_weights() -> None:
     """A layer saves its weight for backward, but every column of a batched product shares it:
     only activations count per column."""
     problem = digits_case("sgd", "lr", **{**SMALL, "steps": 4})
-    f, s, _, lam, _, _ = one_hvp_call(problem, hg.VmapVJP())
+    f, s, _, lam, _, _ = one_hvp_call(problem, hg.hvp.VmapVJP())
     saved = saved_bytes(f, s.params, s.buffers, lam)
     seen: dict[int, int] = {}
 
@@ -100,20 +100,20 @@ def test_saved_bytes_grows_with_the_batch() -> None:
 @pytest.mark.parametrize("bad", [0, -1.0, "1GB", True, float("nan")])
 def test_bad_memory_budget_is_rejected(bad: object) -> None:
     with pytest.raises(ValueError, match=r"VmapVJP: memory_budget="):
-        hg.VmapVJP(memory_budget=bad)  # type: ignore[arg-type]
+        hg.hvp.VmapVJP(memory_budget=bad)  # type: ignore[arg-type]
 
 
 def test_bad_compile_flag_and_reprs() -> None:
     with pytest.raises(TypeError, match="compile"):
-        hg.VmapVJP(compile="yes")  # type: ignore[arg-type]
-    assert repr(hg.VmapVJP()) == "VmapVJP(chunk_size=None, memory_budget=None)"
-    assert "compile=True" in repr(hg.VmapVJP(compile=True))
-    assert repr(hg.ColumnLoop()) == "ColumnLoop()"
-    assert repr(hg.ForwardOverReverse(memory_budget=2.0)) == (
+        hg.hvp.VmapVJP(compile="yes")  # type: ignore[arg-type]
+    assert repr(hg.hvp.VmapVJP()) == "VmapVJP(chunk_size=None, memory_budget=None)"
+    assert "compile=True" in repr(hg.hvp.VmapVJP(compile=True))
+    assert repr(hg.hvp.ColumnLoop()) == "ColumnLoop()"
+    assert repr(hg.hvp.ForwardOverReverse(memory_budget=2.0)) == (
         "ForwardOverReverse(chunk_size=None, memory_budget=2.0)")
     # the existing constructor forms keep working
-    assert hg.VmapVJP(chunk_size=5).chunk_size == 5
-    assert hg.BatchedAutograd(5).chunk_size == 5
+    assert hg.hvp.VmapVJP(chunk_size=5).chunk_size == 5
+    assert hg.hvp.BatchedAutograd(5).chunk_size == 5
 
 
 def test_compiled_vmap_vjp_equals_eager() -> None:
@@ -122,20 +122,22 @@ def test_compiled_vmap_vjp_equals_eager() -> None:
     problem = digits_case("momentum", "per_example", steps=3, n_train=16, batch_size=8,
                           hidden=6, n_val=16)
     lam = problem.init_raw()
-    eager = hg.ForwardMode(hg.VmapVJP(chunk_size=8)).hypergradient(problem, lam).grad
-    compiled = hg.ForwardMode(hg.VmapVJP(chunk_size=8, compile=True)).hypergradient(problem, lam)
+    eager = hg.ForwardMode(hg.hvp.VmapVJP(chunk_size=8)).hypergradient(problem, lam).grad
+    compiled = hg.ForwardMode(hg.hvp.VmapVJP(chunk_size=8, compile=True)).hypergradient(
+        problem, lam)
     torch.testing.assert_close(compiled.grad, eager, rtol=1e-10, atol=1e-13)
 
 
-def test_make_method_options() -> None:
-    from hypergrad.trainer import make_method
-    m = make_method("forward", "vmap_vjp", memory_budget_gb=0.5, compile=True)
-    assert isinstance(m, hg.ForwardMode) and m.hvp.compile and m.hvp.memory_budget == 2**29
-    assert make_method("forward", "fwd_over_rev", chunk_size=3).hvp.chunk_size == 3
-    with pytest.raises(ValueError, match="compile=True needs hvp='vmap_vjp'"):
-        make_method("forward", "loop", compile=True)
-    with pytest.raises(ValueError, match="memory_budget_gb=0"):
-        make_method("forward", "vmap_vjp", memory_budget_gb=0)
+def test_strategy_options_are_checked() -> None:
+    m = hg.ForwardMode(hg.hvp.VmapVJP(memory_budget=2**29, compile=True))
+    assert m.hvp.compile and m.hvp.memory_budget == 2**29
+    assert hg.hvp.ForwardOverReverse(chunk_size=3).chunk_size == 3
+    with pytest.raises(ValueError, match="memory_budget=0"):
+        hg.hvp.VmapVJP(memory_budget=0)
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        hg.hvp.VmapVJP(chunk_size=0)
+    with pytest.raises(TypeError, match="hvp must be an HVPStrategy"):
+        hg.ForwardMode("loop")  # type: ignore[arg-type]
 
 
 def test_compiled_cnn_after_another_model_equals_eager() -> None:
@@ -145,10 +147,10 @@ def test_compiled_cnn_after_another_model_equals_eager() -> None:
     warning (warnings are errors here), the eager result."""
     mlp = digits_case("momentum", "lr", steps=3, n_train=16, batch_size=8, hidden=6, n_val=16)
     # its steps recompile (the step index changes), after which dynamo traces dynamically
-    hg.ForwardMode(hg.VmapVJP(compile=True)).hypergradient(mlp, mlp.init_raw())
+    hg.ForwardMode(hg.hvp.VmapVJP(compile=True)).hypergradient(mlp, mlp.init_raw())
     problem = small_cnn_problem()
     lam = problem.init_raw()
-    strat = hg.VmapVJP(compile=True)
+    strat = hg.hvp.VmapVJP(compile=True)
     got = hg.ForwardMode(strat).hypergradient(problem, lam).grad
     assert strat._compiled is not None and not strat._compile_failed
     want = hg.ForwardMode().hypergradient(problem, lam).grad
@@ -165,7 +167,7 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fails)
     problem = small_cnn_problem()
     lam = problem.init_raw()
-    strat = hg.VmapVJP(compile=True)
+    strat = hg.hvp.VmapVJP(compile=True)
     with pytest.warns(RuntimeWarning, match=r"torch.compile failed on this model \(RuntimeError: "
                                             r"cannot trace this\)"):
         got = hg.ForwardMode(strat).hypergradient(problem, lam).grad
@@ -183,14 +185,15 @@ def test_forward_over_reverse_names_the_torch_mse_loss_bug(f64: torch.dtype) -> 
     hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")])
     problem = hg.InnerProblem(torch.nn.Linear(3, 1).double(),
                               lambda m, b, hp: F.mse_loss(m(b[0])[:, 0], b[1]),
-                              hg.sgd(lr="lr"), hps, [(x, y)], 2,
+                              hg.optim.sgd(lr="lr"), hps, [(x, y)], 2,
                               lambda m, hp: F.mse_loss(m(x)[:, 0], y))
     with pytest.raises(RuntimeError, match="pytorch/pytorch#123996.*VmapVJP"):
-        hg.ForwardMode(hg.ForwardOverReverse()).hypergradient(problem, problem.init_raw())
+        hg.ForwardMode(hg.hvp.ForwardOverReverse()).hypergradient(problem, problem.init_raw())
     hg.ForwardMode().hypergradient(problem, problem.init_raw())  # the default works
 
 
-@pytest.mark.parametrize("strategy", [hg.VmapVJP, hg.BatchedAutograd, hg.ForwardOverReverse])
+@pytest.mark.parametrize("strategy", [hg.hvp.VmapVJP, hg.hvp.BatchedAutograd,
+                                      hg.hvp.ForwardOverReverse])
 def test_chunking_does_not_change_results(strategy: type[HVPStrategy]) -> None:
     problem = digits_case("adam", "per_example", **SMALL)  # K = 24
     lam = problem.init_raw()
@@ -203,6 +206,6 @@ def test_chunking_does_not_change_results(strategy: type[HVPStrategy]) -> None:
 def test_loop_baseline_equals_batched() -> None:
     problem = digits_case("nesterov", "schedule", **SMALL)
     lam = problem.init_raw()
-    a = hg.ForwardMode(hg.ColumnLoop()).hypergradient(problem, lam).grad
-    b = hg.ForwardMode(hg.VmapVJP()).hypergradient(problem, lam).grad
+    a = hg.ForwardMode(hg.hvp.ColumnLoop()).hypergradient(problem, lam).grad
+    b = hg.ForwardMode(hg.hvp.VmapVJP()).hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)

@@ -13,7 +13,7 @@ def test_layout_values_and_transforms(f64: torch.dtype) -> None:
         hg.Scalar("mom", 0.9, transform="logit"),
         hg.PerTensor("wd", 1e-3, params=["a", "b"], transform="log"),
         hg.PerExample("w", 0.5, n=4, transform="logit"),
-        hg.Tensor("l2", [1.0, 2.0]),
+        hg.Array("l2", [1.0, 2.0]),
     ])
     assert hps.num_raw == 3 + 1 + 2 + 4 + 2
     lam = hps.init_raw(f64)

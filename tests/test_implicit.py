@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from problems import SMALL
+from fixtures import SMALL
 
 import hypergrad as hg
 from hypergrad.errors import InnerNotConvergedWarning, SolverNotConvergedWarning
@@ -25,7 +25,7 @@ def ridge() -> tuple[hg.InnerProblem, torch.Tensor]:
 
 def test_ridge_equals_the_closed_form(ridge: tuple[hg.InnerProblem, torch.Tensor]) -> None:
     problem, closed = ridge
-    r = hg.ImplicitDiff(hg.CG(tol=1e-12)).hypergradient(problem, problem.init_raw())
+    r = hg.ImplicitDiff(hg.methods.CG(tol=1e-12)).hypergradient(problem, problem.init_raw())
     assert rel_err(r.grad, closed) <= 1e-8
     assert r.info is not None and r.info["converged"] and r.info["residual"] <= 1e-12
     assert r.info["iterations"] <= 11  # 10 features: CG is exact in 10 steps
@@ -34,12 +34,12 @@ def test_ridge_equals_the_closed_form(ridge: tuple[hg.InnerProblem, torch.Tensor
     assert torch.equal(grad, r.grad) and info is r.info and objective.ndim == 0
 
 
-@pytest.mark.parametrize("solver", [hg.Neumann(maxiter=3000, tol=1e-11),
-                                    hg.FixedPoint(maxiter=3000, tol=1e-11),
-                                    hg.FixedPoint(maxiter=3000, tol=1e-11, momentum=0.9)],
+@pytest.mark.parametrize("solver", [hg.methods.Neumann(maxiter=3000, tol=1e-11),
+                                    hg.methods.FixedPoint(maxiter=3000, tol=1e-11),
+                                    hg.methods.FixedPoint(maxiter=3000, tol=1e-11, momentum=0.9)],
                          ids=["neumann", "fixed_point", "fixed_point_momentum"])
 def test_ridge_every_solver(ridge: tuple[hg.InnerProblem, torch.Tensor],
-                            solver: hg.LinearSolver) -> None:
+                            solver: hg.methods.LinearSolver) -> None:
     problem, closed = ridge
     r = hg.ImplicitDiff(solver).hypergradient(problem, problem.init_raw())
     assert r.info is not None
@@ -53,9 +53,11 @@ def test_neumann_and_fixed_point_take_the_same_iterates(ridge: tuple[hg.InnerPro
                                                                       torch.Tensor]) -> None:
     problem, _ = ridge
     with pytest.warns(SolverNotConvergedWarning):
-        a = hg.ImplicitDiff(hg.Neumann(maxiter=50)).hypergradient(problem, problem.init_raw())
+        a = hg.ImplicitDiff(hg.methods.Neumann(maxiter=50)).hypergradient(problem,
+                                                                          problem.init_raw())
     with pytest.warns(SolverNotConvergedWarning):
-        b = hg.ImplicitDiff(hg.FixedPoint(maxiter=50)).hypergradient(problem, problem.init_raw())
+        b = hg.ImplicitDiff(hg.methods.FixedPoint(maxiter=50)).hypergradient(problem,
+                                                                             problem.init_raw())
     assert a.info is not None and b.info is not None
     assert a.info["residual"] == pytest.approx(b.info["residual"], rel=1e-8)
     assert rel_err(a.grad, b.grad) <= 1e-10
@@ -64,7 +66,7 @@ def test_neumann_and_fixed_point_take_the_same_iterates(ridge: tuple[hg.InnerPro
 def test_l2_mlp_trained_to_convergence_agrees_with_forward_mode() -> None:
     problem = l2_mlp_case(500)
     lam = problem.init_raw()
-    imp = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(problem, lam)
+    imp = hg.ImplicitDiff(hg.methods.CG(maxiter=300)).hypergradient(problem, lam)
     fwd = hg.ForwardMode().hypergradient(problem, lam)
     assert imp.info is not None and imp.info["converged"]
     assert rel_err(imp.grad, fwd.grad) <= 1e-3
@@ -76,8 +78,8 @@ def test_optimizer_weight_decay_is_the_same_l2_term() -> None:
     with the same hypergradient."""
     loss_l2, opt_l2 = l2_mlp_case(300), l2_mlp_case(300, via_optimizer=True)
     lam = loss_l2.init_raw()
-    a = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(loss_l2, lam)
-    b = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(opt_l2, lam)
+    a = hg.ImplicitDiff(hg.methods.CG(maxiter=300)).hypergradient(loss_l2, lam)
+    b = hg.ImplicitDiff(hg.methods.CG(maxiter=300)).hypergradient(opt_l2, lam)
     assert rel_err(b.grad, a.grad) <= 1e-6
     assert rel_err(b.grad, hg.ForwardMode().hypergradient(opt_l2, lam).grad) <= 1e-3
 
@@ -97,7 +99,7 @@ def test_solver_that_stops_early_warns_with_its_residual(
     problem, _ = ridge
     with pytest.warns(SolverNotConvergedWarning, match=r"CG\(maxiter=2.*stopped at relative "
                                                        r"residual .* after 2 iterations"):
-        r = hg.ImplicitDiff(hg.CG(maxiter=2)).hypergradient(problem, problem.init_raw())
+        r = hg.ImplicitDiff(hg.methods.CG(maxiter=2)).hypergradient(problem, problem.init_raw())
     assert r.info is not None and not r.info["converged"] and r.info["iterations"] == 2
 
 
@@ -105,7 +107,7 @@ def test_warm_start_reuses_the_last_solution(ridge: tuple[hg.InnerProblem,
                                                           torch.Tensor]) -> None:
     problem, _ = ridge
     lam = problem.init_raw()
-    m = hg.ImplicitDiff(hg.CG(tol=1e-12), warm_start=True)
+    m = hg.ImplicitDiff(hg.methods.CG(tol=1e-12), warm_start=True)
     first = m.hypergradient(problem, lam)
     again = m.hypergradient(problem, lam)
     assert first.info is not None and again.info is not None
@@ -116,10 +118,10 @@ def test_warm_start_reuses_the_last_solution(ridge: tuple[hg.InnerProblem,
 def test_cg_on_a_known_system_and_its_breakdown() -> None:
     a = torch.tensor([[4.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 2.0]], dtype=torch.float64)
     b = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
-    x, info = hg.CG(tol=1e-14).solve(lambda v: a @ v, b)
+    x, info = hg.methods.CG(tol=1e-14).solve(lambda v: a @ v, b)
     torch.testing.assert_close(x, torch.linalg.solve(a, b), rtol=1e-13, atol=0)
     assert info["iterations"] == 3 and info["hvps"] == 4 and info["converged"]
-    _, info = hg.CG().solve(lambda v: -v, b)
+    _, info = hg.methods.CG().solve(lambda v: -v, b)
     assert "non-positive curvature" in info["breakdown"] and not info["converged"]
 
 
@@ -153,7 +155,7 @@ def test_loss_steps_average_the_batches() -> None:
     a loss parameter of the training loss is accepted (warning: not converged here)."""
     problem = digits_case("sgd", "loss_param", **SMALL)
     lam = problem.init_raw()
-    m = hg.ImplicitDiff(hg.CG(maxiter=5), loss_steps=range(3, 6), grad_tol=1e9)
+    m = hg.ImplicitDiff(hg.methods.CG(maxiter=5), loss_steps=range(3, 6), grad_tol=1e9)
     loss = m.objective(problem, problem.run(lam).buffers)
     s = problem.run(lam)
     want = sum(problem.train_objective(s.params, s.buffers, lam, t, problem.batch(t))[0]
@@ -174,11 +176,11 @@ def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match=r"loss_steps=\[\] must be None"):
         hg.ImplicitDiff(loss_steps=[])
     with pytest.raises(ValueError, match="maxiter=0 must be an int >= 1"):
-        hg.CG(maxiter=0)
+        hg.methods.CG(maxiter=0)
     with pytest.raises(ValueError, match="alpha=-1 must be None"):
-        hg.Neumann(alpha=-1)
+        hg.methods.Neumann(alpha=-1)
     with pytest.raises(ValueError, match=r"momentum=1.0 must be in \[0, 1\)"):
-        hg.FixedPoint(momentum=1.0)
+        hg.methods.FixedPoint(momentum=1.0)
 
 
 def test_val_loss_hyperparameters_get_their_direct_term() -> None:
@@ -192,7 +194,7 @@ def test_val_loss_hyperparameters_get_their_direct_term() -> None:
     problem = hg.InnerProblem(base.fmodel.module, base.train_loss, base.optimizer, hps,
                               base.batch, 300, val_loss)
     lam = problem.init_raw()
-    imp = hg.ImplicitDiff(hg.CG(maxiter=300)).hypergradient(problem, lam)
+    imp = hg.ImplicitDiff(hg.methods.CG(maxiter=300)).hypergradient(problem, lam)
     assert rel_err(imp.grad, hg.ForwardMode().hypergradient(problem, lam).grad) <= 1e-3
 
 
@@ -201,7 +203,7 @@ def test_per_example_weights_of_a_converged_softmax_regression() -> None:
     L2-regularised softmax regression trained to convergence: implicit = reverse mode."""
     from torch import nn
 
-    from hypergrad.problems import digits_data
+    from hypergrad.tasks import digits_data
 
     data = digits_data(64, 100, 1, seed=0, dtype=torch.float64)
     torch.manual_seed(0)
@@ -216,7 +218,7 @@ def test_per_example_weights_of_a_converged_softmax_regression() -> None:
         return F.cross_entropy(m(data.x_val), data.y_val)
 
     problem = hg.InnerProblem(
-        nn.Linear(64, 10).double(), train_loss, hg.sgd(lr=0.5, momentum=0.9),
+        nn.Linear(64, 10).double(), train_loss, hg.optim.sgd(lr=0.5, momentum=0.9),
         hg.HyperParams([hg.PerExample("w", 0.8, n=64, transform="logit")]),
         [(data.x_train, data.y_train, idx)], 400, val_loss)
     lam = problem.init_raw()

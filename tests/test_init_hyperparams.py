@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from problems import SMALL
+from fixtures import SMALL
 from torch.utils._pytree import tree_flatten
 
 import hypergrad as hg
@@ -18,14 +18,14 @@ def _with(hps: list, opt: str = "momentum", steps: int = 6,  # type: ignore[type
           optimizer: hg.optim.Optimizer | None = None) -> hg.InnerProblem:
     base = digits_case(opt, "lr", **{**SMALL, "steps": steps})
     return hg.InnerProblem(base.fmodel.module, base.train_loss,
-                           optimizer or hg.sgd(lr="lr", momentum=0.9, weight_decay=1e-3),
+                           optimizer or hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=1e-3),
                            hg.HyperParams(hps), base.batch, steps, base.val_loss)
 
 
 @pytest.mark.parametrize("opt", ["momentum", "adam"])
 def test_init_scale_forward_reverse_finite_differences(opt: str) -> None:
-    optimizer = (hg.sgd(lr="lr", momentum=0.9, weight_decay=1e-3) if opt == "momentum"
-                 else hg.adam(lr="lr", weight_decay=1e-3))
+    optimizer = (hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=1e-3) if opt == "momentum"
+                 else hg.optim.adam(lr="lr", weight_decay=1e-3))
     lr0 = 0.1 if opt == "momentum" else 0.01
     problem = _with([hg.Scalar("lr", lr0, transform="log"),
                      hg.InitScale("init", 0.7, params=["0.weight", "2.weight"])],
@@ -84,7 +84,7 @@ def test_truncated_reverse_drops_the_initialisation_term() -> None:
 def test_misuse_is_named() -> None:
     with pytest.raises(ValueError, match=r"optimizer argument lr is bound to 'init' of kind "
                                          r"init_scale, which sets the initial weights"):
-        _with([hg.InitScale("init", 0.1)], optimizer=hg.sgd(lr="init"))
+        _with([hg.InitScale("init", 0.1)], optimizer=hg.optim.sgd(lr="init"))
     with pytest.raises(ValueError, match=r"InitScale\('s'\): params \['nope'\] are not trainable"):
         _with([hg.InitScale("s", 1.0, params=["nope"]), hg.Scalar("lr", 0.1)])
     with pytest.raises(ValueError, match=r"InitWeights\('w0'\): not bound to a model yet"):

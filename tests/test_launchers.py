@@ -37,7 +37,7 @@ def test_the_submitit_launcher_runs_a_sweep_locally(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for job in (0, 1):
         res = json.loads((tmp_path / str(job) / "results.json").read_text())
-        assert res["outer_steps"] == 2 and math.isfinite(res["best_val_loss"])
+        assert res["outer_steps"] == 2 and math.isfinite(res["learned_val_loss"])
     # submitit ran them as its jobs: one pickled submission and its logs per job
     logs = list((tmp_path / ".submitit").rglob("*_log.out"))
     assert len(logs) == 2, logs

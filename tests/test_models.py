@@ -14,7 +14,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from problems import MODELS, model_problem
+from fixtures import MODELS, make_trainer, model_problem
 from torch import nn
 
 import hypergrad as hg
@@ -38,8 +38,8 @@ def test_model_forward_reverse_fd_and_strategies_agree(name: str) -> None:
 
 def test_online_trainer_runs_a_dropout_batchnorm_model() -> None:
     problem = model_problem("dropout_bn_mlp", steps=8)
-    res = hg.Trainer(problem, mode="online", interval=4, progress=False, log=lambda s: None,
-                     outer_optimizer=functools.partial(torch.optim.SGD, lr=0.1)).fit()
+    res = make_trainer(problem, mode="online", interval=4,
+                       outer=functools.partial(torch.optim.SGD, lr=0.1)).fit()
     assert len(res.history) == 2 and not res.diverged
 
 
@@ -61,7 +61,7 @@ def test_eval_mode_batchnorm_trains_as_torch_optim_trains_it() -> None:
     hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")])
     problem = hg.InnerProblem(
         model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        hg.sgd(lr="lr", momentum=0.9, weight_decay=1e-3), hps, batches, 6,
+        hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=1e-3), hps, batches, 6,
         lambda m, hp: F.cross_entropy(m(x), y))
     final = problem.run(problem.init_raw())
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from problems import SMALL, mixed_problem, model_problem
+from fixtures import SMALL, mixed_problem, model_problem
 from torch.utils._pytree import tree_flatten
 
 import hypergrad as hg
@@ -81,7 +81,8 @@ def test_limits_with_initialisation_hyperparameters() -> None:
     base = digits_case("momentum", "lr", **SMALL)
     hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
                           hg.InitScale("scale", 0.8, params=["2.weight"])])
-    problem = hg.InnerProblem(base.fmodel.module, base.train_loss, hg.sgd(lr="lr", momentum=0.5),
+    problem = hg.InnerProblem(base.fmodel.module, base.train_loss,
+                              hg.optim.sgd(lr="lr", momentum=0.5),
                               hps, base.batch, 4, base.val_loss)
     lam = problem.init_raw()
     hd, m0 = hg.HD(), hg.MARTHE(0.0)
@@ -100,7 +101,7 @@ def test_run_states_and_truncation() -> None:
     lam = problem.init_raw()
     hd = hg.HD()
     run = hd.run(problem, hd.init(problem, lam), lam, stop=3)
-    assert isinstance(run, hg.HDState) and run.step == 3
+    assert isinstance(run, hg.methods.HDState) and run.step == 3
     leaves = tree_flatten((run.state, run.prev))[0]  # a pytree of tensors and the step index
     assert all(isinstance(x, torch.Tensor) for x in leaves) and isinstance(run.step, int)
     assert hd.truncate(run) is run  # nothing carried beyond the last step

@@ -57,8 +57,8 @@ def test_matches_torch_optim(name: str, kw: dict, f64: torch.dtype) -> None:
 def test_hyperparameter_bound_arguments_match_constants(f64: torch.dtype) -> None:
     params = {"w": torch.randn(5, dtype=f64)}
     grads = {"w": torch.randn(5, dtype=f64)}
-    const = hg.adam(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1)
-    bound = hg.adam(lr="lr", betas=("b1", 0.99), weight_decay="wd")
+    const = hg.optim.adam(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1)
+    bound = hg.optim.adam(lr="lr", betas=("b1", 0.99), weight_decay="wd")
     hp = {"lr": torch.tensor(0.01, dtype=f64), "b1": torch.tensor(0.8, dtype=f64),
           "wd": {"w": torch.tensor(0.1, dtype=f64)}}
     p1, _ = const.update(grads, const.init(params), params, {}, 0)
@@ -77,7 +77,7 @@ def test_safe_sqrt_value_and_finite_tangent(f64: torch.dtype) -> None:
 
 
 def test_adam_tangent_finite_with_zero_second_moment(f64: torch.dtype) -> None:
-    opt = hg.adam(lr="lr")
+    opt = hg.optim.adam(lr="lr")
     params = {"w": torch.ones(3, dtype=f64)}
     grads = {"w": torch.tensor([0.0, 1.0, -2.0], dtype=f64)}
 

@@ -29,7 +29,8 @@ def _problem(model: nn.Module, steps: int = 3, val_mode: str = "eval") -> hg.Inn
     y = torch.randint(0, 3, (16,), generator=g)
     return hg.InnerProblem(
         model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        hg.sgd(lr="lr", momentum=0.5), hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]),
+        hg.optim.sgd(lr="lr", momentum=0.5),
+        hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]),
         [(x[:8], y[:8]), (x[8:], y[8:])], steps, lambda m, hp: F.cross_entropy(m(x), y),
         val_mode=val_mode)
 
@@ -162,7 +163,7 @@ def test_spectral_norm_gradient_differs_from_torchs_only_by_the_unconverged_term
 
 def test_weight_norm_computes_torchs_weight() -> None:
     model = nn.Sequential(P.weight_norm(nn.Conv1d(2, 3, 3), dim=1)).to(D)
-    problem = hg.InnerProblem(model, lambda m, b, hp: m(b).square().mean(), hg.sgd(lr="lr"),
+    problem = hg.InnerProblem(model, lambda m, b, hp: m(b).square().mean(), hg.optim.sgd(lr="lr"),
                               hg.HyperParams([hg.Scalar("lr", 0.1)]),
                               [torch.randn(4, 2, 6, dtype=D)], 2, lambda m, hp: m.params[
                                   "0.parametrizations.weight.original0"].sum())

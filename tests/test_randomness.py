@@ -6,16 +6,16 @@ plain steps; attention with dropout is detected once."""
 from __future__ import annotations
 
 import torch
-from problems import model_problem
+from fixtures import model_problem
 
 import hypergrad as hg
-from hypergrad.randomness import step_seed
+from hypergrad.rng import step_seed
 from hypergrad.testing import hypergradcheck, rel_err
 
 
 def test_user_noise_in_the_loss_draws_per_step_and_agrees() -> None:
     problem = model_problem("dropout_mlp", noise=True)
-    rep = hypergradcheck(problem, strategies=[hg.ColumnLoop()])
+    rep = hypergradcheck(problem, strategies=[hg.hvp.ColumnLoop()])
     assert rep.max("fwd_vs_rev") <= 1e-10 and not rep.fd_unreliable
 
 

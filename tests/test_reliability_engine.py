@@ -25,16 +25,19 @@ from hypergrad.optim import adagrad, rmsprop
 NAN = math.nan
 BAD_CONSTANTS = [
     # (factory, argument, bad value, the words of the message)
-    (hg.sgd, "lr", -0.1, "> 0"), (hg.sgd, "lr", 0.0, "> 0"), (hg.sgd, "lr", NAN, "> 0"),
-    (hg.sgd, "lr", math.inf, "> 0"),
-    (hg.sgd, "momentum", 1.0, r"in \[0, 1\)"), (hg.sgd, "momentum", -0.5, r"in \[0, 1\)"),
-    (hg.sgd, "momentum", NAN, r"in \[0, 1\)"),
-    (hg.sgd, "dampening", 1.5, r"in \[0, 1\)"), (hg.sgd, "weight_decay", -1e-4, ">= 0"),
-    (hg.sgd, "weight_decay", NAN, ">= 0"),
-    (hg.adam, "lr", -1e-3, "> 0"), (hg.adam, "eps", 0.0, "> 0"), (hg.adam, "eps", -1e-8, "> 0"),
-    (hg.adam, "weight_decay", -0.1, ">= 0"),
-    (hg.adamw, "lr", 0, "> 0"), (hg.adamw, "eps", NAN, "> 0"),
-    (hg.adamw, "weight_decay", -1, ">= 0"),
+    (hg.optim.sgd, "lr", -0.1, "> 0"), (hg.optim.sgd, "lr", 0.0, "> 0"),
+    (hg.optim.sgd, "lr", NAN, "> 0"),
+    (hg.optim.sgd, "lr", math.inf, "> 0"),
+    (hg.optim.sgd, "momentum", 1.0, r"in \[0, 1\)"),
+    (hg.optim.sgd, "momentum", -0.5, r"in \[0, 1\)"),
+    (hg.optim.sgd, "momentum", NAN, r"in \[0, 1\)"),
+    (hg.optim.sgd, "dampening", 1.5, r"in \[0, 1\)"), (hg.optim.sgd, "weight_decay", -1e-4, ">= 0"),
+    (hg.optim.sgd, "weight_decay", NAN, ">= 0"),
+    (hg.optim.adam, "lr", -1e-3, "> 0"), (hg.optim.adam, "eps", 0.0, "> 0"),
+    (hg.optim.adam, "eps", -1e-8, "> 0"),
+    (hg.optim.adam, "weight_decay", -0.1, ">= 0"),
+    (hg.optim.adamw, "lr", 0, "> 0"), (hg.optim.adamw, "eps", NAN, "> 0"),
+    (hg.optim.adamw, "weight_decay", -1, ">= 0"),
     (rmsprop, "lr", -1e-2, "> 0"), (rmsprop, "alpha", 1.0, r"in \[0, 1\)"),
     (rmsprop, "alpha", -0.1, r"in \[0, 1\)"), (rmsprop, "eps", 0.0, "> 0"),
     (rmsprop, "momentum", 1.2, r"in \[0, 1\)"), (rmsprop, "weight_decay", -1.0, ">= 0"),
@@ -56,7 +59,7 @@ def test_a_bad_optimizer_constant_is_refused_at_construction(factory: Any, arg: 
 
 def test_the_message_of_a_negative_learning_rate() -> None:
     with pytest.raises(ValueError) as info:
-        hg.sgd(lr=-0.1)
+        hg.optim.sgd(lr=-0.1)
     assert str(info.value) == ("sgd: lr=-0.1 must be a number > 0 (or the name of a "
                                "hyperparameter), e.g. lr=0.1.")
 
@@ -64,7 +67,7 @@ def test_the_message_of_a_negative_learning_rate() -> None:
 @pytest.mark.parametrize("betas", [(1.0, 0.999), (0.9, 1.0), (-0.1, 0.9), (0.9, NAN)])
 def test_adam_betas_must_lie_in_the_unit_interval(betas: tuple[float, float]) -> None:
     i = 0 if not 0 <= betas[0] < 1 else 1
-    for factory in (hg.adam, hg.adamw):
+    for factory in (hg.optim.adam, hg.optim.adamw):
         with pytest.raises(ValueError, match=rf"{factory.__name__}: betas\[{i}\]=.* must be a "
                                              rf"number in \[0, 1\).*e.g. betas=\(0.9, 0.999\)"):
             factory(betas=betas)
@@ -72,16 +75,16 @@ def test_adam_betas_must_lie_in_the_unit_interval(betas: tuple[float, float]) ->
 
 def test_options_are_checked_too() -> None:
     with pytest.raises(ValueError, match=r"adam: eps_root=-1e-08 must be a number >= 0"):
-        hg.adam(eps_root=-1e-8)
+        hg.optim.adam(eps_root=-1e-8)
     with pytest.raises(ValueError, match=r"adagrad: initial_accumulator_value=nan must be"):
         adagrad(initial_accumulator_value=NAN)
 
 
 def test_valid_constants_and_hyperparameter_names_pass() -> None:
-    hg.sgd(lr=1, momentum=0.0, dampening=0.0, weight_decay=0)  # ints, edges of the domains
-    hg.sgd(lr="lr", momentum="mom", dampening="damp", weight_decay="wd")  # names: not checked
-    hg.adam(lr="lr", betas=(0.0, "b2"), eps=1e-12, weight_decay=0.0)
-    hg.adamw(betas=("b1", 0.5))
+    hg.optim.sgd(lr=1, momentum=0.0, dampening=0.0, weight_decay=0)  # ints, edges of the domains
+    hg.optim.sgd(lr="lr", momentum="mom", dampening="damp", weight_decay="wd")  # names: not checked
+    hg.optim.adam(lr="lr", betas=(0.0, "b2"), eps=1e-12, weight_decay=0.0)
+    hg.optim.adamw(betas=("b1", 0.5))
     rmsprop(alpha=0.0, momentum=0.99, centered=True)
     adagrad(lr_decay=0.0, initial_accumulator_value=0.1)
 
@@ -108,7 +111,7 @@ def _problem(hps: list[Any] | None = None, opt: Any = None, steps: int = 3,
 
     torch.manual_seed(0)
     return hg.InnerProblem(model or nn.Linear(4, 3).double(), train_loss or tl,
-                           opt or hg.sgd(lr="lr"),
+                           opt or hg.optim.sgd(lr="lr"),
                            hg.HyperParams(hps or [hg.Scalar("lr", 0.1, transform="log")]),
                            batches or [(x[:8], y[:8]), (x[8:], y[8:])], steps, val_loss or vl)
 
@@ -167,7 +170,7 @@ def _per_example(read: str) -> hg.InnerProblem:
             return (hp["w"][b[2]].detach() * losses).mean()
         return losses.mean()
 
-    return hg.InnerProblem(nn.Linear(4, 3).double(), tl, hg.sgd(lr=0.1),
+    return hg.InnerProblem(nn.Linear(4, 3).double(), tl, hg.optim.sgd(lr=0.1),
                            hg.HyperParams([hg.PerExample("w", 1.0, n=16)]),
                            MiniBatches(x, y, batch_size=8), 3,
                            lambda m, hp: F.cross_entropy(m(x), y))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from problems import SMALL, mixed_problem, model_problem, small_cnn_problem
+from fixtures import SMALL, mixed_problem, model_problem, small_cnn_problem
 from torch.utils._pytree import tree_flatten
 
 import hypergrad as hg
@@ -136,7 +136,7 @@ def test_mixed_mode_step_vjp_equals_double_backward(make: Any) -> None:
     problem = make()
     lam = problem.init_raw()
     ref = hg.ReverseMode().hypergradient(problem, lam).grad
-    got = hg.ReverseMode(step_vjp=hg.MixedMode()).hypergradient(problem, lam).grad
+    got = hg.ReverseMode(step_vjp=hg.stepvjp.MixedMode()).hypergradient(problem, lam).grad
     assert rel_err(got, ref) <= 1e-12
 
 
@@ -154,7 +154,7 @@ def test_mixed_mode_falls_back_on_torch_mse_loss_bug() -> None:
                               base.batch, base.steps, base.val_loss)
     lam = problem.init_raw()
     with pytest.warns(RuntimeWarning, match="pytorch#123996"):
-        got = hg.ReverseMode(step_vjp=hg.MixedMode()).hypergradient(problem, lam).grad
+        got = hg.ReverseMode(step_vjp=hg.stepvjp.MixedMode()).hypergradient(problem, lam).grad
     assert rel_err(got, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-12
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from problems import model_problem
+from fixtures import model_problem
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 from torch.nn.utils.rnn import pack_padded_sequence

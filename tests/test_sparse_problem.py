@@ -11,13 +11,13 @@ import scipy.sparse as sp
 import torch
 
 import hypergrad as hg
-from hypergrad.problems.sparse_regression import generate_sparse_regression, sparse_regression_task
+from hypergrad.tasks.sparse_regression import generate_sparse_regression, sparse_regression_task
 from hypergrad.testing import hypergradcheck
 
 
 def _hps(groups: int = 4, fgroups: int = 3) -> hg.HyperParams:
-    return hg.HyperParams([hg.Tensor("res_w", 0.5, shape=(groups,), transform="logit"),
-                           hg.Tensor("l2", 1e-2, shape=(fgroups,), transform="log")])
+    return hg.HyperParams([hg.Array("res_w", 0.5, shape=(groups,), transform="logit"),
+                           hg.Array("l2", 1e-2, shape=(fgroups,), transform="log")])
 
 
 def _task(**kw):  # type: ignore[no-untyped-def]
@@ -25,7 +25,7 @@ def _task(**kw):  # type: ignore[no-untyped-def]
                 feature_groups=3, mask_fraction=0.2, dtype="float64")
     args.update(kw)
     return sparse_regression_task(_hps(args["groups"], args["feature_groups"]),
-                                  hg.sgd(lr=0.5, momentum=0.5), **args)
+                                  hg.optim.sgd(lr=0.5, momentum=0.5), **args)
 
 
 def test_forward_reverse_fd_and_strategies_agree() -> None:
@@ -34,7 +34,7 @@ def test_forward_reverse_fd_and_strategies_agree() -> None:
 
 
 def test_adam_inner_optimizer() -> None:
-    task = sparse_regression_task(_hps(), hg.adam(lr=0.05), steps=5, m=100, m_val=30, n=20,
+    task = sparse_regression_task(_hps(), hg.optim.adam(lr=0.05), steps=5, m=100, m_val=30, n=20,
                                   density=0.1, groups=4, corrupted=1, feature_groups=3,
                                   dtype="float64")
     hypergradcheck(task.problem)
@@ -54,7 +54,7 @@ def test_loads_user_matrix_from_npz_and_svmlight(tmp_path: Path) -> None:
     y = a @ rng.standard_normal(12)
     sp.save_npz(tmp_path / "A.npz", a)
     np.save(tmp_path / "A_y.npy", y)
-    task = sparse_regression_task(_hps(2, 2), hg.sgd(lr=0.3), steps=4, groups=2,
+    task = sparse_regression_task(_hps(2, 2), hg.optim.sgd(lr=0.3), steps=4, groups=2,
                                   feature_groups=2, dtype="float64",
                                   data_path=str(tmp_path / "A.npz"), val_fraction=0.25)
     assert task.problem.fmodel.module.op.shape == (45, 12)
@@ -62,7 +62,7 @@ def test_loads_user_matrix_from_npz_and_svmlight(tmp_path: Path) -> None:
     from sklearn.datasets import dump_svmlight_file
 
     dump_svmlight_file(a, y, str(tmp_path / "a.svm"))
-    task = sparse_regression_task(_hps(2, 2), hg.sgd(lr=0.3), steps=4, groups=2,
+    task = sparse_regression_task(_hps(2, 2), hg.optim.sgd(lr=0.3), steps=4, groups=2,
                                   feature_groups=2, dtype="float64",
                                   data_path=str(tmp_path / "a.svm"))
     assert task.problem.fmodel.module.op.shape[0] == 48
@@ -71,7 +71,7 @@ def test_loads_user_matrix_from_npz_and_svmlight(tmp_path: Path) -> None:
 def test_missing_targets_file(tmp_path: Path) -> None:
     sp.save_npz(tmp_path / "B.npz", sp.random(10, 4, density=0.5, format="csr"))
     with pytest.raises(FileNotFoundError, match=r"B_y.npy"):
-        sparse_regression_task(_hps(2, 2), hg.sgd(lr=0.3), data_path=str(tmp_path / "B.npz"),
+        sparse_regression_task(_hps(2, 2), hg.optim.sgd(lr=0.3), data_path=str(tmp_path / "B.npz"),
                                groups=2, feature_groups=2)
     with pytest.raises(ValueError, match=r"corrupted=4 must be in \[0, groups=4\)"):
         _task(corrupted=4)

@@ -43,9 +43,9 @@ def test_the_optuna_sweeper_runs_over_a_preset(tmp_path: Path) -> None:
     assert set(best["best_params"]) == names  # the preset's K = 10, one Optuna param each
     trials = [json.loads((tmp_path / str(i) / "results.json").read_text()) for i in range(2)]
     for r in trials:  # each trial trained once at the sampled values, no hypergradient
-        assert r["outer_steps"] == 0 and r["table"] == [] and math.isfinite(r["best_val_loss"])
-    assert best["best_value"] == pytest.approx(min(r["best_val_loss"] for r in trials))
+        assert r["outer_steps"] == 0 and r["table"] == [] and math.isfinite(r["learned_val_loss"])
+    assert best["best_value"] == pytest.approx(min(r["learned_val_loss"] for r in trials))
     lr = [best["best_params"][f"hyperparams.items.lr.init.{i}"] for i in range(5)]
-    winner = min(trials, key=lambda r: r["best_val_loss"])
+    winner = min(trials, key=lambda r: r["learned_val_loss"])
     assert winner["learned"]["lr"] == pytest.approx(lr, rel=1e-6)
     assert all(1e-4 <= v <= 3.0 for v in lr)

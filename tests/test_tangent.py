@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from problems import CLOSED_FORM, closed_form_problem, mixed_problem
+from fixtures import CLOSED_FORM, closed_form_problem, mixed_problem
 from torch.utils._pytree import tree_flatten, tree_map
 
 import hypergrad as hg
-from hypergrad import forward as fwd
+from hypergrad.methods import forward as fwd
+from hypergrad.tangent import UpdateStep
 from hypergrad.testing import OPTIMIZERS, rel_err
 
 G_UNTOUCHED = {"adam_plain", "adam_eps_root", "adamw_const", "adamw_all_bound", "rmsprop_plain",
@@ -35,12 +36,13 @@ def test_elementwise_update_tangent_equals_jvp(opt: str) -> None:
     grads = tree_map(rnd, s.params)
     G = tree_map(rnd, z.params)
     k, t = lam.shape[0], 3
-    cols = fwd._Plan(problem).optimizer_columns(t)
+    cols = fwd.ColumnPlan(problem).optimizer_columns(t)
     eye = torch.eye(k, dtype=lam.dtype)
-    out = hg.DiagonalJacobian()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    step = UpdateStep(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    out = hg.tangent.DiagonalJacobian()(step)
     assert out is not None
     primal, (zp, zo) = out
-    ref = hg.JVP()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    ref = hg.tangent.JVP()(UpdateStep(problem, t, lam, grads, s, G, z, cols, cols, eye))
     assert ref is not None
     _, (zp2, zo2) = ref
     for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0]):
@@ -57,8 +59,10 @@ def test_non_elementwise_fallback_is_the_same() -> None:
     lam = problem.init_raw()
     a = hg.ForwardMode().hypergradient(problem, lam).grad
     problem.optimizer.elementwise = False  # this instance only
-    assert hg.DiagonalJacobian()(problem, 0, lam, *([None] * 7)) is None  # type: ignore[arg-type]
-    b = hg.ForwardMode(tangent=hg.AutoTangent((hg.DiagonalJacobian(), hg.JVP()))
+    assert hg.tangent.DiagonalJacobian()(
+        UpdateStep(problem, 0, lam, *([None] * 7))) is None  # type: ignore[arg-type]
+    rules = (hg.tangent.DiagonalJacobian(), hg.tangent.JVP())
+    b = hg.ForwardMode(tangent=hg.tangent.AutoTangent(rules)
                        ).hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
 
@@ -78,14 +82,15 @@ def _closed_form_equals_jvp(problem: hg.InnerProblem, t: int, seed: int,
     if zero_grad_row:  # Adam: the second moment stays 0 there at t = 0 (safe_sqrt)
         grads[next(iter(grads))][0] = 0.0
     G = tree_map(rnd, z.params)
-    cols = fwd._Plan(problem).optimizer_columns(t)
+    cols = fwd.ColumnPlan(problem).optimizer_columns(t)
     assert cols
     eye = torch.eye(lam.shape[0], dtype=lam.dtype)
-    ref = hg.JVP()(problem, t, lam, grads, s, tree_map(torch.clone, G), z, cols, cols, eye)
+    ref = hg.tangent.JVP()(UpdateStep(problem, t, lam, grads, s, tree_map(torch.clone, G), z,
+                                      cols, cols, eye))
     assert ref is not None
     _, (zp2, zo2) = ref
     z_before, G_before = tree_map(torch.clone, z), tree_map(torch.clone, G)
-    out = hg.ClosedForm()(problem, t, lam, grads, s, G, z, cols, cols, eye)
+    out = hg.tangent.ClosedForm()(UpdateStep(problem, t, lam, grads, s, G, z, cols, cols, eye))
     assert out is not None
     primal, (zp, zo) = out
     for x, y in zip(tree_flatten((zp, zo))[0], tree_flatten((zp2, zo2))[0], strict=True):
@@ -125,8 +130,8 @@ def test_closed_form_used_and_general_paths_equal(opt: str) -> None:
         lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
     a = hg.ForwardMode().hypergradient(problem, lam).grad
     assert len(calls) == problem.steps
-    b = hg.ForwardMode(tangent=hg.DiagonalJacobian()).hypergradient(problem, lam).grad
-    c = hg.ForwardMode(tangent=hg.JVP()).hypergradient(problem, lam).grad
+    b = hg.ForwardMode(tangent=hg.tangent.DiagonalJacobian()).hypergradient(problem, lam).grad
+    c = hg.ForwardMode(tangent=hg.tangent.JVP()).hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-15)
     torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-15)
     assert rel_err(a, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-9
@@ -136,6 +141,7 @@ def test_an_explicit_rule_that_does_not_apply_is_an_error() -> None:
     problem = mixed_problem("adam", steps=3, windows=2)
     problem.optimizer.elementwise = False  # this instance only
     with pytest.raises(ValueError, match="DiagonalJacobian.*does not apply.*AutoTangent"):
-        hg.ForwardMode(tangent=hg.DiagonalJacobian()).hypergradient(problem, problem.init_raw())
+        hg.ForwardMode(tangent=hg.tangent.DiagonalJacobian()).hypergradient(
+            problem, problem.init_raw())
     with pytest.raises(TypeError, match="tangent must be a TangentRule"):
         hg.ForwardMode(tangent="jvp")  # type: ignore[arg-type]

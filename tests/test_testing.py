@@ -10,7 +10,7 @@ from hypergrad.testing import HypergradcheckError, digits_case, hypergradcheck
 SMALL = dict(steps=4, n_train=16, batch_size=8, hidden=6, n_val=16)
 
 
-class _Broken(hg.VmapVJP):
+class _Broken(hg.hvp.VmapVJP):
     """Scales every Hessian-vector product by 1.001: a subtle bug."""
 
     def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -16,12 +16,14 @@ from typing import Any
 
 import pytest
 import torch
-from problems import Interrupt as _Interrupt
-from problems import interrupt_after as _interrupt_after
+from fixtures import Interrupt as _Interrupt
+from fixtures import interrupt_after as _interrupt_after
+from fixtures import make_trainer
 
 import hypergrad as hg
-import hypergrad.trainer
-from hypergrad.choice import estimate_memory
+import hypergrad.run.callbacks
+import hypergrad.run.trainer
+from hypergrad import SignDescent, Trainer
 from hypergrad.errors import (
     CheckpointError,
     CheckpointWarning,
@@ -31,21 +33,19 @@ from hypergrad.errors import (
     TuningWarning,
     ZeroHypergradientWarning,
 )
+from hypergrad.methods import choose_method, estimate_memory
 from hypergrad.testing import digits_case
-from hypergrad.trainer import SignDescent, Trainer, choose_method, make_method
 
 SMALL = dict(steps=8, n_train=32, batch_size=8, hidden=8, n_val=32)
 
 
 def _trainer(**kw) -> Trainer:  # type: ignore[no-untyped-def]
     problem = kw.pop("problem", None) or digits_case("momentum", "schedule", **SMALL)
-    kw.setdefault("progress", False)
-    kw.setdefault("log", lambda s: None)
-    return Trainer(problem, **kw)
+    return make_trainer(problem, **kw)
 
 
 def test_offline_tuning_lowers_the_validation_loss() -> None:
-    tr = _trainer(outer_steps=6, outer_optimizer=functools.partial(torch.optim.Adam, lr=0.3))
+    tr = _trainer(outer_steps=6, outer=functools.partial(torch.optim.Adam, lr=0.3))
     res = tr.fit()
     losses = [h["val_loss"] for h in res.history]
     assert len(losses) == 6 and losses[-1] < losses[0]
@@ -56,13 +56,12 @@ def test_offline_tuning_lowers_the_validation_loss() -> None:
 def test_online_tuning_updates_every_interval_and_resets() -> None:
     problem = digits_case("momentum", "lr", **{**SMALL, "steps": 12})
     tr = _trainer(problem=problem, mode="online", interval=4, reset_tangents=True,
-                  outer_optimizer=functools.partial(torch.optim.SGD, lr=1.0))
+                  outer=functools.partial(torch.optim.SGD, lr=1.0))
     res = tr.fit()
     assert [h["inner_step"] for h in res.history] == [4, 8, 12]
     lrs = [h["hyperparams"]["lr"] for h in res.history]
     assert lrs[0] != lrs[1] != lrs[2]  # lam changed during the run
     assert tr.run_state is not None and tr.run_state.step == 12
-    assert tr.fstate is tr.run_state  # the earlier name
 
 
 def test_sign_descent_halves_on_flip() -> None:
@@ -77,7 +76,7 @@ def test_sign_descent_halves_on_flip() -> None:
 
 def test_bounds_project_in_value_space() -> None:
     tr = _trainer(outer_steps=3, bounds={"lr": [None, 0.12]},
-                  outer_optimizer=functools.partial(torch.optim.SGD, lr=100.0, maximize=True))
+                  outer=functools.partial(torch.optim.SGD, lr=100.0, maximize=True))
     with pytest.warns(TuningWarning, match="no outer step improved"):  # uphill on purpose
         res = tr.fit()
     assert max(res.last_values["lr"]) <= 0.12 + 1e-12
@@ -89,7 +88,7 @@ def test_bounds_project_in_value_space() -> None:
 
 
 def test_clip_norm_limits_the_step() -> None:
-    kw = dict(outer_steps=1, outer_optimizer=functools.partial(torch.optim.SGD, lr=1.0))
+    kw = dict(outer_steps=1, outer=functools.partial(torch.optim.SGD, lr=1.0))
     a, b = _trainer(**kw), _trainer(clip_norm=1e-3, **kw)
     lam0 = a.lam.clone()
     a.fit(), b.fit()
@@ -113,7 +112,7 @@ def _linear_regression(steps: int = 200, dtype: torch.dtype = torch.float64, ini
     lr = (hg.Scalar("lr", init, transform="log") if windows is None else
           hg.Schedule("lr", init, windows=windows, transform="log"))
     items = [lr] if scale is None else [lr, hg.Scalar("scale", 0.5)]
-    return hg.InnerProblem(model, loss, hg.sgd(lr="lr"), hg.HyperParams(items),
+    return hg.InnerProblem(model, loss, hg.optim.sgd(lr="lr"), hg.HyperParams(items),
                            [(x, y)], steps, lambda m, hp: loss(m, (x, y), hp))
 
 
@@ -121,10 +120,10 @@ def test_divergence_stops_and_keeps_last_good() -> None:
     logs: list[str] = []
     # an outer step so large that the inner learning rate passes 2/L: training overflows
     tr = _trainer(problem=_linear_regression(), outer_steps=5, log=logs.append,
-                  outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3))
+                  outer=functools.partial(torch.optim.SGD, lr=3e3))
     res = tr.fit()
     assert res.diverged and "diverged" in res.message and "Try a smaller" in res.message
-    assert logs and logs[-1] == res.message
+    assert logs and logs[-1] == "[hypergrad] " + res.message
     assert len(res.history) == 1  # outer step 0 was fine, step 1 diverged
     good = res.history[0]["hyperparams"]["lr"]
     assert res.values["lr"] == pytest.approx(good) and good == pytest.approx(0.01)
@@ -152,7 +151,7 @@ def test_resume_equals_uninterrupted(mode: str, tmp_path: Path) -> None:
         return _trainer(
             problem=digits_case("adam", "per_tensor_wd", **{**SMALL, "steps": 12}),
             mode=mode, interval=3, outer_steps=4, run_dir=run_dir, resume=resume,
-            evaluate=evaluate, outer_optimizer=functools.partial(torch.optim.Adam, lr=0.1))
+            evaluate=evaluate, outer=functools.partial(torch.optim.Adam, lr=0.1))
 
     full = mk(tmp_path / "full").fit()
     with pytest.raises(_Interrupt):  # dies during its 3rd update, after 2 checkpoints
@@ -172,15 +171,25 @@ def test_checkpoint_loads_with_weights_only(tmp_path: Path) -> None:
     assert ck["outer_step"] == 1 and ck["lam"].dtype == torch.float64
 
 
-def test_tensorboard_option(tmp_path: Path) -> None:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="pip install tensorboard"):
-            _trainer(outer_steps=1, run_dir=tmp_path, tensorboard=True)
-        return
-    _trainer(outer_steps=1, run_dir=tmp_path, tensorboard=True).fit()
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+def test_tensorboard_logs_named_hyperparameters_and_the_learned_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _trainer(outer_steps=2, run_dir=tmp_path, tensorboard=True).fit()
+    runs = sorted(p for p in (tmp_path / "tb").rglob("events.out.tfevents.*"))
+    assert runs
+    scalars: set[str] = set()
+    for path in runs:
+        acc = EventAccumulator(str(path.parent))
+        acc.Reload()
+        scalars |= set(acc.Tags()["scalars"])
+    # SMALL: 8 steps, a schedule of 4 windows (digits_case's "schedule" kind)
+    assert {"val_loss", "hypergrad_norm", "hyperparams/lr[steps 0-1]",
+            "hyperparams/lr[steps 6-7]"} <= scalars, scalars
+    assert "outer_step" not in scalars and "hparam/learned_val_loss" in scalars
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ImportError, match=r"pip install hypergrad-forward\[tensorboard\]"):
+        hg.run.TensorBoard()
 
 
 # -- issue 12: no silent wrong hyperparameters ---------------------------------------------------
@@ -209,7 +218,7 @@ def test_a_hypergradient_whose_norm_overflows_stops_the_run() -> None:
 def test_clip_norm_is_taken_in_float64_never_multiplying_by_zero() -> None:
     p = _linear_regression(20, torch.float32, windows=2)
     tr = _trainer(problem=p, method=_Scaled(1e29), outer_steps=1, clip_norm=1.0,
-                  outer_optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+                  outer=functools.partial(torch.optim.SGD, lr=0.1))
     with pytest.warns(TuningWarning):  # the fake hypergradient points uphill
         res = tr.fit()
     assert res.last_lam is not None and not res.diverged
@@ -221,7 +230,7 @@ def test_a_huge_but_finite_validation_loss_is_divergence() -> None:
     # validation loss ~1e25 (finite), after which the hyperparameters used to stay frozen there
     p = _linear_regression(30, torch.float32, init=0.05)
     res = _trainer(problem=p, outer_steps=4,
-                   outer_optimizer=functools.partial(torch.optim.Adam, lr=3.0)).fit()
+                   outer=functools.partial(torch.optim.Adam, lr=3.0)).fit()
     assert res.diverged and "divergence_factor=10" in res.message
     assert res.last_val_loss is not None and res.last_val_loss > 1e20
     assert res.best_val_loss == res.history[0]["val_loss"] < 0.1
@@ -230,7 +239,7 @@ def test_a_huge_but_finite_validation_loss_is_divergence() -> None:
 
 def test_returns_the_best_evaluated_point_and_reports_the_last() -> None:
     res = _trainer(outer_steps=4,
-                   outer_optimizer=functools.partial(torch.optim.Adam, lr=1.0)).fit()
+                   outer=functools.partial(torch.optim.Adam, lr=1.0)).fit()
     vals = [h["val_loss"] for h in res.history] + [res.last_val_loss]
     best = min(range(len(vals)), key=vals.__getitem__)
     assert res.best_step == best == 2 and res.best_val_loss == vals[best]  # not the last point
@@ -239,7 +248,7 @@ def test_returns_the_best_evaluated_point_and_reports_the_last() -> None:
 
 
 def test_divergence_factor_can_be_turned_off_and_is_validated() -> None:
-    kw: Any = dict(outer_steps=2, outer_optimizer=functools.partial(torch.optim.Adam, lr=3.0))
+    kw: Any = dict(outer_steps=2, outer=functools.partial(torch.optim.Adam, lr=3.0))
     # float64: the validation loss explodes to ~1e21, its square does not overflow
     on = _trainer(problem=_linear_regression(30, init=0.05), **kw).fit()
     off = _trainer(problem=_linear_regression(30, init=0.05), divergence_factor=None, **kw).fit()
@@ -291,7 +300,7 @@ def test_auto_picks_the_method_that_fits() -> None:
     # before: reverse over the budget meant forward, even when forward needed more; now
     # checkpointed reverse mode fits there (issue 14), and below it nothing does
     assert choose_method(p, memory_budget=rev * 0.9)[0] == "checkpointed"
-    ckpt = estimate_memory(p, "checkpointed").total
+    ckpt = estimate_memory(p, hg.ReverseMode(checkpoint="sqrt")).total
     with pytest.raises(MemoryBudgetError, match=r"neither method fits.*forward .*reverse .*"
                                                 r"Options: .*chunk_size"):
         choose_method(p, memory_budget=ckpt * 0.9)
@@ -311,13 +320,13 @@ def test_forward_refuses_a_run_over_the_memory_budget_before_allocating() -> Non
 
 
 def test_auto_keeps_the_forward_settings() -> None:
-    m = make_method("auto", hvp="vmap_vjp", chunk_size=3, memory_budget_gb=0.5)
+    m = hg.AutoMode(hvp=hg.hvp.VmapVJP(chunk_size=3, memory_budget=0.5 * 2**30))
     k1 = digits_case("momentum", "lr", **SMALL)  # K = 1: auto picks forward
     tr = _trainer(problem=k1, method=m)
-    assert isinstance(tr.method, hg.ForwardMode) and isinstance(tr.method.hvp, hg.VmapVJP)
+    assert isinstance(tr.method, hg.ForwardMode) and isinstance(tr.method.hvp, hg.hvp.VmapVJP)
     assert tr.method.hvp.chunk_size == 3 and tr.method.hvp.memory_budget == 0.5 * 2**30
-    tr = _trainer(problem=k1, method=make_method("auto", hvp="loop"))
-    assert isinstance(tr.method, hg.ForwardMode) and isinstance(tr.method.hvp, hg.ColumnLoop)
+    tr = _trainer(problem=k1, method=hg.AutoMode(hvp=hg.hvp.ColumnLoop()))
+    assert isinstance(tr.method, hg.ForwardMode) and isinstance(tr.method.hvp, hg.hvp.ColumnLoop)
 
 
 def test_inverted_or_non_numeric_bounds_are_named() -> None:
@@ -333,7 +342,7 @@ def _mk(run_dir: Path, problem: hg.InnerProblem | None = None, lr: float = 0.1,
         outer: Any = torch.optim.Adam, **kw: Any) -> Trainer:
     problem = problem or digits_case("adam", "per_tensor_wd", **{**SMALL, "steps": 12})
     kw.setdefault("outer_steps", 2)
-    return _trainer(problem=problem, run_dir=run_dir, outer_optimizer=functools.partial(outer,
+    return _trainer(problem=problem, run_dir=run_dir, outer=functools.partial(outer,
                                                                                         lr=lr),
                     **kw)
 
@@ -344,7 +353,7 @@ def _mk(run_dir: Path, problem: hg.InnerProblem | None = None, lr: float = 0.1,
      "problem.first_batch"),
     (dict(problem=_linear_regression(12, init=0.02)), "problem.initial_values"),
     (dict(outer=torch.optim.SGD), "trainer.outer_optimizer"),
-    (dict(clip_norm=1.0), "trainer.clip_norm"),
+    (dict(clip_norm=1.0), "trainer.guards.clip_norm"),
 ], ids=["T", "seed", "init", "outer_optimizer", "clip_norm"])
 def test_resume_refuses_a_run_that_differs(change: dict[str, Any], key: str,
                                            tmp_path: Path) -> None:
@@ -367,13 +376,13 @@ def test_resume_takes_more_outer_steps_and_a_new_outer_lr(tmp_path: Path) -> Non
 
 def test_after_a_divergence_the_checkpoint_holds_the_kept_values(tmp_path: Path) -> None:
     res = _trainer(problem=_linear_regression(), outer_steps=5, run_dir=tmp_path,
-                   outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3)).fit()
+                   outer=functools.partial(torch.optim.SGD, lr=3e3)).fit()
     assert res.diverged
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert torch.equal(ck["lam"], res.lam) and "diverged" in ck["stopped"]
     logs: list[str] = []
     tr = _trainer(problem=_linear_regression(), outer_steps=3, run_dir=tmp_path, resume=True,
-                  outer_optimizer=functools.partial(torch.optim.SGD, lr=1.0), log=logs.append)
+                  outer=functools.partial(torch.optim.SGD, lr=1.0), log=logs.append)
     assert torch.equal(tr.lam, res.lam) and tr.outer.param_groups[0]["lr"] == 1.0
     assert any("stopped on a divergence" in line for line in logs)
     tr.close()
@@ -464,18 +473,18 @@ def test_metrics_write_nan_as_null(tmp_path: Path) -> None:
 
 def test_progress_in_a_log_file_has_no_escape_codes(capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hypergrad.trainer, "_isatty", lambda stream: False, raising=False)
+    monkeypatch.setattr(hypergrad.run.callbacks, "_isatty", lambda stream: False)
     logs: list[str] = []
     _trainer(outer_steps=2, progress=True, log=logs.append).fit()
     err = capsys.readouterr().err
     assert "\r" not in err and "\x1b" not in err
-    assert any("outer step 2/2: val_loss" in line for line in logs)
+    assert any("outer step 1/2: val_loss" in line for line in logs)
 
 
 def test_online_divergence_keeps_the_last_good_values_in_the_checkpoint(tmp_path: Path) -> None:
     # online, "best" is measured on a moving inner state: the last good values are kept
     tr = _trainer(problem=_linear_regression(40), mode="online", interval=10, run_dir=tmp_path,
-                  outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3))
+                  outer=functools.partial(torch.optim.SGD, lr=3e3))
     res = tr.fit()
     assert res.diverged and "kept the last good hyperparameters" in res.message
     assert res.values == res.history[-1]["hyperparams"] and bool(torch.isfinite(res.lam).all())
@@ -511,7 +520,7 @@ class _Slow(hg.Method):
 def test_time_budget_stops_before_an_outer_step_that_would_not_fit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
-    monkeypatch.setattr(hypergrad.trainer, "time", clock)
+    monkeypatch.setattr(hypergrad.run.trainer, "time", clock)
     logs: list[str] = []
     # steps of 0.5 s: the second is expected to end at 1.0 s, the third at 1.5 s > 1.3
     res = _trainer(method=_Slow(clock, 0.5), outer_steps=50, time_budget=1.3, log=logs.append,
@@ -532,9 +541,11 @@ def test_time_budget_is_validated_and_offline_only() -> None:
     for bad in (0, -1.0, float("inf"), True, "5"):
         with pytest.raises(ValueError, match="time_budget=.* must be seconds > 0"):
             _trainer(time_budget=bad)
-    with pytest.raises(NotImplementedError, match="time_budget and backtrack are for offline"):
+    with pytest.raises(NotImplementedError, match=r"Guards\(time_budget=..., backtrack=...\) "
+                                                   r"are for offline"):
         _trainer(mode="online", interval=4, time_budget=1.0)
-    with pytest.raises(NotImplementedError, match="time_budget and backtrack are for offline"):
+    with pytest.raises(NotImplementedError, match=r"Guards\(time_budget=..., backtrack=...\) "
+                                                   r"are for offline"):
         _trainer(mode="online", interval=4, backtrack=2.0)
     for bad in (0.5, True, float("nan"), "2"):
         with pytest.raises(ValueError, match="backtrack=.* must be a number >= 1"):
@@ -545,7 +556,7 @@ def test_backtrack_returns_to_the_best_point_with_half_the_outer_lr() -> None:
     # the divergence test's set-up: an outer SGD step so large that training overflows
     logs: list[str] = []
     tr = _trainer(problem=_linear_regression(), outer_steps=6, log=logs.append, backtrack=1.5,
-                  outer_optimizer=functools.partial(torch.optim.SGD, lr=3e3))
+                  outer=functools.partial(torch.optim.SGD, lr=3e3))
     res = tr.fit()
     assert not res.diverged and len(res.history) == 6  # before: stopped at outer step 1
     flags = [bool(h.get("backtracked")) for h in res.history]

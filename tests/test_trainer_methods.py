@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 import torch
-from problems import Interrupt as _Interrupt
-from problems import interrupt_after as _interrupt_after
+from fixtures import Interrupt as _Interrupt
+from fixtures import interrupt_after as _interrupt_after
+from fixtures import make_trainer
 from torch.func import grad
-from torch.utils._pytree import tree_flatten
 
 import hypergrad as hg
-from hypergrad.choice import estimate_memory
+from hypergrad import Trainer
 from hypergrad.errors import ResumeMismatchError
+from hypergrad.methods import estimate_memory
 from hypergrad.testing import digits_case, rel_err, ridge_diabetes_case
-from hypergrad.trainer import Trainer
 
 SMALL = dict(n_train=32, batch_size=8, hidden=8, n_val=32)
 
@@ -34,8 +34,8 @@ def _problem(steps: int = 12, kind: str = "lr") -> hg.InnerProblem:
 def _online(method: Any, problem: hg.InnerProblem | None = None, lr: float = 1.0,
             **kw: Any) -> Trainer:
     kw.setdefault("interval", 4)
-    return Trainer(problem or _problem(), method, functools.partial(torch.optim.SGD, lr=lr),
-                   mode="online", progress=False, log=lambda s: None, **kw)
+    return make_trainer(problem or _problem(), method, functools.partial(torch.optim.SGD, lr=lr),
+                        mode="online", **kw)
 
 
 @pytest.mark.parametrize("method", ["hd", "marthe", hg.HD(), hg.MARTHE(mu=0.5)],
@@ -90,9 +90,9 @@ def test_hd_online_first_update_is_the_one_step_hypergradient() -> None:
 def _resumable(method: Any, run_dir: Path, resume: bool = False, evaluate: Any = None,
                log: Any = None) -> Trainer:
     problem = digits_case("adam", "per_tensor_wd", steps=12, **SMALL)
-    return Trainer(problem, method, functools.partial(torch.optim.Adam, lr=0.1), mode="online",
-                   interval=3, run_dir=run_dir, resume=resume, evaluate=evaluate,
-                   progress=False, log=log or (lambda s: None))
+    return make_trainer(problem, method, functools.partial(torch.optim.Adam, lr=0.1),
+                        mode="online", interval=3, run_dir=run_dir, resume=resume,
+                        evaluate=evaluate, log=log)
 
 
 def test_hd_online_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
@@ -108,34 +108,28 @@ def test_hd_online_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
     assert [h["hypergrad_norm"] for h in resumed.history] == [h["hypergrad_norm"]
                                                              for h in full.history]
     # another method whose run state does not fit: refused, naming the one that fits
-    with pytest.raises(ResumeMismatchError, match=r"cannot resume the online run .* with "
-                                                  r"ForwardMode: its run state was written by "
-                                                  r"HD .*HDState.*method='hd'"):
+    with pytest.raises(ResumeMismatchError, match=r"differs from the one in the checkpoint .*"
+                                                  r"\n  method: 'hd' -> '<absent>'"):
         _resumable(hg.ForwardMode(), tmp_path / "part", resume=True)
 
 
-def test_an_online_checkpoint_of_version_2_still_resumes(tmp_path: Path) -> None:
-    """Checkpoints written before the OnlineMethod protocol kept forward mode's state and
-    tangents under "inner"; they resume as ForwardMode's run state, and a method whose run
-    state is another is refused."""
+def test_an_online_run_state_carries_over_only_where_it_fits(tmp_path: Path) -> None:
+    """Forward mode's run state fits MARTHE's (the same tangents): it carries over, and that
+    is said; HD keeps another state: refused, naming the method that wrote it."""
     full = _resumable("forward", tmp_path / "full").fit()
     with pytest.raises(_Interrupt):
         _resumable("forward", tmp_path / "part", evaluate=_interrupt_after(2)).fit()
-    path = tmp_path / "part" / "checkpoint.pt"
-    ck = torch.load(path, weights_only=True)
-    online = ck.pop("online")
-    n = len(tree_flatten(digits_case("adam", "per_tensor_wd", steps=12, **SMALL)
-                         .initial_state())[0])
-    ck["version"] = 2
-    ck["inner"] = {"step": online["step"], "state": online["leaves"][:n],
-                   "tangents": online["leaves"][n:]}
-    torch.save(ck, path)
-    with pytest.raises(ResumeMismatchError, match=r"written by ForwardMode .*it is a "
-                                                  r"ForwardState, HD's is a HDState"):
-        _resumable("hd", tmp_path / "part", resume=True)
+    with pytest.raises(ResumeMismatchError, match=r"\n  method: '<absent>' -> 'hd'"):
+        _resumable("hd", tmp_path / "part", resume=True)  # refused by the fingerprint
+    ck = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)
+    p = digits_case("adam", "per_tensor_wd", steps=12, **SMALL)
+    with pytest.raises(ResumeMismatchError, match=r"written by method='forward' .*it is a "
+                                                  r"ForwardState, hd's is a HDState.*Resume with "
+                                                  r"method='forward'"):
+        hg.HD().load_state_dict(p, p.init_raw(), ck["online"])  # and by the run state
     logs: list[str] = []
     resumed = _resumable(hg.MARTHE(mu=1.0), tmp_path / "part", resume=True, log=logs.append)
-    assert any("run state of ForwardMode carries over to MARTHE" in line for line in logs)
+    assert any("run state of forward carries over to marthe" in line for line in logs)
     resumed.close()
     resumed = _resumable("forward", tmp_path / "part", resume=True).fit()
     assert torch.equal(resumed.lam, full.lam)
@@ -145,11 +139,12 @@ def test_an_online_checkpoint_of_version_2_still_resumes(tmp_path: Path) -> None
 @pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # one step: not the point
 def test_auto_picks_checkpointed_reverse_under_a_small_budget_and_says_why() -> None:
     p = digits_case("momentum", "per_example", steps=50, **{**SMALL, "n_train": 64})  # K = 64
-    rev, ck = estimate_memory(p, "reverse").total, estimate_memory(p, "checkpointed").total
+    rev = estimate_memory(p, "reverse").total
+    ck = estimate_memory(p, hg.ReverseMode(checkpoint="sqrt")).total
     assert ck < rev
     logs: list[str] = []
-    tr = Trainer(p, "auto", functools.partial(torch.optim.SGD, lr=1.0), outer_steps=1,
-                 memory_budget=(ck + rev) / 2, progress=False, log=logs.append)
+    tr = make_trainer(p, "auto", functools.partial(torch.optim.SGD, lr=1.0), outer_steps=1,
+                      memory_budget=(ck + rev) / 2, log=logs.append)
     assert isinstance(tr.method, hg.ReverseMode) and tr.method.checkpoint == "sqrt"
     assert logs[0].startswith("[hypergrad] method=auto chose checkpointed: ")
     assert "reverse mode would not fit" in logs[0] and "K=64" in logs[0]
@@ -161,9 +156,9 @@ def test_auto_picks_checkpointed_reverse_under_a_small_budget_and_says_why() -> 
 
 def test_implicit_diff_offline_records_its_solver_report(tmp_path: Path) -> None:
     problem, closed = ridge_diabetes_case(800)
-    tr = Trainer(problem, hg.ImplicitDiff(hg.CG(tol=1e-12)),
-                 functools.partial(torch.optim.SGD, lr=0.5), outer_steps=2, run_dir=tmp_path,
-                 progress=False, log=lambda s: None)
+    tr = make_trainer(problem, hg.ImplicitDiff(hg.methods.CG(tol=1e-12)),
+                      functools.partial(torch.optim.SGD, lr=0.5), outer_steps=2,
+                      run_dir=tmp_path)
     res = tr.fit()
     assert res.method == "implicit" and not res.diverged
     first = res.history[0]
@@ -184,7 +179,7 @@ def test_a_method_that_cannot_tune_online_is_a_clear_error(method: Any) -> None:
     with pytest.raises(NotImplementedError,
                        match=rf"online tuning needs .* OnlineMethod \(ForwardMode, MARTHE or "
                              rf"HD\); {name} gives one only after a whole run. Use "
-                             rf"method='forward', 'marthe' or 'hd' .*or mode='offline'"):
+                             rf"method='forward', 'marthe' or 'hd', or mode=Offline\(\)"):
         _online(method)
 
 
@@ -193,8 +188,9 @@ def test_methods_by_name_and_auto_online() -> None:
     assert isinstance(_online("hd").method, hg.HD)
     m = _online("marthe").method
     assert isinstance(m, hg.MARTHE) and m.mu == 0.9
-    with pytest.raises(ValueError, match=r"method='rtho'; use one of \['forward', 'reverse', "
-                                         r"'auto', 'hd', 'marthe'\]"):
+    with pytest.raises(ValueError, match=r"method='rtho' is not a registered method; registered "
+                                         r"are \['auto', 'finite_difference', 'forward', 'hd', "
+                                         r"'implicit', 'marthe', 'reverse'\]"):
         _online("rtho")
-    with pytest.raises(TypeError, match="method must be a Method or one of"):
+    with pytest.raises(TypeError, match="method must be a Method or a name"):
         _online(42)

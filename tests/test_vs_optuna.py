@@ -38,7 +38,7 @@ def _schedule_problem(**kw: Any) -> hg.InnerProblem:
     """An MLP with a 3-window lr schedule (log), a momentum (logit) and per-tensor wd (log):
     the kinds of the digits_schedule preset."""
     from hypergrad.data import MiniBatches
-    from hypergrad.problems import digits_data, mlp
+    from hypergrad.tasks import digits_data, mlp
 
     torch.manual_seed(0)
     data = digits_data(n_train=32, n_val=32, n_test=32)
@@ -51,7 +51,7 @@ def _schedule_problem(**kw: Any) -> hg.InnerProblem:
         return torch.nn.functional.cross_entropy(m(b[0]), b[1])
 
     return hg.InnerProblem(
-        model, loss, hg.sgd(lr="lr", momentum="momentum", weight_decay="wd"), hps,
+        model, loss, hg.optim.sgd(lr="lr", momentum="momentum", weight_decay="wd"), hps,
         MiniBatches(data.x_train, data.y_train, batch_size=8), kw.get("steps", 8),
         lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val), data.y_val))
 
@@ -83,7 +83,7 @@ def test_the_box_is_the_presets_bounds_else_a_documented_box_around_init() -> No
 def test_the_trainer_projects_into_the_same_box_the_samplers_draw_from() -> None:
     p = _schedule_problem()
     space = SearchSpace.from_problem(p.hyperparams, {"lr": [1e-4, 3.0]})
-    tr = hg.Trainer(p, bounds=space.value_bounds, progress=False, log=lambda s: None)
+    tr = hg.Trainer(p, guards=hg.Guards(bounds=space.value_bounds), callbacks=[hg.run.Log(None)])
     far = torch.tensor([9.0, -20.0, 0.5, 7.0, -30.0, 3.0, -9.0, 0.0])
     with torch.no_grad():
         tr.lam.copy_(far)
@@ -155,9 +155,10 @@ def test_optuna_runs_in_the_box_from_the_initial_point_within_the_budget() -> No
 def test_the_trainer_run_is_its_outer_steps_and_its_last_point() -> None:
     p = digits_case("momentum", "schedule", **SMALL)
     space = SearchSpace.from_problem(p.hyperparams, {"lr": [1e-3, 0.2]})
-    tr = hg.Trainer(p, outer_optimizer=functools.partial(hg.SignDescent, lr=0.5),
-                    outer_steps=4, bounds=space.value_bounds, progress=False,
-                    log=lambda s: None, time_budget=60.0)
+    tr = hg.Trainer(p, outer=functools.partial(hg.SignDescent, lr=0.5),
+                    mode=hg.Offline(outer_steps=4),
+                    guards=hg.Guards(bounds=space.value_bounds, time_budget=60.0),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
     run = run_trainer(tr, space, "hypergrad", 0, 60.0)
     assert run.info["outer_steps"] == 4 and len(run.times) == 5  # + the point after the last
     assert run.info["hypergradients"] == [0, 1, 2, 3]

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 import hypergrad as hg  # noqa: E402
 import hypergrad.data  # noqa: E402,F401
 import hypergrad.measure  # noqa: E402,F401
-import hypergrad.problems  # noqa: E402,F401
+import hypergrad.tasks  # noqa: E402,F401
 from hypergrad.alloc import malloc_settings, tune_malloc  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -47,7 +47,7 @@ def setup() -> bool:
 def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
     """The benchmark models and their input shape (without the batch axis)."""
     if name == "mlp":
-        return hg.problems.mlp([64, 256, 256, 10]), (64,)
+        return hg.tasks.mlp([64, 256, 256, 10]), (64,)
     side = {"cnn8": 8, "cnn28": 28, "cnn28s2": 28}[name]
     stride = 2 if name == "cnn28s2" else 1
     out_side = (side - 1) // stride + 1
@@ -79,7 +79,7 @@ def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
     else:
         items = [hg.Scalar("lr", 0.05, transform="log")]
         if k > 1:
-            items.append(hg.Tensor("gw", 0.5, shape=(k - 1,), transform="logit"))
+            items.append(hg.Array("gw", 0.5, shape=(k - 1,), transform="logit"))
     hps = hg.HyperParams(items)
     groups = max(k - 1, 1)
 
@@ -98,7 +98,7 @@ def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
     batches = hg.data.MiniBatches(x, y, batch_size=BATCH, seed=seed)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"make_problem: optimizer={optimizer!r}; choose from {OPTIMIZERS}.")
-    opt = (hg.sgd(lr="lr", momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
+    opt = (hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
            else getattr(hg, optimizer)(lr="lr", weight_decay=5e-4))
     return hg.InnerProblem(model, train_loss, opt, hps, batches, steps, val_loss)
 
@@ -256,18 +256,18 @@ def in_subprocess(script: str, args: Sequence[str], timeout: float = 1800) -> di
 STRATEGY_NAMES = ("loop", "vmap_vjp", "is_grads_batched", "fwd_over_rev")
 
 
-def make_strategy(name: str) -> hg.HVPStrategy:
+def make_strategy(name: str) -> hg.hvp.HVPStrategy:
     """``loop`` (the seed's baseline), the library's strategies with their default (automatic)
     chunking, ``vmap_vjp_unchunked`` (all K columns in one call), ``vmap_vjp_chunkN``, and
     ``vmap_vjp_compiled`` (the optional ``torch.compile`` path)."""
     if name == "loop":
-        return hg.ColumnLoop()
+        return hg.hvp.ColumnLoop()
     if name == "vmap_vjp_unchunked":
-        return hg.VmapVJP(memory_budget=float("inf"))
+        return hg.hvp.VmapVJP(memory_budget=float("inf"))
     if name.startswith("vmap_vjp_chunk"):
-        return hg.VmapVJP(chunk_size=int(name[len("vmap_vjp_chunk"):]))
+        return hg.hvp.VmapVJP(chunk_size=int(name[len("vmap_vjp_chunk"):]))
     if name == "vmap_vjp_compiled":
-        return hg.VmapVJP(compile=True)
+        return hg.hvp.VmapVJP(compile=True)
     from hypergrad.hvp import STRATEGIES
     return STRATEGIES[name]()
 

@@ -61,7 +61,11 @@ def child(kind: str, steps: int, repeats: int, out: str) -> None:
     """One rank: time ``repeats`` hypergradients after a warm-up; rank 0 writes the times (the
     slowest rank's each) and its hypergradient."""
     torch.set_num_threads(1)
-    hd.init(timeout=600)
+    with hd.launch(timeout=600):
+        _time_ranks(kind, steps, repeats, out)
+
+
+def _time_ranks(kind: str, steps: int, repeats: int, out: str) -> None:
     p = problem(steps)
     lam = p.init_raw()
     m = method(kind)

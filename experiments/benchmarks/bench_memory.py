@@ -45,7 +45,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     p = C.make_problem(spec["model"], spec["k"])
     warm_p = C.make_problem(spec["model"], 1)
     fm = hg.ForwardMode(C.make_strategy(spec["strategy"]))
-    warm = C.forward_stepper(warm_p, warm_p.init_raw(), hg.ForwardMode(hg.VmapVJP()))
+    warm = C.forward_stepper(warm_p, warm_p.init_raw(), hg.ForwardMode(hg.hvp.VmapVJP()))
 
     def run() -> None:
         step = C.forward_stepper(p, p.init_raw(), fm)

@@ -10,7 +10,7 @@ reference of ``plain/torch``). Inner problem: SGD with momentum 0.9 and weight d
 hyperparameters = the learning rate and ``K - 1`` example-group weights of the loss, so every
 column is live at every step.
 
-- ``resnet18``: torchvision's ResNet-18 layout (:func:`hypergrad.problems.models.resnet18`,
+- ``resnet18``: torchvision's ResNet-18 layout (:func:`hypergrad.tasks.models.resnet18`,
   BatchNorm in train mode: running statistics are state with tangents), 3x32x32 inputs.
 - ``transformer``: ``nn.TransformerEncoder``, d_model 64, 4 heads, 2 layers, feed-forward 128,
   dropout 0, sequence 32 (16 features per position), mean-pooled to a linear head.
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 import hypergrad as hg  # noqa: E402
-from hypergrad.problems.models import RNNClassifier, TransformerClassifier, resnet18  # noqa: E402
+from hypergrad.tasks.models import RNNClassifier, TransformerClassifier, resnet18  # noqa: E402
 
 MODELS = ("resnet18", "transformer", "lstm")
 BATCH = 32
@@ -68,7 +68,7 @@ def make_problem(name: str, k: int, steps: int = 50) -> tuple[hg.InnerProblem, n
     y = torch.randint(0, 10, (n,), generator=g)
     items: list[Any] = [hg.Scalar("lr", 0.05, transform="log")]
     if k > 1:
-        items.append(hg.Tensor("gw", 0.5, shape=(k - 1,), transform="logit"))
+        items.append(hg.Array("gw", 0.5, shape=(k - 1,), transform="logit"))
     groups = max(k - 1, 1)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> torch.Tensor:
@@ -79,7 +79,8 @@ def make_problem(name: str, k: int, steps: int = 50) -> tuple[hg.InnerProblem, n
     def val_loss(m: Any, hp: Any) -> torch.Tensor:
         return F.cross_entropy(m(x[:BATCH]), y[:BATCH])
 
-    problem = hg.InnerProblem(model, train_loss, hg.sgd(lr="lr", momentum=0.9, weight_decay=5e-4),
+    opt = hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=5e-4)
+    problem = hg.InnerProblem(model, train_loss, opt,
                               hg.HyperParams(items), hg.data.MiniBatches(x, y, batch_size=BATCH),
                               steps, val_loss)
     ref, _ = build(name)  # torch's own step trains a copy of the same module

@@ -91,7 +91,7 @@ def main() -> None:
             plain = C.plain_stepper(p, lam)
             t_plain = C.median_time(plain, 20, 3, min_seconds=0.5)
             flops_plain = C.count_flops(plain)
-            loop_step = C.forward_stepper(p, lam, hg.ForwardMode(hg.ColumnLoop()))
+            loop_step = C.forward_stepper(p, lam, hg.ForwardMode(hg.hvp.ColumnLoop()))
             flops = C.count_flops(loop_step)  # the step's work, the same for every strategy
             methods = {name: hg.ForwardMode(C.make_strategy(name)) for name in strategies}
             steppers = {name: C.forward_stepper(p, lam, m) for name, m in methods.items()}

@@ -35,12 +35,12 @@ STRATEGIES = {"double_backward": DoubleBackward, "mixed": MixedMode}
 def bn_problem(optimizer: str) -> hg.InnerProblem:
     """The benchmark MLP with BatchNorm after each hidden layer, on random data."""
     torch.manual_seed(0)
-    model = hg.problems.mlp([64, 256, 256, 10], batchnorm=True)
+    model = hg.tasks.mlp([64, 256, 256, 10], batchnorm=True)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4 * C.BATCH, 64, generator=g)
     y = torch.randint(0, 10, (4 * C.BATCH,), generator=g)
-    opt = (hg.sgd(lr="lr", momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
-           else hg.adam(lr="lr", weight_decay=5e-4))
+    opt = (hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
+           else hg.optim.adam(lr="lr", weight_decay=5e-4))
     return hg.InnerProblem(
         model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]), opt,
         hg.HyperParams([hg.Scalar("lr", 0.05, transform="log")]),

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from .adagrad import Adagrad, AdagradState, adagrad
 from .adam import Adam, AdamState, AdamW, adam, adamw
-from .base import Optimizer, TangentContext, safe_sqrt
+from .base import Optimizer, TangentContext, create, register, registered, safe_sqrt
 from .rmsprop import RMSprop, RMSpropState, rmsprop
 from .sgd import SGD, SGDState, sgd
 
-__all__ = ["Optimizer", "TangentContext", "safe_sqrt",
+__all__ = ["Optimizer", "TangentContext", "safe_sqrt", "register", "registered", "create",
            "SGD", "SGDState", "sgd", "Adam", "AdamW", "AdamState", "adam", "adamw",
            "RMSprop", "RMSpropState", "rmsprop", "Adagrad", "AdagradState", "adagrad"]

@@ -18,6 +18,7 @@ from .base import (
     inv_twice,
     is_zero,
     l2_tangent,
+    register,
     safe_sqrt,
 )
 
@@ -98,6 +99,7 @@ class Adagrad(Optimizer):
                                    initial_accumulator_value=a["initial_accumulator_value"])
 
 
+@register
 def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: Arg = 1e-10,
             initial_accumulator_value: float = 0.0) -> Adagrad:
     """Adagrad as ``torch.optim.Adagrad`` (same defaults).

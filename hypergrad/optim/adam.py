@@ -20,6 +20,7 @@ from .base import (
     is_zero,
     l2_penalty,
     owned,
+    register,
     safe_sqrt,
 )
 
@@ -153,6 +154,7 @@ class AdamW(Adam):
     stationary_args = ()
 
 
+@register
 def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
          weight_decay: Arg = 0.0, eps_root: float = 0.0) -> Adam:
     """Adam as ``torch.optim.Adam`` (Kingma & Ba 2015), L2 weight decay added to the gradient.
@@ -164,6 +166,7 @@ def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
                 eps_root=_eps_root("adam", eps_root))
 
 
+@register
 def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
           weight_decay: Arg = 1e-2, eps_root: float = 0.0) -> AdamW:
     """AdamW as ``torch.optim.AdamW`` (Loshchilov & Hutter 2019): ``w *= 1 - lr * wd`` first."""

@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["Optimizer", "TangentContext", "Params", "Arg", "safe_sqrt", "fma", "owned",
-           "is_zero", "const_zero", "inv_twice", "l2_penalty", "l2_tangent"]
+           "is_zero", "const_zero", "inv_twice", "l2_penalty", "l2_tangent", "register",
+           "registered", "create", "ENTRY_POINTS"]
 
 Params = dict[str, Tensor]
 Arg = float | str
@@ -293,3 +294,59 @@ class Optimizer(abc.ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
         return f"{self.name}({args})"
+
+
+# -- the registry --------------------------------------------------------------------------------
+ENTRY_POINTS = "hypergrad.optimizers"
+"""The entry-point group under which installed packages declare optimizer factories by name."""
+
+Factory = Callable[..., Optimizer]
+_FACTORIES: dict[str, Factory] = {}
+
+
+def register(factory: Factory | None = None, *, name: str | None = None) -> Any:
+    """Register an optimizer factory (a function ``(**arguments) -> Optimizer``, e.g.
+    :func:`~hypergrad.optim.sgd`) under ``name`` (default: the function's name), so that
+    :func:`create` and ``hypergrad-run inner_optimizer=<name>`` build it. Use as ``@register``
+    or ``@register(name="mine")``."""
+    def add(f: Factory) -> Factory:
+        key = str(name or getattr(f, "__name__", ""))
+        if not key.isidentifier():
+            raise ValueError(f"optim.register: name {key!r} must be an identifier.")
+        old = _FACTORIES.get(key)
+        if old is not None and old.__qualname__ != f.__qualname__:
+            raise ValueError(f"optim.register: name {key!r} is taken by {old.__module__}."
+                             f"{old.__qualname__}; choose another name.")
+        _FACTORIES[key] = f
+        return f
+
+    return add if factory is None else add(factory)
+
+
+def registered() -> dict[str, Factory]:
+    """``{name: factory}`` of the optimizers registered in this process and of the installed
+    entry points of :data:`ENTRY_POINTS`."""
+    from importlib import metadata
+
+    for ep in metadata.entry_points(group=ENTRY_POINTS):
+        if ep.name not in _FACTORIES:
+            register(ep.load(), name=ep.name)
+    return dict(_FACTORIES)
+
+
+def create(name: str, **args: Any) -> Optimizer:
+    """The optimizer ``name`` (registered, or an import path ``"pkg.module.factory"``) built
+    with ``args``: ``create("sgd", lr="lr", momentum=0.9)``."""
+    factories = registered() if name not in _FACTORIES else _FACTORIES
+    if name in factories:
+        return factories[name](**args)
+    if "." in name:
+        import importlib
+
+        module, _, attr = name.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), attr)(**args)  # type: ignore[no-any-return]
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"optim.create: cannot import {name!r} ({err}).") from err
+    raise ValueError(f"optim.create: {name!r} is not a registered optimizer; registered are "
+                     f"{sorted(factories)}. Register yours with @hypergrad.optim.register.")

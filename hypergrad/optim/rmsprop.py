@@ -19,6 +19,7 @@ from .base import (
     inv_twice,
     is_zero,
     l2_tangent,
+    register,
     safe_sqrt,
 )
 
@@ -143,6 +144,7 @@ class RMSprop(Optimizer):
                                    momentum=v(a["momentum"], hp), centered=a["centered"])
 
 
+@register
 def rmsprop(lr: Arg = 1e-2, alpha: Arg = 0.99, eps: Arg = 1e-8, weight_decay: Arg = 0.0,
             momentum: Arg = 0.0, centered: bool = False) -> RMSprop:
     """RMSprop as ``torch.optim.RMSprop`` (same defaults).

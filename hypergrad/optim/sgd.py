@@ -19,6 +19,7 @@ from .base import (
     is_zero,
     l2_penalty,
     owned,
+    register,
 )
 
 __all__ = ["SGD", "SGDState", "sgd"]
@@ -136,6 +137,7 @@ class SGD(Optimizer):
                                weight_decay=v(a["weight_decay"], hp))
 
 
+@register
 def sgd(lr: Arg, momentum: Arg = 0.0, dampening: Arg = 0.0, nesterov: bool = False,
         weight_decay: Arg = 0.0) -> SGD:
     """SGD as ``torch.optim.SGD`` (momentum, dampening, Nesterov, L2 weight decay).

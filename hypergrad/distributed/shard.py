@@ -1,0 +1,136 @@
+"""Data parallelism's view of a problem: each rank's shard of every mini-batch.
+
+Each rank takes a shard of every mini-batch (``torch.tensor_split`` of every batch tensor along
+its first axis: sizes differ by at most one) and its training loss is weighted by ``n_rank / N``
+(``reduction="mean"``, for a loss that is a mean over the batch's examples; ``"sum"``: weight 1).
+The gradient and the tangent products are linear in the loss, so one all-reduce (sum) gives
+exactly the full batch's values, whatever the shard sizes.
+
+Data parallelism refuses models with BatchNorm running statistics and losses that draw random
+numbers (dropout): a shard's batch statistics and dropout masks differ from the full batch's, so
+the result would be another function than the single-process step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..problem import InnerProblem, InnerState, is_plain
+from .mesh import Mesh, all_sum_tree
+
+__all__ = ["shard_batch", "ShardedProblem", "Shards", "check_reduction"]
+
+
+def shard_batch(batch: Any, index: int, parts: int) -> tuple[Any, int, int]:
+    """Shard ``index`` of ``parts`` of a mini-batch: every tensor with a first axis is split
+    along it by ``torch.tensor_split`` (contiguous pieces, sizes differing by at most one);
+    other leaves are kept. Returns ``(shard, examples in it, examples in the batch)``."""
+    leaves, spec = tree_flatten(batch)
+    sizes = {x.shape[0] for x in leaves if isinstance(x, Tensor) and x.ndim >= 1}
+    if not sizes:
+        raise ValueError("hypergrad.distributed: a data-parallel mini-batch needs tensors with a "
+                         "first (example) axis to split; this one has none.")
+    if len(sizes) > 1:
+        raise ValueError(f"hypergrad.distributed: the tensors of a mini-batch have first axes of "
+                         f"sizes {sorted(sizes)}; data parallelism splits them along that axis, "
+                         f"so they must have one size (the number of examples).")
+    n = sizes.pop()
+    if n < parts:
+        raise ValueError(f"hypergrad.distributed: a mini-batch of {n} examples cannot be split "
+                         f"over {parts} data-parallel ranks; use batches of at least {parts} "
+                         f"examples or fewer data-parallel ranks.")
+    out = [x.tensor_split(parts, dim=0)[index] if isinstance(x, Tensor) and x.ndim >= 1 else x
+           for x in leaves]
+    m = next(x.shape[0] for x in out if isinstance(x, Tensor) and x.ndim >= 1)
+    return tree_unflatten(out, spec), m, n
+
+
+def check_reduction(api: str, reduction: str) -> str:
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"{api}: reduction={reduction!r}; use 'mean' (the training loss is a "
+                         f"mean over the batch's examples) or 'sum' (a sum over them).")
+    return reduction
+
+
+class ShardedProblem(InnerProblem):
+    """A data-parallel rank's view of ``source``: the same model, hyperparameters, optimizer,
+    horizon, validation loss and seed; its shard of every batch, the training loss weighted by
+    the shard's share of the batch, and (plain steps) the gradient summed over ``group``.
+
+    Its batches are ``(shard, weight)`` pairs; ``source``'s ``train_loss`` sees the shard.
+    """
+
+    def __init__(self, source: InnerProblem, index: int, parts: int, group: Any,
+                 reduction: str = "mean") -> None:
+        check_data_parallel(source)
+
+        def batches(t: int) -> tuple[Any, float]:
+            shard, m, n = shard_batch(source.batch(t), index, parts)
+            return shard, (m / n if reduction == "mean" else 1.0)
+
+        def train_loss(model: Any, batch: tuple[Any, float], hp: Any) -> Tensor:
+            shard, weight = batch
+            loss = source.train_loss(model, shard, hp)
+            return loss if weight == 1.0 else loss * weight
+
+        super().__init__(source.fmodel.module, train_loss, source.optimizer, source.hyperparams,
+                         batches, source.steps, source.val_loss, source.val_mode, source.seed)
+        self.source = source
+        self.group = group
+
+    def step(self, state: InnerState, lam: Tensor, t: int) -> InnerState:
+        """A plain step with the gradient summed over the data group. Under a function
+        transform the all-reduce would be invisible to it: reverse mode differentiates the step
+        by :class:`~hypergrad.distributed.parallel.DataParallelVJP` instead."""
+        if not is_plain(state, lam):
+            raise RuntimeError(
+                "hypergrad.distributed: a data-parallel step cannot run under a function "
+                "transform or autograd (its all-reduce is invisible to them); use "
+                "data_parallel(ReverseMode()) or data_parallel(ForwardMode()).")
+        g, new_b = self.gradient(state, lam, t)
+        g = all_sum_tree(g, self.group, f"the gradient of step {t}")
+        with torch.no_grad():
+            params, opt = self.update(g, state.opt, state.params, lam, t)
+        return InnerState(params, new_b, opt)
+
+
+def check_data_parallel(problem: InnerProblem) -> None:
+    """Refuse what data parallelism would change: BatchNorm statistics, random draws."""
+    if problem.fmodel.initial_buffers():
+        raise ValueError(
+            f"hypergrad.distributed: data parallelism needs a model without BatchNorm running "
+            f"statistics (this one has {sorted(problem.fmodel.initial_buffers())}): each rank "
+            f"would normalise its shard by the shard's own batch statistics, another function "
+            f"than the single-process step. Use column_parallel(...), or GroupNorm/LayerNorm.")
+    if problem.draws is None:
+        problem.check(problem.init_raw())
+    if problem.draws:
+        raise ValueError(
+            "hypergrad.distributed: data parallelism needs a training loss that draws no random "
+            "numbers (dropout, noise): a shard draws other masks than the full batch, so the "
+            "result would be another function than the single-process step. Use "
+            "column_parallel(...) (every rank draws the full batch's masks).")
+
+
+class Shards:
+    """Each problem's data-parallel view on this rank, made once."""
+
+    def __init__(self, m: Mesh, reduction: str) -> None:
+        self.mesh, self.reduction = m, reduction
+        self._views: weakref.WeakKeyDictionary[InnerProblem, InnerProblem] = (
+            weakref.WeakKeyDictionary())
+
+    def __call__(self, problem: InnerProblem) -> InnerProblem:
+        if self.mesh.data == 1 or isinstance(problem, ShardedProblem):
+            return problem
+        view = self._views.get(problem)
+        if view is None:
+            view = self._views[problem] = ShardedProblem(
+                problem, self.mesh.data_index, self.mesh.data, self.mesh.data_group,
+                self.reduction)
+        return view

@@ -1,0 +1,136 @@
+"""``method="auto"``: forward, reverse or checkpointed reverse mode, chosen per problem from the
+methods' own memory estimates and K (:func:`choose_method`).
+
+Per-step time, in gradient evaluations (DESIGN.md): forward ``1 + 2K``, reverse ``4`` (a plain
+step forward, a step VJP of about 3 backward), checkpointed reverse ``5`` (one more plain step
+to recompute the segments). :func:`choose_method` picks among the **exact** methods only
+(forward, reverse, checkpointed reverse): truncated reverse, implicit differentiation, HD and
+MARTHE change the hypergradient, so they are suggested when nothing exact fits, never chosen.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..errors import MemoryBudgetError
+from ..hvp import HVPStrategy, VmapVJP  # noqa: F401  (VmapVJP: the doctest)
+from ..problem import InnerProblem
+from .base import HyperGradient, MemoryEstimate, Method, Sizes, gib
+from .forward import ForwardMode
+from .memory import budget, options
+from .reverse import ReverseMode
+
+__all__ = ["AutoMode", "choose_method", "STEP_COST"]
+
+STEP_COST = {"forward": None, "reverse": 4, "checkpointed": 5}
+"""Gradient evaluations per inner step (forward: ``1 + 2K``); see the module docstring."""
+
+
+class AutoMode(Method, name="auto"):
+    """``method="auto"``: forward, reverse or checkpointed reverse mode, chosen per problem by
+    :func:`choose_method` from the memory estimates and K (the reason is returned by
+    :meth:`resolve` and logged by the Trainer).
+
+    Args:
+        forward: the forward mode to use if forward is picked (its HVP strategy, chunking and
+            ``compile`` kept); default ``ForwardMode()``.
+        reverse: the reverse mode to use if reverse is picked; default ``ReverseMode()``.
+        checkpointed: the reverse mode to use where storing every state does not fit; default
+            ``ReverseMode(checkpoint="sqrt")`` with ``reverse``'s step VJP.
+        memory_budget: bytes any may use (``None``: the caller's budget, else the device's
+            available memory).
+        hvp: short for ``forward=ForwardMode(hvp)``: the HVP strategy forward mode would use
+            (so that ``method=auto`` takes the same ``method/hvp`` group and options as
+            ``method=forward`` in the Hydra configs).
+
+    Example:
+        >>> AutoMode(hvp=VmapVJP(chunk_size=4)).forward.hvp
+        VmapVJP(chunk_size=4, memory_budget=None)
+    """
+
+    def __init__(self, forward: ForwardMode | None = None, reverse: ReverseMode | None = None,
+                 memory_budget: float | None = None,
+                 checkpointed: ReverseMode | None = None, *,
+                 hvp: HVPStrategy | None = None) -> None:
+        if forward is not None and hvp is not None:
+            raise ValueError(f"AutoMode: got forward={forward!r} and hvp={hvp!r}; pass one "
+                             f"(hvp=... is short for forward=ForwardMode(hvp=...)).")
+        self.forward = forward if forward is not None else ForwardMode(hvp)
+        self.reverse = reverse if reverse is not None else ReverseMode()
+        self.checkpointed = (checkpointed if checkpointed is not None else
+                             ReverseMode(checkpoint="sqrt", step_vjp=self.reverse.step_vjp))
+        self.memory_budget = memory_budget
+
+    def resolve(self, problem: InnerProblem, mode: str = "offline",
+                memory_budget: float | None = None) -> tuple[Method, str]:
+        mb = self.memory_budget if self.memory_budget is not None else memory_budget
+        name, why = choose_method(problem, mode, mb, self.forward, self.checkpointed)
+        chosen = {"forward": self.forward, "reverse": self.reverse,
+                  "checkpointed": self.checkpointed}[name]
+        return chosen, f"chose {name}: {why}"
+
+    def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+        return self.resolve(problem)[0].hypergradient(problem, lam)
+
+    def estimate_memory(self, problem: InnerProblem,
+                        sizes: Sizes | None = None) -> MemoryEstimate | None:
+        """The estimate of the method it would pick (within the available memory)."""
+        return self.resolve(problem, memory_budget=self.memory_budget)[0].estimate_memory(
+            problem, sizes)
+
+    def __repr__(self) -> str:
+        return f"AutoMode(forward={self.forward!r}, reverse={self.reverse!r})"
+
+
+
+def choose_method(problem: InnerProblem, mode: str = "offline",
+                  memory_budget: float | None = None,
+                  forward: ForwardMode | None = None,
+                  checkpointed: ReverseMode | None = None) -> tuple[str, str]:
+    """Pick ``"forward"``, ``"reverse"`` or ``"checkpointed"`` (reverse mode with
+    ``checkpoint="sqrt"``); returns the name and the reason in words.
+
+    The rule: online tuning needs forward mode. Offline, the memory estimates
+    (:func:`estimate_memory`, ``forward``'s HVP strategy, ``checkpointed``'s interval) are
+    compared with ``memory_budget`` (bytes; ``None``: the device's available memory); a method
+    that does not fit is never picked, and among those that fit the cheapest per inner step
+    wins: forward ``1 + 2K`` gradients, reverse 4, checkpointed reverse 5 (ties to forward,
+    whose memory does not grow with T). So checkpointed reverse is picked only where full
+    reverse does not fit and forward either does not fit or costs more (K >= 3). Only exact
+    methods are chosen; when none fits, :class:`~hypergrad.errors.MemoryBudgetError` gives the
+    numbers and the options (truncated reverse, implicit differentiation among them).
+    """
+    k = problem.num_hyperparams
+    room = budget(problem, memory_budget)
+    sizes = Sizes.of(problem)
+    fwd = (forward if forward is not None else ForwardMode()).estimate_memory(problem, sizes)
+    if mode == "online":
+        if fwd.total > room:
+            raise MemoryBudgetError(
+                f"method=auto: online tuning needs forward mode, which needs about {fwd} > "
+                f"memory budget {gib(room)}. Options: {options(problem, fwd, None, mode)}.")
+        return "forward", "online tuning needs hypergradients during training (forward mode)"
+    rev = ReverseMode().estimate_memory(problem, sizes)
+    ck_method = checkpointed if checkpointed is not None else ReverseMode(checkpoint="sqrt")
+    ckpt = ck_method.estimate_memory(problem, sizes)
+    ests = {"forward": fwd, "reverse": rev, "checkpointed": ckpt}
+    cost = {"forward": 1 + 2 * k, "reverse": 4, "checkpointed": 5}
+    both = (f"forward needs ~{gib(fwd.total)}, reverse ~{gib(rev.total)}, checkpointed reverse "
+            f"~{gib(ckpt.total)}, budget {gib(room)}")
+    fits = [n for n in ("forward", "reverse", "checkpointed") if ests[n].total <= room]
+    if not fits:
+        raise MemoryBudgetError(
+            f"method=auto: neither method fits the memory budget of {gib(room)}: {fwd}; "
+            f"{rev}; {ckpt}. Options: {options(problem, fwd, rev, mode, ckpt)}.")
+    name = min(fits, key=lambda n: (cost[n], n != "forward"))
+    label = {"forward": "forward mode", "reverse": "reverse mode",
+             "checkpointed": "checkpointed reverse mode"}
+    out = [label[n] for n in ("forward", "reverse") if n not in fits]
+    why_fit = "; ".join(f"{x} would not fit" for x in out)
+    costs = (f"K={k}: forward costs ~{1 + 2 * k} gradients per step, reverse ~4, checkpointed "
+             f"reverse ~5")
+    if name == "forward" and not why_fit:
+        return "forward", f"{costs}, and forward's memory is independent of T ({both})"
+    if name == "reverse" and not why_fit:
+        return "reverse", f"{costs}; both fit ({both})"
+    return name, f"{why_fit}; {costs} ({both})"

@@ -1,0 +1,343 @@
+"""Forward mode (Franceschi et al. 2017, RTHO/forward HO): carry ``Z_t = d s_t / d lam``.
+
+Per step, with all K columns at once:
+
+- ``G_t = H_t Z^w_{t-1} + (d^2 L / dw dlam) I_K`` from the HVP strategy (one gradient, one batched
+  call per chunk of columns);
+- ``Z_t = dU/ds Z_{t-1} + dU/dg G_t + dU/dh dh_t/dlam``, the tangent of the optimizer's pure
+  update, by a :class:`~hypergrad.tangent.TangentRule` (default: the optimizer's own closed
+  form, else its diagonal Jacobian, else ``jvp`` under ``vmap``; :mod:`hypergrad.tangent`);
+- at any step, ``dE/dlam = sum <Z_T, dE/ds_T> + dE/dlam|direct``.
+
+Memory is ``O(K |s|)``, independent of ``T``.
+
+Work the step does not do, because its result is known exactly:
+
+- columns of :class:`~hypergrad.Schedule` windows that have not started: no step so far has read
+  them, so their tangents are exactly zero and this step cannot change them. They get no
+  Hessian-vector product and no update tangent, and stay zero (an 8-window schedule computes
+  4.5 of its 8 columns on average). A column whose tangent is not zero (a user-made state) is
+  never skipped.
+- ``dU/dh dh_t/dlam``, the hyperparameters' own term of the update, is taken only for the
+  columns the optimizer reads at this step (its bound hyperparameters; one window of a
+  schedule), not for all K. For weight decay that term is ``(d wd / d lam) * w`` and the state
+  term is ``wd * Z``: both elementwise, neither through the Hessian-vector product.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.func import grad_and_value, jvp, vmap
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..hvp import HVPStrategy, VmapVJP
+from ..hyperparams import Schedule
+from ..problem import InnerProblem, InnerState
+from ..tangent import AutoTangent, TangentRule, UpdateStep
+from .base import MemoryEstimate, OnlineMethod, Sizes
+
+__all__ = ["ForwardMode", "ForwardState", "ColumnPlan", "initial_tangents"]
+
+
+class ForwardState(NamedTuple):
+    """The inner state, its tangents (each tensor with a leading axis of size K) and the index of
+    the next step."""
+
+    state: InnerState
+    tangents: InnerState
+    step: int
+
+
+class ColumnPlan:
+    """Which raw columns a problem's step ``t`` reads, from the hyperparameters' structure.
+
+    ``first_read[c]``: the first step that reads column ``c`` (schedule windows start late; every
+    other kind is read from step 0); ``T`` for a window no step reads. ``optimizer_columns(t)``:
+    the columns the optimizer's update reads at step ``t``.
+    """
+
+    def __init__(self, problem: InnerProblem) -> None:
+        hps, horizon = problem.hyperparams, problem.steps
+        self.k = hps.num_raw
+        self.horizon = horizon
+        self.first_read = [0] * self.k
+        for item, sl in zip(hps.items, hps.slices.values()):
+            if isinstance(item, Schedule):
+                self.first_read[sl] = [_first_step(item, w, horizon)
+                                       for w in range(item.windows)]
+        self._opt_static: list[int] = []
+        self._opt_sched: list[tuple[Schedule, int]] = []
+        for name in problem.optimizer.bound_names():
+            item, sl = hps.by_name[name], hps.slices[name]
+            if isinstance(item, Schedule):
+                self._opt_sched.append((item, sl.start))
+            else:
+                self._opt_static.extend(range(sl.start, sl.stop))
+        self.has_late = any(f > 0 for f in self.first_read)
+
+    def not_started(self, t: int) -> list[int]:
+        """Columns no step before or at ``t`` reads."""
+        if not self.has_late:
+            return []
+        return [c for c, f in enumerate(self.first_read) if f > t]
+
+    def costs(self, skip_zero_columns: bool = True) -> list[float]:
+        """Steps at which each column is computed: ``T`` minus the first step that reads it
+        where forward mode skips columns that have not started (schedule windows), else
+        ``T`` (the work a column-parallel rank carries per column)."""
+        if not skip_zero_columns:
+            return [float(self.horizon)] * self.k
+        return [float(self.horizon - f) for f in self.first_read]
+
+    def optimizer_columns(self, t: int) -> list[int]:
+        cols = set(self._opt_static)
+        cols.update(start + item.window(t, self.horizon) for item, start in self._opt_sched)
+        return sorted(cols)
+
+
+def _first_step(item: Schedule, w: int, horizon: int) -> int:
+    """The first step that reads window ``w`` (``horizon`` if none does). Windows do not
+    decrease with the step, so it is the first step whose window is at least ``w``."""
+    t = -(-w * horizon // item.windows)  # ceil(w T / W)
+    return t if t < horizon and item.window(t, horizon) == w else horizon
+
+
+def _zero_columns(z: InnerState, cols: list[int]) -> bool:
+    """Whether the tangent columns ``cols`` are exactly zero in every state tensor."""
+    idx = None
+    for v in tree_flatten(z)[0]:
+        if idx is None:
+            idx = torch.tensor(cols, device=v.device)
+        if v.index_select(0, idx).any():
+            return False
+    return True
+
+
+def _rows(tree: Any, idx: Tensor) -> Any:
+    """Rows ``idx`` of every leaf (views when ``idx`` is a prefix ``0..n-1``)."""
+    n = idx.numel()
+    if n and int(idx[-1]) == n - 1:  # sorted and unique, so a prefix
+        return tree_map(lambda v: v[:n], tree)
+    return tree_map(lambda v: v.index_select(0, idx), tree)
+
+
+def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
+    """Rows ``idx`` of a zero tree with leading axis ``k`` set to ``tree``."""
+    n = idx.numel()
+    prefix = bool(n) and int(idx[-1]) == n - 1
+
+    def one(v: Tensor) -> Tensor:
+        if prefix:
+            out = v.new_empty((k, *v.shape[1:]))
+            out[:n] = v
+            out[n:] = 0
+            return out
+        return v.new_zeros((k, *v.shape[1:])).index_copy_(0, idx, v)
+
+    return tree_map(one, tree)
+
+
+def initial_tangents(problem: InnerProblem, lam: Tensor, columns: Sequence[int] | None = None
+                     ) -> tuple[InnerState, InnerState]:
+    """``s_0`` at ``lam`` and ``Z_0 = d s_0 / d lam``, every tensor with a leading axis of size K
+    (``jvp`` of :meth:`~hypergrad.InnerProblem.initial_state` under ``vmap`` over the identity).
+    ``columns``: only these columns, in this order (a rank's share in column-parallel runs,
+    :mod:`hypergrad.distributed`).
+    """
+    eye = torch.eye(lam.shape[0], dtype=lam.dtype, device=lam.device)
+    if columns is not None:
+        eye = eye[list(columns)]
+    s0 = problem.initial_state(lam)
+    z0 = vmap(lambda e: jvp(problem.initial_state, (lam,), (e,))[1])(eye)
+    return s0, z0
+
+
+class ForwardMode(OnlineMethod, name="forward"):
+    """Forward-mode hypergradients.
+
+    Args:
+        hvp: how to compute the K Hessian-vector products of a step (default :class:`VmapVJP`,
+            chunked from its memory budget).
+        tangent: how to get the tangent of the optimizer's update (default
+            :class:`~hypergrad.tangent.AutoTangent`: the optimizer's closed form, else its
+            diagonal Jacobian, else ``jvp``; :mod:`hypergrad.tangent`).
+        skip_zero_columns: skip the columns of schedule windows that have not started (exactly
+            zero; see the module docstring). ``False`` computes all K columns at every step
+            (the dense reference; results are equal).
+
+    Example:
+        >>> fm = ForwardMode()
+        >>> hg = fm.hypergradient(problem, problem.init_raw())  # doctest: +SKIP
+        >>> # or step by step, with the hypergradient available at any step:
+        >>> fs = fm.init(problem, lam); fs = fm.step(problem, fs, lam)  # doctest: +SKIP
+        >>> E, dE = fm.hypergradient_at(problem, fs, lam)  # doctest: +SKIP
+    """
+
+    def __init__(self, hvp: HVPStrategy | None = None, *, tangent: TangentRule | None = None,
+                 skip_zero_columns: bool = True) -> None:
+        if hvp is not None and not isinstance(hvp, HVPStrategy):
+            raise TypeError(f"ForwardMode: hvp must be an HVPStrategy such as VmapVJP(), got "
+                            f"{type(hvp).__name__}.")
+        if tangent is not None and not isinstance(tangent, TangentRule):
+            raise TypeError(f"ForwardMode: tangent must be a TangentRule such as AutoTangent(), "
+                            f"ClosedForm(), DiagonalJacobian() or JVP(), got "
+                            f"{type(tangent).__name__}.")
+        self.hvp = hvp if hvp is not None else VmapVJP()
+        self.tangent = tangent if tangent is not None else AutoTangent()
+        self.skip_zero_columns = bool(skip_zero_columns)
+        self._plans: weakref.WeakKeyDictionary[InnerProblem, ColumnPlan] = (
+            weakref.WeakKeyDictionary())
+        self._zero_memo: tuple[weakref.ref[Tensor], frozenset[int]] | None = None
+
+    def _plan(self, problem: InnerProblem) -> ColumnPlan:
+        plan = self._plans.get(problem)
+        if plan is None or plan.k != problem.num_hyperparams or plan.horizon != problem.steps:
+            plan = self._plans[problem] = ColumnPlan(problem)
+        return plan
+
+    def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None, *,
+             columns: Sequence[int] | None = None) -> ForwardState:
+        """Start at ``state`` with zero tangents, ``Z_0 = 0``; by default at the initial state
+        for ``lam``, with ``Z_0 = d s_0 / d lam`` (non-zero for initialisation
+        hyperparameters: :class:`~hypergrad.InitScale`, :class:`~hypergrad.InitWeights`).
+        ``columns``: carry only these tangent columns (indices into ``lam``, in the order of the
+        tangents' rows; ``None``: all K), as a column-parallel rank does."""
+        problem.check(lam)
+        if state is None and problem.init_items:
+            return ForwardState(*initial_tangents(problem, lam, columns), 0)
+        s = problem.initial_state(lam) if state is None else state
+        k = problem.num_hyperparams if columns is None else len(columns)
+        z = tree_map(lambda v: torch.zeros((k, *v.shape), dtype=v.dtype, device=v.device), s)
+        return ForwardState(s, z, 0)
+
+    def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor, *,
+             columns: Sequence[int] | None = None) -> ForwardState:
+        """One inner step of the state and of its tangent columns: all K, or ``columns``
+        (indices into ``lam``, in the order of the tangents' rows, as :meth:`init` made them).
+        With ``columns`` the HVP strategy may get no column at all at a step (a rank whose
+        columns have not started), and must still return the gradient."""
+        t = fs.step
+        s, z = fs.state, fs.tangents
+        batch = problem.batch(t)
+        k = lam.shape[0]
+        plan = self._plan(problem)
+        eye = torch.eye(k, dtype=lam.dtype, device=lam.device)
+        cols_held = list(range(k)) if columns is None else list(columns)
+        n = len(cols_held)
+
+        # rows whose tangent is zero and that this step cannot change: not computed
+        live: Tensor | None = None
+        if self.skip_zero_columns:
+            late = set(plan.not_started(t))
+            rows = [i for i, c in enumerate(cols_held) if c in late]
+            if rows and (self._known_zero(z, rows) or _zero_columns(z, rows)):
+                dead_rows = set(rows)
+                live = torch.tensor([i for i in range(n) if i not in dead_rows],
+                                    dtype=torch.long, device=lam.device)
+        live_cols = cols_held if live is None else [cols_held[i] for i in live.tolist()]
+        if live is not None:
+            z_in = _rows(z, live)
+        else:
+            z_in = z
+        if columns is None and live is None:
+            eye_in = eye
+        else:
+            eye_in = eye.index_select(0, torch.tensor(live_cols, dtype=torch.long,
+                                                      device=lam.device))
+
+        def loss(p: Any, b: Any, lm: Tensor) -> Any:
+            return problem.train_objective(p, b, lm, t, batch)
+
+        with problem.second_order():  # attention and RNNs through kernels with a double backward
+            g, new_b, G, zb = self.hvp(loss, s.params, s.buffers, lam, z_in.params,
+                                       z_in.buffers, eye_in)
+
+        cols = plan.optimizer_columns(t)
+        pos = cols
+        if columns is not None or live is not None:  # rows of the optimizer's columns computed
+            pos_of = {c: i for i, c in enumerate(live_cols)}
+            cols = [c for c in cols if c in pos_of]
+            pos = [pos_of[c] for c in cols]
+        out = self.tangent(UpdateStep(problem, t, lam, g, s, G, z_in, cols, pos, eye))
+        if out is None:
+            raise ValueError(f"ForwardMode(tangent={self.tangent!r}): that rule does not apply "
+                             f"to {problem.optimizer!r}; use AutoTangent() (the default).")
+        (params, opt), (zp, zo) = out
+        tangents = InnerState(zp, zb, zo)
+        if live is not None:
+            tangents = _scatter(tangents, live, n)
+            dead = frozenset(range(n)) - frozenset(live.tolist())
+            self._zero_memo = (weakref.ref(tree_flatten(tangents)[0][0]), dead)
+        return ForwardState(InnerState(params, new_b, opt), tangents, t + 1)
+
+    def _known_zero(self, z: InnerState, cols: list[int]) -> bool:
+        """Whether ``z`` is the tangent state the last step returned with the rows ``cols`` left
+        at zero (then the check over the tensors is not needed)."""
+        if self._zero_memo is None:
+            return False
+        ref, dead = self._zero_memo
+        first = tree_flatten(z)[0]
+        return bool(first) and ref() is first[0] and dead.issuperset(cols)
+
+    def estimate_memory(self, problem: InnerProblem,
+                        sizes: Sizes | None = None) -> MemoryEstimate:
+        """``(2K + 1) |s| + a + c * f * a``: the K tangent columns before and after a step, the
+        state, one gradient's activations ``a``, and the intermediates of one batched call of
+        ``c`` Hessian-vector columns (``c`` from the HVP strategy's ``chunk_size`` /
+        ``memory_budget``). Independent of ``T``."""
+        sz = Sizes.of(problem) if sizes is None else sizes
+        k, hvp = problem.num_hyperparams, self.hvp
+        if getattr(hvp, "batched", True) and not (k == 1 and isinstance(hvp, VmapVJP)):
+            cols = hvp.chunk_for(k, sz.activations, sz.params)
+        else:
+            cols = 1
+        inter = cols * hvp.column_bytes(sz.activations, sz.params)
+        return MemoryEstimate(self.name, (2 * k + 1) * sz.state + sz.activations + inter,
+                              sz.state, sz.activations, cols, inter)
+
+    def across_ranks(self, ranks: Any) -> Any:
+        """Columns split across the ranks, or mini-batches, or both
+        (:class:`hypergrad.distributed.ParallelForward`)."""
+        return ranks.forward(self)
+
+    def with_hvp(self, hvp: HVPStrategy) -> ForwardMode:
+        """This method with another HVP strategy (the rest shared)."""
+        out = copy.copy(self)
+        out.hvp = hvp
+        out._plans = weakref.WeakKeyDictionary()
+        out._zero_memo = None
+        return out
+
+    def hypergradient_at(self, problem: InnerProblem, fs: ForwardState, lam: Tensor, *,
+                         columns: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """``(E, dE/dlam)`` at the current step: ``Z^T grad_s E + dE/dlam|direct``. With
+        ``columns`` (a state made with them), the rows of those columns, zero elsewhere."""
+        s, z = fs.state, fs.tangents
+        (dp, db, direct), value = grad_and_value(problem.objective, argnums=(0, 1, 2))(
+            s.params, s.buffers, lam)
+        idx = None
+        if columns is None:
+            hg = direct.clone()
+        else:
+            idx = torch.tensor(list(columns), dtype=torch.long, device=lam.device)
+            hg = direct.index_select(0, idx)
+        for zs, ds in ((z.params, dp), (z.buffers, db)):
+            for name, d in ds.items():
+                hg = hg + zs[name].reshape(hg.shape[0], -1) @ d.reshape(-1)
+        if idx is not None:
+            hg = torch.zeros_like(direct).index_copy_(0, idx, hg)
+        return value.detach(), hg.detach()
+
+    def truncate(self, fs: ForwardState) -> ForwardState:
+        """Tangents reset to zero (RTHO's truncation): later hypergradients see only the steps
+        from here on."""
+        return fs._replace(tangents=tree_map(torch.zeros_like, fs.tangents))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(hvp={self.hvp!r}, tangent={self.tangent!r})"

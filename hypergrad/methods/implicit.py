@@ -1,0 +1,478 @@
+"""Implicit differentiation: hypergradients from the implicit function theorem at an approximate
+inner optimum (Bengio 2000; Pedregosa 2016; Lorraine et al. 2020; as in hypertorch, torchopt's
+``custom_root``, betty and jaxopt).
+
+If ``w*(lam)`` is a stationary point of a fixed training objective, ``grad_w L(w*, lam) = 0``,
+then ``dw*/dlam = -H^{-1} d^2 L / dw dlam`` with ``H = d^2 L / dw^2``, and
+
+    dE/dlam = dE/dlam|direct - (d^2 L / dlam dw) v,   where   H v = grad_w E(w*).
+
+:class:`ImplicitDiff` trains the problem's ``T`` steps (plain), takes ``w_T`` for ``w*``,
+solves ``H v = grad_w E`` with a :class:`LinearSolver` on Hessian-vector products (functional
+reverse-over-reverse: ``vjp`` of the gradient, one column at a time; the same ``vjp`` gives the
+mixed term ``(d^2 L / dlam dw) v``), and reports the solver's residual and iterations.
+
+**Which training objective.** The theorem needs the stationary point of *one* function. Here it
+is ``L(w, lam) = mean over the steps t in loss_steps of train_loss(w; B_t) + penalty(w)``, with
+the running statistics at ``b_T``, and ``penalty`` the term the optimizer itself adds to the
+gradient (the L2 ``weight_decay`` of :func:`~hypergrad.sgd` and :func:`~hypergrad.adam`; not
+AdamW's decoupled decay) with its hyperparameters at the last step. The default
+``loss_steps=None`` takes the last step's batch: exact for full-batch training (every step the
+same batch); for mini-batch training pass the steps of one epoch (e.g. ``range(T - n_batches,
+T)``) so the objective is the whole training loss (each Hessian-vector product then costs one
+pass over those batches).
+
+**What it applies to.** Hyperparameters of the training loss (read as ``hp[...]`` in
+``train_loss``: L2 coefficients, per-example weights, loss parameters), an L2 ``weight_decay``
+of the optimizer, and anything the validation loss reads (the direct term). Not to the
+optimizer's other hyperparameters (learning rates, momenta, their schedules): the optimum does
+not depend on how the optimizer reached it, so the theorem says nothing about them (their
+hypergradient through training is what forward and reverse mode compute); likewise for the
+initial weights (:class:`~hypergrad.InitScale`, :class:`~hypergrad.InitWeights`).
+:meth:`ImplicitDiff.hypergradient` raises a ``ValueError`` naming them.
+
+**Convergence.** An unconverged inner solve makes implicit hypergradients wrong, with sign flips
+(ridge after 5 steps: the opposite sign of the converged hypergradient; tests/test_implicit.py).
+The stationarity of ``w_T`` is measured as ``r = ||grad_w L(w_T)|| / ||grad_w L(w_0)||``; above
+``grad_tol`` (default 1e-3) a :class:`~hypergrad.errors.InnerNotConvergedWarning` says so. Why
+1e-3: on ridge (``load_diabetes``) and on the L2 MLP of the tests the implicit hypergradient's
+relative error was 3-5 times ``r`` (ridge: ``r`` = 8.7e-4 gave 4.1e-3, 8.6e-5 gave 4.1e-4; the
+MLP: 1.7e-4 gave 4.6e-4), so ``r <= 1e-3`` means a few percent at worst on such problems. The
+factor grows with the Hessian's condition number (the same MLP with half the L2: ``r`` = 3.8e-5
+and 1% error, a factor of 250), so the warning is a necessary check, not a guarantee: lower
+``grad_tol`` where accuracy matters. A solver that stops above its tolerance gives a
+:class:`~hypergrad.errors.SolverNotConvergedWarning`.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.func import grad, grad_and_value, vjp
+
+from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning
+from ..problem import InnerProblem, InnerState
+from .base import HyperGradient, MemoryEstimate, Method, Sizes
+
+__all__ = ["LinearSolver", "CG", "Neumann", "FixedPoint", "ImplicitDiff", "SOLVERS"]
+
+HVP = Callable[[Tensor], Tensor]
+
+
+def _check_int(api: str, name: str, v: Any, low: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ValueError(f"{api}: {name}={v!r} must be an int >= {low}.")
+    return v
+
+
+def _check_pos(api: str, name: str, v: Any, allow_none: bool = False) -> float | None:
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or math.isinf(v):
+        none = "None (automatic) or " if allow_none else ""
+        raise ValueError(f"{api}: {name}={v!r} must be {none}a finite number > 0.")
+    return float(v)
+
+
+class LinearSolver(abc.ABC):
+    """Solves ``H x = b`` for a symmetric ``H`` given as a Hessian-vector product on flat
+    vectors, reporting what it did.
+
+    Args:
+        maxiter: at most this many iterations (one Hessian-vector product each).
+        tol: stop when the residual ``||H x - b|| / ||b||`` is at most ``tol``.
+
+    :meth:`solve` returns ``x`` and an ``info`` dict: ``solver``, ``iterations``, ``hvps``
+    (every Hessian-vector product, including the step-size estimate and the final residual
+    check), ``residual`` (the true relative residual of ``x``, from one more product),
+    ``converged`` (``residual <= tol``).
+    """
+
+    name = "abstract"
+
+    def __init__(self, maxiter: int = 100, tol: float = 1e-10) -> None:
+        api = type(self).__name__
+        self.maxiter = _check_int(api, "maxiter", maxiter)
+        tol_ = _check_pos(api, "tol", tol)
+        assert tol_ is not None
+        self.tol = tol_
+
+    def solve(self, hvp: HVP, b: Tensor, x0: Tensor | None = None) -> tuple[Tensor, dict[str, Any]]:
+        """``x ~ H^{-1} b`` (flat vectors of shape ``(D,)``) and the ``info`` dict."""
+        count = [0]
+
+        def counted(v: Tensor) -> Tensor:
+            count[0] += 1
+            return hvp(v)
+
+        x, info = self._solve(counted, b, x0)
+        bn = float(b.norm())
+        res = float((counted(x) - b).norm()) / bn if bn > 0 else float((counted(x)).norm())
+        info = {"solver": self.name, **info, "hvps": count[0], "residual": res,
+                "converged": res <= self.tol}
+        return x, info
+
+    @abc.abstractmethod
+    def _solve(self, hvp: HVP, b: Tensor, x0: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
+        ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(maxiter={self.maxiter}, tol={self.tol:g})"
+
+
+class CG(LinearSolver):
+    """Conjugate gradients (Hestenes & Stiefel 1952): exact in at most ``D`` iterations for a
+    positive definite ``H``, the error shrinking by ``(sqrt(k) - 1) / (sqrt(k) + 1)`` per
+    iteration for condition number ``k``. A non-positive curvature ``p^T H p <= 0`` (``H`` not
+    positive definite: ``w_T`` is no minimum) stops it, with ``info["breakdown"]`` set.
+    Warm starts from ``x0``.
+
+    Example:
+        >>> H = torch.tensor([[2.0, 1.0], [1.0, 3.0]], dtype=torch.float64)
+        >>> x, info = CG(tol=1e-12).solve(lambda v: H @ v, torch.ones(2, dtype=torch.float64))
+        >>> info["iterations"], info["converged"]
+        (2, True)
+    """
+
+    name = "cg"
+
+    def _solve(self, hvp: HVP, b: Tensor, x0: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
+        x = torch.zeros_like(b) if x0 is None else x0.clone()
+        r = b - hvp(x) if x0 is not None else b.clone()
+        p = r.clone()
+        rs = torch.dot(r, r)
+        target = (self.tol * float(b.norm())) ** 2
+        it, breakdown = 0, ""
+        while it < self.maxiter and float(rs) > target:
+            hp = hvp(p)
+            php = torch.dot(p, hp)
+            if not float(php) > 0:
+                breakdown = f"non-positive curvature p^T H p = {float(php):.3g}"
+                break
+            a = rs / php
+            x.add_(p, alpha=float(a))
+            r.sub_(hp, alpha=float(a))
+            rs_new = torch.dot(r, r)
+            p = r + (rs_new / rs) * p
+            rs = rs_new
+            it += 1
+        info: dict[str, Any] = {"iterations": it}
+        if breakdown:
+            info["breakdown"] = breakdown
+        return x, info
+
+
+def _power_alpha(hvp: HVP, b: Tensor, iters: int) -> tuple[float, float]:
+    """``(alpha, lambda_max)``: ``lambda_max`` from ``iters`` power iterations started at ``b``,
+    ``alpha = 1 / lambda_max`` (power iteration approaches ``lambda_max`` from below, so
+    ``alpha * lambda_max`` stays below 2, where the iteration converges)."""
+    v = b / b.norm().clamp_min(torch.finfo(b.dtype).tiny)
+    lam_max = 0.0
+    for _ in range(iters):
+        hv = hvp(v)
+        lam_max = float(torch.dot(v, hv))
+        n = hv.norm()
+        if not float(n) > 0:
+            break
+        v = hv / n
+    if not lam_max > 0:
+        raise ValueError(f"the Hessian's largest eigenvalue estimate is {lam_max:.3g} <= 0: the "
+                         f"inner problem is not at a minimum; give alpha= explicitly or use CG.")
+    return 1.0 / lam_max, lam_max
+
+
+class _Stepped(LinearSolver):
+    """A solver with a step size ``alpha``: ``None`` estimates ``1 / lambda_max(H)`` by
+    ``power_iters`` power iterations."""
+
+    def __init__(self, maxiter: int = 100, tol: float = 1e-10, alpha: float | None = None,
+                 power_iters: int = 20) -> None:
+        super().__init__(maxiter, tol)
+        api = type(self).__name__
+        self.alpha = _check_pos(api, "alpha", alpha, allow_none=True)
+        self.power_iters = _check_int(api, "power_iters", power_iters)
+
+    def _alpha(self, hvp: HVP, b: Tensor) -> tuple[float, dict[str, Any]]:
+        if self.alpha is not None:
+            return self.alpha, {"alpha": self.alpha}
+        try:
+            alpha, lam_max = _power_alpha(hvp, b, self.power_iters)
+        except ValueError as err:
+            raise ValueError(f"{type(self).__name__}(alpha=None): {err}") from None
+        return alpha, {"alpha": alpha, "lambda_max": lam_max}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(maxiter={self.maxiter}, tol={self.tol:g}, "
+                f"alpha={self.alpha})")
+
+
+class Neumann(_Stepped):
+    """The truncated Neumann series ``x_n = alpha sum_{i<n} (I - alpha H)^i b`` (Lorraine et al.
+    2020, eq. 6): converges for ``0 < alpha < 2 / lambda_max`` with positive definite ``H``, the
+    error shrinking by ``1 - alpha lambda_min`` per term. Its remainder ``(I - alpha H)^n b`` is
+    the residual, so it stops at ``tol`` without extra products. Always starts from 0.
+
+    Args:
+        maxiter, tol: as :class:`LinearSolver` (``maxiter`` terms at most).
+        alpha: the step; ``None`` (default): ``1 / lambda_max`` from ``power_iters`` power
+            iterations.
+    """
+
+    name = "neumann"
+
+    def _solve(self, hvp: HVP, b: Tensor, x0: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
+        alpha, info = self._alpha(hvp, b)
+        p = b.clone()
+        x = torch.zeros_like(b)
+        target = self.tol * float(b.norm())
+        n = 0
+        while n < self.maxiter:
+            x.add_(p, alpha=alpha)
+            p = p - alpha * hvp(p)
+            n += 1
+            if float(p.norm()) <= target:
+                break
+        return x, {**info, "iterations": n}
+
+
+class FixedPoint(_Stepped):
+    """Fixed-point iteration ``x <- x - alpha (H x - b) + momentum (x - x_prev)``: the
+    fixed point of one gradient-descent step on ``x^T H x / 2 - b^T x`` (hypertorch's
+    ``fixed_point`` with a gradient-descent map), with optional heavy-ball momentum. From
+    ``x0 = 0`` and ``momentum = 0`` its iterates are the Neumann series' partial sums (equal in
+    exact arithmetic); unlike the series it warm-starts from ``x0`` and takes momentum
+    (``alpha = 4 / (sqrt(L) + sqrt(mu))^2`` and ``momentum = ((sqrt(k) - 1) / (sqrt(k) + 1))^2``
+    give the ``sqrt(k)`` rate of CG for eigenvalues in ``[mu, L]``, ``k = L / mu``).
+
+    Args:
+        maxiter, tol: as :class:`LinearSolver`.
+        alpha: the step; ``None``: ``1 / lambda_max`` by power iteration.
+        momentum: heavy-ball momentum in ``[0, 1)`` (default 0).
+    """
+
+    name = "fixed_point"
+
+    def __init__(self, maxiter: int = 100, tol: float = 1e-10, alpha: float | None = None,
+                 momentum: float = 0.0, power_iters: int = 20) -> None:
+        super().__init__(maxiter, tol, alpha, power_iters)
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not (
+                0 <= momentum < 1):
+            raise ValueError(f"FixedPoint: momentum={momentum!r} must be in [0, 1).")
+        self.momentum = float(momentum)
+
+    def _solve(self, hvp: HVP, b: Tensor, x0: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
+        alpha, info = self._alpha(hvp, b)
+        x = torch.zeros_like(b) if x0 is None else x0.clone()
+        prev = x
+        target = self.tol * float(b.norm())
+        n = 0
+        while n < self.maxiter:
+            r = hvp(x) - b
+            if float(r.norm()) <= target:
+                break
+            new = x - alpha * r
+            if self.momentum:
+                new = new + self.momentum * (x - prev)
+            prev, x = x, new
+            n += 1
+        return x, {**info, "iterations": n}
+
+    def __repr__(self) -> str:
+        return (f"FixedPoint(maxiter={self.maxiter}, tol={self.tol:g}, alpha={self.alpha}, "
+                f"momentum={self.momentum})")
+
+
+SOLVERS: dict[str, type[LinearSolver]] = {CG.name: CG, Neumann.name: Neumann,
+                                          FixedPoint.name: FixedPoint}
+"""The solvers by name (for configs)."""
+
+
+def _flat(d: dict[str, Tensor]) -> Tensor:
+    return torch.cat([v.reshape(-1) for v in d.values()])
+
+
+def _unflat(x: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor]:
+    out, i = {}, 0
+    for k, v in like.items():
+        out[k] = x[i:i + v.numel()].reshape(v.shape)
+        i += v.numel()
+    return out
+
+
+class ImplicitDiff(Method, name="implicit"):
+    """Implicit-differentiation hypergradients at the state after ``T`` plain steps (see the
+    module docstring for the objective, what it applies to, and the checks).
+
+    Args:
+        solver: a :class:`LinearSolver` for ``H v = grad_w E`` (default ``CG()``).
+        loss_steps: the steps whose mini-batches define the training objective (default: the
+            last step). Full-batch problems need nothing else.
+        grad_tol: warn (:class:`~hypergrad.errors.InnerNotConvergedWarning`) when
+            ``||grad_w L(w_T)|| / ||grad_w L(w_0)||`` exceeds it.
+        warm_start: start the solver from the previous call's solution on the same problem
+            (CG and FixedPoint; outer loops whose ``lam`` moves little converge in fewer
+            iterations).
+
+    The result's ``info`` holds the solver's report (``residual``, ``iterations``, ``hvps``,
+    ``converged``; ``alpha`` for the stepped solvers), ``grad_norm`` and ``grad_norm_ratio``.
+
+    Example:
+        >>> m = ImplicitDiff(CG(maxiter=50, tol=1e-10))
+        >>> r = m.hypergradient(problem, problem.init_raw())  # doctest: +SKIP
+        >>> r.grad, r.info["residual"], r.info["iterations"]  # doctest: +SKIP
+    """
+
+    def __init__(self, solver: LinearSolver | None = None, *,
+                 loss_steps: Sequence[int] | None = None, grad_tol: float = 1e-3,
+                 warm_start: bool = False) -> None:
+        if solver is not None and not isinstance(solver, LinearSolver):
+            raise TypeError(f"ImplicitDiff: solver must be a LinearSolver such as CG(), "
+                            f"Neumann() or FixedPoint(), got {type(solver).__name__}.")
+        if loss_steps is not None:
+            steps = list(loss_steps)
+            if not steps or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
+                                for t in steps):
+                raise ValueError(f"ImplicitDiff: loss_steps={loss_steps!r} must be None (the "
+                                 f"last step) or a non-empty sequence of step indices >= 0, "
+                                 f"e.g. range(T - 10, T).")
+            loss_steps = steps
+        tol = _check_pos("ImplicitDiff", "grad_tol", grad_tol)
+        assert tol is not None
+        self.solver = solver if solver is not None else CG()
+        self.loss_steps = loss_steps
+        self.grad_tol = tol
+        self.warm_start = bool(warm_start)
+        self._last: weakref.WeakKeyDictionary[InnerProblem, Tensor] = (
+            weakref.WeakKeyDictionary())
+
+    def check_applicable(self, problem: InnerProblem) -> None:
+        """Raise where the implicit function theorem does not apply to ``problem``'s
+        hyperparameters or model (see the module docstring)."""
+        hps, opt = problem.hyperparams, problem.optimizer
+        bound = opt.bound_names()
+        not_loss = {n: a for n, a in bound.items() if a not in opt.stationary_args}
+        if not_loss:
+            args = ", ".join(f"{a}={n!r}" for n, a in not_loss.items())
+            raise ValueError(
+                f"ImplicitDiff: hyperparameters {sorted(not_loss)} are read by the optimizer "
+                f"({opt.name}({args})). At a stationary point of the training loss the solution "
+                f"does not depend on how the optimizer reached it, so the implicit function "
+                f"theorem says nothing about learning rates, momenta or their schedules. Use "
+                f"ForwardMode() or ReverseMode() (method='forward' / 'reverse') for them; "
+                f"ImplicitDiff takes hyperparameters of the training loss (hp[...] in "
+                f"train_loss) and an L2 weight_decay of sgd/adam.")
+        init = [it.name for it in hps.init_items]
+        if init:
+            raise ValueError(
+                f"ImplicitDiff: hyperparameters {init} set the initial weights; a stationary "
+                f"point does not depend on where training started (locally), so the implicit "
+                f"function theorem gives nothing for them. Use ReverseMode() or ForwardMode().")
+        if problem.fmodel.state_buffer_names and problem.val_mode == "eval":
+            raise NotImplementedError(
+                "ImplicitDiff: the model has BatchNorm running statistics that the validation "
+                "loss reads (val_mode='eval'); they are no part of the stationarity condition. "
+                "Use ForwardMode() or ReverseMode(), val_mode='train', or BatchNorm in eval "
+                "mode (frozen statistics).")
+        if self.loss_steps is not None and max(self.loss_steps) >= problem.steps:
+            raise ValueError(f"ImplicitDiff: loss_steps reach step {max(self.loss_steps)} but "
+                             f"the problem has steps={problem.steps}; use steps < "
+                             f"{problem.steps}.")
+
+    def objective(self, problem: InnerProblem, buffers: dict[str, Tensor]
+                  ) -> Callable[[dict[str, Tensor], Tensor], Tensor]:
+        """The training objective ``L(w, lam)`` whose stationary point the theorem is about:
+        the mean training loss over ``loss_steps`` (running statistics at ``buffers``) plus
+        the optimizer's penalty at the last step."""
+        steps = self.loss_steps if self.loss_steps is not None else [problem.steps - 1]
+        last = problem.steps - 1
+
+        def loss(w: dict[str, Tensor], lm: Tensor) -> Tensor:
+            total: Tensor | None = None
+            for t in steps:
+                lt = problem.train_objective(w, buffers, lm, t, problem.batch(t))[0]
+                total = lt if total is None else total + lt
+            assert total is not None
+            out = total / len(steps)
+            pen = problem.optimizer.penalty(
+                w, problem.hyperparams.values(lm, last, problem.steps))
+            return out if pen is None else out + pen
+
+        return loss
+
+    def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+        """Train ``T`` plain steps, then :meth:`at_state`."""
+        problem.check(lam)
+        self.check_applicable(problem)
+        return self.at_state(problem, problem.run(lam), lam)
+
+    def at_state(self, problem: InnerProblem, state: InnerState, lam: Tensor) -> HyperGradient:
+        """The implicit hypergradient at ``state`` (taken as the inner optimum), e.g. a state
+        you trained yourself. ``dE/dlam|direct - (d^2 L / dlam dw) H^{-1} grad_w E``."""
+        problem.check(lam)
+        self.check_applicable(problem)
+        w, b = state.params, state.buffers
+        loss = self.objective(problem, b)
+        (dEw, _, dElam), value = grad_and_value(problem.objective, argnums=(0, 1, 2))(w, b, lam)
+        with problem.second_order():
+            gw, vjp_fn = vjp(lambda p, lm: grad(loss)(p, lm), w, lam)  # type: ignore[misc]
+            w0 = problem.initial_state(lam).params
+            g0 = grad(loss)(w0, lam)
+        gn, gn0 = float(_flat(gw).norm()), float(_flat(g0).norm())
+        ratio = gn / gn0 if gn0 > 0 else (0.0 if gn == 0 else math.inf)
+        if ratio > self.grad_tol:
+            warnings.warn(
+                f"ImplicitDiff: the inner problem is not near a stationary point: "
+                f"||grad_w L(w_T)|| = {gn:.3g} is {ratio:.3g} of its value at w_0 ({gn0:.3g}), "
+                f"above grad_tol={self.grad_tol:g}. Implicit hypergradients assume an optimum "
+                f"and can be wrong, even in sign. Train longer (more steps, a larger learning "
+                f"rate), or use ForwardMode() / ReverseMode(), which differentiate the steps "
+                f"actually run.", InnerNotConvergedWarning, stacklevel=2)
+
+        def hvp(v: Tensor) -> Tensor:
+            with problem.second_order():
+                return _flat(vjp_fn(_unflat(v, w))[0])
+
+        rhs = _flat(dEw).detach()
+        x0 = self._last.get(problem) if self.warm_start else None
+        if x0 is not None and x0.shape != rhs.shape:
+            x0 = None
+        v, info = self.solver.solve(hvp, rhs, x0)
+        if self.warm_start:
+            self._last[problem] = v.detach()
+        if not info["converged"]:
+            warnings.warn(
+                f"ImplicitDiff: {self.solver!r} stopped at relative residual "
+                f"{info['residual']:.3g} > tol={self.solver.tol:g} after {info['iterations']} "
+                f"iterations{'; ' + info['breakdown'] if 'breakdown' in info else ''}. Raise "
+                f"maxiter, use CG(), or check that the inner problem converged.",
+                SolverNotConvergedWarning, stacklevel=2)
+        with problem.second_order():
+            cross = vjp_fn(_unflat(v, w))[1]
+        info.update(grad_norm=gn, grad_norm_ratio=ratio)
+        return HyperGradient(value.detach(), (dElam - cross).detach(), state, info)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The solver and the training objective (an approximation: a resume must keep them)."""
+        return {"method": "implicit", "method.solver": repr(self.solver),
+                "method.loss_steps": self.loss_steps}
+
+    def estimate_memory(self, problem: InnerProblem,
+                        sizes: Sizes | None = None) -> MemoryEstimate:
+        """``|s| + 6 |w| + a + f * a * n_L``: the trained state, the solver's vectors, the
+        retained graph of the gradient over the ``n_L`` loss steps."""
+        sz = Sizes.of(problem) if sizes is None else sizes
+        n_l = 1 if self.loss_steps is None else len(self.loss_steps)
+        inter = sz.vjp_intermediates() * n_l
+        return MemoryEstimate(self.name, sz.state + 6 * sz.params + sz.activations + inter,
+                              sz.state, sz.activations, 0, inter)
+
+    def __repr__(self) -> str:
+        return (f"ImplicitDiff(solver={self.solver!r}, loss_steps={self.loss_steps!r}, "
+                f"grad_tol={self.grad_tol:g})")

@@ -1,0 +1,154 @@
+"""Online hypergradients beyond RTHO: greedy one-step hypergradient descent (HD) and MARTHE.
+
+Both are :class:`~hypergrad.OnlineMethod` s: they step with training and give a hypergradient at
+any step, for tuning during one run.
+
+- :class:`HD` (Baydin et al., ICLR 2018, "Online learning rate adaptation with hypergradient
+  descent"): the derivative of ``E(s_t)`` through the **last** step only, with the state before
+  it held fixed: ``h_t = (d s_t / d lam |_{s_{t-1}})^T grad_s E(s_t) + dE/dlam|direct``. Here
+  ``E`` is the validation objective, as in MARTHE's framing (Baydin et al. use the training
+  loss's next gradient). One vector-Jacobian product of the step, with respect to ``lam`` only,
+  from the previous state kept beside the current one (memory ``2 |s|``, independent of K).
+- :class:`MARTHE` (Donini et al., ICLR 2020, "MARTHE: Scheduling the learning rate via online
+  hypergradients", eq. 9): forward mode with a discount, ``Z_t = mu A_t Z_{t-1} + B_t`` where
+  ``A_t = d s_t / d s_{t-1}`` and ``B_t = d s_t / d lam``: the tangents are multiplied by ``mu``
+  before each step. ``mu = 1`` is RTHO (:class:`~hypergrad.ForwardMode`), ``mu = 0`` keeps only
+  the last step, which is HD with the validation gradient. Memory and cost as forward mode.
+  The paper also adapts ``mu`` online; here it is fixed.
+
+The two limits are checked against the independent code paths (HD's VJP, plain forward mode)
+in tests/test_online.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.func import grad_and_value, vjp
+from torch.utils._pytree import tree_map
+
+from ..hvp import HVPStrategy
+from ..problem import InnerProblem, InnerState
+from ..tangent import TangentRule
+from .base import MemoryEstimate, OnlineMethod, Sizes
+from .forward import ForwardMode, ForwardState
+
+__all__ = ["HD", "HDState", "MARTHE"]
+
+
+class HDState(NamedTuple):
+    """The run of :class:`HD`: the current state, the one before the last step (the initial
+    state at step 0), and the index of the next step."""
+
+    state: InnerState
+    prev: InnerState
+    step: int
+
+
+class HD(OnlineMethod, name="hd"):
+    """Greedy one-step hypergradients (hypergradient descent), see the module docstring.
+
+    At step 0 (no step taken) the hypergradient is the initial state's own derivative: the
+    direct term, plus ``(d s_0 / d lam)^T grad_s E`` for initialisation hyperparameters.
+
+    Example:
+        >>> hd = HD()
+        >>> run = hd.init(problem, lam)                  # doctest: +SKIP
+        >>> run = hd.step(problem, run, lam)             # doctest: +SKIP
+        >>> E, dE = hd.hypergradient_at(problem, run, lam)  # doctest: +SKIP
+    """
+
+    def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None) -> HDState:
+        problem.check(lam)
+        s = problem.initial_state(lam) if state is None else state
+        return HDState(s, s, 0)
+
+    def step(self, problem: InnerProblem, run: HDState, lam: Tensor) -> HDState:
+        """One plain inner step; the state before it is kept for the hypergradient."""
+        with torch.no_grad():
+            new = problem.step(run.state, lam, run.step)
+        return HDState(new, run.state, run.step + 1)
+
+    def hypergradient_at(self, problem: InnerProblem, run: HDState,
+                         lam: Tensor) -> tuple[Tensor, Tensor]:
+        """``(E(s_t), h_t)``: ``h_t = (d s_t / d lam |_{s_{t-1}})^T grad_s E(s_t) + direct``."""
+        s = run.state
+        (dp, db, direct), value = grad_and_value(problem.objective, argnums=(0, 1, 2))(
+            s.params, s.buffers, lam)
+        cot = InnerState(dp, db, tree_map(torch.zeros_like, s.opt))
+        if run.step == 0:
+            if not problem.init_items:
+                return value.detach(), direct.detach()
+            _, vjp_init = vjp(problem.initial_state, lam)  # type: ignore[misc]
+            (dl,) = vjp_init(cot)
+            return value.detach(), (direct + dl).detach()
+        t, prev = run.step - 1, run.prev
+
+        def last_step(lm: Tensor) -> InnerState:
+            return problem.step(prev, lm, t)
+
+        with problem.second_order():  # the step's VJP differentiates its gradient
+            _, vjp_fn = vjp(last_step, lam)  # type: ignore[misc]
+            (dl,) = vjp_fn(cot)
+        return value.detach(), (direct + dl).detach()
+
+    def truncate(self, run: HDState) -> HDState:
+        """HD carries no derivative beyond the last step: the run unchanged."""
+        return run
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Greedy one-step hypergradients are not forward mode's: a resume keeps HD."""
+        return {"method": "hd"}
+
+    def estimate_memory(self, problem: InnerProblem,
+                        sizes: Sizes | None = None) -> MemoryEstimate:
+        """``2 |s| + a + f * a``: the state before the last step and one step VJP."""
+        sz = Sizes.of(problem) if sizes is None else sizes
+        inter = sz.vjp_intermediates()
+        return MemoryEstimate(self.name, 2 * sz.state + sz.activations + inter, sz.state,
+                              sz.activations, 0, inter)
+
+    def __repr__(self) -> str:
+        return "HD()"
+
+
+class MARTHE(ForwardMode, name="marthe"):
+    """MARTHE with a fixed discount ``mu`` (see the module docstring): forward mode whose
+    tangents are multiplied by ``mu`` before each step, ``Z_t = mu A_t Z_{t-1} + B_t``.
+
+    Args:
+        mu: the discount in ``[0, 1]``: 1 is RTHO / forward mode, 0 the one-step greedy
+            hypergradient (HD with the validation gradient).
+        hvp, tangent, skip_zero_columns: as :class:`~hypergrad.ForwardMode`.
+
+    Example:
+        >>> MARTHE(mu=0.9)
+        MARTHE(mu=0.9)
+    """
+
+    def __init__(self, mu: float = 0.9, hvp: HVPStrategy | None = None, *,
+                 tangent: TangentRule | None = None, skip_zero_columns: bool = True) -> None:
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu <= 1:
+            raise ValueError(f"MARTHE: mu={mu!r} must be a number in [0, 1] (1: RTHO / forward "
+                             f"mode, 0: greedy one-step HD), e.g. mu=0.9.")
+        super().__init__(hvp, tangent=tangent, skip_zero_columns=skip_zero_columns)
+        self.mu = float(mu)
+
+    def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor, *,
+             columns: Sequence[int] | None = None) -> ForwardState:
+        """One step of ``Z_t = A_t (mu Z_{t-1}) + B_t``."""
+        if self.mu == 0.0:  # exact zeros (0 * inf would be nan)
+            fs = fs._replace(tangents=tree_map(torch.zeros_like, fs.tangents))
+        elif self.mu != 1.0:
+            fs = fs._replace(tangents=tree_map(lambda z: z * self.mu, fs.tangents))
+        return super().step(problem, fs, lam, columns=columns)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The discount (a resume must keep it; ``mu = 1`` is forward mode)."""
+        return {} if self.mu == 1.0 else {"method": "marthe", "method.mu": self.mu}
+
+    def __repr__(self) -> str:
+        return f"MARTHE(mu={self.mu:g})"

@@ -1,8 +1,0 @@
-"""Ready-made inner problems on data that packages ship (no downloads)."""
-
-from __future__ import annotations
-
-from .digits import DataSplit, digits_data, mlp
-from .ridge import ridge_closed_form_hypergradient, ridge_problem
-
-__all__ = ["DataSplit", "digits_data", "mlp", "ridge_problem", "ridge_closed_form_hypergradient"]

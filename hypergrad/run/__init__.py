@@ -1,0 +1,20 @@
+"""The outer loop and its parts: :class:`Trainer` (the loop), :class:`Offline` / :class:`Online`
+(when to update), :class:`Guards` (divergence, backtracking, clipping, bounds, budgets),
+:class:`RunFolder` (lock, checkpoints, metrics, resume), callbacks (:class:`Log`,
+:class:`Progress`, :class:`TensorBoard`), outer optimizers (:class:`SignDescent`) and the
+single-process :class:`Strategy`."""
+
+from __future__ import annotations
+
+from .bounds import Bounds
+from .callbacks import Callback, Log, Progress, TensorBoard
+from .folder import SAFE_TO_CHANGE, RunFolder
+from .guards import Guards
+from .modes import Mode, Offline, Online
+from .outer import OuterOptimizerFactory, SignDescent
+from .strategy import Strategy
+from .trainer import Trainer, TrainResult
+
+__all__ = ["Trainer", "TrainResult", "Offline", "Online", "Mode", "Guards", "Bounds",
+           "RunFolder", "SAFE_TO_CHANGE", "Callback", "Log", "Progress", "TensorBoard",
+           "SignDescent", "OuterOptimizerFactory", "Strategy"]

@@ -1,0 +1,209 @@
+"""What happens beside the Trainer's loop: messages, progress, TensorBoard, your own code.
+
+A :class:`Callback` gets the Trainer and an event: ``on_fit_start``, ``on_inner_step`` (every
+inner step the Trainer itself runs: the hypergradient's inner run offline, the run online),
+``on_outer_step`` (the record written to ``metrics.jsonl``), ``on_message`` (a line of text),
+``on_fit_end`` (the :class:`~hypergrad.TrainResult`). Only the process that writes (rank 0
+under torchrun) calls them. :func:`default_callbacks` gives :class:`Log` (messages to ``print``)
+and :class:`Progress`; a list passed to the Trainer is added to them, and replaces the default
+of its own type (``Log(None)`` silences the messages).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["Callback", "Log", "Progress", "TensorBoard", "default_callbacks", "callbacks",
+           "standard"]
+
+
+class Callback:
+    """Override the events you need; each gets the Trainer first."""
+
+    def on_fit_start(self, trainer: Any) -> None:
+        """Before the first outer step of a ``fit()`` call."""
+
+    def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
+        """After inner step ``step`` (1-based) of ``total``."""
+
+    def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+        """After an outer step, with its record (as in ``metrics.jsonl``)."""
+
+    def on_message(self, trainer: Any, text: str) -> None:
+        """A message for the user."""
+
+    def on_fit_end(self, trainer: Any, result: Any) -> None:
+        """When ``fit()`` returns (also after a divergence)."""
+
+
+class Log(Callback):
+    """Messages to ``fn`` (default ``print``; ``None``: nowhere), each after ``prefix`` (a
+    logger that names its source already, as ``hypergrad-run``'s does, takes ``prefix=""``)."""
+
+    def __init__(self, fn: Callable[[str], Any] | None = print,
+                 prefix: str = "[hypergrad] ") -> None:
+        self.fn, self.prefix = fn, prefix
+
+    def on_message(self, trainer: Any, text: str) -> None:
+        if self.fn is not None:
+            self.fn(self.prefix + text)
+
+    def __repr__(self) -> str:
+        return f"Log({getattr(self.fn, '__name__', self.fn)})"
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class Progress(Callback):
+    """tqdm bars for the outer and inner loops when stderr is a terminal; otherwise one message
+    per outer step, so log files get no escape codes. ``enabled=False``: neither."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = bool(enabled)
+        self._outer: Any = None
+        self._inner: Any = None
+
+    def _bar(self, total: int, initial: int, desc: str, leave: bool) -> Any:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=initial, desc=desc, leave=leave, dynamic_ncols=True)
+
+    def on_fit_start(self, trainer: Any) -> None:
+        self.tty = self.enabled and _isatty(sys.stderr)
+        if not self.tty:
+            return
+        if trainer.mode.online:
+            self._inner = self._bar(trainer.problem.steps, trainer.inner_step,
+                                    f"inner (online, {trainer.method.name})", True)
+        else:
+            self._outer = self._bar(trainer.mode.outer_steps, trainer.outer_step, "outer", True)
+
+    def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
+        if not self.tty:
+            return
+        if self._inner is None:
+            self._inner = self._bar(total, step - 1, "inner", False)
+        self._inner.update()
+        if step == total and not trainer.mode.online:
+            self._inner.close()
+            self._inner = None
+
+    def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+        if self.tty:
+            bar = self._inner if trainer.mode.online else self._outer
+            if bar is not None:
+                if not trainer.mode.online:
+                    bar.update()
+                bar.set_postfix(val=f"{record['val_loss']:.4g}")
+            return
+        if not self.enabled:
+            return
+        if trainer.mode.online:
+            where = f"inner step {record['inner_step']}/{trainer.problem.steps}"
+        else:
+            where = f"outer step {record['outer_step']}/{trainer.mode.outer_steps}"
+        trainer.message(f"{where}: val_loss {record['val_loss']:.4g}, "
+                        f"|dE/dlam| {record['hypergrad_norm']:.3g}, {record['seconds']:.1f} s")
+
+    def on_fit_end(self, trainer: Any, result: Any) -> None:
+        for bar in (self._inner, self._outer):
+            if bar is not None:
+                bar.close()
+        self._inner = self._outer = None
+
+    def __repr__(self) -> str:
+        return f"Progress(enabled={self.enabled})"
+
+
+class TensorBoard(Callback):
+    """TensorBoard logs in ``<run folder>/tb`` (needs a run folder and the ``tensorboard``
+    package: ``pip install hypergrad-forward[tensorboard]``): per outer step (the x axis), the
+    validation loss, the hypergradient's norm, the seconds, the task's metrics and every
+    hyperparameter's value under its name (``hyperparams/lr[steps 0-59]``, per tensor by the
+    parameter's name; a vector of more than ``max_values`` values as its min, mean and max);
+    at the end, the learned point in the HParams view with its validation loss."""
+
+    def __init__(self, max_values: int = 64) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:  # depends on the environment
+            raise ImportError("TensorBoard needs the tensorboard package: pip install "
+                              "tensorboard (or pip install hypergrad-forward[tensorboard]).") from e
+        self._writer_class = SummaryWriter
+        self.max_values = int(max_values)
+        self.writer: Any = None
+
+    def on_fit_start(self, trainer: Any) -> None:
+        if trainer.folder is None:
+            raise ValueError("TensorBoard: the Trainer has no run folder to write to; pass "
+                             "folder=RunFolder(...).")
+        self.writer = self._writer_class(str(trainer.folder.path / "tb"))
+
+    def _named(self, trainer: Any, values: dict[str, Any]) -> dict[str, float]:
+        from ..hyperparams import HyperParams
+        from ..report import named_values
+
+        hps, out = trainer.problem.hyperparams, {}
+        for it in hps.items:
+            named = named_values(HyperParams([it]), {it.name: values[it.name]},
+                                 trainer.problem.steps)
+            if len(named) > self.max_values:
+                xs = list(named.values())
+                named = {f"{it.name}/min": min(xs), f"{it.name}/mean": sum(xs) / len(xs),
+                         f"{it.name}/max": max(xs)}
+            out.update(named)
+        return out
+
+    def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        step = record["inner_step"] if "inner_step" in record else record["outer_step"]
+        for k, v in record.items():
+            if (k not in ("outer_step", "inner_step", "elapsed") and isinstance(v, (int, float))
+                    and not isinstance(v, bool)):
+                self.writer.add_scalar(k, v, step)
+        for name, v in self._named(trainer, record["hyperparams"]).items():
+            self.writer.add_scalar(f"hyperparams/{name}", v, step)
+
+    def on_fit_end(self, trainer: Any, result: Any) -> None:
+        if self.writer is None:
+            return
+        if result is not None and result.best_val_loss is not None:
+            self.writer.add_hparams(self._named(trainer, result.values),
+                                    {"hparam/learned_val_loss": result.best_val_loss},
+                                    run_name="learned")
+        self.writer.close()
+        self.writer = None
+
+
+def default_callbacks() -> list[Callback]:
+    """``[Log(), Progress()]``."""
+    return [Log(), Progress()]
+
+
+def callbacks(given: Iterable[Callback] | None) -> list[Callback]:
+    """The defaults, each replaced by a given callback of its own type, then the given ones."""
+    extra = list(given or [])
+    for cb in extra:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"Trainer: callbacks must be Callback objects (Log, Progress, "
+                            f"TensorBoard, or a subclass of hypergrad.Callback), got "
+                            f"{type(cb).__name__} {cb!r}.")
+    kept = [d for d in default_callbacks() if not any(type(c) is type(d) for c in extra)]
+    return kept + extra
+
+
+def standard(progress: bool = True, tensorboard: bool = False) -> list[Callback]:
+    """The callbacks ``hypergrad-run`` chooses from its config (``callbacks.progress``,
+    ``callbacks.tensorboard``)."""
+    out: list[Callback] = [Progress(progress)]
+    if tensorboard:
+        out.append(TensorBoard())
+    return out

@@ -1,0 +1,519 @@
+"""The run folder: checkpoints that survive a kill, fingerprints, a lock, and strict JSON.
+
+- :func:`save_checkpoint` writes to a unique temporary file in the run folder, fsyncs it,
+  moves the current ``checkpoint.pt`` to ``checkpoint.prev.pt`` and renames the new file into
+  place, then fsyncs the folder. A kill at any moment leaves ``checkpoint.pt`` or
+  ``checkpoint.prev.pt`` complete, so at most one outer step is lost. A full disk gives a clear
+  ``OSError`` (errno ``ENOSPC``) and no temporary file is left behind.
+- :func:`load_checkpoint` loads with ``weights_only=True``; an unreadable ``checkpoint.pt``
+  (truncated, empty, garbage) is named in a :class:`~hypergrad.errors.CheckpointWarning` and
+  the previous one is used; if neither is readable, a :class:`~hypergrad.errors.CheckpointError`
+  names both files.
+- A fingerprint (a flat ``{key: JSON-like value}``) describes what defines a run; resuming
+  compares it with the checkpoint's (:func:`fingerprint_diff`).
+- :class:`RunLock`: ``run.lock`` created with ``O_EXCL`` keeps two processes out of one folder;
+  a lock left by a dead process (same host) is taken over.
+- :func:`dumps`: JSON with NaN and infinities written as ``null`` (strict parsers reject the bare
+  ``NaN`` tokens Python writes by default).
+
+For tests only, the environment variable ``HYPERGRAD_TEST_CHECKPOINT_FAULT`` makes
+:func:`save_checkpoint` kill its own process (SIGKILL) in the middle of a write:
+``"step=3,kill-after-bytes=2048"`` (after that many bytes of the temporary file),
+``"step=3,kill-before-rename"`` (temporary file complete, not yet renamed) or
+``"step=3,kill-after-rotate"`` (the old checkpoint moved to ``checkpoint.prev.pt``, the new one
+not yet in place); ``step`` is the checkpoint's ``outer_step``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import hashlib
+import json
+import math
+import os
+import signal
+import socket
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+from ..errors import CheckpointError, CheckpointWarning, RunDirError
+
+__all__ = ["CHECKPOINT", "PREVIOUS", "METRICS", "LOCK", "TRAINER_FILES", "save_checkpoint",
+           "load_checkpoint", "fingerprint_diff", "digest", "json_safe", "dumps",
+           "write_text_atomic", "write_bytes_atomic", "append_line", "RunLock", "used_files",
+           "clear_run_dir"]
+
+CHECKPOINT = "checkpoint.pt"
+PREVIOUS = "checkpoint.prev.pt"
+METRICS = "metrics.jsonl"
+LOCK = "run.lock"
+TRAINER_FILES = (CHECKPOINT, PREVIOUS, METRICS)
+"""Files whose presence means a Trainer has already written a run into the folder."""
+_TMP_PREFIX = ".tmp-"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's files are 0600
+_FAULT_ENV = "HYPERGRAD_TEST_CHECKPOINT_FAULT"
+
+
+# -- writing -------------------------------------------------------------------------------------
+def _disk_full(err: BaseException | None) -> bool:
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _fault(step: Any) -> dict[str, str]:
+    spec = os.environ.get(_FAULT_ENV)
+    if not spec:
+        return {}
+    parts = dict(p.partition("=")[::2] for p in spec.split(","))
+    if "step" in parts and str(step) != parts["step"]:
+        return {}
+    return parts
+
+
+def _die() -> None:  # pragma: no cover - the process ends here
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+class _Writer:
+    """A file object for ``torch.save`` that remembers the OSError torch turns into a
+    RuntimeError, and can kill the process after ``kill_after`` bytes (fault injection)."""
+
+    def __init__(self, fh: Any, kill_after: int | None) -> None:
+        self.fh, self.kill_after, self.written = fh, kill_after, 0
+        self.error: OSError | None = None
+
+    def write(self, b: Any) -> int:
+        if self.kill_after is not None and self.written + len(b) >= self.kill_after:
+            self.fh.write(bytes(b)[:max(self.kill_after - self.written, 0)])
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            _die()
+        try:
+            n = self.fh.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+        self.written += len(b)
+        return int(n) if n is not None else len(b)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _no_space(path: Path, what: str, err: BaseException) -> OSError:
+    return OSError(errno.ENOSPC, f"no space left on the device of {path.parent} while writing "
+                   f"{what} {path.name}: free some space (or use another run folder) and resume; "
+                   f"the previous files are intact and no temporary file was left "
+                   f"({type(err).__name__}: {err})")
+
+
+def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
+    """Write ``ck`` to ``run_dir/checkpoint.pt`` safely against kills (see the module
+    docstring); the previous checkpoint becomes ``checkpoint.prev.pt``. Returns the path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path, prev = run_dir / CHECKPOINT, run_dir / PREVIOUS
+    fault = _fault(ck.get("outer_step"))
+    kill_after = int(fault["kill-after-bytes"]) if "kill-after-bytes" in fault else None
+    fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX + "checkpoint-", suffix=".pt",
+                                    dir=run_dir)
+    tmp = Path(tmp_name)
+    writer: _Writer | None = None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), _MODE)
+            writer = _Writer(fh, kill_after)
+            torch.save(dict(ck), writer)  # type: ignore[arg-type]  # a file-like object
+            fh.flush()
+            os.fsync(fh.fileno())
+        if "kill-before-rename" in fault:
+            _die()
+        if path.exists():
+            os.replace(path, prev)
+        if "kill-after-rotate" in fault:
+            _die()
+        os.replace(tmp, path)
+        _fsync_dir(run_dir)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        cause = writer.error if writer is not None and writer.error is not None else err
+        if _disk_full(cause):
+            raise _no_space(path, "the checkpoint", cause) from err
+        raise
+    return path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (readers see the old or
+    the new file, never half); a full disk gives a clear ``OSError`` and no temporary file."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """:func:`write_text_atomic` for bytes (a PNG, say)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX + path.name + "-", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), _MODE)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if _disk_full(err):
+            raise _no_space(path, "", err) from err
+        raise
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line (``metrics.jsonl``) in one write; a write that fails (a full disk)
+    leaves the file as it was (no half line) and gives a clear ``OSError``."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _MODE)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            n = os.write(fd, data)
+            if n != len(data):  # a short write: the device is full
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as err:
+            os.ftruncate(fd, size)
+            if _disk_full(err):
+                raise _no_space(path, "", err) from err
+            raise
+    finally:
+        os.close(fd)
+
+
+# -- reading -------------------------------------------------------------------------------------
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if isinstance(err, EOFError) or (isinstance(err, OSError) and not text):
+        return "the file is empty or truncated"
+    if "weights_only" in str(err) or "Unpickl" in type(err).__name__:
+        return "it is not a hypergrad checkpoint (garbage, or a pickle of other objects)"
+    if "zip archive" in str(err) or "central directory" in str(err):
+        return "the file is truncated or corrupted (not a complete zip archive)"
+    if isinstance(err, (KeyError, IndexError, ValueError, RuntimeError)):
+        return f"the file is corrupted or not a checkpoint ({type(err).__name__}: {text[:120]})"
+    return f"{type(err).__name__}: {text[:200]}"
+
+
+def _read(path: Path, map_location: Any) -> dict[str, Any]:
+    with warnings.catch_warnings():  # torch's own warnings about odd pickles: we give a reason
+        warnings.simplefilter("ignore")
+        ck = torch.load(path, weights_only=True, map_location=map_location)
+    if not isinstance(ck, dict) or not {"outer_step", "lam", "history"} <= set(ck):
+        raise ValueError("no hypergrad checkpoint fields (outer_step, lam, history)")
+    return ck
+
+
+def load_checkpoint(run_dir: Path, map_location: Any = None, api: str = "Trainer"
+                    ) -> tuple[dict[str, Any], Path] | None:
+    """The newest readable checkpoint of ``run_dir`` and its path; ``None`` when the folder has
+    no checkpoint file at all. Falls back to ``checkpoint.prev.pt`` (with a
+    :class:`CheckpointWarning` naming the unreadable file); raises :class:`CheckpointError` when
+    files exist but none is readable."""
+    problems: list[str] = []
+    found = False
+    for path in (run_dir / CHECKPOINT, run_dir / PREVIOUS):
+        if not path.exists():
+            problems.append(f"{path} is missing")
+            continue
+        found = True
+        try:
+            ck = _read(path, map_location)
+        except Exception as err:  # any failure to read means: not usable
+            problems.append(f"{path} is unreadable: {_reason(err)}")
+            continue
+        if path.name == PREVIOUS:
+            warnings.warn(CheckpointWarning(
+                f"{api}: {problems[0]}; resuming from the previous checkpoint {path} (outer step "
+                f"{ck['outer_step']}): at most one outer step is computed again."), stacklevel=3)
+        return ck, path
+    if not found:
+        return None
+    raise CheckpointError(
+        f"{api}: cannot resume from {run_dir}: no readable checkpoint "
+        f"({'; '.join(problems)}). Start the run afresh with overwrite=True (hypergrad-run: "
+        f"trainer.overwrite=true) or use another run folder.")
+
+
+# -- fingerprints --------------------------------------------------------------------------------
+def _sig(x: float) -> float:
+    """``x`` to 6 significant digits: equal on machines whose last bits of a sum differ."""
+    return float(f"{x:.6g}") if math.isfinite(x) else x
+
+
+def digest(tree: Any) -> list[Any]:
+    """A compact summary of every tensor in ``tree``: shape, dtype and three sums (of the
+    values, of their absolute values, of the absolute differences of neighbours: a reordering
+    shows), accumulated in float64 on the tensor's device, to 6 significant digits. It tells
+    data or initial weights apart (another seed, another file) without storing them."""
+    out: list[Any] = []
+    for x in tree_flatten(tree)[0]:
+        if not isinstance(x, Tensor):
+            out.append(repr(x)[:80])
+            continue
+        if x.layout != torch.strided or x.is_sparse:
+            out.append([list(x.shape), str(x.dtype).replace("torch.", ""), str(x.layout)])
+            continue
+        v = x.detach().reshape(-1)
+        if v.dtype == torch.bool or v.is_complex():
+            v = v.to(torch.float64) if v.dtype == torch.bool else torch.view_as_real(v).reshape(-1)
+        f64 = torch.float64
+        out.append([list(x.shape), str(x.dtype).replace("torch.", ""),
+                    _sig(float(v.sum(dtype=f64))), _sig(float(v.abs().sum(dtype=f64))),
+                    _sig(float((v[1:] - v[:-1]).abs().sum(dtype=f64)))])
+    return out
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return v
+
+
+def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``"key: old -> new"`` for every key whose value differs (missing keys count)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = _plain(old.get(key, "<absent>")), _plain(new.get(key, "<absent>"))
+        if a != b:
+            out.append(f"{key}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NaN and infinities replaced by ``None`` (JSON ``null``), tensors and numpy
+    numbers turned into Python numbers and lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (bool, int, str)) or obj is None:
+        return obj
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, Tensor):
+        return json_safe(obj.detach().cpu().tolist())
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays and scalars
+        return json_safe(obj.tolist())
+    if hasattr(obj, "value"):  # enums
+        return json_safe(obj.value)
+    return str(obj)
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON (``allow_nan=False``) of :func:`json_safe` ``(obj)``."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kw)
+
+
+# -- the run folder ------------------------------------------------------------------------------
+def used_files(run_dir: Path, names: Iterable[str] = TRAINER_FILES) -> list[str]:
+    """Which of ``names`` exist in ``run_dir`` (an empty ``metrics.jsonl`` does not count)."""
+    out = []
+    for name in names:
+        p = run_dir / name
+        if p.exists() and not (name == METRICS and p.stat().st_size == 0):
+            out.append(name)
+    return out
+
+
+def clear_run_dir(run_dir: Path, names: Iterable[str] = TRAINER_FILES,
+                  patterns: Iterable[str] = ()) -> list[str]:
+    """Remove ``names`` and files matching ``patterns`` from ``run_dir``; returns what went."""
+    gone = []
+    for name in names:
+        p = run_dir / name
+        if p.is_file():
+            p.unlink()
+            gone.append(name)
+    for pattern in patterns:
+        for p in sorted(run_dir.glob(pattern)):
+            if p.is_file():
+                p.unlink()
+                gone.append(p.name)
+    return gone
+
+
+_HELD: dict[str, RunLock] = {}
+"""The locks this process holds, by lock file: each belongs to one run (one RunLock object)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - someone else's live process
+        return True
+    try:  # a zombie (killed, not yet reaped) holds nothing
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class RunLock:
+    """``run_dir/run.lock`` (pid and host inside) for the lifetime of a run. The lock belongs to
+    the run that took it (this object; acquiring it again is a no-op): another run asking for
+    the same folder, in another process or in this one, gets a :class:`RunDirError`. A lock
+    whose process is dead (same host) is taken over, and :attr:`taken_over` says whose it was;
+    temporary files a killed writer left are removed then."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], who: str = "Trainer") -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK
+        self.who = who
+        self._held = False
+        self.taken_over: str = ""
+        """After :meth:`acquire`: ``"process <pid> on <host>"`` when a stale lock was taken
+        over, else empty."""
+
+    @property
+    def key(self) -> str:
+        return str(self.path.resolve())
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def acquire(self) -> RunLock:
+        if self._held:
+            return self
+        key = self.key
+        if key in _HELD:
+            raise RunDirError(
+                f"{self.who}: run folder {self.run_dir} is in use by another run in this process "
+                f"({_HELD[key].who}); a folder holds one run at a time. Let that run finish (or "
+                f"close it: trainer.close()), or use another folder.")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        me = f"{os.getpid()} {socket.gethostname()}\n"
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._take_over_stale():
+                    raise self._busy() from None
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(me)
+            _HELD[key] = self
+            self._held = True
+            for p in self.run_dir.glob(_TMP_PREFIX + "*"):  # left by a killed writer
+                p.unlink(missing_ok=True)
+            return self
+        raise self._busy()
+
+    def _owner(self) -> tuple[int | None, str, float]:
+        try:
+            text = self.path.read_text().split()
+            age = time.time() - self.path.stat().st_mtime
+        except OSError:
+            return None, "", 0.0
+        pid = int(text[0]) if text and text[0].isdigit() else None
+        return pid, text[1] if len(text) > 1 else "", age
+
+    def _take_over_stale(self) -> bool:
+        pid, host, age = self._owner()
+        if pid is None:
+            if age < 10:  # being written by its owner right now
+                return False
+        elif host != socket.gethostname() or _alive(pid):
+            return False
+        stale = self.path.with_name(f"{LOCK}.stale-{os.getpid()}")
+        try:
+            os.replace(self.path, stale)
+        except FileNotFoundError:
+            return True  # someone else removed it: try again
+        stale.unlink(missing_ok=True)
+        self.taken_over = (f"process {pid} on {host}" if pid is not None else
+                           "an unreadable lock file")
+        return True
+
+    def _busy(self) -> RunDirError:
+        pid, host, _ = self._owner()
+        here = host == socket.gethostname()
+        how = (f"if process {pid} is gone (e.g. a node that died), delete {self.path} and run "
+               f"again" if not here else
+               f"wait for it to finish, or stop it (kill {pid}); a lock left by a process that "
+               f"has died is taken over by itself")
+        return RunDirError(
+            f"{self.who}: run folder {self.run_dir} is in use by another run (process {pid} on "
+            f"{host or 'an unknown host'}, lock file {self.path}): {how}. Or use another folder "
+            f"(hypergrad-run: hydra.run.dir=...).")
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        key = self.key
+        if _HELD.get(key) is self:
+            del _HELD[key]
+        pid, _, _ = self._owner()
+        if pid == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+@atexit.register
+def _release_all() -> None:  # locks of Trainers never fitted, at interpreter exit
+    for key in list(_HELD):
+        p = Path(key)
+        try:
+            if p.read_text().split()[0] == str(os.getpid()):
+                p.unlink()
+        except (OSError, IndexError):
+            pass
+    _HELD.clear()

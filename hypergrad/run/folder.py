@@ -1,0 +1,292 @@
+"""The run folder, one object: :class:`RunFolder` (the lock, the refusal of a folder that
+already holds a run, the checkpoint and ``metrics.jsonl`` after every outer step, the resume
+check). :mod:`hypergrad.run.files` writes and reads the files safely; this module decides what
+goes in them and whether a run may continue from them:
+
+- :func:`problem_fingerprint`: the facts that define a run (the problem); a resume whose
+  fingerprint differs (the problem's, the Trainer parts' settings, the method's own
+  :meth:`~hypergrad.Method.fingerprint`) is refused, key by key, so two runs never mix in one
+  folder.
+- :func:`load_outer`: the outer optimizer's state carries over; its hyperparameters (lr, ...)
+  given now replace the checkpoint's.
+- :func:`rng_state` / :func:`set_rng_state`: torch's, Python's and numpy's generators, so a
+  resumed run draws what the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import CheckpointError, CheckpointWarning, ResumeMismatchError, RunDirError
+from ..hyperparams import TRANSFORMS
+from ..problem import InnerProblem
+from .files import (
+    LOCK,
+    METRICS,
+    TRAINER_FILES,
+    RunLock,
+    append_line,
+    clear_run_dir,
+    digest,
+    dumps,
+    fingerprint_diff,
+    load_checkpoint,
+    save_checkpoint,
+    used_files,
+    write_text_atomic,
+)
+
+__all__ = ["SAFE_TO_CHANGE", "problem_fingerprint", "RunFolder", "check_resume", "load_outer",
+           "rng_state", "set_rng_state"]
+
+SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.memory_budget",
+                  "Guards.divergence_factor", "callbacks", "the task's evaluate",
+                  "the outer optimizer's hyperparameters (lr, ...)",
+                  "an exact method for another (forward, reverse, checkpointed reverse, auto: "
+                  "the same hypergradients to rounding) and its HVP strategy and chunking")
+"""Trainer settings that may differ when a run is resumed; every other setting, and the
+problem (K and layout, T, dtype, model, optimizer, initial values and state, first batch,
+validation loss at the start), is in the checkpoint's fingerprint and must match. An online
+run's method must keep its run state's structure (:func:`unpack_run`)."""
+
+Log = Callable[[str], None]
+
+
+def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
+                        extra: Mapping[str, Any]) -> dict[str, Any]:
+    """What defines a run: the problem's facts, the Trainer's ``settings`` that change the result
+    (``{"trainer.<name>": value}``) and ``extra`` (``hypergrad-run``: the resolved config)."""
+    p, hps = problem, problem.hyperparams
+    devices = [p.device] if p.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():  # the run's draws untouched
+        s0, lam0 = p.initial_state(), p.init_raw()
+        start = float(p.objective(s0.params, s0.buffers, lam0))
+        first = digest(p.batch(0))
+    init = {}
+    for it, sl in zip(hps.items, hps.slices.values()):
+        vals = TRANSFORMS[it.transform][0](lam0[sl]).tolist()
+        init[it.name] = vals if len(vals) <= 16 else digest(lam0[sl])
+    opt = p.optimizer
+    fp: dict[str, Any] = {
+        "problem.K": p.num_hyperparams,
+        "problem.layout": [[it.name, it.kind, it.numel, it.transform] for it in hps.items],
+        "problem.steps": p.steps,
+        "problem.dtype": str(p.dtype).replace("torch.", ""),
+        "problem.model": [[n, list(v.shape)] for n, v in s0.params.items()],
+        "problem.optimizer": [opt.name, {k: repr(v) for k, v in sorted(opt.args.items())}],
+        "problem.initial_values": init,
+        "problem.initial_state": digest(s0),
+        "problem.first_batch": first,
+        "problem.val_loss_at_start": float(f"{start:.6g}") if math.isfinite(start) else
+        repr(start),
+    }
+    fp.update(settings)
+    fp.update(extra)
+    return fp
+
+
+class RunFolder:
+    """Where a run's records go, and when it may continue from them.
+
+    Args:
+        path: the folder (created if missing; ``~`` is expanded).
+        resume: continue from the folder's checkpoint if there is one. The checkpoint's
+            fingerprint must match this run (see :data:`SAFE_TO_CHANGE` for what may differ);
+            the outer optimizer's hyperparameters given now replace the checkpoint's.
+        overwrite: discard a run already in the folder (its checkpoints and metrics).
+        fingerprint: extra ``{key: JSON-like value}`` that defines the run (``hypergrad-run``
+            passes its resolved config), stored in the checkpoint and compared on resume.
+
+    While a Trainer uses it, ``run.lock`` keeps other runs out (:meth:`open` takes it,
+    :meth:`close` gives it back). After every outer step the checkpoint, then a line of
+    ``metrics.jsonl`` (rewritten from the checkpoint on resume, so the two agree after a kill
+    between them). A folder that already holds a run is refused unless ``resume`` or
+    ``overwrite``.
+
+    Example:
+        >>> RunFolder("runs/lr", resume=True)
+        RunFolder('runs/lr', resume=True)
+    """
+
+    def __init__(self, path: str | Path, resume: bool = False, overwrite: bool = False,
+                 fingerprint: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(path, (str, Path)) or not str(path):
+            raise TypeError(f"RunFolder: path={path!r} must be a folder path (str or Path).")
+        if resume and overwrite:
+            raise ValueError("RunFolder: resume=True and overwrite=True contradict each other: "
+                             "resume continues the run in the folder, overwrite discards it; "
+                             "pass one of them.")
+        self.path = Path(path).expanduser()
+        self.resume, self.overwrite = bool(resume), bool(overwrite)
+        self.extra = dict(fingerprint or {})
+        self.lock = RunLock(self.path)
+
+    def open(self, device: torch.device, log: Log) -> tuple[dict[str, Any], Path] | None:
+        """Take the lock; return the checkpoint to resume from (and its path), or ``None`` for a
+        fresh run. A folder that holds a run is refused unless ``resume`` or ``overwrite``
+        (which empties it)."""
+        self.lock.acquire()
+        if self.lock.taken_over:
+            log(f"{self.path} was locked by a run that died "
+                f"({self.lock.taken_over}): its lock was taken over")
+        self._check_writable()
+        used = used_files(self.path)
+        if not used:
+            if self.resume:
+                log(f"resume: no checkpoint in {self.path}, starting afresh")
+            return None
+        if self.overwrite:
+            gone = clear_run_dir(self.path, TRAINER_FILES)
+            log(f"overwrite: removed {gone} from {self.path}")
+            return None
+        if not self.resume:
+            n = 0
+            if (self.path / METRICS).exists():
+                n = len((self.path / METRICS).read_text().splitlines())
+            raise RunDirError(
+                f"Trainer: the run folder {str(self.path)!r} already holds a run "
+                f"({', '.join(used)}; {n} outer steps in {METRICS}). Pass RunFolder(..., "
+                f"resume=True) to continue it (hypergrad-run: folder.resume=true), "
+                f"overwrite=True to discard it (folder.overwrite=true), or use another folder "
+                f"(hydra.run.dir=...).")
+        got = load_checkpoint(self.path, device)
+        if got is None:
+            raise CheckpointError(
+                f"Trainer: cannot resume from {self.path}: it has {', '.join(used)} but no "
+                f"checkpoint. Start afresh with overwrite=True (folder.overwrite=true).")
+        return got
+
+    def _check_writable(self) -> None:
+        """Refuse, before any work, a folder whose records cannot be written: a file name of a
+        record taken by a folder, a folder without write permission."""
+        for name in (*TRAINER_FILES, LOCK):
+            if (self.path / name).is_dir():
+                raise RunDirError(
+                    f"Trainer: {self.path / name} is a folder, where the run writes its "
+                    f"{name} file; move it away or use another run folder.")
+        probe = self.path / f".tmp-probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError as err:
+            raise RunDirError(
+                f"Trainer: cannot write in the run folder {self.path} ({type(err).__name__}: "
+                f"{err.strerror or err}); give it write permission (chmod u+w) or use another "
+                f"folder.") from err
+        probe.unlink(missing_ok=True)
+
+    def write(self, ck: Mapping[str, Any], rec: Mapping[str, Any]) -> None:
+        """An outer step: its checkpoint first, then its metrics line."""
+        save_checkpoint(self.path, ck)
+        append_line(self.path / METRICS, dumps(rec))
+
+    def rewrite_metrics(self, history: list[dict[str, Any]]) -> None:
+        """``metrics.jsonl`` from ``history`` (after a resume: it agrees with the checkpoint)."""
+        write_text_atomic(self.path / METRICS, "".join(dumps(rec) + "\n" for rec in history))
+
+    def mark_stopped(self, device: torch.device, lam: Tensor, msg: str) -> None:
+        """Rewrite the last checkpoint with the hyperparameters kept after a divergence (not the
+        diverged ones), so a resume (e.g. with a smaller outer learning rate) starts from them."""
+        got = load_checkpoint(self.path, device)
+        if got is None:
+            return
+        ck, _ = got
+        ck["lam"] = lam.detach().clone()
+        ck["stopped"] = msg
+        save_checkpoint(self.path, ck)
+
+    def close(self) -> None:
+        """Give the lock back."""
+        self.lock.release()
+
+    def __repr__(self) -> str:
+        flags = "".join(f", {k}=True" for k in ("resume", "overwrite") if getattr(self, k))
+        return f"RunFolder({str(self.path)!r}{flags})"
+
+
+def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: int) -> None:
+    """Refuse a checkpoint of another fingerprint or another K, in at most ten lines: the
+    differing keys (old -> new) and where the original run's settings are."""
+    old = ck.get("fingerprint")
+    if old is None:
+        warnings.warn(CheckpointWarning(
+            f"Trainer: checkpoint {path} was written by an older hypergrad without a "
+            f"fingerprint: whether this run matches it cannot be checked."), stacklevel=4)
+    else:
+        diff = fingerprint_diff(old, fp)
+        if diff:
+            shown = diff[:6] + ([f"... and {len(diff) - 6} more"] if len(diff) > 6 else [])
+            lines = "\n  ".join(shown)
+            folder = path.parent
+            settings = [str(folder / f) for f in (".hydra/overrides.yaml",
+                                                   "config_resolved.yaml")
+                        if (folder / f).exists()]
+            where = (f"The original run's settings: {', '.join(settings)}. " if settings
+                     else "")
+            raise ResumeMismatchError(
+                f"Trainer: cannot resume from {path}: this run differs from the one in the "
+                f"checkpoint (old -> new):\n  {lines}\n{where}Resume with the original "
+                f"settings, or start a new run: another folder (hydra.run.dir=...) or "
+                f"overwrite=True (folder.overwrite=true); docs/troubleshooting.md lists what may "
+                f"change on resume.")
+    if ck["lam"].shape[0] != k:
+        raise ResumeMismatchError(
+            f"Trainer: checkpoint {path} has K={ck['lam'].shape[0]} hyperparameters, this "
+            f"problem has K={k}.")
+
+
+def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
+               log: Log) -> None:
+    """Load the outer optimizer's state; the hyperparameters it was built with now (lr, ...)
+    replace the checkpoint's, and a change is logged."""
+    name = type(outer).__name__
+    cls = ck.get("outer_class", name)
+    if cls != name:
+        raise ResumeMismatchError(
+            f"Trainer: checkpoint {path} was written with outer optimizer {cls}, this run "
+            f"uses {name}; its state cannot carry over. Resume with {cls}, or start a new run.")
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in outer.param_groups]
+    try:
+        outer.load_state_dict(ck["outer"])
+    except (KeyError, ValueError, IndexError, TypeError, RuntimeError) as e:
+        raise ResumeMismatchError(
+            f"Trainer: the outer optimizer state in {path} does not fit {name} "
+            f"({type(e).__name__}: {e}); resume with the outer optimizer of the original run, "
+            f"or start a new run.") from e
+    changed = []
+    for group, new in zip(outer.param_groups, settings):
+        for k, v in new.items():
+            if k in group and group[k] != v:
+                changed.append(f"{k} {group[k]!r} -> {v!r}")
+            group[k] = v
+    if changed:
+        log(f"resume: outer optimizer settings given now replace the "
+            f"checkpoint's: {', '.join(changed)}")
+
+
+# -- random generators ---------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """torch's, Python's and numpy's global generator states, as checkpoint fields."""
+    np_state: Any = np.random.get_state()
+    version, state, gauss = random.getstate()
+    return {"torch": torch.get_rng_state(), "python": [version, list(state), gauss],
+            "numpy": torch.as_tensor(np_state[1].astype(np.int64)),
+            "numpy_pos": int(np_state[2])}
+
+
+def set_rng_state(rng: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(rng["torch"])
+    py = rng["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np.random.set_state(("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"],
+                         0, 0.0))

@@ -1,0 +1,273 @@
+"""What keeps an outer loop from returning silently wrong hyperparameters.
+
+- :class:`Guards`: the Trainer's part that holds the settings below (divergence, backtracking,
+  clipping, bounds, a time budget, a memory budget), checked once, in its constructor.
+
+- :func:`divergence`: a validation loss or hypergradient that is not finite, or a validation
+  loss more than ``factor`` times the best seen, means the tuning diverged.
+- :func:`outer_gradient`: the hypergradient the outer optimizer gets, clipped with its norm taken
+  in float64, refused when its square would overflow the working dtype (Adam squares it: an
+  overflow there freezes every later update without any error).
+- :func:`worse`: with backtracking, whether an outer step is too bad to keep.
+- :class:`Tracker`: the best point evaluated (returned instead of the last one), the last good
+  one (kept on a divergence), and the hyperparameters whose hypergradient is exactly zero (the
+  losses cannot differentiate them: warned about once, and again at the end if they never
+  moved).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import TuningWarning, ZeroHypergradientWarning
+from ..hyperparams import HyperParams
+
+__all__ = ["Guards", "divergence", "outer_gradient", "worse", "Tracker", "Best",
+           "MAX_BACKTRACKS"]
+
+MAX_BACKTRACKS = 10
+"""Backtracks in a row after which the run stops as diverged."""
+
+Best = tuple[float, Tensor, int]
+"""``(validation loss, raw hyperparameters, outer step)`` of the best point evaluated."""
+
+
+def _number(name: str, value: Any, ok: Callable[[float], bool], must: str) -> float | None:
+    """``value`` as a float, checked: ``None`` or a number (not a bool) for which ``ok`` holds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ValueError(f"Guards: {name}={value!r} must be {must}.")
+    return float(value)
+
+
+class Guards:
+    """What keeps tuning from diverging, running out of time or memory, or leaving its box.
+
+    Args:
+        divergence_factor: a validation loss above ``best + (factor - 1) * |best|`` (for
+            positive losses: ``factor`` times the best seen) counts as divergence; ``None``
+            turns this check off (non-finite values always stop the run).
+        backtrack: offline: an outer step whose validation loss is not finite or above
+            ``best + (backtrack - 1) * |best|``, or whose hypergradient is not finite, is not
+            used: ``lam`` goes back to the best hyperparameters evaluated, the outer optimizer's
+            learning rate is halved and its state reset (a line search along the outer
+            trajectory), and tuning goes on. After 10 backtracks in a row the run stops as
+            diverged. ``None`` (default): such a step stops the run per ``divergence_factor``.
+        clip_norm: clip the hypergradient to this norm (computed in float64; ``None``: no
+            clipping).
+        bounds: ``{name: (low, high)}`` in *value* space, the search box; ``lam`` is projected
+            into it after every update (e.g. per-example weights in ``[0, 1]``, a learning rate
+            ``<= 1``).
+        time_budget: offline: seconds of wall clock for the outer steps of one ``fit()`` call
+            (``None``: no limit). An outer step starts only if it is expected to finish within
+            the budget (as long as the previous one); the first always runs, and the final
+            evaluation of the last point (one plain inner run) follows.
+        memory_budget: bytes the method may use (``None``: the device's available memory); a
+            method that would not fit is refused before anything is allocated.
+
+    Example:
+        >>> Guards(backtrack=1.5, bounds={"lr": (1e-4, 1.0)})
+        Guards(backtrack=1.5, bounds={'lr': (0.0001, 1.0)})
+    """
+
+    def __init__(self, divergence_factor: float | None = 10.0, backtrack: float | None = None,
+                 clip_norm: float | None = None,
+                 bounds: Mapping[str, Sequence[float | None]] | None = None,
+                 time_budget: float | None = None, memory_budget: float | None = None) -> None:
+        self.divergence_factor = _number(
+            "divergence_factor", divergence_factor, lambda v: v > 1,
+            "a number > 1 (e.g. 10), or None to turn the check off")
+        self.backtrack = _number(
+            "backtrack", backtrack, lambda v: 1 <= v < math.inf,
+            "a number >= 1 (e.g. 1.5: back to the best point when a step's validation loss is "
+            "above 1.5 times the best), or None")
+        self.clip_norm = _number("clip_norm", clip_norm, lambda v: 0 < v < math.inf,
+                                 "a finite number > 0 or None")
+        self.time_budget = _number("time_budget", time_budget, lambda v: 0 < v < math.inf,
+                                   "seconds > 0, or None for no limit")
+        self.memory_budget = _number("memory_budget", memory_budget, lambda v: v > 0,
+                                     "bytes > 0, or None for the device's available memory")
+        if bounds is not None and not isinstance(bounds, Mapping):
+            raise TypeError(f"Guards: bounds={bounds!r} must be a mapping {{name: (low, "
+                            f"high)}}.")
+        self.bounds = {k: tuple(v) if isinstance(v, (list, tuple)) else v
+                       for k, v in (bounds or {}).items()}
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that change a run's result (in its fingerprint)."""
+        return {"guards.clip_norm": self.clip_norm, "guards.backtrack": self.backtrack}
+
+    def __repr__(self) -> str:
+        defaults = Guards.__init__.__defaults__ or ()
+        names = ("divergence_factor", "backtrack", "clip_norm", "bounds", "time_budget",
+                 "memory_budget")
+        args = [f"{n}={getattr(self, n)!r}" for n, d in zip(names, defaults)
+                if getattr(self, n) != (d if n != "bounds" else {})]
+        return f"Guards({', '.join(args)})"
+
+
+def _above(v: float, best: float, factor: float) -> bool:
+    """``v`` is above ``factor`` times ``best`` (any sign: by ``(factor - 1) |best|``)."""
+    return v > best + (factor - 1) * abs(best)
+
+
+def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
+               factor: float | None) -> str | None:
+    """Why an evaluation means the tuning diverged, or ``None``."""
+    v = float(value)
+    if not math.isfinite(v):
+        return f"the validation loss is {v}"
+    if grad is not None:
+        bad = int((~torch.isfinite(grad)).sum())
+        if bad:
+            return f"{bad} of the {grad.numel()} hypergradient entries are not finite"
+    if best is not None and factor is not None and _above(v, best[0], factor):
+        return (f"the validation loss {v:.4g} exceeds divergence_factor={factor:g} times the "
+                f"best seen ({best[0]:.4g}, outer step {best[2]})")
+    return None
+
+
+def outer_gradient(grad: Tensor, clip_norm: float | None,
+                   dtype: torch.dtype) -> tuple[Tensor | None, str | None]:
+    """The (clipped) hypergradient in ``dtype``, or ``None`` and why there is none: the norm is
+    taken in float64, and its square must be representable in ``dtype``."""
+    g = grad.detach().to(torch.float64)
+    norm = float(g.norm())
+    if not math.isfinite(norm):
+        return None, "the hypergradient's norm overflows even in float64"
+    if clip_norm is not None and norm > clip_norm:
+        g = g * (clip_norm / norm)
+        norm = clip_norm
+    if norm >= math.sqrt(torch.finfo(dtype).max):
+        return None, (f"the hypergradient's norm {norm:.3g} is too large for "
+                      f"{str(dtype).replace('torch.', '')} (its square overflows, which would "
+                      f"freeze the outer optimizer)")
+    return g.to(dtype), None
+
+
+def worse(value: Tensor, grad: Tensor, best: Best | None, backtrack: float | None) -> str | None:
+    """With ``backtrack``: why this outer step is not to be used, or ``None``."""
+    if backtrack is None or best is None:
+        return None
+    v = float(value)
+    if not math.isfinite(v):
+        return f"validation loss {v}"
+    if not bool(torch.isfinite(grad).all()):
+        return "a hypergradient that is not finite"
+    if _above(v, best[0], backtrack):
+        return f"validation loss {v:.4g} > backtrack={backtrack:g} x best {best[0]:.4g}"
+    return None
+
+
+class Tracker:
+    """The points an outer loop evaluated: the best and the last good one, and which
+    hyperparameters ever had a non-zero hypergradient. ``lam0``: the initial raw values."""
+
+    def __init__(self, hps: HyperParams, lam0: Tensor) -> None:
+        self.hps = hps
+        self.lam0 = lam0.detach().clone()
+        self.best: Best | None = None
+        self.best_grad: Tensor | None = None  # the outer gradient taken at the best point
+        self.last_good = self.lam0.clone()  # lam of the last finite evaluation
+        self.last_good_step = 0  # and its outer step
+        self.nonzero: set[str] = set()
+        self.zero_warned: set[str] = set()
+
+    def track(self, value: Tensor, lam: Tensor, grad: Tensor | None, step: int,
+              first: bool) -> None:
+        """Record a finite evaluation at outer step ``step``; at the ``first`` one, warn about
+        hyperparameters whose hypergradient is exactly zero."""
+        v = float(value)
+        self.last_good, self.last_good_step = lam.detach().clone(), step
+        if self.best is None or v < self.best[0]:
+            self.best = (v, lam.detach().clone(), step)
+        if grad is None:
+            return
+        zero = []
+        for name, sl in self.hps.slices.items():
+            if bool(grad[sl].any()):
+                self.nonzero.add(name)
+            elif first and name not in self.zero_warned:
+                zero.append(name)
+        if zero:
+            self.zero_warned.update(zero)
+            one = "it" if len(zero) == 1 else "them"
+            warnings.warn(ZeroHypergradientWarning(
+                f"Trainer: the hypergradient of {zero} is exactly zero at the first outer step: "
+                f"the losses cannot differentiate {one}, so tuning will not move {one}. Read the "
+                f"hyperparameter as a tensor (no .item(), float(), round, .detach(), "
+                f"torch.where on it, or 0 * hp), or remove it."), stacklevel=5)
+
+    def fallback(self, offline: bool) -> tuple[Tensor, int, float, str]:
+        """What to return after a divergence: ``(lam, outer step, validation loss, words)``.
+        Offline the best point; online (losses of a moving state) the last good one."""
+        if offline and self.best is not None:
+            val, lam, step = self.best
+            return lam, step, val, (f"returned the best hyperparameters evaluated, of outer step "
+                                    f"{step} (validation loss {val:.4g})")
+        if self.best is not None:
+            return (self.last_good, self.last_good_step, self.best[0],
+                    f"kept the last good hyperparameters, of outer step {self.last_good_step}")
+        return self.lam0, 0, math.nan, ("the initial hyperparameters already diverge: returned "
+                                        "them; start from a smaller learning rate")
+
+    def warn_at_end(self, last_lam: Tensor | None, diverged: bool, offline: bool,
+                    history: list[dict[str, Any]], best_step: int | None,
+                    best_val: float | None, last_val: float | None) -> None:
+        """Name the hyperparameters that never moved, and say when tuning did not help."""
+        if not history or last_lam is None:
+            return
+        last, first = self.hps.split(last_lam), self.hps.split(self.lam0)
+        for name in self.hps.names:
+            if name in self.zero_warned or not torch.equal(last[name], first[name]):
+                continue
+            if name not in self.nonzero:
+                self.zero_warned.add(name)
+                warnings.warn(ZeroHypergradientWarning(
+                    f"Trainer: {name!r} never moved: its hypergradient was exactly zero at "
+                    f"every outer step (the losses cannot differentiate it: .item(), float(), "
+                    f"round, .detach(), torch.where on it, or 0 * hp)."), stacklevel=3)
+            elif not diverged:
+                init = self.hps.describe(self.lam0)[name]
+                warnings.warn(TuningWarning(
+                    f"Trainer: {name!r} never moved from its initial value {init} (bounds held "
+                    f"it, or the outer steps were too small)."), stacklevel=3)
+        if not offline or diverged:
+            return
+        init_val = float(history[0]["val_loss"])
+        if best_step == 0:
+            warnings.warn(TuningWarning(
+                f"Trainer: no outer step improved on the initial hyperparameters (validation "
+                f"loss {init_val:.4g}; last {last_val:.4g}): returned the initial ones. Try a "
+                f"smaller outer learning rate."), stacklevel=3)
+        elif last_val is not None and last_val > init_val:
+            warnings.warn(TuningWarning(
+                f"Trainer: the last hyperparameters are worse than the initial ones (validation "
+                f"loss {last_val:.4g} vs {init_val:.4g}): returned the best evaluated ones, of "
+                f"outer step {best_step} ({best_val:.4g}); they are in TrainResult.lam, the "
+                f"last ones in last_lam."), stacklevel=3)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's fields (the names of checkpoint version 2)."""
+        best = None if self.best is None else {"val": self.best[0], "lam": self.best[1],
+                                               "step": self.best[2]}
+        return {"last_good": self.last_good, "last_good_step": self.last_good_step,
+                "best": best, "best_grad": self.best_grad, "nonzero": sorted(self.nonzero)}
+
+    def load_state_dict(self, ck: dict[str, Any], like: Tensor) -> None:
+        """Restore from a checkpoint (older ones may lack fields), tensors as ``like``."""
+        self.last_good = ck.get("last_good", ck["lam"]).to(like)
+        self.last_good_step = int(ck.get("last_good_step", max(int(ck["outer_step"]) - 1, 0)))
+        best = ck.get("best")
+        if best is not None:
+            self.best = (float(best["val"]), best["lam"].to(like), int(best["step"]))
+        self.nonzero = set(ck.get("nonzero", []))
+        bg = ck.get("best_grad")
+        self.best_grad = None if bg is None else bg.to(like)

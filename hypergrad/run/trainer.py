@@ -1,0 +1,518 @@
+"""The outer loop: tune hyperparameters by their hypergradients, offline or online.
+
+The Trainer is a loop that delegates to its parts, each holding its own settings:
+
+- the **problem** (:class:`~hypergrad.InnerProblem`, or a :class:`~hypergrad.Task` that adds how
+  to evaluate a trained state);
+- the **method** (any :class:`~hypergrad.Method`, or a registered name);
+- the **outer** optimizer (a factory ``params -> torch.optim.Optimizer`` over the raw
+  hyperparameters; :mod:`hypergrad.run.outer`);
+- the **mode**: :class:`~hypergrad.Offline` (a whole inner run per outer step) or
+  :class:`~hypergrad.Online` (updates every ``interval`` steps of one run);
+- the **guards** (:class:`~hypergrad.Guards`: divergence, backtracking, clipping, bounds, time
+  and memory budgets);
+- the **folder** (:class:`~hypergrad.RunFolder`: lock, checkpoints, metrics, resume check);
+- **callbacks** (:class:`~hypergrad.Callback`: messages, progress, TensorBoard, yours);
+- the **strategy** (:class:`~hypergrad.run.strategy.Strategy`: one process, or
+  :class:`hypergrad.distributed.Ranks` under torchrun).
+
+The Trainer holds ``lam``, the outer optimizer's state and, online, the method's run state; a
+checkpoint is :meth:`Trainer.state_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import BoundsWarning
+from ..methods.base import HyperGradient, Method, OnlineMethod, create
+from ..methods.memory import check_memory
+from ..problem import InnerProblem, InnerState
+from ..task import Task
+from .bounds import Bounds
+from .callbacks import Callback
+from .callbacks import callbacks as with_defaults
+from .folder import (
+    RunFolder,
+    check_resume,
+    load_outer,
+    problem_fingerprint,
+    rng_state,
+    set_rng_state,
+)
+from .guards import MAX_BACKTRACKS, Guards, Tracker, divergence, outer_gradient, worse
+from .modes import Mode, Offline, Online
+from .outer import OuterOptimizerFactory, default_outer, shrink_lr
+from .strategy import Strategy
+
+__all__ = ["Trainer", "TrainResult"]
+
+CHECKPOINT_VERSION = 4
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` returns.
+
+    ``lam`` / ``values``: the **best** hyperparameters evaluated (lowest validation loss; the
+    initial point and, offline, the point after the last update included), raw and
+    transformed. Online, the validation loss is measured on a moving inner state, so ``lam`` is
+    the last value there. ``best_step``: how many outer updates led to ``lam`` (0: the initial
+    hyperparameters). ``last_lam`` / ``last_values``: where the outer optimizer ended (on a
+    divergence: the hyperparameters that diverged), ``last_val_loss`` their validation loss.
+    ``state``: the inner state trained at ``last_lam`` (offline: by the final evaluation; online:
+    the run's own final state; ``None`` after a divergence). ``out_of_time``: offline tuning
+    stopped before ``outer_steps`` because the next outer step would not have finished within
+    the guards' ``time_budget``.
+    """
+
+    lam: Tensor
+    values: dict[str, Any]
+    history: list[dict[str, Any]]
+    method: str
+    diverged: bool = False
+    message: str = ""
+    state: InnerState | None = field(default=None, repr=False)
+    last_lam: Tensor | None = field(default=None, repr=False)
+    last_values: dict[str, Any] | None = None
+    best_step: int | None = None
+    best_val_loss: float | None = None
+    last_val_loss: float | None = None
+    out_of_time: bool = False
+    problem: InnerProblem | None = field(default=None, repr=False)
+
+    def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
+        """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
+        (:attr:`lam`) for your own ``params`` (the model, or ``{name: tensor}``): per-tensor
+        values as parameter groups, a learning-rate schedule as ``LambdaLR`` stretched over
+        ``steps`` (default: the horizon it was learned on). See :mod:`hypergrad.export`."""
+        from ..export import learned_optimizer
+
+        if self.problem is None:
+            raise ValueError("TrainResult.learned_optimizer: this result holds no problem.")
+        return learned_optimizer(self.problem, self.lam, params, steps)
+
+
+def _part(name: str, value: Any, cls: type, example: str) -> None:
+    if not isinstance(value, cls):
+        raise TypeError(f"Trainer: {name} must be a {cls.__name__} such as {example}, got "
+                        f"{type(value).__name__} {value!r}.")
+
+
+class Trainer:
+    """Tune a problem's hyperparameters by gradient descent on the validation objective ``E``.
+
+    Args:
+        problem: the :class:`~hypergrad.InnerProblem`, or a :class:`~hypergrad.Task` (its
+            ``evaluate`` is logged after every outer step).
+        method: any :class:`~hypergrad.Method`, or a registered name (``"forward"``,
+            ``"reverse"``, ``"auto"``, ``"hd"``, ``"marthe"``, ``"implicit"``,
+            ``"finite_difference"``, yours) or import path. The method that runs is
+            ``method.resolve(problem, mode, memory_budget)``: itself, or the one
+            :class:`~hypergrad.AutoMode` picks (the reason is logged). A method given (not
+            picked) is checked against the memory budget before anything is allocated.
+        outer: the outer optimizer, a factory ``params -> torch.optim.Optimizer`` over the raw
+            hyperparameters, e.g. ``functools.partial(torch.optim.Adam, lr=0.05)`` or
+            ``functools.partial(SignDescent, lr=0.5)``; default Adam with lr 0.05.
+        mode: :class:`~hypergrad.Offline` (default, 10 outer steps) or
+            :class:`~hypergrad.Online` (needs an :class:`~hypergrad.OnlineMethod`).
+        guards: :class:`~hypergrad.Guards` (divergence, backtracking, clipping, bounds, time
+            and memory budgets); default ``Guards()``.
+        folder: a :class:`~hypergrad.RunFolder` or a path (``RunFolder(path)``): where
+            ``metrics.jsonl`` and ``checkpoint.pt`` go; ``None``: nothing written.
+        callbacks: :class:`~hypergrad.Callback` objects, added to the defaults (``Log()``,
+            ``Progress()``); one of a default's type replaces it (``Log(None)``: silent).
+        strategy: how the run uses processes (default: one;
+            ``hypergrad.distributed.Ranks()`` under torchrun).
+
+    Example:
+        >>> trainer = Trainer(problem, "forward", mode=Offline(outer_steps=20),
+        ...                   guards=Guards(bounds={"lr": (1e-4, 1.0)}),
+        ...                   folder="runs/lr")                   # doctest: +SKIP
+        >>> result = trainer.fit()                                 # doctest: +SKIP
+        >>> result.values["lr"]                                    # doctest: +SKIP
+    """
+
+    def __init__(self, problem: InnerProblem | Task, method: Method | str = "forward",
+                 outer: OuterOptimizerFactory | None = None, mode: Mode | None = None,
+                 guards: Guards | None = None, folder: RunFolder | str | Path | None = None,
+                 callbacks: Sequence[Callback] | None = None,
+                 strategy: Strategy | None = None) -> None:
+        task = problem if isinstance(problem, Task) else None
+        if task is None:
+            _part("problem", problem, InnerProblem, "InnerProblem(...) or Task(problem)")
+            task = Task(problem)  # type: ignore[arg-type]
+        self.task, self.problem = task, task.problem
+        self.mode = Offline() if mode is None else mode
+        _part("mode", self.mode, Mode, "Offline(outer_steps=10) or Online(interval=10)")
+        self.guards = Guards() if guards is None else guards
+        _part("guards", self.guards, Guards, "Guards(backtrack=1.5)")
+        self.strategy = Strategy() if strategy is None else strategy
+        _part("strategy", self.strategy, Strategy, "hypergrad.distributed.Ranks()")
+        self.callbacks = with_defaults(callbacks) if self.strategy.is_writer else []
+        if folder is not None and not isinstance(folder, RunFolder):
+            folder = RunFolder(folder)
+        self.folder = folder
+        self.mode.check(self.problem)
+        if self.mode.online and (self.guards.time_budget is not None
+                                 or self.guards.backtrack is not None):
+            raise NotImplementedError(
+                "Trainer: Guards(time_budget=..., backtrack=...) are for offline tuning (whole "
+                "inner runs per outer step); online tuning is one run of `steps` inner steps.")
+        p = self.problem
+        self.lam = p.init_raw().requires_grad_(False)
+        p.check(self.lam)  # losses, shapes and bindings, before anything costly
+        self.method = self.strategy.setup(self._resolve(create(method)))
+        self.outer = (outer or default_outer)([self.lam])
+        if not isinstance(self.outer, torch.optim.Optimizer):
+            raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
+                            "outer=functools.partial(torch.optim.Adam, lr=0.05).")
+        self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds)
+        self._start_in_bounds()
+        self.initial_lam = self.lam.detach().clone()
+        """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
+        self.tracker = Tracker(p.hyperparams, self.lam)
+        self.history: list[dict[str, Any]] = []
+        self.outer_step = 0
+        self.run_state: Any = None  # online: the method's run state
+        self._backtracks = 0  # in a row
+        self._fit_start = time.perf_counter()
+        self._fingerprint: dict[str, Any] = {}
+        if self.folder is not None:
+            self._open_folder(self.folder)
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def _resolve(self, method: Method) -> Method:
+        chosen, why = method.resolve(self.problem, self.mode.name, self.guards.memory_budget)
+        if why:
+            self.message(f"method={method.name} {why}")
+        if self.mode.online and not isinstance(chosen, OnlineMethod):
+            raise NotImplementedError(
+                f"Trainer: online tuning needs hypergradients during training, from an "
+                f"OnlineMethod (ForwardMode, MARTHE or HD); {type(chosen).__name__} gives one "
+                f"only after a whole run. Use method='forward', 'marthe' or 'hd', or "
+                f"mode=Offline().")
+        if chosen is method:  # a method picked by resolve() was picked to fit
+            check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget)
+        return chosen
+
+    def _start_in_bounds(self) -> None:
+        """Move initial values outside the guards' bounds onto them, and say where to."""
+        hps = self.problem.hyperparams
+        before = hps.describe(self.lam)
+        self.bounds.project(self.lam)
+        after = hps.describe(self.lam)
+        moved = [f"{n}={before[n]} -> {after[n]} (bounds {self.bounds.values()[n]})"
+                 for n in hps.names if before[n] != after[n]]
+        if moved:
+            warnings.warn(BoundsWarning(
+                f"Trainer: initial values outside Guards(bounds=...) were moved onto the "
+                f"bounds: {'; '.join(moved)}. Tuning starts there (hypergrad-run retrains that "
+                f"point as 'initial'); give an initial value inside the bounds to silence "
+                f"this."), stacklevel=3)
+
+    def settings(self) -> dict[str, Any]:
+        """The settings of the parts that define a run (in its fingerprint): the mode's, the
+        guards', the bounds, the outer optimizer's class and the method's own."""
+        return {**{f"trainer.{k}": v for k, v in self.mode.settings().items()},
+                **{f"trainer.{k}": v for k, v in self.guards.settings().items()},
+                "trainer.bounds": self.bounds.values(),
+                "trainer.outer_optimizer": type(self.outer).__name__,
+                **self.method.fingerprint()}
+
+    def _open_folder(self, folder: RunFolder) -> None:
+        p = self.problem
+        try:
+            self._fingerprint = problem_fingerprint(
+                p, self.settings(), {**folder.extra, **self.strategy.fingerprint(self.method)})
+            got = folder.open(p.device, self.message) if self.strategy.is_writer else None
+            got = self.strategy.follow(folder.path, folder.resume, p.device) or got
+            if got is not None:
+                self.load_state_dict(*got)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- messages and callbacks ------------------------------------------------------------------
+    def message(self, text: str) -> None:
+        """Send a message to the callbacks (:class:`~hypergrad.run.callbacks.Log` prints it)."""
+        for cb in self.callbacks:
+            cb.on_message(self, text)
+
+    def _emit(self, event: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, event)(self, *args)
+
+    @property
+    def inner_step(self) -> int:
+        """Online: the index of the next inner step of the run (0 before it starts)."""
+        return 0 if self.run_state is None else int(self.run_state.step)
+
+    # -- the loops -------------------------------------------------------------------------------
+    def fit(self) -> TrainResult:
+        """Run to the end (or resume to the end); returns the best and the last hyperparameters
+        (:class:`TrainResult`)."""
+        self.problem.check(self.lam)
+        self._fit_start = time.perf_counter()
+        if self.folder is not None and self.strategy.is_writer:
+            self.folder.lock.acquire()
+        res: TrainResult | None = None
+        try:
+            self._emit("on_fit_start")
+            res = self._fit_online() if self.mode.online else self._fit_offline()
+        finally:
+            self.close()
+            if res is None:  # an exception: the callbacks still close what they opened
+                for cb in self.callbacks:
+                    cb.on_fit_end(self, None)
+        res.problem = self.problem
+        self.tracker.warn_at_end(res.last_lam, res.diverged, not self.mode.online,
+                                 self.history, res.best_step, res.best_val_loss,
+                                 res.last_val_loss)
+        self._emit("on_fit_end", res)
+        return res
+
+    def close(self) -> None:
+        """Release the run folder's lock without fitting (``fit`` releases it when it ends)."""
+        if self.folder is not None and self.strategy.is_writer:
+            self.folder.close()
+
+    def _hypergradient(self, lam: Tensor) -> HyperGradient:
+        m, p = self.method, self.problem
+        if not isinstance(m, OnlineMethod):
+            return m.hypergradient(p, lam)
+        run = m.init(p, lam)  # stepped here for the inner progress
+        while run.step < p.steps:
+            run = m.step(p, run, lam)
+            self._emit("on_inner_step", int(run.step), p.steps)
+        value, grad = m.hypergradient_at(p, run, lam)
+        return HyperGradient(value, grad, run.state)
+
+    def _step(self, value: Tensor, grad: Tensor, lam_used: Tensor) -> str | None:
+        """Guard, track the best, update ``lam``; returns why the run diverged, or ``None``."""
+        tr = self.tracker
+        why = divergence(value, grad, tr.best, self.guards.divergence_factor)
+        if why is not None:
+            return why
+        tr.track(value, lam_used, grad, self.outer_step, first=not self.history)
+        g, why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype)
+        if g is None:
+            return why
+        if tr.best is not None and tr.best[2] == self.outer_step:
+            tr.best_grad = g.detach().clone()
+        self._update(g)
+        if not bool(torch.isfinite(self.lam).all()):
+            return "the outer optimizer's update made the hyperparameters non-finite"
+        return None
+
+    def _update(self, g: Tensor) -> None:
+        self.lam.grad = g
+        self.outer.step()
+        self.lam.grad = None
+        self.bounds.project(self.lam)
+
+    def _back(self, why: str) -> None:
+        """Back to the best point evaluated, with half the outer learning rate and a fresh
+        outer optimizer state, and a step from there along its (known) hypergradient: a
+        backtracking line search that costs no extra evaluation."""
+        best, best_grad = self.tracker.best, self.tracker.best_grad
+        assert best is not None
+        self._backtracks += 1
+        with torch.no_grad():
+            self.lam.copy_(best[1])
+        lrs = shrink_lr(self.outer, 0.5)
+        if best_grad is not None:
+            self._update(best_grad.clone())
+        self.message(f"outer step {self.outer_step}: {why}: back to the best "
+                     f"hyperparameters (outer step {best[2]}), outer lr halved to "
+                     f"{', '.join(f'{x:.3g}' for x in lrs)}, a step from there")
+
+    def _fit_offline(self) -> TrainResult:
+        assert isinstance(self.mode, Offline)
+        budget = self.guards.time_budget
+        last_seconds: float | None = None  # of the previous outer step of this fit() call
+        out_of_time = False
+        while self.outer_step < self.mode.outer_steps:
+            t0 = time.perf_counter()
+            if (budget is not None and last_seconds is not None
+                    and t0 - self._fit_start + last_seconds > budget):
+                out_of_time = True
+                self.message(f"time_budget={budget:g} s: stopped after outer step "
+                             f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
+                             f"take about {last_seconds:.1f} s)")
+                break
+            lam_used = self.lam.detach().clone()
+            hg = self._hypergradient(lam_used)
+            value, grad = hg.objective, hg.grad
+            bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
+            backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
+            if bad is not None and backtracked:
+                self._back(bad)
+            else:
+                why = self._step(value, grad, lam_used)
+                if why is not None:
+                    return self._diverged(why, lam_used, value)
+                self._backtracks = 0
+            last_seconds = time.perf_counter() - t0
+            self._record(value, grad, lam_used, hg.state, last_seconds,
+                         backtracked=backtracked, info=hg.info)
+        res = self._finish_offline()
+        res.out_of_time = out_of_time and not res.diverged
+        return res
+
+    def _finish_offline(self) -> TrainResult:
+        """Evaluate the hyperparameters after the last update (no hypergradient: one plain
+        inner run), so the best evaluated point can be returned."""
+        last = self.lam.detach().clone()
+        with torch.no_grad():
+            state = self.problem.run(last)
+            value = self.problem.objective(state.params, state.buffers, last)
+        why = divergence(value, None, self.tracker.best, self.guards.divergence_factor)
+        if why is not None:
+            return self._diverged(f"after the last update, {why}", last, value)
+        self.tracker.track(value, last, None, self.outer_step, first=False)
+        assert self.tracker.best is not None
+        best_val, best_lam, best_step = self.tracker.best
+        hps = self.problem.hyperparams
+        if self.history:
+            self.message(f"validation loss: initial "
+                         f"{self.history[0]['val_loss']:.4g}, best {best_val:.4g} (outer step "
+                         f"{best_step}), last {float(value):.4g} (outer step {self.outer_step})")
+        return TrainResult(best_lam.clone(), hps.describe(best_lam), list(self.history),
+                           self.method.name, state=state, last_lam=last,
+                           last_values=hps.describe(last), best_step=best_step,
+                           best_val_loss=best_val, last_val_loss=float(value))
+
+    def _fit_online(self) -> TrainResult:
+        m, p, mode = self.method, self.problem, self.mode
+        assert isinstance(m, OnlineMethod) and isinstance(mode, Online)
+        if self.run_state is None:
+            self.run_state = m.init(p, self.lam.detach().clone())
+        t0 = time.perf_counter()
+        while self.run_state.step < p.steps:
+            lam_used = self.lam.detach().clone()
+            self.run_state = m.step(p, self.run_state, lam_used)
+            self._emit("on_inner_step", int(self.run_state.step), p.steps)
+            if self.run_state.step % mode.interval and self.run_state.step < p.steps:
+                continue
+            value, grad = m.hypergradient_at(p, self.run_state, lam_used)
+            why = self._step(value, grad, lam_used)
+            if why is not None:
+                return self._diverged(why, lam_used, value)
+            if mode.reset_tangents:
+                self.run_state = m.truncate(self.run_state)
+            self._record(value, grad, lam_used, self.run_state.state,
+                         time.perf_counter() - t0, inner_step=self.run_state.step)
+            t0 = time.perf_counter()
+        last = self.lam.detach().clone()
+        hps = self.problem.hyperparams
+        last_val = self.history[-1]["val_loss"] if self.history else None
+        return TrainResult(last, hps.describe(last), list(self.history), m.name,
+                           state=self.run_state.state, last_lam=last.clone(),
+                           last_values=hps.describe(last), best_step=self.outer_step,
+                           best_val_loss=last_val, last_val_loss=last_val)
+
+    def _diverged(self, why: str, lam_used: Tensor, value: Tensor) -> TrainResult:
+        hps = self.problem.hyperparams
+        bad_lam, last_val = lam_used.detach().clone(), float(value)
+        if not torch.equal(self.lam, lam_used):  # the update itself went wrong
+            bad_lam, last_val = self.lam.detach().clone(), math.nan
+        bad = hps.describe(bad_lam)
+        keep, keep_step, keep_val, kept = self.tracker.fallback(not self.mode.online)
+        with torch.no_grad():
+            self.lam.copy_(keep)
+        msg = (f"stopped at outer step {self.outer_step}: {why}, with "
+               f"hyperparameters {bad}. The tuning diverged; {kept}: {hps.describe(keep)}. "
+               f"Try a smaller outer learning rate, Guards(clip_norm=...), or "
+               f"Guards(bounds=...) on learning rates.")
+        self.message(msg)
+        if self.folder is not None and self.strategy.is_writer:
+            self.folder.mark_stopped(self.problem.device, self.lam, msg)
+        return TrainResult(keep.clone(), hps.describe(keep), list(self.history),
+                           self.method.name, diverged=True, message=msg, state=None,
+                           last_lam=bad_lam, last_values=bad, best_step=keep_step,
+                           best_val_loss=None if math.isnan(keep_val) else keep_val,
+                           last_val_loss=last_val)
+
+    # -- records and checkpoints -----------------------------------------------------------------
+    def _record(self, value: Tensor, grad: Tensor, lam_used: Tensor, state: InnerState,
+                seconds: float, inner_step: int | None = None, backtracked: bool = False,
+                info: Mapping[str, Any] | None = None) -> None:
+        rec: dict[str, Any] = {"outer_step": self.outer_step, "val_loss": float(value),
+                               "hypergrad_norm": float(grad.detach().double().norm()),
+                               "seconds": seconds,
+                               "elapsed": time.perf_counter() - self._fit_start,
+                               "hyperparams": self.problem.hyperparams.describe(lam_used)}
+        if inner_step is not None:
+            rec["inner_step"] = inner_step
+        if backtracked:
+            rec["backtracked"] = True
+        if info:  # what an approximate method reports (ImplicitDiff: residual, iterations)
+            rec["info"] = dict(info)
+        if self.task.evaluate is not None and math.isfinite(rec["val_loss"]):
+            rec.update({k: float(v) for k, v in self.task.evaluate(state).items()})
+        self.history.append(rec)
+        self.outer_step += 1
+        if self.folder is not None:
+            ck = self.state_dict()  # on every rank: a split run's columns are gathered
+            if self.strategy.is_writer:
+                self.folder.write(ck, rec)
+        self._emit("on_outer_step", rec)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint: ``lam``, the outer optimizer, the history, the guards' tracker, the
+        random generators and, online, the method's run state (every rank of a split run must
+        call it: the columns are gathered)."""
+        ck: dict[str, Any] = {
+            "version": CHECKPOINT_VERSION, "mode": self.mode.name,
+            "outer_step": self.outer_step, "lam": self.lam.detach().clone(),
+            "outer": self.outer.state_dict(), "outer_class": type(self.outer).__name__,
+            "method": self.method.name, "history": self.history, "backtracks": self._backtracks,
+            "stopped": "", "fingerprint": self._fingerprint, "rng": rng_state(),
+            **self.tracker.state_dict()}
+        if self.run_state is not None:
+            assert isinstance(self.method, OnlineMethod)
+            ck["online"] = self.method.state_dict(self.problem, self.run_state)
+        return ck
+
+    def load_state_dict(self, ck: dict[str, Any], path: Path) -> None:
+        """Continue from a checkpoint (see :meth:`state_dict`), after checking it fits."""
+        self.strategy.check_resume(ck.get("fingerprint"), path)
+        check_resume(ck, path, self._fingerprint, self.lam.shape[0])
+        load_outer(self.outer, ck, path, self.message)
+        name = ck.get("method", self.method.name)
+        if not self.mode.online and name != self.method.name:
+            self.message(f"resume: the checkpoint's run used method={name}, this "
+                         f"one uses {self.method.name} (the same hypergradients to rounding)")
+        with torch.no_grad():
+            self.lam.copy_(ck["lam"])
+        if self.mode.online and ck.get("online") is not None:
+            assert isinstance(self.method, OnlineMethod)
+            entry = ck["online"]
+            self.run_state = self.method.load_state_dict(self.problem, self.lam.detach().clone(),
+                                                         entry, str(path))
+            if entry["method"] != self.method.name:
+                self.message(f"resume: the online run state of {entry['method']} "
+                             f"carries over to {self.method.name}, whose hypergradients are "
+                             f"used from here on")
+        self.history = list(ck["history"])
+        self.tracker.load_state_dict(ck, self.lam)
+        self._backtracks = int(ck.get("backtracks", 0))
+        self.outer_step = int(ck["outer_step"])
+        set_rng_state(ck["rng"])
+        if self.folder is not None and self.strategy.is_writer:
+            self.folder.rewrite_metrics(self.history)  # agrees with the checkpoint again
+        self.message(f"resumed from {path} at outer step {self.outer_step}")
+        if ck.get("stopped"):
+            self.message(f"that run had stopped on a divergence; continuing from "
+                         f"the hyperparameters it kept: "
+                         f"{self.problem.hyperparams.describe(self.lam)}")

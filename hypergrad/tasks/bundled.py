@@ -1,0 +1,360 @@
+"""Tasks on bundled data (scikit-learn's digits, diabetes, breast cancer): the builders of the
+``task`` config group.
+
+Each builder takes the parts a config chooses (hyperparameters, inner optimizer, a model factory)
+and returns a :class:`~hypergrad.Task`: the problem, ``evaluate(state) -> metrics``, named
+reference points in hyperparameter space (baselines to compare against) and task-specific extra
+results.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data import MiniBatches
+from ..errors import HypergradWarning
+from ..hyperparams import HyperParams, PerExample
+from ..optim import SGD, Optimizer
+from ..problem import InnerProblem, InnerState
+from ..task import Task
+from .digits import digits_cnn, digits_data, mlp
+from .ridge import ridge_closed_form_hypergradient
+
+__all__ = ["mlp_factory", "linear_factory", "cnn_factory", "digits_task",
+           "hypercleaning_task", "ridge_diabetes_task", "breast_cancer_task", "dtype_of"]
+
+ModelFactory = Callable[[int, int], nn.Module]
+
+
+def _data_seed(seed: int, data_seed: int | None) -> int:
+    """The seed of a task's data split: ``data_seed``, or the run's ``seed`` when it is None."""
+    return seed if data_seed is None else int(data_seed)
+
+
+def dtype_of(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    table = {"float32": torch.float32, "float64": torch.float64}
+    if name not in table:
+        raise ValueError(f"dtype={name!r}; use 'float32' or 'float64'.")
+    return table[name]
+
+
+def mlp_factory(hidden: Sequence[int] = (64,), activation: str = "tanh",
+                batchnorm: bool = False) -> ModelFactory:
+    """``(in, out) -> MLP`` with the given hidden sizes (``activation``: tanh, relu, gelu)."""
+    acts = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+    if activation not in acts:
+        raise ValueError(f"mlp_factory: activation={activation!r}; choose from {sorted(acts)}.")
+    return lambda i, o: mlp([i, *hidden, o], acts[activation], batchnorm)
+
+
+def cnn_factory(channels: Sequence[int] = (8, 16), activation: str = "relu") -> ModelFactory:
+    """``(64, out) -> digits_cnn``: a small CNN over the 8x8 digit images (``problem=digits``)."""
+    acts = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+    if activation not in acts:
+        raise ValueError(f"cnn_factory: activation={activation!r}; choose from {sorted(acts)}.")
+
+    def make(i: int, o: int) -> nn.Module:
+        if i != 64:
+            raise ValueError(f"cnn_factory: the CNN reads 8x8 images (64 inputs), got {i} inputs; "
+                             f"use it with problem=digits.")
+        return digits_cnn(channels, o, acts[activation])
+
+    return make
+
+
+def linear_factory(bias: bool = True) -> ModelFactory:
+    """``(in, out) -> nn.Linear``: softmax / logistic / linear regression."""
+    return lambda i, o: nn.Linear(i, o, bias=bias)
+
+
+def _classifier_eval(problem: InnerProblem, splits: dict[str, tuple[Tensor, Tensor]],
+                     binary: bool = False) -> Callable[[InnerState], dict[str, float]]:
+    def evaluate(state: InnerState) -> dict[str, float]:
+        m = problem.fmodel.bind(state.params, state.buffers, train=False, step=problem.steps)
+        out: dict[str, float] = {}
+        with torch.no_grad():
+            for name, (x, y) in splits.items():
+                logits = m(x)
+                if binary:
+                    logits = logits[:, 0]
+                    loss = F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype))
+                    acc = ((logits > 0).long() == y).double().mean()
+                else:
+                    loss = F.cross_entropy(logits, y)
+                    acc = (logits.argmax(-1) == y).double().mean()
+                out[f"{name}_loss"] = float(loss)
+                out[f"{name}_acc"] = float(acc)
+        return out
+
+    return evaluate
+
+
+def lam_with(problem: InnerProblem, lam: Tensor, name: str, value: Any) -> Tensor:
+    """``lam`` with hyperparameter ``name`` set to ``value`` (in value space)."""
+    from ..hyperparams import TRANSFORMS
+
+    item = problem.hyperparams.by_name[name]
+    s = problem.hyperparams.slices[name]
+    v = torch.as_tensor(value, dtype=lam.dtype).expand(item.shape()).reshape(-1)
+    out = lam.clone()
+    out[s] = TRANSFORMS[item.transform][1](v)
+    return out
+
+
+def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None) -> dict[str, Tensor]:
+    refs = {}
+    for name, values in (grid or {}).items():
+        if name not in problem.hyperparams.by_name:
+            raise ValueError(f"grid: {name!r} is not a hyperparameter; defined are "
+                             f"{problem.hyperparams.names}.")
+        for v in values:
+            refs[f"grid {name}={v:g}"] = lam_with(problem, problem.init_raw(), name, v)
+    return refs
+
+
+def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
+                steps: int = 300, n_train: int = 1000, n_val: int = 400, batch_size: int = 64,
+                seed: int = 0, dtype: str = "float32", val_mode: str = "eval",
+                grid: dict[str, Sequence[float]] | None = None,
+                data_seed: int | None = None) -> Task:
+    """Classification of ``load_digits`` (an MLP, or a CNN over the 8x8 images) with mini-batch
+    training; E = validation CE.
+
+    ``seed`` fixes the model's initialisation and the mini-batch order; ``data_seed`` the
+    train/validation/test split (``None``: ``seed``, so a run changes both). The training loss
+    reads ``hp["smooth"]`` (label smoothing) when that hyperparameter exists.
+    """
+    dt = dtype_of(dtype)
+    data = digits_data(n_train, n_val, None, seed=_data_seed(seed, data_seed), dtype=dt)
+    torch.manual_seed(seed)
+    net = model(64, 10).to(dt)
+
+    def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
+        x, y, _ = batch
+        logp = F.log_softmax(m(x), dim=-1)
+        nll = -logp.gather(1, y[:, None])[:, 0]
+        if "smooth" in hp:
+            nll = (1 - hp["smooth"]) * nll - hp["smooth"] * logp.mean(-1)
+        return nll.mean()
+
+    def val_loss(m: Any, hp: Any) -> Tensor:
+        return F.cross_entropy(m(data.x_val), data.y_val)
+
+    batches = MiniBatches(data.x_train, data.y_train, batch_size=batch_size, seed=seed)
+    problem = InnerProblem(net, train_loss, optimizer, hyperparams, batches, steps, val_loss,
+                           val_mode=val_mode)
+    ev = _classifier_eval(problem, {"val": (data.x_val, data.y_val),
+                                    "test": (data.x_test, data.y_test)})
+    return Task(problem, ev, _grid(problem, grid), name="digits")
+
+
+def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
+                       steps: int = 100, n_train: int = 500, n_val: int = 200,
+                       flip_fraction: float = 0.5, seed: int = 0, dtype: str = "float32",
+                       weights: str = "weights", threshold: float = 0.5,
+                       data_seed: int | None = None) -> Task:
+    """Data hyper-cleaning (Franceschi et al. 2017, sec. 5.1) on ``load_digits``.
+
+    Softmax regression trained full-batch on ``n_train`` examples of which ``flip_fraction`` have
+    their label replaced by a random *wrong* class; one weight per training example
+    (hyperparameter ``weights``, kept in [0, 1] by the Trainer's bounds); E = CE on clean
+    validation data. References: the noisy baseline (all weights 1) and the oracle (weights 1 on
+    clean examples, 0 on flipped ones). ``extra`` reports precision/recall/F1 of flagging
+    examples with a learned weight below ``threshold`` as flipped. ``seed`` fixes the model's
+    initialisation; ``data_seed`` the split and which labels flip (``None``: ``seed``).
+    """
+    if not 0 < flip_fraction < 1:
+        raise ValueError(f"hypercleaning_task: flip_fraction={flip_fraction} must be in (0, 1).")
+    dt = dtype_of(dtype)
+    ds = _data_seed(seed, data_seed)
+    data = digits_data(n_train, n_val, None, seed=ds, dtype=dt)
+    rng = np.random.default_rng(ds + 1)
+    flipped = np.zeros(n_train, dtype=bool)
+    flipped[rng.choice(n_train, int(round(flip_fraction * n_train)), replace=False)] = True
+    y_noisy = data.y_train.clone()
+    shift = torch.as_tensor(rng.integers(1, 10, size=n_train))
+    y_noisy[torch.as_tensor(flipped)] = (y_noisy + shift)[torch.as_tensor(flipped)] % 10
+    torch.manual_seed(seed)
+    net = model(64, 10).to(dt)
+    idx_all = torch.arange(n_train)
+
+    def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
+        x, y, idx = batch
+        ce = F.cross_entropy(m(x), y, reduction="none")
+        return (hp[weights][idx] * ce).mean()
+
+    def val_loss(m: Any, hp: Any) -> Tensor:
+        return F.cross_entropy(m(data.x_val), data.y_val)
+
+    item = hyperparams.by_name.get(weights)
+    if item is None or not isinstance(item, PerExample):
+        raise ValueError(f"hypercleaning_task: weights={weights!r} must name a per_example "
+                         f"hyperparameter; defined are {hyperparams.names}.")
+    if item.n != n_train:
+        raise ValueError(f"hypercleaning_task: the per_example hyperparameter {weights!r} has "
+                         f"n={item.n} but n_train={n_train}: one weight per training example "
+                         f"(hypergrad-run: hyperparams.items.{weights}.n=${{problem.n_train}}).")
+    problem = InnerProblem(net, train_loss, optimizer, hyperparams,
+                           [(data.x_train, y_noisy, idx_all)], steps, val_loss)
+    clean = torch.as_tensor(~flipped, dtype=dt)
+    refs = {"baseline (noisy, weights 1)": lam_with(problem, problem.init_raw(), weights, 1.0),
+            "oracle (clean examples only)": lam_with(problem, problem.init_raw(), weights,
+                                                      clean)}
+
+    def extra(lam: Tensor) -> dict[str, Any]:
+        w = problem.hyperparams.values(lam)[weights]
+        pred = (w < threshold).cpu().numpy()
+        tp = int((pred & flipped).sum())
+        prec = tp / max(int(pred.sum()), 1)
+        rec = tp / max(int(flipped.sum()), 1)
+        f1 = 2 * prec * rec / max(prec + rec, 1e-12)
+        return {"flip_detection": {
+            "precision": prec, "recall": rec, "f1": f1, "threshold": threshold,
+            "n_flipped": int(flipped.sum()),
+            "summary": f"flagging weight < {threshold} as flipped: precision {prec:.3f}, "
+                       f"recall {rec:.3f}, F1 {f1:.3f} ({int(flipped.sum())} flipped labels)"}}
+
+    ev = _classifier_eval(problem, {"val": (data.x_val, data.y_val),
+                                    "test": (data.x_test, data.y_test)})
+    return Task(problem, ev, refs, extra, name="hypercleaning")
+
+
+def _standardized(x: np.ndarray, n_train: int) -> np.ndarray:
+    mu, sd = x[:n_train].mean(0), x[:n_train].std(0) + 1e-12
+    return (x - mu) / sd
+
+
+def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
+                        steps: int = 3000, n_train: int = 250, n_val: int = 100,
+                        seed: int = 0, dtype: str = "float64", l2_name: str = "l2") -> Task:
+    """Ridge regression on ``load_diabetes`` (standardized), full-batch GD, L2 coefficient
+    learned. ``extra`` compares the hypergradient after the long inner run with the closed-form
+    implicit one (the limit T -> infinity) at the learned L2."""
+    from sklearn.datasets import load_diabetes
+
+    dt = dtype_of(dtype)
+    x, y = load_diabetes(return_X_y=True)
+    perm = np.random.default_rng(seed).permutation(len(y))
+    x, y = _standardized(x[perm], n_train), y[perm]
+    y = (y - y[:n_train].mean()) / y[:n_train].std()
+    xt, yt = torch.as_tensor(x, dtype=dt), torch.as_tensor(y, dtype=dt)
+    xtr, ytr = xt[:n_train], yt[:n_train]
+    xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
+    xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
+    net = model(x.shape[1], 1).to(dt)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+
+    def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
+        xb, yb = batch
+        r = m(xb)[:, 0] - yb
+        return 0.5 * (r * r).mean() + 0.5 * hp[l2_name] * (m.params["weight"] ** 2).sum()
+
+    def val_loss(m: Any, hp: Any) -> Tensor:
+        r = m(xv)[:, 0] - yv
+        return 0.5 * (r * r).mean()
+
+    problem = InnerProblem(net, train_loss, optimizer, hyperparams, [(xtr, ytr)], steps,
+                           val_loss)
+
+    def evaluate(state: InnerState) -> dict[str, float]:
+        m = problem.fmodel.bind(state.params, state.buffers, train=False)
+        with torch.no_grad():
+            return {"val_mse": float(((m(xv)[:, 0] - yv) ** 2).mean()),
+                    "test_mse": float(((m(xte)[:, 0] - yte) ** 2).mean())}
+
+    why_not = _ridge_closed_form_unavailable(problem, optimizer, l2_name)
+    if why_not:
+        warnings.warn(f"ridge_diabetes_task: {why_not}; the closed-form check of the "
+                      f"hypergradient is skipped (the tuning runs and its results are written).",
+                      HypergradWarning, stacklevel=2)
+
+    def extra(lam: Tensor) -> dict[str, Any]:
+        from ..methods.forward import ForwardMode
+
+        if why_not:
+            return {"closed_form": {"skipped": why_not,
+                                    "summary": f"closed-form check skipped: {why_not}"}}
+        l2 = float(problem.hyperparams.values(lam)[l2_name])
+        lr = optimizer.args["lr"]
+        got = ForwardMode().hypergradient(problem, lam).grad
+        implicit = ridge_closed_form_hypergradient(xtr, ytr, xv, yv, l2, float(lr), None)
+        finite_t = ridge_closed_form_hypergradient(xtr, ytr, xv, yv, l2, float(lr), steps)
+        rel = float((got - implicit).norm() / implicit.norm())
+        rel_t = float((got - finite_t).norm() / finite_t.norm())
+        return {"closed_form": {"l2": l2, "forward_hypergradient": float(got[0]),
+                                "implicit_hypergradient": float(implicit[0]),
+                                "rel_diff_implicit": rel, "rel_diff_finite_T": rel_t,
+                                "summary": f"hypergradient at l2={l2:.4g} after T={steps}: "
+                                           f"forward {float(got[0]):.6e}, closed-form implicit "
+                                           f"{float(implicit[0]):.6e}, relative difference "
+                                           f"{rel:.2e}"}}
+
+    return Task(problem, evaluate, {}, extra, name="ridge_diabetes")
+
+
+def _ridge_closed_form_unavailable(problem: InnerProblem, optimizer: Optimizer,
+                                   l2_name: str) -> str:
+    """Why the closed-form ridge hypergradient does not apply to this set-up ("" if it does):
+    it is for plain full-batch GD with a constant learning rate, no bias, L2 the only
+    hyperparameter."""
+    a = optimizer.args
+    if "bias" in problem.fmodel.param_names:
+        return "the closed form assumes no bias (use model=linear_nobias)"
+    if not isinstance(optimizer, SGD) or a.get("nesterov") or any(
+            not isinstance(a.get(k, 0.0), (int, float)) or a.get(k, 0.0) != 0
+            for k in ("momentum", "weight_decay", "dampening")):
+        return (f"the closed form is for plain gradient descent, not {optimizer!r} (use "
+                f"inner_optimizer=sgd)")
+    if isinstance(a["lr"], str):
+        return "the closed form needs a constant learning rate (inner_optimizer.lr=<number>)"
+    if problem.hyperparams.names != [l2_name]:
+        return f"the closed form has one hyperparameter, {l2_name!r}"
+    return ""
+
+
+def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
+                       steps: int = 200, n_train: int = 300, n_val: int = 130, seed: int = 0,
+                       dtype: str = "float32", l2_name: str = "l2",
+                       batch_size: int | None = None, data_seed: int | None = None) -> Task:
+    """Logistic regression on ``load_breast_cancer`` (30 standardized features) with one L2
+    coefficient per feature (``hp[l2_name]`` of shape (30,), penalty on the weight only).
+    ``seed`` fixes the initialisation (and mini-batch order); ``data_seed`` the split (``None``:
+    ``seed``)."""
+    from sklearn.datasets import load_breast_cancer
+
+    dt = dtype_of(dtype)
+    x, y = load_breast_cancer(return_X_y=True)
+    perm = np.random.default_rng(_data_seed(seed, data_seed)).permutation(len(y))
+    x, y = _standardized(x[perm], n_train), y[perm]
+    xt, yt = torch.as_tensor(x, dtype=dt), torch.as_tensor(y, dtype=torch.int64)
+    xtr, ytr = xt[:n_train], yt[:n_train]
+    xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
+    xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
+    torch.manual_seed(seed)
+    net = model(x.shape[1], 1).to(dt)
+
+    def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
+        xb, yb = batch[0], batch[1]
+        bce = F.binary_cross_entropy_with_logits(m(xb)[:, 0], yb.to(xb.dtype))
+        w = m.params["weight"][0]
+        return bce + 0.5 * (hp[l2_name] * w * w).sum()
+
+    def val_loss(m: Any, hp: Any) -> Tensor:
+        return F.binary_cross_entropy_with_logits(m(xv)[:, 0], yv.to(xv.dtype))
+
+    batches: Any = ([(xtr, ytr)] if batch_size is None else
+                    MiniBatches(xtr, ytr, batch_size=batch_size, seed=seed))
+    problem = InnerProblem(net, train_loss, optimizer, hyperparams, batches, steps, val_loss)
+    ev = _classifier_eval(problem, {"val": (xv, yv), "test": (xte, yte)}, binary=True)
+    return Task(problem, ev, name="breast_cancer_l2")

@@ -1,0 +1,183 @@
+"""Weighted sparse least squares (seed 000): ``min_x`` of a masked, group-weighted residual.
+
+Inner loss, with ``A`` a fixed sparse ``(m, n)`` matrix held by :class:`~hypergrad.sparse.
+SparseOperator` (forward and backward both sparse products with precomputed CSR copies)::
+
+    L(x) = 1/2 * mean_i( mask_i * w[g(i)] * (A x - y)_i^2 ) + 1/2 * sum_j l2[f(j)] * x_j^2
+
+``mask`` is the user's fixed 0/1 (or real) residual weighting (the seed's ``RF_mask``), ``w`` one
+learnable weight per residual group, ``l2`` one learnable coefficient per feature group.
+Validation: ``E = 1/2 mean((A_val x - y_val)^2)`` on held-out rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..hyperparams import HyperParams
+from ..optim import Optimizer
+from ..problem import InnerProblem, InnerState
+from ..sparse import SparseOperator, load_npz, load_svmlight
+from ..task import Task
+from .bundled import dtype_of
+
+__all__ = ["SparseLinear", "generate_sparse_regression", "sparse_regression_task"]
+
+
+class SparseLinear(nn.Module):
+    """``x -> A x`` with the coefficients ``x`` (shape ``(n,)``) as the trainable parameter."""
+
+    def __init__(self, op: SparseOperator) -> None:
+        super().__init__()
+        self.op = op
+        self.x = nn.Parameter(torch.zeros(op.shape[1], dtype=op.dtype, device=op.device))
+
+    def forward(self, op: SparseOperator | None = None) -> Tensor:
+        return (self.op if op is None else op) @ self.x
+
+
+def generate_sparse_regression(m: int, n: int, density: float, noise: float = 0.1,
+                               seed: int = 0, dtype: torch.dtype = torch.float32
+                               ) -> tuple[SparseOperator, Tensor, Tensor]:
+    """A reproducible problem: sparse ``A`` (``m x n``, about ``density * m * n`` non-zeros with
+    N(0, 1/density) values, so ``A^T A / m ~ I``), ``x*`` ~ N(0, 1/n) (so ``A x*`` has unit
+    variance), ``y = A x* + noise * N(0, 1)``. Returns ``(A, y, x*)``."""
+    rng = np.random.default_rng(seed)
+    nnz = int(round(m * n * density))
+    rows = rng.integers(0, m, nnz)
+    cols = rng.integers(0, n, nnz)
+    vals = rng.standard_normal(nnz) / np.sqrt(density)
+    op = SparseOperator.from_coo(rows, cols, vals, (m, n), dtype=dtype)
+    x_true = torch.as_tensor(rng.standard_normal(n) / np.sqrt(n), dtype=dtype)
+    y = op @ x_true + noise * torch.as_tensor(rng.standard_normal(m), dtype=dtype)
+    return op, y, x_true
+
+
+def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model: Any = None,
+                           steps: int = 100, m: int = 20000, m_val: int = 4000, n: int = 2000,
+                           density: float = 0.005, groups: int = 10, corrupted: int = 3,
+                           feature_groups: int = 4, mask_fraction: float = 0.0,
+                           corruption: float = 3.0, seed: int = 0,
+                           dtype: str = "float32", weights: str = "res_w", l2: str = "l2",
+                           data_path: str | None = None, val_fraction: float = 0.2) -> Task:
+    """Learn residual-group weights (``hp[weights]``, shape ``(groups,)``) and feature-group L2
+    coefficients (``hp[l2]``, shape ``(feature_groups,)``) of a weighted sparse least squares.
+
+    The matrix is generated (``m + m_val`` rows; the first ``corrupted`` residual groups of
+    the training rows get N(0, corruption^2) noise added to y) or, with ``data_path``, loaded
+    from a scipy ``.npz`` (targets in a sibling ``<name>_y.npy``) or an svmlight file; then the
+    last ``val_fraction`` of rows are validation and nothing is marked corrupted.
+    ``mask_fraction`` of training residuals get mask 0 (the seed's ``RF_mask``). ``model`` is
+    unused (the model is :class:`SparseLinear`).
+    """
+    dt = dtype_of(dtype)
+    if data_path is None and not 0 <= corrupted < groups:
+        raise ValueError(f"sparse_regression_task: corrupted={corrupted} must be in "
+                         f"[0, groups={groups}).")
+    if data_path is None:
+        op_all, y_all, _ = generate_sparse_regression(m + m_val, n, density, seed=seed, dtype=dt)
+        m_tr = m
+    else:
+        op_all, y_all = _load(data_path, dt)
+        m_tr = int(round(op_all.shape[0] * (1 - val_fraction)))
+        corrupted = 0
+    rows_csr = op_all.to_sparse_csr()
+    a_tr = SparseOperator(_row_slice(rows_csr, 0, m_tr))
+    a_val = SparseOperator(_row_slice(rows_csr, m_tr, op_all.shape[0]))
+    y_tr, y_val = y_all[:m_tr].clone(), y_all[m_tr:]
+    rng = np.random.default_rng(seed + 7)
+    group = torch.as_tensor(np.arange(m_tr) * groups // m_tr)
+    bad = (group < corrupted).to(dt)
+    y_tr = y_tr + corruption * bad * torch.as_tensor(rng.standard_normal(m_tr), dtype=dt)
+    mask = torch.as_tensor(rng.random(m_tr) >= mask_fraction, dtype=dt)
+    n_feat = a_tr.shape[1]
+    fgroup = torch.as_tensor(np.arange(n_feat) * feature_groups // n_feat)
+    net = SparseLinear(a_tr)
+
+    def train_loss(mdl: Any, batch: Any, hp: Any) -> Tensor:
+        r = mdl() - y_tr
+        w = hp[weights][group]
+        data_term = 0.5 * (mask * w * r * r).mean()
+        x = mdl.params["x"]
+        return data_term + 0.5 * (hp[l2][fgroup] * x * x).sum()
+
+    def val_loss(mdl: Any, hp: Any) -> Tensor:
+        r = mdl(a_val) - y_val
+        return 0.5 * (r * r).mean()
+
+    problem = InnerProblem(net, train_loss, optimizer, hyperparams, [None], steps, val_loss)
+
+    def evaluate(state: InnerState) -> dict[str, float]:
+        x = state.params["x"]
+        with torch.no_grad():
+            return {"val_mse": float(((a_val @ x - y_val) ** 2).mean()),
+                    "train_mse_clean_groups": float(
+                        (((a_tr @ x - y_tr) ** 2) * (1 - bad)).sum() / (1 - bad).sum())}
+
+    def extra(lam: Tensor) -> dict[str, Any]:
+        w = problem.hyperparams.values(lam)[weights].detach().cpu()
+        bad_g = list(range(corrupted))
+        clean_g = [g for g in range(groups) if g not in bad_g]
+        out: dict[str, Any] = {"weights": w.tolist(), "corrupted_groups": bad_g}
+        if bad_g:
+            mb, mc = float(w[bad_g].mean()), float(w[clean_g].mean())
+            out.update(mean_weight_corrupted=mb, mean_weight_clean=mc,
+                       max_weight_corrupted=float(w[bad_g].max()),
+                       min_weight_clean=float(w[clean_g].min()))
+            out["summary"] = (f"mean learned weight of corrupted residual groups {bad_g}: "
+                              f"{mb:.3f}, of clean groups: {mc:.3f} (all corrupted below all "
+                              f"clean: {float(w[bad_g].max()) < float(w[clean_g].min())})")
+        return {"residual_weights": out}
+
+    refs = {}
+    if corrupted:
+        from .bundled import lam_with
+
+        clean_w = (torch.arange(groups) >= corrupted).to(dt)
+        refs["oracle (corrupted groups weight 0)"] = lam_with(
+            problem, problem.init_raw(), weights, clean_w.clamp_min(1e-3))
+    return Task(problem, evaluate, refs, extra, name="sparse_regression")
+
+
+def _row_slice(a: Tensor, start: int, stop: int) -> Tensor:
+    """Rows ``start:stop`` of a CSR tensor, as CSR."""
+    crow, col, val = a.crow_indices(), a.col_indices(), a.values()
+    lo, hi = int(crow[start]), int(crow[stop])
+    return torch.sparse_csr_tensor(crow[start:stop + 1] - lo, col[lo:hi], val[lo:hi],
+                                   (stop - start, a.shape[1]), check_invariants=False)
+
+
+def _load(path: str, dtype: torch.dtype) -> tuple[SparseOperator, Tensor]:
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix == ".npz":
+        op = load_npz(p, dtype=dtype)
+        y_path = p.with_name(p.stem + "_y.npy")
+        if not y_path.exists():
+            raise FileNotFoundError(f"sparse_regression_task: targets for {p} are expected in "
+                                    f"{y_path} (numpy .npy of shape ({op.shape[0]},)).")
+        y = torch.as_tensor(np.load(y_path), dtype=dtype)
+        if y.shape != (op.shape[0],):
+            raise ValueError(f"sparse_regression_task: {y_path} has shape {tuple(y.shape)}, "
+                             f"expected ({op.shape[0]},) (one target per row of A).")
+        _check_finite(y, y_path)
+        return op, y
+    op, y = load_svmlight(p, dtype=dtype)
+    y = torch.as_tensor(y, dtype=dtype)
+    _check_finite(y, p)
+    return op, y
+
+
+def _check_finite(y: Tensor, path: Any) -> None:
+    """Targets read from disk must be finite: one NaN makes every loss and hypergradient NaN."""
+    bad = ~torch.isfinite(y)
+    if bool(bad.any()):
+        rows = bad.nonzero()[:, 0]
+        raise ValueError(f"sparse_regression_task: {path} has {int(bad.sum())} non-finite "
+                         f"targets (NaN or inf), first at rows {rows[:5].tolist()}; remove or "
+                         f"impute those rows before loading.")

@@ -1,0 +1,188 @@
+"""Run folders that lose nothing (issue 23, group 5) and an initial point outside the bounds
+(group 1): two runs on one folder in one process, stale and foreign locks, a refused CLI run
+that leaves the folder's records (Hydra's ``.hydra/`` included) as they were, resumes that
+change an approximate method's settings, a record's name taken by a folder, a folder that cannot
+be written, ``~`` in a path, a full disk while appending metrics or writing a plot."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fixtures import make_trainer
+
+import hypergrad as hg
+import hypergrad.run.files as files
+from hypergrad.errors import BoundsWarning, ResumeMismatchError, RunDirError
+from hypergrad.testing import digits_case
+
+SMALL = dict(steps=6, n_train=24, batch_size=8, hidden=8, n_val=32)
+
+
+def _problem() -> hg.InnerProblem:
+    return digits_case("momentum", "lr", **SMALL)
+
+
+def test_two_runs_on_one_folder_in_one_process_are_refused(tmp_path: Path) -> None:
+    first = make_trainer(_problem(), run_dir=tmp_path, outer_steps=1)
+    with pytest.raises(RunDirError, match=r"in use by another run in this process \(Trainer\).*"
+                                          r"trainer.close\(\)"):
+        make_trainer(_problem(), run_dir=tmp_path, outer_steps=1)
+    first.fit()  # the first run is not disturbed, and gives the folder back when it ends
+    second = make_trainer(_problem(), run_dir=tmp_path, outer_steps=2, resume=True)
+    assert second.fit().best_step is not None
+
+
+def test_a_stale_lock_is_taken_over_and_said(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "run.lock").write_text(f"{dead.pid} {socket.gethostname()}\n")
+    logs: list[str] = []
+    make_trainer(_problem(), run_dir=tmp_path, outer_steps=1, log=logs.append).fit()
+    assert any(f"locked by a run that died (process {dead.pid} on" in x for x in logs), logs
+
+
+def test_a_lock_of_another_host_says_how_to_recover(tmp_path: Path) -> None:
+    (tmp_path / "run.lock").write_text("4242 some-other-node\n")
+    with pytest.raises(RunDirError, match=r"process 4242 on some-other-node.*if process 4242 is "
+                                          r"gone .*delete .*run.lock and run again"):
+        make_trainer(_problem(), run_dir=tmp_path)
+    assert (tmp_path / "run.lock").read_text() == "4242 some-other-node\n"
+
+
+@pytest.mark.parametrize("first,change,key", [
+    (hg.ReverseMode(truncate=3), hg.ReverseMode(truncate=4), "method.truncate: 3 -> 4"),
+    (hg.MARTHE(mu=0.5), hg.MARTHE(mu=0.8), "method.mu: 0.5 -> 0.8"),
+    (hg.HD(), hg.ForwardMode(), "method: 'hd' -> '<absent>'"),
+    (hg.FiniteDifference(eps=1e-5), hg.FiniteDifference(eps=1e-4), "method.eps: 1e-05 -> 0.0001"),
+], ids=["truncate", "mu", "hd", "eps"])
+def test_resume_refuses_changed_settings_of_an_approximate_method(
+        first: hg.Method, change: hg.Method, key: str, tmp_path: Path) -> None:
+    online = isinstance(first, hg.OnlineMethod) and not isinstance(first, hg.FiniteDifference)
+    kw: dict[str, Any] = dict(mode="online", interval=3) if online else dict(outer_steps=1)
+    make_trainer(_problem(), first, run_dir=tmp_path, **kw).fit()
+    with pytest.raises(ResumeMismatchError, match=key.replace("(", r"\(").replace(")", r"\)")):
+        make_trainer(_problem(), change, run_dir=tmp_path, resume=True, **kw)
+
+
+def test_exact_methods_may_change_on_resume(tmp_path: Path) -> None:
+    make_trainer(_problem(), "forward", run_dir=tmp_path, outer_steps=1).fit()
+    for m in (hg.ReverseMode(), hg.ReverseMode(checkpoint="sqrt"), "auto"):
+        tr = make_trainer(_problem(), m, run_dir=tmp_path, outer_steps=1, resume=True)
+        tr.close()
+
+
+def test_a_record_name_taken_by_a_folder_is_refused_before_any_work(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.pt").mkdir()
+    with pytest.raises(RunDirError, match=r"checkpoint.pt is a folder, where the run writes"):
+        make_trainer(_problem(), run_dir=tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "run.lock").exists()
+
+
+def test_a_folder_that_cannot_be_written_is_refused_before_any_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Path.write_bytes
+
+    def denied(self: Path, data: bytes) -> int:
+        if self.name.startswith(".tmp-probe-"):  # as in a folder without write permission
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", denied)
+    with pytest.raises(RunDirError, match=r"cannot write in the run folder .*Permission denied"
+                                          r".*chmod u\+w"):
+        make_trainer(_problem(), run_dir=tmp_path)
+
+
+def test_a_folder_given_with_a_tilde_is_the_home_folder() -> None:
+    folder = hg.RunFolder("~/hypergrad-runs/x")
+    assert folder.path == Path.home() / "hypergrad-runs" / "x"
+
+
+def test_a_full_disk_while_appending_metrics_leaves_no_half_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "metrics.jsonl"
+    files.append_line(path, '{"outer_step": 0}')
+    before = path.read_bytes()
+    real = os.write
+
+    def half(fd: int, data: bytes) -> int:
+        return real(fd, data[: len(data) // 2])  # the device fills up mid-line
+
+    monkeypatch.setattr(files.os, "write", half)
+    with pytest.raises(OSError, match="no space left on the device .*metrics.jsonl") as info:
+        files.append_line(path, '{"outer_step": 1, "val_loss": 0.5}')
+    assert info.value.errno == errno.ENOSPC
+    assert path.read_bytes() == before  # the earlier lines intact, no half line
+
+
+def test_a_full_disk_while_writing_a_plot_keeps_the_earlier_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hypergrad import report
+
+    fig = plt.figure()
+    png = tmp_path / "val_curve.png"
+    report._save(fig, png)
+    good = png.read_bytes()
+    assert good[:4] == b"\x89PNG"
+    real = os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(OSError, match="no space left on the device .*val_curve.png"):
+        report._save(fig, png)
+    monkeypatch.setattr(files.os, "fsync", real)
+    plt.close(fig)
+    assert png.read_bytes() == good and not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # lr=0: it never moves
+def test_an_initial_value_outside_the_bounds_is_moved_and_said(tmp_path: Path) -> None:
+    p = _problem()  # lr starts at 0.1 (digits_case)
+    init = p.hyperparams.describe(p.init_raw())["lr"]
+    with pytest.warns(BoundsWarning, match=rf"lr={init} -> 0.05.* \(bounds \[None, 0.05"):
+        tr = make_trainer(p, bounds={"lr": (None, 0.05)}, outer_steps=1,
+                          outer=functools.partial(torch.optim.SGD, lr=0.0))
+    assert p.hyperparams.describe(tr.initial_lam)["lr"] == pytest.approx(0.05)
+    res = tr.fit()
+    assert res.history[0]["hyperparams"]["lr"] == pytest.approx(0.05)
+
+
+@pytest.mark.slow
+def test_a_refused_cli_run_leaves_the_folder_records_as_they_were(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-m", "hypergrad.cli", "experiment=ridge_diabetes", "debug=fast",
+           "report.plots=false", "report.retrain=false", f"hydra.run.dir={tmp_path}"]
+    assert subprocess.run(cli, env=env, capture_output=True, timeout=300).returncode == 0
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()
+              and p.suffix != ".log"}
+    out = subprocess.run(cli + ["seed=1"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "already holds a run" in out.stderr
+    for p, data in before.items():
+        assert p.read_bytes() == data, p  # .hydra/ included
+    assert (tmp_path / ".hydra.2" / "overrides.yaml").read_text().count("seed=1") == 1
+
+
+@pytest.mark.slow
+def test_a_tilde_left_in_the_cli_run_folder_is_a_clear_error(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", "debug=fast",
+                          "hydra.run.dir='~/hypergrad-test-run'"], cwd=tmp_path,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode != 0
+    assert "'~' was not expanded" in out.stderr and "$HOME" in out.stderr
