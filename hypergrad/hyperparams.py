@@ -52,6 +52,10 @@ __all__ = [
     "HPValues",
 ]
 
+_HALF = (torch.float16, torch.bfloat16)
+_HALF_WHY = ("tangents carried over T steps and Hessian-vector products keep 8 to 11 bits in "
+             "half precision, so a hypergradient would be rounding noise")
+
 # name -> (forward: raw -> value, inverse: value -> raw, domain check on values)
 TRANSFORMS = {
     "identity": (lambda r: r, lambda v: v, lambda v: True, "any real value"),
@@ -546,6 +550,11 @@ class HyperParams:
                 f"HyperParams.init_raw: dtype={dtype} is not a floating dtype; hypergradients "
                 f"need float32 or float64."
             )
+        if dtype in _HALF:
+            raise TypeError(
+                f"HyperParams.init_raw: dtype={dtype}; hypergradients need float32 or float64 "
+                f"({_HALF_WHY}). Use init_raw(torch.float32) or problem.init_raw()."
+            )
         return torch.cat([it.init_raw(dtype, device).reshape(-1) for it in self.items])
 
     def split(self, lam: Tensor) -> dict[str, Tensor]:
@@ -565,6 +574,10 @@ class HyperParams:
             )
         if not lam.dtype.is_floating_point:
             raise TypeError(f"{api}: lam has dtype {lam.dtype}; use a floating dtype.")
+        if lam.dtype in _HALF:
+            raise TypeError(f"{api}: lam has dtype {lam.dtype}; hypergradients need float32 or "
+                            f"float64 ({_HALF_WHY}): lam.float(), or start from "
+                            f"problem.init_raw().")
 
     def values(self, lam: Tensor, step: int | None = None, horizon: int = 1) -> dict[str, Any]:
         """What training reads: name -> transformed value at ``step`` of ``horizon``.
@@ -572,7 +585,13 @@ class HyperParams:
         Scalars and schedules give 0-d tensors (the whole schedule when ``step`` is None),
         per-tensor kinds a ``dict`` param name -> 0-d tensor, the others tensors.
         """
-        raw = self.split(lam)
+        return self.values_from(self.split(lam), step, horizon)
+
+    def values_from(self, raw: Mapping[str, Tensor], step: int | None = None,
+                    horizon: int = 1) -> dict[str, Any]:
+        """:meth:`values` from the raw slices by name (each of its hyperparameter's shape):
+        ``InnerProblem.check`` gives each group a leaf of its own, to see which losses'
+        autograd graphs reach which group."""
         return {it.name: it.value(raw[it.name], step, horizon) for it in self.items}
 
     def describe(self, lam: Tensor) -> dict[str, list[float] | float]:

@@ -7,12 +7,21 @@ in-place update fails. Validation in eval mode reads exactly those statistics: c
 constants gives hypergradients 50-70% off (measured against finite differences). So while the model
 runs here, each BatchNorm module computes its statistics out of place and returns the new running
 statistics as outputs: they become state with tangents like any other.
+
+The same holds for the other tensors a module's forward updates: spectral normalisation's
+power-iteration vectors (run out of place here, see :class:`_SNForward`), and any buffer a user's
+forward writes (in place or by assignment), found by one probe pass
+(:class:`ModelProbe`, run by ``InnerProblem.check``) and then carried as state: floating buffers
+with tangents, integer and boolean ones as numbers without a derivative. What cannot be
+differentiated is refused up front, naming the module: weights written in place in forward
+(``weight.data.clamp_()``, ``nn.Embedding(max_norm=...)``), buffers updated from the weights under
+``torch.no_grad()``, the hook-based ``torch.nn.utils.spectral_norm`` / ``weight_norm``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -20,19 +29,36 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.utils import parametrizations as _pz
 
-__all__ = ["FunctionalModel", "ModelFn"]
+__all__ = ["FunctionalModel", "ModelFn", "ModelProbe"]
+
+_SpectralNorm: type[nn.Module] = _pz._SpectralNorm
+_WeightNorm: type[nn.Module] = _pz._WeightNorm
 
 
 class FunctionalModel:
     """A module split into trainable parameters, tracked buffers (state) and constants.
 
-    - ``param_names``: parameters with ``requires_grad`` (trained, tangents carried).
-    - ``state_buffer_names``: running means/variances of the BatchNorm layers that training
-      updates (updated by training; tangents carried). ``num_batches_tracked`` counters follow
-      the step index and carry no tangent.
+    - ``param_names``: parameters with ``requires_grad`` (trained, tangents carried). A
+      parametrized weight (``torch.nn.utils.parametrize``) is trained through its
+      ``parametrizations.<name>.original*`` tensors, so the parametrization runs in every pass.
+    - ``state_buffer_names``: the buffers training updates, carried as state with tangents:
+      running means/variances of the BatchNorm layers, the ``_u``/``_v`` vectors of
+      ``torch.nn.utils.parametrizations.spectral_norm``, and the buffers a probe pass found the
+      model's forward writing (:meth:`track`; integer and boolean ones travel as floats of the
+      model's dtype without a derivative). ``num_batches_tracked`` counters follow the step
+      index and carry no tangent.
     - everything else (frozen parameters, other buffers, the statistics of a BatchNorm in eval
       mode) is a constant.
+
+    Spectral normalisation: its power iteration runs out of place here and is differentiated
+    (torch's kernel writes ``_u``/``_v`` under ``torch.no_grad()``, which would leave their
+    dependence on the weights out of every derivative). Every value a pass computes equals
+    torch's (the vectors, sigma, the normalised weight, the loss); the training gradient adds
+    the term through the power iteration that torch's stops, which vanishes as the iteration
+    converges. That term makes the step the gradient of one function, so forward mode, reverse
+    mode and finite differences agree exactly.
 
     Train/eval mode: training runs every submodule in the mode it had when this object was built
     (the root module itself in train mode), as Lightning does since 2.2: a BatchNorm or Dropout
@@ -66,6 +92,14 @@ class FunctionalModel:
                 f"convert the model to one dtype (model.double() or model.float())."
             )
         self.dtype = dtypes.pop()
+        if self.dtype in (torch.float16, torch.bfloat16):
+            raise TypeError(
+                f"InnerProblem: the model's parameters are {self.dtype}; hypergradients need "
+                f"float32 or float64: tangents carried over T steps and Hessian-vector products "
+                f"keep 8 to 11 bits in half precision, so the hypergradient would be rounding "
+                f"noise. Use model.float() (or model.double(), which hypergradcheck needs)."
+            )
+        _refuse_unsupported(module)
         self.device = params[self.param_names[0]].device
         # the modes training runs each submodule in: the user's, the root in train mode
         self.train_modes = {name: (m.training or name == "")
@@ -74,19 +108,53 @@ class FunctionalModel:
             name: m for name, m in module.named_modules()
             if isinstance(m, _BatchNorm) and m.track_running_stats and self.train_modes[name]
         }
+        self.sn: dict[str, nn.Module] = {
+            name: m for name, m in module.named_modules()
+            if isinstance(m, _SpectralNorm) and hasattr(m, "_u") and self.train_modes[name]
+        }
+        self.wn = [m for m in module.modules() if isinstance(m, _WeightNorm)]
         self.state_buffer_names = [f"{_pre(n)}{b}" for n in self.bn
                                    for b in ("running_mean", "running_var")]
+        self.state_buffer_names += [f"{_pre(n)}{b}" for n in self.sn for b in ("_u", "_v")]
         self.counter_names = [f"{_pre(n)}num_batches_tracked" for n in self.bn]
+        self.generic: dict[str, torch.dtype] = {}
+        """Buffers the model's forward writes itself, name -> their own dtype (:meth:`track`)."""
         state_like = set(self.state_buffer_names) | set(self.counter_names)
         self.constants = {k: p.detach() for k, p in params.items() if not p.requires_grad}
         self.constants.update({k: b for k, b in module.named_buffers() if k not in state_like})
         self.counters0 = {k: int(module.get_buffer(k)) for k in self.counter_names}
+        self.probed = False
+        """Whether a probe pass has found the buffers forward writes (``InnerProblem.check``)."""
+        self._reader: _Reader | None = None
+
+    def track(self, names: Mapping[str, torch.dtype]) -> None:
+        """Carry the buffers ``names`` (name -> their dtype) as training state: the model's
+        forward writes them (found by a :class:`ModelProbe`). Each call of the model gets a copy
+        in its own dtype and the value forward leaves becomes the new state, in the model's
+        dtype (integers and booleans without a derivative)."""
+        for k, dt in names.items():
+            if k in self.generic or k in self.state_buffer_names:
+                continue
+            self.generic[k] = dt
+            self.state_buffer_names.append(k)
+            self.constants.pop(k, None)
+
+    @property
+    def reader(self) -> _Reader:
+        """The module under a wrapper that also returns the buffers after forward."""
+        if self._reader is None:
+            self._reader = _Reader(self.module)
+        return self._reader
 
     def initial_params(self) -> dict[str, Tensor]:
         return {k: self.module.get_parameter(k).detach().clone() for k in self.param_names}
 
     def initial_buffers(self) -> dict[str, Tensor]:
-        return {k: self.module.get_buffer(k).detach().clone() for k in self.state_buffer_names}
+        out = {}
+        for k in self.state_buffer_names:
+            b = self.module.get_buffer(k).detach()
+            out[k] = b.to(self.dtype) if k in self.generic and b.dtype != self.dtype else b.clone()
+        return out
 
     def bind(self, params: dict[str, Tensor], buffers: dict[str, Tensor], train: bool,
              step: int = 0, fused: bool = False) -> ModelFn:
@@ -101,7 +169,12 @@ class FunctionalModel:
             for k, v in params.items():
                 self.module.get_parameter(k).copy_(v)
             for k, v in buffers.items():
-                self.module.get_buffer(k).copy_(v)
+                b = self.module.get_buffer(k)
+                if b.dtype == torch.bool:
+                    v = v != 0
+                elif not b.dtype.is_floating_point and not b.dtype.is_complex:
+                    v = v.round()
+                b.copy_(v)
             for k, c in self.counters0.items():
                 self.module.get_buffer(k).fill_(c + steps)
 
@@ -121,7 +194,7 @@ class ModelFn:
 
     def __init__(self, fm: FunctionalModel, params: dict[str, Tensor],
                  buffers: dict[str, Tensor], train: bool, step: int,
-                 fused: bool = False) -> None:
+                 fused: bool = False, probe: ModelProbe | None = None) -> None:
         self._fm = fm
         self.params = params
         self.buffers = buffers
@@ -129,22 +202,55 @@ class ModelFn:
         self.train = train
         self.step = step
         self.fused = fused
+        self._probe = probe
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fm = self._fm
         tensors = {**fm.constants, **self.params, **self.new_buffers}
-        with _mode(fm.module, fm.train_modes if self.train else None), self._patched_bn():
+        if fm.generic or self._probe is not None:
+            return self._call_reading(tensors, args, kwargs)
+        with _mode(fm.module, fm.train_modes if self.train else None), self._patched():
             return functional_call(fm.module, tensors, args, kwargs, strict=False)
 
+    def _call_reading(self, tensors: dict[str, Tensor], args: Any, kwargs: Any) -> Any:
+        """The call when forward writes buffers: each gets a copy (in its own dtype) that
+        forward may write in place or replace, and the value it leaves is read back inside the
+        functional call (where an assignment is still visible)."""
+        fm, probe = self._fm, self._probe
+        for k, dt in fm.generic.items():
+            tensors[k] = self.new_buffers[k].to(dt, copy=True)
+        if probe is not None:
+            tensors = probe.inputs(tensors)
+        read = list(tensors) if probe is not None else list(fm.generic)
+        with _mode(fm.module, fm.train_modes if self.train else None), self._patched():
+            out, after = functional_call(fm.reader, {"m." + k: v for k, v in tensors.items()},
+                                         (args, kwargs, read), strict=False)
+        for k in fm.generic:
+            v = after[k]
+            self.new_buffers[k] = v if v.dtype == fm.dtype else v.to(fm.dtype)
+        if probe is not None:
+            probe.record(tensors, after, self.train)
+        return out
+
     @contextlib.contextmanager
-    def _patched_bn(self) -> Iterator[None]:
+    def _patched(self) -> Iterator[None]:
+        """BatchNorm and spectral normalisation out of place (their state as outputs), weight
+        normalisation written out (torch's fused kernel has no forward-mode derivative)."""
         fm = self._fm
-        for name, m in fm.bn.items():
-            m.forward = _BNForward(self, m, _pre(name))  # type: ignore[method-assign,assignment]
+        patched: list[nn.Module] = []
         try:
+            for name, bn in fm.bn.items():
+                bn.forward = _BNForward(self, bn, _pre(name))  # type: ignore[method-assign,assignment]
+                patched.append(bn)
+            for name, sn in fm.sn.items():
+                sn.forward = _SNForward(self, sn, _pre(name))  # type: ignore[method-assign]
+                patched.append(sn)
+            for wn in fm.wn:
+                wn.forward = _WNForward(wn)  # type: ignore[method-assign,assignment]
+                patched.append(wn)
             yield
         finally:
-            for m in fm.bn.values():
+            for m in patched:
                 del m.forward
 
 
@@ -182,6 +288,222 @@ class _BNForward:
         o.new_buffers[rm_key] = (1 - f) * rm + f * mean
         o.new_buffers[rv_key] = (1 - f) * rv + f * var * (n / max(n - 1, 1))
         return y
+
+
+class _SNForward:
+    """``torch.nn.utils.parametrizations.spectral_norm`` out of place: the power iteration
+    reads ``_u``/``_v`` from the state and returns the new vectors as state, differentiably (see
+    :class:`FunctionalModel`); eval mode reads them as they are, as torch does."""
+
+    def __init__(self, owner: ModelFn, m: Any, prefix: str) -> None:
+        self.owner, self.m, self.prefix = owner, m, prefix
+
+    def __call__(self, weight: Tensor) -> Tensor:
+        m, o, pre = self.m, self.owner, self.prefix
+        if weight.ndim == 1:
+            return F.normalize(weight, dim=0, eps=m.eps)
+        wm = m._reshape_weight_to_matrix(weight)
+        u, v = o.new_buffers[pre + "_u"], o.new_buffers[pre + "_v"]
+        if m.training:
+            for _ in range(m.n_power_iterations):
+                u = F.normalize(torch.mv(wm, v), dim=0, eps=m.eps)
+                v = F.normalize(torch.mv(wm.H, u), dim=0, eps=m.eps)
+            o.new_buffers[pre + "_u"], o.new_buffers[pre + "_v"] = u, v
+        sigma = torch.vdot(u, torch.mv(wm, v))
+        return weight / sigma
+
+
+class _WNForward:
+    """``torch.nn.utils.parametrizations.weight_norm`` written out, ``g v / ||v||`` (the norm
+    over every dimension but ``dim``, the whole tensor for ``dim=-1``), as torch's
+    ``_weight_norm`` computes it: its fused kernel has no forward-mode derivative."""
+
+    def __init__(self, m: Any) -> None:
+        self.dim = m.dim
+
+    def __call__(self, weight_g: Tensor, weight_v: Tensor) -> Tensor:
+        if self.dim == -1:
+            norm = torch.linalg.vector_norm(weight_v)
+        else:
+            keep = self.dim % weight_v.ndim
+            dims = [d for d in range(weight_v.ndim) if d != keep]
+            norm = torch.linalg.vector_norm(weight_v, dim=dims, keepdim=True)
+        return weight_v * (weight_g / norm)
+
+
+class _Reader(nn.Module):
+    """The user's module as child ``m``; ``forward`` also returns the tensors ``read`` as they
+    are after the module's forward (inside the functional call, where an assignment such as
+    ``self.running_mean = ...`` is still visible). Wrapping does not change the module."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.m = module
+
+    def forward(self, args: Any, kwargs: Any, read: list[str]) -> tuple[Any, dict[str, Tensor]]:
+        out = self.m(*args, **(kwargs or {}))
+        return out, {k: _lookup(self.m, k) for k in read}
+
+
+def _lookup(module: nn.Module, name: str) -> Any:
+    """The tensor at dotted ``name`` (a parameter, a buffer or a plain attribute)."""
+    owner, _, leaf = name.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, leaf)
+
+
+class ModelProbe:
+    """What a model's forward writes, found in one probe pass (``InnerProblem.check`` runs the
+    losses once with a :class:`ModelFn` that holds a probe).
+
+    Every call gets a fresh copy of each constant (``override`` replaces some values), and the
+    tensors forward leaves are compared with what went in: a tensor written in place (its
+    version counter moved, or its values changed through ``.data``) or replaced by an
+    assignment is a *write*. The caller gives trainable parameters that require grad, so that
+    it can tell whether a written value depends on the weights through autograd.
+    """
+
+    def __init__(self, fm: FunctionalModel, override: Mapping[str, Tensor] | None = None
+                 ) -> None:
+        self.fm = fm
+        self.override = dict(override or {})
+        self.writes: dict[str, Tensor] = {}
+        """name -> the value forward left, for every tensor it wrote (the last call's)."""
+        self.train_writes: set[str] = set()
+        """The names written by a call in training mode."""
+        self._versions: dict[str, int] = {}
+        self._before: dict[str, Tensor | None] = {}
+
+    def inputs(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The tensors of one call: trainable parameters as they are (the probe's caller gives
+        copies), a copy of everything else."""
+        out = {}
+        for k, v in tensors.items():
+            if k in self.fm.param_names:
+                out[k] = v
+            else:
+                out[k] = self.override.get(k, v).detach().clone()
+        self._versions = {k: v._version for k, v in out.items()}
+        self._before = {k: (v.detach().clone() if k in self.fm.param_names else None)
+                        for k, v in out.items()}
+        return out
+
+    def record(self, tensors: dict[str, Tensor], after: dict[str, Tensor], train: bool) -> None:
+        for k, given in tensors.items():
+            left = after.get(k, given)
+            if not isinstance(left, Tensor):
+                continue
+            if left is given:
+                before = self._before[k]
+                ref = before if before is not None else self._original(k)
+                written = given._version != self._versions[k] or not _same(left, ref)
+            else:
+                written = not _same(left, self._original(k))
+            if written:
+                self.writes[k] = left
+                if train:
+                    self.train_writes.add(k)
+
+    def _original(self, k: str) -> Tensor:
+        fm = self.fm
+        if k in fm.constants:
+            return fm.constants[k]
+        return _lookup(fm.module, k).detach()
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(
+        torch.equal(a.detach(), b.detach().to(a.device)))
+
+
+def find_writers(fm: FunctionalModel, run: Callable[[], Any], names: list[str]
+                 ) -> dict[str, str | None]:
+    """For each tensor ``names`` that ``run`` (a probe pass) writes, the module whose own
+    forward was running when it changed (``""`` the model itself; ``None``: outside any
+    forward, in the loss). Hooks on every submodule compare the tensors between events."""
+    stack: list[str] = []
+    last: dict[str, tuple[Any, Tensor | None]] = {}
+    found: dict[str, str | None] = {}
+    mods = dict(fm.module.named_modules())
+
+    def look() -> None:
+        for k in names:
+            if k in found:
+                continue
+            try:
+                now = _lookup(fm.module, k)
+            except AttributeError:
+                continue
+            if not isinstance(now, Tensor):
+                continue
+            prev = last.get(k)
+            if prev is not None and (prev[0] is not now or prev[1] is None
+                                     or not _same(now, prev[1])):
+                found[k] = stack[-1] if stack else None
+            last[k] = (now, now.detach().clone())
+
+    def pre(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            if not stack:
+                last.clear()  # a new call: new copies
+            look()
+            stack.append(name)
+        return hook
+
+    def post(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, out: Any) -> None:
+            look()
+            stack.pop()
+        return hook
+
+    handles = []
+    try:
+        for name, m in mods.items():
+            handles.append(m.register_forward_pre_hook(pre(name)))
+            handles.append(m.register_forward_hook(post(name)))
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+def describe_module(fm: FunctionalModel, name: str | None) -> str:
+    """``module 'lin' (Linear)``, ``the model (MyNet)`` or ``the loss`` for messages."""
+    if name is None:
+        return "the loss (outside any module's forward)"
+    m = fm.module.get_submodule(name) if name else fm.module
+    return f"module {name!r} ({type(m).__name__})" if name else f"the model ({type(m).__name__})"
+
+
+def _refuse_unsupported(module: nn.Module) -> None:
+    """Modules that change the weights in forward in a way no method can differentiate,
+    refused by name before anything runs."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for name, m in module.named_modules():
+        where = f"module {name!r}" if name else "the model"
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.max_norm is not None:
+            raise ValueError(
+                f"InnerProblem: {where} is {type(m).__name__}(max_norm={m.max_norm}), which "
+                f"renormalises the rows it looks up in place during forward: a change of the "
+                f"weights outside the optimizer's update, which no method can differentiate "
+                f"(finite differences disagree). Use max_norm=None and constrain the rows out "
+                f"of place instead, e.g. a parametrization: torch.nn.utils.parametrize."
+                f"register_parametrization(emb, 'weight', RowNorm({m.max_norm})) with "
+                f"RowNorm.forward(w) = w * (max_norm / w.norm(dim=1, keepdim=True))"
+                f".clamp(max=1) (docs/troubleshooting_engine.md), or a penalty in train_loss."
+            )
+        for hook in m._forward_pre_hooks.values():
+            if isinstance(hook, (SpectralNorm, WeightNorm)):
+                kind = "spectral_norm" if isinstance(hook, SpectralNorm) else "weight_norm"
+                raise ValueError(
+                    f"InnerProblem: {where} ({type(m).__name__}) uses the hook-based "
+                    f"torch.nn.utils.{kind}, which stores the weight it computes on the module "
+                    f"(and, for spectral_norm, updates its vectors under torch.no_grad()), out "
+                    f"of reach of a functional call. Use torch.nn.utils.parametrizations."
+                    f"{kind}(module) instead: hypergrad differentiates it exactly."
+                )
 
 
 @contextlib.contextmanager

@@ -8,16 +8,21 @@ is a real test of the differentiation.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+import functools
+import inspect
+import re
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from .hyperparams import HPValues, HyperParams
+from .hyperparams import HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
-from .model import FunctionalModel, ModelFn
+from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
 from .rng import VALIDATION_STEP, step_rng
 from .rnn import has_recurrent
@@ -113,6 +118,7 @@ class InnerProblem:
         self._batch = _batch_source(batches, steps)
         self._check_binding()
         self._checked_dtype: torch.dtype | None = None
+        self._data_checked = False
         self._attention_dropout: bool | None = None  # found on the first plain step
         self.draws: bool | None = None
         """Whether the training loss draws random numbers (known after its first evaluation;
@@ -156,6 +162,8 @@ class InnerProblem:
         initialisation hyperparameters applied (differentiable in ``lam``). Without ``lam``,
         the model's own weights as they are (the base that :class:`~hypergrad.InitScale`
         scales); the two are equal for problems without initialisation hyperparameters."""
+        if not self.fmodel.probed:  # the state's buffers are known after the probe pass
+            self._probe_model(self.init_raw() if lam is None else lam)
         params = self.fmodel.initial_params()
         if lam is not None and self.init_items:
             params = self.hyperparams.apply_init(params, lam)
@@ -292,8 +300,12 @@ class InnerProblem:
                 )
 
     def check(self, lam: Tensor) -> None:
-        """Validate ``lam`` and run the losses once: scalar losses, float dtype, every
-        hyperparameter read by something. Cheap after the first call for a dtype."""
+        """Validate ``lam`` and run the losses once at step 0, before anything costly: scalar
+        float losses; finite data, weights and losses (a NaN is named as a data problem, not
+        left to look like a diverging learning rate); the model's forward writes nothing that
+        cannot be differentiated (:meth:`_probe_model`); every hyperparameter can act: read
+        by something, connected to a loss's autograd graph, every schedule window read by a
+        step. Cheap after the first call for a dtype."""
         self.hyperparams.check_raw(lam, "InnerProblem")
         if lam.dtype != self.dtype:
             raise TypeError(
@@ -302,25 +314,358 @@ class InnerProblem:
             )
         if self._checked_dtype == lam.dtype:
             return
-        with torch.no_grad(), step_rng(self.seed, 0, self.device):
-            s = self.initial_state()
-            hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
-            batch0 = self.batch(0)
-            _check_per_example(self.hyperparams, batch0, getattr(self._batch, "n_examples", None))
-            loss = self.train_loss(self.fmodel.bind(s.params, s.buffers, True, 0), batch0, hp)
+        self._check_data()
+        self._probe_model(lam)
+        with step_rng(self.seed, 0, self.device):
+            loss, hp, reach = self._probe_loss("train_loss", lam)
             _check_scalar("train_loss", loss, self.dtype)
-            hpv = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
-            val = self.val_loss(self.fmodel.bind(s.params, s.buffers,
-                                                 self.val_mode == "train", self.steps), hpv)
+            val, hpv, reach_v = self._probe_loss("val_loss", lam)
             _check_scalar("val_loss", val, self.dtype)
+        self._check_finite_losses(loss, val, lam)
         if self.draws is None:
             self._detect_draws(lam)
-        used = (hp.accessed | hpv.accessed | set(self.optimizer.bound_names())
-                | {it.name for it in self.init_items})
+        bound = set(self.optimizer.bound_names()) | {it.name for it in self.init_items}
+        used = hp.accessed | hpv.accessed | bound
         unused = [n for n in self.hyperparams.names if n not in used]
         if unused:
             raise ValueError(_unbound_message(unused, self.optimizer))
+        cut = [n for n in self.hyperparams.names
+               if n not in bound and n not in reach | reach_v]
+        if cut:
+            raise ValueError(self._cut_message(cut, lam, hp.accessed, hpv.accessed))
+        self._check_windows(hp.accessed, hpv.accessed)
         self._checked_dtype = lam.dtype
+
+    # -- the checks' parts ------------------------------------------------------------------------
+    def _call(self, which: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """A loss called by a check: torch's dtype error of a model and data in different
+        dtypes becomes one that names both and the fix."""
+        try:
+            return fn(*args)
+        except RuntimeError as err:
+            if not _DTYPE_ERROR.search(str(err)):
+                raise
+            found = _other_dtype(self._data_tensors(which), self.dtype)
+            if found is None:
+                raise
+            desc, x = found
+            raise TypeError(
+                f"InnerProblem: the model is {self.dtype} but {desc} is {x.dtype} (shape "
+                f"{tuple(x.shape)}), and torch cannot mix them in {which} "
+                f"({str(err).splitlines()[0]}). Convert one side: the model, "
+                f"model{_TO.get(x.dtype, f'.to({x.dtype})')}, or the data, "
+                f"x{_TO.get(self.dtype, f'.to({self.dtype})')}."
+            ) from err
+
+    def _data_tensors(self, which: str) -> list[tuple[str, Tensor]]:
+        """The tensors a loss reads besides the model: mini-batch 0 and what ``train_loss``
+        closes over, or what ``val_loss`` closes over (best effort, for messages)."""
+        if which == "train_loss":
+            leaves, _ = tree_flatten(self.batch(0))
+            out = [(f"tensor {i} of mini-batch 0", x) for i, x in enumerate(leaves)
+                   if isinstance(x, Tensor)]
+            return out + _closure_tensors(self.train_loss, "train_loss")
+        return _closure_tensors(self.val_loss, "val_loss")
+
+    def _check_data(self) -> None:
+        """Once per problem: the per-example hyperparameters against the data, then every
+        training tensor finite (mini-batch 0; all data of a MiniBatches or a sequence of
+        batches), and the model's initial weights and buffers finite."""
+        if self._data_checked:
+            return
+        batch0 = self.batch(0)
+        src = self._batch
+        _check_per_example(self.hyperparams, batch0, getattr(src, "n_examples", None))
+        data: list[tuple[str, Tensor]] = []
+        whole = getattr(src, "data", None)
+        if whole is not None and hasattr(whole, "tensors"):  # a MiniBatches: all its tensors
+            data = [(f"MiniBatches tensor {i}", x) for i, x in enumerate(whole.tensors)]
+        elif isinstance(whole, Sequence):
+            for j, b in enumerate(whole):
+                leaves, _ = tree_flatten(b)
+                data += [(f"tensor {i} of mini-batch {j}", x) for i, x in enumerate(leaves)
+                         if isinstance(x, Tensor)]
+        else:
+            leaves, _ = tree_flatten(batch0)
+            data = [(f"tensor {i} of mini-batch 0", x) for i, x in enumerate(leaves)
+                    if isinstance(x, Tensor)]
+        for desc, x in data:
+            bad = _non_finite(x)
+            if bad:
+                raise ValueError(
+                    f"InnerProblem: the training data has non-finite values: {desc} (shape "
+                    f"{tuple(x.shape)}) has {bad}. A NaN or inf input makes the losses and "
+                    f"every hypergradient NaN, which would look like a diverging learning "
+                    f"rate. Clean the data before building the problem, e.g. keep = "
+                    f"torch.isfinite(x).flatten(1).all(1); x, y = x[keep], y[keep] (or "
+                    f"x = torch.nan_to_num(x); a -inf additive mask: pass a boolean mask)."
+                )
+        fm = self.fmodel
+        for k in fm.param_names:
+            bad = _non_finite(fm.module.get_parameter(k))
+            if bad:
+                raise ValueError(
+                    f"InnerProblem: the model's initial parameter {k!r} has {bad}; training "
+                    f"from it gives NaN everywhere. Re-initialise the model (e.g. "
+                    f"module.reset_parameters()) or load finite weights."
+                )
+        for k, b in fm.module.named_buffers():
+            bad = _non_finite(b)
+            if bad:
+                raise ValueError(
+                    f"InnerProblem: the model's buffer {k!r} has {bad} at the start; reset it "
+                    f"(e.g. BatchNorm: module.reset_running_stats())."
+                )
+        self._data_checked = True
+
+    def _probe_model(self, lam: Tensor) -> None:
+        """Once per problem: run the losses with a :class:`~hypergrad.model.ModelProbe` to find
+        what the model's forward writes. Weights written in place are refused naming the
+        module; buffers it writes become state (:meth:`FunctionalModel.track`), unless their
+        update cuts a dependence on the weights that a loss reads (``torch.no_grad()``), or
+        changes their shape. The user's module is left as it was."""
+        fm = self.fmodel
+        if fm.probed:
+            return
+        self._check_data()
+        lam = lam.detach()
+        snapshot = {k: v.detach().clone() for k, v in _tensors_of(fm.module).items()}
+        probe = ModelProbe(fm)
+        leaves = {k: v.requires_grad_() for k, v in fm.initial_params().items()}
+
+        def run_train(params: dict[str, Tensor], pr: ModelProbe) -> Any:
+            with torch.enable_grad(), step_rng(self.seed, 0, self.device), _quiet():
+                p = {k: v.clone() for k, v in params.items()}
+                hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
+                model = ModelFn(fm, p, fm.initial_buffers(), True, 0, probe=pr)
+                return self._call("train_loss", self.train_loss, model, self.batch(0), hp)
+
+        def run_val(pr: ModelProbe) -> Any:
+            with torch.no_grad(), step_rng(self.seed, VALIDATION_STEP, self.device), _quiet():
+                hpv = HPValues(self.hyperparams.values(lam, None, self.steps), "val_loss")
+                model = ModelFn(fm, {k: v.detach().clone() for k, v in leaves.items()},
+                                fm.initial_buffers(), self.val_mode == "train", self.steps,
+                                probe=pr)
+                return self._call("val_loss", self.val_loss, model, hpv)
+
+        try:
+            run_train(leaves, probe)
+            run_val(probe)
+        finally:
+            changed = _restore(fm.module, snapshot)
+        if changed:
+            raise ValueError(
+                f"InnerProblem: running the model changed its own tensors {changed} (restored "
+                f"now): its forward writes tensors it reaches outside the parameters and "
+                f"buffers that a functional call passes in (e.g. a reference kept in an "
+                f"attribute), which training could neither carry nor differentiate. Write "
+                f"nothing in forward, or register the tensor as a buffer."
+            )
+        writes = probe.writes
+        weights = [k for k in writes if k in fm.param_names
+                   or (k in fm.constants and k in dict(fm.module.named_parameters()))]
+        if weights:
+            who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), weights)
+            k = weights[0]
+            mod = who.get(k, "")
+            attr = k[len(mod) + 1:] if mod and k.startswith(mod + ".") else k
+            raise ValueError(
+                f"InnerProblem: the forward of {describe_module(fm, mod)} writes the "
+                f"parameter {k!r} in place (e.g. self.{attr}.data.clamp_(...), or an in-place "
+                f"op under torch.no_grad()); that change is no part of the optimizer's "
+                f"update, so no method can differentiate it (finite differences would "
+                f"disagree). Constrain it out of place: w = self.{attr}.clamp(-1, 1) in "
+                f"forward and use w (e.g. F.linear(x, w, bias)), or register a "
+                f"parametrization (torch.nn.utils.parametrize.register_parametrization), which "
+                f"hypergrad differentiates exactly."
+                + (f" Other parameters written: {weights[1:]}." if weights[1:] else "")
+            )
+        track: dict[str, torch.dtype] = {}
+        for k, new in writes.items():
+            old = _lookup_tensor(fm.module, k)
+            if k in fm.state_buffer_names or old is None:
+                who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), [k])
+                raise ValueError(
+                    f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
+                    f"writes {k!r}, state that hypergrad updates itself (BatchNorm running "
+                    f"statistics, spectral_norm's vectors); leave it to the module that owns "
+                    f"it."
+                )
+            if new.shape != old.shape or new.dtype != old.dtype or old.is_complex():
+                who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), [k])
+                raise ValueError(
+                    f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
+                    f"replaces its buffer {k!r} ({old.dtype}, shape {tuple(old.shape)}) by "
+                    f"one of {new.dtype}, shape {tuple(new.shape)}; hypergrad carries the "
+                    f"buffers forward updates as training state of a fixed shape and a real "
+                    f"dtype. Keep its shape and dtype, or keep a cache that does not depend on "
+                    f"the weights in a plain attribute."
+                )
+            if (old.dtype.is_floating_point and k in probe.train_writes
+                    and not _reaches(new, leaves)
+                    and self._depends_on_weights(k, leaves, run_train)
+                    and self._read_by_a_loss(k, old, leaves, run_train, run_val)):
+                who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), [k])
+                leaf = k.rpartition(".")[2]
+                raise ValueError(
+                    f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
+                    f"updates its buffer {k!r} from values that depend on the weights without "
+                    f"autograd (under torch.no_grad(), or through .detach() / .data), and a "
+                    f"loss reads it: how the hyperparameters move it is lost, so every "
+                    f"hypergradient through it would be wrong (finite differences would "
+                    f"disagree). Write the update out of place "
+                    f"without no_grad or detach (hypergrad runs forward functionally and keeps "
+                    f"no graph across steps), e.g. self.{leaf} = (1 - m) * self.{leaf} + m * "
+                    f"mean, or use nn.BatchNorm1d/2d, whose statistics hypergrad carries "
+                    f"exactly."
+                )
+            track[k] = old.dtype
+        fm.track(track)
+        fm.probed = True
+
+    def _depends_on_weights(self, k: str, leaves: dict[str, Tensor],
+                            run_train: Callable[[dict[str, Tensor], ModelProbe], Any]) -> bool:
+        """Whether the value forward leaves in buffer ``k`` changes with the weights: the
+        probe pass again at perturbed weights (the same random draws)."""
+        fm = self.fmodel
+        a, b = ModelProbe(fm), ModelProbe(fm)
+        with torch.no_grad():
+            run_train({n: v.detach() for n, v in leaves.items()}, a)
+            shifted = {n: _nudged(v) for n, v in leaves.items()}
+            run_train(shifted, b)
+        x, y = a.writes.get(k), b.writes.get(k)
+        return x is not None and y is not None and not torch.equal(x.detach(), y.detach())
+
+    def _read_by_a_loss(self, k: str, old: Tensor, leaves: dict[str, Tensor],
+                        run_train: Callable[[dict[str, Tensor], ModelProbe], Any],
+                        run_val: Callable[[ModelProbe], Any]) -> bool:
+        """Whether a loss changes when buffer ``k`` starts from another value."""
+        fm = self.fmodel
+        shifted = {k: _nudged(old)}
+        with torch.no_grad():
+            base = (run_train(leaves, ModelProbe(fm)), run_val(ModelProbe(fm)))
+            moved = (run_train(leaves, ModelProbe(fm, shifted)),
+                     run_val(ModelProbe(fm, shifted)))
+        return any(isinstance(a, Tensor) and isinstance(b, Tensor)
+                   and not torch.equal(a.detach(), b.detach()) for a, b in zip(base, moved))
+
+    def _probe_loss(self, which: str, lam: Tensor) -> tuple[Any, HPValues, set[str]]:
+        """One loss at the initial state, each hyperparameter group a leaf of its own: the
+        loss, what it read, and the groups its autograd graph reaches."""
+        hps = self.hyperparams
+        leaves = {n: v.detach().clone().requires_grad_() for n, v in hps.split(lam).items()}
+        s = self.initial_state()
+        train = which == "train_loss"
+        step = 0 if train else None
+        with torch.enable_grad(), _quiet():
+            hp = HPValues(hps.values_from(leaves, step, self.steps), which)
+            model = self.fmodel.bind(s.params, s.buffers, train or self.val_mode == "train",
+                                     0 if train else self.steps)
+            try:
+                out = (self._call(which, self.train_loss, model, self.batch(0), hp) if train
+                       else self._call(which, self.val_loss, model, hp))
+            except (RuntimeError, TypeError) as err:
+                cuts = self._find_cuts(which, lam)
+                if cuts:
+                    name, how = next(iter(cuts.items()))
+                    raise ValueError(
+                        f"InnerProblem: {which} passes hyperparameter {name!r} to {how}, "
+                        f"which fails on a tensor that hypergrad differentiates ("
+                        f"{str(err).splitlines()[0]}). Keep hp[{name!r}] a tensor in torch "
+                        f"operations (no .item(), float(), .detach(), torch.no_grad() or "
+                        f"numpy on it)."
+                    ) from err
+                raise
+        ids = _reachable(out)
+        return out, hp, {n for n, v in leaves.items() if id(v) in ids}
+
+    def _find_cuts(self, which: str, lam: Tensor) -> dict[str, str]:
+        """The first operation that cut each hyperparameter group from the graph in one run
+        of ``which`` (for messages): ``.item()``, ``float()``, ``.detach()``, ``.data``,
+        numpy, an operation under ``torch.no_grad()``, or one without a derivative."""
+        hps = self.hyperparams
+        leaves = {n: v.detach().clone().requires_grad_() for n, v in hps.split(lam).items()}
+        s = self.initial_state()
+        train = which == "train_loss"
+        with (torch.enable_grad(), _quiet(), step_rng(self.seed, 0, self.device)):
+            values = hps.values_from(leaves, 0 if train else None, self.steps)
+            finder = _CutFinder(values)
+            hp = HPValues(values, which)
+            model = self.fmodel.bind(s.params, s.buffers, train or self.val_mode == "train",
+                                     0 if train else self.steps)
+            with contextlib.suppress(Exception), finder:
+                if train:
+                    self.train_loss(model, self.batch(0), hp)
+                else:
+                    self.val_loss(model, hp)
+        return finder.cuts
+
+    def _cut_message(self, cut: list[str], lam: Tensor, train_read: set[str],
+                     val_read: set[str]) -> str:
+        found: dict[str, str] = {}
+        for which, read in (("train_loss", train_read), ("val_loss", val_read)):
+            if any(n in read for n in cut):
+                for n, how in self._find_cuts(which, lam).items():
+                    found.setdefault(n, f"{how} in {which}")
+        name = cut[0]
+        where = " and ".join(w for w, r in (("train_loss", train_read), ("val_loss", val_read))
+                             if name in r)
+        how = found.get(name, "one of .item(), float(), .detach(), .data, torch.no_grad() or "
+                              "numpy (the usual causes)")
+        more = f" Also cut: {cut[1:]}." if cut[1:] else ""
+        return (
+            f"InnerProblem: hyperparameter {name!r} is read by {where}, but {how} cuts it from "
+            f"the autograd graph, so its hypergradient is structurally zero and tuning would "
+            f"never move it. Use hp[{name!r}] as a tensor in torch operations "
+            f"(no .item(), float(), .detach(), torch.no_grad() or numpy on it), bind it to an "
+            f"optimizer argument, or remove it.{more}"
+        )
+
+    def _check_finite_losses(self, loss: Tensor, val: Tensor, lam: Tensor) -> None:
+        """A NaN or inf loss at the initial (finite) weights is a data or loss problem: name
+        the tensor the loss closes over that holds it, when there is one."""
+        for which, out in (("train_loss", loss), ("val_loss", val)):
+            if bool(torch.isfinite(out.detach()).all()):
+                continue
+            where = "step 0" if which == "train_loss" else "the initial weights"
+            for desc, x in self._data_tensors(which):
+                bad = _non_finite(x)
+                if bad:
+                    raise ValueError(
+                        f"InnerProblem: {which} is {float(out)} at {where} (the weights are "
+                        f"finite): {desc} (shape {tuple(x.shape)}) has {bad}. That is a data "
+                        f"problem, not a learning rate: clean it before building the problem, "
+                        f"e.g. keep = torch.isfinite(x).flatten(1).all(1); x, y = x[keep], "
+                        f"y[keep] (or x = torch.nan_to_num(x))."
+                    )
+            raise ValueError(
+                f"InnerProblem: {which} is {float(out)} at {where}, with finite weights"
+                f"{' and a finite mini-batch 0' if which == 'train_loss' else ''} and "
+                f"hyperparameters {self.hyperparams.describe(lam)}: the loss itself or data it "
+                f"loads produces it (log(0), 0/0, a hyperparameter outside the loss's domain); "
+                f"no tensor it closes over holds a NaN or inf. Fix the loss or the data first."
+            )
+
+    def _check_windows(self, train_read: set[str], val_read: set[str]) -> None:
+        """A :class:`~hypergrad.Schedule` with more windows than steps has windows no step
+        reads: their hypergradients stay zero and tuning would report them as learned.
+        (A schedule that ``val_loss`` reads whole may use every window.)"""
+        stepwise = set(self.optimizer.bound_names()) | train_read
+        T = self.steps
+        for it in self.hyperparams.items:
+            if not isinstance(it, Schedule) or it.windows <= T:
+                continue
+            if it.name not in stepwise or it.name in val_read:
+                continue
+            read = {it.window(t, T) for t in range(T)}
+            unread = [w for w in range(it.windows) if w not in read]
+            raise ValueError(
+                f"InnerProblem: Schedule({it.name!r}) has windows={it.windows} but steps={T}: "
+                f"windows {unread} are read by no step (step t reads window "
+                f"t * {it.windows} // {T}), so their hypergradients stay zero and tuning would "
+                f"report them as learned. Use windows <= steps, e.g. Schedule({it.name!r}, "
+                f"..., windows={T}), or more steps."
+            )
 
 
 def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
@@ -340,12 +685,13 @@ def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
     from .data import MiniBatches
 
     if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
-        return _Batches(batches, getattr(batches, "n", None)
-                        if isinstance(batches, MiniBatches) else None)
+        mb = isinstance(batches, MiniBatches)
+        return _Batches(batches, getattr(batches, "n", None) if mb else None,
+                        batches if mb else None)
     if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
         if len(batches) == 0:
             raise ValueError("InnerProblem: batches is empty; give at least one mini-batch.")
-        return _Batches(lambda t: batches[t % len(batches)])
+        return _Batches(lambda t: batches[t % len(batches)], data=batches)
     if isinstance(batches, Iterable):
         stored: list[Any] = []
         while len(stored) < steps:
@@ -365,7 +711,7 @@ def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
                     f"(e.g. hypergrad.data.MiniBatches), an iterable that can be iterated again "
                     f"(e.g. a DataLoader), or steps <= {len(stored)}."
                 )
-        return _Batches(lambda t: stored[t % len(stored)])
+        return _Batches(lambda t: stored[t % len(stored)], data=stored)
     raise TypeError(
         f"InnerProblem: batches must be a sequence, a callable t -> batch or an iterable, got "
         f"{type(batches).__name__}."
@@ -386,11 +732,15 @@ class _Batches:
     """The batch of step ``t``, checked: a mini-batch with no examples (a tensor whose first
     dimension is 0, anywhere in a tuple, list or dict) is an error here, not a NaN loss later
     (NaN BatchNorm statistics, and NaN * 0 poisons the tangents). ``n_examples``: the number of
-    training examples when the source knows it (:class:`~hypergrad.data.MiniBatches`)."""
+    training examples when the source knows it (:class:`~hypergrad.data.MiniBatches`).
+    ``data``: all the batches (a sequence) or the :class:`~hypergrad.data.MiniBatches`, where
+    known, for the check that every training tensor is finite."""
 
-    def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None) -> None:
+    def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None,
+                 data: Any = None) -> None:
         self._fetch = fetch
         self.n_examples = n_examples
+        self.data = data
 
     def __call__(self, t: int) -> Any:
         from torch.utils._pytree import tree_flatten
@@ -462,3 +812,195 @@ def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
         f"inner_optimizer.<argument>=<name>), or read it in a loss as hp[{unused[0]!r}]; or "
         f"remove it."
     )
+
+
+# -- helpers of the checks ------------------------------------------------------------------------
+_DTYPE_ERROR = re.compile(r"dtype|scalar type|type \(\w+\) and|Double|Float|Half|BFloat16")
+_TO = {torch.float32: ".float()", torch.float64: ".double()"}
+
+
+def _other_dtype(tensors: list[tuple[str, Tensor]], dtype: torch.dtype
+                 ) -> tuple[str, Tensor] | None:
+    for desc, x in tensors:
+        if (x.dtype.is_floating_point or x.dtype.is_complex) and x.dtype != dtype:
+            return desc, x
+    return None
+
+
+def _non_finite(x: Any) -> str:
+    """``"3 NaN and 1 inf entries (the first at index (2, 0))"``, or ``""`` when finite."""
+    if not isinstance(x, Tensor) or not (x.dtype.is_floating_point or x.dtype.is_complex):
+        return ""
+    x = x.detach()
+    bad = ~torch.isfinite(x)
+    n = int(bad.sum())
+    if not n:
+        return ""
+    nan = int(torch.isnan(x).sum())
+    first = tuple(int(i) for i in bad.nonzero()[0]) if x.ndim else ()
+    at = f" (the first at index {first})" if first else ""
+    return f"{nan} NaN and {n - nan} inf entr{'y' if n == 1 else 'ies'}{at}"
+
+
+def _closure_tensors(fn: Any, name: str, depth: int = 0) -> list[tuple[str, Tensor]]:
+    """Tensors a loss closes over, best effort, for messages: closure cells and the globals
+    it names, the arguments of a ``functools.partial``, and the tensor attributes of a bound
+    method's object or a callable object."""
+    out: list[tuple[str, Tensor]] = []
+    if depth > 2:
+        return out
+
+    def add(label: str, value: Any) -> None:
+        if isinstance(value, Tensor):
+            out.append((label, value))
+        elif isinstance(value, (tuple, list, dict)):
+            leaves, _ = tree_flatten(value)
+            out.extend((f"{label}[{i}]", v) for i, v in enumerate(leaves)
+                       if isinstance(v, Tensor))
+
+    if isinstance(fn, functools.partial):
+        for i, a in enumerate(fn.args):
+            add(f"argument {i} of the partial {name}", a)
+        for k, a in fn.keywords.items():
+            add(f"{name}'s argument {k!r}", a)
+        return out + _closure_tensors(fn.func, name, depth + 1)
+    owner = getattr(fn, "__self__", None)
+    if owner is None and not inspect.isfunction(fn) and not inspect.ismethod(fn):
+        owner = fn  # a callable object
+    if owner is not None and hasattr(owner, "__dict__"):
+        for k, v in vars(owner).items():
+            add(f"{type(owner).__name__}.{k}", v)
+    func = getattr(fn, "__func__", fn)
+    if inspect.isfunction(func):
+        try:
+            cv = inspect.getclosurevars(func)
+        except (TypeError, ValueError):
+            return out
+        for k, v in {**cv.nonlocals, **cv.globals}.items():
+            add(f"{k!r} (which {name} closes over)", v)
+    return out
+
+
+def _reachable(out: Any) -> set[int]:
+    """The ids of the leaf tensors the autograd graph of ``out`` reaches (structural: an
+    operation whose derivative is numerically zero still connects)."""
+    if not isinstance(out, Tensor) or out.grad_fn is None:
+        return set()
+    seen: set[Any] = set()
+    found: set[int] = set()
+    todo: list[Any] = [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)
+        if isinstance(var, Tensor):
+            found.add(id(var))
+        todo.extend(n for n, _ in node.next_functions)
+    return found
+
+
+def _nudged(x: Tensor) -> Tensor:
+    """``x`` moved by about 1e-3 of its size, by a different amount in each entry (a uniform
+    shift can be invisible, e.g. to a softmax)."""
+    x = x.detach()
+    ramp = torch.linspace(1.0, 2.0, x.numel(), dtype=x.dtype, device=x.device).reshape(x.shape)
+    return x + 1e-3 * (x.abs() + 1e-3) * ramp
+
+
+def _reaches(x: Tensor, leaves: dict[str, Tensor]) -> bool:
+    ids = _reachable(x)
+    return any(id(v) in ids for v in leaves.values())
+
+
+def _tensors_of(module: nn.Module) -> dict[str, Tensor]:
+    return {**dict(module.named_parameters(remove_duplicate=False)),
+            **dict(module.named_buffers(remove_duplicate=False))}
+
+
+def _lookup_tensor(module: nn.Module, name: str) -> Tensor | None:
+    owner, _, leaf = name.rpartition(".")
+    x = getattr(module.get_submodule(owner) if owner else module, leaf, None)
+    return x if isinstance(x, Tensor) else None
+
+
+def _restore(module: nn.Module, snapshot: dict[str, Tensor]) -> list[str]:
+    """Put back every tensor of ``module`` that differs from ``snapshot``; their names."""
+    changed = []
+    now = _tensors_of(module)
+    with torch.no_grad():
+        for k, old in snapshot.items():
+            x = now.get(k)
+            if x is None:
+                continue
+            if x.shape != old.shape or not torch.equal(x.detach(), old):
+                changed.append(k)
+                if x.shape == old.shape:
+                    x.copy_(old)
+    return changed
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The checks run the losses with leaves that require grad: a loss that converts a tensor
+    to a Python number would warn about it there (and nowhere else)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad=True")
+        warnings.filterwarnings("ignore", message="To copy construct from a tensor")
+        yield
+
+
+_CUTTERS = {
+    "item": ".item()", "__float__": "float()", "__int__": "int()", "__bool__": "bool()",
+    "tolist": ".tolist()", "numpy": ".numpy()", "__array__": "numpy", "detach": ".detach()",
+    "detach_": ".detach_()", "tensor": "torch.tensor(...)", "new_tensor": ".new_tensor(...)",
+    ".data": ".data",
+}
+
+
+class _CutFinder(TorchFunctionMode):
+    """Follows the tensors derived from each hyperparameter group through one run of a loss
+    and records, per group, the first operation that cut them from the autograd graph."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        super().__init__()
+        self.tags: dict[int, tuple[Tensor, frozenset[str]]] = {}
+        self.cuts: dict[str, str] = {}
+        for name, v in values.items():
+            leaves, _ = tree_flatten(v)
+            for x in leaves:
+                if isinstance(x, Tensor):
+                    self.tags[id(x)] = (x, frozenset({name}))
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
+        groups: set[str] = set()
+        for x in inputs:
+            tag = self.tags.get(id(x))
+            if tag is not None and tag[0] is x:
+                groups |= tag[1]
+        fname = getattr(func, "__name__", "")
+        if fname == "__get__":  # a property: name it by the attribute
+            fname = "." + getattr(getattr(func, "__self__", None), "__name__", "?")
+        if groups and fname in _CUTTERS:
+            self._cut(groups, _CUTTERS[fname])
+        out = func(*args, **kwargs)
+        if not groups:
+            return out
+        outs = [x for x in tree_flatten(out)[0] if isinstance(x, Tensor)]
+        if not torch.is_grad_enabled() and fname not in _CUTTERS:
+            self._cut(groups, f"torch.no_grad() (around {fname})")
+        elif (outs and any(x.requires_grad for x in inputs)
+              and not any(x.requires_grad for x in outs) and fname not in _CUTTERS):
+            self._cut(groups, f"{fname} (it has no derivative)")
+        for x in outs:
+            if x.requires_grad:
+                self.tags[id(x)] = (x, frozenset(groups))
+        return out
+
+    def _cut(self, groups: set[str], how: str) -> None:
+        for g in groups:
+            self.cuts.setdefault(g, how)

@@ -262,6 +262,13 @@ def test_divergence_factor_can_be_turned_off_and_is_validated() -> None:
     lambda v: torch.where(v > 0, 1.0, 0.0)], ids=["item", "detach", "times0", "round", "where"])
 def test_an_exactly_zero_hypergradient_warns_once_naming_it(use: Any) -> None:
     p = _linear_regression(20, scale=use)
+    if getattr(use(torch.tensor(0.5, requires_grad=True)), "grad_fn", None) is None:
+        # cut from the graph (.item(), .detach(), a comparison): refused up front since
+        # issue 23, by InnerProblem.check when the Trainer is built
+        with pytest.raises(ValueError, match=r"hyperparameter 'scale' is read by train_loss "
+                                             r"and val_loss, but .* cuts it from the autograd"):
+            _trainer(problem=p, outer_steps=2)
+        return
     tr = _trainer(problem=p, outer_steps=2)
     with pytest.warns(ZeroHypergradientWarning, match=r"\['scale'\] is exactly zero") as rec:
         res = tr.fit()

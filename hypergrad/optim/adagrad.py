@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -36,6 +37,9 @@ class Adagrad(Optimizer):
 
     hyper_args = ("lr", "lr_decay", "weight_decay", "eps")
     options = ("initial_accumulator_value",)
+    domains = {"lr": "positive", "lr_decay": "nonnegative", "weight_decay": "nonnegative",
+               "eps": "positive"}
+    examples = {"lr": "1e-2", "lr_decay": "0.0", "weight_decay": "1e-4", "eps": "1e-10"}
 
     def init(self, params: Params) -> AdagradState:
         v = float(self.args["initial_accumulator_value"])
@@ -104,8 +108,9 @@ def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: A
         >>> sorted(adagrad(lr="lr", weight_decay="wd").bound_names())
         ['lr', 'wd']
     """
-    if not initial_accumulator_value >= 0:
-        raise ValueError(f"adagrad: initial_accumulator_value={initial_accumulator_value!r} "
-                         f"must be >= 0.")
+    v = initial_accumulator_value
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        raise ValueError(f"adagrad: initial_accumulator_value={v!r} must be a number >= 0, "
+                         f"e.g. initial_accumulator_value=0.0 (the default).")
     return Adagrad(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps,
                    initial_accumulator_value=float(initial_accumulator_value))

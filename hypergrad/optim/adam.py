@@ -3,6 +3,7 @@ Hutter 2019), with their tangent in closed form."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -43,6 +44,9 @@ class Adam(Optimizer):
     hyper_args = ("lr", "eps", "weight_decay")
     pair_args = ("betas",)
     options = ("eps_root",)
+    domains = {"lr": "positive", "betas": "unit", "eps": "positive",
+               "weight_decay": "nonnegative"}
+    examples = {"lr": "1e-3", "betas": "(0.9, 0.999)", "eps": "1e-8", "weight_decay": "1e-2"}
     decoupled = False
     stationary_args: tuple[str, ...] = ("weight_decay",)
 
@@ -159,7 +163,7 @@ def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
     :func:`safe_sqrt`, so tangents stay finite when a second moment is exactly 0.
     """
     return Adam(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                eps_root=float(eps_root))
+                eps_root=_eps_root("adam", eps_root))
 
 
 @register
@@ -167,4 +171,13 @@ def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8
           weight_decay: Arg = 1e-2, eps_root: float = 0.0) -> AdamW:
     """AdamW as ``torch.optim.AdamW`` (Loshchilov & Hutter 2019): ``w *= 1 - lr * wd`` first."""
     return AdamW(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                 eps_root=float(eps_root))
+                 eps_root=_eps_root("adamw", eps_root))
+
+
+def _eps_root(api: str, eps_root: Any) -> float:
+    """``eps_root`` is a fixed option (no hyperparameter): a finite number >= 0."""
+    if isinstance(eps_root, bool) or not isinstance(eps_root, (int, float)) or not (
+            0 <= eps_root < math.inf):
+        raise ValueError(f"{api}: eps_root={eps_root!r} must be a number >= 0, e.g. "
+                         f"eps_root=1e-8 (or 0.0, the default).")
+    return float(eps_root)

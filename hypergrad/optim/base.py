@@ -28,8 +28,9 @@ from ``update``. A new optimizer is a new module: subclass :class:`Optimizer`, w
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -158,6 +159,27 @@ class TangentContext:
         return None if not out else out[0] if len(out) == 1 else torch.stack(out).sum(0)
 
 
+DOMAINS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "positive": (lambda v: 0 < v < math.inf, "> 0"),
+    "nonnegative": (lambda v: 0 <= v < math.inf, ">= 0"),
+    "unit": (lambda v: 0 <= v < 1, "in [0, 1)"),
+}
+"""The domains of optimizer constants: name -> (test, words). NaN and inf pass none."""
+
+
+def _check_constant(api: str, where: str, value: Any, domain: str, example: str,
+                    key: str) -> None:
+    """A constant argument (not a hyperparameter's name) must lie in its domain: a negative
+    learning rate trains uphill, a momentum of 1 never forgets, NaN poisons every step."""
+    if isinstance(value, str):
+        return
+    test, words = DOMAINS[domain]
+    if not test(float(value)):
+        fix = f", e.g. {key}={example}" if example else ""
+        raise ValueError(f"{api}: {where}={value!r} must be a number {words} (or the name of a "
+                         f"hyperparameter){fix}.")
+
+
 class Optimizer(abc.ABC):
     """A pure optimizer (see the module docstring). Subclasses list their hyperparameter-capable
     arguments in ``hyper_args`` (``betas``-like pairs in ``pair_args``) and their fixed options
@@ -166,6 +188,12 @@ class Optimizer(abc.ABC):
     hyper_args: tuple[str, ...] = ()
     pair_args: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
+    domains: ClassVar[dict[str, str]] = {}
+    """The valid constants of each argument (:data:`DOMAINS` names them: ``"positive"``,
+    ``"nonnegative"``, ``"unit"`` for [0, 1)); a hyperparameter's name is not checked here (its
+    value is its transform's business)."""
+    examples: ClassVar[dict[str, str]] = {}
+    """A valid value of each argument, for messages (``lr="0.1"``)."""
     elementwise: bool = True
     stationary_args: tuple[str, ...] = ()
     """Arguments whose effect at a fixed point of the update is :meth:`penalty`'s term."""
@@ -190,6 +218,13 @@ class Optimizer(abc.ABC):
                     )
         for key in self.pair_args:
             self.args[key] = tuple(self.args[key])
+        for key, val in self.args.items():
+            if key in self.domains:
+                vals = val if key in self.pair_args else (val,)
+                for i, v in enumerate(vals):
+                    where = f"{key}[{i}]" if key in self.pair_args else key
+                    _check_constant(api, where, v, self.domains[key],
+                                    self.examples.get(key, ""), key)
 
     @property
     def name(self) -> str:

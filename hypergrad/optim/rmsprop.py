@@ -42,6 +42,10 @@ class RMSprop(Optimizer):
 
     hyper_args = ("lr", "alpha", "eps", "weight_decay", "momentum")
     options = ("centered",)
+    domains = {"lr": "positive", "alpha": "unit", "eps": "positive",
+               "weight_decay": "nonnegative", "momentum": "unit"}
+    examples = {"lr": "1e-2", "alpha": "0.99", "eps": "1e-8", "weight_decay": "1e-4",
+                "momentum": "0.9"}
 
     def init(self, params: Params) -> RMSpropState:
         z = lambda: {k: torch.zeros_like(p) for k, p in params.items()}  # noqa: E731

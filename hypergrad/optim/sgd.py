@@ -37,6 +37,9 @@ class SGD(Optimizer):
 
     hyper_args = ("lr", "momentum", "dampening", "weight_decay")
     options = ("nesterov",)
+    domains = {"lr": "positive", "momentum": "unit", "dampening": "unit",
+               "weight_decay": "nonnegative"}
+    examples = {"lr": "0.1", "momentum": "0.9", "dampening": "0.0", "weight_decay": "1e-4"}
     stationary_args = ("weight_decay",)
 
     def init(self, params: Params) -> SGDState:

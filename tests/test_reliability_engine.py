@@ -1,0 +1,417 @@
+"""Issue 23, the engine half: no silent wrong result on common models and inputs.
+
+Each case ends in a correct result or a clear error raised up front (at construction or in
+``InnerProblem.check``), naming the argument, the value and the fix. Models that change their
+weights or buffers in forward: test_parametrizations.py.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hypergrad as hg
+from hypergrad.optim import adagrad, rmsprop
+
+# -- group 3: inner optimizer constants -----------------------------------------------------------
+NAN = math.nan
+BAD_CONSTANTS = [
+    # (factory, argument, bad value, the words of the message)
+    (hg.optim.sgd, "lr", -0.1, "> 0"), (hg.optim.sgd, "lr", 0.0, "> 0"),
+    (hg.optim.sgd, "lr", NAN, "> 0"),
+    (hg.optim.sgd, "lr", math.inf, "> 0"),
+    (hg.optim.sgd, "momentum", 1.0, r"in \[0, 1\)"),
+    (hg.optim.sgd, "momentum", -0.5, r"in \[0, 1\)"),
+    (hg.optim.sgd, "momentum", NAN, r"in \[0, 1\)"),
+    (hg.optim.sgd, "dampening", 1.5, r"in \[0, 1\)"), (hg.optim.sgd, "weight_decay", -1e-4, ">= 0"),
+    (hg.optim.sgd, "weight_decay", NAN, ">= 0"),
+    (hg.optim.adam, "lr", -1e-3, "> 0"), (hg.optim.adam, "eps", 0.0, "> 0"),
+    (hg.optim.adam, "eps", -1e-8, "> 0"),
+    (hg.optim.adam, "weight_decay", -0.1, ">= 0"),
+    (hg.optim.adamw, "lr", 0, "> 0"), (hg.optim.adamw, "eps", NAN, "> 0"),
+    (hg.optim.adamw, "weight_decay", -1, ">= 0"),
+    (rmsprop, "lr", -1e-2, "> 0"), (rmsprop, "alpha", 1.0, r"in \[0, 1\)"),
+    (rmsprop, "alpha", -0.1, r"in \[0, 1\)"), (rmsprop, "eps", 0.0, "> 0"),
+    (rmsprop, "momentum", 1.2, r"in \[0, 1\)"), (rmsprop, "weight_decay", -1.0, ">= 0"),
+    (adagrad, "lr", -1.0, "> 0"), (adagrad, "lr_decay", -0.1, ">= 0"),
+    (adagrad, "eps", 0.0, "> 0"), (adagrad, "weight_decay", NAN, ">= 0"),
+]
+
+
+@pytest.mark.parametrize(("factory", "arg", "bad", "words"), BAD_CONSTANTS,
+                         ids=[f"{f.__name__}-{a}={b}" for f, a, b, _ in BAD_CONSTANTS])
+def test_a_bad_optimizer_constant_is_refused_at_construction(factory: Any, arg: str, bad: float,
+                                                              words: str) -> None:
+    api = factory.__name__
+    kw: dict[str, Any] = {"lr": 0.1} if arg != "lr" else {}
+    with pytest.raises(ValueError, match=rf"^{api}: {arg}={bad!r} must be a number {words} \(or "
+                                         rf"the name of a hyperparameter\), e.g. {arg}="):
+        factory(**kw, **{arg: bad})
+
+
+def test_the_message_of_a_negative_learning_rate() -> None:
+    with pytest.raises(ValueError) as info:
+        hg.optim.sgd(lr=-0.1)
+    assert str(info.value) == ("sgd: lr=-0.1 must be a number > 0 (or the name of a "
+                               "hyperparameter), e.g. lr=0.1.")
+
+
+@pytest.mark.parametrize("betas", [(1.0, 0.999), (0.9, 1.0), (-0.1, 0.9), (0.9, NAN)])
+def test_adam_betas_must_lie_in_the_unit_interval(betas: tuple[float, float]) -> None:
+    i = 0 if not 0 <= betas[0] < 1 else 1
+    for factory in (hg.optim.adam, hg.optim.adamw):
+        with pytest.raises(ValueError, match=rf"{factory.__name__}: betas\[{i}\]=.* must be a "
+                                             rf"number in \[0, 1\).*e.g. betas=\(0.9, 0.999\)"):
+            factory(betas=betas)
+
+
+def test_options_are_checked_too() -> None:
+    with pytest.raises(ValueError, match=r"adam: eps_root=-1e-08 must be a number >= 0"):
+        hg.optim.adam(eps_root=-1e-8)
+    with pytest.raises(ValueError, match=r"adagrad: initial_accumulator_value=nan must be"):
+        adagrad(initial_accumulator_value=NAN)
+
+
+def test_valid_constants_and_hyperparameter_names_pass() -> None:
+    hg.optim.sgd(lr=1, momentum=0.0, dampening=0.0, weight_decay=0)  # ints, edges of the domains
+    hg.optim.sgd(lr="lr", momentum="mom", dampening="damp", weight_decay="wd")  # names: not checked
+    hg.optim.adam(lr="lr", betas=(0.0, "b2"), eps=1e-12, weight_decay=0.0)
+    hg.optim.adamw(betas=("b1", 0.5))
+    rmsprop(alpha=0.0, momentum=0.99, centered=True)
+    adagrad(lr_decay=0.0, initial_accumulator_value=0.1)
+
+
+# -- shared problem -------------------------------------------------------------------------------
+D = torch.float64
+
+
+def _data(n: int = 16, dtype: torch.dtype = D) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 4, generator=g, dtype=dtype), torch.randint(0, 3, (n,), generator=g)
+
+
+def _problem(hps: list[Any] | None = None, opt: Any = None, steps: int = 3,
+             train_loss: Any = None, val_loss: Any = None, batches: Any = None,
+             model: nn.Module | None = None) -> hg.InnerProblem:
+    x, y = _data()
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1])
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(x), y)
+
+    torch.manual_seed(0)
+    return hg.InnerProblem(model or nn.Linear(4, 3).double(), train_loss or tl,
+                           opt or hg.optim.sgd(lr="lr"),
+                           hg.HyperParams(hps or [hg.Scalar("lr", 0.1, transform="log")]),
+                           batches or [(x[:8], y[:8]), (x[8:], y[8:])], steps, val_loss or vl)
+
+
+def _check(p: hg.InnerProblem) -> None:
+    p.check(p.init_raw())
+
+
+# -- group 1 (a): schedule windows no step reads --------------------------------------------------
+def test_schedule_windows_after_the_last_step_are_refused() -> None:
+    p = _problem([hg.Schedule("lr", 0.1, windows=8, transform="log")], steps=4)
+    with pytest.raises(ValueError) as info:
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+    assert str(info.value) == (
+        "InnerProblem: Schedule('lr') has windows=8 but steps=4: windows [1, 3, 5, 7] are read "
+        "by no step (step t reads window t * 8 // 4), so their hypergradients stay zero and "
+        "tuning would report them as learned. Use windows <= steps, e.g. Schedule('lr', ..., "
+        "windows=4), or more steps.")
+
+
+def test_a_schedule_the_training_loss_reads_is_checked_too() -> None:
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]) * hp["temp"], b[1])
+
+    p = _problem([hg.Scalar("lr", 0.1), hg.Schedule("temp", 1.0, windows=5)], steps=3,
+                 train_loss=tl)
+    with pytest.raises(ValueError, match=r"Schedule\('temp'\) has windows=5 but steps=3: "
+                                         r"windows \[2, 4\] are read by no step"):
+        _check(p)
+
+
+def test_schedules_whose_windows_all_act_pass() -> None:
+    _check(_problem([hg.Schedule("lr", 0.1, windows=4, transform="log")], steps=4))
+    _check(_problem([hg.Schedule("lr", 0.1, windows=3, transform="log")], steps=7))
+    x, y = _data()
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:  # val_loss reads the whole schedule
+        return F.cross_entropy(m(x), y) + 1e-3 * hp["lr"].sum()
+
+    _check(_problem([hg.Schedule("lr", 0.1, windows=8, transform="log")], steps=4, val_loss=vl))
+
+
+# -- group 1 (b), (c): per-example weights and hyperparameters bound to nothing ------------------
+def _per_example(read: str) -> hg.InnerProblem:
+    from hypergrad.data import MiniBatches
+
+    x, y = _data()
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        losses = F.cross_entropy(m(b[0]), b[1], reduction="none")
+        if read == "indexed":
+            return (hp["w"][b[2]] * losses).mean()
+        if read == "by_name_only":
+            hp["w"]  # read, never used
+        elif read == "detached":
+            return (hp["w"][b[2]].detach() * losses).mean()
+        return losses.mean()
+
+    return hg.InnerProblem(nn.Linear(4, 3).double(), tl, hg.optim.sgd(lr=0.1),
+                           hg.HyperParams([hg.PerExample("w", 1.0, n=16)]),
+                           MiniBatches(x, y, batch_size=8), 3,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
+def test_per_example_weights_the_loss_never_reads_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"hyperparameters \['w'\] are bound to nothing"):
+        _check(_per_example("not_at_all"))
+    with pytest.raises(ValueError, match=r"hyperparameter 'w' is read by train_loss, but one "
+                                         r"of .* cuts it from the autograd graph"):
+        _check(_per_example("by_name_only"))
+    with pytest.raises(ValueError, match=r"'w' is read by train_loss, but .detach\(\) in "
+                                         r"train_loss cuts it from the autograd graph"):
+        _check(_per_example("detached"))
+    _check(_per_example("indexed"))
+
+
+def test_a_hyperparameter_bound_to_nothing_is_named() -> None:
+    p = _problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("unused", 1.0)])
+    with pytest.raises(ValueError, match=r"\['unused'\] are bound to nothing"):
+        _check(p)
+
+
+def test_an_initial_value_outside_the_transform_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"init=0.0 is outside the domain of transform='log'"):
+        _problem([hg.Scalar("lr", 0.0, transform="log")]).init_raw()
+
+
+# -- group 1 (d): user code that cuts the graph ---------------------------------------------------
+def _no_grad_double(v: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return v * 2
+
+
+CUTS: dict[str, tuple[Any, str]] = {
+    "item": (lambda v: v.item(), r"\.item\(\)"),
+    "float": (lambda v: float(v), r"float\(\)"),
+    "detach": (lambda v: v.detach(), r"\.detach\(\)"),
+    "data": (lambda v: v.data, r"\.data"),
+    "no_grad": (_no_grad_double, r"torch\.no_grad\(\) \(around mul\)"),
+    "numpy": (lambda v: torch.as_tensor(np.exp(v.detach().numpy())), r"\.detach\(\)"),
+    "where": (lambda v: torch.where(v > 0, 1.0, 0.0), r"gt \(it has no derivative\)"),
+}
+
+
+@pytest.mark.parametrize("where", ["train_loss", "val_loss"])
+@pytest.mark.parametrize("cause", CUTS)
+def test_a_hyperparameter_cut_from_the_graph_is_named_with_its_cause(cause: str,
+                                                                      where: str) -> None:
+    use, words = CUTS[cause]
+    x, y = _data()
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        out = F.cross_entropy(m(b[0]), b[1])
+        return out * (1 + use(hp["scale"])) if where == "train_loss" else out
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        out = F.cross_entropy(m(x), y)
+        return out * (1 + use(hp["scale"])) if where == "val_loss" else out
+
+    p = _problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("scale", 0.5)],
+                 train_loss=tl, val_loss=vl)
+    with pytest.raises(ValueError, match=rf"^InnerProblem: hyperparameter 'scale' is read by "
+                                         rf"{where}, but {words} in {where} cuts it from the "
+                                         rf"autograd graph, so its hypergradient is "
+                                         rf"structurally zero"):
+        hg.ReverseMode().hypergradient(p, p.init_raw())
+
+
+@pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning")
+def test_a_hyperparameter_given_to_numpy_is_named() -> None:
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1]) * float(np.exp(hp["scale"]))
+
+    p = _problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("scale", 0.5)],
+                 train_loss=tl)
+    with pytest.raises(ValueError, match=r"train_loss passes hyperparameter 'scale' to numpy, "
+                                         r"which fails on a tensor that hypergrad "
+                                         r"differentiates"):
+        _check(p)
+
+
+@pytest.mark.parametrize("use", [lambda v: 0 * v, torch.round, lambda v: torch.relu(v - 0.5)],
+                         ids=["times0", "round", "relu_at_0"])
+def test_a_numerically_zero_derivative_is_not_a_cut(use: Any) -> None:
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1]) * (1 + use(hp["scale"]))
+
+    _check(_problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("scale", 0.5)],
+                    train_loss=tl))
+
+
+def test_a_hyperparameter_bound_to_the_optimizer_may_be_read_as_a_number() -> None:
+    logged: list[float] = []
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        logged.append(hp["lr"].item())
+        return F.cross_entropy(m(b[0]), b[1])
+
+    _check(_problem(train_loss=tl))
+    assert logged
+
+
+# -- group 4: data problems named as data problems ------------------------------------------------
+def test_nan_in_the_training_data_is_named_before_training() -> None:
+    from hypergrad.data import MiniBatches
+
+    x, y = _data()
+    x[13, 2] = math.nan  # not in the first mini-batch of the unshuffled data
+    p = _problem(batches=MiniBatches(x, y, batch_size=8, shuffle=False))
+    with pytest.raises(ValueError) as info:
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+    assert str(info.value).startswith(
+        "InnerProblem: the training data has non-finite values: MiniBatches tensor 0 (shape "
+        "(16, 4)) has 1 NaN and 0 inf entry (the first at index (13, 2)). A NaN or inf input "
+        "makes the losses and every hypergradient NaN, which would look like a diverging "
+        "learning rate. Clean the data")
+
+
+def test_inf_in_a_later_batch_of_a_list_is_named() -> None:
+    x, y = _data()
+    x[9, 0] = -math.inf
+    p = _problem(batches=[(x[:8], y[:8]), (x[8:], y[8:])])
+    with pytest.raises(ValueError, match=r"tensor 0 of mini-batch 1 \(shape \(8, 4\)\) has 0 NaN "
+                                         r"and 1 inf entry \(the first at index \(1, 0\)\)"):
+        _check(p)
+
+
+def test_nan_in_the_first_batch_of_a_callable_is_named() -> None:
+    x, y = _data()
+    x[0, 0] = math.nan
+    p = _problem(batches=lambda t: (x, y))
+    with pytest.raises(ValueError, match=r"tensor 0 of mini-batch 0 \(shape \(16, 4\)\) has 1 "
+                                         r"NaN"):
+        _check(p)
+
+
+def test_nan_in_the_validation_data_is_named() -> None:
+    x_val, y_val = _data(10)
+    x_val[[2, 5], 1] = math.nan
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(x_val), y_val)
+
+    p = _problem(val_loss=vl)
+    with pytest.raises(ValueError, match=r"val_loss is nan at the initial weights \(the weights "
+                                         r"are finite\): 'x_val' \(which val_loss closes over\) "
+                                         r"\(shape \(10, 4\)\) has 2 NaN and 0 inf entries.*data "
+                                         r"problem, not a learning rate"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+
+
+def test_nan_in_data_a_training_loss_indexes_is_named() -> None:
+    X, Y = _data()
+    X[3, 3] = math.nan
+
+    def tl(m: Any, idx: Any, hp: Any) -> torch.Tensor:  # batches are example indices
+        return F.cross_entropy(m(X[idx]), Y[idx])
+
+    p = _problem(train_loss=tl, batches=[torch.arange(8), torch.arange(8, 16)])
+    with pytest.raises(ValueError, match=r"train_loss is nan at step 0 .*'X' \(which train_loss "
+                                         r"closes over\) \(shape \(16, 4\)\) has 1 NaN"):
+        _check(p)
+
+
+def test_a_loss_that_is_nan_by_itself_is_named() -> None:
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        return torch.log(torch.zeros((), dtype=D)) * 0
+
+    p = _problem(val_loss=vl)
+    with pytest.raises(ValueError, match=r"val_loss is nan at the initial weights, with finite "
+                                         r"weights and hyperparameters \{'lr': 0.1\d*\}: the loss "
+                                         r"itself"):
+        _check(p)
+
+
+def test_nan_initial_weights_are_named() -> None:
+    model = nn.Linear(4, 3).double()
+    with torch.no_grad():
+        model.bias[1] = math.nan
+    p = _problem(model=model)
+    with pytest.raises(ValueError, match=r"initial parameter 'bias' has 1 NaN and 0 inf entry"):
+        _check(p)
+
+
+@pytest.mark.parametrize(("model_dtype", "data_dtype", "fix"), [
+    (torch.float32, torch.float64, r"model.double\(\), or the data, x.float\(\)"),
+    (torch.float64, torch.float32, r"model.float\(\), or the data, x.double\(\)"),
+])
+def test_a_model_and_data_of_different_dtypes_get_one_clear_error(
+        model_dtype: torch.dtype, data_dtype: torch.dtype, fix: str) -> None:
+    x, y = _data(dtype=data_dtype)
+    p = _problem(model=nn.Linear(4, 3).to(model_dtype), batches=[(x, y)],
+                 val_loss=lambda m, hp: F.cross_entropy(m(x.to(model_dtype)), y))
+    with pytest.raises(TypeError, match=rf"^InnerProblem: the model is {model_dtype} but tensor 0 "
+                                        rf"of mini-batch 0 is {data_dtype} \(shape \(16, 4\)\), "
+                                        rf"and torch cannot mix them in train_loss .*{fix}"):
+        p.check(p.init_raw())
+
+
+def test_validation_data_of_another_dtype_is_named() -> None:
+    x32, y = _data(dtype=torch.float32)
+    p = _problem(val_loss=lambda m, hp: F.cross_entropy(m(x32), y))
+    with pytest.raises(TypeError, match=r"the model is torch.float64 but 'x32' \(which val_loss "
+                                        r"closes over\) is torch.float32"):
+        _check(p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_hyperparameters_are_refused(dtype: torch.dtype) -> None:
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1)])
+    with pytest.raises(TypeError, match=rf"init_raw: dtype={dtype}; hypergradients need float32 "
+                                        rf"or float64 \(tangents"):
+        hps.init_raw(dtype)
+    with pytest.raises(TypeError, match=rf"lam has dtype {dtype}; hypergradients need float32"):
+        _check_lam(_problem(), torch.zeros(1, dtype=dtype))
+
+
+def _check_lam(p: hg.InnerProblem, lam: torch.Tensor) -> None:
+    p.check(lam)
+
+
+# -- the troubleshooting page's examples run ------------------------------------------------------
+DOC = Path(__file__).resolve().parents[1] / "docs" / "troubleshooting_engine.md"
+
+
+def test_the_troubleshooting_page_examples_run() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert blocks
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"troubleshooting_engine.md[python block {i}]", "exec"), {})
+
+
+def test_the_troubleshooting_page_names_every_message_of_this_change() -> None:
+    text = DOC.read_text()
+    for words in ("must be a number > 0 (or the name of a hyperparameter)",
+                  "are read by no step", "cuts it from the autograd graph",
+                  "the training data has non-finite values", "torch cannot mix them",
+                  "writes the parameter", "updates its buffer", "replaces its buffer",
+                  "uses the hook-based", "renormalises the rows", "keep 8 to 11 bits",
+                  "passes hyperparameter 'scale' to numpy", "changed its own tensors",
+                  "state that hypergrad updates itself", "initial parameter 'bias'",
+                  "is nan at the initial weights"):
+        assert words in text, words
