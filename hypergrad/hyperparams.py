@@ -12,7 +12,7 @@ Kinds (``K`` contributions in brackets):
 - :class:`Schedule` [W]: a value per step over the horizon ``T``, piecewise constant on ``W``
   equal windows (FDS-style, Maclaurin et al. 2015; Micaelli & Storkey 2021).
 - :class:`PerExample` [N]: one weight per training example (data hyper-cleaning).
-- :class:`Tensor` [numel]: any tensor the training loss reads (an L2 coefficient, label smoothing).
+- :class:`Array` [numel]: any tensor the training loss reads (an L2 coefficient, label smoothing).
 - :class:`InitScale` [one per listed parameter tensor]: a scale of the initial weights,
   ``w_0 = scale * w_0(model)``.
 - :class:`InitWeights` [numel of the listed tensors]: the initial weights themselves (the
@@ -493,7 +493,7 @@ class HyperParams:
             if not isinstance(it, HyperParameter):
                 raise TypeError(
                     f"HyperParams: expected hypergrad hyperparameters (Scalar, PerTensor, "
-                    f"Schedule, PerExample, Tensor), got {type(it).__name__}: {it!r}."
+                    f"Schedule, PerExample, Array, ...), got {type(it).__name__}: {it!r}."
                 )
         names = [it.name for it in items]
         dup = sorted({n for n in names if names.count(n) > 1})

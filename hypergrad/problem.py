@@ -169,6 +169,12 @@ class InnerProblem:
             params = self.hyperparams.apply_init(params, lam)
         return InnerState(params, self.fmodel.initial_buffers(), self.optimizer.init(params))
 
+    def model(self, state: InnerState, train: bool = False) -> ModelFn:
+        """The network at a trained ``state`` (its parameters and running statistics), callable
+        like the module: ``problem.model(state)(x)``; in eval mode unless ``train``. For an
+        ``evaluate`` of a :class:`~hypergrad.Task`. The module itself is not modified."""
+        return self.fmodel.bind(state.params, state.buffers, train=train, step=self.steps)
+
     # -- the pure functions every method differentiates --------------------------------------------
     def train_objective(self, params: dict[str, Tensor], buffers: dict[str, Tensor], lam: Tensor,
                         t: int, batch: Any, fused: bool = False

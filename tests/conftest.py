@@ -22,3 +22,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def isolated_registries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Methods and optimizers a test registers are forgotten after it (the registries are
+    process-wide: a test's own registrations must not reach the others)."""
+    import hypergrad.methods.base as methods
+    import hypergrad.optim.base as optimizers
+
+    monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
+    monkeypatch.setattr(optimizers, "_FACTORIES", dict(optimizers._FACTORIES))

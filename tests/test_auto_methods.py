@@ -111,6 +111,7 @@ def test_every_registered_method_is_built_by_its_name() -> None:
         create("hypergrad.problem.InnerProblem")
 
 
+@pytest.mark.usefixtures("isolated_registries")
 def test_a_method_name_is_taken_once() -> None:
     with pytest.raises(ValueError, match=r"Method name 'forward' is taken by "
                                          r"hypergrad.methods.forward.ForwardMode"):

@@ -73,7 +73,11 @@ def test_every_option_instantiates(group: str, option: str, tmp_path: Path) -> N
         preset = {"digits": "digits_schedule", "hypercleaning": "hypercleaning",
                   "ridge_diabetes": "ridge_diabetes", "breast_cancer": "breast_cancer_l2",
                   "sparse_regression": "sparse_regression"}
-        cfg = _compose([f"experiment={preset[option]}", "debug=fast"])
+        if option == "custom":  # any builder by _target_ (docs/own-model.md)
+            cfg = _compose(["task=custom", "task._target_=hypergrad.tasks.bundled.digits_task",
+                            "debug=fast"])
+        else:
+            cfg = _compose([f"experiment={preset[option]}", "debug=fast"])
         task, trainer = build(cfg)
         assert isinstance(task.problem, hg.InnerProblem) and isinstance(trainer, Trainer)
         return
@@ -223,6 +227,7 @@ def test_schemas_follow_the_signatures() -> None:
         schema(Odd)
 
 
+@pytest.mark.usefixtures("isolated_registries")
 def test_a_new_inner_optimizer_needs_no_config_code() -> None:
     # what a user does to add an optimizer: a factory registered by name (and a YAML if wanted)
     @hg.optim.register(name="fancy_sgd")

@@ -101,6 +101,7 @@ def test_a_user_method_by_name_in_a_joblib_multirun(user_package: Path, tmp_path
     assert first["hypergrad_norm"] < 0.9 * ref["hypergrad_norm"]  # another hypergradient
 
 
+@pytest.mark.usefixtures("isolated_registries")
 def test_a_user_method_by_name_on_two_torchrun_ranks(user_package: Path, tmp_path: Path) -> None:
     script = tmp_path / "tune.py"
     script.write_text(textwrap.dedent(TORCHRUN_SCRIPT))

@@ -189,7 +189,7 @@ def test_methods_by_name_and_auto_online() -> None:
     m = _online("marthe").method
     assert isinstance(m, hg.MARTHE) and m.mu == 0.9
     with pytest.raises(ValueError, match=r"method='rtho' is not a registered method; registered "
-                                         r"are \['auto', 'finite_difference', 'forward', 'hd', "
+                                         r"are \['auto', 'finite_difference', 'forward', .*'hd', "
                                          r"'implicit', 'marthe', 'reverse'\]"):
         _online("rtho")
     with pytest.raises(TypeError, match="method must be a Method or a name"):

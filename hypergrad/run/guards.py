@@ -201,9 +201,9 @@ class Tracker:
             one = "it" if len(zero) == 1 else "them"
             warnings.warn(ZeroHypergradientWarning(
                 f"Trainer: the hypergradient of {zero} is exactly zero at the first outer step: "
-                f"the losses cannot differentiate {one}, so tuning will not move {one}. Read the "
-                f"hyperparameter as a tensor (no .item(), float(), round, .detach(), "
-                f"torch.where on it, or 0 * hp), or remove it."), stacklevel=5)
+                f"the losses do not change with {one} here (0 * hp, round(hp), a step function "
+                f"of it), so tuning will not move {one}. Make the losses depend on it smoothly, "
+                f"or remove it."), stacklevel=5)
 
     def fallback(self, offline: bool) -> tuple[Tensor, int, float, str]:
         """What to return after a divergence: ``(lam, outer step, validation loss, words)``.
