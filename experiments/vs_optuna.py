@@ -202,7 +202,8 @@ def compare(name: str, problem: Problem, st: Settings) -> dict[str, Any]:
     cfg0 = compose_cfg(problem, st.seeds[0], extra)
     task0, _ = _quiet_build(cfg0)
     p0 = task0.problem
-    bounds = OmegaConf.to_container(cfg0.guards.bounds, resolve=True)
+    bounds = (OmegaConf.to_container(cfg0.guards.bounds, resolve=True)
+              if cfg0.guards.bounds is not None else {})
     space = SearchSpace.from_problem(p0.hyperparams, bounds)  # type: ignore[arg-type]
     costs = measure_costs(problem, st)
     print(f"\n== {name} (K={space.dim}, T={costs['steps']}, budget {budget:g} s): plain run "

@@ -101,9 +101,8 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     import torch
 
     from . import ForwardMode, ReverseMode
-    from .export import write_learned
     from .measure import measure
-    from .report import named_values, plot_run, summary, table
+    from .report import plot_run, summary, table, write_learned
     from .run.files import dumps, write_text_atomic
 
     run_dir = folder.path
@@ -170,7 +169,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
         "outer_steps": len(result.history),
         "fit_seconds": fit["seconds"], "fit_peak_extra_mib": fit["peak_extra_bytes"] / 2**20,
         # the learned point: the best evaluated (offline), its outer step and validation loss
-        "learned": result.values, "learned_named": named_values(hps, result.values, horizon),
+        "learned": result.values, "learned_named": hps.named(result.values, horizon),
         "learned_step": result.best_step, "learned_val_loss": result.best_val_loss,
         # where the outer optimizer ended: the point after the last update
         "last": result.last_values, "last_step": last_step,

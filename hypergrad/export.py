@@ -9,8 +9,8 @@ per-example or per-feature values as numbers and tensors, and the model trained 
   :func:`optimizer_from_settings` to build it back.
 - :func:`trained_state_dict`: a trained :class:`~hypergrad.InnerState` as the module's
   ``state_dict`` (``model_learned.pt``).
-- :func:`write_learned`: ``learned.yaml``, ``model_learned.pt`` and ``learned_<name>.pt`` into a
-  run folder (``hypergrad-run`` calls it).
+- :func:`hypergrad.report.write_learned` writes them into a run folder (``learned.yaml``,
+  ``model_learned.pt``, ``learned_<name>.pt``; ``hypergrad-run`` calls it).
 
 **What a schedule assumes.** A :class:`~hypergrad.Schedule` of ``W`` windows over the ``T`` steps
 it was learned on is written as windows that are fractions of training: window ``w`` covers
@@ -23,7 +23,6 @@ size, the data, the model) is assumed to be the one tuned on.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +32,7 @@ from .hyperparams import TRANSFORMS, HyperParams, PerTensor, Schedule
 from .problem import InnerProblem, InnerState
 
 __all__ = ["learned_settings", "learned_optimizer", "optimizer_from_settings",
-           "trained_state_dict", "write_learned"]
+           "trained_state_dict"]
 
 SCHEDULER = "torch.optim.lr_scheduler.LambdaLR"
 
@@ -185,46 +184,3 @@ def trained_state_dict(problem: InnerProblem, state: InnerState) -> dict[str, Te
         else:
             out[key] = value.detach().clone()
     return out
-
-
-def write_learned(folder: Path, problem: InnerProblem, lam: Tensor,
-                  state: InnerState | None) -> list[str]:
-    """``learned.yaml`` (:func:`learned_settings`, or the reason it cannot be written),
-    ``learned_<name>.pt`` for vector-valued loss hyperparameters, and ``model_learned.pt``
-    (:func:`trained_state_dict` of ``state``: the model retrained at ``lam``) in ``folder``,
-    each written atomically. Returns the file names."""
-    import io
-
-    import yaml  # type: ignore[import-untyped]
-
-    from .run.files import write_bytes_atomic, write_text_atomic
-
-    files: list[str] = []
-    try:
-        settings: dict[str, Any] = learned_settings(problem, lam)
-    except NotImplementedError as err:
-        settings = {"not_written": str(err)}
-    head = ("# What hypergrad learned, for your own training: hypergrad.export."
-            "optimizer_from_settings(yaml.safe_load(open('learned.yaml')), model) gives the "
-            "torch.optim optimizer and LambdaLR (docs/guide.md). Schedule windows are fractions "
-            "of training (see 'assumes').\n")
-    if settings.get("schedule"):
-        settings["schedule"]["assumes"] = (
-            "windows are fractions of the run: training for another number of steps stretches "
-            "them; the batch size, data and model are the ones tuned on")
-    write_text_atomic(folder / "learned.yaml", head + yaml.safe_dump(settings, sort_keys=False,
-                                                                default_flow_style=None))
-    files.append("learned.yaml")
-    values = _values(problem.hyperparams, lam)
-    for name, ref in settings.get("loss", {}).items():
-        if isinstance(ref, str):
-            buf = io.BytesIO()
-            torch.save(values[name].detach().cpu(), buf)
-            write_bytes_atomic(folder / ref, buf.getvalue())
-            files.append(ref)
-    if state is not None:
-        buf = io.BytesIO()
-        torch.save(trained_state_dict(problem, state), buf)
-        write_bytes_atomic(folder / "model_learned.pt", buf.getvalue())
-        files.append("model_learned.pt")
-    return files

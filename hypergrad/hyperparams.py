@@ -208,6 +208,12 @@ class Schedule(HyperParameter):
     def window(self, step: int, horizon: int) -> int:
         return min(step * self.windows // horizon, self.windows - 1)
 
+    def steps(self, horizon: int) -> list[tuple[int, int]]:
+        """The inner steps ``(first, last)`` each window covers over ``horizon``."""
+        starts = [next((t for t in range(horizon) if self.window(t, horizon) >= w), horizon)
+                  for w in range(self.windows)]
+        return [(a, b - 1) for a, b in zip(starts, [*starts[1:], horizon])]
+
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         f = TRANSFORMS[self.transform][0]
         if step is None:
@@ -593,6 +599,28 @@ class HyperParams:
         ``InnerProblem.check`` gives each group a leaf of its own, to see which losses'
         autograd graphs reach which group."""
         return {it.name: it.value(raw[it.name], step, horizon) for it in self.items}
+
+    def named(self, values: Mapping[str, Any], horizon: int) -> dict[str, float]:
+        """``{label: value}`` of described values (:meth:`describe`, or a Trainer record's
+        ``hyperparams``), every entry named: a scalar as ``lr``, a schedule's windows by their
+        inner steps (``lr[steps 0-59]``), per-tensor values by the parameter's name
+        (``wd[fc1.weight]``), vectors by index (``cw[2]``)."""
+        out: dict[str, float] = {}
+        for it in self.items:
+            flat = [float(x) for x in torch.as_tensor(values[it.name]).reshape(-1).tolist()]
+            params = getattr(it, "params", None) or []
+            if isinstance(it, Schedule):
+                for (a, b), x in zip(it.steps(horizon), flat):
+                    out[f"{it.name}[steps {a}-{b}]"] = x
+            elif len(params) == len(flat) > 0:
+                for name, x in zip(params, flat):
+                    out[f"{it.name}[{name}]"] = x
+            elif len(flat) == 1:
+                out[it.name] = flat[0]
+            else:
+                for i, x in enumerate(flat):
+                    out[f"{it.name}[{i}]"] = x
+        return out
 
     def describe(self, lam: Tensor) -> dict[str, list[float] | float]:
         """Plain-Python transformed values (for logs and JSON)."""

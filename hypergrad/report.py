@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from .hyperparams import HyperParams, Schedule
+from .problem import InnerProblem, InnerState
 
-__all__ = ["table", "named_values", "window_steps", "summary", "figures", "plot_run"]
+__all__ = ["table", "named_values", "summary", "figures", "plot_run", "write_learned"]
 
 MANY = 12
 """More values than this in one hyperparameter: plotted as min / mean / max, summarised in logs."""
@@ -38,34 +39,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def window_steps(item: Schedule, horizon: int) -> list[tuple[int, int]]:
-    """The inner steps ``[first, last]`` of each window of a schedule over ``horizon``."""
-    starts = [next((t for t in range(horizon) if item.window(t, horizon) >= w), horizon)
-              for w in range(item.windows)]
-    ends = [*starts[1:], horizon]
-    return [(a, b - 1) for a, b in zip(starts, ends)]
-
-
 def named_values(hps: HyperParams, values: Mapping[str, Any], horizon: int
                  ) -> dict[str, float]:
-    """``{label: value}`` of described values (``hps.describe(lam)``, or a history record's
-    ``hyperparams``), every entry named (see the module docstring)."""
-    out: dict[str, float] = {}
-    for it in hps.items:
-        v = values[it.name]
-        flat = [float(x) for x in torch.as_tensor(v).reshape(-1).tolist()]
-        if isinstance(it, Schedule):
-            for (a, b), x in zip(window_steps(it, horizon), flat):
-                out[f"{it.name}[steps {a}-{b}]"] = x
-        elif len(params := getattr(it, "params", None) or []) == len(flat) > 0:
-            for p, x in zip(params, flat):
-                out[f"{it.name}[{p}]"] = x
-        elif len(flat) == 1:
-            out[it.name] = flat[0]
-        else:
-            for i, x in enumerate(flat):
-                out[f"{it.name}[{i}]"] = x
-    return out
+    """``hps.named(values, horizon)`` (:meth:`hypergrad.HyperParams.named`)."""
+    return hps.named(values, horizon)
 
 
 def summary(hps: HyperParams, values: Mapping[str, Any], horizon: int) -> str:
@@ -209,3 +186,47 @@ def _save(fig: Any, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     write_bytes_atomic(path, buf.getvalue())
+
+
+def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
+                  state: InnerState | None) -> list[str]:
+    """``learned.yaml`` (:func:`hypergrad.export.learned_settings`, or the reason it cannot be
+    written), ``learned_<name>.pt`` for vector-valued loss hyperparameters, and
+    ``model_learned.pt`` (:func:`hypergrad.export.trained_state_dict` of ``state``: the model
+    retrained at ``lam``) in ``folder``, each written atomically. Returns the file names."""
+    import io
+
+    import yaml  # type: ignore[import-untyped]
+
+    from .export import _values, learned_settings, trained_state_dict
+    from .run.files import write_bytes_atomic, write_text_atomic
+
+    files: list[str] = []
+    try:
+        settings: dict[str, Any] = learned_settings(problem, lam)
+    except NotImplementedError as err:
+        settings = {"not_written": str(err)}
+    head = ("# What hypergrad learned, for your own training: hypergrad.export."
+            "optimizer_from_settings(yaml.safe_load(open('learned.yaml')), model) gives the "
+            "torch.optim optimizer and LambdaLR (docs/guide.md). Schedule windows are fractions "
+            "of training (see 'assumes').\n")
+    if settings.get("schedule"):
+        settings["schedule"]["assumes"] = (
+            "windows are fractions of the run: training for another number of steps stretches "
+            "them; the batch size, data and model are the ones tuned on")
+    write_text_atomic(folder / "learned.yaml", head + yaml.safe_dump(settings, sort_keys=False,
+                                                                default_flow_style=None))
+    files.append("learned.yaml")
+    values = _values(problem.hyperparams, lam)
+    for name, ref in settings.get("loss", {}).items():
+        if isinstance(ref, str):
+            buf = io.BytesIO()
+            torch.save(values[name].detach().cpu(), buf)
+            write_bytes_atomic(folder / ref, buf.getvalue())
+            files.append(ref)
+    if state is not None:
+        buf = io.BytesIO()
+        torch.save(trained_state_dict(problem, state), buf)
+        write_bytes_atomic(folder / "model_learned.pt", buf.getvalue())
+        files.append("model_learned.pt")
+    return files

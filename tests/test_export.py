@@ -17,12 +17,8 @@ from torch import nn
 
 import hypergrad as hg
 from hypergrad.data import MiniBatches
-from hypergrad.export import (
-    learned_settings,
-    optimizer_from_settings,
-    trained_state_dict,
-    write_learned,
-)
+from hypergrad.export import learned_settings, optimizer_from_settings, trained_state_dict
+from hypergrad.report import write_learned
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor, cw: Any, smooth: Any) -> torch.Tensor:

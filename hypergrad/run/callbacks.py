@@ -148,12 +148,10 @@ class TensorBoard(Callback):
 
     def _named(self, trainer: Any, values: dict[str, Any]) -> dict[str, float]:
         from ..hyperparams import HyperParams
-        from ..report import named_values
 
         hps, out = trainer.problem.hyperparams, {}
         for it in hps.items:
-            named = named_values(HyperParams([it]), {it.name: values[it.name]},
-                                 trainer.problem.steps)
+            named = HyperParams([it]).named({it.name: values[it.name]}, trainer.problem.steps)
             if len(named) > self.max_values:
                 xs = list(named.values())
                 named = {f"{it.name}/min": min(xs), f"{it.name}/mean": sum(xs) / len(xs),
