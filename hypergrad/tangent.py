@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -28,6 +29,7 @@ from torch import Tensor
 from torch.func import jvp, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .hyperparams import Schedule
 from .optim.base import TangentContext
 from .problem import InnerProblem, InnerState
 
@@ -117,12 +119,33 @@ class AutoTangent(TangentRule):
         return None
 
 
+_HP_CACHE: weakref.WeakKeyDictionary[InnerProblem, tuple[Any, Any]] = (
+    weakref.WeakKeyDictionary())
+
+
 def _hp_scalars(problem: InnerProblem, t: int, lam: Tensor, cols: list[int]
                 ) -> tuple[dict[str, Any], dict[int, Tensor]] | None:
     """The optimizer's hyperparameter values at step ``t`` (detached) and, for each value that
     depends on ``lam``, its derivative at the columns ``cols``: ``{id(value): d value / d
     lam[cols]}``. ``None`` when a value is not a scalar (a per-element hyperparameter): the
-    caller then takes the general path."""
+    caller then takes the general path.
+
+    Within an inner run ``lam`` is one tensor and the values change only with a schedule's
+    window: the last result is kept per problem and reused while ``lam`` (the same tensor, not
+    modified in place), the columns and every schedule's window are the same."""
+    hps = problem.hyperparams
+    windows = tuple(it.window(t, problem.steps) for it in hps.items if isinstance(it, Schedule))
+    key = (id(lam), lam._version, tuple(cols), windows)
+    hit = _HP_CACHE.get(problem)
+    if hit is not None and hit[0][0] == key and hit[0][1]() is lam:
+        return hit[1]  # type: ignore[no-any-return]
+    out = _hp_scalars_at(problem, t, lam, cols)
+    _HP_CACHE[problem] = ((key, weakref.ref(lam)), out)
+    return out
+
+
+def _hp_scalars_at(problem: InnerProblem, t: int, lam: Tensor, cols: list[int]
+                   ) -> tuple[dict[str, Any], dict[int, Tensor]] | None:
     with torch.enable_grad():
         lam_l = lam.detach().requires_grad_(bool(cols))
         vals = problem.hyperparams.values(lam_l, t, problem.steps)

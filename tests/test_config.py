@@ -217,7 +217,7 @@ def test_schemas_follow_the_signatures() -> None:
     assert {"sgd", "adam", "adamw", "rmsprop", "adagrad"} <= factories
     assert {f"schema_{n}.yaml" for n in factories} <= set(store["inner_optimizer"])
     fields = schema(hg.ForwardMode).__dataclass_fields__
-    assert list(fields) == ["_target_", "hvp", "tangent", "skip_zero_columns"]
+    assert list(fields) == ["_target_", "hvp", "tangent", "skip_zero_columns", "compile"]
     assert fields["_target_"].default == "hypergrad.ForwardMode"
 
     class Odd:

@@ -126,6 +126,13 @@ def test_compiled_vmap_vjp_equals_eager() -> None:
     compiled = hg.ForwardMode(hg.hvp.VmapVJP(chunk_size=8, compile=True)).hypergradient(
         problem, lam)
     torch.testing.assert_close(compiled.grad, eager, rtol=1e-10, atol=1e-13)
+    # ForwardMode(compile=True) is that path, keeping the strategy's chunking
+    fm = hg.ForwardMode(hg.hvp.VmapVJP(chunk_size=8), compile=True)
+    assert fm.hvp.compile and fm.hvp.chunk_size == 8 and "compile=True" in repr(fm)
+    torch.testing.assert_close(fm.hypergradient(problem, lam).grad, eager, rtol=1e-10,
+                               atol=1e-13)
+    with pytest.raises(ValueError, match=r"compile=True compiles VmapVJP's batched products"):
+        hg.ForwardMode(hg.hvp.ColumnLoop(), compile=True)
 
 
 def test_strategy_options_are_checked() -> None:

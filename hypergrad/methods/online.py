@@ -63,6 +63,7 @@ class HD(OnlineMethod, name="hd"):
 
     def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None) -> HDState:
         problem.check(lam)
+        problem.begin_run()  # a new inner run; the last batch read stays for the step's VJP
         s = problem.initial_state(lam) if state is None else state
         return HDState(s, s, 0)
 
@@ -130,11 +131,13 @@ class MARTHE(ForwardMode, name="marthe"):
     """
 
     def __init__(self, mu: float = 0.9, hvp: HVPStrategy | None = None, *,
-                 tangent: TangentRule | None = None, skip_zero_columns: bool = True) -> None:
+                 tangent: TangentRule | None = None, skip_zero_columns: bool = True,
+                 compile: bool = False) -> None:
         if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu <= 1:
             raise ValueError(f"MARTHE: mu={mu!r} must be a number in [0, 1] (1: RTHO / forward "
                              f"mode, 0: greedy one-step HD), e.g. mu=0.9.")
-        super().__init__(hvp, tangent=tangent, skip_zero_columns=skip_zero_columns)
+        super().__init__(hvp, tangent=tangent, skip_zero_columns=skip_zero_columns,
+                         compile=compile)
         self.mu = float(mu)
 
     def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor, *,
