@@ -52,10 +52,12 @@ class SGD(Optimizer):
         a, read = self.args, self.read
         assert isinstance(state, SGDState)
         new_p, new_buf = {}, {}
+        # each line one fused pass over the tensor (a + s * b), as torch.optim.SGD's own
+        # add(..., alpha=...): on a ResNet a pass costs as much as a convolution layer
         for k, p in params.items():
             d = grads[k]
             if not is_zero(a["weight_decay"]):
-                d = d + read(a["weight_decay"], hp, k) * p
+                d = fma(d, p, read(a["weight_decay"], hp, k), inplace=False)
             if not is_zero(a["momentum"]):
                 mom = read(a["momentum"], hp, k)
                 if step == 0:  # torch.optim.SGD starts the buffer at the first gradient
@@ -64,10 +66,10 @@ class SGD(Optimizer):
                     damp = read(a["dampening"], hp, k)
                     # (1 - 0) * d == d exactly: no multiply for the constant 0
                     damped = d if const_zero(damp) else (1 - damp) * d
-                    buf = mom * state.momentum_buffer[k] + damped
+                    buf = fma(damped, state.momentum_buffer[k], mom, inplace=False)
                 new_buf[k] = buf
-                d = d + mom * buf if a["nesterov"] else buf
-            new_p[k] = p - read(a["lr"], hp, k) * d
+                d = fma(d, buf, mom, inplace=False) if a["nesterov"] else buf
+            new_p[k] = fma(p, d, -read(a["lr"], hp, k), inplace=False)
         return new_p, SGDState(new_buf)
 
     def tangent(self, ctx: TangentContext, new_params: Params, new_state: NamedTuple
