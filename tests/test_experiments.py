@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -80,3 +81,19 @@ def test_vs_optuna_script_small(tmp_path: Path) -> None:
         assert seed["best_time"] <= res["budget_s"] and seed["val_at_budget"] > 0
         assert tr["retrain"]["test_loss"]["mean"] > 0
     assert (tmp_path / "vs_optuna_digits_schedule.png").stat().st_size > 1000
+
+
+def test_bench_vs_jax_runs_both_sides_on_the_same_step(tmp_path: Path) -> None:
+    """The peer benchmark's torch and JAX children compute the same tangent step (the sums of
+    their tangents after the same steps agree), and the parent prints its table and last line."""
+    pytest.importorskip("jax")
+    out = _script("experiments/benchmarks/bench_vs_jax.py", "--rows", "mlp:4", "cnn:4",
+                  "--rounds", "1", "--steps", "3", "--threads", "1",
+                  "--json", str(tmp_path / "vs_jax.json"))
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("vs_jax max_ratio=") and "rows=2 threads=1" in last
+    rows = json.loads((tmp_path / "vs_jax.json").read_text())["rows"]
+    assert [r["model"] for r in rows] == ["mlp", "cnn"]
+    for r in rows:
+        assert r["check_rel_diff"] < 1e-4, r  # float32: the same numbers to rounding
+        assert r["torch_ms"] > 0 and r["jax_ms"] > 0

@@ -141,7 +141,9 @@ def torch_child(model: str, k: int, steps: int, threads: int, compile_mode: str 
             layers += [nn.Linear(a, b), nn.Tanh()]
         net: nn.Module = nn.Sequential(*layers[:-1])
     elif model == "cnn":
-        net = hg.tasks.digits.digits_cnn((8, 16), 10)
+        from hypergrad.tasks.digits import digits_cnn
+
+        net = digits_cnn((8, 16), 10)
     else:
         net = Block()
     net.load_state_dict({**net.state_dict(), **{n: torch.from_numpy(a) for n, a in w0.items()}})
