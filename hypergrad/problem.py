@@ -13,7 +13,7 @@ import inspect
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +26,9 @@ from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_w
 from .optim import Optimizer
 from .rng import VALIDATION_STEP, step_rng
 from .rnn import has_recurrent
+
+if TYPE_CHECKING:
+    from .data import Stream
 
 __all__ = ["InnerState", "InnerProblem", "TrainLoss", "ValLoss", "is_plain"]
 
@@ -56,9 +59,13 @@ class InnerProblem:
         optimizer: a pure optimizer from :mod:`hypergrad.optim`, arguments constant or bound to
             hyperparameter names.
         hyperparams: the :class:`~hypergrad.HyperParams` to differentiate.
-        batches: the mini-batch of each step: a sequence (step ``t`` reads ``batches[t % len]``),
-            a callable ``t -> batch``, or any iterable (its first ``steps`` batches are stored,
-            re-iterating it if it runs out), so every method sees the same batches.
+        batches: the mini-batch of each step: a sequence (step ``t`` reads ``batches[t % len]``)
+            or a callable ``t -> batch`` (:class:`~hypergrad.data.MiniBatches`), the same batch
+            at step ``t`` in every run; or an iterable that starts a fresh pass on each
+            ``iter()`` (a ``torch.utils.data.DataLoader``, wrapped in a
+            :class:`~hypergrad.data.Stream`): read lazily, one pass per inner run
+            (:meth:`begin_run`), so shuffling and augmentation are redrawn per run and forward
+            mode holds one batch at a time. A one-shot iterator (a generator) is refused.
         steps: ``T``, the number of inner steps (>= 1).
         val_loss: ``val_loss(model, hp) -> scalar``, the objective ``E(w_T, lam)``; close over
             the validation data. ``hp`` gives whole schedules.
@@ -115,7 +122,7 @@ class InnerProblem:
         self.val_mode = val_mode
         self.seed = seed
         self.steps = steps
-        self._batch = _batch_source(batches, steps)
+        self._batch = _batch_source(batches, seed)
         self._check_binding()
         self._checked_dtype: torch.dtype | None = None
         self._data_checked = False
@@ -143,7 +150,56 @@ class InnerProblem:
         return self.hyperparams.init_raw(self.dtype, self.device)
 
     def batch(self, t: int) -> Any:
+        """The mini-batch of step ``t`` (of the current inner run's pass, for a
+        :class:`~hypergrad.data.Stream`)."""
         return self._batch(t)
+
+    # -- inner runs and their batches --------------------------------------------------------------
+    @property
+    def stream(self) -> Stream | None:
+        """The :class:`~hypergrad.data.Stream` the batches come from (a DataLoader), or
+        ``None`` for a sequence or a callable (random access by step, nothing per run)."""
+        return self._batch.stream
+
+    def begin_run(self, keep_from: int | None = None) -> None:
+        """An inner run starts (every method calls this at the start of one: an online
+        method's ``init``, reverse mode, :meth:`run` from step 0): a streamed source begins a
+        fresh pass (:meth:`Stream.begin_pass <hypergrad.data.Stream.begin_pass>`), read as the
+        steps ask. ``keep_from``: keep the batches of the steps ``>= keep_from`` for a replay
+        (reverse mode), until :meth:`release_batches`; by default only the last one read is
+        kept. Nothing to do for a sequence or a callable."""
+        if self.stream is not None:
+            self.stream.begin_pass(keep_from)
+
+    def release_batches(self) -> None:
+        """Drop the batches the current inner run kept for a replay (:meth:`begin_run`)."""
+        if self.stream is not None:
+            self.stream.release()
+
+    @contextlib.contextmanager
+    def inner_run(self, keep_from: int | None = None) -> Iterator[None]:
+        """:meth:`begin_run` on entry, :meth:`release_batches` on exit."""
+        self.begin_run(keep_from)
+        try:
+            yield
+        finally:
+            self.release_batches()
+
+    def fixed_pass(self, seed: int | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Inside, every inner run reads the same batches: a streamed source reads the same
+        pass again from its start (``seed``, or the next pass drawn once; nested, the outer
+        one), as finite differences and :func:`~hypergrad.testing.hypergradcheck` need. Yields
+        the pass's seed (``None`` for a sequence or a callable, whose batches never change)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        return self.stream.fixed(seed)
+
+    def first_batch(self) -> Any:
+        """Mini-batch 0 as the checks see it: ``batch(0)`` of a sequence or a callable; of a
+        stream, batch 0 of a pass with a fixed seed of its own (the same whatever runs have
+        read, for the checks, memory estimates and a run folder's fingerprint)."""
+        stream = self._batch.stream
+        return self._batch.checked(stream.first_batch(), 0) if stream else self._batch(0)
 
     def second_order(self) -> contextlib.AbstractContextManager[None]:
         """The context of the passes that differentiate this problem's gradient (HVPs, step
@@ -249,7 +305,7 @@ class InnerProblem:
         (:attr:`draws`), before any transform traces it."""
         s = self.initial_state()
         with torch.no_grad():
-            self.train_objective(s.params, s.buffers, lam, 0, self.batch(0))
+            self.train_objective(s.params, s.buffers, lam, 0, self.first_batch())
 
     def _eager_grad(self, params: dict[str, Tensor], buffers: dict[str, Tensor], lam: Tensor,
                     t: int, batch: Any) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -274,8 +330,11 @@ class InnerProblem:
     def run(self, lam: Tensor, state: InnerState | None = None, start: int = 0,
             stop: int | None = None) -> InnerState:
         """Plain training from ``state`` (default: the initial one at ``lam``) over steps
-        ``start..stop-1``."""
+        ``start..stop-1``. From ``start=0`` it is a new inner run (:meth:`begin_run`); from a
+        later step it continues the current one."""
         self.check(lam)
+        if start == 0:  # a new inner run (a stream begins a fresh pass); later: this one goes on
+            self.begin_run()
         s = self.initial_state(lam) if state is None else state
         with torch.no_grad():
             for t in range(start, self.steps if stop is None else stop):
@@ -367,7 +426,7 @@ class InnerProblem:
         """The tensors a loss reads besides the model: mini-batch 0 and what ``train_loss``
         closes over, or what ``val_loss`` closes over (best effort, for messages)."""
         if which == "train_loss":
-            leaves, _ = tree_flatten(self.batch(0))
+            leaves, _ = tree_flatten(self.first_batch())
             out = [(f"tensor {i} of mini-batch 0", x) for i, x in enumerate(leaves)
                    if isinstance(x, Tensor)]
             return out + _closure_tensors(self.train_loss, "train_loss")
@@ -379,7 +438,7 @@ class InnerProblem:
         batches), and the model's initial weights and buffers finite."""
         if self._data_checked:
             return
-        batch0 = self.batch(0)
+        batch0 = self.first_batch()
         src = self._batch
         _check_per_example(self.hyperparams, batch0, getattr(src, "n_examples", None))
         data: list[tuple[str, Tensor]] = []
@@ -415,8 +474,11 @@ class InnerProblem:
                     f"from it gives NaN everywhere. Re-initialise the model (e.g. "
                     f"module.reset_parameters()) or load finite weights."
                 )
+        state = set(fm.state_buffer_names)
         for k, b in fm.module.named_buffers():
-            bad = _non_finite(b)
+            # a constant buffer may hold infinities on purpose (a causal mask of -inf added to
+            # attention scores); a NaN, or an infinity in state training updates, is a fault
+            bad = _non_finite(b) if k in state else _non_finite(b, nan_only=True)
             if bad:
                 raise ValueError(
                     f"InnerProblem: the model's buffer {k!r} has {bad} at the start; reset it "
@@ -444,7 +506,7 @@ class InnerProblem:
                 p = {k: v.clone() for k, v in params.items()}
                 hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
                 model = ModelFn(fm, p, fm.initial_buffers(), True, 0, probe=pr)
-                return self._call("train_loss", self.train_loss, model, self.batch(0), hp)
+                return self._call("train_loss", self.train_loss, model, self.first_batch(), hp)
 
         def run_val(pr: ModelProbe) -> Any:
             with torch.no_grad(), step_rng(self.seed, VALIDATION_STEP, self.device), _quiet():
@@ -568,7 +630,7 @@ class InnerProblem:
             model = self.fmodel.bind(s.params, s.buffers, train or self.val_mode == "train",
                                      0 if train else self.steps)
             try:
-                out = (self._call(which, self.train_loss, model, self.batch(0), hp) if train
+                out = (self._call(which, self.train_loss, model, self.first_batch(), hp) if train
                        else self._call(which, self.val_loss, model, hp))
             except (RuntimeError, TypeError) as err:
                 cuts = self._find_cuts(which, lam)
@@ -601,7 +663,7 @@ class InnerProblem:
                                      0 if train else self.steps)
             with contextlib.suppress(Exception), finder:
                 if train:
-                    self.train_loss(model, self.batch(0), hp)
+                    self.train_loss(model, self.first_batch(), hp)
                 else:
                     self.val_loss(model, hp)
         return finder.cuts
@@ -687,9 +749,15 @@ def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
         raise TypeError(f"InnerProblem: {name} returned dtype {loss.dtype}; return a float loss.")
 
 
-def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
-    from .data import MiniBatches
+def _batch_source(batches: Any, seed: int) -> _Batches:
+    """Random access by step for a sequence or a callable; a :class:`~hypergrad.data.Stream`
+    (one lazy pass per inner run) for any other iterable; a one-shot iterator refused."""
+    from .data import MiniBatches, Stream
 
+    if isinstance(batches, Stream):
+        if batches.seed is None:
+            batches.seed = seed
+        return _Batches(batches.batch, stream=batches)
     if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
         mb = isinstance(batches, MiniBatches)
         return _Batches(batches, getattr(batches, "n", None) if mb else None,
@@ -699,25 +767,8 @@ def _batch_source(batches: Any, steps: int) -> Callable[[int], Any]:
             raise ValueError("InnerProblem: batches is empty; give at least one mini-batch.")
         return _Batches(lambda t: batches[t % len(batches)], data=batches)
     if isinstance(batches, Iterable):
-        stored: list[Any] = []
-        while len(stored) < steps:
-            before = len(stored)
-            for b in batches:
-                stored.append(b)
-                if len(stored) == steps:
-                    break
-            if len(stored) == before:
-                if not stored:
-                    raise ValueError("InnerProblem: batches yielded no mini-batch; give at least "
-                                     "one.")
-                raise ValueError(
-                    f"InnerProblem: batches ran out after {len(stored)} mini-batches, fewer than "
-                    f"steps={steps}, and iterating it again gave none (a generator or iterator "
-                    f"is used up after one pass). Pass a list of batches, a callable t -> batch "
-                    f"(e.g. hypergrad.data.MiniBatches), an iterable that can be iterated again "
-                    f"(e.g. a DataLoader), or steps <= {len(stored)}."
-                )
-        return _Batches(lambda t: stored[t % len(stored)], data=stored)
+        stream = Stream(batches, seed)
+        return _Batches(stream.batch, stream=stream)
     raise TypeError(
         f"InnerProblem: batches must be a sequence, a callable t -> batch or an iterable, got "
         f"{type(batches).__name__}."
@@ -740,18 +791,21 @@ class _Batches:
     (NaN BatchNorm statistics, and NaN * 0 poisons the tangents). ``n_examples``: the number of
     training examples when the source knows it (:class:`~hypergrad.data.MiniBatches`).
     ``data``: all the batches (a sequence) or the :class:`~hypergrad.data.MiniBatches`, where
-    known, for the check that every training tensor is finite."""
+    known, for the check that every training tensor is finite. ``stream``: the
+    :class:`~hypergrad.data.Stream` of an iterable source."""
 
     def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None,
-                 data: Any = None) -> None:
+                 data: Any = None, stream: Stream | None = None) -> None:
         self._fetch = fetch
         self.n_examples = n_examples
         self.data = data
+        self.stream = stream
 
     def __call__(self, t: int) -> Any:
-        from torch.utils._pytree import tree_flatten
+        return self.checked(self._fetch(t), t)
 
-        batch = self._fetch(t)
+    @staticmethod
+    def checked(batch: Any, t: int) -> Any:
         leaves, _ = tree_flatten(batch)
         for i, x in enumerate(leaves):
             if isinstance(x, Tensor) and x.ndim >= 1 and x.shape[0] == 0:
@@ -833,12 +887,13 @@ def _other_dtype(tensors: list[tuple[str, Tensor]], dtype: torch.dtype
     return None
 
 
-def _non_finite(x: Any) -> str:
-    """``"3 NaN and 1 inf entries (the first at index (2, 0))"``, or ``""`` when finite."""
+def _non_finite(x: Any, nan_only: bool = False) -> str:
+    """``"3 NaN and 1 inf entries (the first at index (2, 0))"``, or ``""`` when finite (with
+    ``nan_only``: when it has no NaN)."""
     if not isinstance(x, Tensor) or not (x.dtype.is_floating_point or x.dtype.is_complex):
         return ""
     x = x.detach()
-    bad = ~torch.isfinite(x)
+    bad = torch.isnan(x) if nan_only else ~torch.isfinite(x)
     n = int(bad.sum())
     if not n:
         return ""

@@ -415,3 +415,33 @@ def test_the_troubleshooting_page_names_every_message_of_this_change() -> None:
                   "state that hypergrad updates itself", "initial parameter 'bias'",
                   "is nan at the initial weights"):
         assert words in text, words
+
+
+def test_a_constant_buffer_of_minus_infinity_is_a_mask_not_a_fault() -> None:
+    """A causal mask registered as a buffer (-inf above the diagonal) is common in attention
+    models: it is not refused; a NaN in it, or an infinity in a buffer training updates, is."""
+
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("mask", torch.triu(torch.full((4, 4), float("-inf")), 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (torch.softmax(self.lin(x)[:, None, :] + self.mask, -1) * x[:, None]).sum(1)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 4, (8,))
+    model = Masked().double()
+
+    def problem() -> hg.InnerProblem:
+        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                               hg.optim.sgd(lr="lr"),
+                               hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]),
+                               [(x, y)], 2, lambda m, hp: F.cross_entropy(m(x), y))
+
+    p = problem()
+    p.check(p.init_raw())  # accepted
+    model.mask[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"buffer 'mask' has 1 NaN"):
+        problem().check(p.init_raw())
