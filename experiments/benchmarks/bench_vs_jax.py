@@ -102,19 +102,11 @@ def batch_rows(model: str, t: int) -> slice:
 
 
 # -- torch -----------------------------------------------------------------------------------------
-def torch_child(model: str, k: int, steps: int, threads: int, compile_mode: str | None
-                ) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
+def torch_net(model: str) -> Any:
+    """The torch model of a row, with the shared initial weights."""
     import torch
     import torch.nn.functional as F
     from torch import nn
-
-    import hypergrad as hg
-    from hypergrad.alloc import tune_malloc
-
-    tune_malloc()
-    torch.set_num_threads(threads)
-    w0, x_np, y_np = spec(model)
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -146,7 +138,25 @@ def torch_child(model: str, k: int, steps: int, threads: int, compile_mode: str 
         net = digits_cnn((8, 16), 10)
     else:
         net = Block()
-    net.load_state_dict({**net.state_dict(), **{n: torch.from_numpy(a) for n, a in w0.items()}})
+    net.load_state_dict({**net.state_dict(),
+                         **{n: torch.from_numpy(a) for n, a in spec(model)[0].items()}})
+    return net
+
+
+def torch_child(model: str, k: int, steps: int, threads: int, compile_mode: str | None
+                ) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    import torch
+    import torch.nn.functional as F
+
+    import hypergrad as hg
+    from hypergrad.alloc import tune_malloc
+
+    tune_malloc()
+    torch.set_num_threads(threads)
+    w0, x_np, y_np = spec(model)
+
+    net = torch_net(model)
     x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
     groups = k - 1
 
@@ -192,13 +202,10 @@ def torch_child(model: str, k: int, steps: int, threads: int, compile_mode: str 
 
 
 # -- JAX -------------------------------------------------------------------------------------------
-def jax_child(model: str, k: int, steps: int, threads: int) -> dict[str, Any]:
+def jax_net(model: str) -> Any:
+    """The JAX twin of :func:`torch_net`: ``net(weights, inputs) -> logits``."""
     import jax
     import jax.numpy as jnp
-
-    w0, x_np, y_np = spec(model)
-    x, y = jnp.asarray(x_np), jnp.asarray(y_np)
-    groups = k - 1
 
     def net(w: dict[str, Any], xb: Any) -> Any:
         if model in ("mlp", "wide_mlp"):
@@ -238,6 +245,19 @@ def jax_child(model: str, k: int, steps: int, threads: int) -> dict[str, Any]:
                         + w["ff1.bias"], approximate=False)
         h = h + f @ w["ff2.weight"].T + w["ff2.bias"]
         return h.mean(1) @ w["head.weight"].T + w["head.bias"]
+
+    return net
+
+
+def jax_child(model: str, k: int, steps: int, threads: int) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    w0, x_np, y_np = spec(model)
+    x, y = jnp.asarray(x_np), jnp.asarray(y_np)
+    groups = k - 1
+
+    net = jax_net(model)
 
     def loss(w: Any, lam: Any, xb: Any, yb: Any, idx: Any) -> Any:
         logp = jax.nn.log_softmax(net(w, xb), -1)
