@@ -126,7 +126,9 @@ class InnerProblem:
         self._check_binding()
         self._checked_dtype: torch.dtype | None = None
         self._data_checked = False
-        self._attention_dropout: bool | None = None  # found on the first plain step
+        self.attention_dropout: bool | None = None
+        """Whether attention draws dropout masks (found on the first plain step; then every
+        evaluation of a step runs the math kernel, whose masks all methods share)."""
         self.draws: bool | None = None
         """Whether the training loss draws random numbers (known after its first evaluation;
         once ``True``, it stays ``True``)."""
@@ -290,14 +292,14 @@ class InnerProblem:
         # attention: the differentiated passes run the math kernel (a double backward); plain
         # steps keep the fused kernels unless attention draws dropout masks (the kernels draw
         # them differently); the first plain step finds out, with the math kernel
-        probe = AttentionProbe() if plain and self._attention_dropout is None else None
-        kernel = (contextlib.nullcontext() if plain and self._attention_dropout is False
+        probe = AttentionProbe() if plain and self.attention_dropout is None else None
+        kernel = (contextlib.nullcontext() if plain and self.attention_dropout is False
                   else self.second_order())
         with kernel, probe or contextlib.nullcontext():
             g, new_buffers = torch.func.grad(self.train_objective, has_aux=True)(
                 state.params, state.buffers, lam, t, batch)
         if probe is not None:
-            self._attention_dropout = probe.dropout
+            self.attention_dropout = probe.dropout
         return g, new_buffers
 
     def _detect_draws(self, lam: Tensor) -> None:

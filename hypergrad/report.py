@@ -18,7 +18,8 @@ import torch
 from .hyperparams import HyperParams, Schedule
 from .problem import InnerProblem, InnerState
 
-__all__ = ["table", "named_values", "summary", "figures", "plot_run", "write_learned"]
+__all__ = ["table", "named_values", "summary", "figures", "plot_run", "save_figure",
+           "write_learned"]
 
 MANY = 12
 """More values than this in one hyperparameter: plotted as min / mean / max, summarised in logs."""
@@ -170,14 +171,14 @@ def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[s
     written = []
     for name, fig in figures(hps, horizon, history, lam0, lam, best_step, last).items():
         try:
-            _save(fig, run_dir / name)
+            save_figure(fig, run_dir / name)
         finally:
             plt.close(fig)
         written.append(name)
     return written
 
 
-def _save(fig: Any, path: Path) -> None:
+def save_figure(fig: Any, path: Path) -> None:
     """``fig`` as a PNG written atomically (never a 0-byte or half file on a full disk)."""
     import io
 

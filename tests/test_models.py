@@ -3,7 +3,7 @@
 Every model (float64, small sizes): forward vs reverse to 1e-8, two forward runs identical,
 forward vs finite differences within the check's reported tolerance, every HVP strategy equal.
 Also: eval-mode submodules trained as torch.optim trains them, an online run of a model with
-dropout and BatchNorm. The step's randomness itself: test_randomness.py.
+dropout and BatchNorm. The step's randomness itself: test_rng.py.
 """
 
 from __future__ import annotations

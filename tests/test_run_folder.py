@@ -135,7 +135,7 @@ def test_a_full_disk_while_writing_a_plot_keeps_the_earlier_one(
 
     fig = plt.figure()
     png = tmp_path / "val_curve.png"
-    report._save(fig, png)
+    report.save_figure(fig, png)
     good = png.read_bytes()
     assert good[:4] == b"\x89PNG"
     real = os.fsync
@@ -145,7 +145,7 @@ def test_a_full_disk_while_writing_a_plot_keeps_the_earlier_one(
 
     monkeypatch.setattr(files.os, "fsync", full)
     with pytest.raises(OSError, match="no space left on the device .*val_curve.png"):
-        report._save(fig, png)
+        report.save_figure(fig, png)
     monkeypatch.setattr(files.os, "fsync", real)
     plt.close(fig)
     assert png.read_bytes() == good and not list(tmp_path.glob(".tmp-*"))

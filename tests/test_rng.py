@@ -59,7 +59,7 @@ def test_attention_dropout_is_found_on_the_first_plain_step() -> None:
     with_dropout, mlp_dropout = model_problem("transformer_dropout"), model_problem("dropout_mlp")
     for p, expect in ((with_dropout, True), (mlp_dropout, False)):
         p.run(p.init_raw(), stop=1)
-        assert p.draws is True and p._attention_dropout is expect
+        assert p.draws is True and p.attention_dropout is expect
     without = model_problem("transformer")
     without.run(without.init_raw(), stop=1)
     assert without.draws is False
