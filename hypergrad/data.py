@@ -1,11 +1,31 @@
-"""Deterministic mini-batches, so every method (and a resumed run) sees the same batch at step t."""
+"""Batch sources: deterministic mini-batches by step (:class:`MiniBatches`), and a DataLoader
+read lazily, one pass per inner run (:class:`Stream`).
+
+A :class:`MiniBatches` (or any sequence or callable ``t -> batch``) gives step ``t`` the same
+batch in every run: nothing is stored and every method reads it by index.
+
+A :class:`Stream` wraps an iterable that starts a fresh pass on each ``iter()`` (a
+``torch.utils.data.DataLoader``): each inner run reads its own pass lazily, batch ``t`` when step
+``t`` needs it, so shuffling and random augmentation are redrawn per inner run and a method that
+does not replay steps holds one batch at a time (memory independent of T). Every pass is fixed
+by a seed (see :class:`Stream`), so a pass can be read again bit for bit: by finite differences
+and checks (:meth:`Stream.fixed`), and by a resumed run (:meth:`Stream.state_dict`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import random
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["MiniBatches"]
+from .rng import step_seed
+
+__all__ = ["MiniBatches", "Stream"]
 
 
 class MiniBatches:
@@ -64,3 +84,264 @@ class MiniBatches:
         dev = self.tensors[0].device
         idx_d = idx.to(dev)
         return (*(x[idx_d] for x in self.tensors), idx_d)
+
+
+_PASSES = -7_000_001  # the stream of pass seeds, apart from the steps' streams (hypergrad.rng)
+_PROBE = -1  # the pass the checks read (first_batch), never a run's
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """The body with torch's CPU generator, Python's ``random`` and NumPy's global generator
+    seeded by ``seed``; the caller's states restored afterwards."""
+    cpu = torch.random.default_generator
+    saved = cpu.get_state()
+    py = random.getstate()
+    npy = np.random.get_state()
+    cpu.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    try:
+        yield
+    finally:
+        cpu.set_state(saved)
+        random.setstate(py)
+        np.random.set_state(npy)
+
+
+def _generators(source: Any) -> list[torch.Generator]:
+    """The generators a DataLoader's iteration draws from besides the global one: its own
+    ``generator`` (the sampler's shuffle, the workers' base seed) and its sampler's."""
+    found: list[torch.Generator] = []
+    sampler = getattr(source, "sampler", None)
+    batch_sampler = getattr(source, "batch_sampler", None)
+    for g in (getattr(source, "generator", None), getattr(sampler, "generator", None),
+              getattr(getattr(batch_sampler, "sampler", None), "generator", None)):
+        if isinstance(g, torch.Generator) and not any(g is h for h in found):
+            found.append(g)
+    return found
+
+
+class _Pass:
+    """One pass over a stream's source: its seed, the iterator, the index of the next batch
+    it yields, the last batch read and the batches kept (steps ``>= keep_from``)."""
+
+    def __init__(self, stream: Stream, seed: int, keep_from: int | None = None) -> None:
+        self.stream, self.seed, self.keep_from = stream, seed, keep_from
+        self.it: Iterator[Any] | None = None
+        self.pos = 0  # the step of the next batch the iterator yields
+        self.epoch = 0  # how many times the source ran out in this pass
+        self.in_epoch = 0
+        self.last: tuple[int, Any] | None = None
+        self.kept: dict[int, Any] = {}
+
+    def get(self, t: int) -> Any:
+        if t in self.kept:
+            return self.kept[t]
+        if self.last is not None and self.last[0] == t:
+            return self.last[1]
+        if t < self.pos:  # read again from the start: the same seed gives the same batches
+            self.close()
+            self.pos, self.epoch, self.last = 0, 0, None
+            self.stream.replays += 1
+        while self.pos <= t:
+            b = self._next()
+            if self.keep_from is not None and self.pos >= self.keep_from:
+                self.kept[self.pos] = b
+            self.last = (self.pos, b)
+            self.pos += 1
+        assert self.last is not None
+        return self.last[1]
+
+    def _next(self) -> Any:
+        src = self.stream.source
+        while True:
+            if self.it is None:
+                s = step_seed(self.seed, -(self.epoch + 2))
+                with _seeded(s):
+                    for g in _generators(src):
+                        g.manual_seed(s ^ 0x5DEECE66D)
+                    self.it = iter(src)
+                self.in_epoch = 0
+            try:
+                with _seeded(step_seed(self.seed, self.pos)):
+                    b = next(self.it)
+            except StopIteration:
+                self.it = None
+                if self.in_epoch == 0:
+                    raise self._empty() from None
+                self.epoch += 1
+                continue
+            self.in_epoch += 1
+            self.stream.reads += 1
+            return b
+
+    def _empty(self) -> ValueError:
+        if self.pos == 0 and self.stream.reads == 0:
+            return ValueError("InnerProblem: batches yielded no mini-batch; give at least one.")
+        return ValueError(
+            f"InnerProblem: batches ran out after {self.pos} mini-batches of this pass and "
+            f"iterating it again gave none ({type(self.stream.source).__name__} is used up "
+            f"after one pass). Every inner run reads its batches from a fresh iter(): pass a "
+            f"list of batches, a callable t -> batch (e.g. hypergrad.data.MiniBatches), or an "
+            f"iterable that starts a new pass on each iter() (a DataLoader).")
+
+    def close(self) -> None:
+        self.it = None  # a DataLoader's iterator shuts its workers down when collected
+
+
+class Stream:
+    """A re-iterable batch source (a ``torch.utils.data.DataLoader``) read lazily, one pass per
+    inner run. :class:`~hypergrad.InnerProblem` wraps any such ``batches`` in one; make it
+    yourself to choose the seed.
+
+    - **Lazily, per inner run.** :meth:`begin_pass` (called by
+      :meth:`InnerProblem.begin_run <hypergrad.InnerProblem.begin_run>`, which every method
+      and :meth:`InnerProblem.run <hypergrad.InnerProblem.run>` call when an inner run starts)
+      starts a fresh pass: ``iter(source)``, iterated again when it runs out before T. Step ``t``
+      reads batch ``t`` of the current pass when it asks for it. The last batch read is kept, so
+      every evaluation of step ``t`` (a gradient and its Hessian-vector products) sees the same
+      batch; a method that replays steps backwards asks the pass to keep the batches of those
+      steps (``keep_from``) and drops them at the end (:meth:`release`). A step before the last
+      one read and not kept is read again from the start of the same pass (the same batches).
+    - **Every pass fixed by a seed.** Pass ``i`` has the seed ``step_seed(seed, i)`` (a hash:
+      :func:`hypergrad.rng.step_seed`). Starting an epoch of a pass seeds the generators its
+      ``iter()`` draws from: the source's own ``generator`` and its sampler's (the shuffle, and
+      the workers' base seed that a DataLoader draws from it per iterator), and torch's global
+      CPU generator (the sampler's and the base seed's source when no generator is given);
+      reading each batch runs under torch's, Python's and NumPy's global generators seeded
+      from the pass and the step (augmentation in the main process, ``num_workers=0``). Workers
+      seed themselves from the base seed (``base_seed + worker_id``; then ``worker_init_fn``).
+      The caller's global generator states are restored after each read. So a pass is a
+      deterministic function of its seed, and the stream's random state is its seed and pass
+      count: :meth:`state_dict`, which the :class:`~hypergrad.Trainer` puts in its checkpoints.
+    - **Fixed passes.** Inside :meth:`fixed`, every run reads the same pass again (finite
+      differences, :func:`~hypergrad.testing.hypergradcheck`).
+
+    Args:
+        batches: an iterable that starts a fresh pass on each ``iter()``: a ``DataLoader``
+            (``persistent_workers=False``: persistent workers carry their random state from pass
+            to pass), or your own class whose ``__iter__`` returns a new generator. A one-shot
+            iterator (a generator) is refused.
+        seed: the seed of the passes; ``None``: the problem's ``seed``.
+
+    Attributes:
+        passes: passes begun (the index of the next). reads: batches read from the source.
+        replays: passes read again from their start to reach an earlier step.
+    """
+
+    def __init__(self, batches: Iterable[Any], seed: int | None = None) -> None:
+        if isinstance(batches, Iterator):
+            raise ValueError(
+                f"InnerProblem: batches is a one-shot iterator ({type(batches).__name__}): it "
+                f"can be read once, but every inner run (each hypergradient, each "
+                f"finite-difference run, a resumed run) reads its batches from the start of a "
+                f"fresh pass. Pass a list of batches, a callable t -> batch (e.g. "
+                f"hypergrad.data.MiniBatches), or an iterable that starts a new pass on each "
+                f"iter(): a torch DataLoader, or a class whose __iter__ returns a new "
+                f"generator.")
+        if not isinstance(batches, Iterable):
+            raise TypeError(f"Stream: batches must be an iterable such as a DataLoader, got "
+                            f"{type(batches).__name__}.")
+        if getattr(batches, "persistent_workers", False):
+            raise ValueError(
+                "Stream: the DataLoader has persistent_workers=True: its workers keep their "
+                "random state from one pass to the next, so a pass could not be read again "
+                "(finite differences, a resumed run) with the same augmentation. Use "
+                "persistent_workers=False (each inner run starts its workers, seeded from the "
+                "pass).")
+        workers: Any = getattr(batches, "num_workers", 0)
+        if getattr(batches, "in_order", True) is False and workers:
+            raise ValueError("Stream: the DataLoader has in_order=False: its batches come in "
+                             "the order its workers finish them, which no seed fixes. Use "
+                             "in_order=True (the default).")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"Stream: seed={seed!r} must be an int or None.")
+        self.source = batches
+        self.seed: int | None = seed
+        self.passes = 0
+        self.reads = 0
+        self.replays = 0
+        self._current: _Pass | None = None
+        self._fixed: int | None = None
+        self._first: list[Any] = []
+
+    def _seed(self) -> int:
+        return 0 if self.seed is None else self.seed
+
+    def pass_seed(self, i: int) -> int:
+        """The seed of pass ``i``."""
+        return step_seed(step_seed(self._seed(), _PASSES), i)
+
+    def begin_pass(self, keep_from: int | None = None) -> int:
+        """Start a new pass (inside :meth:`fixed`: the fixed one again, from its start); keep
+        the batches of steps ``>= keep_from`` (``None``: only the last one read). Returns the
+        pass's seed. Nothing is read until a step asks."""
+        if self._current is not None:
+            self._current.close()
+        if self._fixed is not None:
+            seed = self._fixed
+        else:
+            seed = self.pass_seed(self.passes)
+            self.passes += 1
+        self._current = _Pass(self, seed, keep_from)
+        return seed
+
+    def release(self) -> None:
+        """Drop the kept batches of the current pass (the last one read stays)."""
+        if self._current is not None:
+            self._current.kept = {}
+            self._current.keep_from = None
+
+    @contextlib.contextmanager
+    def fixed(self, seed: int | None = None) -> Iterator[int]:
+        """Inside, every pass begun is the same pass, read from its start: ``seed``, or the
+        next pass of the sequence (drawn once); nested, the outer one. Yields its seed."""
+        prior = self._fixed
+        if seed is None:
+            if prior is not None:
+                seed = prior
+            else:
+                seed = self.pass_seed(self.passes)
+                self.passes += 1
+        self._fixed = seed
+        try:
+            yield seed
+        finally:
+            self._fixed = prior
+
+    def batch(self, t: int) -> Any:
+        """Batch ``t`` of the current pass (before any pass has begun: of the checks' pass)."""
+        if self._current is None:
+            self._current = _Pass(self, self.pass_seed(_PROBE))
+        return self._current.get(t)
+
+    def first_batch(self) -> Any:
+        """Batch 0 of a pass of its own with a fixed seed, the same whatever runs have read:
+        what the checks and a run folder's fingerprint look at. Read once and kept."""
+        if not self._first:
+            probe = _Pass(self, self.pass_seed(_PROBE))
+            self._first.append(probe.get(0))
+            probe.close()
+        return self._first[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The random state of the passes: the seed, the passes begun and the current pass's
+        seed (a checkpoint field: plain ints)."""
+        cur = self._current
+        return {"seed": self.seed, "passes": self.passes,
+                "current": None if cur is None or cur.seed == self.pass_seed(_PROBE)
+                else cur.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next pass is the one that came next there, and
+        the current pass is read again from its start as far as a step asks (a resumed online
+        run continues the pass it was in)."""
+        if self._current is not None:
+            self._current.close()
+        self.passes = int(state["passes"])
+        cur = state.get("current")
+        self._current = None if cur is None else _Pass(self, int(cur))
+
+    def __repr__(self) -> str:
+        return f"Stream({type(self.source).__name__}, seed={self.seed})"

@@ -110,6 +110,9 @@ def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
     """Check forward-mode hypergradients against reverse mode, central finite differences, and
     every HVP strategy, in float64.
 
+    Every method reads the same batches: a streamed source (a DataLoader) reads one pass for all
+    of them (:meth:`InnerProblem.fixed_pass <hypergrad.InnerProblem.fixed_pass>`).
+
     Args:
         problem: a float64 problem (``model.double()`` and float64 data).
         lam: raw hyperparameters (default ``problem.init_raw()``).
@@ -133,16 +136,17 @@ def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
         )
     lam = problem.init_raw() if lam is None else lam
     hps = problem.hyperparams
-    ref = ForwardMode(VmapVJP()).hypergradient(problem, lam).grad
-    rev = ReverseMode().hypergradient(problem, lam).grad
-    fd = FiniteDifference(fd_eps).estimate(problem, lam)
     if strategies is None:
         strategies = [cls() for name, cls in STRATEGIES.items() if name != VmapVJP.name]
     spread = {n: 0.0 for n in hps.names}
-    for strat in strategies:
-        other = ForwardMode(strat).hypergradient(problem, lam).grad
-        for n, e in group_rel_errs(hps, other, ref).items():
-            spread[n] = max(spread[n], e)
+    with problem.fixed_pass():  # every run of the check reads the same batches (a DataLoader)
+        ref = ForwardMode(VmapVJP()).hypergradient(problem, lam).grad
+        rev = ReverseMode().hypergradient(problem, lam).grad
+        fd = FiniteDifference(fd_eps).estimate(problem, lam)
+        for strat in strategies:
+            other = ForwardMode(strat).hypergradient(problem, lam).grad
+            for n, e in group_rel_errs(hps, other, ref).items():
+                spread[n] = max(spread[n], e)
     fd_error = {n: float(fd.error[s].norm()) / max(float(fd.grad[s].norm()), 1e-300)
                 for n, s in hps.slices.items()}
     report = CheckReport(

@@ -219,13 +219,34 @@ def test_per_example_size_must_match_the_data(n: int) -> None:
 def test_a_batch_source_shorter_than_the_horizon() -> None:
     x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
     gen = ((x, y) for _ in range(3))
-    with pytest.raises(ValueError, match=r"ran out after 3 mini-batches, fewer than steps=5.*a "
+    with pytest.raises(ValueError, match=r"batches is a one-shot iterator \(generator\).*a "
                                          r"list of batches"):
         hg.InnerProblem(nn.Linear(4, 3).double(), lambda m, b, hp: m(b[0]).sum(),
                         hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]), gen, 5,
                         lambda m, hp: m(x).sum())
-    with pytest.raises(ValueError, match="batches yielded no mini-batch"):
+    with pytest.raises(ValueError, match="one-shot iterator"):
         _problem_with_batches(iter([]), 2)
+
+    class Once:  # a re-iterable in name only: its second iter() yields nothing
+        def __init__(self) -> None:
+            self.left = [{"x": x, "y": y}] * 3
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            while self.left:
+                yield self.left.pop()
+
+    p = _problem_with_batches(Once(), 5)  # the checks read one of the 3
+    with pytest.raises(ValueError, match=r"ran out after 2 mini-batches of this pass and "
+                                         r"iterating it again gave none.*a list of batches"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+
+    class Empty:
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter([])
+
+    p = _problem_with_batches(Empty(), 2)
+    with pytest.raises(ValueError, match="batches yielded no mini-batch"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
 
 
 def _problem_with_batches(batches: Any, steps: int) -> hg.InnerProblem:

@@ -83,6 +83,12 @@ class ShardedProblem(InnerProblem):
         self.source = source
         self.group = group
 
+    @property
+    def stream(self) -> Any:
+        """The source's stream: a rank's inner runs begin the source's passes (every rank
+        the same ones), and its shard of each batch is cut from them."""
+        return self.source.stream
+
     def step(self, state: InnerState, lam: Tensor, t: int) -> InnerState:
         """A plain step with the gradient summed over the data group. Under a function
         transform the all-reduce would be invisible to it: reverse mode differentiates the step

@@ -73,11 +73,13 @@ class HyperGradient(NamedTuple):
 class Sizes:
     """What memory estimates are made of, measured once per problem: ``state`` the bytes of the
     training state (parameters, buffers, optimizer state), ``params`` of the parameters, and
-    ``activations`` the bytes one gradient pass saves for backward (one forward pass)."""
+    ``activations`` the bytes one gradient pass saves for backward (one forward pass),
+    ``batch`` the bytes of one mini-batch."""
 
     state: int
     params: int
     activations: int
+    batch: int = 0
 
     @classmethod
     def of(cls, problem: InnerProblem) -> Sizes:
@@ -85,7 +87,7 @@ class Sizes:
                                    if problem.device.type == "cuda" else []):
             s = problem.initial_state()
             lam = problem.init_raw()
-            batch = problem.batch(0)
+            batch = problem.first_batch()
 
             def loss(p: Any, b: Any, lm: Any) -> Any:
                 return problem.train_objective(p, b, lm, 0, batch)
@@ -93,7 +95,9 @@ class Sizes:
             act = saved_bytes(loss, s.params, s.buffers, lam)
         state = sum(x.numel() * x.element_size() for x in tree_flatten(s)[0])
         params = sum(v.numel() * v.element_size() for v in s.params.values())
-        return cls(state, params, act)
+        nbytes = sum(x.numel() * x.element_size() for x in tree_flatten(batch)[0]
+                     if isinstance(x, Tensor))
+        return cls(state, params, act, nbytes)
 
     def vjp_intermediates(self) -> float:
         """Bytes one step's vector-Jacobian product holds (as one batched HVP column)."""
@@ -174,7 +178,9 @@ class OnlineMethod(Method):
 
     @abc.abstractmethod
     def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None) -> Any:
-        """The run state at step 0 (from ``state``, default the problem's initial state)."""
+        """The run state at step 0 (from ``state``, default the problem's initial state). A
+        new inner run: call ``problem.begin_run()`` (a streamed batch source begins a fresh
+        pass)."""
 
     @abc.abstractmethod
     def step(self, problem: InnerProblem, run: Any, lam: Tensor) -> Any:

@@ -49,7 +49,9 @@ class FiniteDifference(Method, name="finite_difference"):
 
     :meth:`hypergradient` takes one central difference per coordinate; :meth:`estimate` takes
     two (``h`` and ``h / 2``, 4K runs) and returns the extrapolated value with an error
-    estimate.
+    estimate. All runs of one call read the same batches: a streamed source (a DataLoader)
+    reads one pass again for each (:meth:`InnerProblem.fixed_pass
+    <hypergrad.InnerProblem.fixed_pass>`).
     """
 
     def __init__(self, eps: float = 1e-5, relative: bool = True) -> None:
@@ -79,10 +81,11 @@ class FiniteDifference(Method, name="finite_difference"):
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
         problem.check(lam)
-        state = problem.run(lam)
-        with torch.no_grad():
-            value = problem.objective(state.params, state.buffers, lam)
-        return HyperGradient(value, self._central(problem, lam, self.steps_for(lam)), state)
+        with problem.fixed_pass():  # all 2K + 1 runs read the same batches
+            state = problem.run(lam)
+            with torch.no_grad():
+                value = problem.objective(state.params, state.buffers, lam)
+            return HyperGradient(value, self._central(problem, lam, self.steps_for(lam)), state)
 
     def estimate(self, problem: InnerProblem, lam: Tensor) -> FDEstimate:
         """Central differences at ``h`` and ``h / 2``, Richardson-extrapolated, with an error
@@ -90,12 +93,13 @@ class FiniteDifference(Method, name="finite_difference"):
         the truncation error where the objective is smooth, large where it is rough at that
         scale) plus the rounding error ``4 eps_dtype |E| / h``."""
         problem.check(lam)
-        state = problem.run(lam)
-        with torch.no_grad():
-            value = problem.objective(state.params, state.buffers, lam)
-        h = self.steps_for(lam)
-        d1 = self._central(problem, lam, h)
-        d2 = self._central(problem, lam, h / 2)
+        with problem.fixed_pass():  # all 4K + 1 runs read the same batches
+            state = problem.run(lam)
+            with torch.no_grad():
+                value = problem.objective(state.params, state.buffers, lam)
+            h = self.steps_for(lam)
+            d1 = self._central(problem, lam, h)
+            d2 = self._central(problem, lam, h / 2)
         rich = d2 + (d2 - d1) / 3
         rounding = 4 * torch.finfo(lam.dtype).eps * value.abs() / (h / 2)
         return FDEstimate(value, rich, (d2 - d1).abs() + rounding, h)

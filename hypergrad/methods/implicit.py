@@ -392,11 +392,12 @@ class ImplicitDiff(Method, name="implicit"):
         the optimizer's penalty at the last step."""
         steps = self.loss_steps if self.loss_steps is not None else [problem.steps - 1]
         last = problem.steps - 1
+        batches = {t: problem.batch(t) for t in steps}  # read once (a stream's run's batches)
 
         def loss(w: dict[str, Tensor], lm: Tensor) -> Tensor:
             total: Tensor | None = None
             for t in steps:
-                lt = problem.train_objective(w, buffers, lm, t, problem.batch(t))[0]
+                lt = problem.train_objective(w, buffers, lm, t, batches[t])[0]
                 total = lt if total is None else total + lt
             assert total is not None
             out = total / len(steps)

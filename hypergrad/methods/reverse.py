@@ -20,6 +20,13 @@ Two ways to spend less memory:
 
 Initial-weight hyperparameters (:class:`~hypergrad.InitScale`, :class:`~hypergrad.InitWeights`)
 add ``a_0^T d s_0 / d lam`` when the backward sweep reaches step 0.
+
+Batches: a sequence or a callable gives step ``t`` its batch again by index. A streamed source
+(a DataLoader, :class:`~hypergrad.data.Stream`) is read once, forwards: the forward sweep keeps
+the batches of the ``n`` steps it will backpropagate (``InnerProblem.begin_run(keep_from=T -
+n)``), beside their states, and the backward sweep and checkpointing's recomputed segments
+replay them; they are dropped when the hypergradient is done. Memory ``n`` batches more (also
+with checkpointing, whose states are ``O(sqrt n)``).
 """
 
 from __future__ import annotations
@@ -126,12 +133,14 @@ class ReverseMode(Method, name="reverse"):
                         sizes: Sizes | None = None) -> MemoryEstimate:
         """``(n + 1) |s| + a + f * a`` for the ``n = min(truncate, T)`` steps it
         backpropagates: every state of them, and one step's vector-Jacobian product.
-        Checkpointed (``checkpoint=m``): ``(ceil(n / m) + m + 1) |s|`` states instead."""
+        Checkpointed (``checkpoint=m``): ``(ceil(n / m) + m + 1) |s|`` states instead. A
+        streamed batch source: the ``n`` batches kept for the replay besides."""
         sz = Sizes.of(problem) if sizes is None else sizes
         n = self.stored_states(problem.steps)
         inter = sz.vjp_intermediates()
-        return MemoryEstimate(self.label(), n * sz.state + sz.activations + inter, sz.state,
-                              sz.activations, 0, inter, n)
+        kept = self.horizon(problem.steps) * sz.batch if problem.stream is not None else 0
+        return MemoryEstimate(self.label(), n * sz.state + sz.activations + inter + kept,
+                              sz.state, sz.activations, 0, inter, n)
 
     def across_ranks(self, ranks: Any) -> Method:
         """Every mini-batch split across the ranks
@@ -143,6 +152,12 @@ class ReverseMode(Method, name="reverse"):
         T = problem.steps
         n, m = self.horizon(T), self.segment(T)
         start = T - n
+        with problem.inner_run(keep_from=start):  # the window's batches kept for the replay
+            return self._sweeps(problem, lam, start, n, m)
+
+    def _sweeps(self, problem: InnerProblem, lam: Tensor, start: int, n: int,
+                m: int) -> HyperGradient:
+        T = problem.steps
         # forward sweep, plain steps: the steps before the backpropagated window are only run;
         # in it, keep every state, or with checkpointing the first state of each segment of m
         s = problem.initial_state(lam)

@@ -71,7 +71,7 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
     with torch.random.fork_rng(devices=devices), torch.no_grad():  # the run's draws untouched
         s0, lam0 = p.initial_state(), p.init_raw()
         start = float(p.objective(s0.params, s0.buffers, lam0))
-        first = digest(p.batch(0))
+        first = digest(p.first_batch())
     init = {}
     for it, sl in zip(hps.items, hps.slices.values()):
         vals = TRANSFORMS[it.transform][0](lam0[sl]).tolist()

@@ -470,8 +470,9 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint: ``lam``, the outer optimizer, the history, the guards' tracker, the
-        random generators and, online, the method's run state (every rank of a split run must
-        call it: the columns are gathered)."""
+        random generators, a streamed batch source's passes (:meth:`Stream.state_dict
+        <hypergrad.data.Stream.state_dict>`) and, online, the method's run state (every rank
+        of a split run must call it: the columns are gathered)."""
         ck: dict[str, Any] = {
             "version": CHECKPOINT_VERSION, "mode": self.mode.name,
             "outer_step": self.outer_step, "lam": self.lam.detach().clone(),
@@ -482,6 +483,8 @@ class Trainer:
         if self.run_state is not None:
             assert isinstance(self.method, OnlineMethod)
             ck["online"] = self.method.state_dict(self.problem, self.run_state)
+        if self.problem.stream is not None:  # a DataLoader's passes: shuffles, worker seeds
+            ck["batches"] = self.problem.stream.state_dict()
         return ck
 
     def load_state_dict(self, ck: dict[str, Any], path: Path) -> None:
@@ -509,6 +512,8 @@ class Trainer:
         self._backtracks = int(ck.get("backtracks", 0))
         self.outer_step = int(ck["outer_step"])
         set_rng_state(ck["rng"])
+        if self.problem.stream is not None and ck.get("batches") is not None:
+            self.problem.stream.load_state_dict(ck["batches"])  # after the online run's init
         if self.folder is not None and self.strategy.is_writer:
             self.folder.rewrite_metrics(self.history)  # agrees with the checkpoint again
         self.message(f"resumed from {path} at outer step {self.outer_step}")
