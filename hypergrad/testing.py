@@ -3,6 +3,7 @@ hypergradients, and the digits problems the exactness table and the tests are bu
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,10 @@ from .problem import InnerProblem
 __all__ = ["rel_err", "group_rel_errs", "CheckReport", "HypergradcheckError", "hypergradcheck",
            "OPTIMIZERS", "KINDS", "GRID", "GridOptimizer", "grid_cases", "digits_case",
            "l2_mlp_case", "ridge_diabetes_case"]
+
+TEST_DEVICE_ENV = "HYPERGRAD_TEST_DEVICE"
+"""The environment variable that gives :func:`digits_case` its default device (``cuda`` puts
+the problems of the test suite's float64 exactness checks on the GPU; unset: the CPU)."""
 
 
 def rel_err(a: Tensor, b: Tensor) -> float:
@@ -229,10 +234,15 @@ def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperPar
 
 def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batch_size: int = 16,
                 hidden: int = 16, n_val: int = 64, windows: int = 4, batchnorm: bool = False,
-                val_mode: str = "eval", seed: int = 0) -> InnerProblem:
+                val_mode: str = "eval", seed: int = 0,
+                device: torch.device | str | None = None) -> InnerProblem:
     """A float64 MLP on a subset of ``load_digits`` with one hyperparameter kind and one optimizer
     (names from :data:`OPTIMIZERS` and :data:`KINDS`); a ``momentum`` kind for an optimizer
-    without momentum (plain ``sgd``) raises ``NotImplementedError``."""
+    without momentum (plain ``sgd``) raises ``NotImplementedError``.
+
+    ``device``: where the model and the data live (default: the environment variable
+    :data:`TEST_DEVICE_ENV` if set, else the CPU); the initial weights are drawn on the CPU and
+    moved, so they are the same on every device."""
     from .data import MiniBatches
     from .tasks import digits_data, mlp
 
@@ -241,9 +251,11 @@ def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batc
                          f"{KINDS}.")
     if kind == "momentum" and GRID[opt].momentum is None:
         raise NotImplementedError(f"digits_case: {opt} has no momentum to tune.")
-    data = digits_data(n_train, n_val, 1, seed=seed, dtype=torch.float64)
+    dev = torch.device(device if device is not None
+                       else os.environ.get(TEST_DEVICE_ENV) or "cpu")
+    data = digits_data(n_train, n_val, 1, seed=seed, dtype=torch.float64, device=dev)
     torch.manual_seed(seed)
-    model = mlp([64, hidden, 10], batchnorm=batchnorm).double()
+    model = mlp([64, hidden, 10], batchnorm=batchnorm).double().to(dev)
     hps = HyperParams([_hyperparameter(opt, kind, n_train, windows)])
 
     def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]

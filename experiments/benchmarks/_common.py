@@ -1,9 +1,14 @@
 """Shared pieces of the benchmark scripts: the benchmark models and inner problems, timing,
 FLOP counting, the matmul peak, peak memory of a configuration in a fresh process, machine facts,
-and JSON/table output. Benchmarks are scripts, not tests (STYLE.md, habit 13)."""
+and JSON/table output. Benchmarks are scripts, not tests (STYLE.md, habit 13).
+
+On a GPU (:func:`use_device`): problems are built on the device, every timed call is bracketed
+by ``torch.cuda.synchronize`` (kernels run asynchronously), the matmul peak is the device's, and
+:func:`no_wait` drops the waits for a quiet CPU (the device is what is timed)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -42,6 +47,41 @@ def setup() -> bool:
     return tune_malloc()
 
 
+def _no_sync() -> None:
+    pass
+
+
+SYNC: Callable[[], None] = _no_sync
+"""Called before and after every timed call: ``torch.cuda.synchronize`` once :func:`use_device`
+named a CUDA device, so a call's time includes its kernels."""
+WAIT = True
+"""Whether timing waits for a quiet CPU and repeats calls other processes slowed (:func:`no_wait`
+turns it off)."""
+
+
+def use_device(device: str | torch.device | None) -> torch.device:
+    """The benchmarks' device: ``cpu`` (``None``) or ``cuda[:i]``, which must be available; on
+    CUDA every timed call is synchronized (:data:`SYNC`)."""
+    global SYNC
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device {dev}: torch {torch.__version__} sees no CUDA device "
+                             f"(torch.cuda.is_available() is False).")
+        if dev.index is not None:
+            torch.cuda.set_device(dev)
+        SYNC = functools.partial(torch.cuda.synchronize, dev)
+    else:
+        SYNC = _no_sync
+    return dev
+
+
+def no_wait() -> None:
+    """Time without waiting for a quiet CPU (a GPU run, or a dry run on a shared machine)."""
+    global WAIT
+    WAIT = False
+
+
 # -- models and problems ---------------------------------------------------------------------------
 
 def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
@@ -60,9 +100,12 @@ def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
 
 def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
                  hyper: str = "groups", windows: int = 8, seed: int = 0,
-                 dtype: torch.dtype = torch.float32, optimizer: str = "sgd") -> hg.InnerProblem:
+                 dtype: torch.dtype = torch.float32, optimizer: str = "sgd",
+                 batch: int = BATCH, device: str | torch.device | None = None
+                 ) -> hg.InnerProblem:
     """SGD with momentum and weight decay (or ``optimizer="adam"`` / ``"adamw"`` with weight
-    decay) on random data, with ``K = k`` hyperparameters.
+    decay) on random data, with ``K = k`` hyperparameters, on ``device`` (the same model and data
+    as on the CPU: both are drawn there and moved).
 
     ``hyper="groups"``: the learning rate and ``k - 1`` example-group weights of the loss (data
     hyper-cleaning with groups ``idx % (k - 1)``): every column is live at every step.
@@ -70,10 +113,10 @@ def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
     """
     torch.manual_seed(seed)
     model, shape = build_model(name)
-    model = model.to(dtype)
+    model = model.to(dtype=dtype, device=device)
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn((n, *shape), generator=g, dtype=dtype)
-    y = torch.randint(0, 10, (n,), generator=g)
+    x = torch.randn((n, *shape), generator=g, dtype=dtype).to(device)
+    y = torch.randint(0, 10, (n,), generator=g).to(device)
     if hyper == "schedule":
         items: list[Any] = [hg.Schedule("lr", 0.05, windows=windows, transform="log")]
     else:
@@ -90,12 +133,12 @@ def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
             return (hp["gw"][idx % groups] * nll).mean()
         return nll.mean()
 
-    xv, yv = x[:BATCH], y[:BATCH]
+    xv, yv = x[:batch], y[:batch]
 
     def val_loss(m, hp):  # type: ignore[no-untyped-def]
         return F.cross_entropy(m(xv), yv)
 
-    batches = hg.data.MiniBatches(x, y, batch_size=BATCH, seed=seed)
+    batches = hg.data.MiniBatches(x, y, batch_size=batch, seed=seed)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"make_problem: optimizer={optimizer!r}; choose from {OPTIMIZERS}.")
     opt = (hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
@@ -132,7 +175,9 @@ def others_busy() -> Callable[[], float]:
 
 def wait_quiet(max_wait: float = 1800.0, share: float = 0.15, window: float = 2.0) -> float:
     """Wait until other processes use less than ``share`` of one core over ``window`` seconds
-    (the benchmarks share their machine); returns the seconds waited."""
+    (the benchmarks share their machine); returns the seconds waited (0 after :func:`no_wait`)."""
+    if not WAIT:
+        return 0.0
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < max_wait:
         probe = others_busy()
@@ -169,10 +214,12 @@ def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
                       min_seconds: float = 0.0, max_other: float = 0.1) -> dict[str, float]:
     """Median wall time of each ``fns[name]()``, measured round-robin (one call of each per
     round), so a slow spell of a shared machine falls on every candidate alike and their ratios
-    stay honest. Contended calls are repeated as in :func:`median_time`."""
+    stay honest. Contended calls are repeated as in :func:`median_time` (not after
+    :func:`no_wait`). Each call is bracketed by :data:`SYNC`."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+    SYNC()
     times: dict[str, list[float]] = {name: [] for name in fns}
     start = time.perf_counter()
     retries = 0
@@ -180,11 +227,13 @@ def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
            or time.perf_counter() - start < min_seconds):
         for name, fn in fns.items():
             probe = others_busy()
+            SYNC()
             t0 = time.perf_counter()
             fn()
+            SYNC()
             dt = time.perf_counter() - t0
             other = probe()
-            if _contended(other, dt, max_other) and retries < 20 * repeats:
+            if WAIT and _contended(other, dt, max_other) and retries < 20 * repeats:
                 CONTENDED.append(other)
                 retries += 1
                 wait_quiet()
@@ -200,16 +249,23 @@ def count_flops(fn: Callable[[], Any]) -> int:
     return int(fc.get_total_flops())
 
 
-def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
+def matmul_peak(n: int | None = None, repeats: int = 10,
+                device: str | torch.device | None = None) -> float:
     """GFLOP/s of a large float32 matmul: the best of ``repeats`` (the machine's practical peak
-    for the dtype the benchmarks run in)."""
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
-    out = torch.empty(n, n)
+    for the dtype the benchmarks run in). ``n``: 2048 on the CPU, 8192 on a GPU. On CUDA it runs
+    under the current TF32 setting (``torch.backends.cuda.matmul.allow_tf32``)."""
+    dev = torch.device(device or "cpu")
+    n = n or (8192 if dev.type == "cuda" else 2048)
+    sync = functools.partial(torch.cuda.synchronize, dev) if dev.type == "cuda" else _no_sync
+    a = torch.randn(n, n, device=dev)
+    b = torch.randn(n, n, device=dev)
+    out = torch.empty(n, n, device=dev)
     best = float("inf")
     for _ in range(repeats + 2):
+        sync()
         t0 = time.perf_counter()
         torch.mm(a, b, out=out)
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e9
 
@@ -312,7 +368,45 @@ def child_memory(run: Callable[[], Any], warm: Callable[[], Any] | None = None) 
 
 # -- machine facts and output ----------------------------------------------------------------------
 
-def machine() -> dict[str, Any]:
+def device_facts(device: str | torch.device | None = None) -> dict[str, Any]:
+    """The device and the settings its float32 numbers depend on: its name (the CPU's model on
+    the CPU), compute capability and memory, torch/CUDA/cuDNN versions, and the TF32 and cuDNN
+    flags (recorded on the CPU too, where they do not apply)."""
+    dev = torch.device(device or "cpu")
+    out: dict[str, Any] = {"type": dev.type, "torch": torch.__version__,
+                           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+    if dev.type == "cuda":
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        out.update(index=idx, name=torch.cuda.get_device_name(idx),
+                   capability=".".join(map(str, torch.cuda.get_device_capability(idx))),
+                   memory_gib=round(props.total_memory / 2**30, 2),
+                   multiprocessors=props.multi_processor_count,
+                   device_count=torch.cuda.device_count())
+    else:
+        out.update(name=machine()["cpu"] or "cpu", capability=None,
+                   memory_gib=machine()["memory_gib"], multiprocessors=os.cpu_count(),
+                   device_count=0)
+    out.update(
+        matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
+        matmul_allow_fp16_reduced_precision=(
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
+        cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
+        cudnn_enabled=torch.backends.cudnn.enabled,
+        cudnn_benchmark=torch.backends.cudnn.benchmark,
+        cudnn_deterministic=torch.backends.cudnn.deterministic,
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+        # torch >= 2.9's precision settings, where they exist ("tf32", "ieee", "none")
+        fp32_precision=getattr(torch.backends, "fp32_precision", None),
+        matmul_fp32_precision=getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+        cudnn_conv_fp32_precision=getattr(getattr(torch.backends.cudnn, "conv", None),
+                                          "fp32_precision", None),
+        deterministic_algorithms=torch.are_deterministic_algorithms_enabled())
+    return out
+
+
+def machine(device: str | torch.device | None = None) -> dict[str, Any]:
+    """The machine's facts; with a CUDA ``device``, also :func:`device_facts` under ``device``."""
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as fh:
@@ -323,12 +417,15 @@ def machine() -> dict[str, Any]:
         mem_gb = _meminfo_kb("MemTotal") / 2**20
     except OSError:
         mem_gb = float("nan")
-    return {
+    out = {
         "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "memory_gib": round(mem_gb, 1), "torch": torch.__version__,
         "python": platform.python_version(), "libc": "-".join(platform.libc_ver()),
         "malloc": malloc_settings(),
     }
+    if device is not None and torch.device(device).type == "cuda":
+        out["device"] = device_facts(device)
+    return out
 
 
 def _meminfo_kb(key: str) -> int:
@@ -369,3 +466,8 @@ def print_machine(m: dict[str, Any]) -> None:
     print(f"# {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), "
           f"{m['memory_gib']} GiB, torch {m['torch']}, {m['libc']}, malloc tuned: "
           f"{m['malloc'] is not None}")
+    if "device" in m:
+        d = m["device"]
+        print(f"# device: {d['name']} (capability {d['capability']}, {d['memory_gib']} GiB), "
+              f"CUDA {d['cuda']}, cuDNN {d['cudnn']}, TF32 matmul {d['matmul_allow_tf32']} / "
+              f"cuDNN {d['cudnn_allow_tf32']}, cudnn.benchmark {d['cudnn_benchmark']}")

@@ -19,6 +19,7 @@ column is live at every step.
 
     python experiments/benchmarks/bench_models.py            # full run
     python experiments/benchmarks/bench_models.py --quick    # K = 16, default vs loop (< 3 min)
+    python experiments/benchmarks/bench_models.py --quick --device cuda --no-wait  # on a GPU
 
 Last line: ``models plain_overhead_max=<a> col_cost_max=<b> batched_vs_loop_min=<c>`` over the
 three models at K = 16 for the default strategy (``ForwardMode()``).
@@ -27,6 +28,7 @@ three models at K = 16 for the default strategy (``ForwardMode()``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,12 @@ from hypergrad.tasks.models import RNNClassifier, TransformerClassifier, resnet1
 MODELS = ("resnet18", "transformer", "lstm")
 BATCH = 32
 DEFAULT = "vmap_vjp"
+DEVICE_ENV = "HYPERGRAD_BENCH_DEVICE"
+"""The problems' device (``--device`` sets it, so fresh child processes inherit it)."""
+
+
+def device() -> torch.device:
+    return torch.device(os.environ.get(DEVICE_ENV) or "cpu")
 
 
 def build(name: str) -> tuple[nn.Module, tuple[int, ...]]:
@@ -60,12 +68,15 @@ def build(name: str) -> tuple[nn.Module, tuple[int, ...]]:
 
 
 def make_problem(name: str, k: int, steps: int = 50) -> tuple[hg.InnerProblem, nn.Module, Any]:
-    """The inner problem, the module, and the torch plain step on the same data."""
+    """The inner problem, the module, and the torch plain step on the same data, on
+    :func:`device` (drawn on the CPU and moved: the same numbers on every device)."""
+    dev = device()
     model, shape = build(name)
+    model = model.to(dev)
     g = torch.Generator().manual_seed(0)
     n = 4 * BATCH
-    x = torch.randn((n, *shape), generator=g)
-    y = torch.randint(0, 10, (n,), generator=g)
+    x = torch.randn((n, *shape), generator=g).to(dev)
+    y = torch.randint(0, 10, (n,), generator=g).to(dev)
     items: list[Any] = [hg.Scalar("lr", 0.05, transform="log")]
     if k > 1:
         items.append(hg.Array("gw", 0.5, shape=(k - 1,), transform="logit"))
@@ -84,6 +95,7 @@ def make_problem(name: str, k: int, steps: int = 50) -> tuple[hg.InnerProblem, n
                               hg.HyperParams(items), hg.data.MiniBatches(x, y, batch_size=BATCH),
                               steps, val_loss)
     ref, _ = build(name)  # torch's own step trains a copy of the same module
+    ref = ref.to(dev)
     ref.train()
     opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     it = [0]
@@ -106,7 +118,15 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="*", default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--json", default=None, help="output path (default results/bench_models.json)")
+    ap.add_argument("--device", default=None, help="cpu (default) or cuda[:i]")
+    ap.add_argument("--no-wait", action="store_true",
+                    help="do not wait for a quiet CPU nor repeat contended calls (on a GPU)")
     args = ap.parse_args()
+    if args.device:
+        os.environ[DEVICE_ENV] = args.device
+    dev = C.use_device(device())  # on CUDA: every timed call synchronized
+    if args.no_wait:
+        C.no_wait()
     tuned = C.setup()
     models = args.models or list(MODELS)
     ks = args.ks or ([16] if args.quick else [4, 16])
@@ -115,7 +135,7 @@ def main() -> None:
     if "loop" not in strategies:
         strategies = ["loop", *strategies]
     repeats = args.repeats or (2 if args.quick else 5)
-    mach = C.machine()
+    mach = C.machine(dev)
     C.print_machine(mach)
     waited = C.wait_quiet()
     print(f"# malloc tuned: {tuned}; waited {waited:.0f} s for a quiet machine", flush=True)

@@ -11,6 +11,10 @@ process per configuration because the tuned allocator keeps freed memory).
 
     python experiments/benchmarks/bench_step.py            # full run (~15 min on 2 cores)
     python experiments/benchmarks/bench_step.py --quick    # < 2 min
+    python experiments/benchmarks/bench_step.py --device cuda --no-wait   # on a GPU
+
+On CUDA every timed call is synchronized, the peak is a float32 8192^3 matmul on the device
+(under the TF32 setting the run records), and memory is the allocator's peak over two steps.
 
 The last line: ``speedup_vs_loop K16=<a> K64=<b> peak_share K64=<c>``, each the minimum over the
 three base models (mlp, cnn8, cnn28), for the default strategy ``VmapVJP()``.
@@ -34,11 +38,13 @@ DEFAULT = "vmap_vjp"  # ForwardMode()'s strategy: VmapVJP() with automatic chunk
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
-    """Peak extra memory of 2 forward-mode steps of one configuration (fresh process)."""
+    """Peak extra memory of 2 forward-mode steps of one configuration (fresh process; on CUDA
+    the allocator's peak)."""
     C.setup()
-    p = C.make_problem(spec["model"], spec["k"])
+    device = C.use_device(spec.get("device"))
+    p = C.make_problem(spec["model"], spec["k"], device=device)
     lam = p.init_raw()
-    warm_p = C.make_problem(spec["model"], 1)
+    warm_p = C.make_problem(spec["model"], 1, device=device)
     warm = C.forward_stepper(warm_p, warm_p.init_raw(),
                              hg.ForwardMode(C.make_strategy(spec["strategy"])))
     fm = hg.ForwardMode(C.make_strategy(spec["strategy"]))
@@ -48,7 +54,46 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         step()
         step()
 
+    if device.type == "cuda":
+        warm()
+        return hg.measure.measure(run, device)[1]
     return C.child_memory(run, warm)
+
+
+def config_rows(model: str, k: int, strategies: list[str], repeats: int, peak: float,
+                min_seconds: float = 0.3, **problem_kw: Any) -> list[dict[str, Any]]:
+    """The rows of one (model, K): every strategy's forward-mode step timed round-robin against
+    the others (for at least ``min_seconds``; the plain step for 5/3 of it), over a plain step,
+    as FLOP/s and a share of ``peak`` (GFLOP/s). ``problem_kw`` goes to
+    :func:`_common.make_problem` (``device``, sizes)."""
+    p = C.make_problem(model, k, **problem_kw)
+    lam = p.init_raw()
+    plain = C.plain_stepper(p, lam)
+    t_plain = C.median_time(plain, 20, 3, min_seconds=min_seconds * 5 / 3)
+    flops_plain = C.count_flops(plain)
+    loop_step = C.forward_stepper(p, lam, hg.ForwardMode(hg.hvp.ColumnLoop()))
+    flops = C.count_flops(loop_step)  # the step's work, the same for every strategy
+    methods = {name: hg.ForwardMode(C.make_strategy(name)) for name in strategies}
+    steppers = {name: C.forward_stepper(p, lam, m) for name, m in methods.items()}
+    for name, step in steppers.items():  # compile / first-call costs out of the way
+        for _ in range(2 if name.endswith("compiled") else 0):
+            step()
+    times = C.interleaved_times(steppers, repeats, 1, min_seconds=min_seconds)
+    rows = []
+    for name in strategies:
+        t = times[name]
+        row = {
+            "model": model, "k": k, "strategy": name, "ms": 1e3 * t,
+            "plain_ms": 1e3 * t_plain, "x_plain": t / t_plain,
+            "speedup_vs_loop": times["loop"] / t if "loop" in times else None,
+            "gflops": flops / t / 1e9, "peak_share": flops / t / 1e9 / peak,
+            "flops_per_plain": flops / flops_plain,
+            "col_x_plain": (t / t_plain - 1) / k,
+        }
+        if getattr(methods[name].hvp, "_compile_failed", False):
+            row["note"] = "torch.compile failed: ran eager"
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -62,12 +107,18 @@ def main() -> None:
     ap.add_argument("--no-malloc-tuning", action="store_true",
                     help="leave glibc's malloc thresholds alone (to measure what tuning buys)")
     ap.add_argument("--json", default=None, help="output path (default results/bench_step.json)")
+    ap.add_argument("--device", default=None, help="cpu (default) or cuda[:i]")
+    ap.add_argument("--no-wait", action="store_true",
+                    help="do not wait for a quiet CPU nor repeat contended calls (on a GPU)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
 
+    device = C.use_device(args.device)
+    if args.no_wait:
+        C.no_wait()
     tuned = False if args.no_malloc_tuning else C.setup()
     models = args.models or (["mlp", "cnn8"] if args.quick else list(C.MODELS))
     ks = args.ks or ([4, 16] if args.quick else [1, 4, 16, 64])
@@ -76,50 +127,28 @@ def main() -> None:
         strategies.append("vmap_vjp_compiled")
     repeats = 3 if args.quick else 5
     memory = not (args.quick or args.no_memory)
-    mach = C.machine()
+    mach = C.machine(device)
     C.print_machine(mach)
     waited = C.wait_quiet()
-    peak = C.matmul_peak()
-    print(f"# matmul peak (float32 2048^3): {peak:.1f} GFLOP/s; malloc tuned: {tuned}; "
+    peak = C.matmul_peak(device=device)
+    size = "8192^3" if device.type == "cuda" else "2048^3"
+    print(f"# matmul peak (float32 {size}): {peak:.1f} GFLOP/s; malloc tuned: {tuned}; "
           f"waited {waited:.0f} s for a quiet machine", flush=True)
 
     rows: list[dict[str, Any]] = []
     for model in models:
         for k in ks:
-            p = C.make_problem(model, k)
-            lam = p.init_raw()
-            plain = C.plain_stepper(p, lam)
-            t_plain = C.median_time(plain, 20, 3, min_seconds=0.5)
-            flops_plain = C.count_flops(plain)
-            loop_step = C.forward_stepper(p, lam, hg.ForwardMode(hg.hvp.ColumnLoop()))
-            flops = C.count_flops(loop_step)  # the step's work, the same for every strategy
-            methods = {name: hg.ForwardMode(C.make_strategy(name)) for name in strategies}
-            steppers = {name: C.forward_stepper(p, lam, m) for name, m in methods.items()}
-            for name, step in steppers.items():  # compile / first-call costs out of the way
-                for _ in range(2 if name.endswith("compiled") else 0):
-                    step()
-            times = C.interleaved_times(steppers, repeats, 1, min_seconds=0.3)
-            for name in strategies:
-                t = times[name]
-                row = {
-                    "model": model, "k": k, "strategy": name, "ms": 1e3 * t,
-                    "plain_ms": 1e3 * t_plain, "x_plain": t / t_plain,
-                    "speedup_vs_loop": times["loop"] / t if "loop" in times else None,
-                    "gflops": flops / t / 1e9, "peak_share": flops / t / 1e9 / peak,
-                    "flops_per_plain": flops / flops_plain,
-                    "col_x_plain": (t / t_plain - 1) / k,
-                }
-                if getattr(methods[name].hvp, "_compile_failed", False):
-                    row["note"] = "torch.compile failed: ran eager"
+            for row in config_rows(model, k, strategies, repeats, peak, device=device):
+                name = row["strategy"]
                 if memory and not name.endswith("compiled"):
                     mem = C.in_subprocess(__file__, [json.dumps(
-                        {"model": model, "k": k, "strategy": name})])
+                        {"model": model, "k": k, "strategy": name, "device": str(device)})])
                     row["extra_mb"] = mem.get("peak_extra_bytes", float("nan")) / 2**20
                     if "error" in mem:
                         row["memory_error"] = mem["error"][-300:]
                 rows.append(row)
                 print(C.table([row], COLS).splitlines()[1], flush=True)
-    peak_end = C.matmul_peak()
+    peak_end = C.matmul_peak(device=device)
     if peak_end > peak:  # use the better of the two peaks: shares are conservative
         for r in rows:
             r["peak_share"] = r["gflops"] / peak_end
