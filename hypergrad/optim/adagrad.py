@@ -21,6 +21,7 @@ from .base import (
     register,
     safe_sqrt,
 )
+from .clip import clip_grad_norm as with_clip
 
 __all__ = ["Adagrad", "AdagradState", "adagrad"]
 
@@ -101,7 +102,8 @@ class Adagrad(Optimizer):
 
 @register
 def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: Arg = 1e-10,
-            initial_accumulator_value: float = 0.0) -> Adagrad:
+            initial_accumulator_value: float = 0.0,
+            clip_grad_norm: float | None = None) -> Optimizer:
     """Adagrad as ``torch.optim.Adagrad`` (same defaults).
 
     Example:
@@ -112,5 +114,6 @@ def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: A
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
         raise ValueError(f"adagrad: initial_accumulator_value={v!r} must be a number >= 0, "
                          f"e.g. initial_accumulator_value=0.0 (the default).")
-    return Adagrad(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps,
-                   initial_accumulator_value=float(initial_accumulator_value))
+    return with_clip(Adagrad(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps,
+                             initial_accumulator_value=float(initial_accumulator_value)),
+                     clip_grad_norm)

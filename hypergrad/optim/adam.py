@@ -23,6 +23,7 @@ from .base import (
     register,
     safe_sqrt,
 )
+from .clip import clip_grad_norm as with_clip
 
 __all__ = ["Adam", "AdamW", "AdamState", "adam", "adamw"]
 
@@ -156,22 +157,24 @@ class AdamW(Adam):
 
 @register
 def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
-         weight_decay: Arg = 0.0, eps_root: float = 0.0) -> Adam:
+         weight_decay: Arg = 0.0, eps_root: float = 0.0,
+         clip_grad_norm: float | None = None) -> Optimizer:
     """Adam as ``torch.optim.Adam`` (Kingma & Ba 2015), L2 weight decay added to the gradient.
 
     ``eps_root`` is added under the square root (optax's guard); the square root itself is
     :func:`safe_sqrt`, so tangents stay finite when a second moment is exactly 0.
     """
-    return Adam(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                eps_root=_eps_root("adam", eps_root))
+    return with_clip(Adam(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                          eps_root=_eps_root("adam", eps_root)), clip_grad_norm)
 
 
 @register
 def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
-          weight_decay: Arg = 1e-2, eps_root: float = 0.0) -> AdamW:
+          weight_decay: Arg = 1e-2, eps_root: float = 0.0,
+          clip_grad_norm: float | None = None) -> Optimizer:
     """AdamW as ``torch.optim.AdamW`` (Loshchilov & Hutter 2019): ``w *= 1 - lr * wd`` first."""
-    return AdamW(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                 eps_root=_eps_root("adamw", eps_root))
+    return with_clip(AdamW(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                           eps_root=_eps_root("adamw", eps_root)), clip_grad_norm)
 
 
 def _eps_root(api: str, eps_root: Any) -> float:

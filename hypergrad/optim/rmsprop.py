@@ -22,6 +22,7 @@ from .base import (
     register,
     safe_sqrt,
 )
+from .clip import clip_grad_norm as with_clip
 
 __all__ = ["RMSprop", "RMSpropState", "rmsprop"]
 
@@ -146,12 +147,13 @@ class RMSprop(Optimizer):
 
 @register
 def rmsprop(lr: Arg = 1e-2, alpha: Arg = 0.99, eps: Arg = 1e-8, weight_decay: Arg = 0.0,
-            momentum: Arg = 0.0, centered: bool = False) -> RMSprop:
+            momentum: Arg = 0.0, centered: bool = False,
+            clip_grad_norm: float | None = None) -> Optimizer:
     """RMSprop as ``torch.optim.RMSprop`` (same defaults).
 
     Example:
         >>> sorted(rmsprop(lr="lr", alpha="alpha", momentum=0.9).bound_names())
         ['alpha', 'lr']
     """
-    return RMSprop(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                   centered=bool(centered))
+    return with_clip(RMSprop(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
+                             momentum=momentum, centered=bool(centered)), clip_grad_norm)

@@ -21,6 +21,7 @@ from .base import (
     owned,
     register,
 )
+from .clip import clip_grad_norm as with_clip
 
 __all__ = ["SGD", "SGDState", "sgd"]
 
@@ -141,7 +142,7 @@ class SGD(Optimizer):
 
 @register
 def sgd(lr: Arg, momentum: Arg = 0.0, dampening: Arg = 0.0, nesterov: bool = False,
-        weight_decay: Arg = 0.0) -> SGD:
+        weight_decay: Arg = 0.0, clip_grad_norm: float | None = None) -> Optimizer:
     """SGD as ``torch.optim.SGD`` (momentum, dampening, Nesterov, L2 weight decay).
 
     ``buf_0 = g_0``; ``buf_t = momentum * buf_{t-1} + (1 - dampening) * g_t``;
@@ -154,5 +155,5 @@ def sgd(lr: Arg, momentum: Arg = 0.0, dampening: Arg = 0.0, nesterov: bool = Fal
     """
     if nesterov and is_zero(momentum):
         raise ValueError("sgd: nesterov=True needs a momentum (a number > 0 or a hyperparameter).")
-    return SGD(lr=lr, momentum=momentum, dampening=dampening, nesterov=bool(nesterov),
-               weight_decay=weight_decay)
+    return with_clip(SGD(lr=lr, momentum=momentum, dampening=dampening,
+                         nesterov=bool(nesterov), weight_decay=weight_decay), clip_grad_norm)
