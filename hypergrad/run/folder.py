@@ -106,6 +106,10 @@ class RunFolder:
         overwrite: discard a run already in the folder (its checkpoints and metrics).
         fingerprint: extra ``{key: JSON-like value}`` that defines the run (``hypergrad-run``
             passes its resolved config), stored in the checkpoint and compared on resume.
+        inner_every: also a checkpoint every this many inner steps *within* an offline outer
+            step whose method the Trainer steps (forward mode, MARTHE, HD: their run state, the
+            tangents included), so a hypergradient that takes hours resumes mid-run, bitwise
+            equal to the uninterrupted one; ``None`` (default): after outer steps only.
 
     While a Trainer uses it, ``run.lock`` keeps other runs out (:meth:`open` takes it,
     :meth:`close` gives it back). After every outer step the checkpoint, then a line of
@@ -119,13 +123,19 @@ class RunFolder:
     """
 
     def __init__(self, path: str | Path, resume: bool = False, overwrite: bool = False,
-                 fingerprint: Mapping[str, Any] | None = None) -> None:
+                 fingerprint: Mapping[str, Any] | None = None,
+                 inner_every: int | None = None) -> None:
         if not isinstance(path, (str, Path)) or not str(path):
             raise TypeError(f"RunFolder: path={path!r} must be a folder path (str or Path).")
         if resume and overwrite:
             raise ValueError("RunFolder: resume=True and overwrite=True contradict each other: "
                              "resume continues the run in the folder, overwrite discards it; "
                              "pass one of them.")
+        if inner_every is not None and (isinstance(inner_every, bool)
+                                        or not isinstance(inner_every, int) or inner_every < 1):
+            raise ValueError(f"RunFolder: inner_every={inner_every!r} must be an int >= 1 (inner "
+                             f"steps between checkpoints within an inner run) or None.")
+        self.inner_every = inner_every
         self.path = Path(path).expanduser()
         self.resume, self.overwrite = bool(resume), bool(overwrite)
         self.extra = dict(fingerprint or {})
@@ -189,6 +199,10 @@ class RunFolder:
         save_checkpoint(self.path, ck)
         append_line(self.path / METRICS, dumps(rec))
 
+    def write_inner(self, ck: Mapping[str, Any]) -> None:
+        """A checkpoint within an inner run (``inner_every``): no metrics line."""
+        save_checkpoint(self.path, ck)
+
     def rewrite_metrics(self, history: list[dict[str, Any]]) -> None:
         """``metrics.jsonl`` from ``history`` (after a resume: it agrees with the checkpoint)."""
         write_text_atomic(self.path / METRICS, "".join(dumps(rec) + "\n" for rec in history))
@@ -210,6 +224,8 @@ class RunFolder:
 
     def __repr__(self) -> str:
         flags = "".join(f", {k}=True" for k in ("resume", "overwrite") if getattr(self, k))
+        if self.inner_every is not None:
+            flags += f", inner_every={self.inner_every}"
         return f"RunFolder({str(self.path)!r}{flags})"
 
 

@@ -184,6 +184,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.outer_step = 0
         self.run_state: Any = None  # online: the method's run state
+        self._inner: tuple[dict[str, Any], str] | None = None  # resumed within an inner run
         self._backtracks = 0  # in a row
         self._fit_start = time.perf_counter()
         self._fingerprint: dict[str, Any] = {}
@@ -290,12 +291,44 @@ class Trainer:
         m, p = self.method, self.problem
         if not isinstance(m, OnlineMethod):
             return m.hypergradient(p, lam)
-        run = m.init(p, lam)  # stepped here for the inner progress
+        run = self._resume_inner(lam)
+        if run is None:
+            run = m.init(p, lam)  # stepped here for the inner progress
+        every = None if self.folder is None else self.folder.inner_every
         while run.step < p.steps:
             run = m.step(p, run, lam)
             self._emit("on_inner_step", int(run.step), p.steps)
+            if every is not None and run.step % every == 0 and run.step < p.steps:
+                self._checkpoint_inner(run, lam)
         value, grad = m.hypergradient_at(p, run, lam)
         return HyperGradient(value, grad, run.state)
+
+    def _checkpoint_inner(self, run: Any, lam: Tensor) -> None:
+        """A checkpoint within this outer step's inner run (``RunFolder(inner_every=...)``): the
+        outer step's checkpoint plus the method's run state, its ``lam`` and the stream."""
+        assert self.folder is not None and isinstance(self.method, OnlineMethod)
+        ck = self.state_dict()
+        ck["inner"] = {"outer_step": self.outer_step, "lam": lam.detach().clone(),
+                       "run": self.method.state_dict(self.problem, run),
+                       "batches": ck.get("batches")}
+        if self.strategy.is_writer:
+            self.folder.write_inner(ck)
+
+    def _resume_inner(self, lam: Tensor) -> Any:
+        """The run state of a checkpoint written within this outer step's inner run, if the
+        run was resumed from one at the same ``lam``; else ``None``."""
+        got, self._inner = self._inner, None
+        if got is None or got[0]["outer_step"] != self.outer_step or not torch.equal(
+                got[0]["lam"].to(lam), lam):
+            return None
+        entry, where = got
+        assert isinstance(self.method, OnlineMethod)
+        run = self.method.load_state_dict(self.problem, lam, entry["run"], where)
+        if self.problem.stream is not None and entry.get("batches") is not None:
+            self.problem.stream.load_state_dict(entry["batches"])  # after the run's init
+        self.message(f"outer step {self.outer_step}: the inner run resumed at step "
+                     f"{int(run.step)} of {self.problem.steps}")
+        return run
 
     def _step(self, value: Tensor, grad: Tensor, lam_used: Tensor) -> str | None:
         """Guard, track the best, update ``lam``; returns why the run diverged, or ``None``."""
@@ -508,6 +541,8 @@ class Trainer:
                              f"carries over to {self.method.name}, whose hypergradients are "
                              f"used from here on")
         self.history = list(ck["history"])
+        if ck.get("inner") is not None and not self.mode.online:  # written within an inner run
+            self._inner = (ck["inner"], str(path))
         self.tracker.load_state_dict(ck, self.lam)
         self._backtracks = int(ck.get("backtracks", 0))
         self.outer_step = int(ck["outer_step"])
