@@ -133,3 +133,20 @@ def test_a_user_method_by_name_on_two_torchrun_ranks(user_package: Path, tmp_pat
     assert ranks[0]["grads"] == pytest.approx([h["hypergrad_norm"] for h in one.history],
                                               rel=1e-10)
     assert not torch.equal(one.lam, plain.lam)
+
+
+def test_every_registered_method_name_runs_in_the_trainer(tmp_path: Path) -> None:
+    """``Trainer(method=<name>)`` takes every registered name (issue 24.8: ``'implicit'`` was
+    refused while other names were accepted); online-only methods run online."""
+    from hypergrad.methods import OnlineMethod, registered
+    from hypergrad.testing import ridge_diabetes_case
+
+    problem, _ = ridge_diabetes_case(300)  # near the optimum, as implicit needs
+    for name, cls in registered().items():
+        online = issubclass(cls, OnlineMethod) and name != "forward"
+        mode = hg.Online(interval=150) if online else hg.Offline(outer_steps=1)
+        res = hg.Trainer(problem, name, mode=mode,
+                         folder=hg.RunFolder(tmp_path / name), callbacks=[]).fit()
+        assert res.method == name or (name == "auto" and res.method in registered()), name
+        assert torch.isfinite(torch.tensor(res.history[0]["val_loss"])), name
+        assert (tmp_path / name / "metrics.jsonl").is_file(), name
