@@ -31,13 +31,15 @@ from torch import Tensor, nn
 from .hyperparams import TRANSFORMS, HyperParams, PerTensor, Schedule
 from .problem import InnerProblem, InnerState
 
-__all__ = ["learned_settings", "learned_optimizer", "optimizer_from_settings",
+__all__ = ["learned_settings", "learned_optimizer", "optimizer_from_settings", "transformed_values",
            "trained_state_dict"]
 
 SCHEDULER = "torch.optim.lr_scheduler.LambdaLR"
 
 
-def _values(hps: HyperParams, lam: Tensor) -> dict[str, Tensor]:
+def transformed_values(hps: HyperParams, lam: Tensor) -> dict[str, Tensor]:
+    """``{name: value}`` of every hyperparameter at ``lam`` in its own units (each transform
+    applied; a schedule's windows as one vector), detached: what the learned files hold."""
     raw = hps.split(lam.detach())
     return {it.name: TRANSFORMS[it.transform][0](raw[it.name]) for it in hps.items}
 
@@ -54,7 +56,7 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     ``steps`` (the horizon they were learned on). See the module docstring for what a schedule
     assumes."""
     hps, opt = problem.hyperparams, problem.optimizer
-    values = _values(hps, lam)
+    values = transformed_values(hps, lam)
     bound = opt.bound_names()  # hyperparameter name -> argument
     scheduled = [n for n in bound if isinstance(hps.by_name[n], Schedule)]
     if any(bound[n] != "lr" for n in scheduled):

@@ -199,7 +199,7 @@ def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
 
     import yaml  # type: ignore[import-untyped]
 
-    from .export import _values, learned_settings, trained_state_dict
+    from .export import learned_settings, trained_state_dict, transformed_values
     from .run.files import write_bytes_atomic, write_text_atomic
 
     files: list[str] = []
@@ -218,7 +218,7 @@ def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
     write_text_atomic(folder / "learned.yaml", head + yaml.safe_dump(settings, sort_keys=False,
                                                                 default_flow_style=None))
     files.append("learned.yaml")
-    values = _values(problem.hyperparams, lam)
+    values = transformed_values(problem.hyperparams, lam)
     for name, ref in settings.get("loss", {}).items():
         if isinstance(ref, str):
             buf = io.BytesIO()
