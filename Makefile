@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,sweep,compare,tensorboard,peers]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,sweep,compare,tensorboard,peers,lm]"
 	touch $(STAMP)
 
 $(SWEEPER)/.installed: $(STAMP)

@@ -432,7 +432,8 @@ def build(cfg: DictConfig, folder: Any = None,
     strategy = instantiate(cfg.distributed, _convert_="all")
     if folder is not None and not isinstance(folder, RunFolder):
         folder = RunFolder(folder, resume=cfg.folder.resume, overwrite=cfg.folder.overwrite,
-                           fingerprint=config_fingerprint(cfg))
+                           fingerprint=config_fingerprint(cfg),
+                           inner_every=cfg.folder.get("inner_every"))
     say = log if log is not None else logging.getLogger("hypergrad").info
     trainer = Trainer(task, method, outer, mode, guards, folder,
                       [Log(say, prefix=""), *callbacks], strategy)

@@ -91,3 +91,109 @@ def test_inner_checkpoint_ignored_at_another_point(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="inner_every"):
         hg.RunFolder(tmp_path, inner_every=0)
     assert "inner_every=5" in repr(hg.RunFolder(tmp_path, inner_every=5))
+
+
+# -- the character-level LM task (hypergrad.tasks.charlm) ------------------------------------------
+def test_stdlib_corpus_split_by_file() -> None:
+    from hypergrad.tasks.charlm import CharVocab, stdlib_corpus
+
+    c = stdlib_corpus(train_chars=30_000, val_chars=5_000, test_chars=5_000)
+    assert len(c.train) == 30_000 and len(c.val) == 5_000 and len(c.test) == 5_000
+    files = [set(c.files[k]) for k in ("train", "val", "test")]
+    assert not (files[0] & files[1]) and not (files[0] & files[2]) and not (files[1] & files[2])
+    assert all(f.endswith(".py") for f in files[0])
+    v = CharVocab(c.train)
+    assert v.decode(v.encode("def f(x):")) == "def f(x):" and int(v.encode("\x00")[0]) == 0
+    assert c.digest() == stdlib_corpus(30_000, 5_000, 5_000).digest()  # the same split
+
+
+def test_text_file_corpus(tmp_path: Path) -> None:
+    from hypergrad.tasks.charlm import text_corpus
+
+    f = tmp_path / "book.txt"
+    f.write_text("It was the best of times. " * 400)
+    c = text_corpus(f)
+    assert len(c.train) + len(c.val) + len(c.test) == len(f.read_text())
+
+
+def _tiny_lm(dtype: str = "float64", steps: int = 4, clip: float | None = 1.0) -> Any:
+    from hypergrad.tasks.charlm import LAYER_GROUPS, PerGroup, charlm_task, transformer_factory
+
+    hps = hg.HyperParams([hg.Schedule("lr", 3e-3, windows=2, transform="log"),
+                          PerGroup("wd", 0.01, "log", groups=LAYER_GROUPS),
+                          hg.Scalar("b1", 0.9, transform="logit"),
+                          hg.Scalar("b2", 0.99, transform="logit")])
+    opt = hg.optim.adamw(lr="lr", betas=("b1", "b2"), weight_decay="wd", clip_grad_norm=clip)
+    return charlm_task(hps, opt, transformer_factory(d_model=8, n_heads=2, dropout=0.1),
+                       steps=steps, batch_size=2, context=8, train_chars=20_000,
+                       val_chars=2_000, test_chars=2_000, val_windows=4, eval_windows=8,
+                       dtype=dtype)
+
+
+def test_charlm_hypergradcheck_with_dropout_clipping_and_groups() -> None:
+    """The LM with dropout, AdamW clipped at 1.0, a weight decay per layer group and the betas:
+    forward = reverse = central finite differences in float64."""
+    from hypergrad.testing import hypergradcheck
+
+    task = _tiny_lm()
+    p = task.problem
+    assert p.num_hyperparams == 2 + 5 + 2
+    wd = p.hyperparams.values(p.init_raw())["wd"]
+    assert set(wd) == set(p.fmodel.param_names)  # every parameter in one group
+    report = hypergradcheck(p, strategies=())
+    assert report.ok and report.max("fwd_vs_rev") < 1e-9, str(report)
+    ev = task.evaluate(p.run(p.init_raw()))
+    assert 0 < ev["val_bpc"] < 10 and 0 < ev["test_bpc"] < 10
+
+
+def test_per_group_refuses_unmatched() -> None:
+    from hypergrad.tasks.charlm import PerGroup
+
+    g = PerGroup("wd", 0.1, "log", groups={"w": "weight"})
+    with pytest.raises(ValueError, match="match no group"):
+        g.bind(["a.weight", "a.bias"])
+    with pytest.raises(ValueError, match="match no parameter"):
+        PerGroup("wd", 0.1, "log", groups={"w": "weight", "x": "nothing"}).bind(["a.weight"])
+
+
+def test_charlm_preset_smoke(tmp_path: Path) -> None:
+    """hypergrad-run experiment=charlm debug=fast (smaller still) runs end to end."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "hypergrad-run"), "experiment=charlm", "debug=fast",
+         "task.train_chars=30000", "task.val_windows=8", "task.eval_windows=16",
+         "task.steps=10", "model.d_model=16", f"hydra.run.dir={run}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((run / "results.json").read_text())
+    text = json.dumps(res)
+    assert "test_bpc" in text and "val_bpc" in text
+
+
+# -- experiments/long_horizon.py --quick -----------------------------------------------------------
+@pytest.mark.slow
+def test_long_horizon_quick(tmp_path: Path) -> None:
+    """The three parts at smoke size: the JSON's summary keys, the plots, the last line."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "long_horizon.py"),
+                          "--quick", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("long_horizon mem_ratio_forward=") and " forward_vs_greedy=" in last
+    assert " lm_forward_vs_recipe=" in last
+    payload = json.loads((tmp_path / "long_horizon.json").read_text())
+    s = payload["summary"]
+    for key in ("mem_ratio_forward", "T_max", "horizon", "seeds", "forward_vs_greedy",
+                "forward_vs_best", "lm_seeds", "lm_forward_vs_recipe"):
+        assert key in s, key
+    for key in ("forward_vs_greedy", "forward_vs_best", "lm_forward_vs_recipe"):
+        assert f"{key}_se" in s and s[key] is not None and s[key] > 0
+    assert s["seeds"] == 1 and s["lm_seeds"] == 1 and s["T_max"] == 100
+    for png in payload["plots"]:
+        assert (tmp_path / png).stat().st_size > 1000
+    # resumable: a second run finds every unit done and only rewrites the summary
+    again = subprocess.run([sys.executable, str(ROOT / "experiments" / "long_horizon.py"),
+                            "--quick", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == last

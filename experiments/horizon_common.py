@@ -1,0 +1,121 @@
+"""Shared parts of experiments/long_horizon.py: resumable records, the CPU clock, statistics.
+
+- :class:`Records`: one JSON line per finished unit of work (a method at a horizon, a tuner on
+  a seed); a restarted run skips the units already there, so a killed run loses at most the
+  unit it was in.
+- Budgets are **process CPU seconds** of a single-threaded process (``time.process_time`` with
+  ``torch.set_num_threads(1)``): another process's load on a shared machine does not change
+  them. On a quiet machine CPU time and wall clock are the same. :func:`cpu_clock_trainer`
+  makes the Trainer's ``Guards(time_budget=...)`` read that clock too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import types
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+
+
+def one_thread() -> None:
+    """One torch thread (the budgets are CPU seconds of one core) and glibc's malloc tuned as
+    the benchmarks do."""
+    from hypergrad.alloc import tune_malloc
+
+    torch.set_num_threads(1)
+    tune_malloc()
+
+
+def cpu() -> float:
+    """This process's CPU seconds (user + system)."""
+    return time.process_time()
+
+
+@contextlib.contextmanager
+def cpu_clock_trainer() -> Iterator[None]:
+    """Inside, the Trainer's clock (its ``time_budget``, ``seconds`` and ``elapsed``) is this
+    process's CPU time instead of the wall clock."""
+    from hypergrad.run import trainer as trainer_module
+
+    saved = trainer_module.time
+    trainer_module.time = types.SimpleNamespace(perf_counter=time.process_time)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        trainer_module.time = saved
+
+
+class Records:
+    """A JSON-lines file of finished units: ``{"unit": key, ...}`` per line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rows: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut by a kill: that unit runs again
+                        continue
+                    self.rows[row["unit"]] = row
+
+    def done(self, unit: str) -> bool:
+        return unit in self.rows
+
+    def get(self, unit: str) -> dict[str, Any]:
+        return self.rows[unit]
+
+    def add(self, unit: str, row: dict[str, Any]) -> dict[str, Any]:
+        from hypergrad.run.files import dumps
+
+        row = {"unit": unit, **row}
+        with open(self.path, "a") as fh:
+            fh.write(dumps(row) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.rows[unit] = row
+        return row
+
+    def where(self, **match: Any) -> list[dict[str, Any]]:
+        return [r for r in self.rows.values() if all(r.get(k) == v for k, v in match.items())]
+
+
+def mean_se(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (``nan`` for fewer than 2 values)."""
+    xs = [float(x) for x in xs]
+    if not xs:
+        return math.nan, math.nan
+    m = statistics.fmean(xs)
+    return m, (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan)
+
+
+def ratio_se(num: Sequence[float], den: Sequence[float]) -> tuple[float, float]:
+    """``mean(num) / mean(den)`` and the standard error of the per-seed ratios
+    ``num_s / den_s`` (paired by seed)."""
+    if not num or not den:
+        return math.nan, math.nan
+    r = statistics.fmean(num) / statistics.fmean(den)
+    per = [a / b for a, b in zip(num, den)]
+    return r, (statistics.stdev(per) / math.sqrt(len(per)) if len(per) > 1 else math.nan)
+
+
+def machine() -> dict[str, Any]:
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "threads": torch.get_num_threads(), "argv": sys.argv[1:],
+            "clock": "process CPU seconds (time.process_time), one torch thread"}

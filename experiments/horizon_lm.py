@@ -1,0 +1,378 @@
+"""Part 3 of experiments/long_horizon.py: a character-level transformer language model
+(:mod:`hypergrad.tasks.charlm`: 2 layers, causal attention, LayerNorm, dropout) on the running
+interpreter's standard library, trained by AdamW with gradients clipped at global norm 1.0 for
+T inner steps. Contenders, each with the same budget of process CPU seconds per tuning seed:
+
+- ``forward``: forward-mode hypergradients over the full horizon of a learning-rate schedule on
+  W equal windows (the first window is the learned warmup), a weight decay per layer group
+  (the embeddings, the attention matrices, the MLP matrices, the head, the LayerNorms and
+  biases) and AdamW's two betas; FDS-style sign steps, backtracking;
+- ``recipe``: the standard recipe, AdamW's defaults (betas 0.9 / 0.999, weight decay 0.01),
+  cosine decay to 0 after a linear warmup of 5% of T, the peak learning rate from a log grid;
+- ``schedulefree``: schedule-free AdamW (Defazio et al. 2024, ``schedulefree.AdamWScheduleFree``,
+  its defaults and a 5% warmup), its learning rate from the same grid;
+- ``tpe``: Optuna's TPE over the recipe's parameters (peak lr, warmup, final lr, weight decay).
+
+Results are retrained from scratch on fresh seeds (initialisation, batches, dropout) and judged
+by the test split's bits per character. Black-box contenders and retraining run plain PyTorch
+(``torch.optim.AdamW`` with parameter groups, ``clip_grad_norm_``); forward mode runs the
+library on the same network, initialisation and batches (its dropout masks come from the
+library's per-step generator, so the two differ in their draws only).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from horizon_common import Records, cpu, cpu_clock_trainer, mean_se, ratio_se
+
+import hypergrad as hg
+from hypergrad.tasks.charlm import PerGroup, charlm_task, layer_groups
+
+CONTENDERS = ("forward", "recipe", "schedulefree", "tpe")
+
+
+@dataclass
+class LMStudy:
+    T: int
+    budget: float
+    d_model: int = 32
+    n_layers: int = 2
+    n_heads: int = 4
+    context: int = 32
+    batch_size: int = 8
+    windows: int = 10
+    lr0: float = 3e-3
+    train_chars: int = 1_000_000
+    val_windows: int = 64
+    eval_windows: int = 1024
+    grid: tuple[float, ...] = tuple(1e-4 * 2**i for i in range(10))
+    _tasks: Any = None
+
+    def task(self, seed: int, hps: hg.HyperParams | None = None) -> hg.Task:
+        """The library's task at ``seed`` (the same corpus split for every seed)."""
+        hps = hps if hps is not None else self.hyperparams()
+        opt = hg.optim.adamw(lr="lr", betas=("b1", "b2"), weight_decay="wd",
+                             clip_grad_norm=1.0)
+        return charlm_task(hps, opt, _factory(self), steps=self.T, batch_size=self.batch_size,
+                           context=self.context, seed=seed, data_seed=0,
+                           train_chars=self.train_chars, val_chars=100_000,
+                           test_chars=200_000, val_windows=self.val_windows,
+                           eval_windows=self.eval_windows)
+
+    def groups(self) -> dict[str, str]:
+        return layer_groups()
+
+    def hyperparams(self) -> hg.HyperParams:
+        return hg.HyperParams([hg.Schedule("lr", self.lr0, windows=self.windows,
+                                           transform="log"),
+                               PerGroup("wd", 0.01, "log", groups=self.groups()),
+                               hg.Scalar("b1", 0.9, transform="logit"),
+                               hg.Scalar("b2", 0.999, transform="logit")])
+
+    @property
+    def bounds(self) -> dict[str, tuple[float, float]]:
+        return {"lr": (1e-5, 0.1), "wd": (1e-5, 1.0), "b1": (0.5, 0.99), "b2": (0.9, 0.9999)}
+
+
+def _factory(st: LMStudy) -> Any:
+    from hypergrad.tasks.charlm import transformer_factory
+
+    return transformer_factory(d_model=st.d_model, n_layers=st.n_layers, n_heads=st.n_heads,
+                               dropout=0.1)
+
+
+def lm_study(quick: bool) -> LMStudy:
+    if quick:
+        return LMStudy(T=30, budget=8.0, d_model=16, context=16, batch_size=4, windows=4,
+                       train_chars=50_000, val_windows=16, eval_windows=64,
+                       grid=(1e-3, 3e-3, 1e-2))
+    return LMStudy(T=1000, budget=480.0)
+
+
+# -- schedules
+def lm_values(spec: dict[str, Any], t: int, T: int) -> dict[str, Any]:
+    """``{"lr", "b1", "b2", "wd": {group: value}}`` at step ``t`` of a result."""
+    if spec["kind"] == "windows":
+        w = len(spec["lr"])
+        return {"lr": spec["lr"][min(t * w // T, w - 1)], "b1": spec["b1"], "b2": spec["b2"],
+                "wd": spec["wd"]}
+    warm = int(round(spec["warmup"] * T))
+    peak, final = spec["peak"], spec["final"]
+    lr = (peak * (t + 1) / warm if t < warm else
+          final + 0.5 * (peak - final) * (1 + math.cos(math.pi * (t - warm) / max(T - warm, 1))))
+    return {"lr": lr, "b1": spec["b1"], "b2": spec["b2"], "wd": spec["wd"]}
+
+
+def _recipe(st: LMStudy, peak: float, warmup: float = 0.05, final: float = 0.0,
+            wd: float = 0.01) -> dict[str, Any]:
+    return {"kind": "recipe", "peak": peak, "warmup": warmup, "final": final, "b1": 0.9,
+            "b2": 0.999, "wd": {g: wd for g in st.groups()}}
+
+
+# -- plain PyTorch training
+def _param_groups(task: hg.Task) -> dict[str, list[str]]:
+    item = task.problem.hyperparams.by_name["wd"]
+    assert isinstance(item, PerGroup) and item.assignment is not None
+    names = list(item.groups)
+    out: dict[str, list[str]] = {g: [] for g in names}
+    for p, i in item.assignment.items():
+        out[names[i]].append(p)
+    return out
+
+
+def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
+                schedulefree_lr: float | None = None, tasks: dict[int, hg.Task] | None = None
+                ) -> dict[str, float]:
+    """Train the task's network at ``seed`` with plain PyTorch at a schedule (``spec``), or
+    with schedule-free AdamW at ``schedulefree_lr``; returns the tuning objective ``val``
+    (nats per character on the validation windows of ``E``) and ``val_bpc`` / ``test_bpc``."""
+    tasks = tasks if tasks is not None else {}
+    if seed not in tasks:
+        tasks[seed] = st.task(seed)
+    task = tasks[seed]
+    p = task.problem
+    net = p.fmodel.module
+    init = p.fmodel.initial_params()
+    import copy
+
+    net = copy.deepcopy(net)
+    with torch.no_grad():
+        for n, q in net.named_parameters():
+            q.copy_(init[n])
+    net.train()
+    named = dict(net.named_parameters())
+    groups = _param_groups(task)
+    T = st.T
+    torch.manual_seed(seed + 7919)  # dropout draws
+    if schedulefree_lr is not None:
+        import schedulefree
+
+        opt: Any = schedulefree.AdamWScheduleFree(
+            [{"params": [named[n] for n in ps], "name": g} for g, ps in groups.items()],
+            lr=schedulefree_lr, betas=(0.9, 0.999), weight_decay=0.01,
+            warmup_steps=int(0.05 * T))
+        opt.train()
+    else:
+        assert spec is not None
+        v0 = lm_values(spec, 0, T)
+        opt = torch.optim.AdamW(
+            [{"params": [named[n] for n in ps], "name": g, "weight_decay": v0["wd"][g]}
+             for g, ps in groups.items()], lr=v0["lr"], betas=(v0["b1"], v0["b2"]))
+    params = list(net.parameters())
+    for t in range(T):
+        if spec is not None:
+            v = lm_values(spec, t, T)
+            for grp in opt.param_groups:
+                grp["lr"], grp["betas"] = v["lr"], (v["b1"], v["b2"])
+                grp["weight_decay"] = v["wd"][grp["name"]]
+        x, y = p.batch(t)
+        logits = net(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+    if schedulefree_lr is not None:
+        opt.eval()  # the averaged weights
+    net.eval()
+    state = hg.InnerState({n: q.detach() for n, q in net.named_parameters()}, {}, p.optimizer
+                          .init({}))
+    with torch.no_grad():
+        val = float(p.objective(state.params, state.buffers, p.init_raw()))
+    ev = task.evaluate(state) if math.isfinite(val) else {"val_bpc": math.inf,
+                                                           "test_bpc": math.inf}
+    return {"val": val if math.isfinite(val) else math.inf, **ev}
+
+
+# -- the contenders
+def tune_forward(st: LMStudy, seed: int) -> dict[str, Any]:
+    t0 = cpu()
+    hps = st.hyperparams()
+    task = st.task(seed, hps)
+    with cpu_clock_trainer():
+        res = hg.Trainer(task.problem, hg.ForwardMode(),
+                         outer=functools.partial(hg.SignDescent, lr=0.5),
+                         mode=hg.Offline(outer_steps=10**6),
+                         guards=hg.Guards(time_budget=st.budget - (cpu() - t0), backtrack=1.5,
+                                          bounds=st.bounds),
+                         callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    used = cpu() - t0
+    v = hps.describe(res.lam)
+    groups = list(st.groups())
+    spec = {"kind": "windows", "lr": list(v["lr"]), "b1": float(v["b1"]), "b2": float(v["b2"]),
+            "wd": dict(zip(groups, v["wd"]))}
+    return {"val": res.best_val_loss, "cpu_s": used, "evals": len(res.history) + 1,
+            "spec": spec, "info": {"best_step": res.best_step,
+                                   "val_curve": [h["val_loss"] for h in res.history]}}
+
+
+def tune_grid(st: LMStudy, seed: int, schedulefree: bool, tasks: dict[int, hg.Task]
+              ) -> dict[str, Any]:
+    t0 = cpu()
+    best: tuple[float, Any] = (math.inf, st.grid[0])
+    tried, last = [], 0.0
+    for lr in _grid_order(st.grid):
+        if tried and cpu() - t0 + last > st.budget:
+            break
+        t1 = cpu()
+        got = (train_torch(st, seed, schedulefree_lr=lr, tasks=tasks) if schedulefree
+               else train_torch(st, seed, _recipe(st, lr), tasks=tasks))
+        last = cpu() - t1
+        tried.append({"lr": lr, "val": got["val"]})
+        if got["val"] < best[0]:
+            best = (got["val"], lr)
+    spec = ({"kind": "schedulefree", "lr": best[1]} if schedulefree else _recipe(st, best[1]))
+    return {"val": best[0], "cpu_s": cpu() - t0, "evals": len(tried), "spec": spec,
+            "info": {"grid": tried}}
+
+
+def _grid_order(grid: tuple[float, ...]) -> list[float]:
+    """The grid from its middle outwards (a truncated grid still covers the likely peak)."""
+    mid = len(grid) // 2
+    order = [mid]
+    for k in range(1, len(grid)):
+        for i in (mid - k, mid + k):
+            if 0 <= i < len(grid):
+                order.append(i)
+    return [grid[i] for i in order]
+
+
+def tune_tpe(st: LMStudy, seed: int, tasks: dict[int, hg.Task]) -> dict[str, Any]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize",
+                                sampler=optuna.samplers.TPESampler(seed=seed))
+    study.enqueue_trial({"peak": st.lr0, "warmup": 0.05, "final_frac": 1e-3, "wd": 0.01})
+    t0 = cpu()
+    best: tuple[float, dict[str, Any]] = (math.inf, _recipe(st, st.lr0))
+    last, n = 0.0, 0
+    while not n or cpu() - t0 + last <= st.budget:
+        t1 = cpu()
+        tr = study.ask()
+        peak = tr.suggest_float("peak", 1e-4, 0.1, log=True)
+        warm = tr.suggest_float("warmup", 0.0, 0.3)
+        frac = tr.suggest_float("final_frac", 1e-3, 1.0, log=True)
+        wd = tr.suggest_float("wd", 1e-5, 1.0, log=True)
+        spec = _recipe(st, peak, warm, peak * frac, wd)
+        val = train_torch(st, seed, spec, tasks=tasks)["val"]
+        study.tell(tr, val if math.isfinite(val) else 1e30)
+        last, n = cpu() - t1, n + 1
+        if val < best[0]:
+            best = (val, spec)
+    return {"val": best[0], "cpu_s": cpu() - t0, "evals": n, "spec": best[1], "info": {}}
+
+
+def retrain(st: LMStudy, spec: dict[str, Any], seeds: list[int],
+            tasks: dict[int, hg.Task]) -> list[dict[str, Any]]:
+    out = []
+    for s in seeds:
+        if spec["kind"] == "schedulefree":
+            got = train_torch(st, s, schedulefree_lr=spec["lr"], tasks=tasks)
+        else:
+            got = train_torch(st, s, spec, tasks=tasks)
+        out.append({"seed": s, **got})
+    return out
+
+
+def curve(spec: dict[str, Any], T: int, points: int = 200) -> dict[str, list[float]]:
+    if spec["kind"] == "schedulefree":
+        return {"t": [0, T - 1], "lr": [spec["lr"], spec["lr"]]}
+    ts = sorted({int(round(i * (T - 1) / (points - 1))) for i in range(points)})
+    return {"t": ts, "lr": [lm_values(spec, t, T)["lr"] for t in ts]}
+
+
+def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], None]) -> None:
+    st = lm_study(quick)
+    rseeds = [100] if quick else [100, 101, 102]
+    tasks: dict[int, hg.Task] = {}
+    for seed in seeds:
+        for c in CONTENDERS:
+            unit = f"lm/{c}/{seed}"
+            if records.done(unit):
+                continue
+            if c == "forward":
+                got = tune_forward(st, seed)
+            elif c == "tpe":
+                got = tune_tpe(st, seed, tasks)
+            else:
+                got = tune_grid(st, seed, c == "schedulefree", tasks)
+            rt = retrain(st, got["spec"], rseeds, tasks)
+            row = records.add(unit, {
+                "part": "lm", "contender": c, "seed": seed, "T": st.T,
+                "budget_cpu_s": st.budget, **got, "retrain": rt,
+                "test_bpc": mean_se([r["test_bpc"] for r in rt])[0],
+                "val_bpc": mean_se([r["val_bpc"] for r in rt])[0],
+                "curve": curve(got["spec"], st.T)})
+            log(f"{unit}: val {row['val']:.4f} nats, retrained test {row['test_bpc']:.4f} "
+                f"bits/char ({row['evals']} evals, {row['cpu_s']:.0f} CPU s)")
+
+
+def summarize(records: Records, quick: bool) -> dict[str, Any]:
+    st = lm_study(quick)
+    rows = records.where(part="lm")
+    by_c: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        by_c.setdefault(r["contender"], {})[r["seed"]] = r
+    seeds = sorted(set.intersection(*[set(v) for v in by_c.values()])) if by_c else []
+    table = {c: {"test_bpc": mean_se([per[s]["test_bpc"] for s in seeds]),
+                 "val_bpc": mean_se([per[s]["val_bpc"] for s in seeds]),
+                 "cpu_s": mean_se([per[s]["cpu_s"] for s in seeds])[0],
+                 "evals": mean_se([per[s]["evals"] for s in seeds])[0]}
+             for c, per in by_c.items()}
+    out: dict[str, Any] = {"T": st.T, "budget_cpu_s": st.budget, "seeds": seeds,
+                           "table": table,
+                           "model": {"d_model": st.d_model, "n_layers": st.n_layers,
+                                     "n_heads": st.n_heads, "context": st.context,
+                                     "batch_size": st.batch_size, "windows": st.windows}}
+    if "forward" in by_c and seeds:
+        fwd = [by_c["forward"][s]["test_bpc"] for s in seeds]
+        others = [c for c in ("recipe", "schedulefree") if c in by_c
+                  and all(s in by_c[c] for s in seeds)]
+        if others:
+            ref = min(others, key=lambda c: table[c]["test_bpc"][0])
+            out["lm_forward_vs_recipe"] = ratio_se(fwd, [by_c[ref][s]["test_bpc"]
+                                                         for s in seeds])
+            out["reference"] = ref
+        if "tpe" in by_c and all(s in by_c["tpe"] for s in seeds):
+            out["lm_forward_vs_tpe"] = ratio_se(fwd, [by_c["tpe"][s]["test_bpc"] for s in seeds])
+    return out
+
+
+def plot(records: Records, quick: bool, path: Any) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = records.where(part="lm")
+    if not rows:
+        return None
+    st = lm_study(quick)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = {"forward": "C3", "recipe": "C1", "schedulefree": "C2", "tpe": "C4"}
+    seen = set()
+    for r in sorted(rows, key=lambda r: (r["contender"], r["seed"])):
+        c = r["contender"]
+        first = c not in seen
+        seen.add(c)
+        ax.plot(r["curve"]["t"], r["curve"]["lr"], color=colors.get(c, "k"),
+                alpha=1.0 if first else 0.35, lw=1.6 if first else 0.8,
+                label=f"{c} (test {r['test_bpc']:.3f} bits/char)" if first else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("inner step")
+    ax.set_ylabel("learning rate (schedule-free: its base lr)")
+    ax.legend(fontsize=7)
+    ax.set_title(f"char LM on the standard library: learned schedules, T = {st.T}, "
+                 f"{st.budget:g} CPU s per tuner", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
