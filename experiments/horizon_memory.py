@@ -124,13 +124,13 @@ def forward_through_trainer(problem: hg.InnerProblem, folder: Path, every: int
         if int(got.get("outer_step", 0)) >= 1:
             shutil.rmtree(folder)
     clock = _Clock()
-    trainer = hg.Trainer(problem, hg.ForwardMode(),
-                         outer=functools.partial(torch.optim.SGD, lr=0.0),
-                         mode=hg.Offline(outer_steps=1),
-                         folder=hg.RunFolder(folder, resume=True, inner_every=every),
-                         callbacks=[hg.run.Log(None), hg.run.Progress(False), clock])
 
-    def fit() -> None:
+    def fit() -> None:  # the Trainer built inside: a resumed run's checkpoint counts too
+        trainer = hg.Trainer(problem, hg.ForwardMode(),
+                             outer=functools.partial(torch.optim.SGD, lr=0.0),
+                             mode=hg.Offline(outer_steps=1),
+                             folder=hg.RunFolder(folder, resume=True, inner_every=every),
+                             callbacks=[hg.run.Log(None), hg.run.Progress(False), clock])
         try:
             trainer.fit()
         except _Done:

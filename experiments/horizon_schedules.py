@@ -79,18 +79,22 @@ def spec_curve(spec: dict[str, Any], T: int, points: int = 200) -> dict[str, lis
 # -- the problems
 class NQM(nn.Module):
     """The noisy quadratic model: ``L(w; c) = 1/2 sum_i h_i (w_i - c_i)^2`` with ``c ~ N(0,
-    diag(h))``; the risk (validation and test) is ``1/2 sum_i h_i w_i^2``."""
+    diag(h))``; the risk (validation and test) is ``1/2 sum_i h_i w_i^2`` (divided by the
+    replicas). ``h_i = 1 / (1 + i mod dim)``: ``replicas`` independent copies of a
+    ``dim``-dimensional problem, so the risk of one run averages over them (less noise)."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, replicas: int = 1) -> None:
         super().__init__()
-        self.w = nn.Parameter(torch.randn(dim))
-        self.register_buffer("h", 1.0 / torch.arange(1, dim + 1, dtype=torch.float32))
+        self.replicas = replicas
+        self.w = nn.Parameter(torch.randn(dim * replicas))
+        self.register_buffer("h", _curvatures(dim, replicas))
 
     def forward(self, c: Tensor) -> Tensor:
-        return 0.5 * (self.h * (self.w - c) ** 2).sum()
+        return 0.5 * (self.h * (self.w - c) ** 2).sum() / self.replicas
 
-    def risk(self) -> Tensor:
-        return 0.5 * (self.h * self.w**2).sum()
+
+def _curvatures(dim: int, replicas: int) -> Tensor:
+    return 1.0 / (1 + torch.arange(dim * replicas, dtype=torch.float32) % dim)
 
 
 @dataclass
@@ -129,7 +133,7 @@ class Study:
     def net(self, seed: int) -> nn.Module:
         torch.manual_seed(seed)
         if self.name == "nqm":
-            return NQM(self.data()["dim"])
+            return NQM(self.data()["dim"], self.data()["replicas"])
         d = self.data()["x"].shape[1]
         h = self.sizes.get("width", 64)
         return nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(),
@@ -155,9 +159,9 @@ class Study:
 
     def split_loss(self, m: Any, split: str) -> Tensor:
         if self.name == "nqm":
-            h = self.data()["h"]
+            d = self.data()
             w = m.params["w"] if hasattr(m, "params") else m.w
-            return 0.5 * (h * w**2).sum()
+            return 0.5 * (d["h"] * w**2).sum() / d["replicas"]
         d = self.data()
         return F.cross_entropy(m(d[f"x_{split}"]), d[f"y_{split}"])
 
@@ -221,9 +225,9 @@ def _teacher_data(n_train: int = 60000, n_val: int = 500, n_test: int = 5000, di
             "x_test": x[n_train + n_val:], "y_test": y[n_train + n_val:]}
 
 
-def _nqm_data(dim: int = 100) -> dict[str, Any]:
-    h = 1.0 / torch.arange(1, dim + 1, dtype=torch.float32)
-    return {"dim": dim, "h": h, "noise": h.sqrt()}
+def _nqm_data(dim: int = 100, replicas: int = 20) -> dict[str, Any]:
+    h = _curvatures(dim, replicas)
+    return {"dim": dim, "replicas": replicas, "h": h, "noise": h.sqrt()}
 
 
 def studies(quick: bool) -> dict[str, Study]:
@@ -234,7 +238,7 @@ def studies(quick: bool) -> dict[str, Study]:
                                  sizes={"n_train": 4000, "n_val": 200, "n_test": 500}),
                 "nqm": Study("nqm", T=200, budget=3.0, windows=10, lr0=0.1, wd0=None,
                              hyper_lrs=(0.01, 0.1), init_lrs=(0.1,),
-                             recipe_grid=(0.03, 0.1, 0.3), sizes={"dim": 20})}
+                             recipe_grid=(0.03, 0.1, 0.3), sizes={"dim": 20, "replicas": 5})}
     return {"teacher": Study("teacher", T=5000, budget=200.0),
             "nqm": Study("nqm", T=5000, budget=90.0, lr0=0.1, wd0=None,
                          init_lrs=(0.03, 0.1, 0.3),

@@ -114,6 +114,82 @@ def write(records: Records, out: Path, quick: bool) -> dict[str, Any]:
     return payload
 
 
+def _f(x: Any, fmt: str = ".4f") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{fmt}}"
+
+
+def _pm(ms: Any, fmt: str = ".4f") -> str:
+    m, se = ms if isinstance(ms, (list, tuple)) else (ms, None)
+    return _f(m, fmt) + ("" if se is None or not math.isfinite(se) else f" ± {se:{fmt}}")
+
+
+def tables(payload: dict[str, Any]) -> str:
+    """The tables of docs/benchmarks.md, rendered from the JSON."""
+    out = []
+    hz = payload["horizon"]
+    if hz.get("rows"):
+        out.append("method          T   peak MiB   CPU s / hypergradient   note")
+        for r in hz["rows"]:
+            if r.get("refused"):
+                note = (f"refused by the memory guard (estimate "
+                        f"{r['estimate_bytes'] / 2**30:.1f} GiB)")
+                out.append(f"{r['method']:<12}{r['T']:>6}{'-':>11}{'-':>24}   {note}")
+            else:
+                note = (f"resumed at inner step {r['resumed_at']}" if r.get("resumed_at")
+                        else "")
+                out.append(f"{r['method']:<12}{r['T']:>6}{r['peak_bytes'] / 2**20:>11.0f}"
+                           f"{r['cpu_s']:>24.1f}   {note}")
+        out.append("")
+    if hz.get("profile"):
+        pr = hz["profile"]
+        out.append(f"forward step, all K columns: {pr['cpu_s_per_step'] * 1e3:.0f} CPU ms; top "
+                   f"operators by self time:")
+        for t in pr["top"][:8]:
+            out.append(f"  {t['op']:<44}{t['self_ms_per_step']:>8.1f} ms  {t['share']:>5.1%}")
+        out.append("")
+    if hz.get("snr"):
+        out.append("    T  passes  median |mean|/std  sign agreement  pairwise cosine")
+        for r in hz["snr"]:
+            out.append(f"{r['T']:>5}{r['passes']:>8}{r['snr_median']:>19.2f}"
+                       f"{r['sign_agreement_mean']:>16.2f}{_f(r['pairwise_cosine'], '.2f'):>17}")
+        out.append("")
+    for name, st in payload["schedule"].items():
+        if not st.get("table"):
+            continue
+        out.append(f"{name}: T = {st['T']}, {st['budget_cpu_s']:g} CPU s per tuner and seed, "
+                   f"seeds {st['seeds']}")
+        out.append(f"{'tuner':<10}{'test loss (retrained)':>26}{'val at budget':>22}"
+                   f"{'evals':>8}{'CPU s':>8}")
+        for c, r in sorted(st["table"].items(), key=lambda kv: kv[1]["test"][0]):
+            out.append(f"{c:<10}{_pm(r['test']):>26}{_pm(r['val']):>22}{r['evals']:>8.0f}"
+                       f"{r['cpu_s']:>8.0f}")
+        b = st.get("baselines") or {}
+        if b.get("best_constant"):
+            out.append(f"baselines (retrained): best constant lr {b['best_constant']['lr']:.3g} "
+                       f"test {b['best_constant']['test']:.4f}; worst finite constant lr "
+                       f"{b['worst_finite_constant']['lr']:.3g} test "
+                       f"{b['worst_finite_constant']['test']:.4f}; best cosine lr "
+                       f"{b['best_cosine']['lr']:.3g} test {b['best_cosine']['test']:.4f}")
+        for k in ("forward_vs_greedy", "forward_vs_best"):
+            if k in st:
+                ref = st.get("best_greedy" if k == "forward_vs_greedy" else "best_other")
+                out.append(f"{k} = {_pm(st[k], '.3f')} (against {ref})")
+        out.append("")
+    lm = payload["lm"]
+    if lm.get("table"):
+        out.append(f"char LM: T = {lm['T']}, {lm['budget_cpu_s']:g} CPU s per tuner and seed, "
+                   f"seeds {lm['seeds']}")
+        out.append(f"{'tuner':<14}{'test bits/char':>20}{'val bits/char':>20}{'evals':>8}"
+                   f"{'CPU s':>8}")
+        for c, r in sorted(lm["table"].items(), key=lambda kv: kv[1]["test_bpc"][0]):
+            out.append(f"{c:<14}{_pm(r['test_bpc']):>20}{_pm(r['val_bpc']):>20}"
+                       f"{r['evals']:>8.0f}{r['cpu_s']:>8.0f}")
+        for k in ("lm_forward_vs_recipe", "lm_forward_vs_tpe"):
+            if k in lm:
+                out.append(f"{k} = {_pm(lm[k], '.3f')}")
+    return "\n".join(out)
+
+
 def last_line(s: dict[str, Any]) -> str:
     def f(x: Any) -> str:
         return "nan" if x is None else f"{x:.3g}"
@@ -158,6 +234,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 horizon_lm.run(records, args.quick, seeds, log)
             write(records, out, args.quick)
     payload = write(records, out, args.quick)
+    print(tables(payload))
     print(f"# records: {records.path}; JSON: {out / 'long_horizon.json'}")
     print(last_line(payload["summary"]))
     return payload
