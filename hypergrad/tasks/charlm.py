@@ -43,8 +43,8 @@ from ..problem import InnerProblem, InnerState
 from ..task import Task
 
 __all__ = ["Corpus", "stdlib_corpus", "text_corpus", "CharVocab", "CharTransformer",
-           "transformer_factory", "PerGroup", "LAYER_GROUPS", "layer_groups", "CharBatches", "charlm_task",
-           "bits_per_char"]
+           "transformer_factory", "PerGroup", "LAYER_GROUPS", "layer_groups", "CharBatches",
+           "charlm_task", "bits_per_char"]
 
 LN2 = math.log(2.0)
 
