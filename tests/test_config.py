@@ -72,7 +72,7 @@ def test_every_option_instantiates(group: str, option: str, tmp_path: Path) -> N
     if group == "task":  # a task needs matching parts: take them from a preset using it
         preset = {"digits": "digits_schedule", "hypercleaning": "hypercleaning",
                   "ridge_diabetes": "ridge_diabetes", "breast_cancer": "breast_cancer_l2",
-                  "sparse_regression": "sparse_regression"}
+                  "sparse_regression": "sparse_regression", "charlm": "charlm"}
         if option == "custom":  # any builder by _target_ (docs/own-model.md)
             cfg = _compose(["task=custom", "task._target_=hypergrad.tasks.bundled.digits_task",
                             "debug=fast"])
