@@ -374,7 +374,7 @@ def register_configs() -> None:
 
 
 SAFE_CONFIG_KEYS = (
-    "name", "mode.outer_steps", "guards.time_budget", "guards.memory_budget",
+    "name", "mode.outer_steps", "guards.time_budget", "guards.clock", "guards.memory_budget",
     "guards.divergence_factor", "folder.*", "callbacks.*", "report.*", "method.*",
     "outer_optimizer.*", "distributed.*",
 )

@@ -31,6 +31,10 @@ from ..hyperparams import HyperParams
 __all__ = ["Guards", "divergence", "outer_gradient", "worse", "Tracker", "Best",
            "MAX_BACKTRACKS"]
 
+CLOCKS = ("wall", "cpu")
+"""The clocks a time budget can be measured on (``Guards(clock=...)``): ``time.perf_counter``
+and ``time.process_time``."""
+
 MAX_BACKTRACKS = 10
 """Backtracks in a row after which the run stops as diverged."""
 
@@ -71,6 +75,11 @@ class Guards:
             evaluation of the last point (one plain inner run) follows.
         memory_budget: bytes the method may use (``None``: the device's available memory); a
             method that would not fit is refused before anything is allocated.
+        clock: what ``time_budget`` and the records' ``seconds`` / ``elapsed`` measure:
+            ``"wall"`` (default, ``time.perf_counter``) or ``"cpu"`` (``time.process_time``:
+            this process's CPU time, which other processes' load does not inflate; equal to the
+            wall clock for a single-threaded run on a quiet machine; used by
+            ``experiments/vs_optuna.py --suite`` to give every contender the same budget).
 
     Example:
         >>> Guards(backtrack=1.5, bounds={"lr": (1e-4, 1.0)})
@@ -80,7 +89,8 @@ class Guards:
     def __init__(self, divergence_factor: float | None = 10.0, backtrack: float | None = None,
                  clip_norm: float | None = None,
                  bounds: Mapping[str, Sequence[float | None]] | None = None,
-                 time_budget: float | None = None, memory_budget: float | None = None) -> None:
+                 time_budget: float | None = None, memory_budget: float | None = None,
+                 clock: str = "wall") -> None:
         self.divergence_factor = _number(
             "divergence_factor", divergence_factor, lambda v: v > 1,
             "a number > 1 (e.g. 10), or None to turn the check off")
@@ -99,6 +109,10 @@ class Guards:
                             f"high)}}.")
         self.bounds = {k: tuple(v) if isinstance(v, (list, tuple)) else v
                        for k, v in (bounds or {}).items()}
+        if clock not in CLOCKS:
+            raise ValueError(f"Guards: clock={clock!r} must be one of {list(CLOCKS)} (the "
+                             f"wall clock, or this process's CPU time).")
+        self.clock_name = clock
 
     def settings(self) -> dict[str, Any]:
         """The settings that change a run's result (in its fingerprint)."""
@@ -107,9 +121,10 @@ class Guards:
     def __repr__(self) -> str:
         defaults = Guards.__init__.__defaults__ or ()
         names = ("divergence_factor", "backtrack", "clip_norm", "bounds", "time_budget",
-                 "memory_budget")
-        args = [f"{n}={getattr(self, n)!r}" for n, d in zip(names, defaults)
-                if getattr(self, n) != (d if n != "bounds" else {})]
+                 "memory_budget", "clock")
+        attr = {"clock": "clock_name"}
+        args = [f"{n}={getattr(self, attr.get(n, n))!r}" for n, d in zip(names, defaults)
+                if getattr(self, attr.get(n, n)) != (d if n != "bounds" else {})]
         return f"Guards({', '.join(args)})"
 
 
@@ -220,8 +235,12 @@ class Tracker:
 
     def warn_at_end(self, last_lam: Tensor | None, diverged: bool, offline: bool,
                     history: list[dict[str, Any]], best_step: int | None,
-                    best_val: float | None, last_val: float | None) -> None:
-        """Name the hyperparameters that never moved, and say when tuning did not help."""
+                    best_val: float | None, last_val: float | None,
+                    searched: bool = False) -> None:
+        """Name the hyperparameters that never moved, and say when tuning did not help
+        (not when the Trainer also ran plain runs, ``searched``: a space-filling start or a
+        restart may leave the first or the last hypergradient's point above the best, which
+        is returned)."""
         if not history or last_lam is None:
             return
         last, first = self.hps.split(last_lam), self.hps.split(self.lam0)
@@ -239,7 +258,7 @@ class Tracker:
                 warnings.warn(TuningWarning(
                     f"Trainer: {name!r} never moved from its initial value {init} (bounds held "
                     f"it, or the outer steps were too small)."), stacklevel=3)
-        if not offline or diverged:
+        if not offline or diverged or searched:
             return
         init_val = float(history[0]["val_loss"])
         if best_step == 0:

@@ -30,6 +30,17 @@ class Mode:
         return {"mode": self.name}
 
 
+START_SHARE = 0.15
+"""``start="auto"`` with a time budget: the share of the budget the space-filling start spends
+(plain runs at quasi-random points of the box), between :data:`START_MIN` and
+:data:`START_MAX` points."""
+START_MIN, START_MAX = 2, 8
+START_NO_BUDGET = 4
+"""``start="auto"`` without a time budget: this many quasi-random points."""
+STEPS_NO_BUDGET = 10
+"""``outer_steps=None`` without a time budget: this many outer steps."""
+
+
 class Offline(Mode):
     """Forward-mode HO (Franceschi et al. 2017): every outer step trains ``T`` inner steps from
     the initial state, takes ``dE/dlam`` at step ``T`` (any :class:`~hypergrad.Method`) and
@@ -37,20 +48,64 @@ class Offline(Mode):
 
     Args:
         outer_steps: hyperparameter updates (each a full inner run of ``T`` steps). A resumed
-            run may ask for more.
+            run may ask for more. ``None``: until ``Guards(time_budget=...)`` ends the run, or
+            10 without a budget.
+        start: a space-filling start: before the first hypergradient, plain inner runs (no
+            hypergradient: about a fifth of the cost) at the initial point and at ``start``
+            quasi-random points of the search box (a scrambled Sobol sequence seeded by the
+            problem's seed); tuning descends from the best of them. ``"auto"``: 15% of the time
+            budget (2 to 8 points), or 4 points without a budget. ``0`` (default here): start at
+            the initial point. The Trainer's default mode (``mode=None``) is
+            :meth:`Offline.default`.
 
     Example:
         >>> Offline(outer_steps=20)
         Offline(outer_steps=20)
+        >>> Offline.default()
+        Offline(outer_steps=None, start='auto')
     """
 
     name = "offline"
 
-    def __init__(self, outer_steps: int = 10) -> None:
-        self.outer_steps = _count("Offline", "outer_steps", outer_steps, 0)
+    def __init__(self, outer_steps: int | None = 10, start: int | str = 0) -> None:
+        self.outer_steps = (None if outer_steps is None
+                            else _count("Offline", "outer_steps", outer_steps, 0))
+        if start != "auto":
+            start = _count("Offline", "start", start, 0)
+        self.start = start
+
+    @classmethod
+    def default(cls) -> Offline:
+        """The Trainer's default mode: ``Offline(outer_steps=None, start="auto")``: the time
+        budget (else 10 outer steps) ends it, after a space-filling start."""
+        return cls(outer_steps=None, start="auto")
+
+    def steps(self, time_budget: float | None) -> float:
+        """How many outer steps to run (``inf``: until the time budget ends the run)."""
+        if self.outer_steps is not None:
+            return self.outer_steps
+        return float("inf") if time_budget is not None else STEPS_NO_BUDGET
+
+    def start_points(self, time_budget: float | None, plain_seconds: float) -> int:
+        """How many quasi-random points the start evaluates (``plain_seconds``: one plain
+        run's time)."""
+        if self.start != "auto":
+            return int(self.start)
+        if time_budget is None:
+            return START_NO_BUDGET
+        n = round(START_SHARE * time_budget / max(plain_seconds, 1e-9))
+        return max(START_MIN, min(START_MAX, n))
+
+    def settings(self) -> dict[str, Any]:
+        out = super().settings()
+        if self.start != 0:
+            out["mode.start"] = self.start
+        return out
 
     def __repr__(self) -> str:
-        return f"Offline(outer_steps={self.outer_steps})"
+        if self.start == 0:
+            return f"Offline(outer_steps={self.outer_steps})"
+        return f"Offline(outer_steps={self.outer_steps}, start={self.start!r})"
 
 
 class Online(Mode):

@@ -51,7 +51,7 @@ from .folder import (
 )
 from .guards import MAX_BACKTRACKS, Guards, Tracker, divergence, outer_gradient, worse
 from .modes import Mode, Offline, Online
-from .outer import OuterOptimizerFactory, default_outer, shrink_lr
+from .outer import OuterOptimizerFactory, QuasiNewton, default_outer, search_box, shrink_lr
 from .strategy import Strategy
 
 __all__ = ["Trainer", "TrainResult"]
@@ -72,7 +72,8 @@ class TrainResult:
     ``state``: the inner state trained at ``last_lam`` (offline: by the final evaluation; online:
     the run's own final state; ``None`` after a divergence). ``out_of_time``: offline tuning
     stopped before ``outer_steps`` because the next outer step would not have finished within
-    the guards' ``time_budget``.
+    the guards' ``time_budget``. ``evaluations``: the points evaluated by plain inner runs
+    (the space-filling start, the line search; :attr:`Trainer.evaluations`).
     """
 
     lam: Tensor
@@ -89,6 +90,7 @@ class TrainResult:
     last_val_loss: float | None = None
     out_of_time: bool = False
     problem: InnerProblem | None = field(default=None, repr=False)
+    evaluations: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
         """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
@@ -116,15 +118,22 @@ class Trainer:
             ``evaluate`` is logged after every outer step).
         method: any :class:`~hypergrad.Method`, or a registered name (``"forward"``,
             ``"reverse"``, ``"auto"``, ``"hd"``, ``"marthe"``, ``"implicit"``,
-            ``"finite_difference"``, yours) or import path. The method that runs is
+            ``"finite_difference"``, yours) or import path; default ``"auto"`` (forward mode
+            for one hyperparameter or online, else reverse mode where its states fit: about 5
+            plain runs per hypergradient whatever K). The method that runs is
             ``method.resolve(problem, mode, memory_budget)``: itself, or the one
             :class:`~hypergrad.AutoMode` picks (the reason is logged). A method given (not
             picked) is checked against the memory budget before anything is allocated.
         outer: the outer optimizer, a factory ``params -> torch.optim.Optimizer`` over the raw
             hyperparameters, e.g. ``functools.partial(torch.optim.Adam, lr=0.05)`` or
-            ``functools.partial(SignDescent, lr=0.5)``; default Adam with lr 0.05.
-        mode: :class:`~hypergrad.Offline` (default, 10 outer steps) or
-            :class:`~hypergrad.Online` (needs an :class:`~hypergrad.OnlineMethod`).
+            ``functools.partial(SignDescent, lr=0.5)``; default offline
+            :class:`~hypergrad.run.outer.QuasiNewton` in the search box (L-BFGS directions from
+            the hypergradients, a line search of plain runs along each), online Adam with lr
+            0.05 (one run has no plain runs to search with).
+        mode: :class:`~hypergrad.Offline` or :class:`~hypergrad.Online` (needs an
+            :class:`~hypergrad.OnlineMethod`); default :meth:`Offline.default()
+            <hypergrad.Offline.default>`: a space-filling start, then outer steps until the
+            time budget (10 without one).
         guards: :class:`~hypergrad.Guards` (divergence, backtracking, clipping, bounds, time
             and memory budgets); default ``Guards()``.
         folder: a :class:`~hypergrad.RunFolder` or a path (``RunFolder(path)``): where
@@ -142,7 +151,7 @@ class Trainer:
         >>> result.values["lr"]                                    # doctest: +SKIP
     """
 
-    def __init__(self, problem: InnerProblem | Task, method: Method | str = "forward",
+    def __init__(self, problem: InnerProblem | Task, method: Method | str = "auto",
                  outer: OuterOptimizerFactory | None = None, mode: Mode | None = None,
                  guards: Guards | None = None, folder: RunFolder | str | Path | None = None,
                  callbacks: Sequence[Callback] | None = None,
@@ -152,7 +161,7 @@ class Trainer:
             _part("problem", problem, InnerProblem, "InnerProblem(...) or Task(problem)")
             task = Task(problem)  # type: ignore[arg-type]
         self.task, self.problem = task, task.problem
-        self.mode = Offline() if mode is None else mode
+        self.mode = Offline.default() if mode is None else mode
         _part("mode", self.mode, Mode, "Offline(outer_steps=10) or Online(interval=10)")
         self.guards = Guards() if guards is None else guards
         _part("guards", self.guards, Guards, "Guards(backtrack=1.5)")
@@ -172,12 +181,22 @@ class Trainer:
         self.lam = p.init_raw().requires_grad_(False)
         p.check(self.lam)  # losses, shapes and bindings, before anything costly
         self.method = self.strategy.setup(self._resolve(create(method)))
-        self.outer = (outer or default_outer)([self.lam])
+        self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds)
+        self._start_in_bounds()
+        self.box = search_box(p.hyperparams, self.bounds.raw, self.lam)
+        """The search box in raw coordinates ``(low, high)``: the bounds, and where a bound is
+        missing a box around the initial value (:func:`~hypergrad.run.outer.search_box`)."""
+        self.outer = (default_outer([self.lam], self.box, online=self.mode.online)
+                      if outer is None else outer([self.lam]))
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
                             "outer=functools.partial(torch.optim.Adam, lr=0.05).")
-        self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds)
-        self._start_in_bounds()
+        self.evaluations: list[dict[str, Any]] = []
+        """Every point evaluated by a plain inner run (space-filling start, line search,
+        restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}``; the points with a
+        hypergradient are in ``history``."""
+        self._plain_seconds: float | None = None
+        self._starts_used = 0  # quasi-random points used by the start and restarts
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
         self.tracker = Tracker(p.hyperparams, self.lam)
@@ -186,10 +205,15 @@ class Trainer:
         self.run_state: Any = None  # online: the method's run state
         self._inner: tuple[dict[str, Any], str] | None = None  # resumed within an inner run
         self._backtracks = 0  # in a row
-        self._fit_start = time.perf_counter()
+        self._fit_start = self._now()
         self._fingerprint: dict[str, Any] = {}
         if self.folder is not None:
             self._open_folder(self.folder)
+
+    def _now(self) -> float:
+        """Seconds on the guards' clock: ``time.perf_counter`` (``Guards(clock="wall")``) or
+        ``time.process_time`` (``"cpu"``)."""
+        return time.process_time() if self.guards.clock_name == "cpu" else time.perf_counter()
 
     # -- set-up ----------------------------------------------------------------------------------
     def _resolve(self, method: Method) -> Method:
@@ -263,7 +287,7 @@ class Trainer:
         """Run to the end (or resume to the end); returns the best and the last hyperparameters
         (:class:`TrainResult`)."""
         self.problem.check(self.lam)
-        self._fit_start = time.perf_counter()
+        self._fit_start = self._now()
         if self.folder is not None and self.strategy.is_writer:
             self.folder.lock.acquire()
         res: TrainResult | None = None
@@ -276,9 +300,10 @@ class Trainer:
                 for cb in self.callbacks:
                     cb.on_fit_end(self, None)
         res.problem = self.problem
+        res.evaluations = list(self.evaluations)
         self.tracker.warn_at_end(res.last_lam, res.diverged, not self.mode.online,
                                  self.history, res.best_step, res.best_val_loss,
-                                 res.last_val_loss)
+                                 res.last_val_loss, searched=bool(self.evaluations))
         self._emit("on_fit_end", res)
         return res
 
@@ -342,6 +367,8 @@ class Trainer:
             return why
         if tr.best is not None and tr.best[2] == self.outer_step:
             tr.best_grad = g.detach().clone()
+        if isinstance(self.outer, QuasiNewton):
+            self.outer.value = float(value)
         self._update(g)
         if not bool(torch.isfinite(self.lam).all()):
             return "the outer optimizer's update made the hyperparameters non-finite"
@@ -349,9 +376,89 @@ class Trainer:
 
     def _update(self, g: Tensor) -> None:
         self.lam.grad = g
-        self.outer.step()
+        if isinstance(self.outer, QuasiNewton) and not self.mode.online:
+            # offline, its line search runs plain inner runs; online (one run) there are none,
+            # and it takes a plain step along its direction
+            self.outer.step(lambda: self._plain(self.lam.detach().clone(), "line search"))
+        else:
+            self.outer.step()
         self.lam.grad = None
         self.bounds.project(self.lam)
+
+    # -- plain evaluations: the space-filling start and the line search ---------------------------
+    def _plain(self, lam: Tensor, kind: str) -> float | None:
+        """The validation loss at ``lam`` after one plain inner run (tracked as a candidate for
+        the best point), or ``None`` when the time budget has no room for it."""
+        budget = self.guards.time_budget
+        now = self._now() - self._fit_start
+        if (budget is not None and self._plain_seconds is not None
+                and now + self._plain_seconds > budget):
+            return None
+        t0 = self._now()
+        with torch.no_grad():
+            state = self.problem.run(lam)
+            value = float(self.problem.objective(state.params, state.buffers, lam))
+        self._plain_seconds = self._now() - t0
+        self.evaluations.append({"elapsed": self._now() - self._fit_start,
+                                 "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
+                                 "outer_step": self.outer_step})
+        if not math.isfinite(value):
+            return math.inf
+        self.tracker.track(torch.tensor(value), lam, None, self.outer_step, first=False)
+        return value
+
+    def _space_filling(self, n: int, skip: int) -> list[Tensor]:
+        """Points ``skip .. skip + n - 1`` of a scrambled Sobol sequence in the search box
+        (seeded by the problem's seed)."""
+        lo, hi = self.box
+        engine = torch.quasirandom.SobolEngine(lo.numel(), scramble=True,
+                                               seed=self.problem.seed)
+        u = engine.draw(skip + n, dtype=torch.float64)[skip:].to(lo)
+        return [lo + ui * (hi - lo) for ui in u]
+
+    def _start(self) -> None:
+        """The space-filling start (``Offline(start=...)``): plain runs at the initial point and
+        at quasi-random points of the box; tuning goes on from the best."""
+        assert isinstance(self.mode, Offline)
+        best = self._plain(self.lam.detach().clone(), "start")
+        if best is None or self._plain_seconds is None:
+            return
+        n = self.mode.start_points(self.guards.time_budget, self._plain_seconds)
+        pick = self.lam.detach().clone()
+        for x in self._space_filling(n, 0):
+            v = self._plain(x, "start")
+            if v is None:
+                break
+            if v < best:
+                best, pick = v, x
+        self._starts_used = n
+        with torch.no_grad():
+            self.lam.copy_(pick)
+        self.message(f"space-filling start: {n} quasi-random points and the initial one, "
+                     f"best validation loss {best:.4g}")
+
+    def _restart(self) -> None:
+        """After a line search found nothing better even along steepest descent: go on from
+        the best of the next few quasi-random points (the best point stays tracked)."""
+        pts = self._space_filling(3, self._starts_used)
+        self._starts_used = self._starts_used + 3
+        best, pick = math.inf, None
+        for x in pts:
+            v = self._plain(x, "restart")
+            if v is None:
+                break
+            if v < best:
+                best, pick = v, x
+        tr, factor = self.tracker, self.guards.divergence_factor
+        if pick is not None and tr.best is not None and factor is not None and (
+                best > tr.best[0] + (factor / 2 - 1) * abs(tr.best[0])):
+            pick = None  # a point that far above the best would stop the run as diverged
+        if pick is not None:
+            with torch.no_grad():
+                self.lam.copy_(pick)
+            self.outer.state.clear()
+            self.message(f"outer step {self.outer_step}: the line search stalled; restarted "
+                         f"at a quasi-random point (validation loss {best:.4g})")
 
     def _back(self, why: str) -> None:
         """Back to the best point evaluated, with half the outer learning rate and a fresh
@@ -374,8 +481,10 @@ class Trainer:
         budget = self.guards.time_budget
         last_seconds: float | None = None  # of the previous outer step of this fit() call
         out_of_time = False
-        while self.outer_step < self.mode.outer_steps:
-            t0 = time.perf_counter()
+        if self.outer_step == 0 and self.mode.start != 0:
+            self._start()
+        while self.outer_step < self.mode.steps(budget):
+            t0 = self._now()
             if (budget is not None and last_seconds is not None
                     and t0 - self._fit_start + last_seconds > budget):
                 out_of_time = True
@@ -385,6 +494,7 @@ class Trainer:
                 break
             lam_used = self.lam.detach().clone()
             hg = self._hypergradient(lam_used)
+            hg_seconds = self._now() - t0
             value, grad = hg.objective, hg.grad
             bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
             backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
@@ -395,7 +505,11 @@ class Trainer:
                 if why is not None:
                     return self._diverged(why, lam_used, value)
                 self._backtracks = 0
-            last_seconds = time.perf_counter() - t0
+            last_seconds = self._now() - t0
+            if isinstance(self.outer, QuasiNewton):  # its line search checks the budget itself
+                last_seconds = hg_seconds
+                if self.outer.stalled:
+                    self._restart()
             self._record(value, grad, lam_used, hg.state, last_seconds,
                          backtracked=backtracked, info=hg.info)
         res = self._finish_offline()
@@ -430,7 +544,7 @@ class Trainer:
         assert isinstance(m, OnlineMethod) and isinstance(mode, Online)
         if self.run_state is None:
             self.run_state = m.init(p, self.lam.detach().clone())
-        t0 = time.perf_counter()
+        t0 = self._now()
         while self.run_state.step < p.steps:
             lam_used = self.lam.detach().clone()
             self.run_state = m.step(p, self.run_state, lam_used)
@@ -444,8 +558,8 @@ class Trainer:
             if mode.reset_tangents:
                 self.run_state = m.truncate(self.run_state)
             self._record(value, grad, lam_used, self.run_state.state,
-                         time.perf_counter() - t0, inner_step=self.run_state.step)
-            t0 = time.perf_counter()
+                         self._now() - t0, inner_step=self.run_state.step)
+            t0 = self._now()
         last = self.lam.detach().clone()
         hps = self.problem.hyperparams
         last_val = self.history[-1]["val_loss"] if self.history else None
@@ -483,7 +597,7 @@ class Trainer:
         rec: dict[str, Any] = {"outer_step": self.outer_step, "val_loss": float(value),
                                "hypergrad_norm": float(grad.detach().double().norm()),
                                "seconds": seconds,
-                               "elapsed": time.perf_counter() - self._fit_start,
+                               "elapsed": self._now() - self._fit_start,
                                "hyperparams": self.problem.hyperparams.describe(lam_used)}
         if inner_step is not None:
             rec["inner_step"] = inner_step

@@ -1,0 +1,164 @@
+"""The Trainer's defaults (issue 27): ``Trainer(problem)`` runs method ``"auto"``, the
+:class:`~hypergrad.run.outer.QuasiNewton` outer optimizer in the search box and
+``Offline.default()`` (a space-filling start, then outer steps until the time budget), and each
+part does what its docstring says."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import hypergrad as hg
+from hypergrad.run.outer import QuasiNewton, search_box
+from hypergrad.testing import digits_case
+
+SMALL = dict(steps=8, n_train=32, batch_size=8, hidden=8, n_val=32)
+
+
+def quiet() -> list[Any]:
+    return [hg.run.Log(None), hg.run.Progress(False)]
+
+
+def lr_momentum(steps: int = 8) -> hg.InnerProblem:
+    """A float64 MLP on 32 digits, SGD: a learning rate (log) and a momentum (logit), K = 2."""
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    torch.manual_seed(0)
+    data = digits_data(n_train=32, n_val=32, n_test=32, dtype=torch.float64)
+
+    def loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+    return hg.InnerProblem(
+        mlp([64, 8, 10]).double(), loss, hg.optim.sgd(lr="lr", momentum="momentum"),
+        hg.HyperParams([hg.Scalar("lr", 0.02, "log"), hg.Scalar("momentum", 0.5, "logit")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps,
+        lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val), data.y_val))
+
+
+def test_the_defaults_are_auto_quasi_newton_in_the_box_and_a_space_filling_start() -> None:
+    p = lr_momentum()
+    tr = hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}), callbacks=quiet())
+    assert isinstance(tr.outer, QuasiNewton) and tr.mode.start == "auto"
+    assert tr.mode.outer_steps is None and tr.mode.steps(None) == 10
+    assert tr.mode.steps(5.0) == math.inf  # with a budget, the budget ends the run
+    assert tr.method.name == "reverse"  # auto: K = 2, reverse mode fits
+    lo, hi = tr.box
+    assert float(lo[0]) == pytest.approx(math.log(1e-3)) and float(hi[0]) == pytest.approx(0.0)
+    assert (float(lo[1]), float(hi[1])) == (-6.0, 6.0)  # momentum: logit, no bounds given
+    res = tr.fit()
+    starts = [e for e in res.evaluations if e["kind"] == "start"]
+    assert len(starts) == 1 + hg.run.modes.START_NO_BUDGET  # the initial point and 4 more
+    every = [e["val_loss"] for e in res.evaluations] + [h["val_loss"] for h in res.history]
+    assert res.best_val_loss == pytest.approx(min(every))  # the best of every evaluation
+    assert res.best_val_loss < starts[0]["val_loss"]  # tuning lowered E
+    assert len(res.history) == 10
+
+
+def test_explicit_parts_keep_their_old_behaviour() -> None:
+    p = digits_case("momentum", "lr", **SMALL)
+    tr = hg.Trainer(p, "forward", outer=lambda ps: torch.optim.Adam(ps, lr=0.05),
+                    mode=hg.Offline(outer_steps=2), callbacks=quiet())
+    res = tr.fit()
+    assert res.evaluations == [] and len(res.history) == 2  # no start, no line search
+    assert repr(hg.Offline()) == "Offline(outer_steps=10)"
+    assert repr(hg.Offline.default()) == "Offline(outer_steps=None, start='auto')"
+    with pytest.raises(ValueError, match="start"):
+        hg.Offline(start=-1)
+
+
+def test_the_line_search_descends_a_quadratic_in_box_units() -> None:
+    target = torch.tensor([0.3, -2.0, 4.0], dtype=torch.float64)
+    scale = torch.tensor([1.0, 10.0, 0.1], dtype=torch.float64)
+    box = (torch.full((3,), -5.0, dtype=torch.float64), torch.full((3,), 5.0,
+                                                                  dtype=torch.float64))
+    x = torch.zeros(3, dtype=torch.float64)
+    opt = QuasiNewton([x], box=box, min_step=0.0)  # the default's floor limits precision
+
+    def f(v: torch.Tensor) -> float:
+        return float((scale * (v - target) ** 2).sum())
+
+    def grad(v: torch.Tensor) -> torch.Tensor:
+        return 2 * scale * (v - target)
+
+    values = [f(x)]
+    for _ in range(12):
+        opt.value = f(x)
+        x.grad = grad(x)
+        opt.step(lambda: f(x))
+        values.append(f(x))
+        assert values[-1] <= values[-2]  # a line search never accepts a worse point
+        assert bool((x >= box[0]).all() and (x <= box[1]).all())
+    assert values[-1] < 1e-3 * values[0]  # L-BFGS on a quadratic
+    x = torch.zeros(3, dtype=torch.float64)
+    opt = QuasiNewton([x], box=box)  # the default: no step shorter than 2% of the box
+    for _ in range(8):
+        before = x.clone()
+        opt.value = f(x)
+        x.grad = grad(x)
+        opt.step(lambda: f(x))
+        moved = float(((x - before) / 10).abs().max())
+        assert moved == 0.0 or moved >= 0.02 - 1e-12
+
+
+def test_the_box_fills_missing_bounds_around_the_initial_value() -> None:
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, "log"), hg.Scalar("m", 0.9, "logit"),
+                          hg.Scalar("a", 0.5)])
+    lam = hps.init_raw(torch.float64)
+    lo, hi = search_box(hps, {"lr": (None, torch.tensor(0.0, dtype=torch.float64))}, lam)
+    assert float(lo[0]) == pytest.approx(math.log(0.1) - math.log(100.0))
+    assert float(hi[0]) == 0.0  # the bound given wins
+    assert (float(lo[1]), float(hi[1])) == (-6.0, 6.0)
+    assert (float(lo[2]), float(hi[2])) == pytest.approx((-0.5, 1.5))
+
+
+def test_a_time_budget_stops_the_default_search_and_the_start_takes_a_share() -> None:
+    p = digits_case("momentum", "schedule", **{**SMALL, "steps": 12})
+    t0 = time.process_time()  # CPU time: the test holds on a loaded machine too
+    tr = hg.Trainer(p, guards=hg.Guards(time_budget=3.0, clock="cpu"), callbacks=quiet())
+    res = tr.fit()
+    took = time.process_time() - t0
+    starts = [e for e in res.evaluations if e["kind"] == "start"]
+    assert hg.run.modes.START_MIN + 1 <= len(starts) <= hg.run.modes.START_MAX + 1
+    assert all(e["elapsed"] <= 3.0 + 0.5 for e in res.evaluations)
+    assert res.out_of_time and took < 3.0 + 5.0  # the budget, then one final plain run
+
+
+def test_online_the_default_outer_is_adam_and_runs_no_plain_runs() -> None:
+    """Online tuning is one run: the default outer optimizer there is Adam with lr 0.05 (the old
+    default), never the line search of whole plain runs (which made HD online on a ridge
+    problem of 300 steps take minutes)."""
+    p = lr_momentum(steps=40)
+    runs = 0
+    run = p.run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        return run(*args, **kwargs)
+
+    p.run = counted  # type: ignore[method-assign]
+    tr = hg.Trainer(p, "hd", mode=hg.Online(interval=2), callbacks=quiet())
+    assert isinstance(tr.outer, torch.optim.Adam) and tr.outer.defaults["lr"] == 0.05
+    res = tr.fit()
+    assert len(res.history) == 20 and res.evaluations == [] and runs == 0
+    qn = hg.Trainer(p, "forward", outer=lambda ps: QuasiNewton(ps), mode=hg.Online(interval=10),
+                    callbacks=quiet()).fit()  # given explicitly: plain steps, no search
+    assert len(qn.history) == 4 and qn.evaluations == [] and runs == 0
+
+
+def test_a_cpu_clock_measures_the_budget_in_process_time() -> None:
+    assert repr(hg.Guards(clock="cpu")) == "Guards(clock='cpu')"
+    with pytest.raises(ValueError, match="clock"):
+        hg.Guards(clock="gpu")
+    p = digits_case("momentum", "lr", **SMALL)
+    cpu0 = time.process_time()
+    res = hg.Trainer(p, guards=hg.Guards(time_budget=1.0, clock="cpu"), callbacks=quiet()).fit()
+    used = time.process_time() - cpu0
+    assert res.out_of_time and max(e["elapsed"] for e in res.evaluations) <= 1.0 + 0.5
+    assert used >= 0.9  # the budget was spent in this process's CPU time
