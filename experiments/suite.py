@@ -15,9 +15,10 @@ Trainer was changed: within each stratum (K <= 15, K > 15) the names, sorted, ar
 ``dev`` only; ``eval`` judges them. :data:`SPLIT_HASH` is the SHA-256 of the split's canonical
 JSON; ``tests/test_suite.py`` checks that the committed split is the one the seed draws.
 
-**The budget rule** (:data:`BUDGET_PLAIN_RUNS`): every tuner gets the wall clock of N plain
+**The budget rule** (:data:`BUDGET_PLAIN_RUNS`): every tuner gets the time of N plain
 trainings of the problem (the median of timed plain runs at the problem's initial point), N the
-same for every problem.
+same for every problem; ``vs_optuna.py --suite`` measures it in its process's CPU time, on one
+thread.
 
 ``build(name, seed)`` gives a :class:`SuiteTask`: the ``InnerProblem`` (train split, validation
 loss on the validation split), the box, and ``test(state)`` (test loss, and accuracy for
@@ -53,7 +54,7 @@ __all__ = ["SuiteProblem", "SuiteTask", "PROBLEMS", "SPLIT", "SPLIT_SEED", "SPLI
 
 SPLIT_SEED = 27  # the issue's number: drawn once, before any default changed
 DATA_SEED = 0  # one train / validation / test split per dataset, for every seed and tuner
-BUDGET_PLAIN_RUNS = 30  # every tuner's budget: the wall clock of 30 plain trainings
+BUDGET_PLAIN_RUNS = 30  # every tuner's budget: the time of 30 plain trainings
 LOW_K = 15  # the strata of the split: K <= 15 (where users are) and K > 15
 
 DTYPE = torch.float32

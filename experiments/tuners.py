@@ -29,7 +29,8 @@ from hypergrad.hyperparams import TRANSFORMS, HyperParams
 from hypergrad.problem import InnerProblem
 
 __all__ = ["SearchSpace", "Run", "validation_loss", "run_optuna", "run_trainer",
-           "LOG_RANGE", "LOGIT_RANGE", "IDENTITY_RANGE", "plain_steps"]
+           "LOG_RANGE", "LOGIT_RANGE", "IDENTITY_RANGE", "plain_steps", "ZerothOrder",
+           "sampler", "SAMPLERS"]
 
 LOG_RANGE = math.log(100.0)
 """A log-transformed hyperparameter without bounds: raw ``init +- log(100)``, i.e. values from
@@ -208,35 +209,93 @@ def plain_steps(run: Run, steps: int, ratio: float, budget: float | None = None)
     return float(sum(steps * (ratio if i in hyper else 1.0) for i in idx))
 
 
+SAMPLERS = ("tpe", "tpe_hyperband", "random", "cmaes")
+"""Optuna's contenders: TPE, TPE with the Hyperband pruner over inner steps, random search,
+CMA-ES."""
+
+REPORTS = 9
+"""Intermediate validation losses per trial for the Hyperband pruner (every T / 9 steps)."""
+
+
+def sampler(name: str, seed: int, space: SearchSpace, start: Tensor | None = None) -> Any:
+    """Optuna's sampler for contender ``name`` (:data:`SAMPLERS`), seeded; CMA-ES with its
+    defaults (the mean at the box's centre, a step of a sixth of the box; the ``cmaes``
+    package), its first trial the enqueued initial point as every contender's."""
+    import optuna
+
+    if name in ("tpe", "tpe_hyperband"):
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    raise ValueError(f"sampler: unknown contender {name!r}; use one of {SAMPLERS}.")
+
+
 def run_optuna(problem: InnerProblem, space: SearchSpace, budget: float, sampler: Any,
-               name: str, seed: int, start: Tensor | None = None) -> Run:
+               name: str, seed: int, start: Tensor | None = None,
+               pruner: Any = None, clock: Callable[[], float] = time.perf_counter) -> Run:
     """Ask/tell with ``sampler`` until the next trial would not finish within ``budget``
     (expected: as long as the previous one), one full inner run per trial. ``start`` (the
     preset's initial point) is enqueued as the first trial, as hypergrad starts there. A
     non-finite validation loss is told as ``inf`` (the worst value), so the sampler learns
-    to avoid it."""
+    to avoid it. With a ``pruner`` (Hyperband), each trial reports its validation loss every
+    ``T / REPORTS`` inner steps and stops when the pruner says so (told as pruned: its
+    point is not a candidate, its seconds count). ``clock``: what the budget measures (the
+    suite passes ``time.process_time``: this process's CPU time)."""
     import optuna
 
-    study = optuna.create_study(direction="minimize", sampler=sampler)
+    study = optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner)
     if start is not None:
         study.enqueue_trial(space.params(start))
     run = Run(name, seed, budget)
+    run.info["pruned"] = 0
     last = None
-    t0 = time.perf_counter()
+    t0 = clock()
+    T = problem.steps
+    marks = sorted({max(1, round(T * (i + 1) / REPORTS)) for i in range(REPORTS)})
     while True:
-        now = time.perf_counter() - t0
+        now = clock() - t0
         if last is not None and now + last > budget:
             break
-        t1 = time.perf_counter()
+        t1 = clock()
         trial = study.ask()
         lam = space.suggest(trial, problem.dtype)
-        loss = validation_loss(problem, lam)
+        if pruner is None:
+            loss = validation_loss(problem, lam)
+        else:
+            loss, pruned = _reported_run(problem, lam, trial, marks)
+            if pruned:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                run.info["pruned"] += 1
+                last = min(last or math.inf, clock() - t1)
+                continue
         study.tell(trial, loss if math.isfinite(loss) else math.inf)
-        end = time.perf_counter()
+        end = clock()
         last = end - t1
         run.add(end - t0, loss, lam)
-    run.seconds = time.perf_counter() - t0
+    run.seconds = clock() - t0
     return run
+
+
+def _reported_run(problem: InnerProblem, lam: Tensor, trial: Any,
+                  marks: list[int]) -> tuple[float, bool]:
+    """One inner run that reports its validation loss at each of ``marks`` (inner steps);
+    ``(loss, pruned)``."""
+    with torch.no_grad():
+        state, start = None, 0
+        loss = math.inf
+        for stop in marks:
+            state = problem.run(lam, state, start=start, stop=stop)
+            start = stop
+            loss = float(problem.objective(state.params, state.buffers, lam))
+            if not math.isfinite(loss):
+                return math.inf, False
+            if stop < problem.steps:
+                trial.report(loss, stop)
+                if trial.should_prune():
+                    return loss, True
+        return loss, False
 
 
 def run_trainer(trainer: Any, space: SearchSpace, name: str, seed: int, budget: float,
@@ -250,10 +309,16 @@ def run_trainer(trainer: Any, space: SearchSpace, name: str, seed: int, budget: 
     res = trainer.fit()
     end = clock() - t0
     run = Run(name, seed, budget)
-    for rec in res.history:
-        run.add(rec["elapsed"], rec["val_loss"],
-                raw_from_values(hps, rec["hyperparams"], trainer.problem.dtype))
-    run.info["hypergradients"] = list(range(len(res.history)))
+    points = [(rec["elapsed"], rec["val_loss"],
+               raw_from_values(hps, rec["hyperparams"], trainer.problem.dtype), True)
+              for rec in res.history]
+    points += [(e["elapsed"], e["val_loss"], e["lam"], False)  # plain runs (start, search)
+               for e in getattr(res, "evaluations", [])]
+    points.sort(key=lambda x: x[0])
+    for t, v, lam, _ in points:
+        run.add(t, v, lam)
+    run.info["hypergradients"] = [i for i, x in enumerate(points) if x[3]]
+    run.info["plain_runs"] = len(points) - len(res.history)
     if res.last_lam is not None and res.last_val_loss is not None and not res.diverged:
         run.add(end, res.last_val_loss, res.last_lam)
     run.seconds = end
@@ -265,3 +330,40 @@ def run_trainer(trainer: Any, space: SearchSpace, name: str, seed: int, budget: 
                                f"{hps.describe(lam)}; its guards' bounds must be "
                                f"space.value_bounds.")
     return run
+
+
+class ZerothOrder:
+    """The ablation's "hypergradient": the same outer loop with the hypergradient replaced by a
+    zeroth-order estimate (SPSA, Spall 1992): two plain runs, at ``lam`` and at ``lam + c
+    delta``, with ``delta`` a random sign vector scaled by the search box's widths (``c`` of
+    each width); the estimate is ``(f(lam + c delta) - f(lam)) / c`` times ``delta`` divided
+    by the widths, in raw coordinates. Its directions are random signs times a
+    finite difference, its cost two plain runs whatever K. A :class:`hypergrad.Method`, so
+    the Trainer runs it with its defaults unchanged (the same start, line search and
+    quasi-Newton model)."""
+
+    def __new__(cls, space: SearchSpace, c: float = 0.05, seed: int = 0) -> Any:
+        from hypergrad.methods.base import HyperGradient, Method
+
+        class _ZerothOrder(Method):
+            name = "zeroth_order"
+
+            def __init__(self) -> None:
+                self.width = (space.high - space.low).clamp_min(1e-12)
+                self.gen = torch.Generator().manual_seed(seed)
+
+            def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+                w = self.width.to(lam)
+                with torch.no_grad():
+                    state = problem.run(lam)
+                    f0 = problem.objective(state.params, state.buffers, lam)
+                    delta = (torch.randint(0, 2, lam.shape, generator=self.gen) * 2 - 1).to(lam)
+                    lam1 = space.clamp(lam + c * delta * w)
+                    s1 = problem.run(lam1)
+                    f1 = problem.objective(s1.params, s1.buffers, lam1)
+                g = (f1 - f0) / c * delta / w
+                if not bool(torch.isfinite(g).all()):
+                    g = torch.zeros_like(g)
+                return HyperGradient(f0.detach(), g.detach(), state)
+
+        return _ZerothOrder()

@@ -24,6 +24,25 @@ hypergradient counts as its measured time over a plain run's).
 Writes the JSON (``experiments/results/vs_optuna.json``; with --quick,
 ``outputs/vs_optuna_quick/``) and one PNG of anytime curves per problem beside it; prints the
 table; the last line is ``vs_optuna wins=<w>/<n> seeds=<s>``.
+
+``--suite`` (issue 27) runs instead the problems of ``experiments/suite.py`` (never tuned on:
+a development and an evaluation half) with the Trainer's **defaults**
+(``Trainer(problem, guards=Guards(bounds=box, time_budget=B, clock="cpu"))``, nothing else
+chosen; the clock only says how the budget is measured) against
+Optuna's TPE, TPE with the Hyperband pruner over inner steps, random search and CMA-ES, and the
+ablation (the same defaults with the hypergradient replaced by a zeroth-order estimate,
+:class:`tuners.ZerothOrder`). Every contender gets the same box (the problem's), the same
+budget rule (the time of ``suite.BUDGET_PLAIN_RUNS`` plain trainings of the problem), the
+same seeds; every contender runs in this one process on one thread and budgets are measured in
+its CPU time (``time.process_time``, :data:`CLOCK`), which other processes' load does not
+inflate (on a quiet machine, the wall clock); its best-on-validation point is retrained with
+fresh seeds and judged on test.
+Writes ``experiments/results/vs_optuna_suite.json`` (``--quick``: ``outputs/``) and a PNG of
+anytime curves per half; the last line is ``vs_optuna_suite eval_win_rate=<a>
+eval_worst_ratio=<b> ablation_win_rate=<c> problems=<n> seeds=<s>``.
+
+    python experiments/vs_optuna.py --suite           # 17 problems, 3 seeds (~25 min)
+    python experiments/vs_optuna.py --suite --quick   # 2 problems, 1 seed, tiny budgets
 """
 
 from __future__ import annotations
@@ -48,7 +67,16 @@ import _common as C  # noqa: E402  (wait_quiet, others_busy, interleaved_times)
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from tuners import Run, SearchSpace, plain_steps, run_optuna, run_trainer  # noqa: E402
+from tuners import (  # noqa: E402
+    REPORTS,
+    Run,
+    SearchSpace,
+    ZerothOrder,
+    plain_steps,
+    run_optuna,
+    run_trainer,
+    sampler,
+)
 
 from hypergrad.alloc import tune_malloc  # noqa: E402
 from hypergrad.config import CONFIG_DIR, build, register_configs  # noqa: E402
@@ -411,5 +439,383 @@ def main() -> None:
     print(f"vs_optuna wins={wins}/{len(results)} seeds={n_seeds}")
 
 
+
+
+# -- the suite (issue 27) ---------------------------------------------------------------------
+SUITE_TUNERS = ("hypergrad", "ablation", "tpe", "tpe_hyperband", "random", "cmaes")
+CONTENDERS = ("tpe", "tpe_hyperband", "random", "cmaes")  # eval_worst_ratio's "best contender"
+QUICK_PROBLEMS = ("digits_sgd_lr_wd", "digits_adam_schedule")
+CHECKPOINTS = (0.125, 0.25, 0.5, 1.0)  # anytime test losses at these shares of the budget
+
+
+def _suite_task(name: str, seed: int) -> Any:
+    import suite
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HypergradWarning)
+        return suite.build(name, seed)
+
+
+CLOCK = time.process_time
+"""What every suite budget measures: this process's CPU time (the comparison runs on one
+thread, ``torch.set_num_threads(1)``), which other processes' load does not inflate; on a
+quiet machine it equals the wall clock."""
+
+
+def _plain_seconds(name: str, repeats: int = 5) -> float:
+    """Median CPU seconds of a plain training at the initial point (after a warm-up run)."""
+    task = _suite_task(name, 0)
+    p, lam = task.problem, task.problem.init_raw()
+    with torch.no_grad():
+        p.run(lam)
+        ts = []
+        for _ in range(repeats):
+            t0 = CLOCK()
+            p.run(lam)
+            ts.append(CLOCK() - t0)
+    return statistics.median(ts)
+
+
+def _variants() -> dict[str, Any]:
+    """Settings weighed on the development half (``--variants``): Trainer arguments other
+    than the defaults. Each runs as contender ``hg_<name>``."""
+    import functools
+
+    import hypergrad as hg
+    from hypergrad.run.outer import QuasiNewton
+
+    def qn(**kw: Any) -> Any:
+        return lambda trainer_box: functools.partial(QuasiNewton, box=trainer_box, **kw)
+
+    return {
+        "old_defaults": dict(method="forward", outer=functools.partial(torch.optim.Adam,
+                                                                       lr=0.05),
+                             mode=hg.Offline(outer_steps=10)),
+        "old_unlimited": dict(method="forward", outer=functools.partial(torch.optim.Adam,
+                                                                        lr=0.05),
+                              mode=hg.Offline(outer_steps=None)),
+        "presets": dict(outer=functools.partial(hg.SignDescent, lr=0.5),
+                        mode=hg.Offline(outer_steps=None), backtrack=1.5),
+        "presets_start": dict(outer=functools.partial(hg.SignDescent, lr=0.5), backtrack=1.5),
+        "adam_start": dict(outer=functools.partial(torch.optim.Adam, lr=0.05)),
+        "no_start": dict(mode=hg.Offline(outer_steps=None)),
+        "start_8": dict(mode=hg.Offline(outer_steps=None, start=8)),
+        "step_0.3": dict(box_outer=qn(step=0.3)),
+        "step_0.08": dict(box_outer=qn(step=0.08)),
+        "no_expand": dict(box_outer=qn(expand=0)),
+        "no_memory": dict(box_outer=qn(memory=0)),
+        "forward": dict(method="forward"),
+    }
+
+
+def suite_run(tuner: str, name: str, seed: int, budget: float) -> Run:
+    """One contender on problem ``name`` at tuning seed ``seed`` within ``budget`` seconds."""
+    import hypergrad as hg
+
+    task = _suite_task(name, seed)
+    p = task.problem
+    space = SearchSpace.from_problem(p.hyperparams, task.bounds, dtype=p.dtype)
+    if tuner in ("hypergrad", "ablation") or tuner.startswith("hg_"):
+        kw: dict[str, Any] = {}
+        if tuner == "ablation":
+            kw["method"] = ZerothOrder(space, seed=seed)
+        elif tuner.startswith("hg_"):
+            kw = dict(_variants()[tuner[3:]])
+        backtrack = kw.pop("backtrack", None)
+        box_outer = kw.pop("box_outer", None)
+        trainer = hg.Trainer(p, guards=hg.Guards(bounds=task.bounds, time_budget=budget,
+                                                 backtrack=backtrack, clock="cpu"),
+                             callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw)
+        if box_outer is not None:
+            trainer.outer = box_outer(trainer.box)([trainer.lam])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HypergradWarning)
+            return run_trainer(trainer, space, tuner, seed, budget, clock=CLOCK)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    start = p.init_raw()
+    pruner = (optuna.pruners.HyperbandPruner(min_resource=1, max_resource=p.steps,
+                                             reduction_factor=3)
+              if tuner == "tpe_hyperband" else None)
+    return run_optuna(p, space, budget, sampler(tuner, seed, space, start), tuner, seed,
+                      start=start, pruner=pruner, clock=CLOCK)
+
+
+def _test_at(name: str, lam: torch.Tensor, seeds: list[int]) -> list[dict[str, float]]:
+    out = []
+    for s in seeds:
+        task = _suite_task(name, s)
+        with torch.no_grad():
+            out.append(task.test(task.problem.run(lam)))
+    return out
+
+
+def suite_problem(name: str, seeds: list[int], retrain: list[int], n_plain: int,
+                  tuners: tuple[str, ...], log: Any = print) -> dict[str, Any]:
+    """Every contender on one problem: budgets, runs, retrained test losses, anytime tests."""
+    import suite
+
+    plain = _plain_seconds(name)
+    budget = n_plain * plain
+    K = suite.PROBLEMS[name].K
+    log(f"\n== {name} (K={K}, plain run {plain:.3f} s, budget {budget:.2f} s = {n_plain} plain "
+        f"runs)")
+    out: dict[str, Any] = {"K": K, "plain_run_s": plain, "budget_s": budget,
+                           "note": suite.PROBLEMS[name].note, "tuners": {}}
+    per: dict[str, list[dict[str, Any]]] = {t: [] for t in tuners}
+    for i, seed in enumerate(seeds):
+        order = tuners[i % len(tuners):] + tuners[:i % len(tuners)]  # rotated
+        for tuner in order:
+            probe = C.others_busy()
+            run = suite_run(tuner, name, seed, budget)
+            other = probe()
+            best, idx = run.best()
+            pick = run.lams[idx] if idx >= 0 else run.lams[0]
+            tests = _test_at(name, pick, retrain)
+            anytime = []
+            for share in CHECKPOINTS:  # the test loss of the incumbent, same-seed model
+                b, j = run.best(share * budget)
+                anytime.append(None if j < 0 else
+                               _test_at(name, run.lams[j], [seed])[0]["test_loss"])
+            rec = {"seed": seed, "val_at_budget": best, "evals": len(run.within()),
+                   "hypergradients": len([j for j in run.info.get("hypergradients", [])
+                                          if run.times[j] <= budget]),
+                   "seconds": run.seconds, "other_cpu_s": round(other, 2),
+                   "test_loss": statistics.fmean(t["test_loss"] for t in tests),
+                   "test_acc": (statistics.fmean(t["test_acc"] for t in tests)
+                                if "test_acc" in tests[0] else None),
+                   "anytime_test": anytime,
+                   "curve": {"t": run.times, "val": run.losses},
+                   "info": {k: v for k, v in run.info.items() if k != "hypergradients"}}
+            per[tuner].append(rec)
+            log(f"  seed {seed} {tuner:<14}{rec['evals']:>4} evals, best val {best:.4f}, "
+                f"test {rec['test_loss']:.4f}")
+    for tuner in tuners:
+        rs = per[tuner]
+        out["tuners"][tuner] = {
+            "test_loss": _stats([r["test_loss"] for r in rs]),
+            "val_at_budget": _stats([r["val_at_budget"] for r in rs]),
+            "evals": _stats([r["evals"] for r in rs]),
+            "anytime_test": [_stats([r["anytime_test"][k] for r in rs])["mean"]
+                             for k in range(len(CHECKPOINTS))],
+            "seeds": rs}
+    return out
+
+
+def suite_summary(results: dict[str, Any], split: dict[str, list[str]],
+                  seeds: int) -> dict[str, Any]:
+    """Win rates per half (hypergrad's mean test loss below TPE's), the worst ratio to the
+    best Optuna contender on the evaluation half, and the ablation's win rate."""
+    def mean(name: str, tuner: str) -> float:
+        return float(results[name]["tuners"][tuner]["test_loss"]["mean"])
+
+    out: dict[str, Any] = {"problems": len(results), "seeds": seeds}
+    for half in ("dev", "eval"):
+        names = [n for n in split[half] if n in results]
+        if not names or "tpe" not in results[names[0]]["tuners"]:
+            out[f"{half}_win_rate"] = None
+            continue
+        wins = [n for n in names if mean(n, "hypergrad") < mean(n, "tpe")]
+        out[f"{half}_win_rate"] = len(wins) / len(names)
+        out[f"{half}_problems"] = len(names)
+        ratios = {n: mean(n, "hypergrad") / min(mean(n, t) for t in CONTENDERS
+                                               if t in results[n]["tuners"])
+                  for n in names}
+        out[f"{half}_ratios"] = ratios
+        out[f"{half}_worst_ratio"] = max(ratios.values())
+        if "ablation" in results[names[0]]["tuners"]:
+            out[f"{half}_ablation_win_rate"] = (
+                sum(mean(n, "hypergrad") < mean(n, "ablation") for n in names) / len(names))
+    out["ablation_win_rate"] = out.get("eval_ablation_win_rate")
+    return out
+
+
+def suite_table(results: dict[str, Any], split: dict[str, list[str]]) -> str:
+    tuners = list(next(iter(results.values()))["tuners"])
+    head = f"{'problem':<32}{'half':<5}{'K':>4}{'B (s)':>7}  " + "".join(
+        f"{t:>15}" for t in tuners) + "  win"
+    lines = [head, "-" * len(head)]
+    for half in ("dev", "eval"):
+        for name in split[half]:
+            if name not in results:
+                continue
+            r = results[name]
+            means = {t: r["tuners"][t]["test_loss"]["mean"] for t in tuners}
+            best = min(means, key=lambda t: means[t])
+            cells = "".join(f"{means[t]:>14.4f}{'*' if t == best else ' '}" for t in tuners)
+            win = ("yes" if "tpe" in means and means["hypergrad"] < means["tpe"] else "no")
+            lines.append(f"{name:<32}{half:<5}{r['K']:>4}{r['budget_s']:>7.1f}  {cells}  {win}")
+    return "\n".join(lines)
+
+
+def suite_plot(results: dict[str, Any], split: dict[str, list[str]], path: Path,
+               half: str) -> None:
+    """Anytime curves of one half: mean test loss of the incumbent (best on validation so
+    far) at 1/8, 1/4, 1/2 and all of the budget, relative to TPE's at the budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in split[half] if n in results]
+    if not names:
+        return
+    cols = 3
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    colors = {"hypergrad": "C3", "ablation": "C1", "tpe": "C0", "tpe_hyperband": "C9",
+              "random": "C2", "cmaes": "C4"}
+    for ax, name in zip(axes.flat, names):
+        r = results[name]
+        ref = r["tuners"].get("tpe", next(iter(r["tuners"].values())))["test_loss"]["mean"]
+        xs = [c * r["budget_s"] for c in CHECKPOINTS]
+        for tuner, tr in r["tuners"].items():
+            ys = [None if v is None or not math.isfinite(v) else v / ref
+                  for v in tr["anytime_test"]]
+            pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, color=colors.get(tuner), label=tuner)
+        ax.set_title(f"{name} (K={r['K']})", fontsize=9)
+        ax.set_xlabel("CPU seconds", fontsize=8)
+        ax.set_ylabel("test loss / TPE's at B", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"suite, {half} half: test loss of the best-on-validation point so far "
+                 f"(mean over seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
+    import optuna
+    import suite
+
+    ap = argparse.ArgumentParser(description="vs_optuna --suite (issue 27)")
+    ap.add_argument("--suite", action="store_true")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{len(QUICK_PROBLEMS)} problems, 1 seed, 1 retraining seed, budgets "
+                         f"of 10 plain runs (room for the start and one hypergradient)")
+    ap.add_argument("--problems", nargs="+", default=None, choices=list(suite.PROBLEMS))
+    ap.add_argument("--half", choices=("dev", "eval", "both", "none"), default="both")
+    ap.add_argument("--seeds", type=int, default=None, help="tuning seeds (default 3)")
+    ap.add_argument("--retrain-seeds", type=int, default=None, help="default 3")
+    ap.add_argument("--plain-runs", type=int, default=None,
+                    help=f"the budget in plain runs (default {suite.BUDGET_PLAIN_RUNS})")
+    ap.add_argument("--tuners", nargs="+", default=list(SUITE_TUNERS),
+                    choices=list(SUITE_TUNERS))
+    ap.add_argument("--variants", nargs="+", default=[], choices=list(_variants()),
+                    help="also run these settings of the Trainer (dev-half evidence)")
+    ap.add_argument("--out", default=None, help="folder for the JSON and PNGs")
+    ap.add_argument("--name", default="vs_optuna_suite", help="the JSON's file stem")
+    ap.add_argument("--merge", nargs="+", default=[],
+                    help="JSONs of earlier --suite runs (the same code, seeds and budget "
+                         "rule) whose problems not run now join the table and the summary "
+                         "(with --half none: only merge)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # every contender on one core: the other absorbs contention
+    if args.problems:
+        names = args.problems
+    elif args.quick:
+        names = list(QUICK_PROBLEMS)
+    else:
+        names = [n for h in ("dev", "eval") if args.half in (h, "both") for n in suite.SPLIT[h]]
+    n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    n_retrain = args.retrain_seeds if args.retrain_seeds is not None else (1 if args.quick
+                                                                           else 3)
+    n_plain = args.plain_runs or (10 if args.quick else suite.BUDGET_PLAIN_RUNS)
+    seeds = list(range(n_seeds))
+    retrain = list(range(RETRAIN_SEED0, RETRAIN_SEED0 + n_retrain))
+    out = Path(args.out) if args.out else (ROOT / "outputs" / "vs_optuna_suite_quick"
+                                           if args.quick else ROOT / "experiments" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    tune_malloc()
+    t0 = time.perf_counter()
+    tuners = tuple(args.tuners) + tuple(f"hg_{v}" for v in args.variants)
+    results = {n: suite_problem(n, seeds, retrain, n_plain, tuners) for n in names}
+    merged: dict[str, list[str]] = {}
+    seconds = {"this run": 0.0}
+    for earlier_path in args.merge:
+        import json
+
+        earlier = json.loads(Path(earlier_path).read_text())
+        proto = earlier["protocol"]
+        if proto["seeds"] != seeds or proto["retrain_seeds"] != retrain:
+            raise SystemExit(f"--merge {earlier_path}: its seeds {proto['seeds']} / "
+                             f"{proto['retrain_seeds']} are not this run's {seeds} / {retrain}")
+        merged[earlier_path] = []
+        seconds[earlier_path] = earlier["seconds"]
+        for n, r in earlier["problems"].items():
+            if n not in results and set(tuners) <= set(r["tuners"]):
+                results[n] = {**r, "tuners": {t: r["tuners"][t] for t in tuners}}
+                merged[earlier_path].append(n)
+    results = {n: results[n] for h in ("dev", "eval") for n in suite.SPLIT[h] if n in results}
+    if not results:
+        raise SystemExit("vs_optuna --suite: no problems run or merged")
+    summary = suite_summary(results, suite.SPLIT, n_seeds)
+    payload = {
+        "summary": summary,
+        "split": {**suite.SPLIT, "seed": suite.SPLIT_SEED, "hash": suite.SPLIT_HASH},
+        "protocol": {
+            "budget": f"the time of {n_plain} plain trainings of each problem (median of "
+                      f"5 timed plain runs at its initial point), the same for every contender; "
+                      f"measured in this process's CPU time (time.process_time), one thread",
+            "tuners": {
+                "hypergrad": "hypergrad.Trainer(problem, guards=Guards(bounds=box, "
+                             "time_budget=B, clock='cpu')): the Trainer's defaults, nothing "
+                             "else chosen",
+                "ablation": "the same defaults with method=tuners.ZerothOrder (the "
+                            "hypergradient replaced by a two-run SPSA estimate)",
+                "tpe": "optuna.samplers.TPESampler(seed)",
+                "tpe_hyperband": "TPESampler(seed) + HyperbandPruner(min_resource=1, "
+                                 "max_resource=T, reduction_factor=3), validation loss "
+                                 f"reported every T/{REPORTS} inner steps",
+                "random": "optuna.samplers.RandomSampler(seed)",
+                "cmaes": "optuna.samplers.CmaEsSampler(seed) (its defaults: the box's "
+                         "centre, sigma0 = box / 6)"},
+            "space": "each problem's box (suite.py), raw coordinates; every Optuna "
+                     "contender's first trial is the problem's initial point",
+            "result": "the best validation loss among the points evaluated within B; that "
+                      "point retrained with fresh seeds, mean test loss",
+            "anytime": "test loss (tuning seed's model) of the incumbent at "
+                       f"{list(CHECKPOINTS)} of B",
+            "seeds": seeds, "retrain_seeds": retrain, "threads": 1, "quick": args.quick,
+            "merged_from": merged or None},
+        "machine": C.machine(), "optuna": optuna.__version__,
+        "python": platform.python_version(), "seconds": time.perf_counter() - t0,
+        "wall_seconds": {**seconds, "this run": time.perf_counter() - t0},
+        "problems": results,
+    }
+    path = out / f"{args.name}{'_quick' if args.quick else ''}.json"
+    path.write_text(dumps(payload, indent=1))
+    for half in ("dev", "eval"):
+        if any(n in results for n in suite.SPLIT[half]):
+            suite_plot(results, suite.SPLIT, out / f"{args.name}_{half}.png", half)
+    print()
+    print(suite_table(results, suite.SPLIT))
+    print(f"\n# {n_seeds} tuning seeds x {n_retrain} retraining seeds, budget {n_plain} plain "
+          f"runs; {payload['seconds'] / 60:.1f} min; JSON: {path}")
+    for half in ("dev", "eval"):
+        if summary.get(f"{half}_win_rate") is not None:
+            print(f"# {half}: win rate vs TPE {summary[f'{half}_win_rate']:.2f}, worst ratio "
+                  f"{summary[f'{half}_worst_ratio']:.3f}, ablation win rate "
+                  f"{summary.get(f'{half}_ablation_win_rate')}")
+
+    def f(x: Any) -> str:
+        return "nan" if x is None else f"{x:.3g}"
+
+    print(f"vs_optuna_suite eval_win_rate={f(summary.get('eval_win_rate'))} "
+          f"eval_worst_ratio={f(summary.get('eval_worst_ratio'))} "
+          f"ablation_win_rate={f(summary.get('ablation_win_rate'))} "
+          f"problems={summary['problems']} seeds={n_seeds}")
+    return payload
+
+
 if __name__ == "__main__":
-    main()
+    if "--suite" in sys.argv[1:]:
+        suite_main()
+    else:
+        main()

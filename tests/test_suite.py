@@ -4,6 +4,7 @@ draws, with the committed hash."""
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -50,3 +51,35 @@ def test_every_problem_builds_with_its_box_and_a_finite_loss(name: str) -> None:
     val = float(p.objective(state.params, state.buffers, lam))
     test = task.test(state)
     assert torch.isfinite(torch.tensor([val, test["test_loss"]])).all()
+
+
+def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``vs_optuna.py --suite --quick`` on its 2 problems with budgets of 10 plain runs (room
+    for the start and one hypergradient): every contender runs (hypergrad's defaults, the
+    ablation, TPE, TPE + Hyperband, random, CMA-ES), the JSON holds the summary the issue asks
+    for, and the last line says it."""
+    import json
+
+    import vs_optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna's experimental and deprecation warnings
+        payload = vs_optuna.suite_main(["--suite", "--quick", "--out", str(tmp_path)])
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads((tmp_path / "vs_optuna_suite_quick.json").read_text())["summary"]
+    assert summary == json.loads(json.dumps(payload["summary"]))
+    assert set(summary) >= {"problems", "seeds", "dev_win_rate", "eval_win_rate",
+                            "eval_worst_ratio", "ablation_win_rate"}
+    assert summary["problems"] == 2 and summary["seeds"] == 1
+    assert out[-1].startswith("vs_optuna_suite eval_win_rate=") and "problems=2 seeds=1" in out[-1]
+    for name in vs_optuna.QUICK_PROBLEMS:
+        tuners = payload["problems"][name]["tuners"]
+        assert set(tuners) == set(vs_optuna.SUITE_TUNERS)
+        for tr in tuners.values():
+            run = tr["seeds"][0]
+            assert run["evals"] >= 1 and math.isfinite(run["test_loss"])
+            assert len(run["anytime_test"]) == len(vs_optuna.CHECKPOINTS)
+        assert tuners["hypergrad"]["seeds"][0]["hypergradients"] >= 1
+    assert (tmp_path / "vs_optuna_suite_dev.png").exists()
+    assert (tmp_path / "vs_optuna_suite_eval.png").exists()
