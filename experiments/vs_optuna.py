@@ -797,7 +797,8 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     print()
     print(suite_table(results, suite.SPLIT))
     print(f"\n# {n_seeds} tuning seeds x {n_retrain} retraining seeds, budget {n_plain} plain "
-          f"runs; {payload['seconds'] / 60:.1f} min; JSON: {path}")
+          f"runs; {sum(payload['wall_seconds'].values()) / 60:.1f} min (merged runs "
+          f"included); JSON: {path}")
     for half in ("dev", "eval"):
         if summary.get(f"{half}_win_rate") is not None:
             print(f"# {half}: win rate vs TPE {summary[f'{half}_win_rate']:.2f}, worst ratio "
