@@ -183,8 +183,10 @@ def torch_child(model: str, k: int, steps: int, threads: int, compile_mode: str 
         method = hg.ForwardMode(hg.hvp.VmapVJP(compile=True))
     elif compile_mode is None:
         method = hg.ForwardMode()
+    elif compile_mode.lower() in ("true", "1", "yes"):  # the documented ForwardMode(compile=True)
+        method = hg.ForwardMode(compile=True)
     else:
-        method = hg.ForwardMode(compile=compile_mode)
+        raise SystemExit(f"bench_vs_jax: --compile={compile_mode!r}: give true or hvp")
     t0 = time.perf_counter()
     fs = method.init(problem, lam)
     fs = method.step(problem, fs, lam)  # step 0 (the momentum buffer starts), then warm-up
