@@ -294,15 +294,23 @@ def rng_state() -> dict[str, Any]:
     """torch's, Python's and numpy's global generator states, as checkpoint fields."""
     np_state: Any = np.random.get_state()
     version, state, gauss = random.getstate()
-    return {"torch": torch.get_rng_state(), "python": [version, list(state), gauss],
-            "numpy": torch.as_tensor(np_state[1].astype(np.int64)),
-            "numpy_pos": int(np_state[2])}
+    out: dict[str, Any] = {"torch": torch.get_rng_state(),
+                           "python": [version, list(state), gauss],
+                           "numpy": torch.as_tensor(np_state[1].astype(np.int64)),
+                           "numpy_pos": int(np_state[2])}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()  # dropout on a GPU draws from these
+    return out
 
 
 def set_rng_state(rng: Mapping[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
-    torch.set_rng_state(rng["torch"])
+    """Restore what :func:`rng_state` returned. The states go back as CPU byte tensors, whatever
+    ``map_location`` the checkpoint was read with (torch's setters accept nothing else)."""
+    torch.set_rng_state(rng["torch"].cpu().to(torch.uint8))
+    cuda = rng.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu().to(torch.uint8) for s in cuda])
     py = rng["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
-    np.random.set_state(("MT19937", rng["numpy"].numpy().astype(np.uint32), rng["numpy_pos"],
+    np.random.set_state(("MT19937", rng["numpy"].cpu().numpy().astype(np.uint32), rng["numpy_pos"],
                          0, 0.0))
