@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +119,29 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "threads": torch.get_num_threads(), "argv": sys.argv[1:],
             "clock": "process CPU seconds (time.process_time), one torch thread"}
+
+
+def optuna_within_budget(sampler: Any, first: dict[str, Any], budget: float,
+                         evaluate: Callable[[Any], tuple[float, dict[str, Any]]],
+                         default: dict[str, Any]) -> dict[str, Any]:
+    """Optuna's ask/tell loop in this process's CPU seconds: the study starts at ``first``
+    (enqueued), ``evaluate(trial)`` suggests, trains and returns (validation loss, spec); a next
+    trial starts only while the last one's cost still fits in ``budget``. The best spec on
+    validation (``default`` until one is finite), its loss, the seconds and the evaluations."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    study.enqueue_trial(first)
+    t0 = cpu()
+    best: tuple[float, dict[str, Any]] = (math.inf, default)
+    last, n = 0.0, 0
+    while not n or cpu() - t0 + last <= budget:
+        t1 = cpu()
+        tr = study.ask()
+        val, spec = evaluate(tr)
+        study.tell(tr, val if math.isfinite(val) else 1e30)
+        last, n = cpu() - t1, n + 1
+        if val < best[0]:
+            best = (val, spec)
+    return {"val": best[0], "cpu_s": cpu() - t0, "evals": n, "spec": best[1], "info": {}}

@@ -30,7 +30,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from horizon_common import Records, cpu, cpu_clock_trainer, mean_se, ratio_se
+from horizon_common import (
+    Records,
+    cpu,
+    cpu_clock_trainer,
+    mean_se,
+    optuna_within_budget,
+    ratio_se,
+)
 
 import hypergrad as hg
 from hypergrad.tasks.charlm import PerGroup, charlm_task, layer_groups
@@ -247,27 +254,17 @@ def _grid_order(grid: tuple[float, ...]) -> list[float]:
 def tune_tpe(st: LMStudy, seed: int, tasks: dict[int, hg.Task]) -> dict[str, Any]:
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=seed))
-    study.enqueue_trial({"peak": st.lr0, "warmup": 0.05, "final_frac": 1e-3, "wd": 0.01})
-    t0 = cpu()
-    best: tuple[float, dict[str, Any]] = (math.inf, _recipe(st, st.lr0))
-    last, n = 0.0, 0
-    while not n or cpu() - t0 + last <= st.budget:
-        t1 = cpu()
-        tr = study.ask()
+    def evaluate(tr: Any) -> tuple[float, dict[str, Any]]:
         peak = tr.suggest_float("peak", 1e-4, 0.1, log=True)
         warm = tr.suggest_float("warmup", 0.0, 0.3)
         frac = tr.suggest_float("final_frac", 1e-3, 1.0, log=True)
         wd = tr.suggest_float("wd", 1e-5, 1.0, log=True)
         spec = _recipe(st, peak, warm, peak * frac, wd)
-        val = train_torch(st, seed, spec, tasks=tasks)["val"]
-        study.tell(tr, val if math.isfinite(val) else 1e30)
-        last, n = cpu() - t1, n + 1
-        if val < best[0]:
-            best = (val, spec)
-    return {"val": best[0], "cpu_s": cpu() - t0, "evals": n, "spec": best[1], "info": {}}
+        return train_torch(st, seed, spec, tasks=tasks)["val"], spec
+
+    return optuna_within_budget(optuna.samplers.TPESampler(seed=seed),
+                                {"peak": st.lr0, "warmup": 0.05, "final_frac": 1e-3, "wd": 0.01},
+                                st.budget, evaluate, _recipe(st, st.lr0))
 
 
 def retrain(st: LMStudy, spec: dict[str, Any], seeds: list[int],

@@ -37,7 +37,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from horizon_common import Records, cpu, cpu_clock_trainer, mean_se, ratio_se
+from horizon_common import (
+    Records,
+    cpu,
+    cpu_clock_trainer,
+    mean_se,
+    optuna_within_budget,
+    ratio_se,
+)
 from torch import Tensor, nn
 
 import hypergrad as hg
@@ -356,31 +363,21 @@ def tune_recipe(st: Study, seed: int) -> dict[str, Any]:
 def tune_optuna(st: Study, seed: int, sampler_name: str) -> dict[str, Any]:
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = (optuna.samplers.TPESampler(seed=seed) if sampler_name == "tpe"
                else optuna.samplers.RandomSampler(seed=seed))
-    study = optuna.create_study(direction="minimize", sampler=sampler)
     first = {"peak": st.lr0, "warmup": 0.05, "final_frac": 1e-3}
     if st.wd0 is not None:
         first["wd"] = st.wd0
-    study.enqueue_trial(first)
-    t0 = cpu()
-    best: tuple[float, dict[str, Any]] = (math.inf, _recipe(st, st.lr0))
-    last, n = 0.0, 0
-    while not n or cpu() - t0 + last <= st.budget:
-        t1 = cpu()
-        tr = study.ask()
+
+    def evaluate(tr: Any) -> tuple[float, dict[str, Any]]:
         peak = tr.suggest_float("peak", 1e-3, 2.0, log=True)
         warm = tr.suggest_float("warmup", 0.0, 0.3)
         frac = tr.suggest_float("final_frac", 1e-4, 1.0, log=True)
         wd = tr.suggest_float("wd", 1e-6, 1e-2, log=True) if st.wd0 is not None else 0.0
         spec = _recipe(st, peak, warm, peak * frac, wd)
-        val = st.train(seed, spec)["val"]
-        study.tell(tr, val if math.isfinite(val) else 1e30)
-        last, n = cpu() - t1, n + 1
-        if val < best[0]:
-            best = (val, spec)
-    return {"val": best[0], "cpu_s": cpu() - t0, "evals": n, "spec": best[1], "info": {}}
+        return st.train(seed, spec)["val"], spec
+
+    return optuna_within_budget(sampler, first, st.budget, evaluate, _recipe(st, st.lr0))
 
 
 def tune(st: Study, seed: int, contender: str) -> dict[str, Any]:

@@ -198,6 +198,14 @@ def _ce(m: Any, b: Any, hp: Any) -> Tensor:
     return F.cross_entropy(m(b[0]), b[1])
 
 
+def _weighted_ce(m: Any, b: Any, hp: Any) -> Tensor:
+    """Cross-entropy with one weight per training example (``hp["weights"]``, indexed by the
+    batch's example indices), summed and divided by the batch size."""
+    x, y, idx = b
+    w = hp["weights"][idx]
+    return (w * F.cross_entropy(m(x), y, reduction="none")).sum() / len(idx)
+
+
 def _mse(m: Any, b: Any, hp: Any) -> Tensor:
     return F.mse_loss(m(b[0]).squeeze(-1), b[1])
 
@@ -408,14 +416,9 @@ def digits_hypercleaning(seed: int) -> SuiteTask:
     d = _digits(200, 300, 400)
     y_noisy = _flip(d.y_train, 0.4, 10)
 
-    def loss(m: Any, b: Any, hp: Any) -> Tensor:
-        x, y, idx = b
-        w = hp["weights"][idx]
-        return (w * F.cross_entropy(m(x), y, reduction="none")).sum() / len(idx)
-
     return _task(seed, d, lambda: nn.Linear(64, 10),
                  [hg.PerExample("weights", 0.5, n=200, transform="logit")],
-                 hg.optim.sgd(lr=0.3), loss, 100, 50, {"weights": (0.001, 0.999)},
+                 hg.optim.sgd(lr=0.3), _weighted_ce, 100, 50, {"weights": (0.001, 0.999)},
                  y_train=y_noisy)
 
 
@@ -427,14 +430,9 @@ def wine_per_example_imbalanced(seed: int) -> SuiteTask:
               perm=_imbalanced_perm(y, minority=1, keep=0.2, n_train=90))
     y_noisy = _flip(d.y_train, 0.2, 3)
 
-    def loss(m: Any, b: Any, hp: Any) -> Tensor:
-        x, y, idx = b
-        w = hp["weights"][idx]
-        return (w * F.cross_entropy(m(x), y, reduction="none")).sum() / len(idx)
-
     return _task(seed, d, lambda: _mlp([13, 8, 3]),
                  [hg.PerExample("weights", 0.5, n=90, transform="logit")],
-                 hg.optim.sgd(lr=0.05, momentum=0.9), loss, 100, 15,
+                 hg.optim.sgd(lr=0.05, momentum=0.9), _weighted_ce, 100, 15,
                  {"weights": (0.001, 0.999)}, y_train=y_noisy)
 
 
@@ -445,14 +443,9 @@ def synth_per_example_noise_adam(seed: int) -> SuiteTask:
     d = _cached("synth_noise", lambda: Split(x, y, 300, 300, 400, regression=False))
     y_noisy = _flip(d.y_train, 0.3, 3)
 
-    def loss(m: Any, b: Any, hp: Any) -> Tensor:
-        x, y, idx = b
-        w = hp["weights"][idx]
-        return (w * F.cross_entropy(m(x), y, reduction="none")).sum() / len(idx)
-
     return _task(seed, d, lambda: _mlp([10, 16, 3]),
                  [hg.PerExample("weights", 0.5, n=300, transform="logit")],
-                 hg.optim.adam(lr=0.01), loss, 100, 30, {"weights": (0.001, 0.999)},
+                 hg.optim.adam(lr=0.01), _weighted_ce, 100, 30, {"weights": (0.001, 0.999)},
                  y_train=y_noisy)
 
 

@@ -698,7 +698,8 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--suite", action="store_true")
     ap.add_argument("--quick", action="store_true",
                     help=f"{len(QUICK_PROBLEMS)} problems, 1 seed, 1 retraining seed, budgets "
-                         f"of 10 plain runs (room for the start and one hypergradient)")
+                         f"of 14 plain runs (room for the start and a hypergradient, also on "
+                         f"a loaded machine)")
     ap.add_argument("--problems", nargs="+", default=None, choices=list(suite.PROBLEMS))
     ap.add_argument("--half", choices=("dev", "eval", "both", "none"), default="both")
     ap.add_argument("--seeds", type=int, default=None, help="tuning seeds (default 3)")
@@ -726,7 +727,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
     n_retrain = args.retrain_seeds if args.retrain_seeds is not None else (1 if args.quick
                                                                            else 3)
-    n_plain = args.plain_runs or (10 if args.quick else suite.BUDGET_PLAIN_RUNS)
+    n_plain = args.plain_runs or (14 if args.quick else suite.BUDGET_PLAIN_RUNS)
     seeds = list(range(n_seeds))
     retrain = list(range(RETRAIN_SEED0, RETRAIN_SEED0 + n_retrain))
     out = Path(args.out) if args.out else (ROOT / "outputs" / "vs_optuna_suite_quick"

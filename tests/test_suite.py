@@ -55,7 +55,7 @@ def test_every_problem_builds_with_its_box_and_a_finite_loss(name: str) -> None:
 
 def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``vs_optuna.py --suite --quick`` on its 2 problems with budgets of 10 plain runs (room
+    """``vs_optuna.py --suite --quick`` on its 2 problems with budgets of 14 plain runs (room
     for the start and one hypergradient): every contender runs (hypergrad's defaults, the
     ablation, TPE, TPE + Hyperband, random, CMA-ES), the JSON holds the summary the issue asks
     for, and the last line says it."""
