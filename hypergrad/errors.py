@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
-    "CheckpointWarning",
+    "CheckpointWarning", "PrecisionWarning",
     "CheckpointError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
     "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
 ]
@@ -48,6 +48,13 @@ class InnerNotConvergedWarning(HypergradWarning):
 
 class SolverNotConvergedWarning(HypergradWarning):
     """The linear solver of implicit differentiation stopped above its tolerance."""
+
+
+class PrecisionWarning(HypergradWarning):
+    """Hypergradients of a float32 problem on CUDA with TF32 enabled for the model's
+    convolutions (``torch.backends.cudnn.allow_tf32``, on by torch's default) or matrix products
+    (``torch.backends.cuda.matmul.allow_tf32``): each product keeps a 10-bit mantissa, and the
+    hypergradient of a run sums many of them (docs/benchmarks.md, "Precision")."""
 
 
 class CheckpointError(RuntimeError):

@@ -16,19 +16,29 @@ full gradient gives it. Strategies (all equal to rounding; the loop is the seed'
 - :class:`ForwardOverReverse`: ``vmap(jvp(grad))``.
 - :class:`ColumnLoop`: one ``torch.autograd.grad`` per column.
 
-Memory. A batched call holds intermediates for every column it processes: about
-``column_memory_factor`` (6 for :class:`VmapVJP`) times the activations the gradient pass saves
-for backward, plus twice the parameters' bytes, per column (:meth:`HVPStrategy.column_bytes`;
-the weights a layer saves are shared by all columns and not counted per column: on ResNet-18 at
-32x32 they are 43 of the 57 MiB saved). Unchunked K = 64 on a small 28x28 CNN needs several GB.
-So the columns go through in chunks. ``chunk_size=None`` (the default) sizes them from
-``memory_budget`` (default :data:`DEFAULT_MEMORY_BUDGET`, 1 GiB): the activations one forward
-pass saves are measured once per parameter shapes, with
-``torch.autograd.graph.saved_tensors_hooks``, and ``chunk = budget // column_bytes``, split into
-equal chunks. An int ``chunk_size`` wins over the budget; ``memory_budget=math.inf`` never
-chunks. Chunks are written into one preallocated result as they come. Results never depend on
-the chunking (tested). At K = 64 on the 28x28 benchmark CNN the default (8 columns per call)
-holds 1.0-1.9 GiB and runs faster than the unchunked call, which holds 6.6 GiB (docs/benchmarks.md).
+Memory. A call holds the gradient ``g``, the gradient pass's graph (retained: every column's
+product differentiates it), and per column its result (``G`` and ``Z^b``, the bytes of the
+parameters and buffers) and the intermediates of its vector-Jacobian product. What one column
+holds does not follow the activations by one factor: on the bench_models rows it was 0.24 (a
+ResNet-18's convolutions), 1.1 (a transformer) and 2.9 (an LSTM) times the activations the
+forward pass saves, besides the parameters' bytes; and ``is_grads_batched`` and
+``fwd_over_rev`` run convolutions' batching rules as loops, so their columns do not all
+coexist. So each strategy counts its own calls on fake tensors
+(:meth:`HVPStrategy.footprint`, :mod:`hypergrad.footprint`: the model's code run on tensors
+without data; on those rows the count equals the bytes of the tensors the real call holds, and
+is 0.91-1.0 of malloc's measured peak, the rest being scratch memory inside convolution
+kernels): a call on one column and on two give the bytes of the first column and of each
+further one (:meth:`HVPStrategy.column_cost`, once per parameter shapes: the memory estimate
+counts them, or else the first step). The columns go through in chunks: ``chunk_size=None``
+(the default) sizes them from ``memory_budget`` (default :data:`DEFAULT_MEMORY_BUDGET`, 1 GiB),
+``chunk = budget // bytes per column``, split into equal chunks. An int ``chunk_size`` wins
+over the budget; ``memory_budget=math.inf`` never chunks. Chunks are written into one
+preallocated result as they come. Results never depend on the chunking (tested). A later chunk
+can hold more than the first (``fwd_over_rev``: forward AD copies a tangent that does not start
+at its storage's beginning), so a step's estimate counts two chunks
+(:meth:`~hypergrad.methods.Sizes.hvp`). Where the model cannot run on fake tensors, one real
+forward pass counts the activations ``a`` it saves, and a column is taken to hold
+``column_memory_factor * a + 2 |w|`` (3, the largest factor measured).
 
 ``VmapVJP(compile=True)`` runs the gradient and the batched products through ``torch.compile``
 (opt-in; ``method.compile=true`` in the Hydra configs). Where it traces, it is faster in steady
@@ -56,6 +66,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.func import grad, jvp, vjp, vmap
+
+from . import footprint as _fp
 
 __all__ = ["HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
            "STRATEGIES", "DEFAULT_MEMORY_BUDGET"]
@@ -115,31 +127,21 @@ def _take(d: Dict, s: slice) -> Dict:
     return {k: v[s] for k, v in d.items()}
 
 
-def saved_bytes(f: LossFn, params: Dict, buffers: Dict, lam: Tensor) -> int:
+def saved_bytes(f: LossFn, params: Dict, buffers: Dict, lam: Tensor, fake: bool = False) -> int:
     """Bytes of activations the forward pass of ``f`` saves for backward: distinct storages,
     not counting the inputs' own (the weights a layer saves are shared by every column of a
-    batched product, the activations are not). One forward pass."""
-    seen: dict[tuple[int, int], int] = {}
-    inputs = {x.untyped_storage().data_ptr()
-              for x in (*params.values(), *buffers.values(), lam)}
-
-    def pack(x: Tensor) -> Tensor:
-        if x.layout == torch.strided and x.device.type != "meta":
-            key = (x.untyped_storage().data_ptr(), x.untyped_storage().nbytes())
-            if key[0] not in inputs:
-                seen[key] = key[1]
-        return x
-
-    p = {k: v.detach().requires_grad_() for k, v in params.items()}
-    b = {k: v.detach().requires_grad_() for k, v in buffers.items()}
-    lm = lam.detach().requires_grad_()
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        f(p, b, lm)
-    return sum(seen.values())
+    batched product, the activations are not). One real forward pass, or with ``fake`` one on
+    fake tensors that allocates nothing (:func:`hypergrad.footprint.saved_bytes`)."""
+    return _fp.saved_bytes(f, params, buffers, lam, fake=fake)
 
 
 def _tree_bytes(d: Dict) -> int:
     return sum(v.numel() * v.element_size() for v in d.values())
+
+
+def _shape_key(params: Dict, buffers: Dict, lam: Tensor) -> Any:
+    return (tuple((n, tuple(v.shape), v.dtype) for n, v in params.items()),
+            tuple((n, tuple(v.shape)) for n, v in buffers.items()), tuple(lam.shape))
 
 
 class HVPStrategy(abc.ABC):
@@ -162,18 +164,20 @@ class HVPStrategy(abc.ABC):
     """
 
     name: str = "abstract"
-    column_memory_factor: float = 6.0
-    """Bytes one batched column holds, as a multiple of the activations the gradient pass saves
-    for backward (:func:`saved_bytes`; measured 3-3.5 on the benchmark CNNs, doubled for
-    safety), plus twice the parameters' bytes (the column's Hessian-vector product and one
-    intermediate of that size): :meth:`column_bytes`."""
+    column_memory_factor: float = 3.0
+    """Where the model cannot run on fake tensors (:meth:`column_cost`): the bytes one column
+    of a call is taken to hold, as a multiple of the activations one forward pass saves
+    (:func:`saved_bytes`), plus twice the parameters' bytes (the column's result and its
+    weights' gradients): 3, the largest measured on the bench_models rows (an LSTM's 2.9; a
+    transformer's 1.1, a ResNet-18's 0.24)."""
 
     def __init__(self, chunk_size: int | None = None,
                  memory_budget: float | None = None) -> None:
         api = type(self).__name__
         self.chunk_size = _check_chunk(api, chunk_size)
         self.memory_budget = _check_budget(api, memory_budget)
-        self._saved: dict[Any, int] = {}
+        self._costs: dict[Any, tuple[int, int]] = {}
+        self._footprints: dict[Any, int] = {}
 
     @abc.abstractmethod
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
@@ -183,33 +187,86 @@ class HVPStrategy(abc.ABC):
         identity, or rows of it when the caller skips columns).
         Returns ``(g, new_b, G, Zb_new)`` with ``G[name]`` of shape ``(K, *param.shape)``."""
 
+    def _call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
+              eye: Tensor, chunk: int) -> HVPResult:
+        """The products with ``chunk`` columns per call (a strategy that chunks overrides it;
+        :meth:`footprint` counts one call of it)."""
+        return self(f, params, buffers, lam, zp, zb, eye)
+
     def column_bytes(self, activation_bytes: float, param_bytes: float) -> float:
-        """Estimated bytes one column of a batched call holds."""
+        """The bytes one column is taken to hold where the model cannot run on fake tensors:
+        ``column_memory_factor * a + 2 |w|``."""
         return self.column_memory_factor * activation_bytes + 2 * param_bytes
 
-    def chunk_for(self, k: int, activation_bytes: float, param_bytes: float) -> int:
-        """Columns per batched call for ``k`` columns: ``chunk_size`` if given, else the most
-        that fit ``memory_budget``, balanced so the chunks have equal sizes."""
+    def chunk_for(self, k: int, column_bytes: float) -> int:
+        """Columns per call for ``k`` columns when each holds ``column_bytes``: ``chunk_size``
+        if given, else the most that fit ``memory_budget``, balanced so the chunks have equal
+        sizes."""
         if self.chunk_size is not None:
             return min(self.chunk_size, k)
         budget = DEFAULT_MEMORY_BUDGET if self.memory_budget is None else self.memory_budget
         if k <= 1 or math.isinf(budget):
             return max(k, 1)
-        per_column = max(self.column_bytes(activation_bytes, param_bytes), 1.0)
-        c = int(max(1, min(k, budget // per_column)))
+        c = int(max(1, min(k, budget // max(column_bytes, 1.0))))
         n = -(-k // c)
         return -(-k // n)
 
     def columns_per_call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
                          k: int) -> int:
-        """:meth:`chunk_for` with the activations measured once per parameter shapes."""
-        if self.chunk_size is not None or k <= 1:
-            return self.chunk_for(k, 0.0, 0.0)
-        key = (tuple((n, tuple(v.shape), v.dtype) for n, v in params.items()),
-               tuple((n, tuple(v.shape)) for n, v in buffers.items()), tuple(lam.shape))
-        if key not in self._saved:
-            self._saved[key] = saved_bytes(f, params, buffers, lam)
-        return self.chunk_for(k, self._saved[key], _tree_bytes(params))
+        """:meth:`chunk_for` with the bytes per column of :meth:`column_cost` (counted once per
+        parameter shapes)."""
+        budget = DEFAULT_MEMORY_BUDGET if self.memory_budget is None else self.memory_budget
+        if self.chunk_size is not None or k <= 1 or math.isinf(budget):
+            return self.chunk_for(k, 0.0)
+        return self.chunk_for(k, self.column_cost(f, params, buffers, lam)[1])
+
+    def column_cost(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor
+                    ) -> tuple[int, int]:
+        """``(first, each)``: the peak bytes of a call on one column (the gradient, its retained
+        graph, one column's result and intermediates) and what each further column adds,
+        counted on fake tensors (:meth:`footprint` of calls on one and on two columns; nothing
+        is allocated), once per parameter shapes. Where the model cannot run on fake tensors,
+        from the activations ``a`` one real forward pass saves: ``each = column_bytes(a, |w|)``
+        and ``first = |w| + 2 a + each`` (the gradient's graph holds 1.9-2.4 ``a`` on the
+        bench_models rows)."""
+        key = _shape_key(params, buffers, lam)
+        if key not in self._costs:
+            try:
+                one = self.footprint(f, params, buffers, lam, 1)
+                two = self.footprint(f, params, buffers, lam, 2)
+                self._costs[key] = (one, max(two - one, 1))
+            except _fp.FAKE_ERRORS:
+                a = saved_bytes(f, params, buffers, lam)
+                w = _tree_bytes(params)
+                each = int(self.column_bytes(a, w))
+                self._costs[key] = (w + 2 * a + each, each)
+        return self._costs[key]
+
+    def footprint(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
+                  columns: int, chunk: int | None = None) -> int:
+        """Peak bytes of one call on ``columns`` columns, ``chunk`` per call (default: all in
+        one): ``g``, ``new_b``, the columns' ``G`` and ``Z^b`` (chunked: the result the chunks
+        are written into), the gradient's retained graph, the columns' intermediates; counted on
+        fake tensors shaped like ``params``, ``buffers`` and ``lam`` (real or fake; nothing is
+        allocated), once per shapes. Raises where the model cannot run on fake tensors."""
+        chunk = columns if chunk is None else min(chunk, columns)
+        key = (_shape_key(params, buffers, lam), columns, chunk)
+        if key not in self._footprints:
+            n = lam.shape[0]
+
+            def build() -> tuple[Dict, Dict, Tensor]:
+                zp = {k: torch.zeros((columns, *v.shape), dtype=v.dtype, device=v.device)
+                      for k, v in params.items()}
+                zb = {k: torch.zeros((columns, *v.shape), dtype=v.dtype, device=v.device)
+                      for k, v in buffers.items()}
+                eye = torch.eye(n, dtype=lam.dtype, device=lam.device)[:columns]
+                return zp, zb, eye
+
+            def run(p: Dict, b: Dict, lm: Tensor, zp: Dict, zb: Dict, eye: Tensor) -> Any:
+                return self._call(f, p, b, lm, zp, zb, eye, chunk)
+
+            self._footprints[key] = _fp.peak_bytes(run, params, buffers, lam, build=build)
+        return self._footprints[key]
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(chunk_size={self.chunk_size}, "
@@ -275,7 +332,6 @@ class VmapVJP(HVPStrategy):
     """
 
     name = "vmap_vjp"
-    column_memory_factor = 6.0
 
     def __init__(self, chunk_size: int | None = None, memory_budget: float | None = None,
                  compile: bool = False) -> None:
@@ -292,6 +348,14 @@ class VmapVJP(HVPStrategy):
             return _autograd_hvp(self, f, params, buffers, lam, zp, zb, eye, batched=False)
         chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
         return self._run(f, params, buffers, lam, zp, zb, eye, chunk)
+
+    def _call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
+              eye: Tensor, chunk: int) -> HVPResult:
+        """The eager products (what :meth:`footprint` counts; a compiled call is counted as the
+        eager one, and counting never compiles)."""
+        if eye.shape[0] == 1 and not self.compile:
+            return _autograd_hvp(self, f, params, buffers, lam, zp, zb, eye, batched=False)
+        return _vmap_vjp(f, params, buffers, lam, zp, zb, eye, chunk)
 
     def _run(self, *args: Any) -> tuple[Dict, Dict, Dict, Dict]:
         if not self.compile or self._compile_failed:
@@ -326,10 +390,14 @@ class ForwardOverReverse(HVPStrategy):
     ``jvp`` recomputes the gradient with every call, so each chunk repeats it."""
 
     name = "fwd_over_rev"
-    column_memory_factor = 8.0
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
+        chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
+        return self._call(f, params, buffers, lam, zp, zb, eye, chunk)
+
+    def _call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
+              eye: Tensor, chunk: int) -> HVPResult:
         g_and_b = grad(f, argnums=0, has_aux=True)
         primal: list[tuple[Dict, Dict]] = []
         # nested out_dims work at runtime; torch's annotation says a flat tuple
@@ -345,7 +413,6 @@ class ForwardOverReverse(HVPStrategy):
             return {**{"G\0" + k: v for k, v in G.items()},
                     **{"B\0" + k: v for k, v in zb_new.items()}}
 
-        chunk = self.columns_per_call(f, params, buffers, lam, eye.shape[0])
         try:
             both = _by_chunks(chunk_of, eye.shape[0], chunk)
         except NotImplementedError as err:
@@ -372,7 +439,8 @@ class ForwardOverReverse(HVPStrategy):
 
 
 def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
-                  zp: Dict, zb: Dict, eye: Tensor, batched: bool) -> HVPResult:
+                  zp: Dict, zb: Dict, eye: Tensor, batched: bool,
+                  chunk: int | None = None) -> HVPResult:
     """Reverse-over-reverse with ``torch.autograd``: a differentiable gradient, then either
     batched calls (``is_grads_batched``, chunked) or one call per column.
 
@@ -391,7 +459,10 @@ def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict,
     # outputs that do not depend on the inputs contribute nothing to the Hessian product
     pairs = [(gr, c) for gr, c in zip(grads, cots) if gr is not None and gr.requires_grad]
     k = eye.shape[0]
-    chunk = strategy.columns_per_call(f, params, buffers, lam, k) if batched else 1
+    if not batched:
+        chunk = 1
+    elif chunk is None:
+        chunk = strategy.columns_per_call(f, params, buffers, lam, k)
 
     wrt = {**{"P\0" + k: v for k, v in p.items()}, **{"B\0" + k: v for k, v in probes.items()}}
 
@@ -423,11 +494,14 @@ class _AutogradHVP(HVPStrategy):
     batched (``is_grads_batched``) or one call per column."""
 
     batched = True
-    column_memory_factor = 5.0
 
     def __call__(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
                  eye: Tensor) -> HVPResult:
         return _autograd_hvp(self, f, params, buffers, lam, zp, zb, eye, self.batched)
+
+    def _call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor, zp: Dict, zb: Dict,
+              eye: Tensor, chunk: int) -> HVPResult:
+        return _autograd_hvp(self, f, params, buffers, lam, zp, zb, eye, self.batched, chunk)
 
 
 class BatchedAutograd(_AutogradHVP):
@@ -446,6 +520,10 @@ class ColumnLoop(_AutogradHVP):
 
     def __init__(self) -> None:
         super().__init__(chunk_size=None)
+
+    def columns_per_call(self, f: LossFn, params: Dict, buffers: Dict, lam: Tensor,
+                         k: int) -> int:
+        return 1
 
     def __repr__(self) -> str:
         return "ColumnLoop()"

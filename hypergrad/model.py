@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import parametrizations as _pz
@@ -113,6 +114,7 @@ class FunctionalModel:
             if isinstance(m, _SpectralNorm) and hasattr(m, "_u") and self.train_modes[name]
         }
         self.wn = [m for m in module.modules() if isinstance(m, _WeightNorm)]
+        self.rnn = [m for m in module.modules() if isinstance(m, nn.RNNBase)]
         self.state_buffer_names = [f"{_pre(n)}{b}" for n in self.bn
                                    for b in ("running_mean", "running_var")]
         self.state_buffer_names += [f"{_pre(n)}{b}" for n in self.sn for b in ("_u", "_v")]
@@ -248,10 +250,31 @@ class ModelFn:
             for wn in fm.wn:
                 wn.forward = _WNForward(wn)  # type: ignore[method-assign,assignment]
                 patched.append(wn)
+            for r in fm.rnn:
+                r.flatten_parameters = _Flatten(r)  # type: ignore[method-assign]
             yield
         finally:
             for m in patched:
                 del m.forward
+            for r in fm.rnn:
+                r.__dict__.pop("flatten_parameters", None)
+
+
+class _Flatten:
+    """``nn.RNNBase.flatten_parameters`` only for weights with storage. On CUDA, an RNN's
+    forward first packs its weights into one buffer for cuDNN, reading each weight's
+    ``data_ptr()``: ``torch.func``'s wrapped tensors and the fake tensors of a memory count
+    (:mod:`hypergrad.footprint`) have none. Unpacked, cuDNN copies the weights (plain steps), and
+    the differentiated passes run :mod:`hypergrad.rnn`'s cells anyway."""
+
+    def __init__(self, m: nn.RNNBase) -> None:
+        self.m = m
+
+    def __call__(self) -> None:
+        ws = [w for w in self.m._flat_weights if isinstance(w, Tensor)]
+        if any(is_fake(w) or torch._C._functorch.is_functorch_wrapped_tensor(w) for w in ws):
+            return
+        type(self.m).flatten_parameters(self.m)
 
 
 class _BNForward:

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 __all__ = ["step_seed", "step_rng", "VALIDATION_STEP"]
 
@@ -59,6 +61,11 @@ class _StepRNG:
         return any(not torch.equal(g.get_state(), s) for g, s in zip(self._gens, self._seeded))
 
 
+def _faking() -> bool:
+    """Whether a ``FakeTensorMode`` is active (tensors without data)."""
+    return any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
+
+
 @contextlib.contextmanager
 def step_rng(seed: int, t: int, device: torch.device, watch: bool = False
              ) -> Iterator[_StepRNG | None]:
@@ -75,7 +82,10 @@ def step_rng(seed: int, t: int, device: torch.device, watch: bool = False
     for g in gens:
         g.manual_seed(s)
     try:
-        yield _StepRNG(gens, [g.get_state() for g in gens]) if watch else None
+        # not on fake tensors (a memory count, :mod:`hypergrad.footprint`): random ops on
+        # tensors without data draw nothing, so it cannot tell; a real evaluation finds out
+        yield (_StepRNG(gens, [g.get_state() for g in gens]) if watch and not _faking()
+               else None)
     finally:
         for g, st in zip(gens, saved):
             g.set_state(st)

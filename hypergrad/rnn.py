@@ -182,15 +182,6 @@ class RecurrentMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func is Tensor.data_ptr:
-            # On CUDA, nn.RNN.forward first tries to pack its weights for cuDNN
-            # (flatten_parameters), reading data_ptr() of each: torch.func's wrapped tensors
-            # have no storage. One shared answer makes it see aliased weights and skip the
-            # packing, which the cells below do not use anyway.
-            try:
-                return func(*args, **kwargs)
-            except RuntimeError:
-                return 0
         if func in _CELLS:
             out = _reroute(func, tuple(args), kwargs)
             if out is not None:

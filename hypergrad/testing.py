@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .data import MiniBatches
 from .hvp import STRATEGIES, HVPStrategy, VmapVJP
 from .hyperparams import (
     Array,
@@ -30,7 +31,7 @@ from .problem import InnerProblem
 
 __all__ = ["rel_err", "group_rel_errs", "CheckReport", "HypergradcheckError", "hypergradcheck",
            "OPTIMIZERS", "KINDS", "GRID", "GridOptimizer", "grid_cases", "digits_case",
-           "l2_mlp_case", "ridge_diabetes_case"]
+           "l2_mlp_case", "ridge_diabetes_case", "classifier_case"]
 
 TEST_DEVICE_ENV = "HYPERGRAD_TEST_DEVICE"
 """The environment variable that gives :func:`digits_case` its default device (``cuda`` puts
@@ -333,3 +334,33 @@ def ridge_diabetes_case(steps: int = 2000, l2: float = 0.1, n_train: int = 250,
     lr = 2.0 / (float(ev[-1]) + float(ev[0]) + 2 * l2)
     problem = ridge_problem(xtr, ytr, xv, yv, l2, lr, steps)
     return problem, ridge_closed_form_hypergradient(xtr, ytr, xv, yv, l2, lr, None)
+
+
+def classifier_case(model: torch.nn.Module, shape: tuple[int, ...], k: int, *, steps: int = 3,
+                    n: int = 64, batch_size: int = 32,
+                    device: torch.device | str | None = None) -> InnerProblem:
+    """A 10-class ``model`` on ``n`` random inputs of ``shape`` (drawn on the CPU from seed 0,
+    then moved to ``device``: the same numbers on every device), trained by SGD with momentum
+    0.9 and weight decay 5e-4 in mini-batches of ``batch_size``; K = the learning rate and
+    ``k - 1`` example-group weights of the loss (example ``i`` in group ``i mod (k - 1)``), so
+    every column is live at every step. The benchmark models' problem
+    (``experiments/benchmarks/bench_models.py``) and the memory estimates' tests."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((n, *shape), generator=g).to(device)
+    y = torch.randint(0, 10, (n,), generator=g).to(device)
+    groups = max(k - 1, 1)
+    items: list[HyperParameter] = [Scalar("lr", 0.05, transform="log")]
+    if k > 1:
+        items.append(Array("gw", 0.5, shape=(k - 1,), transform="logit"))
+
+    def train_loss(m: Any, b: Any, hp: Any) -> Tensor:
+        xb, yb, idx = b
+        nll = F.cross_entropy(m(xb), yb, reduction="none")
+        return (hp["gw"][idx % groups] * nll).mean() if "gw" in hp else nll.mean()
+
+    def val_loss(m: Any, hp: Any) -> Tensor:
+        return F.cross_entropy(m(x[:batch_size]), y[:batch_size])
+
+    return InnerProblem(model, train_loss, sgd(lr="lr", momentum=0.9, weight_decay=5e-4),
+                        HyperParams(items), MiniBatches(x, y, batch_size=batch_size), steps,
+                        val_loss)

@@ -97,3 +97,28 @@ def test_bench_vs_jax_runs_both_sides_on_the_same_step(tmp_path: Path) -> None:
     for r in rows:
         assert r["check_rel_diff"] < 1e-4, r  # float32: the same numbers to rounding
         assert r["torch_ms"] > 0 and r["jax_ms"] > 0
+
+
+def test_bench_precision_compares_float32_with_float64(tmp_path: Path) -> None:
+    """The precision benchmark's float32 hypergradients are float32-close to the float64 one of
+    the same problem (same data, drawn in float64), and it prints its table and last line."""
+    out = _script("experiments/benchmarks/bench_precision.py", "--models", "mlp", "--k", "3",
+                  "--steps", "3", "--json", str(tmp_path / "p.json"))
+    last = out.strip().splitlines()[-1]
+    m = re.fullmatch(r"precision device=cpu worst_fp32_vs_fp64=(\S+) worst_tf32_vs_fp64=n/a",
+                     last)
+    assert m, last
+    assert 0 < float(m.group(1)) < 1e-4  # float32 rounding, not a different problem
+    rows = json.loads((tmp_path / "p.json").read_text())["rows"]
+    assert [r["model"] for r in rows] == ["mlp"] and rows[0]["fwd32_vs_rev32"] < 1e-4
+
+
+def test_profile_plain_profiles_both_steps() -> None:
+    out = _script("experiments/benchmarks/profile_plain.py", "--model", "transformer",
+                  "--k", "2", "--rows", "3")
+    assert "## library step" in out and "## torch step" in out
+    last = out.strip().splitlines()[-1]
+    m = re.fullmatch(r"profile_plain model=transformer device=cpu lib_ms=(\S+) torch_ms=(\S+) "
+                     r"lib_ops=(\d+) torch_ops=(\d+)", last)
+    assert m, last
+    assert float(m.group(1)) > 0 and int(m.group(3)) > 0

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from fixtures import Interrupt, interrupt_after, make_trainer
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 import hypergrad as hg
@@ -79,7 +80,10 @@ def _problem(steps: int = 6, workers: int = 0, record: list[torch.Tensor] | None
     def train_loss(m: Any, batch: Any, hp: Any) -> torch.Tensor:
         x, y = batch
         if record is not None:
-            record.append(x.detach().clone())
+            kept = x.detach().clone()
+            # a memory count runs the loss on tensors without data (hypergrad.footprint)
+            if not is_fake(kept):
+                record.append(kept)
         return F.cross_entropy(m(x[:, :d]), y)
 
     hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
@@ -124,7 +128,9 @@ def test_each_inner_run_draws_its_pass_and_every_evaluation_of_a_step_sees_one_b
         # its HVPs, the backward sweep's VJPs, recomputed segments) sees that one batch
         assert ds.reads - reads == 6 * 8, method
         assert problem.stream.replays == replays, method
-        assert len(seen) > 6 and _distinct(seen) == 6, method
+        # (forward mode with VmapVJP evaluates the loss once per step: the gradient's forward
+        # pass serves the products too; reverse mode evaluates steps again)
+        assert len(seen) >= 6 and _distinct(seen) == 6, method
     # two inner runs of the same method see different batches: different hypergradients
     a = hg.ForwardMode().hypergradient(problem, lam).grad
     b = hg.ForwardMode().hypergradient(problem, lam).grad

@@ -101,8 +101,8 @@ def build_model(name: str) -> tuple[nn.Module, tuple[int, ...]]:
 def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
                  hyper: str = "groups", windows: int = 8, seed: int = 0,
                  dtype: torch.dtype = torch.float32, optimizer: str = "sgd",
-                 batch: int = BATCH, device: str | torch.device | None = None
-                 ) -> hg.InnerProblem:
+                 batch: int = BATCH, device: str | torch.device | None = None,
+                 data_dtype: torch.dtype | None = None) -> hg.InnerProblem:
     """SGD with momentum and weight decay (or ``optimizer="adam"`` / ``"adamw"`` with weight
     decay) on random data, with ``K = k`` hyperparameters, on ``device`` (the same model and data
     as on the CPU: both are drawn there and moved).
@@ -110,12 +110,15 @@ def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
     ``hyper="groups"``: the learning rate and ``k - 1`` example-group weights of the loss (data
     hyper-cleaning with groups ``idx % (k - 1)``): every column is live at every step.
     ``hyper="schedule"``: a learning-rate schedule of ``windows`` windows (``k`` is ignored).
+    ``data_dtype``: the dtype the inputs are drawn in (then cast to ``dtype``; default
+    ``dtype``): the same data in float32 and float64 problems.
     """
     torch.manual_seed(seed)
     model, shape = build_model(name)
     model = model.to(dtype=dtype, device=device)
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn((n, *shape), generator=g, dtype=dtype).to(device)
+    x = torch.randn((n, *shape), generator=g, dtype=data_dtype or dtype).to(dtype=dtype,
+                                                                           device=device)
     y = torch.randint(0, 10, (n,), generator=g).to(device)
     if hyper == "schedule":
         items: list[Any] = [hg.Schedule("lr", 0.05, windows=windows, transform="log")]

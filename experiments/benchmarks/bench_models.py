@@ -17,17 +17,30 @@ column is live at every step.
 - ``lstm``: ``nn.LSTM`` (16 inputs, hidden 128) over a sequence of 32, the last output to a
   linear head.
 
-    python experiments/benchmarks/bench_models.py            # full run
+Memory (issue 23.6): for every row, and for reverse mode at each K, the peak extra memory of a
+whole hypergradient of :data:`MEMORY_STEPS` inner steps (``hypergrad.measure.measure``: malloc's
+bytes in use, sampled every millisecond; on CUDA the allocator's peak), each row in a fresh
+process (the allocator's kept memory and the code paths' caches stay out: the hypergradient
+runs once before it is measured), against the method's own estimate
+(``method.estimate_memory(problem)``, what the Trainer's memory guard and ``method=auto``
+decide by): columns ``est MiB``, ``peak MiB``, ``est/peak``.
+
+    python experiments/benchmarks/bench_models.py            # full run: times, then memory
     python experiments/benchmarks/bench_models.py --quick    # K = 16, default vs loop (< 3 min)
     python experiments/benchmarks/bench_models.py --quick --device cuda --no-wait  # on a GPU
+    python experiments/benchmarks/bench_models.py --memory   # memory only (no timing)
 
 Last line: ``models plain_overhead_max=<a> col_cost_max=<b> batched_vs_loop_min=<c>`` over the
-three models at K = 16 for the default strategy (``ForwardMode()``).
+three models at K = 16 for the default strategy (``ForwardMode()``); the line before it (full
+run, or the last with ``--memory``): ``models memory est_over_peak_min=<a> max=<b>`` over every
+memory row.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import sys
 from pathlib import Path
@@ -43,6 +56,7 @@ import _common as C  # noqa: E402
 
 import hypergrad as hg  # noqa: E402
 from hypergrad.tasks.models import RNNClassifier, TransformerClassifier, resnet18  # noqa: E402
+from hypergrad.testing import classifier_case  # noqa: E402
 
 MODELS = ("resnet18", "transformer", "lstm")
 BATCH = 32
@@ -73,27 +87,8 @@ def make_problem(name: str, k: int, steps: int = 50) -> tuple[hg.InnerProblem, n
     dev = device()
     model, shape = build(name)
     model = model.to(dev)
-    g = torch.Generator().manual_seed(0)
-    n = 4 * BATCH
-    x = torch.randn((n, *shape), generator=g).to(dev)
-    y = torch.randint(0, 10, (n,), generator=g).to(dev)
-    items: list[Any] = [hg.Scalar("lr", 0.05, transform="log")]
-    if k > 1:
-        items.append(hg.Array("gw", 0.5, shape=(k - 1,), transform="logit"))
-    groups = max(k - 1, 1)
-
-    def train_loss(m: Any, batch: Any, hp: Any) -> torch.Tensor:
-        xb, yb, idx = batch
-        nll = F.cross_entropy(m(xb), yb, reduction="none")
-        return (hp["gw"][idx % groups] * nll).mean() if "gw" in hp else nll.mean()
-
-    def val_loss(m: Any, hp: Any) -> torch.Tensor:
-        return F.cross_entropy(m(x[:BATCH]), y[:BATCH])
-
-    opt = hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=5e-4)
-    problem = hg.InnerProblem(model, train_loss, opt,
-                              hg.HyperParams(items), hg.data.MiniBatches(x, y, batch_size=BATCH),
-                              steps, val_loss)
+    problem = classifier_case(model, shape, k, steps=steps, n=4 * BATCH, batch_size=BATCH,
+                              device=dev)
     ref, _ = build(name)  # torch's own step trains a copy of the same module
     ref = ref.to(dev)
     ref.train()
@@ -110,9 +105,79 @@ def make_problem(name: str, k: int, steps: int = 50) -> tuple[hg.InnerProblem, n
     return problem, model, torch_step
 
 
+MEMORY_STEPS = 3
+"""Inner steps of the hypergradient whose peak memory is measured (forward mode's does not grow
+with them; reverse mode stores one state more per step, which its estimate counts exactly)."""
+
+
+def memory_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: the estimate and the measured peak extra memory of one row (the
+    hypergradient of ``MEMORY_STEPS`` steps, run once to load the code paths, then measured)."""
+    C.setup()
+    problem, _, _ = make_problem(spec["model"], spec["k"], steps=MEMORY_STEPS)
+    method: hg.Method = (hg.ReverseMode() if spec["strategy"] == "reverse"
+                         else hg.ForwardMode(C.make_strategy(spec["strategy"])))
+    lam = problem.init_raw()
+    est = method.estimate_memory(problem)
+    out: dict[str, Any] = {"est_bytes": est.total, "est": str(est),
+                           "columns": est.columns, "states": est.states}
+    try:
+        method.hypergradient(problem, lam)  # warm: code paths, caches, the Sizes probe
+        gc.collect()
+        _, m = hg.measure.measure(lambda: method.hypergradient(problem, lam),
+                                  problem.device, interval=0.001)
+    except (NotImplementedError, RuntimeError) as err:
+        out["unsupported"] = str(err).splitlines()[0]
+        return out
+    out["peak_bytes"] = m["peak_extra_bytes"]
+    return out
+
+
+def memory_rows(models: list[str], ks: list[int], strategies: list[str]) -> list[dict[str, Any]]:
+    """Every (model, K, strategy) row and reverse mode at each K, each in a fresh process."""
+    rows = []
+    for name in models:
+        for k in ks:
+            for s in [*strategies, "reverse"]:
+                r = C.in_subprocess(__file__, [json.dumps({"model": name, "k": k,
+                                                           "strategy": s})])
+                row: dict[str, Any] = {"model": name, "k": k, "strategy": s}
+                if "error" in r or "unsupported" in r:
+                    row["unsupported"] = r.get("unsupported") or r["error"].splitlines()[-1]
+                    print(f"{name:<12}{k:>3}  {s}: no memory row: {row['unsupported']}",
+                          flush=True)
+                    rows.append(row)
+                    continue
+                mb = 2**20
+                row.update(est_mib=r["est_bytes"] / mb, peak_mib=r["peak_bytes"] / mb,
+                           est_over_peak=r["est_bytes"] / max(r["peak_bytes"], 1),
+                           columns=r["columns"], states=r["states"], est=r["est"])
+                rows.append(row)
+                print(C.table([row], MEM_COLS).splitlines()[1], flush=True)
+    return rows
+
+
+MEM_COLS = [("model", "model", ""), ("k", "K", "d"), ("strategy", "strategy", ""),
+            ("est_mib", "est MiB", ".1f"), ("peak_mib", "peak MiB", ".1f"),
+            ("est_over_peak", "est/peak", ".2f")]
+
+
+def memory_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [r["est_over_peak"] for r in rows if "est_over_peak" in r]
+    if not ratios:
+        return {"line": "models memory n/a"}
+    a, b = min(ratios), max(ratios)
+    return {"est_over_peak_min": a, "est_over_peak_max": b,
+            "line": f"models memory est_over_peak_min={a:.2f} max={b:.2f}"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="K = 16, default strategy vs loop")
+    ap.add_argument("--memory", action="store_true",
+                    help="only the memory rows (estimate against measured peak), no timing")
+    ap.add_argument("--no-memory", action="store_true", help="only the timing rows")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--ks", nargs="*", type=int, default=None)
     ap.add_argument("--strategies", nargs="*", default=None)
@@ -122,6 +187,9 @@ def main() -> None:
     ap.add_argument("--no-wait", action="store_true",
                     help="do not wait for a quiet CPU nor repeat contended calls (on a GPU)")
     args = ap.parse_args()
+    if args.child:
+        print(json.dumps(memory_child(json.loads(args.child))))
+        return
     if args.device:
         os.environ[DEVICE_ENV] = args.device
     dev = C.use_device(device())  # on CUDA: every timed call synchronized
@@ -132,11 +200,20 @@ def main() -> None:
     ks = args.ks or ([16] if args.quick else [4, 16])
     strategies = args.strategies or (["loop", DEFAULT] if args.quick
                                      else list(C.STRATEGY_NAMES))
-    if "loop" not in strategies:
+    if "loop" not in strategies and not args.memory:
         strategies = ["loop", *strategies]
     repeats = args.repeats or (2 if args.quick else 5)
     mach = C.machine(dev)
     C.print_machine(mach)
+    if args.memory:
+        print(f"# malloc tuned: {tuned}; memory only", flush=True)
+        mrows = memory_rows(models, ks, strategies)
+        print()
+        print(C.table([r for r in mrows if "est_over_peak" in r], MEM_COLS))
+        msum = memory_summary(mrows)
+        C.finish("bench_models", {"machine": mach, "memory_rows": mrows, "memory": msum},
+                 args.json or str(C.RESULTS / "bench_models_memory.json"), msum["line"])
+        return
     waited = C.wait_quiet()
     print(f"# malloc tuned: {tuned}; waited {waited:.0f} s for a quiet machine", flush=True)
 
@@ -186,8 +263,23 @@ def main() -> None:
     print(C.table([r for r in rows if "unsupported" not in r], COLS))
     summary = summarize(rows)
     payload = {"machine": mach, "rows": rows, "summary": summary, "quick": args.quick}
-    C.finish("bench_models", payload, args.json, summary.get("line", "models n/a"))
-
+    line = summary.get("line", "models n/a")
+    if args.no_memory:
+        C.finish("bench_models", payload, args.json, line)
+        return
+    print(f"\n## peak memory of a hypergradient of {MEMORY_STEPS} steps against the method's "
+          f"estimate", flush=True)
+    mrows = memory_rows(models, ks, strategies)
+    print()
+    print(C.table([r for r in mrows if "est_over_peak" in r], MEM_COLS))
+    msum = memory_summary(mrows)
+    payload.update(memory_rows=mrows, memory=msum)
+    # C.finish, with the memory line last but one (the timing line stays the last)
+    out = C.write_json("bench_models", {**payload, "line": line,
+                                        "contended_repeats": len(C.CONTENDED)}, args.json)
+    print(f"\n# JSON: {out}")
+    print(msum["line"])
+    print(line)
 
 COLS = [("model", "model", ""), ("k", "K", "d"), ("strategy", "strategy", ""),
         ("ms", "ms/step", ".1f"), ("torch_ms", "torch ms", ".1f"),

@@ -27,8 +27,9 @@ checkpoints. Its run state is a NamedTuple of tensors with at least ``state`` (t
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, NamedTuple
 
@@ -37,7 +38,8 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import ResumeMismatchError
-from ..hvp import VmapVJP, saved_bytes
+from ..footprint import FAKE_ERRORS, fake_mode, like, peak_bytes, saved_bytes
+from ..hvp import HVPStrategy, VmapVJP
 from ..problem import InnerProblem, InnerState
 
 __all__ = ["Method", "OnlineMethod", "HyperGradient", "MemoryEstimate", "Sizes", "register",
@@ -71,43 +73,203 @@ class HyperGradient(NamedTuple):
 
 @dataclass
 class Sizes:
-    """What memory estimates are made of, measured once per problem: ``state`` the bytes of the
-    training state (parameters, buffers, optimizer state), ``params`` of the parameters, and
-    ``activations`` the bytes one gradient pass saves for backward (one forward pass),
-    ``batch`` the bytes of one mini-batch."""
+    """What memory estimates are made of, counted once per problem from shapes: ``state`` the
+    bytes of the training state (parameters, buffers, optimizer state), ``params`` of the
+    parameters, ``buffers`` of the model's state buffers (BatchNorm's running statistics),
+    ``activations`` the bytes one gradient pass saves for backward (its forward pass as the
+    second-order passes run it: attention's math kernel, :mod:`hypergrad.rnn`'s recurrent
+    cells), ``batch`` the bytes of one mini-batch.
+
+    ``counted``: ``"shapes"`` where the training loss ran on fake tensors
+    (:mod:`hypergrad.footprint`: nothing is allocated, however large the model and the batch);
+    then :meth:`count` and :meth:`hvp` count what a method's passes hold the same way.
+    ``"a real pass"`` where it cannot (data-dependent Python control flow on tensors:
+    ``.item()``, ``nonzero``, a boolean mask; an operator without a fake kernel; sparse
+    tensors): one real forward pass counted the activations, and the estimates use the factors
+    of :mod:`hypergrad.methods.memory` instead of counts."""
 
     state: int
     params: int
     activations: int
     batch: int = 0
+    buffers: int = 0
+    counted: str = "shapes"
+    problem: InnerProblem | None = field(default=None, repr=False, compare=False)
+    spec: tuple[InnerState, Tensor, Any] | None = field(default=None, repr=False,
+                                                        compare=False)
+    """The initial state and ``lam`` as fake tensors (shapes only), and mini-batch 0."""
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, problem: InnerProblem) -> Sizes:
-        with torch.random.fork_rng(devices=[problem.device]
-                                   if problem.device.type == "cuda" else []):
-            s = problem.initial_state()
-            lam = problem.init_raw()
-            batch = problem.first_batch()
-
-            def loss(p: Any, b: Any, lm: Any) -> Any:
-                return problem.train_objective(p, b, lm, 0, batch)
-
-            act = saved_bytes(loss, s.params, s.buffers, lam)
-        state = sum(x.numel() * x.element_size() for x in tree_flatten(s)[0])
-        params = sum(v.numel() * v.element_size() for v in s.params.values())
+        batch = problem.first_batch()
         nbytes = sum(x.numel() * x.element_size() for x in tree_flatten(batch)[0]
                      if isinstance(x, Tensor))
-        return cls(state, params, act, nbytes)
 
-    def vjp_intermediates(self) -> float:
-        """Bytes one step's vector-Jacobian product holds (as one batched HVP column)."""
-        return VmapVJP().column_bytes(self.activations, self.params)
+        def loss(p: Any, b: Any, lm: Any) -> Any:
+            return problem.train_objective(p, b, lm, 0, batch)
+
+        try:
+            with counting(problem):
+                raw = problem.init_raw()  # K numbers
+                with fake_mode():  # the initial state's shapes, without its memory
+                    fm = problem.fmodel
+                    params = {k: like(fm.module.get_parameter(k)) for k in fm.param_names}
+                    buffers = {k: like(v) for k, v in fm.initial_buffers().items()}
+                    s = InnerState(params, buffers, problem.optimizer.init(params))
+                    lam = like(raw)
+                with problem.second_order():
+                    act = saved_bytes(loss, s.params, s.buffers, lam, fake=True)
+            counted = "shapes"
+        except FAKE_ERRORS:  # the model cannot run on fake tensors: one real pass
+            with torch.random.fork_rng(devices=[problem.device]
+                                       if problem.device.type == "cuda" else []):
+                s = problem.initial_state()
+                lam = problem.init_raw()
+                with problem.second_order():
+                    act = saved_bytes(loss, s.params, s.buffers, lam, fake=False)
+            counted = "a real pass"
+        state = _nbytes(tree_flatten(s)[0])
+        out = cls(state, _nbytes(s.params.values()), act, nbytes, _nbytes(s.buffers.values()),
+                  counted, problem)
+        if counted == "shapes":
+            out.spec = (s, lam, batch)
+        return out
+
+    def count(self, run: Any, *inputs: Any, build: Any = None,
+              marks: dict[str, int] | None = None) -> int | None:
+        """Peak bytes of ``run(*inputs, *build())`` counted on fake tensors
+        (:func:`hypergrad.footprint.peak_bytes`, in the problem's second-order kernels; ``marks``
+        gets the peaks of its phases), or ``None`` where the sizes came from a real pass or
+        ``run`` cannot run on fake tensors."""
+        if self.counted != "shapes" or self.problem is None:
+            return None
+        try:
+            with counting(self.problem), self.problem.second_order():
+                return peak_bytes(run, *inputs, build=build, marks=marks)
+        except FAKE_ERRORS:
+            return None
+
+    def loss(self) -> Any:
+        """The training loss at step 0 on mini-batch 0, ``f(params, buffers, lam)``, as the
+        HVP strategies take it (``None`` where the sizes came from a real pass)."""
+        if self.spec is None or self.problem is None:
+            return None
+        problem, batch = self.problem, self.spec[2]
+
+        def loss(p: Any, b: Any, lm: Any) -> Any:
+            return problem.train_objective(p, b, lm, 0, batch)
+
+        return loss
+
+    def columns(self, strategy: HVPStrategy, k: int) -> int:
+        """The columns per call ``strategy`` takes for ``k`` columns, as in training
+        (:meth:`~hypergrad.hvp.HVPStrategy.columns_per_call`: its ``chunk_size``, or the most
+        that fit its ``memory_budget`` at the bytes a column was counted to hold); from a real
+        pass's activations ``a``, at ``column_bytes(a, |w|)`` per column."""
+        loss = self.loss()
+        if loss is not None and self.spec is not None and self.problem is not None:
+            s, lam, _ = self.spec
+            try:
+                with counting(self.problem), self.problem.second_order():
+                    return strategy.columns_per_call(loss, s.params, s.buffers, lam, k)
+            except FAKE_ERRORS:
+                pass
+        if not getattr(strategy, "batched", True):  # ColumnLoop
+            return 1
+        return strategy.chunk_for(k, strategy.column_bytes(self.activations, self.params))
+
+    def hvp(self, strategy: HVPStrategy, k: int) -> tuple[int, int]:
+        """``(c, bytes)``: the columns per call ``strategy`` takes for ``k`` columns
+        (:meth:`columns`) and the peak bytes of its products on all ``k`` columns as a step
+        makes them (the gradient, its retained graph, the columns' results and intermediates;
+        chunked, the result the chunks are written into), counted on fake tensors
+        (:meth:`~hypergrad.hvp.HVPStrategy.footprint`): chunked, the first two chunks (a
+        later chunk can hold more than the first: ``fwd_over_rev`` copies tangents that do not
+        start at the beginning of their storage) and the rest of the result, ``(k - 2c)(|w| +
+        |b|)``. From a real pass's activations ``a``: ``|w| + |b| + 2 a + c *
+        column_bytes(a, |w|)`` (the retained graph measured 1.9-2.4 ``a`` on the bench_models
+        rows), and the chunks' result ``k (|w| + |b|)`` besides."""
+        c = self.columns(strategy, k)
+        wb = self.params + self.buffers
+        loss = self.loss()
+        if loss is not None and self.spec is not None and self.problem is not None:
+            s, lam, _ = self.spec
+            n = k if c >= k else min(k, 2 * c)
+            try:
+                with counting(self.problem), self.problem.second_order():
+                    got = strategy.footprint(loss, s.params, s.buffers, lam, n, c)
+                return c, got + (k - n) * wb
+            except FAKE_ERRORS:
+                pass
+        each = strategy.column_bytes(self.activations, self.params)
+        return c, int(wb + 2 * self.activations + c * each + (k * wb if c < k else 0))
+
+    def memo(self, key: Any, make: Any) -> Any:
+        """``make()``, once per ``key`` for these sizes (the counts a method's estimate makes:
+        every estimate of a problem shares them)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def step_vjp(self) -> float:
+        """Peak bytes of one step's vector-Jacobian product beyond its inputs (the state and the
+        adjoint): the step's gradient with its graph, the new state, the adjoint of the old one
+        and the intermediates (:class:`~hypergrad.stepvjp.DoubleBackward`, counted on fake
+        tensors, at step 1: an optimizer's first step can be a special case, as SGD's momentum
+        buffer, which starts at the gradient). From a real pass's activations ``a``: ``2 |s| + 2 a
+        + column_bytes(a, |w|)`` (the adjoint and the new state, the graph, one column)."""
+        if self.spec is not None and self.problem is not None:
+            (s, lam, batch), problem = self.spec, self.problem
+            t = 1 if problem.steps > 1 else 0
+
+            def step(st: InnerState, lm: Tensor) -> InnerState:
+                g, nb = torch.func.grad(problem.train_objective, has_aux=True)(
+                    st.params, st.buffers, lm, t, batch)
+                params, opt = problem.update(g, st.opt, st.params, lm, t)
+                return InnerState(params, nb, opt)
+
+            def run(st: InnerState, lm: Tensor, adj: InnerState) -> Any:
+                out: Any = torch.func.vjp(step, st, lm)  # (value, vjp_fn)
+                return out[1](adj)
+
+            got = self.memo("step_vjp", lambda: self.count(run, s, lam, s))
+            if got is not None:
+                return got
+        return 2 * self.state + 2 * self.activations + VmapVJP().column_bytes(
+            self.activations, self.params)
+
+
+def counting(problem: InnerProblem) -> contextlib.AbstractContextManager[None]:
+    """The context of a count on fake tensors: what the problem learns from a real evaluation
+    (whether its loss draws random numbers) is kept as it was, and the random streams too."""
+    return _Counting(problem)
+
+
+class _Counting:
+    def __init__(self, problem: InnerProblem) -> None:
+        self.problem = problem
+
+    def __enter__(self) -> None:
+        self.draws = self.problem.draws
+        self.rng = torch.random.get_rng_state()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.problem.draws = self.draws
+        torch.random.set_rng_state(self.rng)
+
+
+def _nbytes(xs: Any) -> int:
+    return sum(x.numel() * x.element_size() for x in xs if isinstance(x, Tensor))
 
 
 @dataclass
 class MemoryEstimate:
-    """Bytes a method needs: ``total`` and its parts (``states`` held at once, for the reverse
-    kinds; ``columns`` per batched HVP call, for the forward kinds)."""
+    """Bytes a method needs at its peak: ``total`` = what it holds through the run (``states``
+    stored states of ``state`` bytes for the reverse kinds; the state and its K tangents for the
+    forward kinds) + ``activations`` + ``intermediates`` (the rest of its peak: the passes of
+    one step). ``columns``: Hessian-vector columns per call, for the forward kinds. ``detail``:
+    what the peak is made of, in words."""
 
     method: str
     total: float
@@ -116,16 +278,19 @@ class MemoryEstimate:
     columns: int = 0
     intermediates: float = 0.0
     states: int = 0
+    detail: str = ""
 
     def __str__(self) -> str:
         held = gib(self.total - self.activations - self.intermediates)
+        more = f"; {self.detail}" if self.detail else ""
         if self.columns:
             return (f"{self.method} {gib(self.total)} (tangents and state {held}, HVP "
                     f"intermediates {gib(self.intermediates)} for {self.columns} columns per "
-                    f"call)")
+                    f"call{more})")
         if self.states:
-            return f"{self.method} {gib(self.total)} ({self.states} stored states: {held})"
-        return f"{self.method} {gib(self.total)} (states and vectors {held})"
+            return (f"{self.method} {gib(self.total)} ({self.states} stored states: {held}"
+                    f"{more})")
+        return f"{self.method} {gib(self.total)} (states and vectors {held}{more})"
 
 
 class Method(abc.ABC):

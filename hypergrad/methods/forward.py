@@ -36,11 +36,12 @@ from torch import Tensor
 from torch.func import grad_and_value, jvp, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..footprint import mark as _fp_mark
 from ..hvp import HVPStrategy, VmapVJP
 from ..hyperparams import Schedule
 from ..problem import InnerProblem, InnerState
 from ..tangent import AutoTangent, TangentRule, UpdateStep
-from .base import MemoryEstimate, OnlineMethod, Sizes
+from .base import MemoryEstimate, OnlineMethod, Sizes, gib
 
 __all__ = ["ForwardMode", "ForwardState", "ColumnPlan", "initial_tangents"]
 
@@ -306,19 +307,108 @@ class ForwardMode(OnlineMethod, name="forward"):
 
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate:
-        """``(2K + 1) |s| + a + c * f * a``: the K tangent columns before and after a step, the
-        state, one gradient's activations ``a``, and the intermediates of one batched call of
-        ``c`` Hessian-vector columns (``c`` from the HVP strategy's ``chunk_size`` /
-        ``memory_budget``). Independent of ``T``."""
+        """The peak of one step, independent of ``T``: the state and its K tangents, ``(K + 1)
+        |s|``, held throughout, and the peak of what the step allocates
+        (:mod:`hypergrad.methods.memory`), counted on fake tensors (:mod:`hypergrad.footprint`):
+
+        - all K columns in one HVP call (the strategy's ``chunk_size`` / ``memory_budget``
+          allow it): the whole step, its products then its update's tangent, counted as one
+          run, so that the update sees the products' results as the strategy lays them out
+          (a tangent rule writes into ``G``'s memory where it can, and copies it where ``G`` is
+          not alone in its storage: ``vmap``'s convolution products);
+        - chunked (``c < K`` columns per call): the larger of the products (:meth:`Sizes.hvp`:
+          two chunks and the result they are written into) and the update: the gradient, the
+          K columns' ``G`` and ``Z^b`` (``(K + 1)(|w| + |b|)``), and what the tangent rule
+          allocates beside them.
+
+        Where the rule cannot be counted, the update is taken as ``(K + 1) |s| + |w|`` (SGD with
+        momentum's, measured); where the model cannot run on fake tensors, the products come
+        from one real pass's activations (:meth:`Sizes.hvp`).
+        """
         sz = Sizes.of(problem) if sizes is None else sizes
         k, hvp = problem.num_hyperparams, self.hvp
-        if getattr(hvp, "batched", True) and not (k == 1 and isinstance(hvp, VmapVJP)):
-            cols = hvp.chunk_for(k, sz.activations, sz.params)
+        state, w, b = sz.state, sz.params, sz.buffers
+        held = (k + 1) * state + self._extra_held(k, state)
+        cols = sz.columns(hvp, k)
+        whole = self._count_step(problem, sz, k, cols) if cols >= k else None
+        if whole is not None:
+            call, peak = whole
+            update = peak if peak > call else 0
         else:
-            cols = 1
-        inter = cols * hvp.column_bytes(sz.activations, sz.params)
-        return MemoryEstimate(self.name, (2 * k + 1) * sz.state + sz.activations + inter,
-                              sz.state, sz.activations, cols, inter)
+            cols, call = sz.hvp(hvp, k)
+            new = self._count_update(problem, sz, k)
+            update = (w + b) * (k + 1) + new if new is not None else (k + 1) * state + w
+            peak = max(call, update)
+        total = held + peak
+        phase = "the Hessian-vector products" if call >= update else "the update"
+        detail = (f"a step's peak: {phase} (HVP call {gib(call)}"
+                  + (f", update {gib(update)}" if update else "")
+                  + ("" if sz.counted == "shapes" else ", from one real pass") + ")")
+        return MemoryEstimate(self.name, total, state, sz.activations, cols,
+                              total - held - sz.activations, 0, detail)
+
+    def _extra_held(self, k: int, state: int) -> float:
+        """Bytes a step holds besides the state and its tangents (MARTHE: the discounted copy)."""
+        return 0.0
+
+    def _update_args(self, problem: InnerProblem, sz: Sizes, k: int) -> Any:
+        """What a count of the update's tangent takes: ``(t, the optimizer's columns, a builder
+        of K zero columns shaped like a tensor)``."""
+        t = 1 if problem.steps > 1 else 0  # the first step's update is a special case of SGD's
+        cols = self._plan(problem).optimizer_columns(t)
+
+        def zeros(v: Tensor) -> Tensor:
+            return torch.zeros((k, *v.shape), dtype=v.dtype, device=v.device)
+
+        return t, cols, zeros
+
+    def _count_update(self, problem: InnerProblem, sz: Sizes, k: int) -> int | None:
+        """What the tangent rule allocates at a step, beside the gradient, ``G`` (contiguous, as
+        the chunks' result is) and ``Z^b``, counted on fake tensors."""
+        if sz.spec is None:
+            return None
+        s, lam, _ = sz.spec
+        t, cols, zeros = self._update_args(problem, sz, k)
+
+        def build() -> tuple[Any, InnerState, Tensor]:
+            return ({n: zeros(v) for n, v in s.params.items()}, tree_map(zeros, s),
+                    torch.eye(k, dtype=lam.dtype, device=lam.device))
+
+        def run(g: Any, st: InnerState, lm: Tensor, G: Any, z: InnerState, eye: Tensor) -> Any:
+            return self.tangent(UpdateStep(problem, t, lm, g, st, G, z, cols, cols, eye))
+
+        return sz.memo(("update", self.tangent, k),
+                       lambda: sz.count(run, s.params, s, lam, build=build))
+
+    def _count_step(self, problem: InnerProblem, sz: Sizes, k: int,
+                    cols: int) -> tuple[int, int] | None:
+        """``(products, step)``: the peak bytes of a step's products on all K columns in calls
+        of ``cols``, and of the whole step (the products, then the update's tangent on their
+        results), counted in one run on fake tensors beside the state and its tangents."""
+        loss = sz.loss()
+        if sz.spec is None or loss is None:
+            return None
+        s, lam, _ = sz.spec
+        t, opt_cols, zeros = self._update_args(problem, sz, k)
+        hvp = self.hvp
+
+        def build() -> tuple[InnerState, Tensor]:
+            return tree_map(zeros, s), torch.eye(k, dtype=lam.dtype, device=lam.device)
+
+        def run(st: InnerState, lm: Tensor, z: InnerState, eye: Tensor) -> Any:
+            # new_b and Z^b stay alive through the update, as in the step
+            g, new_b, G, zb = hvp._call(loss, st.params, st.buffers, lm, z.params, z.buffers,
+                                        eye, cols)
+            _fp_mark("products")
+            return self.tangent(UpdateStep(problem, t, lm, g, st, G, z, opt_cols, opt_cols,
+                                           eye))
+
+        def count() -> tuple[int, int] | None:
+            marks: dict[str, int] = {}
+            peak = sz.count(run, s, lam, build=build, marks=marks)
+            return None if peak is None else (marks.get("products", peak), peak)
+
+        return sz.memo(("step", hvp, self.tangent, k, cols), count)
 
     def across_ranks(self, ranks: Any) -> Any:
         """Columns split across the ranks, or mini-batches, or both

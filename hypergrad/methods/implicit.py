@@ -58,6 +58,7 @@ from torch import Tensor
 from torch.func import grad, grad_and_value, vjp
 
 from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning
+from ..hvp import VmapVJP
 from ..problem import InnerProblem, InnerState
 from .base import HyperGradient, MemoryEstimate, Method, Sizes
 
@@ -466,13 +467,16 @@ class ImplicitDiff(Method, name="implicit"):
 
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate:
-        """``|s| + 6 |w| + a + f * a * n_L``: the trained state, the solver's vectors, the
-        retained graph of the gradient over the ``n_L`` loss steps."""
+        """``|s| + 6 |w| + n_L h``: the trained state, the solver's vectors, and for each of the
+        ``n_L`` loss steps the retained graph of its gradient with one Hessian-vector product
+        (``h``: :class:`~hypergrad.hvp.VmapVJP`'s call on one column, counted on fake tensors:
+        :meth:`Sizes.hvp`)."""
         sz = Sizes.of(problem) if sizes is None else sizes
         n_l = 1 if self.loss_steps is None else len(self.loss_steps)
-        inter = sz.vjp_intermediates() * n_l
-        return MemoryEstimate(self.name, sz.state + 6 * sz.params + sz.activations + inter,
-                              sz.state, sz.activations, 0, inter)
+        held = sz.state + 6 * sz.params
+        total = held + sz.hvp(VmapVJP(), 1)[1] * n_l
+        return MemoryEstimate(self.name, total, sz.state, sz.activations, 0,
+                              total - held - sz.activations)
 
     def __repr__(self) -> str:
         return (f"ImplicitDiff(solver={self.solver!r}, loss_steps={self.loss_steps!r}, "

@@ -106,11 +106,15 @@ class HD(OnlineMethod, name="hd"):
 
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate:
-        """``2 |s| + a + f * a``: the state before the last step and one step VJP."""
+        """``2 |s| + v``: the state and the state before the last step, and the last step's
+        vector-Jacobian product ``v`` (:meth:`Sizes.step_vjp`, counted on fake tensors; its
+        adjoint of the old state, which HD does not take, stands for the validation
+        gradient)."""
         sz = Sizes.of(problem) if sizes is None else sizes
-        inter = sz.vjp_intermediates()
-        return MemoryEstimate(self.name, 2 * sz.state + sz.activations + inter, sz.state,
-                              sz.activations, 0, inter)
+        held = 2 * sz.state
+        total = held + sz.step_vjp()
+        return MemoryEstimate(self.name, total, sz.state, sz.activations, 0,
+                              total - held - sz.activations)
 
     def __repr__(self) -> str:
         return "HD()"
@@ -148,6 +152,10 @@ class MARTHE(ForwardMode, name="marthe"):
         elif self.mu != 1.0:
             fs = fs._replace(tangents=tree_map(lambda z: z * self.mu, fs.tangents))
         return super().step(problem, fs, lam, columns=columns)
+
+    def _extra_held(self, k: int, state: int) -> float:
+        """The discounted tangents ``mu Z`` are a copy beside the run's ``Z`` (``mu < 1``)."""
+        return 0.0 if self.mu == 1.0 else float(k * state)
 
     def fingerprint(self) -> dict[str, Any]:
         """The discount (a resume must keep it; ``mu = 1`` is forward mode)."""

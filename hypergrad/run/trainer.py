@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..errors import BoundsWarning
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
-from ..methods.memory import check_memory
+from ..methods.memory import check_memory, out_of_memory
 from ..problem import InnerProblem, InnerState
 from ..task import Task
 from .bounds import Bounds
@@ -293,7 +293,16 @@ class Trainer:
         res: TrainResult | None = None
         try:
             self._emit("on_fit_start")
-            res = self._fit_online() if self.mode.online else self._fit_offline()
+            try:
+                res = self._fit_online() if self.mode.online else self._fit_offline()
+            except (MemoryError, RuntimeError) as err:  # torch.OutOfMemoryError is one
+                oom = out_of_memory(self.problem, self.method, self.mode.name,
+                                    self.guards.memory_budget, err,
+                                    f"at outer step {self.outer_step}",
+                                    folder=self.folder is not None)
+                if oom is None:
+                    raise
+                raise oom from None  # not the allocator's raw error; the records stay
         finally:
             self.close()
             if res is None:  # an exception: the callbacks still close what they opened

@@ -1,0 +1,291 @@
+"""The memory guard decides from shapes, honestly, and a run that runs out of memory anyway gets
+the guard's error (issue 23.6).
+
+- estimating allocates (almost) nothing, however large one forward pass would be: the training
+  loss runs on fake tensors (:mod:`hypergrad.footprint`);
+- the estimates are within 0.7-1.5x of the measured peak (forward mode with a batched and a
+  per-column strategy, reverse mode; a transformer and a BatchNorm CNN with momentum);
+- a forward step is counted whole, on its products as the strategy lays them out, and a
+  chunked call by two chunks: the estimate is the bytes of the tensors the real step holds;
+- what a batched call holds is counted on fake tensors, and the chunking divides by it;
+- a model that cannot run on fake tensors falls back to one real pass;
+- an allocation failure inside a hypergradient becomes ``MemoryBudgetError`` with the estimate,
+  what was asked and the options, and the run folder's records stay (the run resumes).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fixtures import SMALL
+from torch import nn
+
+import hypergrad as hg
+from hypergrad.errors import MemoryBudgetError
+from hypergrad.footprint import LiveBytes
+from hypergrad.measure import measure
+from hypergrad.methods import Sizes, estimate_memory
+from hypergrad.tasks.models import TransformerClassifier
+from hypergrad.testing import classifier_case, digits_case
+
+MiB = 2**20
+
+
+def _classifier(model: nn.Module, shape: tuple[int, ...], k: int, n: int = 64,
+                batch: int = 32) -> hg.InnerProblem:
+    """bench_models' problem (SGD with momentum and weight decay; K = the learning rate and
+    K - 1 example-group weights), ``n`` examples in batches of ``batch``, 3 steps."""
+    return classifier_case(model, shape, k, n=n, batch_size=batch)
+
+
+def _transformer(k: int) -> hg.InnerProblem:
+    torch.manual_seed(0)
+    model = TransformerClassifier(d_model=64, nhead=4, layers=2, dim_feedforward=128,
+                                  num_classes=10, in_features=16, dropout=0.0)
+    return _classifier(model, (32, 16), k)
+
+
+def _bn_cnn(k: int) -> hg.InnerProblem:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                          nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(32 * 16 * 16, 10))
+    return _classifier(model, (3, 16, 16), k)
+
+
+def _peak(method: hg.Method, problem: hg.InnerProblem) -> int:
+    lam = problem.init_raw()
+    method.hypergradient(problem, lam)  # code paths and caches loaded outside the measurement
+    return int(measure(lambda: method.hypergradient(problem, lam), interval=0.0005)[1][
+        "peak_extra_bytes"])
+
+
+def _wide_conv(k: int) -> hg.InnerProblem:
+    """Weights large against the activations (256 channels on 4x4 maps): the update's tangent
+    can be a forward step's peak."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 256, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(256, 10))
+    return _classifier(model, (3, 4, 4), k, n=32, batch=8)
+
+
+def _held_peak(method: hg.Method, problem: hg.InnerProblem) -> int:
+    """The peak bytes of the tensors a real hypergradient holds at once (every storage its
+    operations create followed until freed: exact, unlike malloc's sampled bytes, and without
+    the scratch memory inside kernels)."""
+    lam = problem.init_raw()
+    method.hypergradient(problem, lam)
+    with LiveBytes() as live:
+        method.hypergradient(problem, lam)
+    return live.peak
+
+
+def _wide_linear() -> hg.InnerProblem:
+    """A wide Linear on a large batch: 32 MiB of weights and of data, but one forward pass of
+    the loss makes 1 GiB of logits and keeps as much for backward."""
+    n, d, c = 16384, 512, 16384
+    torch.manual_seed(0)
+    x, y = torch.randn(n, d), torch.randint(0, c, (n,))
+
+    def train_loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1]) * hp["scale"]
+
+    def val_loss(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(x[:64]), y[:64])
+
+    return hg.InnerProblem(nn.Linear(d, c), train_loss, hg.optim.sgd(lr="lr", momentum=0.9),
+                           hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
+                                           hg.Scalar("scale", 1.0)]),
+                           lambda t: (x, y), 10, val_loss)
+
+
+def test_estimating_a_gigabyte_forward_pass_allocates_almost_nothing() -> None:
+    Sizes.of(digits_case("momentum", "lr", **SMALL))  # the fake tensor machinery loaded
+    p = _wide_linear()
+    for name in ("forward", "reverse", "hd"):
+        est, m = measure(lambda name=name: estimate_memory(p, name))  # type: ignore[misc]
+        assert est.total > 2 * 2**30  # the logits alone are 1 GiB, and kept for backward
+        assert m["peak_extra_bytes"] < 64 * MiB, (name, m["peak_extra_bytes"] / MiB)
+    sizes = Sizes.of(p)
+    assert sizes.counted == "shapes" and sizes.activations >= 2**30
+    assert p.draws is None  # what a real evaluation learns is left to a real evaluation
+
+
+@pytest.mark.parametrize("build", [_transformer, _bn_cnn], ids=["transformer", "bn_cnn"])
+def test_estimates_are_within_0_7_to_1_5_of_the_measured_peak(build: Any) -> None:
+    p = build(4)
+    methods = {"vmap_vjp": hg.ForwardMode(hg.hvp.VmapVJP()),
+               "loop": hg.ForwardMode(hg.hvp.ColumnLoop()), "reverse": hg.ReverseMode()}
+    ratios = {}
+    for name, method in methods.items():
+        est = method.estimate_memory(p).total
+        ratios[name] = est / _peak(method, p)
+    assert all(0.7 <= r <= 1.5 for r in ratios.values()), ratios
+
+
+def test_a_step_is_counted_whole_as_the_strategy_lays_out_its_products() -> None:
+    """The estimate is the bytes of the tensors the real step holds, to 1 %:
+
+    - VmapVJP, all K columns in one call: its convolution products share a storage, so the
+      update's tangent copies them (K |w| more than into a G of its own); the step's products
+      and update are counted in one run, on the products as they come;
+    - ForwardOverReverse in chunks of 2: the second chunk holds more than the first (forward
+      AD copies tangents that do not start their storage); two chunks are counted;
+    - reverse mode: the step's VJP counted at a step past the first (SGD's momentum buffer
+      starts at the gradient at step 0, a step with less to differentiate)."""
+    p = _wide_conv(4)
+    methods = [hg.ForwardMode(hg.hvp.VmapVJP()),
+               hg.ForwardMode(hg.hvp.ForwardOverReverse(chunk_size=2)), hg.ReverseMode()]
+    for m in methods:
+        est = m.estimate_memory(p)
+        held = _held_peak(m, p)
+        assert abs(est.total / held - 1) < 0.01, (m, est.total / MiB, held / MiB)
+    est = hg.ForwardMode(hg.hvp.VmapVJP()).estimate_memory(p)
+    assert est.columns == 4 and "a step's peak: the update" in str(est)
+
+
+def test_a_batched_call_is_counted_on_fake_tensors_and_chunked_by_it() -> None:
+    p = _transformer(8)
+    p.check(p.init_raw())
+    s, lam, batch = p.initial_state(), p.init_raw(), p.first_batch()
+
+    def f(pp: Any, bb: Any, lm: Any) -> Any:
+        return p.train_objective(pp, bb, lm, 0, batch)
+
+    strat = hg.hvp.VmapVJP(chunk_size=4)
+    zp = {k: torch.randn(4, *v.shape) * 1e-3 for k, v in s.params.items()}
+    eye = torch.eye(8)[:4]
+
+    def call() -> Any:
+        with p.second_order():
+            return strat(f, s.params, s.buffers, lam, zp, {}, eye)
+
+    call()
+    real = measure(call, interval=0.0005)[1]["peak_extra_bytes"]
+    with p.second_order():
+        counted = strat.footprint(f, s.params, s.buffers, lam, 4)
+        first, each = strat.column_cost(f, s.params, s.buffers, lam)
+    assert 0.85 <= counted / real <= 1.15, (counted / MiB, real / MiB)
+    # the automatic chunk divides the budget by the counted bytes of a column
+    budgeted = hg.hvp.VmapVJP(memory_budget=3.5 * each)
+    with p.second_order():
+        assert budgeted.columns_per_call(f, s.params, s.buffers, lam, 8) == 3  # 3, 3, 2
+    # the estimate takes the strategy's columns per call, and counts the call it makes
+    est = hg.ForwardMode(budgeted).estimate_memory(p)
+    assert est.columns == 3
+
+
+def test_saved_bytes_on_fake_tensors_equal_a_real_pass() -> None:
+    p = _bn_cnn(2)
+    s, lam, batch = p.initial_state(), p.init_raw(), p.first_batch()
+
+    def f(pp: Any, bb: Any, lm: Any) -> Any:
+        return p.train_objective(pp, bb, lm, 0, batch)
+
+    real = hg.hvp.saved_bytes(f, s.params, s.buffers, lam)
+    assert real > 0 and hg.hvp.saved_bytes(f, s.params, s.buffers, lam, fake=True) == real
+
+
+class _DataDependent(nn.Module):
+    """A forward that reads a value (``.item()``): it cannot run on fake tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 if float(x.abs().max().item()) < 100 else 0.5
+        return self.lin(x) * scale
+
+
+def test_a_model_that_cannot_run_fake_is_counted_on_one_real_pass() -> None:
+    p = _classifier(_DataDependent(), (16,), 4)
+    sizes = Sizes.of(p)
+    assert sizes.counted == "a real pass" and sizes.activations > 0
+    est = hg.ForwardMode().estimate_memory(p, sizes)
+    assert est.total > 0 and "from one real pass" in str(est)
+    assert hg.ReverseMode().estimate_memory(p, sizes).total > 0
+    hg.ForwardMode().hypergradient(p, p.init_raw())  # chunked from the real pass's count too
+
+
+_OOM = ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4398046511104 "
+        "bytes. Error code 12 (Cannot allocate memory)")
+
+
+def test_out_of_memory_in_a_hypergradient_is_the_guards_error_and_the_run_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = digits_case("momentum", "per_example", **{**SMALL, "n_train": 16})  # K = 16
+    holder: dict[str, hg.Trainer] = {}
+    real_call = hg.hvp.VmapVJP._run  # the products of K > 1 columns
+
+    def failing(self: Any, *args: Any) -> Any:
+        if holder["tr"].outer_step >= 1:
+            raise RuntimeError(_OOM)
+        return real_call(self, *args)
+
+    def trainer(resume: bool = False) -> hg.Trainer:
+        return hg.Trainer(p, hg.ForwardMode(hg.hvp.VmapVJP()),
+                          functools.partial(torch.optim.SGD, lr=0.1),
+                          mode=hg.Offline(outer_steps=3), callbacks=[],
+                          folder=hg.RunFolder(tmp_path / "run", resume=resume))
+
+    monkeypatch.setattr(hg.hvp.VmapVJP, "_run", failing)
+    tr = holder["tr"] = trainer()
+    with pytest.raises(MemoryBudgetError) as info:
+        tr.fit()
+    msg = str(info.value)
+    assert msg.startswith("Trainer: out of memory at outer step 1 with method=forward (K=16")
+    assert "tried to allocate 4398046511104 bytes" in msg  # what was asked
+    assert "The estimate was forward " in msg and "the budget " in msg
+    assert "chunk_size" in msg and "method='reverse'" in msg  # the fix
+    assert "resume=True" in msg
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # no raw error
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["outer_step"] == 0
+    monkeypatch.setattr(hg.hvp.VmapVJP, "_run", real_call)
+    res = trainer(resume=True).fit()  # the records were intact, and the lock released
+    assert [h["outer_step"] for h in res.history] == [0, 1, 2]
+
+
+def test_out_of_memory_online_and_other_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = digits_case("momentum", "lr", **{**SMALL, "steps": 8})
+
+    def oom(self: Any, *args: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(hg.hvp.ColumnLoop, "__call__", oom)
+    tr = hg.Trainer(p, hg.ForwardMode(hg.hvp.ColumnLoop()), mode=hg.Online(interval=4),
+                    callbacks=[])
+    with pytest.raises(MemoryBudgetError, match=r"out of memory at outer step 0 with "
+                                                r"method=forward .*Tried to allocate 2.00 GiB"
+                                                r".*HD\(\)") as info:
+        tr.fit()
+    assert "resume=True" not in str(info.value)  # no run folder
+
+    def other(self: Any, *args: Any) -> Any:
+        raise RuntimeError("a bug, not memory")
+
+    monkeypatch.setattr(hg.hvp.ColumnLoop, "__call__", other)
+    tr = hg.Trainer(p, hg.ForwardMode(hg.hvp.ColumnLoop()), mode=hg.Online(interval=4),
+                    callbacks=[])
+    with pytest.raises(RuntimeError, match="a bug, not memory"):
+        tr.fit()
+
+
+def test_the_guard_refuses_with_the_counted_estimate() -> None:
+    p = _transformer(16)
+    est = hg.ForwardMode().estimate_memory(p)
+    assert est.columns == 16 and "a step's peak: the Hessian-vector products" in str(est)
+    with pytest.raises(MemoryBudgetError, match=r"method=forward needs about .* > memory "
+                                                r"budget .*Options: .*chunk_size=1"):
+        hg.Trainer(p, hg.ForwardMode(), guards=hg.Guards(memory_budget=est.total * 0.9),
+                   callbacks=[])
+    assert math.isfinite(est.total)
