@@ -50,7 +50,9 @@ double backward with static shapes only; dynamo switches a function to dynamic s
 input shapes change, so each compiled strategy compiles a code object of its own (one model's
 recompiles do not reach another's; reuse one strategy across runs of a model, as
 :class:`~hypergrad.Trainer` does, to compile once). Where tracing fails, the strategy warns once
-and runs eager (same results). Hence off by default.
+and runs eager (same results). Hence off by default here; ``ForwardMode()`` (``compile=None``)
+turns it on for a long run when a short measurement says it pays
+(:data:`hypergrad.methods.forward.AUTO_COMPILE_AFTER_S`).
 """
 
 from __future__ import annotations

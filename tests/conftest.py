@@ -1,7 +1,17 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# ForwardMode(compile=None) decides by measurement after 30 s of eager steps: never in the
+# tests (and the scripts they start), which check the results, not the speed;
+# tests/test_auto_compile.py sets it per test.
+os.environ["HYPERGRAD_AUTO_COMPILE_AFTER_S"] = "inf"
+import hypergrad.methods.forward as _forward  # noqa: E402
+
+_forward.AUTO_COMPILE_AFTER_S = float("inf")
 
 
 @pytest.fixture(autouse=True)

@@ -27,6 +27,10 @@ Work the step does not do, because its result is known exactly:
 from __future__ import annotations
 
 import copy
+import os
+import statistics
+import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -144,6 +148,93 @@ def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
     return tree_map(one, tree)
 
 
+AUTO_COMPILE_AFTER_S = float(os.environ.get("HYPERGRAD_AUTO_COMPILE_AFTER_S", "30"))
+"""Seconds of eager steps after which ``ForwardMode(compile=None)`` measures whether compiling
+the products pays (a compilation takes 5-40 s; a run that has already stepped this long is
+likely long enough to repay it). The environment variable ``HYPERGRAD_AUTO_COMPILE_AFTER_S``
+sets it for a process (``inf``: never)."""
+
+
+class _AutoCompile:
+    """``ForwardMode(compile=None)``'s measurement: eager steps until their seconds reach
+    ``after_s`` (read from :data:`AUTO_COMPILE_AFTER_S` when created); then, within one step,
+    the products of that step's inputs eager 4 times and compiled 4 times (the first of each
+    untimed: warm-up, compilation), synchronized on CUDA; the compiled strategy kept if its
+    median is at least 10 % below eager's. The same inputs for both: a schedule's columns start
+    over the run, so steps apart would not compare."""
+
+    REPEATS = 3
+
+    def __init__(self) -> None:
+        self.after_s = AUTO_COMPILE_AFTER_S
+        self.spent = 0.0
+        self.report: dict[str, Any] | None = None
+
+    def step(self, fm: ForwardMode, problem: InnerProblem, fs: ForwardState, lam: Tensor,
+             columns: Sequence[int] | None) -> ForwardState:
+        if self.spent < self.after_s:
+            t0 = time.perf_counter()
+            out = fm._step(problem, fs, lam, columns)
+            self.spent += time.perf_counter() - t0
+            return out
+        eager = fm.hvp
+        assert isinstance(eager, VmapVJP)
+        trial = _Trial(eager, VmapVJP(eager.chunk_size, eager.memory_budget, compile=True),
+                       lam.device, self.REPEATS)
+        fm.hvp = trial  # type: ignore[assignment]
+        try:
+            out = fm._step(problem, fs, lam, columns)
+        finally:
+            fm.hvp = eager
+        keep = trial.compiled_s is not None and trial.compiled_s <= 0.9 * trial.eager_s
+        if keep:
+            fm.hvp = trial.compiled
+        self.report = {
+            "eager_ms": 1e3 * trial.eager_s,
+            "compiled_ms": None if trial.compiled_s is None else 1e3 * trial.compiled_s,
+            "compile_s": trial.compile_s, "after_s": self.spent,
+            "chosen": "compiled" if keep else "eager",
+            "reason": trial.failed or ("at least 10 % faster" if keep
+                                       else "not 10 % faster than eager")}
+        return out
+
+
+class _Trial:
+    """Stands in for the products of one step: runs ``eager`` and ``compiled`` on its inputs,
+    times both, and returns eager's result."""
+
+    def __init__(self, eager: VmapVJP, compiled: VmapVJP, device: torch.device,
+                 repeats: int) -> None:
+        self.eager, self.compiled, self.device, self.repeats = eager, compiled, device, repeats
+        self.eager_s = 0.0
+        self.compiled_s: float | None = None
+        self.compile_s = 0.0
+        self.failed = ""
+
+    def _timed(self, fn: Any, *args: Any) -> tuple[Any, float]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return out, time.perf_counter() - t0
+
+    def __call__(self, *args: Any) -> Any:
+        result, _ = self._timed(self.eager, *args)  # warm: the column costs, caches
+        times = [self._timed(self.eager, *args)[1] for _ in range(self.repeats)]
+        self.eager_s = statistics.median(times)
+        with warnings.catch_warnings():  # a model it cannot trace: eager, said in the report
+            warnings.simplefilter("ignore")
+            _, self.compile_s = self._timed(self.compiled, *args)
+        if self.compiled._compile_failed:
+            self.failed = "torch.compile cannot trace this model"
+            return result
+        times = [self._timed(self.compiled, *args)[1] for _ in range(self.repeats)]
+        self.compiled_s = statistics.median(times)
+        return result
+
+
 def initial_tangents(problem: InnerProblem, lam: Tensor, columns: Sequence[int] | None = None
                      ) -> tuple[InnerState, InnerState]:
     """``s_0`` at ``lam`` and ``Z_0 = d s_0 / d lam``, every tensor with a leading axis of size K
@@ -174,7 +265,14 @@ class ForwardMode(OnlineMethod, name="forward"):
         compile: run the gradient and the K batched Hessian-vector products of every step
             through ``torch.compile`` (``VmapVJP(compile=True)``): 2-3x faster steps on small
             models, where eager dispatch dominates, after 5-20 s of compilation, so it pays on
-            long runs (docs/benchmarks.md, "against JAX"); same results to rounding.
+            long runs (docs/benchmarks.md, "against JAX"); same results to rounding. ``None``
+            (the default; with a :class:`VmapVJP` strategy): decided by measurement, once this
+            object has spent :data:`AUTO_COMPILE_AFTER_S` seconds in eager steps (a run long enough
+            to repay a compilation): one step's products are timed eager and compiled on the
+            same inputs, and the compiled path kept if it is at least 10 % faster, else eager
+            for good (:attr:`compile_report` says what was measured; the
+            compilation's seconds are spent in the run, so a time budget counts them).
+            ``False``: never compile.
 
     Example:
         >>> fm = ForwardMode()
@@ -185,12 +283,13 @@ class ForwardMode(OnlineMethod, name="forward"):
     """
 
     def __init__(self, hvp: HVPStrategy | None = None, *, tangent: TangentRule | None = None,
-                 skip_zero_columns: bool = True, compile: bool = False) -> None:
+                 skip_zero_columns: bool = True, compile: bool | None = None) -> None:
         if hvp is not None and not isinstance(hvp, HVPStrategy):
             raise TypeError(f"ForwardMode: hvp must be an HVPStrategy such as VmapVJP(), got "
                             f"{type(hvp).__name__}.")
-        if not isinstance(compile, bool):
-            raise TypeError(f"ForwardMode: compile={compile!r} must be True or False.")
+        if compile is not None and not isinstance(compile, bool):
+            raise TypeError(f"ForwardMode: compile={compile!r} must be True, False or None "
+                            f"(decide by measurement on long runs).")
         if compile:
             if hvp is None:
                 hvp = VmapVJP(compile=True)
@@ -206,6 +305,9 @@ class ForwardMode(OnlineMethod, name="forward"):
                             f"ClosedForm(), DiagonalJacobian() or JVP(), got "
                             f"{type(tangent).__name__}.")
         self.hvp = hvp if hvp is not None else VmapVJP()
+        # None: decide by measurement, for VmapVJP (the only strategy that compiles)
+        self._auto = (_AutoCompile() if compile is None and isinstance(self.hvp, VmapVJP)
+                      and not self.hvp.compile else None)
         self.tangent = tangent if tangent is not None else AutoTangent()
         self.skip_zero_columns = bool(skip_zero_columns)
         self._plans: weakref.WeakKeyDictionary[InnerProblem, ColumnPlan] = (
@@ -236,12 +338,26 @@ class ForwardMode(OnlineMethod, name="forward"):
         z = tree_map(lambda v: torch.zeros((k, *v.shape), dtype=v.dtype, device=v.device), s)
         return ForwardState(s, z, 0)
 
+    @property
+    def compile_report(self) -> dict[str, Any] | None:
+        """With ``compile=None``: what the measurement found, once it has run (``eager_ms``,
+        ``compiled_ms`` per step, ``compile_s``, ``chosen``: ``"compiled"`` or ``"eager"``,
+        ``reason``); ``None`` before, or with ``compile`` given."""
+        return None if self._auto is None else self._auto.report
+
     def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor, *,
              columns: Sequence[int] | None = None) -> ForwardState:
         """One inner step of the state and of its tangent columns: all K, or ``columns``
         (indices into ``lam``, in the order of the tangents' rows, as :meth:`init` made them).
         With ``columns`` the HVP strategy may get no column at all at a step (a rank whose
         columns have not started), and must still return the gradient."""
+        auto = self._auto
+        if auto is None or auto.report is not None:
+            return self._step(problem, fs, lam, columns)
+        return auto.step(self, problem, fs, lam, columns)
+
+    def _step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor,
+              columns: Sequence[int] | None) -> ForwardState:
         t = fs.step
         s, z = fs.state, fs.tangents
         batch = problem.batch(t)
@@ -412,13 +528,20 @@ class ForwardMode(OnlineMethod, name="forward"):
 
     def across_ranks(self, ranks: Any) -> Any:
         """Columns split across the ranks, or mini-batches, or both
-        (:class:`hypergrad.distributed.ParallelForward`)."""
-        return ranks.forward(self)
+        (:class:`hypergrad.distributed.ParallelForward`). ``compile=None`` stays eager there:
+        ranks that measured apart could decide apart, and a rank compiling for seconds would
+        hold the others at a collective."""
+        fm = self
+        if self._auto is not None:
+            fm = copy.copy(self)
+            fm._auto = None
+        return ranks.forward(fm)
 
     def with_hvp(self, hvp: HVPStrategy) -> ForwardMode:
         """This method with another HVP strategy (the rest shared)."""
         out = copy.copy(self)
         out.hvp = hvp
+        out._auto = None  # a strategy given is kept
         out._plans = weakref.WeakKeyDictionary()
         out._zero_memo = None
         return out
@@ -449,5 +572,5 @@ class ForwardMode(OnlineMethod, name="forward"):
         return fs._replace(tangents=tree_map(torch.zeros_like, fs.tangents))
 
     def __repr__(self) -> str:
-        extra = ", compile=True" if self.compile else ""
+        extra = {True: ", compile=True", False: ", compile=False", None: ""}[self.compile]
         return f"{type(self).__name__}(hvp={self.hvp!r}, tangent={self.tangent!r}{extra})"

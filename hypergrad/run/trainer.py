@@ -205,6 +205,7 @@ class Trainer:
         self.run_state: Any = None  # online: the method's run state
         self._inner: tuple[dict[str, Any], str] | None = None  # resumed within an inner run
         self._backtracks = 0  # in a row
+        self._compile_said = False
         self._fit_start = self._now()
         self._fingerprint: dict[str, Any] = {}
         if self.folder is not None:
@@ -504,6 +505,7 @@ class Trainer:
             lam_used = self.lam.detach().clone()
             hg = self._hypergradient(lam_used)
             hg_seconds = self._now() - t0
+            self._say_compile()
             value, grad = hg.objective, hg.grad
             bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
             backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
@@ -524,6 +526,19 @@ class Trainer:
         res = self._finish_offline()
         res.out_of_time = out_of_time and not res.diverged
         return res
+
+    def _say_compile(self) -> None:
+        """Once: what ``ForwardMode(compile=None)`` measured and chose."""
+        rep = getattr(self.method, "compile_report", None)
+        if rep is None or self._compile_said:
+            return
+        self._compile_said = True
+        if rep["compiled_ms"] is None:
+            self.message(f"compiled products: {rep['reason']}; eager steps from here on")
+        else:
+            self.message(f"compiled products: {rep['compiled_ms']:.2f} ms per step against "
+                         f"eager {rep['eager_ms']:.2f} (compiled in {rep['compile_s']:.1f} s): "
+                         f"{rep['chosen']} from here on")
 
     def _finish_offline(self) -> TrainResult:
         """Evaluate the hyperparameters after the last update (no hypergradient: one plain

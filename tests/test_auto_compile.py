@@ -1,0 +1,128 @@
+"""``ForwardMode(compile=None)``, the default: after ``AUTO_COMPILE_AFTER_S`` seconds of eager
+steps it times one step's products eager and compiled on the same inputs and keeps the
+faster path (compiled only if at least 10 % faster, timed on one step's inputs), with the same
+hypergradient either way.
+
+The decision is tested with the two paths' speeds set by the test (a delay on one of them), the
+compile failure with a ``torch.compile`` that cannot trace; one real compilation checks that the
+hypergradient is the eager one (float64)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import hypergrad as hg
+import hypergrad.hvp as H
+import hypergrad.methods.forward as F
+from hypergrad.testing import digits_case
+
+
+def _problem(steps: int = 14) -> hg.InnerProblem:
+    """K = 4 (a learning-rate schedule): the batched products, where compiling applies."""
+    return digits_case("momentum", "schedule", steps=steps, n_train=24, batch_size=8, hidden=8,
+                       n_val=32)
+
+
+def _delay(monkeypatch: pytest.MonkeyPatch, compiled_s: float, eager_s: float) -> None:
+    """Both paths run the eager products (no compilation); a delay per call on each."""
+    call = H.VmapVJP.__call__
+
+    def delayed(self: H.VmapVJP, *args: Any) -> Any:
+        time.sleep(compiled_s if self.compile else eager_s)
+        return call(self, *args)
+
+    monkeypatch.setattr(H.VmapVJP, "__call__", delayed)
+    monkeypatch.setattr(H.VmapVJP, "_run", lambda self, *args: H._vmap_vjp(*args))
+
+
+@pytest.mark.parametrize("faster", ["compiled", "eager"])
+def test_the_faster_path_is_kept(monkeypatch: pytest.MonkeyPatch, faster: str) -> None:
+    monkeypatch.setattr(F, "AUTO_COMPILE_AFTER_S", 0.0)
+    _delay(monkeypatch, 0.0 if faster == "compiled" else 0.03,
+           0.03 if faster == "compiled" else 0.0)
+    problem = _problem()
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    eager_hvp = fm.hvp
+    assert fm.compile is None and fm.compile_report is None
+    g = fm.hypergradient(problem, lam).grad
+    rep = fm.compile_report
+    assert rep is not None and rep["chosen"] == faster, rep
+    assert rep["compiled_ms"] is not None and rep["eager_ms"] > 0
+    if faster == "compiled":
+        assert rep["compiled_ms"] <= 0.9 * rep["eager_ms"]
+        assert isinstance(fm.hvp, H.VmapVJP) and fm.hvp.compile
+    else:
+        assert fm.hvp is eager_hvp and not fm.hvp.compile
+    ref = hg.ForwardMode(compile=False).hypergradient(problem, lam).grad
+    torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-14)  # eager products both ways
+
+
+def test_nothing_is_measured_before_the_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(F, "AUTO_COMPILE_AFTER_S", 3600.0)
+    problem = _problem(steps=4)
+    fm = hg.ForwardMode()
+    fm.hypergradient(problem, problem.init_raw())
+    assert fm.compile_report is None and not fm.hvp.compile
+
+
+def test_given_choices_are_kept() -> None:
+    assert hg.ForwardMode(compile=False)._auto is None
+    assert hg.ForwardMode(hg.hvp.ColumnLoop())._auto is None  # only VmapVJP compiles
+    assert hg.ForwardMode(hg.hvp.VmapVJP(chunk_size=2))._auto is not None  # as Hydra builds it
+    assert hg.ForwardMode(compile=True).hvp.compile
+    assert hg.ForwardMode().with_hvp(hg.hvp.ColumnLoop())._auto is None
+    with pytest.raises(TypeError, match=r"compile='auto' must be True, False or None"):
+        hg.ForwardMode(compile="auto")  # type: ignore[arg-type]
+
+
+def test_a_model_that_does_not_trace_stays_eager_without_a_warning(
+        monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder) -> None:
+    monkeypatch.setattr(F, "AUTO_COMPILE_AFTER_S", 0.0)
+
+    def no_trace(fn: Any, *a: Any, **k: Any) -> Any:
+        def fails(*args: Any) -> Any:
+            raise RuntimeError("cannot trace")
+        return fails
+
+    monkeypatch.setattr(torch, "compile", no_trace)
+    problem = _problem()
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    g = fm.hypergradient(problem, lam).grad
+    rep = fm.compile_report
+    assert rep is not None and rep["chosen"] == "eager" and "cannot trace" in rep["reason"]
+    assert not fm.hvp.compile
+    assert not [w for w in recwarn if "torch.compile failed" in str(w.message)]
+    torch.testing.assert_close(g, hg.ReverseMode().hypergradient(problem, lam).grad,
+                               rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.slow
+def test_a_real_compilation_gives_the_eager_hypergradient(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    monkeypatch.setattr(F, "AUTO_COMPILE_AFTER_S", 0.0)
+    problem = _problem()
+    lam = problem.init_raw()
+    fm = hg.ForwardMode()
+    g = fm.hypergradient(problem, lam).grad
+    rep = fm.compile_report
+    assert rep is not None and rep["compile_s"] > 0 and rep["chosen"] in ("compiled", "eager")
+    torch.testing.assert_close(g, hg.ReverseMode().hypergradient(problem, lam).grad,
+                               rtol=1e-10, atol=1e-13)
+
+
+def test_the_trainer_says_what_was_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(F, "AUTO_COMPILE_AFTER_S", 0.0)
+    _delay(monkeypatch, 0.0, 0.03)
+    said: list[str] = []
+    tr = hg.Trainer(_problem(), "forward", mode=hg.Offline(outer_steps=2),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+    monkeypatch.setattr(tr, "message", said.append)
+    tr.fit()
+    lines = [m for m in said if m.startswith("compiled products:")]
+    assert len(lines) == 1 and "compiled from here on" in lines[0], said
