@@ -31,11 +31,16 @@ RESULTS = ROOT / "experiments" / "results"
 
 
 def one_thread() -> None:
-    """One torch thread (the budgets are CPU seconds of one core) and glibc's malloc tuned as
-    the benchmarks do."""
+    """One torch thread (the budgets are CPU seconds of one core), torch.compile's kernels
+    compiled in this process (its worker processes' CPU seconds would escape the budget:
+    ``ForwardMode()`` compiles its products in long runs), and glibc's malloc tuned as the
+    benchmarks do."""
+    import torch._inductor.config as inductor
+
     from hypergrad.alloc import tune_malloc
 
     torch.set_num_threads(1)
+    inductor.compile_threads = 1
     tune_malloc()
 
 
