@@ -89,3 +89,43 @@ def test_the_precision_warning_is_said_once_when_the_flags_say_so(
     said = [w for w in caught if w.category is PrecisionWarning]
     assert len(said) == 1
     assert "allow_tf32 = False" in str(said[0].message)
+
+
+@pytest.mark.parametrize("kind", ["lr", "schedule", "per_tensor_wd"])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_the_foreach_plain_update_is_the_per_tensor_one(monkeypatch: pytest.MonkeyPatch,
+                                                        kind: str, nesterov: bool) -> None:
+    """SGD's plain update on ``_foreach`` kernels (on CUDA by default, forced here on the CPU)
+    gives the per-tensor update's training run to rounding (float64); a per-tensor
+    hyperparameter keeps the per-tensor update."""
+    import importlib
+
+    S = importlib.import_module("hypergrad.optim.sgd")  # the package's ``sgd`` is the factory
+    problem = hg.testing.digits_case("momentum", kind, steps=6, n_train=24, batch_size=8,
+                                     hidden=8, n_val=16)
+    opt = problem.optimizer
+    opt.args["nesterov"] = nesterov
+    opt.args["dampening"] = 0.0 if nesterov else 0.1
+    if not isinstance(opt.args["weight_decay"], str):
+        opt.args["weight_decay"] = 1e-3
+    lam = problem.init_raw()
+    ref = problem.run(lam)
+    calls: list[int] = []
+    real = S.SGD._update_foreach
+
+    def counted(self: Any, *args: Any) -> Any:
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(S, "FOREACH_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(S.SGD, "_update_foreach", counted)
+    out = problem.run(lam)
+    assert bool(calls) == (kind != "per_tensor_wd")
+    for k, v in ref.params.items():
+        torch.testing.assert_close(out.params[k], v, rtol=1e-13, atol=1e-15)
+    for k, v in ref.opt.momentum_buffer.items():
+        torch.testing.assert_close(out.opt.momentum_buffer[k], v, rtol=1e-13, atol=1e-15)
+    # the differentiated passes keep the per-tensor update
+    calls.clear()
+    hg.ForwardMode(compile=False).hypergradient(problem, lam)
+    assert not calls
