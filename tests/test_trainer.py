@@ -571,3 +571,24 @@ def test_backtrack_returns_to_the_best_point_with_half_the_outer_lr() -> None:
     assert lr2 - lr0 == pytest.approx((lr1 - lr0) / 2, rel=1e-6)
     assert tr.outer.param_groups[0]["lr"] < 3e3
     assert res.best_val_loss is not None and res.best_val_loss <= res.history[0]["val_loss"]
+
+
+def test_backtrack_says_what_it_did_to_an_outer_optimizer_without_a_learning_rate() -> None:
+    """QuasiNewton has no learning rate (its line search sets the step): a backtrack resets its
+    state and says so, instead of an empty "outer lr halved to"."""
+
+    class Jump(torch.optim.Optimizer):
+        def __init__(self, params: Any) -> None:
+            super().__init__(params, {})
+
+        def step(self, closure: Any = None) -> None:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data.add_(20.0)  # the learning rate times e^20: training overflows
+
+    logs: list[str] = []
+    tr = _trainer(problem=_linear_regression(), outer_steps=2, log=logs.append, backtrack=1.5,
+                  outer=Jump)
+    tr.fit()
+    said = [line for line in logs if "back to the best hyperparameters" in line]
+    assert said and "Jump's state reset" in said[0] and "halved to ," not in said[0], logs

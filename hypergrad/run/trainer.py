@@ -482,9 +482,12 @@ class Trainer:
         lrs = shrink_lr(self.outer, 0.5)
         if best_grad is not None:
             self._update(best_grad.clone())
+        # an optimizer without a learning rate (QuasiNewton: its line search sets the step)
+        # only forgets its state
+        smaller = (f"outer lr halved to {', '.join(f'{x:.3g}' for x in lrs)}" if lrs
+                   else f"{type(self.outer).__name__}'s state reset")
         self.message(f"outer step {self.outer_step}: {why}: back to the best "
-                     f"hyperparameters (outer step {best[2]}), outer lr halved to "
-                     f"{', '.join(f'{x:.3g}' for x in lrs)}, a step from there")
+                     f"hyperparameters (outer step {best[2]}), {smaller}, a step from there")
 
     def _fit_offline(self) -> TrainResult:
         assert isinstance(self.mode, Offline)
