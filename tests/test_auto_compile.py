@@ -126,3 +126,26 @@ def test_the_trainer_says_what_was_chosen(monkeypatch: pytest.MonkeyPatch) -> No
     tr.fit()
     lines = [m for m in said if m.startswith("compiled products:")]
     assert len(lines) == 1 and "compiled from here on" in lines[0], said
+
+
+def test_the_time_budget_does_not_predict_steps_from_the_compilation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outer step that measures (and compiles, here 2.5 s) is not what the next ones cost:
+    the Trainer's time budget keeps going (before: it stopped there, predicting another 2.5 s)."""
+    monkeypatch.setattr(F, "AUTO_COMPILE_AFTER_S", 0.0)
+    first = [True]
+
+    def run(self: H.VmapVJP, *args: Any) -> Any:
+        if self.compile and first[0]:  # the compiling call
+            first[0] = False
+            time.sleep(2.5)
+        return H._vmap_vjp(*args)
+
+    monkeypatch.setattr(H.VmapVJP, "_run", run)
+    tr = hg.Trainer(_problem(), "forward", mode=hg.Offline(outer_steps=1000),
+                    guards=hg.Guards(time_budget=4.0),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+    res = tr.fit()
+    rep = tr.method.compile_report
+    assert rep is not None and rep["trial_s"] >= 2.5
+    assert len(res.history) >= 3, [h.get("seconds") for h in res.history]

@@ -507,8 +507,9 @@ class Trainer:
                 break
             lam_used = self.lam.detach().clone()
             hg = self._hypergradient(lam_used)
-            hg_seconds = self._now() - t0
-            self._say_compile()
+            # a one-time compilation is not what the next outer step will cost
+            once = self._say_compile()
+            hg_seconds = max(self._now() - t0 - once, 0.0)
             value, grad = hg.objective, hg.grad
             bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
             backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
@@ -519,7 +520,7 @@ class Trainer:
                 if why is not None:
                     return self._diverged(why, lam_used, value)
                 self._backtracks = 0
-            last_seconds = self._now() - t0
+            last_seconds = max(self._now() - t0 - once, 0.0)
             if isinstance(self.outer, QuasiNewton):  # its line search checks the budget itself
                 last_seconds = hg_seconds
                 if self.outer.stalled:
@@ -530,11 +531,13 @@ class Trainer:
         res.out_of_time = out_of_time and not res.diverged
         return res
 
-    def _say_compile(self) -> None:
-        """Once: what ``ForwardMode(compile=None)`` measured and chose."""
+    def _say_compile(self) -> float:
+        """Once: what ``ForwardMode(compile=None)`` measured and chose; returns the seconds of
+        that one-time measurement (the compilation and the timed calls), else 0, so that the
+        time budget does not predict the next outer step from them."""
         rep = getattr(self.method, "compile_report", None)
         if rep is None or self._compile_said:
-            return
+            return 0.0
         self._compile_said = True
         if rep["compiled_ms"] is None:
             self.message(f"compiled products: {rep['reason']}; eager steps from here on")
@@ -542,6 +545,7 @@ class Trainer:
             self.message(f"compiled products: {rep['compiled_ms']:.2f} ms per step against "
                          f"eager {rep['eager_ms']:.2f} (compiled in {rep['compile_s']:.1f} s): "
                          f"{rep['chosen']} from here on")
+        return float(rep["trial_s"])
 
     def _finish_offline(self) -> TrainResult:
         """Evaluate the hyperparameters after the last update (no hypergradient: one plain
