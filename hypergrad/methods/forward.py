@@ -179,6 +179,15 @@ class _AutoCompile:
             return out
         eager = fm.hvp
         assert isinstance(eager, VmapVJP)
+        if fm.skip_zero_columns and fm._plan(problem).has_late:
+            # columns that start later (schedule windows) change the products' shapes from
+            # step to step and run to run: every count of live columns would compile anew
+            self.report = {"eager_ms": None, "compiled_ms": None, "compile_s": 0.0,
+                           "after_s": self.spent, "trial_s": 0.0, "chosen": "eager",
+                           "reason": "not tried: hyperparameters whose columns start later "
+                                     "(schedule windows) would recompile the products as "
+                                     "they start"}
+            return fm._step(problem, fs, lam, columns)
         trial = _Trial(eager, VmapVJP(eager.chunk_size, eager.memory_budget, compile=True),
                        lam.device, self.REPEATS)
         fm.hvp = trial  # type: ignore[assignment]
@@ -228,6 +237,11 @@ class _Trial:
         result, _ = self._timed(self.eager, *args)  # warm: the column costs, caches
         times = [self._timed(self.eager, *args)[1] for _ in range(self.repeats)]
         self.eager_s = statistics.median(times)
+        f, params, buffers, lam, _, _, eye = args
+        if self.eager.columns_per_call(f, params, buffers, lam, eye.shape[0]) < eye.shape[0]:
+            # each chunk's slice of the columns would compile on its own
+            self.failed = "not tried: the products run in chunks (the memory budget)"
+            return result
         with warnings.catch_warnings():  # a model it cannot trace: eager, said in the report
             warnings.simplefilter("ignore")
             _, self.compile_s = self._timed(self.compiled, *args)
@@ -274,7 +288,8 @@ class ForwardMode(OnlineMethod, name="forward"):
             object has spent :data:`AUTO_COMPILE_AFTER_S` seconds in eager steps (a run long enough
             to repay a compilation): one step's products are timed eager and compiled on the
             same inputs, and the compiled path kept if it is at least 10 % faster, else eager
-            for good (:attr:`compile_report` says what was measured; the
+            for good; not tried where the shapes change between steps (columns that start
+            later, chunked products) (:attr:`compile_report` says what was measured; the
             compilation's seconds are spent in the run, so a time budget counts them).
             ``False``: never compile.
 

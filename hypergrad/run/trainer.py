@@ -540,7 +540,7 @@ class Trainer:
             return 0.0
         self._compile_said = True
         if rep["compiled_ms"] is None:
-            self.message(f"compiled products: {rep['reason']}; eager steps from here on")
+            self.message(f"compiled products: {rep['reason']}; eager steps")
         else:
             self.message(f"compiled products: {rep['compiled_ms']:.2f} ms per step against "
                          f"eager {rep['eager_ms']:.2f} (compiled in {rep['compile_s']:.1f} s): "
