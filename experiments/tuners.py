@@ -168,6 +168,9 @@ class Run:
     lams: list[Tensor] = field(default_factory=list, repr=False)
     seconds: float = 0.0  # the whole run, past the budget included
     info: dict[str, Any] = field(default_factory=dict)
+    returned: int | None = None
+    """The index of the point the tuner itself returned, where it chooses otherwise than by
+    the lowest validation loss of one run (the Trainer's re-check); ``None``: :meth:`best`."""
 
     def add(self, t: float, loss: float, lam: Tensor) -> None:
         self.times.append(float(t))
@@ -187,6 +190,13 @@ class Run:
             return math.inf, -1
         i = min(idx, key=lambda j: self.losses[j])
         return self.losses[i], i
+
+    def chosen(self) -> tuple[float, int]:
+        """``(validation loss, index)`` of the tuner's result: the point it returned if it
+        was decided within the budget (:attr:`returned`), else :meth:`best`."""
+        if self.returned is not None and self.seconds <= self.budget * (1 + 1e-6):
+            return self.losses[self.returned], self.returned
+        return self.best()
 
     def curve(self, grid: Sequence[float]) -> list[float]:
         """Best validation loss found by each time of ``grid`` (``inf`` before the first)."""
@@ -322,6 +332,10 @@ def run_trainer(trainer: Any, space: SearchSpace, name: str, seed: int, budget: 
     if res.last_lam is not None and res.last_val_loss is not None and not res.diverged:
         run.add(end, res.last_val_loss, res.last_lam)
     run.seconds = end
+    if getattr(res, "rechecked", None):  # the Trainer chose among re-checked points
+        same = [i for i in run.within() if torch.equal(run.lams[i], res.lam.to(run.lams[i]))]
+        run.returned = same[0] if same else None
+        run.info["rechecked"] = [(r["val_loss"], r["variant_val_loss"]) for r in res.rechecked]
     run.info.update(outer_steps=len(res.history), diverged=bool(res.diverged),
                     out_of_time=bool(res.out_of_time), method=res.method)
     for lam in run.lams:

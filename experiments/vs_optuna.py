@@ -261,7 +261,7 @@ def compare(name: str, problem: Problem, st: Settings) -> dict[str, Any]:
     for tuner in TUNERS:
         per_seed = []
         for run, log in zip(runs[tuner], logs[tuner]):
-            best, idx = run.best()
+            best, idx = run.chosen()
             # nothing finished within the budget: the tuner's answer is its starting point
             pick = run.lams[idx] if idx >= 0 else run.lams[0]
             metrics = retrain(problem, pick, st.retrain_seeds, extra, cache)
@@ -570,7 +570,7 @@ def suite_problem(name: str, seeds: list[int], retrain: list[int], n_plain: int,
             probe = C.others_busy()
             run = suite_run(tuner, name, seed, budget)
             other = probe()
-            best, idx = run.best()
+            best, idx = run.chosen()  # the Trainer's re-checked point, else the best
             pick = run.lams[idx] if idx >= 0 else run.lams[0]
             tests = _test_at(name, pick, retrain)
             anytime = []

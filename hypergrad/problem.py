@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = ["InnerState", "InnerProblem", "TrainLoss", "ValLoss", "is_plain"]
 
+VARIANT_STRIDE = 1_000_003
+"""How far :meth:`InnerProblem.variant` moves the seeds (a prime, past any epoch count, so a
+variant's shuffles share no epoch with the problem's own)."""
+
 TrainLoss = Callable[[ModelFn, Any, HPValues], Tensor]
 ValLoss = Callable[[ModelFn, HPValues], Tensor]
 
@@ -197,6 +201,44 @@ class InnerProblem:
         if self.stream is None:
             return contextlib.nullcontext()
         return self.stream.fixed(seed)
+
+    @property
+    def varies(self) -> bool:
+        """Whether :meth:`variant` changes a run: the batches are drawn (a shuffling
+        :class:`~hypergrad.data.MiniBatches`, or a stream, which draws a pass per run) or the
+        step draws random numbers (dropout). ``False`` for a fixed sequence of batches and a
+        deterministic step: every run at the same point is the same."""
+        from .data import MiniBatches
+
+        mb = self._batch.data
+        return (bool(self.draws) or self._batch.stream is not None
+                or (isinstance(mb, MiniBatches) and mb.shuffle))
+
+    @contextlib.contextmanager
+    def variant(self, k: int) -> Iterator[None]:
+        """Inside, plain runs see the ``k``-th other draw of the run's randomness: another
+        order of a :class:`~hypergrad.data.MiniBatches`' shuffles (its seed moved by
+        ``k * VARIANT_STRIDE``) and other random draws in the step (the run seed moved the
+        same way); a stream draws a fresh pass per run anyway. The initial weights and the
+        data stay. ``k = 0``: the problem itself. The Trainer re-checks its best points in a
+        variant before it returns one (``Offline(recheck=...)``): a point that only one batch
+        order trains well is not the one to return."""
+        from .data import MiniBatches
+
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"InnerProblem.variant: k={k!r} must be an int >= 0.")
+        mb = self._batch.data if isinstance(self._batch.data, MiniBatches) else None
+        seed, mb_seed = self.seed, (mb.seed if mb is not None else None)
+        try:
+            if k:
+                self.seed = seed + k * VARIANT_STRIDE
+                if mb is not None and mb_seed is not None:
+                    mb.seed, mb._perm = mb_seed + k * VARIANT_STRIDE, None
+            yield
+        finally:
+            self.seed = seed
+            if mb is not None and mb_seed is not None and mb.seed != mb_seed:
+                mb.seed, mb._perm = mb_seed, None
 
     def first_batch(self) -> Any:
         """Mini-batch 0 as the checks see it: ``batch(0)`` of a sequence or a callable; of a

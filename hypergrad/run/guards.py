@@ -38,6 +38,9 @@ and ``time.process_time``."""
 MAX_BACKTRACKS = 10
 """Backtracks in a row after which the run stops as diverged."""
 
+TOP = 8
+"""How many of the best distinct points a :class:`Tracker` keeps."""
+
 Best = tuple[float, Tensor, int]
 """``(validation loss, raw hyperparameters, outer step)`` of the best point evaluated."""
 
@@ -194,6 +197,9 @@ class Tracker:
         self.last_good_step = 0  # and its outer step
         self.nonzero: set[str] = set()
         self.zero_warned: set[str] = set()
+        self.top: list[Best] = []
+        """The best distinct points evaluated, lowest validation loss first (at most
+        :data:`TOP`): the candidates the Trainer re-checks before returning one."""
 
     def track(self, value: Tensor, lam: Tensor, grad: Tensor | None, step: int,
               first: bool) -> None:
@@ -203,6 +209,7 @@ class Tracker:
         self.last_good, self.last_good_step = lam.detach().clone(), step
         if self.best is None or v < self.best[0]:
             self.best = (v, lam.detach().clone(), step)
+        self._keep(v, lam, step)
         if grad is None:
             return
         zero = []
@@ -219,6 +226,18 @@ class Tracker:
                 f"the losses do not change with {one} here (0 * hp, round(hp), a step function "
                 f"of it), so tuning will not move {one}. Make the losses depend on it smoothly, "
                 f"or remove it."), stacklevel=5)
+
+    def _keep(self, v: float, lam: Tensor, step: int) -> None:
+        for i, (w, x, _) in enumerate(self.top):
+            if torch.equal(x, lam):  # the same point again: keep its first (lower) record
+                if v < w:
+                    self.top[i] = (v, lam.detach().clone(), step)
+                    self.top.sort(key=lambda b: b[0])
+                return
+        if len(self.top) < TOP or v < self.top[-1][0]:
+            self.top.append((v, lam.detach().clone(), step))
+            self.top.sort(key=lambda b: b[0])
+            del self.top[TOP:]
 
     def fallback(self, offline: bool) -> tuple[Tensor, int, float, str]:
         """What to return after a divergence: ``(lam, outer step, validation loss, words)``.
@@ -278,7 +297,8 @@ class Tracker:
         best = None if self.best is None else {"val": self.best[0], "lam": self.best[1],
                                                "step": self.best[2]}
         return {"last_good": self.last_good, "last_good_step": self.last_good_step,
-                "best": best, "best_grad": self.best_grad, "nonzero": sorted(self.nonzero)}
+                "best": best, "best_grad": self.best_grad, "nonzero": sorted(self.nonzero),
+                "top": [{"val": v, "lam": x, "step": k} for v, x, k in self.top]}
 
     def load_state_dict(self, ck: dict[str, Any], like: Tensor) -> None:
         """Restore from a checkpoint (older ones may lack fields), tensors as ``like``."""
@@ -288,5 +308,9 @@ class Tracker:
         if best is not None:
             self.best = (float(best["val"]), best["lam"].to(like), int(best["step"]))
         self.nonzero = set(ck.get("nonzero", []))
+        self.top = [(float(b["val"]), b["lam"].to(like), int(b["step"]))
+                    for b in ck.get("top", [])]
+        if not self.top and self.best is not None:  # an older checkpoint: its best point
+            self.top = [self.best]
         bg = ck.get("best_grad")
         self.best_grad = None if bg is None else bg.to(like)

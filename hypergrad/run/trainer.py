@@ -73,7 +73,11 @@ class TrainResult:
     the run's own final state; ``None`` after a divergence). ``out_of_time``: offline tuning
     stopped before ``outer_steps`` because the next outer step would not have finished within
     the guards' ``time_budget``. ``evaluations``: the points evaluated by plain inner runs
-    (the space-filling start, the line search; :attr:`Trainer.evaluations`).
+    (the space-filling start, the line search; :attr:`Trainer.evaluations`). ``rechecked``:
+    offline with ``Offline(recheck=...)``, the best points trained again in another batch
+    order before ``lam`` was chosen among them by the mean of both validation losses
+    (``{"lam", "val_loss", "variant_val_loss", "outer_step"}`` each; ``best_val_loss`` stays
+    the chosen point's loss in the problem's own order).
     """
 
     lam: Tensor
@@ -91,6 +95,7 @@ class TrainResult:
     out_of_time: bool = False
     problem: InnerProblem | None = field(default=None, repr=False)
     evaluations: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    rechecked: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
         """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
@@ -196,6 +201,7 @@ class Trainer:
         restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}``; the points with a
         hypergradient are in ``history``."""
         self._plain_seconds: float | None = None
+        self._rechecks = 0  # points to re-check before returning one (set by fit())
         self._starts_used = 0  # quasi-random points used by the start and restarts
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
@@ -288,6 +294,8 @@ class Trainer:
         """Run to the end (or resume to the end); returns the best and the last hyperparameters
         (:class:`TrainResult`)."""
         self.problem.check(self.lam)
+        self._rechecks = (self.mode.recheck_points(self.problem)
+                          if isinstance(self.mode, Offline) else 0)
         self._fit_start = self._now()
         if self.folder is not None and self.strategy.is_writer:
             self.folder.lock.acquire()
@@ -396,13 +404,23 @@ class Trainer:
         self.bounds.project(self.lam)
 
     # -- plain evaluations: the space-filling start and the line search ---------------------------
+    def _reserve(self) -> float:
+        """Seconds of the time budget kept for the end of a run that re-checks its best points:
+        the final evaluation of the last point and the re-checks, a plain run each, so that
+        the point returned is chosen within the budget. Without re-checks none (the final
+        evaluation follows the budget, as :class:`~hypergrad.Guards` says)."""
+        if self._plain_seconds is None or not self._rechecks:
+            return 0.0
+        return (1 + self._rechecks) * self._plain_seconds
+
     def _plain(self, lam: Tensor, kind: str) -> float | None:
         """The validation loss at ``lam`` after one plain inner run (tracked as a candidate for
-        the best point), or ``None`` when the time budget has no room for it."""
+        the best point), or ``None`` when the time budget has no room for it (and for the
+        runs that end the run: :meth:`_reserve`)."""
         budget = self.guards.time_budget
         now = self._now() - self._fit_start
         if (budget is not None and self._plain_seconds is not None
-                and now + self._plain_seconds > budget):
+                and now + self._plain_seconds > budget - self._reserve()):
             return None
         t0 = self._now()
         with torch.no_grad():
@@ -499,7 +517,7 @@ class Trainer:
         while self.outer_step < self.mode.steps(budget):
             t0 = self._now()
             if (budget is not None and last_seconds is not None
-                    and t0 - self._fit_start + last_seconds > budget):
+                    and t0 - self._fit_start + last_seconds > budget - self._reserve()):
                 out_of_time = True
                 self.message(f"time_budget={budget:g} s: stopped after outer step "
                              f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
@@ -560,6 +578,10 @@ class Trainer:
         self.tracker.track(value, last, None, self.outer_step, first=False)
         assert self.tracker.best is not None
         best_val, best_lam, best_step = self.tracker.best
+        rechecked = self._recheck()
+        if rechecked:
+            pick = min(rechecked, key=lambda r: r["val_loss"] + r["variant_val_loss"])
+            best_val, best_lam, best_step = pick["val_loss"], pick["lam"], pick["outer_step"]
         hps = self.problem.hyperparams
         if self.history:
             self.message(f"validation loss: initial "
@@ -568,7 +590,35 @@ class Trainer:
         return TrainResult(best_lam.clone(), hps.describe(best_lam), list(self.history),
                            self.method.name, state=state, last_lam=last,
                            last_values=hps.describe(last), best_step=best_step,
-                           best_val_loss=best_val, last_val_loss=float(value))
+                           best_val_loss=best_val, last_val_loss=float(value),
+                           rechecked=rechecked)
+
+    def _recheck(self) -> list[dict[str, Any]]:
+        """Train the best distinct points again in another batch order
+        (:meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), best first, while the
+        time budget allows; ``[]`` when fewer than two were re-checked (nothing to choose)."""
+        budget = self.guards.time_budget
+        out: list[dict[str, Any]] = []
+        for val, lam, step in self.tracker.top[:self._rechecks]:
+            if (budget is not None and self._plain_seconds is not None
+                    and self._now() - self._fit_start + self._plain_seconds > budget):
+                break
+            t0 = self._now()
+            with torch.no_grad(), self.problem.variant(1):
+                state = self.problem.run(lam)
+                v = float(self.problem.objective(state.params, state.buffers, lam))
+            self._plain_seconds = self._now() - t0
+            out.append({"lam": lam.clone(), "val_loss": val,
+                        "variant_val_loss": v if math.isfinite(v) else math.inf,
+                        "outer_step": step})
+        if len(out) < 2:
+            return []
+        pick = min(out, key=lambda r: r["val_loss"] + r["variant_val_loss"])
+        said = ", ".join(f"{r['val_loss']:.4g} -> {r['variant_val_loss']:.4g}" for r in out)
+        self.message(f"re-checked the {len(out)} best points in another batch order ({said}); "
+                     f"returned the one of outer step {pick['outer_step']} (mean validation "
+                     f"loss {(pick['val_loss'] + pick['variant_val_loss']) / 2:.4g})")
+        return out
 
     def _fit_online(self) -> TrainResult:
         m, p, mode = self.method, self.problem, self.mode
