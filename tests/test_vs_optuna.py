@@ -165,3 +165,21 @@ def test_the_trainer_run_is_its_outer_steps_and_its_last_point() -> None:
     assert run.times == sorted(run.times)
     assert run.losses[-1] == pytest.approx(validation_loss(p, run.lams[-1]), rel=1e-5)
     assert run.losses[1] == pytest.approx(validation_loss(p, run.lams[1]), rel=1e-4)
+
+
+def test_the_trainer_run_answers_with_the_point_the_trainer_returned() -> None:
+    """With the defaults the Trainer re-checks its best points in another batch order and may
+    return one other than the lowest of one run: the comparison judges that one."""
+    p = _schedule_problem(steps=8)
+    space = SearchSpace.from_problem(p.hyperparams, {"lr": [1e-3, 0.2]})
+    tr = hg.Trainer(p, mode=hg.Offline(outer_steps=3, start=4, recheck=4),
+                    guards=hg.Guards(bounds=space.value_bounds, time_budget=60.0),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+    run = run_trainer(tr, space, "hypergrad", 0, 60.0)
+    assert run.returned is not None and len(run.info["rechecked"]) == 4
+    val, idx = run.chosen()
+    means = [a + b for a, b in run.info["rechecked"]]
+    assert val == pytest.approx(run.info["rechecked"][means.index(min(means))][0], rel=1e-6)
+    assert run.chosen() != run.best() or min(means) == means[0]
+    run.seconds = run.budget * 2  # decided after the budget: the best within it instead
+    assert run.chosen() == run.best()
