@@ -505,6 +505,7 @@ def _variants() -> dict[str, Any]:
         "no_expand": dict(box_outer=qn(expand=0)),
         "no_memory": dict(box_outer=qn(memory=0)),
         "forward": dict(method="forward"),
+        "no_leftover": dict(patch={"USE_LEFTOVER": False}),
     }
 
 
@@ -523,14 +524,24 @@ def suite_run(tuner: str, name: str, seed: int, budget: float) -> Run:
             kw = dict(_variants()[tuner[3:]])
         backtrack = kw.pop("backtrack", None)
         box_outer = kw.pop("box_outer", None)
-        trainer = hg.Trainer(p, guards=hg.Guards(bounds=task.bounds, time_budget=budget,
-                                                 backtrack=backtrack, clock="cpu"),
-                             callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw)
-        if box_outer is not None:
-            trainer.outer = box_outer(trainer.box)([trainer.lam])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", HypergradWarning)
-            return run_trainer(trainer, space, tuner, seed, budget, clock=CLOCK)
+        import hypergrad.run.trainer as trainer_module
+
+        patch = kw.pop("patch", {})  # module settings, for this run only
+        saved = {k: getattr(trainer_module, k) for k in patch}
+        try:
+            for k, v in patch.items():
+                setattr(trainer_module, k, v)
+            trainer = hg.Trainer(p, guards=hg.Guards(bounds=task.bounds, time_budget=budget,
+                                                     backtrack=backtrack, clock="cpu"),
+                                 callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw)
+            if box_outer is not None:
+                trainer.outer = box_outer(trainer.box)([trainer.lam])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", HypergradWarning)
+                return run_trainer(trainer, space, tuner, seed, budget, clock=CLOCK)
+        finally:
+            for k, v in saved.items():
+                setattr(trainer_module, k, v)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

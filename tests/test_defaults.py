@@ -55,9 +55,16 @@ def test_the_defaults_are_auto_quasi_newton_in_the_box_and_a_space_filling_start
     starts = [e for e in res.evaluations if e["kind"] == "start"]
     assert len(starts) == 1 + hg.run.modes.START_NO_BUDGET  # the initial point and 4 more
     every = [e["val_loss"] for e in res.evaluations] + [h["val_loss"] for h in res.history]
-    # the best 3 points of every evaluation were re-checked in another batch order, and the
-    # lowest mean of the two runs returned
-    assert [r["val_loss"] for r in res.rechecked] == pytest.approx(sorted(set(every))[:3])
+    # the best 3 points of every evaluation, apart from each other by 2 % of the box, were
+    # re-checked in another batch order, and the lowest mean of the two runs returned
+    assert len(res.rechecked) == 3
+    assert res.rechecked[0]["val_loss"] == pytest.approx(min(every))
+    width = hi - lo
+    for i, a in enumerate(res.rechecked):
+        for b in res.rechecked[i + 1:]:
+            assert float(((a["lam"] - b["lam"]) / width).abs().max()) >= 0.02
+    vals = [r["val_loss"] for r in res.rechecked]
+    assert vals == sorted(vals)
     mean = [(r["val_loss"] + r["variant_val_loss"]) / 2 for r in res.rechecked]
     pick = res.rechecked[mean.index(min(mean))]
     assert torch.equal(res.lam, pick["lam"]) and res.best_val_loss == pick["val_loss"]
@@ -232,3 +239,41 @@ def test_a_cpu_clock_measures_the_budget_in_process_time() -> None:
     used = time.process_time() - cpu0
     assert res.out_of_time and max(e["elapsed"] for e in res.evaluations) <= 1.0 + 0.5
     assert used >= 0.9  # the budget was spent in this process's CPU time
+
+
+@pytest.mark.parametrize("budget", [30.0, 33.0])
+def test_the_time_after_the_last_hypergradient_goes_to_plain_runs_and_rechecks(
+        budget: float) -> None:
+    """On a clock where a plain run costs 1 and a hypergradient 5 (the suite's ratio), the
+    defaults use the budget of 30 to its end: when no hypergradient fits, plain runs fill the
+    time left (a line search from the best point, quasi-random points), and the end of the run
+    (the final evaluation, 3 re-checks) fits too, so the point is returned within the budget."""
+    p = lr_momentum()
+    clock = [0.0]
+    run = p.run
+
+    def timed_run(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += 1.0
+        return run(*args, **kwargs)
+
+    p.run = timed_run  # type: ignore[method-assign]
+    tr = hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=budget),
+                    callbacks=quiet())
+    hypergradient = tr.method.hypergradient
+
+    def timed_hypergradient(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += 5.0
+        return hypergradient(*args, **kwargs)
+
+    tr.method.hypergradient = timed_hypergradient  # type: ignore[method-assign]
+    tr._now = lambda: clock[0]  # type: ignore[method-assign]
+    res = tr.fit()
+    assert clock[0] <= budget  # everything, the re-checks included, within the budget
+    assert clock[0] >= budget - 1.0  # and no more than one plain run of it left unused
+    assert len(res.rechecked) == 3 and res.out_of_time
+    last_step = max(h["elapsed"] for h in res.history)  # its line search included
+    after = [e["kind"] for e in res.evaluations if e["elapsed"] > last_step]
+    # every unit between the last outer step and the end of the run (the final evaluation and
+    # 3 re-checks) went to plain runs
+    assert len(after) == budget - last_step - 4
+    assert set(after) <= {"line search", "leftover"}

@@ -38,7 +38,7 @@ and ``time.process_time``."""
 MAX_BACKTRACKS = 10
 """Backtracks in a row after which the run stops as diverged."""
 
-TOP = 8
+TOP = 32
 """How many of the best distinct points a :class:`Tracker` keeps."""
 
 Best = tuple[float, Tensor, int]

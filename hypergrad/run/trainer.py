@@ -58,6 +58,15 @@ __all__ = ["Trainer", "TrainResult"]
 
 CHECKPOINT_VERSION = 4
 
+RECHECK_APART = 0.02
+"""Points the re-check compares differ by at least this share of the search box in some
+coordinate (the line search's smallest step): neighbours from one line search score alike in
+any batch order."""
+
+USE_LEFTOVER = True
+"""Offline with :class:`~hypergrad.run.outer.QuasiNewton` and a time budget: spend the time
+left after the last hypergradient on plain runs (:meth:`Trainer._leftover`)."""
+
 
 @dataclass
 class TrainResult:
@@ -203,6 +212,7 @@ class Trainer:
         self._plain_seconds: float | None = None
         self._rechecks = 0  # points to re-check before returning one (set by fit())
         self._starts_used = 0  # quasi-random points used by the start and restarts
+        self._searched: list[Tensor] = []  # the points line searches started from
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
         self.tracker = Tracker(p.hyperparams, self.lam)
@@ -397,6 +407,7 @@ class Trainer:
         if isinstance(self.outer, QuasiNewton) and not self.mode.online:
             # offline, its line search runs plain inner runs; online (one run) there are none,
             # and it takes a plain step along its direction
+            self._searched.append(self.lam.detach().clone())
             self.outer.step(lambda: self._plain(self.lam.detach().clone(), "line search"))
         else:
             self.outer.step()
@@ -465,6 +476,32 @@ class Trainer:
         self.message(f"space-filling start: {n} quasi-random points and the initial one, "
                      f"best validation loss {best:.4g}")
 
+    def _leftover(self) -> None:
+        """The time left when no hypergradient fits any more, spent on plain runs: a line
+        search from the best point along its hypergradient where none started there yet
+        (steepest descent), then quasi-random points, until the budget's end (its reserve
+        kept)."""
+        tr = self.tracker
+        if tr.best is None:
+            return
+        n0 = len(self.evaluations)
+        searched = any(torch.equal(tr.best[1], x) for x in self._searched)
+        if tr.best_grad is not None and not searched:
+            with torch.no_grad():
+                self.lam.copy_(tr.best[1])
+            self.outer.state.clear()
+            assert isinstance(self.outer, QuasiNewton)
+            self.outer.value = tr.best[0]
+            self._update(tr.best_grad.clone())
+        while True:
+            x = self._space_filling(1, self._starts_used)[0]
+            if self._plain(x, "leftover") is None:
+                break
+            self._starts_used += 1
+        if len(self.evaluations) > n0:
+            self.message(f"the time left after the last hypergradient: "
+                         f"{len(self.evaluations) - n0} plain runs")
+
     def _restart(self) -> None:
         """After a line search found nothing better even along steepest descent: go on from
         the best of the next few quasi-random points (the best point stays tracked)."""
@@ -522,6 +559,8 @@ class Trainer:
                 self.message(f"time_budget={budget:g} s: stopped after outer step "
                              f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
                              f"take about {last_seconds:.1f} s)")
+                if USE_LEFTOVER and isinstance(self.outer, QuasiNewton):
+                    self._leftover()
                 break
             lam_used = self.lam.detach().clone()
             hg = self._hypergradient(lam_used)
@@ -594,12 +633,24 @@ class Trainer:
                            rechecked=rechecked)
 
     def _recheck(self) -> list[dict[str, Any]]:
-        """Train the best distinct points again in another batch order
-        (:meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), best first, while the
-        time budget allows; ``[]`` when fewer than two were re-checked (nothing to choose)."""
+        """Train the best points again in another batch order (:meth:`InnerProblem.variant
+        <hypergrad.InnerProblem.variant>`), best first, each at least :data:`RECHECK_APART`
+        of the box from the others in some coordinate, while the time budget allows; ``[]``
+        when fewer than two were re-checked (nothing to choose)."""
         budget = self.guards.time_budget
         out: list[dict[str, Any]] = []
-        for val, lam, step in self.tracker.top[:self._rechecks]:
+        lo, hi = self.box
+        width = (hi - lo).clamp_min(1e-12)
+        picked: list[tuple[float, Tensor, int]] = []
+        for val, lam, step in self.tracker.top:
+            if len(picked) == self._rechecks:
+                break
+            if all(float(((lam - x) / width).abs().max()) >= RECHECK_APART
+                   for _, x, _ in picked):  # a neighbour of a chosen point tells nothing new
+                picked.append((val, lam, step))
+        if len(picked) < 2:
+            return []
+        for val, lam, step in picked:
             if (budget is not None and self._plain_seconds is not None
                     and self._now() - self._fit_start + self._plain_seconds > budget):
                 break
