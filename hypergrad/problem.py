@@ -210,35 +210,51 @@ class InnerProblem:
         deterministic step: every run at the same point is the same."""
         from .data import MiniBatches
 
-        mb = self._batch.data
+        src = self._seeded_source()
         return (bool(self.draws) or self._batch.stream is not None
-                or (isinstance(mb, MiniBatches) and mb.shuffle))
+                or (src is not None and (not isinstance(src, MiniBatches) or src.shuffle)))
+
+    def _seeded_source(self) -> Any:
+        """The callable batch source whose draws follow an int attribute ``seed``
+        (:class:`~hypergrad.data.MiniBatches`, the character LM's batches, or yours), or
+        ``None`` (a sequence, a stream, a callable without one)."""
+        src = self._batch.data if self._batch.data is not None else self._batch.fetch
+        seed = getattr(src, "seed", None)
+        if isinstance(seed, bool) or not isinstance(seed, int) or isinstance(src, Sequence):
+            return None
+        return src
 
     @contextlib.contextmanager
     def variant(self, k: int) -> Iterator[None]:
-        """Inside, plain runs see the ``k``-th other draw of the run's randomness: another
-        order of a :class:`~hypergrad.data.MiniBatches`' shuffles (its seed moved by
-        ``k * VARIANT_STRIDE``) and other random draws in the step (the run seed moved the
-        same way); a stream draws a fresh pass per run anyway. The initial weights and the
-        data stay. ``k = 0``: the problem itself. The Trainer re-checks its best points in a
-        variant before it returns one (``Offline(recheck=...)``): a point that only one batch
-        order trains well is not the one to return."""
-        from .data import MiniBatches
-
+        """Inside, plain runs see the ``k``-th other draw of the run's randomness: other
+        mini-batches from a callable source whose draws follow an int attribute ``seed``
+        (:class:`~hypergrad.data.MiniBatches`' shuffles, the character LM's windows, or
+        yours: the seed moved by ``k * VARIANT_STRIDE``) and other random draws in the step
+        (the run seed moved the same way); a stream draws a fresh pass per run anyway. The
+        initial weights and the data stay. ``k = 0``: the problem itself. The Trainer
+        re-checks its best points in a variant before it returns one
+        (``Offline(recheck=...)``): a point that only one batch order trains well is not the
+        one to return."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"InnerProblem.variant: k={k!r} must be an int >= 0.")
-        mb = self._batch.data if isinstance(self._batch.data, MiniBatches) else None
-        seed, mb_seed = self.seed, (mb.seed if mb is not None else None)
+        src = self._seeded_source()
+        seed, src_seed = self.seed, (src.seed if src is not None else None)
+
+        def move(to: int) -> None:
+            src.seed = to
+            if hasattr(src, "_perm"):  # MiniBatches' cached permutation of an epoch
+                src._perm = None
+
         try:
             if k:
                 self.seed = seed + k * VARIANT_STRIDE
-                if mb is not None and mb_seed is not None:
-                    mb.seed, mb._perm = mb_seed + k * VARIANT_STRIDE, None
+                if src_seed is not None:
+                    move(src_seed + k * VARIANT_STRIDE)
             yield
         finally:
             self.seed = seed
-            if mb is not None and mb_seed is not None and mb.seed != mb_seed:
-                mb.seed, mb._perm = mb_seed, None
+            if src_seed is not None and src.seed != src_seed:
+                move(src_seed)
 
     def first_batch(self) -> Any:
         """Mini-batch 0 as the checks see it: ``batch(0)`` of a sequence or a callable; of a
@@ -864,6 +880,8 @@ class _Batches:
     def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None,
                  data: Any = None, stream: Stream | None = None) -> None:
         self._fetch = fetch
+        self.fetch = fetch
+        """The source's own ``t -> batch`` (unchecked)."""
         self.n_examples = n_examples
         self.data = data
         self.stream = stream

@@ -259,7 +259,8 @@ class Tracker:
         """Name the hyperparameters that never moved, and say when tuning did not help
         (not when the Trainer also ran plain runs, ``searched``: a space-filling start or a
         restart may leave the first or the last hypergradient's point above the best, which
-        is returned)."""
+        is returned, and the search evaluated other values of every hyperparameter even where
+        the outer loop ended at the initial point)."""
         if not history or last_lam is None:
             return
         last, first = self.hps.split(last_lam), self.hps.split(self.lam0)
@@ -272,7 +273,7 @@ class Tracker:
                     f"Trainer: {name!r} never moved: its hypergradient was exactly zero at "
                     f"every outer step (the losses cannot differentiate it: .item(), float(), "
                     f"round, .detach(), torch.where on it, or 0 * hp)."), stacklevel=3)
-            elif not diverged:
+            elif not diverged and not searched:  # a search's plain runs moved it
                 init = self.hps.describe(self.lam0)[name]
                 warnings.warn(TuningWarning(
                     f"Trainer: {name!r} never moved from its initial value {init} (bounds held "

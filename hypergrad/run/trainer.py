@@ -210,6 +210,7 @@ class Trainer:
         restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}``; the points with a
         hypergradient are in ``history``."""
         self._plain_seconds: float | None = None
+        self._plain_recent: list[float] = []  # the seconds of this fit's plain runs
         self._rechecks = 0  # points to re-check before returning one (set by fit())
         self._starts_used = 0  # quasi-random points used by the start and restarts
         self._searched: list[Tensor] = []  # the points line searches started from
@@ -307,6 +308,7 @@ class Trainer:
         self._rechecks = (self.mode.recheck_points(self.problem)
                           if isinstance(self.mode, Offline) else 0)
         self._fit_start = self._now()
+        self._plain_recent = []
         if self.folder is not None and self.strategy.is_writer:
             self.folder.lock.acquire()
         res: TrainResult | None = None
@@ -422,7 +424,19 @@ class Trainer:
         evaluation follows the budget, as :class:`~hypergrad.Guards` says)."""
         if self._plain_seconds is None or not self._rechecks:
             return 0.0
-        return (1 + self._rechecks) * self._plain_seconds
+        return (1 + self._rechecks) * self._plain_slow(margin=1.5)
+
+    def _plain_slow(self, margin: float = 1.0) -> float:
+        """A plain run's seconds: the median of this fit's plain runs (runs at points where
+        training blows up can take 10x longer, on overflows and subnormal numbers; a few of
+        them do not move it), times ``margin`` (the reserve's: a run's time varies, and the
+        end of the run must fit the budget)."""
+        recent = sorted(self._plain_recent or [self._plain_seconds or 0.0])
+        return margin * recent[len(recent) // 2]
+
+    def _timed_plain(self, seconds: float) -> None:
+        self._plain_seconds = seconds
+        self._plain_recent.append(seconds)
 
     def _plain(self, lam: Tensor, kind: str) -> float | None:
         """The validation loss at ``lam`` after one plain inner run (tracked as a candidate for
@@ -431,13 +445,13 @@ class Trainer:
         budget = self.guards.time_budget
         now = self._now() - self._fit_start
         if (budget is not None and self._plain_seconds is not None
-                and now + self._plain_seconds > budget - self._reserve()):
+                and now + self._plain_slow() > budget - self._reserve()):
             return None
         t0 = self._now()
         with torch.no_grad():
             state = self.problem.run(lam)
             value = float(self.problem.objective(state.params, state.buffers, lam))
-        self._plain_seconds = self._now() - t0
+        self._timed_plain(self._now() - t0)
         self.evaluations.append({"elapsed": self._now() - self._fit_start,
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
                                  "outer_step": self.outer_step})
@@ -487,12 +501,16 @@ class Trainer:
         n0 = len(self.evaluations)
         searched = any(torch.equal(tr.best[1], x) for x in self._searched)
         if tr.best_grad is not None and not searched:
+            before = self.lam.detach().clone()
             with torch.no_grad():
                 self.lam.copy_(tr.best[1])
             self.outer.state.clear()
             assert isinstance(self.outer, QuasiNewton)
             self.outer.value = tr.best[0]
             self._update(tr.best_grad.clone())
+            if not self.outer.improved:  # where the outer loop ended, as before
+                with torch.no_grad():
+                    self.lam.copy_(before)
         while True:
             x = self._space_filling(1, self._starts_used)[0]
             if self._plain(x, "leftover") is None:
@@ -652,13 +670,13 @@ class Trainer:
             return []
         for val, lam, step in picked:
             if (budget is not None and self._plain_seconds is not None
-                    and self._now() - self._fit_start + self._plain_seconds > budget):
+                    and self._now() - self._fit_start + self._plain_slow() > budget):
                 break
             t0 = self._now()
             with torch.no_grad(), self.problem.variant(1):
                 state = self.problem.run(lam)
                 v = float(self.problem.objective(state.params, state.buffers, lam))
-            self._plain_seconds = self._now() - t0
+            self._timed_plain(self._now() - t0)
             out.append({"lam": lam.clone(), "val_loss": val,
                         "variant_val_loss": v if math.isfinite(v) else math.inf,
                         "outer_step": step})
