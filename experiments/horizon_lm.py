@@ -3,10 +3,15 @@
 interpreter's standard library, trained by AdamW with gradients clipped at global norm 1.0 for
 T inner steps. Contenders, each with the same budget of process CPU seconds per tuning seed:
 
-- ``forward``: forward-mode hypergradients over the full horizon of a learning-rate schedule on
-  W equal windows (the first window is the learned warmup), a weight decay per layer group
-  (the embeddings, the attention matrices, the MLP matrices, the head, the LayerNorms and
-  biases) and AdamW's two betas; FDS-style sign steps, backtracking;
+- ``forward_defaults``: forward-mode hypergradients over the full horizon of a learning-rate
+  schedule on W equal windows (the first window is the learned warmup), a weight decay per
+  layer group (the embeddings, the attention matrices, the MLP matrices, the head, the
+  LayerNorms and biases) and AdamW's two betas, with the Trainer's default outer loop
+  (``Trainer(problem, ForwardMode(), guards=Guards(bounds=box, time_budget=B))``: the
+  space-filling start, the quasi-Newton line search of plain runs, the re-check in another
+  batch order); the summary's ``lm_forward_vs_recipe`` is this contender's;
+- ``forward``: the same hyperparameters with FDS-style sign steps (0.5) and backtracking, one
+  hypergradient per outer step (the presets' outer loop; this study's first forward contender);
 - ``recipe``: the standard recipe, AdamW's defaults (betas 0.9 / 0.999, weight decay 0.01),
   cosine decay to 0 after a linear warmup of 5% of T, the peak learning rate from a log grid;
 - ``schedulefree``: schedule-free AdamW (Defazio et al. 2024, ``schedulefree.AdamWScheduleFree``,
@@ -42,7 +47,10 @@ from horizon_common import (
 import hypergrad as hg
 from hypergrad.tasks.charlm import PerGroup, charlm_task, layer_groups
 
-CONTENDERS = ("forward", "recipe", "schedulefree", "tpe")
+CONTENDERS = ("forward", "recipe", "schedulefree", "tpe", "forward_defaults")
+FORWARD = "forward_defaults"
+"""The contender ``lm_forward_vs_recipe`` is computed for (chosen before its results: the
+library's defaults are what a user runs)."""
 
 
 @dataclass
@@ -199,25 +207,32 @@ def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
 
 
 # -- the contenders
-def tune_forward(st: LMStudy, seed: int) -> dict[str, Any]:
+def tune_forward(st: LMStudy, seed: int, defaults: bool = False) -> dict[str, Any]:
+    """Forward mode over the full horizon: the presets' sign steps (``defaults=False``) or the
+    Trainer's default outer loop."""
     t0 = cpu()
     hps = st.hyperparams()
     task = st.task(seed, hps)
+    kw: dict[str, Any] = {} if defaults else dict(
+        outer=functools.partial(hg.SignDescent, lr=0.5), mode=hg.Offline(outer_steps=10**6))
     with cpu_clock_trainer():
         res = hg.Trainer(task.problem, hg.ForwardMode(),
-                         outer=functools.partial(hg.SignDescent, lr=0.5),
-                         mode=hg.Offline(outer_steps=10**6),
-                         guards=hg.Guards(time_budget=st.budget - (cpu() - t0), backtrack=1.5,
+                         guards=hg.Guards(time_budget=st.budget - (cpu() - t0),
+                                          backtrack=None if defaults else 1.5,
                                           bounds=st.bounds),
-                         callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+                         callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw).fit()
     used = cpu() - t0
     v = hps.describe(res.lam)
     groups = list(st.groups())
     spec = {"kind": "windows", "lr": list(v["lr"]), "b1": float(v["b1"]), "b2": float(v["b2"]),
             "wd": dict(zip(groups, v["wd"]))}
-    return {"val": res.best_val_loss, "cpu_s": used, "evals": len(res.history) + 1,
-            "spec": spec, "info": {"best_step": res.best_step,
-                                   "val_curve": [h["val_loss"] for h in res.history]}}
+    return {"val": res.best_val_loss, "cpu_s": used,
+            "evals": len(res.history) + len(res.evaluations) + 1, "spec": spec,
+            "info": {"best_step": res.best_step, "hypergradients": len(res.history),
+                     "plain_runs": len(res.evaluations),
+                     "rechecked": [(r["val_loss"], r["variant_val_loss"])
+                                   for r in res.rechecked],
+                     "val_curve": [h["val_loss"] for h in res.history]}}
 
 
 def tune_grid(st: LMStudy, seed: int, schedulefree: bool, tasks: dict[int, hg.Task]
@@ -295,8 +310,8 @@ def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], No
             unit = f"lm/{c}/{seed}"
             if records.done(unit):
                 continue
-            if c == "forward":
-                got = tune_forward(st, seed)
+            if c in ("forward", "forward_defaults"):
+                got = tune_forward(st, seed, defaults=c == "forward_defaults")
             elif c == "tpe":
                 got = tune_tpe(st, seed, tasks)
             else:
@@ -329,8 +344,8 @@ def summarize(records: Records, quick: bool) -> dict[str, Any]:
                            "model": {"d_model": st.d_model, "n_layers": st.n_layers,
                                      "n_heads": st.n_heads, "context": st.context,
                                      "batch_size": st.batch_size, "windows": st.windows}}
-    if "forward" in by_c and seeds:
-        fwd = [by_c["forward"][s]["test_bpc"] for s in seeds]
+    if FORWARD in by_c and seeds:
+        fwd = [by_c[FORWARD][s]["test_bpc"] for s in seeds]
         others = [c for c in ("recipe", "schedulefree") if c in by_c
                   and all(s in by_c[c] for s in seeds)]
         if others:
@@ -340,6 +355,10 @@ def summarize(records: Records, quick: bool) -> dict[str, Any]:
             out["reference"] = ref
         if "tpe" in by_c and all(s in by_c["tpe"] for s in seeds):
             out["lm_forward_vs_tpe"] = ratio_se(fwd, [by_c["tpe"][s]["test_bpc"] for s in seeds])
+    if "forward" in by_c and "reference" in out:  # the sign-step contender, for comparison
+        out["lm_forward_sign_vs_recipe"] = ratio_se(
+            [by_c["forward"][s]["test_bpc"] for s in seeds],
+            [by_c[out["reference"]][s]["test_bpc"] for s in seeds])
     return out
 
 
