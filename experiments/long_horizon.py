@@ -184,7 +184,7 @@ def tables(payload: dict[str, Any]) -> str:
         for c, r in sorted(lm["table"].items(), key=lambda kv: kv[1]["test_bpc"][0]):
             out.append(f"{c:<14}{_pm(r['test_bpc']):>20}{_pm(r['val_bpc']):>20}"
                        f"{r['evals']:>8.0f}{r['cpu_s']:>8.0f}")
-        for k in ("lm_forward_vs_recipe", "lm_forward_vs_tpe"):
+        for k in ("lm_forward_vs_recipe", "lm_forward_vs_tpe", "lm_forward_sign_vs_recipe"):
             if k in lm:
                 out.append(f"{k} = {_pm(lm[k], '.3f')}")
     return "\n".join(out)
