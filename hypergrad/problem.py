@@ -218,7 +218,7 @@ class InnerProblem:
         """The callable batch source whose draws follow an int attribute ``seed``
         (:class:`~hypergrad.data.MiniBatches`, the character LM's batches, or yours), or
         ``None`` (a sequence, a stream, a callable without one)."""
-        src = self._batch.data if self._batch.data is not None else self._batch.fetch
+        src = self._batch.data if self._batch.data is not None else self._batch._fetch
         seed = getattr(src, "seed", None)
         if isinstance(seed, bool) or not isinstance(seed, int) or isinstance(src, Sequence):
             return None
@@ -880,8 +880,6 @@ class _Batches:
     def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None,
                  data: Any = None, stream: Stream | None = None) -> None:
         self._fetch = fetch
-        self.fetch = fetch
-        """The source's own ``t -> batch`` (unchecked)."""
         self.n_examples = n_examples
         self.data = data
         self.stream = stream

@@ -305,9 +305,9 @@ def test_a_callable_source_with_a_seed_attribute_draws_other_batches_in_a_varian
     q = build(Sampler(3))
     first = q._batch(0)[0]
     with q.variant(2):
-        assert q._batch.fetch.seed == 3 + 2 * hg.problem.VARIANT_STRIDE
+        assert q._batch._fetch.seed == 3 + 2 * hg.problem.VARIANT_STRIDE
         assert not torch.equal(q._batch(0)[0], first)
-    assert q.varies and q._batch.fetch.seed == 3 and torch.equal(q._batch(0)[0], first)
+    assert q.varies and q._batch._fetch.seed == 3 and torch.equal(q._batch(0)[0], first)
     fixed = build(lambda t: (x[:4], y[:4]))
     fixed.check(fixed.init_raw())
     assert not fixed.varies

@@ -434,9 +434,16 @@ class Trainer:
         recent = sorted(self._plain_recent or [self._plain_seconds or 0.0])
         return margin * recent[len(recent) // 2]
 
-    def _timed_plain(self, seconds: float) -> None:
-        self._plain_seconds = seconds
-        self._plain_recent.append(seconds)
+    def _timed_value(self, lam: Tensor, variant: int) -> float:
+        """The validation loss after one plain inner run at ``lam`` in the problem's
+        ``variant`` (0: itself), its seconds recorded for the budget's forecasts."""
+        t0 = self._now()
+        with torch.no_grad(), self.problem.variant(variant):
+            state = self.problem.run(lam)
+            value = float(self.problem.objective(state.params, state.buffers, lam))
+        self._plain_seconds = self._now() - t0
+        self._plain_recent.append(self._plain_seconds)
+        return value
 
     def _plain(self, lam: Tensor, kind: str) -> float | None:
         """The validation loss at ``lam`` after one plain inner run (tracked as a candidate for
@@ -447,11 +454,7 @@ class Trainer:
         if (budget is not None and self._plain_seconds is not None
                 and now + self._plain_slow() > budget - self._reserve()):
             return None
-        t0 = self._now()
-        with torch.no_grad():
-            state = self.problem.run(lam)
-            value = float(self.problem.objective(state.params, state.buffers, lam))
-        self._timed_plain(self._now() - t0)
+        value = self._timed_value(lam, 0)
         self.evaluations.append({"elapsed": self._now() - self._fit_start,
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
                                  "outer_step": self.outer_step})
@@ -635,9 +638,8 @@ class Trainer:
         self.tracker.track(value, last, None, self.outer_step, first=False)
         assert self.tracker.best is not None
         best_val, best_lam, best_step = self.tracker.best
-        rechecked = self._recheck()
-        if rechecked:
-            pick = min(rechecked, key=lambda r: r["val_loss"] + r["variant_val_loss"])
+        rechecked, pick = self._recheck()
+        if pick is not None:
             best_val, best_lam, best_step = pick["val_loss"], pick["lam"], pick["outer_step"]
         hps = self.problem.hyperparams
         if self.history:
@@ -650,11 +652,12 @@ class Trainer:
                            best_val_loss=best_val, last_val_loss=float(value),
                            rechecked=rechecked)
 
-    def _recheck(self) -> list[dict[str, Any]]:
+    def _recheck(self) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Train the best points again in another batch order (:meth:`InnerProblem.variant
         <hypergrad.InnerProblem.variant>`), best first, each at least :data:`RECHECK_APART`
-        of the box from the others in some coordinate, while the time budget allows; ``[]``
-        when fewer than two were re-checked (nothing to choose)."""
+        of the box from the others in some coordinate, while the time budget allows. Returns
+        them and the one with the lowest mean of both losses; ``([], None)`` when fewer than
+        two were re-checked (nothing to choose)."""
         budget = self.guards.time_budget
         out: list[dict[str, Any]] = []
         lo, hi = self.box
@@ -667,27 +670,23 @@ class Trainer:
                    for _, x, _ in picked):  # a neighbour of a chosen point tells nothing new
                 picked.append((val, lam, step))
         if len(picked) < 2:
-            return []
+            return [], None
         for val, lam, step in picked:
             if (budget is not None and self._plain_seconds is not None
                     and self._now() - self._fit_start + self._plain_slow() > budget):
                 break
-            t0 = self._now()
-            with torch.no_grad(), self.problem.variant(1):
-                state = self.problem.run(lam)
-                v = float(self.problem.objective(state.params, state.buffers, lam))
-            self._timed_plain(self._now() - t0)
+            v = self._timed_value(lam, 1)
             out.append({"lam": lam.clone(), "val_loss": val,
                         "variant_val_loss": v if math.isfinite(v) else math.inf,
                         "outer_step": step})
         if len(out) < 2:
-            return []
+            return [], None
         pick = min(out, key=lambda r: r["val_loss"] + r["variant_val_loss"])
         said = ", ".join(f"{r['val_loss']:.4g} -> {r['variant_val_loss']:.4g}" for r in out)
         self.message(f"re-checked the {len(out)} best points in another batch order ({said}); "
                      f"returned the one of outer step {pick['outer_step']} (mean validation "
                      f"loss {(pick['val_loss'] + pick['variant_val_loss']) / 2:.4g})")
-        return out
+        return out, pick
 
     def _fit_online(self) -> TrainResult:
         m, p, mode = self.method, self.problem, self.mode
