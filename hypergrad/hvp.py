@@ -43,12 +43,14 @@ forward pass counts the activations ``a`` it saves, and a column is taken to hol
 ``VmapVJP(compile=True)`` runs the gradient and the batched products through ``torch.compile``
 (opt-in; ``method.compile=true`` in the Hydra configs). Where it traces, it is faster in steady
 state (docs/benchmarks.md: the MLP 1.3-1.5x over eager at K = 4 and 16, the small CNNs up to 1.2x,
-equal on the 28x28 CNN), but the first step compiles for 10-20 s, a new column count or a
-step-dependent hyperparameter value (a schedule window) recompiles until dynamo's recompile
-limit, after which those calls run eagerly. torch 2.13 traces ``vmap`` over a convolution's
-double backward with static shapes only; dynamo switches a function to dynamic shapes once its
-input shapes change, so each compiled strategy compiles a code object of its own (one model's
-recompiles do not reach another's; reuse one strategy across runs of a model, as
+equal on the 28x28 CNN), but the first step compiles for 10-20 s. A new column count would
+recompile (until dynamo's recompile limit, after which those calls run eagerly): the compiled
+call pads its columns with zero columns to at most :data:`COMPILE_BUCKETS` counts, so a
+schedule, whose windows' columns start one after another, compiles a few shapes. torch 2.13
+traces ``vmap`` over a convolution's double backward with static shapes only; dynamo switches a
+function to dynamic shapes once its input shapes change, so each compiled strategy compiles a
+code object of its own (one model's recompiles do not reach another's; reuse one strategy across
+runs of a model, as
 :class:`~hypergrad.Trainer` does, to compile once). Where tracing fails, the strategy warns once
 and runs eager (same results). Hence off by default here; ``ForwardMode()`` (``compile=None``)
 turns it on for a long run when a short measurement says it pays
@@ -319,6 +321,30 @@ def _pair(gz: tuple[Dict, Dict]) -> Dict:
 
 _COMPILED_IDS = itertools.count()
 
+COMPILE_BUCKETS = 4
+"""A compiled :class:`VmapVJP` pads its columns with zero columns up to the next multiple of
+``ceil(K / COMPILE_BUCKETS)`` (capped at ``K``): at most this many column counts are compiled
+per model, whichever columns are live at a step (torch.compile's recompile limit is 8)."""
+
+
+def compile_bucket(k: int, n: int) -> int:
+    """The column count a compiled call on ``k`` of ``n`` columns runs (see
+    :data:`COMPILE_BUCKETS`)."""
+    if k <= 0 or k >= n:
+        return k
+    q = -(-n // COMPILE_BUCKETS)
+    return min(n, -(-k // q) * q)
+
+
+def _padded(d: Dict, rows: int) -> Dict:
+    return {k: _padded_rows(v, rows) for k, v in d.items()}
+
+
+def _padded_rows(v: Tensor, rows: int) -> Tensor:
+    if v.shape[0] >= rows:
+        return v
+    return torch.cat([v, v.new_zeros((rows - v.shape[0], *v.shape[1:]))])
+
 
 class VmapVJP(HVPStrategy):
     """Functional reverse-over-reverse: ``vmap(vjp_fn)`` of ``vjp(grad f)``; one gradient forward,
@@ -362,6 +388,19 @@ class VmapVJP(HVPStrategy):
     def _run(self, *args: Any) -> tuple[Dict, Dict, Dict, Dict]:
         if not self.compile or self._compile_failed:
             return _vmap_vjp(*args)
+        f, params, buffers, lam, zp, zb, eye, chunk = args
+        k = eye.shape[0]
+        b = compile_bucket(k, lam.shape[0])
+        if b == k:
+            return self._run_compiled(*args)
+        # zero columns up to the bucket: one compiled shape serves every count of live columns
+        # in it (a schedule's windows start one after another; each count would recompile)
+        g, new_b, G, zb_new = self._run_compiled(
+            f, params, buffers, lam, _padded(zp, b), _padded(zb, b), _padded_rows(eye, b),
+            b if chunk >= k else chunk)
+        return g, new_b, {n: v[:k] for n, v in G.items()}, {n: v[:k] for n, v in zb_new.items()}
+
+    def _run_compiled(self, *args: Any) -> tuple[Dict, Dict, Dict, Dict]:
         if self._compiled is None:
             # a code object of its own, under a name of its own: dynamo keeps its cache and
             # its record of which inputs changed shape (automatic dynamic shapes, keyed by

@@ -152,19 +152,73 @@ def test_the_time_budget_does_not_predict_steps_from_the_compilation(
     assert len(res.history) >= 2, [h.get("seconds") for h in res.history]
 
 
-@pytest.mark.parametrize("case", ["schedule", "chunked"])
-def test_shapes_that_would_recompile_are_not_tried(monkeypatch: pytest.MonkeyPatch,
-                                                   case: str) -> None:
-    """Columns that start later (schedule windows) and chunked products change the compiled
-    call's shapes between steps (every shape compiles anew, up to dynamo's limit): eager,
-    said in the report, nothing compiled."""
+def test_chunked_products_are_not_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunked products change the compiled call's shapes between calls (every chunk's slice
+    compiles anew, up to dynamo's limit): eager, said in the report, nothing compiled."""
     monkeypatch.setattr(F, "AUTO_COMPILE_AFTER_S", 0.0)
     compiled: list[int] = []
     monkeypatch.setattr(torch, "compile", lambda fn, *a, **k: compiled.append(1) or fn)
-    problem = _problem(kind="schedule" if case == "schedule" else "per_tensor_wd")
-    fm = hg.ForwardMode(hg.hvp.VmapVJP(chunk_size=2) if case == "chunked" else None)
+    problem = _problem()
+    fm = hg.ForwardMode(hg.hvp.VmapVJP(chunk_size=2))
     fm.hypergradient(problem, problem.init_raw())
     rep = fm.compile_report
     assert rep is not None and rep["chosen"] == "eager" and "not tried" in rep["reason"]
-    assert ("schedule windows" if case == "schedule" else "chunks") in rep["reason"]
+    assert "chunks" in rep["reason"]
     assert not compiled and not fm.hvp.compile
+
+
+def _counting_compile(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``torch.compile`` as the identity, recording the column count of every call."""
+    counts: list[int] = []
+
+    def compile_(fn: Any, *a: Any, **k: Any) -> Any:
+        def run(*args: Any) -> Any:
+            counts.append(args[6].shape[0])  # eye: (columns, K)
+            return fn(*args)
+        return run
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    return counts
+
+
+def test_a_schedule_compiles_a_few_column_counts_with_the_eager_hypergradient(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule's windows start one after another, so the live columns grow step by step;
+    the compiled products pad them with zero columns to at most ``COMPILE_BUCKETS`` counts
+    (each count would compile anew) and give eager's hypergradient (float64)."""
+    counts = _counting_compile(monkeypatch)
+    problem = digits_case("sgd", "schedule", steps=16, n_train=24, batch_size=8, hidden=8,
+                          n_val=32, windows=8)
+    lam = problem.init_raw()
+    eager = hg.ForwardMode(compile=False)
+    g_eager = eager.hypergradient(problem, lam).grad
+    live: list[int] = []
+    with monkeypatch.context() as m:
+        m.setattr(H, "_vmap_vjp", _recording(H._vmap_vjp, live))
+        eager.hypergradient(problem, lam)
+    g = hg.ForwardMode(compile=True).hypergradient(problem, lam).grad
+    assert set(live) == set(range(2, 9)), live  # unpadded: a count per window (one: autograd)
+    assert counts and set(counts) <= {2, 4, 6, 8} and len(set(counts)) <= H.COMPILE_BUCKETS
+    torch.testing.assert_close(g, g_eager, rtol=1e-12, atol=1e-14)
+
+
+def _recording(fn: Any, into: list[int]) -> Any:
+    def run(*args: Any) -> Any:
+        into.append(args[6].shape[0])
+        return fn(*args)
+    return run
+
+
+def test_a_schedule_is_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns that start later no longer keep ``compile=None`` from measuring: the report
+    says what it measured, and the compiled path, if kept, pads to a few counts."""
+    monkeypatch.setattr(F, "AUTO_COMPILE_AFTER_S", 0.0)
+    _speeds(monkeypatch, 0.01, 0.03)
+    problem = digits_case("sgd", "schedule", steps=16, n_train=24, batch_size=8, hidden=8,
+                          n_val=32, windows=8)
+    fm = hg.ForwardMode()
+    g = fm.hypergradient(problem, problem.init_raw()).grad
+    rep = fm.compile_report
+    assert rep is not None and rep["chosen"] == "compiled", rep
+    g_eager = hg.ForwardMode(compile=False).hypergradient(problem, problem.init_raw()).grad
+    torch.testing.assert_close(g, g_eager, rtol=1e-12, atol=1e-14)

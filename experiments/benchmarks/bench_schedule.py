@@ -16,12 +16,18 @@ units) and prints ``bound``: the ratio even a step with no fixed cost beyond one
 
     python experiments/benchmarks/bench_schedule.py          # full run
     python experiments/benchmarks/bench_schedule.py --quick  # < 2 min
+    python experiments/benchmarks/bench_schedule.py --compile  # + the skipping run compiled
+
+``--compile`` adds ``ForwardMode(compile=True)``: the compiled products pad the live columns to
+at most ``hypergrad.hvp.COMPILE_BUCKETS`` counts (each count would compile anew); its first run
+(the compilations) is the warm-up, outside the timing, and reported as ``compile s``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--compile", action="store_true",
+                    help="also time the skipping run compiled (ForwardMode(compile=True))")
     args = ap.parse_args()
     tuned = C.setup()
     mach = C.machine()
@@ -55,9 +63,13 @@ def main() -> None:
         lam = p.init_raw()
         methods = {"dense": hg.ForwardMode(skip_zero_columns=False),
                    "skip": hg.ForwardMode()}
-        grads = {}
+        if args.compile:
+            methods["compiled"] = hg.ForwardMode(compile=True)
+        grads, first_s = {}, {}
         for name, m in methods.items():
+            t0 = time.perf_counter()
             grads[name] = m.hypergradient(p, lam).grad  # warm-up and the result
+            first_s[name] = time.perf_counter() - t0
         times = C.interleaved_times({name: (lambda m=m: m.hypergradient(p, lam))
                                      for name, m in methods.items()}, repeats, 0)
         plain = C.plain_stepper(p, lam)
@@ -77,12 +89,23 @@ def main() -> None:
             "bound": (1 + col * live) / (1 + col * WINDOWS),
             "rel_diff": hg.testing.rel_err(grads["skip"], grads["dense"]),
         })
-        print(C.table(rows[-1:], COLS).splitlines()[1], flush=True)
+        if args.compile:
+            rows[-1].update({
+                "compiled_s": times["compiled"],
+                "compiled_ratio": times["compiled"] / times["skip"],
+                "compile_s": first_s["compiled"] - times["compiled"],
+                "compiled_rel_diff": hg.testing.rel_err(grads["compiled"], grads["skip"])})
+        print(C.table(rows[-1:], COLS + (COMPILED_COLS if args.compile else [])).splitlines()[1],
+              flush=True)
     print()
-    print(C.table(rows, COLS))
+    cols = COLS + (COMPILED_COLS if args.compile else [])
+    print(C.table(rows, cols))
     worst = max(r["ratio"] for r in rows)
     line = (f"schedule_vs_dense max_ratio={worst:.2f} (models {', '.join(models)}); bound at "
             f"a fixed cost of one plain step: {max(r['bound'] for r in rows):.2f}")
+    if args.compile:
+        line += (f"; compiled/skip min={min(r['compiled_ratio'] for r in rows):.2f} "
+                 f"max={max(r['compiled_ratio'] for r in rows):.2f}")
     C.finish("bench_schedule", {"machine": mach, "rows": rows, "quick": args.quick}, args.json,
              line)
 
@@ -93,6 +116,8 @@ COLS = [("model", "model", ""), ("T", "T", "d"), ("dense_s", "dense s", ".2f"),
         ("dense_x_plain", "dense x plain", ".1f"), ("skip_x_plain", "skip x plain", ".1f"),
         ("fixed_x_plain", "a", ".2f"), ("col_x_plain", "b", ".2f"), ("bound", "bound", ".2f"),
         ("rel_diff", "rel diff", ".1e")]
+COMPILED_COLS = [("compiled_s", "compiled s", ".2f"), ("compiled_ratio", "compiled/skip", ".2f"),
+                 ("compile_s", "compile s", ".1f"), ("compiled_rel_diff", "rel diff c", ".1e")]
 
 
 if __name__ == "__main__":

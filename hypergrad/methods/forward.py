@@ -161,7 +161,9 @@ class _AutoCompile:
     the products of that step's inputs eager 4 times and compiled 4 times (the first of each
     untimed: warm-up, compilation), synchronized on CUDA; the compiled strategy kept if its
     median is at least 10 % below eager's. The same inputs for both: a schedule's columns start
-    over the run, so steps apart would not compare."""
+    over the run, so steps apart would not compare. The compiled products pad their columns to
+    at most :data:`~hypergrad.hvp.COMPILE_BUCKETS` counts, so the columns that start later
+    compile a few shapes, not one per count."""
 
     REPEATS = 3
 
@@ -179,15 +181,6 @@ class _AutoCompile:
             return out
         eager = fm.hvp
         assert isinstance(eager, VmapVJP)
-        if fm.skip_zero_columns and fm._plan(problem).has_late:
-            # columns that start later (schedule windows) change the products' shapes from
-            # step to step and run to run: every count of live columns would compile anew
-            self.report = {"eager_ms": None, "compiled_ms": None, "compile_s": 0.0,
-                           "after_s": self.spent, "trial_s": 0.0, "chosen": "eager",
-                           "reason": "not tried: hyperparameters whose columns start later "
-                                     "(schedule windows) would recompile the products as "
-                                     "they start"}
-            return fm._step(problem, fs, lam, columns)
         trial = _Trial(eager, VmapVJP(eager.chunk_size, eager.memory_budget, compile=True),
                        lam.device, self.REPEATS)
         fm.hvp = trial  # type: ignore[assignment]
