@@ -311,3 +311,24 @@ def test_a_callable_source_with_a_seed_attribute_draws_other_batches_in_a_varian
     fixed = build(lambda t: (x[:4], y[:4]))
     fixed.check(fixed.init_raw())
     assert not fixed.varies
+
+
+def test_the_tracker_best_is_the_first_of_its_top_points_and_survives_a_checkpoint() -> None:
+    """The best point is the first of the tracked points (the earlier of equal losses); an
+    older checkpoint without ``top`` restores its best point as the only one."""
+    from hypergrad.run.guards import Tracker
+
+    hps = hg.HyperParams([hg.Scalar("a", 1.0)])
+    tr = Tracker(hps, torch.zeros(1))
+    assert tr.best is None
+    for v, x, step in [(3.0, 1.0, 0), (2.0, 2.0, 1), (2.0, 3.0, 2), (5.0, 4.0, 3)]:
+        tr.track(torch.tensor(v), torch.tensor([x]), None, step, first=False)
+    assert tr.best is not None and tr.best[0] == 2.0 and tr.best[2] == 1
+    tr.track(torch.tensor(1.0), torch.tensor([4.0]), None, 4, first=False)  # a point again
+    assert tr.best[0] == 1.0 and float(tr.best[1]) == 4.0 and len(tr.top) == 4
+    old = tr.state_dict()
+    del old["top"]
+    back = Tracker(hps, torch.zeros(1))
+    back.load_state_dict({**old, "lam": torch.zeros(1), "outer_step": 5}, torch.zeros(1))
+    assert back.best is not None and back.best[0] == 1.0 and back.best[2] == 4
+    assert len(back.top) == 1

@@ -191,7 +191,6 @@ class Tracker:
     def __init__(self, hps: HyperParams, lam0: Tensor) -> None:
         self.hps = hps
         self.lam0 = lam0.detach().clone()
-        self.best: Best | None = None
         self.best_grad: Tensor | None = None  # the outer gradient taken at the best point
         self.last_good = self.lam0.clone()  # lam of the last finite evaluation
         self.last_good_step = 0  # and its outer step
@@ -199,7 +198,14 @@ class Tracker:
         self.zero_warned: set[str] = set()
         self.top: list[Best] = []
         """The best distinct points evaluated, lowest validation loss first (at most
-        :data:`TOP`): the candidates the Trainer re-checks before returning one."""
+        :data:`TOP`; the first of equal losses first): the candidates the Trainer re-checks
+        before returning one."""
+
+    @property
+    def best(self) -> Best | None:
+        """``(validation loss, lam, outer step)`` of the best point evaluated (the first of
+        equal ones), or ``None`` before any."""
+        return self.top[0] if self.top else None
 
     def track(self, value: Tensor, lam: Tensor, grad: Tensor | None, step: int,
               first: bool) -> None:
@@ -207,8 +213,6 @@ class Tracker:
         hyperparameters whose hypergradient is exactly zero."""
         v = float(value)
         self.last_good, self.last_good_step = lam.detach().clone(), step
-        if self.best is None or v < self.best[0]:
-            self.best = (v, lam.detach().clone(), step)
         self._keep(v, lam, step)
         if grad is None:
             return
@@ -305,13 +309,11 @@ class Tracker:
         """Restore from a checkpoint (older ones may lack fields), tensors as ``like``."""
         self.last_good = ck.get("last_good", ck["lam"]).to(like)
         self.last_good_step = int(ck.get("last_good_step", max(int(ck["outer_step"]) - 1, 0)))
-        best = ck.get("best")
-        if best is not None:
-            self.best = (float(best["val"]), best["lam"].to(like), int(best["step"]))
         self.nonzero = set(ck.get("nonzero", []))
         self.top = [(float(b["val"]), b["lam"].to(like), int(b["step"]))
                     for b in ck.get("top", [])]
-        if not self.top and self.best is not None:  # an older checkpoint: its best point
-            self.top = [self.best]
+        best = ck.get("best")
+        if not self.top and best is not None:  # an older checkpoint: its best point
+            self.top = [(float(best["val"]), best["lam"].to(like), int(best["step"]))]
         bg = ck.get("best_grad")
         self.best_grad = None if bg is None else bg.to(like)
