@@ -506,22 +506,31 @@ def _variants() -> dict[str, Any]:
         "no_memory": dict(box_outer=qn(memory=0)),
         "forward": dict(method="forward"),
         "no_leftover": dict(patch={"USE_LEFTOVER": False}),
+        "reinit": dict(suite_patch={"MODEL_FACTORY": True}),
     }
 
 
 def suite_run(tuner: str, name: str, seed: int, budget: float) -> Run:
     """One contender on problem ``name`` at tuning seed ``seed`` within ``budget`` seconds."""
+    import suite
+
     import hypergrad as hg
 
-    task = _suite_task(name, seed)
+    kw: dict[str, Any] = dict(_variants()[tuner[3:]]) if tuner.startswith("hg_") else {}
+    suite_patch = kw.pop("suite_patch", {})  # the problem's construction, for this run only
+    saved_suite = {k: getattr(suite, k) for k in suite_patch}
+    try:
+        for k, v in suite_patch.items():
+            setattr(suite, k, v)
+        task = _suite_task(name, seed)
+    finally:
+        for k, v in saved_suite.items():
+            setattr(suite, k, v)
     p = task.problem
     space = SearchSpace.from_problem(p.hyperparams, task.bounds, dtype=p.dtype)
     if tuner in ("hypergrad", "ablation") or tuner.startswith("hg_"):
-        kw: dict[str, Any] = {}
         if tuner == "ablation":
             kw["method"] = ZerothOrder(space, seed=seed)
-        elif tuner.startswith("hg_"):
-            kw = dict(_variants()[tuner[3:]])
         backtrack = kw.pop("backtrack", None)
         box_outer = kw.pop("box_outer", None)
         import hypergrad.run.trainer as trainer_module

@@ -128,6 +128,28 @@ class FunctionalModel:
         self.probed = False
         """Whether a probe pass has found the buffers forward writes (``InnerProblem.check``)."""
         self._reader: _Reader | None = None
+        self.fresh: dict[str, Tensor] | None = None
+        """Other initial weights (and running statistics) training starts from instead of the
+        module's, by name: set inside :meth:`InnerProblem.variant
+        <hypergrad.InnerProblem.variant>` from the problem's ``model_factory``."""
+
+    def fresh_from(self, other: nn.Module, api: str) -> dict[str, Tensor]:
+        """The trainable parameters and state buffers of ``other`` (a model built again),
+        as this model's dtype and device; refused where its names or shapes differ."""
+        params, bufs = dict(other.named_parameters()), dict(other.named_buffers())
+        out: dict[str, Tensor] = {}
+        for k in [*self.param_names, *self.state_buffer_names]:
+            mine = (self.module.get_parameter(k) if k in self.param_names
+                    else self.module.get_buffer(k))
+            theirs = params.get(k, bufs.get(k))
+            if theirs is None or theirs.shape != mine.shape:
+                got = "none" if theirs is None else f"shape {tuple(theirs.shape)}"
+                raise ValueError(
+                    f"{api}: the model_factory's model has {got} for {k!r}, the problem's "
+                    f"model shape {tuple(mine.shape)}; the factory must build the same "
+                    f"architecture (only the initial weights may differ).")
+            out[k] = theirs.detach().to(device=mine.device, dtype=mine.dtype)
+        return out
 
     def track(self, names: Mapping[str, torch.dtype]) -> None:
         """Carry the buffers ``names`` (name -> their dtype) as training state: the model's
@@ -149,12 +171,15 @@ class FunctionalModel:
         return self._reader
 
     def initial_params(self) -> dict[str, Tensor]:
+        if self.fresh is not None:
+            return {k: self.fresh[k].clone() for k in self.param_names}
         return {k: self.module.get_parameter(k).detach().clone() for k in self.param_names}
 
     def initial_buffers(self) -> dict[str, Tensor]:
         out = {}
         for k in self.state_buffer_names:
-            b = self.module.get_buffer(k).detach()
+            b = (self.fresh[k] if self.fresh is not None and k in self.fresh
+                 else self.module.get_buffer(k).detach())
             out[k] = b.to(self.dtype) if k in self.generic and b.dtype != self.dtype else b.clone()
         return out
 

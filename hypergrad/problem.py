@@ -82,6 +82,12 @@ class InnerProblem:
             finite-difference run, draws from a generator state fixed by ``(seed, t)``
             (:mod:`hypergrad.rng`), so the step is a deterministic function and all
             methods differentiate the same one. The caller's generator state is left untouched.
+        model_factory: builds the model again, e.g. ``lambda: Net()`` (the same architecture;
+            called under ``torch.manual_seed``, its random initialisation is what differs).
+            With it, :meth:`variant` also starts training from other initial weights, as a
+            retraining at another seed would, so the Trainer's re-checks of its best points
+            catch a point that trains well from one initialisation only. Without it, variants
+            keep the model's initial weights.
 
     Example:
         >>> problem = InnerProblem(model, train_loss, sgd(lr="lr"), HyperParams([...]),
@@ -91,7 +97,7 @@ class InnerProblem:
     def __init__(self, model: nn.Module, train_loss: TrainLoss, optimizer: Optimizer,
                  hyperparams: HyperParams, batches: Sequence[Any] | Callable[[int], Any]
                  | Iterable[Any], steps: int, val_loss: ValLoss, val_mode: str = "eval",
-                 seed: int = 0) -> None:
+                 seed: int = 0, model_factory: Callable[[], nn.Module] | None = None) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(
                 f"InnerProblem: steps={steps!r} must be an int >= 1 (the horizon T); with T = 0 "
@@ -115,6 +121,12 @@ class InnerProblem:
                             f"step's random draws), e.g. seed=0.")
         if not callable(train_loss) or not callable(val_loss):
             raise TypeError("InnerProblem: train_loss and val_loss must be callables.")
+        if model_factory is not None and (not callable(model_factory)
+                                          or isinstance(model_factory, nn.Module)):
+            raise TypeError(f"InnerProblem: model_factory={model_factory!r} must be a callable "
+                            f"that builds the model again, e.g. model_factory=lambda: Net() "
+                            f"(not a model).")
+        self.model_factory = model_factory
         self.fmodel = FunctionalModel(model)
         self.recurrent = has_recurrent(model)
         self._precision_checked = False
@@ -212,6 +224,7 @@ class InnerProblem:
 
         src = self._seeded_source()
         return (bool(self.draws) or self._batch.stream is not None
+                or self.model_factory is not None
                 or (src is not None and (not isinstance(src, MiniBatches) or src.shuffle)))
 
     def _seeded_source(self) -> Any:
@@ -230,8 +243,9 @@ class InnerProblem:
         mini-batches from a callable source whose draws follow an int attribute ``seed``
         (:class:`~hypergrad.data.MiniBatches`' shuffles, the character LM's windows, or
         yours: the seed moved by ``k * VARIANT_STRIDE``) and other random draws in the step
-        (the run seed moved the same way); a stream draws a fresh pass per run anyway. The
-        initial weights and the data stay. ``k = 0``: the problem itself. The Trainer
+        (the run seed moved the same way); a stream draws a fresh pass per run anyway; with a
+        ``model_factory``, other initial weights (the factory's model built under the moved
+        seed). The data stays. ``k = 0``: the problem itself. The Trainer
         re-checks its best points in a variant before it returns one
         (``Offline(recheck=...)``): a point that only one batch order trains well is not the
         one to return."""
@@ -245,16 +259,33 @@ class InnerProblem:
             if hasattr(src, "_perm"):  # MiniBatches' cached permutation of an epoch
                 src._perm = None
 
+        fresh = self._fresh_weights(seed + k * VARIANT_STRIDE) if k else None
         try:
             if k:
                 self.seed = seed + k * VARIANT_STRIDE
                 if src_seed is not None:
                     move(src_seed + k * VARIANT_STRIDE)
+                self.fmodel.fresh = fresh
             yield
         finally:
             self.seed = seed
+            self.fmodel.fresh = None
             if src_seed is not None and src.seed != src_seed:
                 move(src_seed)
+
+    def _fresh_weights(self, seed: int) -> dict[str, Tensor] | None:
+        """The ``model_factory``'s initial weights under ``seed`` (``None`` without a
+        factory); the caller's random state is left as it was."""
+        if self.model_factory is None:
+            return None
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(seed)
+            other = self.model_factory()
+        if not isinstance(other, nn.Module):
+            raise TypeError(f"InnerProblem: model_factory() returned "
+                            f"{type(other).__name__}; it must return the model (an nn.Module).")
+        return self.fmodel.fresh_from(other, "InnerProblem")
 
     def first_batch(self) -> Any:
         """Mini-batch 0 as the checks see it: ``batch(0)`` of a sequence or a callable; of a

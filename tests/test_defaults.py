@@ -332,3 +332,68 @@ def test_the_tracker_best_is_the_first_of_its_top_points_and_survives_a_checkpoi
     back.load_state_dict({**old, "lam": torch.zeros(1), "outer_step": 5}, torch.zeros(1))
     assert back.best is not None and back.best[0] == 1.0 and back.best[2] == 4
     assert len(back.top) == 1
+
+
+def _fixed_batch_problem(factory: Any) -> tuple[hg.InnerProblem, Any]:
+    """``lr_momentum``'s model, losses and hyperparameters on a fixed list of batches (the
+    runs vary only through the factory's initial weights)."""
+    p = lr_momentum()
+    fixed = [p._batch(t) for t in range(4)]
+    q = hg.InnerProblem(p.fmodel.module, p.train_loss, p.optimizer, hg.HyperParams(
+        [hg.Scalar("lr", 0.02, "log"), hg.Scalar("momentum", 0.5, "logit")]), fixed, 8,
+        p.val_loss, model_factory=factory)
+    return q, p.fmodel.module
+
+
+def test_a_model_factory_makes_variants_start_from_other_initial_weights() -> None:
+    """With ``model_factory``, variant k trains from the factory's model built under the
+    moved seed (reproducibly), the module is untouched, the caller's random state is left as
+    it was, and a problem on fixed batches then varies (and is re-checked)."""
+    from hypergrad.problem import VARIANT_STRIDE
+    from hypergrad.tasks import mlp
+
+    calls: list[int] = []
+
+    def factory() -> torch.nn.Module:
+        calls.append(1)
+        return mlp([64, 8, 10])  # float32: converted to the problem's float64
+
+    q, module = _fixed_batch_problem(factory)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    lam = q.init_raw()
+    w0 = q.initial_state(lam).params
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    with q.variant(2):
+        w2 = q.initial_state(lam).params
+        with torch.no_grad():
+            v2 = float(q.objective(*q.run(lam)[:2], lam))
+    assert torch.equal(torch.rand(3), expected_next)  # the caller's generator untouched
+    torch.manual_seed(q.seed + 2 * VARIANT_STRIDE)
+    built = mlp([64, 8, 10])
+    for k, v in built.named_parameters():
+        assert w2[k].dtype == torch.float64 and torch.equal(w2[k], v.detach().double())
+        assert not torch.equal(w2[k], w0[k])
+    assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
+    assert all(torch.equal(q.initial_state(lam).params[k], w0[k]) for k in w0)  # restored
+    with q.variant(2), torch.no_grad():
+        assert float(q.objective(*q.run(lam)[:2], lam)) == v2  # reproducible
+    assert q.varies and len(calls) == 2
+    res = hg.Trainer(q, callbacks=quiet(), mode=hg.Offline(outer_steps=2, recheck="auto")).fit()
+    assert res.rechecked  # fixed batches, but other initial weights: re-checked
+
+
+def test_a_bad_model_factory_is_refused_with_the_fix() -> None:
+    q, module = _fixed_batch_problem(None)
+    assert not q.varies
+    with pytest.raises(TypeError, match="must be a callable that builds the model again"):
+        _fixed_batch_problem(module)
+    from hypergrad.tasks import mlp
+
+    q, _ = _fixed_batch_problem(lambda: mlp([64, 9, 10]))
+    with pytest.raises(ValueError, match="model_factory's model has shape"), q.variant(1):
+        pass
+    q, _ = _fixed_batch_problem(lambda: "not a model")
+    with pytest.raises(TypeError, match="returned str"), q.variant(1):
+        pass
