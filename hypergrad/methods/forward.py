@@ -32,7 +32,7 @@ import statistics
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -124,12 +124,42 @@ def _zero_columns(z: InnerState, cols: list[int]) -> bool:
     return True
 
 
+def _map(f: Callable[[Tensor], Tensor], tree: Any) -> Any:
+    """``tree_map`` over a tangent state (NamedTuples, dicts, lists and tuples of tensors),
+    without the generic pytree's bookkeeping: it runs on every row gather and scatter of a
+    step, where torch's ``tree_map`` took a fifth of a small model's step."""
+    if isinstance(tree, Tensor):
+        return f(tree)
+    if isinstance(tree, dict):
+        return {k: _map(f, v) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        items = [_map(f, v) for v in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else tuple(items)
+    if isinstance(tree, list):
+        return [_map(f, v) for v in tree]
+    return tree_map(f, tree)  # anything else: the generic path
+
+
+def _first_leaf(tree: Any) -> Tensor | None:
+    """The first tensor of a tangent state (depth first, in order), or ``None``: its identity
+    tells a step whether it gets back the state the last step returned."""
+    if isinstance(tree, Tensor):
+        return tree
+    items = tree.values() if isinstance(tree, dict) else tree
+    if isinstance(items, (tuple, list)) or isinstance(tree, dict):
+        for v in items:
+            leaf = _first_leaf(v)
+            if leaf is not None:
+                return leaf
+    return None
+
+
 def _rows(tree: Any, idx: Tensor) -> Any:
     """Rows ``idx`` of every leaf (views when ``idx`` is a prefix ``0..n-1``)."""
     n = idx.numel()
     if n and int(idx[-1]) == n - 1:  # sorted and unique, so a prefix
-        return tree_map(lambda v: v[:n], tree)
-    return tree_map(lambda v: v.index_select(0, idx), tree)
+        return _map(lambda v: v[:n], tree)
+    return _map(lambda v: v.index_select(0, idx), tree)
 
 
 def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
@@ -145,7 +175,7 @@ def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
             return out
         return v.new_zeros((k, *v.shape[1:])).index_copy_(0, idx, v)
 
-    return tree_map(one, tree)
+    return _map(one, tree)
 
 
 AUTO_COMPILE_AFTER_S = float(os.environ.get("HYPERGRAD_AUTO_COMPILE_AFTER_S", "30"))
@@ -422,7 +452,8 @@ class ForwardMode(OnlineMethod, name="forward"):
         if live is not None:
             tangents = _scatter(tangents, live, n)
             dead = frozenset(range(n)) - frozenset(live.tolist())
-            self._zero_memo = (weakref.ref(tree_flatten(tangents)[0][0]), dead)
+            leaf = _first_leaf(tangents)
+            self._zero_memo = None if leaf is None else (weakref.ref(leaf), dead)
         return ForwardState(InnerState(params, new_b, opt), tangents, t + 1)
 
     def _known_zero(self, z: InnerState, cols: list[int]) -> bool:
@@ -431,8 +462,8 @@ class ForwardMode(OnlineMethod, name="forward"):
         if self._zero_memo is None:
             return False
         ref, dead = self._zero_memo
-        first = tree_flatten(z)[0]
-        return bool(first) and ref() is first[0] and dead.issuperset(cols)
+        first = _first_leaf(z)
+        return first is not None and ref() is first and dead.issuperset(cols)
 
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate:

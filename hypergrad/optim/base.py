@@ -151,7 +151,7 @@ class TangentContext:
             return
         xv = x() if callable(x) else x
         for j, r in enumerate(self.rows):
-            z[r].addcmul_(xv, sign * d[j])
+            z[r].addcmul_(xv, d[j], value=sign)
 
     def combine(self, *terms: tuple[Any, Tensor | None]) -> Tensor | None:
         """``sum c * d`` over the ``(c, d)`` whose derivative ``d`` is not ``None``."""
