@@ -86,7 +86,8 @@ class InnerProblem:
             called under ``torch.manual_seed``, its random initialisation is what differs).
             With it, :meth:`variant` also starts training from other initial weights, as a
             retraining at another seed would, so the Trainer's re-checks of its best points
-            catch a point that trains well from one initialisation only. Without it, variants
+            also see how each trains from another initialisation (on the suite's development
+            half this changed nothing measurable: docs/benchmarks.md). Without it, variants
             keep the model's initial weights.
 
     Example:
