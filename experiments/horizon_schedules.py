@@ -395,11 +395,14 @@ def retrain_seeds(quick: bool) -> list[int]:
     return [100] if quick else [100, 101, 102]
 
 
-def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], None]) -> None:
+def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], None],
+        only: list[str] | None = None, contenders: list[str] | None = None) -> None:
     """Every (study, seed, contender) unit not yet in ``records``: tune, then retrain the
     result on fresh seeds; plus the constant-lr and cosine baselines that show the schedule
-    matters."""
+    matters. ``only`` (study names) / ``contenders``: only these (default all)."""
     for name, st in studies(quick).items():
+        if only is not None and name not in only:
+            continue
         unit = f"schedule/{name}/baselines"
         if not records.done(unit):
             records.add(unit, {"part": "schedule", "study": name, "kind": "baselines",
@@ -407,6 +410,8 @@ def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], No
             log(f"{unit}: {records.get(unit)['summary']}")
         for seed in seeds:
             for c in CONTENDERS:
+                if contenders is not None and c not in contenders:
+                    continue
                 unit = f"schedule/{name}/{c}/{seed}"
                 if records.done(unit):
                     continue

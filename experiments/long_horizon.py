@@ -207,6 +207,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="tuning seeds of parts 2 and 3 (default 0 1 2; quick: 0)")
     ap.add_argument("--out", default=None, help="folder of the records, JSON and plots "
                     "(default experiments/results; quick: outputs/long_horizon_quick)")
+    ap.add_argument("--studies", nargs="+", default=None, choices=("teacher", "nqm"),
+                    help="part 2: only these problems (default both)")
+    ap.add_argument("--contenders", nargs="+", default=None,
+                    choices=horizon_schedules.CONTENDERS,
+                    help="part 2: only these contenders (default all; with --out, a rerun of "
+                         "some beside the committed records)")
     ap.add_argument("--summarize", action="store_true",
                     help="only rewrite the JSON and plots from the records")
     args = ap.parse_args(argv)
@@ -229,7 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if part == "horizon":
                 horizon_memory.run(records, args.quick, work, log)
             elif part == "schedule":
-                horizon_schedules.run(records, args.quick, seeds, log)
+                horizon_schedules.run(records, args.quick, seeds, log, only=args.studies,
+                                      contenders=args.contenders)
             else:
                 horizon_lm.run(records, args.quick, seeds, log)
             write(records, out, args.quick)

@@ -197,3 +197,16 @@ def test_long_horizon_quick(tmp_path: Path) -> None:
                             "--quick", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == last
+
+
+def test_long_horizon_reruns_chosen_contenders_only(tmp_path: Path) -> None:
+    """``--parts schedule --studies nqm --contenders recipe``: the baselines and that one
+    contender's unit of that study, nothing else (a rerun beside the committed records)."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "long_horizon.py"),
+                          "--quick", "--parts", "schedule", "--studies", "nqm", "--contenders",
+                          "recipe", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    units = [json.loads(line)["unit"] for line in
+             (tmp_path / "long_horizon_records.jsonl").read_text().splitlines()]
+    assert units == ["schedule/nqm/baselines", "schedule/nqm/recipe/0"]
