@@ -397,3 +397,37 @@ def test_a_bad_model_factory_is_refused_with_the_fix() -> None:
     q, _ = _fixed_batch_problem(lambda: "not a model")
     with pytest.raises(TypeError, match="returned str"), q.variant(1):
         pass
+
+
+def test_a_model_factory_with_batchnorm_gives_its_running_statistics_too() -> None:
+    """A factory's model with BatchNorm: the variant's initial weights and running statistics
+    are the factory's, and a plain run trains from them."""
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data
+
+    data = digits_data(n_train=32, n_val=32, n_test=32, dtype=torch.float64)
+
+    def build() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.BatchNorm1d(8),
+                                   torch.nn.Tanh(), torch.nn.Linear(8, 10)).double()
+
+    torch.manual_seed(0)
+    net = build()
+    with torch.no_grad():
+        net[1].running_mean.fill_(0.5)  # the problem's own statistics differ from a fresh one
+    p = hg.InnerProblem(net, lambda m, b, hp: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.05, "log")]),
+                        MiniBatches(data.x_train, data.y_train, batch_size=8), 4,
+                        lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val),
+                                                                        data.y_val),
+                        model_factory=build)
+    lam = p.init_raw()
+    s0 = p.initial_state(lam)
+    with p.variant(1):
+        s1 = p.initial_state(lam)
+        with torch.no_grad():
+            v1 = float(p.objective(*p.run(lam)[:2], lam))
+    assert torch.equal(s0.buffers["1.running_mean"], torch.full((8,), 0.5, dtype=torch.float64))
+    assert torch.equal(s1.buffers["1.running_mean"], torch.zeros(8, dtype=torch.float64))
+    assert not torch.equal(s1.params["0.weight"], s0.params["0.weight"])
+    assert math.isfinite(v1)
