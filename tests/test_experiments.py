@@ -117,6 +117,19 @@ def test_bench_precision_compares_float32_with_float64(tmp_path: Path) -> None:
     assert [r["model"] for r in rows] == ["mlp"] and rows[0]["fwd32_vs_rev32"] < 1e-4
 
 
+def test_bench_tape_times_both_reverse_modes_with_the_same_hypergradient(tmp_path: Path) -> None:
+    """One suite problem: the row has both reverse modes (and forward mode) in plain runs, the
+    same hypergradient, and the last line."""
+    out = _script("experiments/benchmarks/bench_tape.py", "--quick", "--no-wait", "--problems",
+                  "wine_per_tensor_lr", "--json", str(tmp_path / "t.json"))
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"tape_vs_reverse median=\S+ max=\S+ \(problems 1\); tape in plain "
+                        r"runs \S+-\S+", last), last
+    (row,) = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert row["problem"] == "wine_per_tensor_lr" and row["rel_diff"] < 1e-5
+    assert row["tape_x_plain"] > 1 and row["reverse_x_plain"] > 1
+
+
 def test_profile_plain_profiles_both_steps() -> None:
     out = _script("experiments/benchmarks/profile_plain.py", "--model", "transformer",
                   "--k", "2", "--rows", "3")

@@ -1,0 +1,91 @@
+"""Reverse mode on autograd's tape against reverse mode's stored-states sweep.
+
+``ReverseMode()`` runs the inner steps plainly, keeps every state, then takes each step's VJP
+by recomputing the step under ``torch.func.vjp`` (the step runs twice). ``ReverseMode(tape=True)``
+records the run once on autograd's tape, every step's gradient with its graph, and takes
+``dE/dlam`` in one backward pass (memory: the whole run's graph). Both give the same
+hypergradient. On the suite's small problems (experiments/suite.py, K <= 15, where the Trainer's
+``"auto"`` method is reverse mode) this times a plain run, both reverse modes and forward mode
+(eager) in one process, round-robin, median of the repeats, one thread, and prints each in plain
+runs.
+
+    python experiments/benchmarks/bench_tape.py           # the K <= 15 problems, 5 repeats
+    python experiments/benchmarks/bench_tape.py --quick   # 2 problems, 3 repeats (< 1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import _common as C  # noqa: E402
+import torch  # noqa: E402
+
+import hypergrad as hg  # noqa: E402
+
+QUICK = ("digits_adam_schedule", "wine_per_tensor_lr")
+
+
+def main() -> None:
+    import suite
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--problems", nargs="*", default=None, choices=list(suite.PROBLEMS))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--no-wait", action="store_true",
+                    help="do not wait for a quiet machine (tests; the ratios get noisier)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    mach = C.machine()
+    C.print_machine(mach)
+    names = args.problems or (list(QUICK) if args.quick else
+                              [n for n, p in suite.PROBLEMS.items() if p.K <= suite.LOW_K])
+    repeats = 3 if args.quick else 5
+    if not args.no_wait:
+        C.wait_quiet()
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        p = suite.build(name, 0).problem
+        lam = p.init_raw()
+        tape, rev, fwd = (hg.ReverseMode(tape=True), hg.ReverseMode(),
+                          hg.ForwardMode(compile=False))
+
+        def plain() -> None:
+            with torch.no_grad():
+                p.run(lam)
+
+        fns = {"plain": plain, "reverse": lambda: rev.hypergradient(p, lam),
+               "tape": lambda: tape.hypergradient(p, lam),
+               "forward": lambda: fwd.hypergradient(p, lam)}
+        times = C.interleaved_times(fns, repeats, 1)
+        g_tape, g_rev = tape.hypergradient(p, lam).grad, rev.hypergradient(p, lam).grad
+        rows.append({"problem": name, "K": p.num_hyperparams, "T": p.steps,
+                     "plain_s": times["plain"],
+                     **{f"{k}_x_plain": times[k] / times["plain"]
+                        for k in ("reverse", "tape", "forward")},
+                     "tape_vs_reverse": times["tape"] / times["reverse"],
+                     "rel_diff": hg.testing.rel_err(g_tape, g_rev)})
+        print(C.table(rows[-1:], COLS).splitlines()[1], flush=True)
+    print()
+    print(C.table(rows, COLS))
+    r = sorted(x["tape_vs_reverse"] for x in rows)
+    xs = [x["tape_x_plain"] for x in rows]
+    line = (f"tape_vs_reverse median={r[len(r) // 2]:.2f} max={r[-1]:.2f} "
+            f"(problems {len(rows)}); tape in plain runs {min(xs):.2f}-{max(xs):.2f}")
+    C.finish("bench_tape", {"machine": mach, "rows": rows, "quick": args.quick}, args.json, line)
+
+
+COLS = [("problem", "problem", ""), ("K", "K", "d"), ("T", "T", "d"),
+        ("plain_s", "plain s", ".3f"), ("reverse_x_plain", "reverse x plain", ".2f"),
+        ("tape_x_plain", "tape x plain", ".2f"), ("forward_x_plain", "forward x plain", ".2f"),
+        ("tape_vs_reverse", "tape/reverse", ".2f"), ("rel_diff", "rel diff", ".1e")]
+
+
+if __name__ == "__main__":
+    main()
