@@ -507,6 +507,7 @@ def _variants() -> dict[str, Any]:
         "forward": dict(method="forward"),
         "no_leftover": dict(patch={"USE_LEFTOVER": False}),
         "reinit": dict(suite_patch={"MODEL_FACTORY": True}),
+        "tape": dict(method=hg.ReverseMode(tape=True)),
     }
 
 
