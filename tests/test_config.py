@@ -132,6 +132,8 @@ def test_method_options_are_the_objects_they_say() -> None:
     assert type(rev) is hg.ReverseMode and rev.truncate is None and rev.checkpoint is None
     assert isinstance(rev.step_vjp, hg.stepvjp.DoubleBackward)
     assert method("method=checkpointed").checkpoint == "sqrt"
+    tape = method("method=reverse", "method.tape=true")
+    assert type(tape) is hg.ReverseMode and tape.tape and tape.label() == "reverse (tape)"
     tr = method("method=truncated", "method.truncate=7", "method/step_vjp=mixed")
     assert tr.truncate == 7 and isinstance(tr.step_vjp, hg.stepvjp.MixedMode)
     imp = method("method=implicit", "method/solver=neumann", "method.solver.maxiter=500",

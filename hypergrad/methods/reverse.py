@@ -88,7 +88,8 @@ class ReverseMode(Method, name="reverse"):
                  step_vjp: StepVJP | None = None, tape: bool = False) -> None:
         if not isinstance(tape, bool):
             raise TypeError(f"ReverseMode: tape={tape!r} must be True or False.")
-        if tape and (truncate is not None or checkpoint is not None or step_vjp is not None):
+        if tape and (truncate is not None or checkpoint is not None
+                     or (step_vjp is not None and not isinstance(step_vjp, DoubleBackward))):
             raise ValueError("ReverseMode: tape=True records every step on autograd's tape and "
                              "takes no step VJP; drop truncate, checkpoint and step_vjp (or "
                              "drop tape for them).")
