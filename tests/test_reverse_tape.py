@@ -85,3 +85,13 @@ def test_the_trainer_runs_on_the_tape_and_its_estimate_bounds_the_run() -> None:
                      mode=hg.Offline(outer_steps=2),
                      callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
     torch.testing.assert_close(res.lam, ref.lam, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["transformer_dropout", "sdpa", "lstm", "resnet"])
+def test_models_users_bring_on_the_tape(name: str) -> None:
+    """Attention (math kernel for the double backward), an LSTM (through hypergrad.rnn), a
+    ResNet with BatchNorm: the tape records their steps under the problem's second-order
+    kernels, and agrees with both other methods."""
+    from fixtures import model_problem
+
+    _agree(model_problem(name), tol=1e-9)
