@@ -41,13 +41,17 @@ def main() -> None:
     ap.add_argument("--no-wait", action="store_true",
                     help="do not wait for a quiet machine (tests; the ratios get noisier)")
     args = ap.parse_args()
+    tuned = C.setup()
     torch.set_num_threads(1)
     mach = C.machine()
     C.print_machine(mach)
+    print(f"# malloc tuned: {tuned}; one thread")
     names = args.problems or (list(QUICK) if args.quick else
                               [n for n, p in suite.PROBLEMS.items() if p.K <= suite.LOW_K])
     repeats = 3 if args.quick else 5
-    if not args.no_wait:
+    if args.no_wait:
+        C.no_wait()  # no waiting, and no repeating calls other processes slowed
+    else:
         C.wait_quiet()
     rows: list[dict[str, Any]] = []
     for name in names:
