@@ -48,12 +48,14 @@ eval_worst_ratio=<b> ablation_win_rate=<c> problems=<n> seeds=<s>``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import platform
 import statistics
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -511,6 +513,20 @@ def _variants() -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _settings(module: Any, values: dict[str, Any]) -> Iterator[None]:
+    """Inside, ``module``'s attributes set to ``values`` (a variant's settings, for one run);
+    restored after."""
+    saved = {k: getattr(module, k) for k in values}
+    try:
+        for k, v in values.items():
+            setattr(module, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
+
+
 def suite_run(tuner: str, name: str, seed: int, budget: float) -> Run:
     """One contender on problem ``name`` at tuning seed ``seed`` within ``budget`` seconds."""
     import suite
@@ -518,15 +534,8 @@ def suite_run(tuner: str, name: str, seed: int, budget: float) -> Run:
     import hypergrad as hg
 
     kw: dict[str, Any] = dict(_variants()[tuner[3:]]) if tuner.startswith("hg_") else {}
-    suite_patch = kw.pop("suite_patch", {})  # the problem's construction, for this run only
-    saved_suite = {k: getattr(suite, k) for k in suite_patch}
-    try:
-        for k, v in suite_patch.items():
-            setattr(suite, k, v)
+    with _settings(suite, kw.pop("suite_patch", {})):  # the problem's construction
         task = _suite_task(name, seed)
-    finally:
-        for k, v in saved_suite.items():
-            setattr(suite, k, v)
     p = task.problem
     space = SearchSpace.from_problem(p.hyperparams, task.bounds, dtype=p.dtype)
     if tuner in ("hypergrad", "ablation") or tuner.startswith("hg_"):
@@ -536,11 +545,7 @@ def suite_run(tuner: str, name: str, seed: int, budget: float) -> Run:
         box_outer = kw.pop("box_outer", None)
         import hypergrad.run.trainer as trainer_module
 
-        patch = kw.pop("patch", {})  # module settings, for this run only
-        saved = {k: getattr(trainer_module, k) for k in patch}
-        try:
-            for k, v in patch.items():
-                setattr(trainer_module, k, v)
+        with _settings(trainer_module, kw.pop("patch", {})):  # the Trainer's module settings
             trainer = hg.Trainer(p, guards=hg.Guards(bounds=task.bounds, time_budget=budget,
                                                      backtrack=backtrack, clock="cpu"),
                                  callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw)
@@ -549,9 +554,6 @@ def suite_run(tuner: str, name: str, seed: int, budget: float) -> Run:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", HypergradWarning)
                 return run_trainer(trainer, space, tuner, seed, budget, clock=CLOCK)
-        finally:
-            for k, v in saved.items():
-                setattr(trainer_module, k, v)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
