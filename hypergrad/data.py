@@ -10,6 +10,9 @@ A :class:`Stream` wraps an iterable that starts a fresh pass on each ``iter()`` 
 does not replay steps holds one batch at a time (memory independent of T). Every pass is fixed
 by a seed (see :class:`Stream`), so a pass can be read again bit for bit: by finite differences
 and checks (:meth:`Stream.fixed`), and by a resumed run (:meth:`Stream.state_dict`).
+
+:func:`split_validation` splits a validation set in two: one part for ``val_loss`` (the
+hypergradients fit it), one held out for ``select_loss`` (the Trainer chooses its result on it).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from torch import Tensor
 
 from .rng import step_seed
 
-__all__ = ["MiniBatches", "Stream"]
+__all__ = ["MiniBatches", "Stream", "split_validation"]
 
 
 class MiniBatches:
@@ -345,3 +348,50 @@ class Stream:
 
     def __repr__(self) -> str:
         return f"Stream({type(self.source).__name__}, seed={self.seed})"
+
+
+def split_validation(*tensors: Tensor, share: float = 0.5, seed: int = 0,
+                     stratify: Tensor | None = None) -> tuple[tuple[Tensor, ...],
+                                                               tuple[Tensor, ...]]:
+    """Split validation tensors (the same rows in each) into ``(fit, held_out)``: ``fit`` for
+    ``InnerProblem(val_loss=...)``, ``held_out`` (a ``share`` of the rows) for
+    ``select_loss``. Rows are drawn by ``seed``; with ``stratify`` (class labels, one per row)
+    each class is split in the same proportion.
+
+    Example:
+        >>> (xv, yv), (xs, ys) = split_validation(x_val, y_val)           # doctest: +SKIP
+        >>> val_loss = lambda m, hp: F.cross_entropy(m(xv), yv)           # doctest: +SKIP
+        >>> select_loss = lambda m, hp: F.cross_entropy(m(xs), ys)        # doctest: +SKIP
+    """
+    if not tensors or not all(isinstance(x, Tensor) and x.ndim >= 1 for x in tensors):
+        raise TypeError("split_validation: give the validation tensors, e.g. "
+                        "split_validation(x_val, y_val).")
+    n = tensors[0].shape[0]
+    if any(x.shape[0] != n for x in tensors):
+        raise ValueError(f"split_validation: the tensors have {[x.shape[0] for x in tensors]} "
+                         f"rows; they must have the same number (one per example).")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+        raise ValueError(f"split_validation: share={share!r} must be in (0, 1), the share of "
+                         f"rows held out, e.g. share=0.5.")
+    if n < 2:
+        raise ValueError(f"split_validation: {n} row; at least 2 are needed to split.")
+    if stratify is not None and (not isinstance(stratify, Tensor) or stratify.ndim != 1
+                                 or stratify.shape[0] != n):
+        raise ValueError(f"split_validation: stratify must be a 1-d tensor of {n} labels (one "
+                         f"per row), e.g. stratify=y_val.")
+    g = torch.Generator().manual_seed(seed)
+    groups = ([torch.arange(n)] if stratify is None else
+              [torch.nonzero(stratify.cpu() == c).flatten() for c in stratify.cpu().unique()])
+    held: list[Tensor] = []
+    for idx in groups:
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        held.append(idx[:int(round(share * len(idx)))])
+    out = torch.cat(held)
+    if len(out) in (0, n):
+        raise ValueError(f"split_validation: share={share} of {n} rows leaves one part empty; "
+                         f"give more rows or a share nearer 0.5.")
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[out] = True
+    keep, held_out = torch.nonzero(~mask).flatten(), torch.nonzero(mask).flatten()
+    return (tuple(x[keep.to(x.device)] for x in tensors),
+            tuple(x[held_out.to(x.device)] for x in tensors))

@@ -89,6 +89,12 @@ class InnerProblem:
             also see how each trains from another initialisation (on the suite's development
             half this changed nothing measurable: docs/benchmarks.md). Without it, variants
             keep the model's initial weights.
+        select_loss: ``select_loss(model, hp) -> scalar`` like ``val_loss``, on held-out
+            validation data that ``val_loss`` does not use. Never differentiated: the
+            Trainer (offline) evaluates it after every inner run and returns the point with
+            the lowest ``select_loss`` instead of the lowest ``val_loss``, which the
+            hypergradients fit (:func:`~hypergrad.data.split_validation` splits one
+            validation set in two).
 
     Example:
         >>> problem = InnerProblem(model, train_loss, sgd(lr="lr"), HyperParams([...]),
@@ -98,7 +104,8 @@ class InnerProblem:
     def __init__(self, model: nn.Module, train_loss: TrainLoss, optimizer: Optimizer,
                  hyperparams: HyperParams, batches: Sequence[Any] | Callable[[int], Any]
                  | Iterable[Any], steps: int, val_loss: ValLoss, val_mode: str = "eval",
-                 seed: int = 0, model_factory: Callable[[], nn.Module] | None = None) -> None:
+                 seed: int = 0, model_factory: Callable[[], nn.Module] | None = None,
+                 select_loss: ValLoss | None = None) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(
                 f"InnerProblem: steps={steps!r} must be an int >= 1 (the horizon T); with T = 0 "
@@ -122,6 +129,10 @@ class InnerProblem:
                             f"step's random draws), e.g. seed=0.")
         if not callable(train_loss) or not callable(val_loss):
             raise TypeError("InnerProblem: train_loss and val_loss must be callables.")
+        if select_loss is not None and not callable(select_loss):
+            raise TypeError(f"InnerProblem: select_loss={select_loss!r} must be a callable "
+                            f"like val_loss, select_loss(model, hp) -> scalar, on validation "
+                            f"data that val_loss does not use (or None).")
         if model_factory is not None and (not callable(model_factory)
                                           or isinstance(model_factory, nn.Module)):
             raise TypeError(f"InnerProblem: model_factory={model_factory!r} must be a callable "
@@ -138,6 +149,7 @@ class InnerProblem:
         self.optimizer = optimizer
         self.train_loss = train_loss
         self.val_loss = val_loss
+        self.select_loss = select_loss
         self.val_mode = val_mode
         self.seed = seed
         self.steps = steps
@@ -442,6 +454,18 @@ class InnerProblem:
                 self.cells() if transformed else contextlib.nullcontext()):
             return self.val_loss(model, hp)
 
+    def select(self, params: dict[str, Tensor], buffers: dict[str, Tensor],
+               lam: Tensor) -> Tensor | None:
+        """The held-out ``select_loss(w_T, b_T, lam)`` (never differentiated), or ``None``
+        without one. It draws from the validation's stream, as :meth:`objective` does."""
+        if self.select_loss is None:
+            return None
+        hp = HPValues(self.hyperparams.values(lam, None, self.steps), "select_loss")
+        model = self.fmodel.bind(params, buffers, train=self.val_mode == "train",
+                                 step=self.steps)
+        with torch.no_grad(), step_rng(self.seed, VALIDATION_STEP, self.device):
+            return self.select_loss(model, hp)
+
     def run(self, lam: Tensor, state: InnerState | None = None, start: int = 0,
             stop: int | None = None) -> InnerState:
         """Plain training from ``state`` (default: the initial one at ``lam``) over steps
@@ -502,6 +526,9 @@ class InnerProblem:
             val, hpv, reach_v = self._probe_loss("val_loss", lam)
             _check_scalar("val_loss", val, self.dtype)
         self._check_finite_losses(loss, val, lam)
+        if self.select_loss is not None:
+            sel = self.select(*self.initial_state(lam)[:2], lam)
+            _check_scalar("select_loss", sel, self.dtype)
         if self.draws is None:
             self._detect_draws(lam)
         bound = set(self.optimizer.bound_names()) | {it.name for it in self.init_items}

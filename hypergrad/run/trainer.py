@@ -86,7 +86,10 @@ class TrainResult:
     offline with ``Offline(recheck=...)``, the best points trained again in another batch
     order before ``lam`` was chosen among them by the mean of both validation losses
     (``{"lam", "val_loss", "variant_val_loss", "outer_step"}`` each; ``best_val_loss`` stays
-    the chosen point's loss in the problem's own order).
+    the chosen point's loss in the problem's own order). With the problem's ``select_loss``
+    (offline), ``lam`` is the point with the lowest held-out ``select_loss`` (re-checked: the
+    lowest mean of it in both orders, ``"select_loss"`` and ``"variant_select_loss"`` in
+    ``rechecked``), ``best_select_loss`` its value.
     """
 
     lam: Tensor
@@ -105,6 +108,7 @@ class TrainResult:
     problem: InnerProblem | None = field(default=None, repr=False)
     evaluations: list[dict[str, Any]] = field(default_factory=list, repr=False)
     rechecked: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    best_select_loss: float | None = None
 
     def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
         """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
@@ -209,6 +213,10 @@ class Trainer:
         """Every point evaluated by a plain inner run (space-filling start, line search,
         restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}``; the points with a
         hypergradient are in ``history``."""
+        self.selections: list[dict[str, Any]] = []
+        """Offline with the problem's ``select_loss``: every finite evaluation (hypergradient,
+        plain run, final evaluation) as ``{"lam", "val_loss", "select_loss", "outer_step"}``;
+        the point returned is chosen by ``select_loss`` among them."""
         self._plain_seconds: float | None = None
         self._plain_recent: list[float] = []  # the seconds of this fit's plain runs
         self._rechecks = 0  # points to re-check before returning one (set by fit())
@@ -434,16 +442,48 @@ class Trainer:
         recent = sorted(self._plain_recent or [self._plain_seconds or 0.0])
         return margin * recent[len(recent) // 2]
 
-    def _timed_value(self, lam: Tensor, variant: int) -> float:
+    def _timed_value(self, lam: Tensor, variant: int) -> tuple[float, float | None]:
         """The validation loss after one plain inner run at ``lam`` in the problem's
-        ``variant`` (0: itself), its seconds recorded for the budget's forecasts."""
+        ``variant`` (0: itself), and the held-out ``select_loss`` there (``None`` without
+        one), its seconds recorded for the budget's forecasts."""
         t0 = self._now()
         with torch.no_grad(), self.problem.variant(variant):
             state = self.problem.run(lam)
             value = float(self.problem.objective(state.params, state.buffers, lam))
+            sel = self._select_value(state, lam, value)
         self._plain_seconds = self._now() - t0
         self._plain_recent.append(self._plain_seconds)
-        return value
+        return value, sel
+
+    def _select_value(self, state: InnerState | None, lam: Tensor,
+                      value: float) -> float | None:
+        """The problem's ``select_loss`` at ``state`` (offline, for a finite validation loss;
+        ``inf`` where it is not finite), else ``None``."""
+        if (self.problem.select_loss is None or self.mode.online or state is None
+                or not math.isfinite(value)):
+            return None
+        sel = self.problem.select(state.params, state.buffers, lam)
+        assert sel is not None
+        v = float(sel)
+        return v if math.isfinite(v) else math.inf
+
+    def _note(self, lam: Tensor, value: float, sel: float | None) -> None:
+        """Keep an evaluation for the choice by ``select_loss`` (:attr:`selections`)."""
+        if sel is not None:
+            self.selections.append({"lam": lam.detach().clone(), "val_loss": value,
+                                    "select_loss": sel, "outer_step": self.outer_step})
+
+    def _candidates(self) -> list[tuple[float, Tensor, int, float | None]]:
+        """The points the end of the run chooses among, best first, as ``(validation loss,
+        lam, outer step, select loss)``: by ``select_loss`` where the problem has one (each
+        point once, its first evaluation), else the tracker's best by validation loss."""
+        if not self.selections:
+            return [(v, x, k, None) for v, x, k in self.tracker.top]
+        out: list[tuple[float, Tensor, int, float | None]] = []
+        for r in sorted(self.selections, key=lambda r: r["select_loss"]):
+            if not any(torch.equal(r["lam"], x) for _, x, _, _ in out):
+                out.append((r["val_loss"], r["lam"], r["outer_step"], r["select_loss"]))
+        return out
 
     def _plain(self, lam: Tensor, kind: str) -> float | None:
         """The validation loss at ``lam`` after one plain inner run (tracked as a candidate for
@@ -454,7 +494,8 @@ class Trainer:
         if (budget is not None and self._plain_seconds is not None
                 and now + self._plain_slow() > budget - self._reserve()):
             return None
-        value = self._timed_value(lam, 0)
+        value, sel = self._timed_value(lam, 0)
+        self._note(lam, value, sel)
         self.evaluations.append({"elapsed": self._now() - self._fit_start,
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
                                  "outer_step": self.outer_step})
@@ -603,6 +644,8 @@ class Trainer:
                 last_seconds = hg_seconds
                 if self.outer.stalled:
                     self._restart()
+            self._note(lam_used, float(value), self._select_value(hg.state, lam_used,
+                                                                  float(value)))
             self._record(value, grad, lam_used, hg.state, last_seconds,
                          backtracked=backtracked, info=hg.info)
         res = self._finish_offline()
@@ -636,11 +679,18 @@ class Trainer:
         if why is not None:
             return self._diverged(f"after the last update, {why}", last, value)
         self.tracker.track(value, last, None, self.outer_step, first=False)
+        with torch.no_grad():
+            self._note(last, float(value), self._select_value(state, last, float(value)))
         assert self.tracker.best is not None
-        best_val, best_lam, best_step = self.tracker.best
+        best_val, best_lam, best_step, best_sel = self._candidates()[0]
         rechecked, pick = self._recheck()
         if pick is not None:
             best_val, best_lam, best_step = pick["val_loss"], pick["lam"], pick["outer_step"]
+            best_sel = pick.get("select_loss")
+        elif best_sel is not None:
+            self.message(f"chose the point of outer step {best_step} by the held-out "
+                         f"select_loss {best_sel:.4g} (its validation loss {best_val:.4g}; "
+                         f"the lowest validation loss {self.tracker.best[0]:.4g})")
         hps = self.problem.hyperparams
         if self.history:
             self.message(f"validation loss: initial "
@@ -650,42 +700,47 @@ class Trainer:
                            self.method.name, state=state, last_lam=last,
                            last_values=hps.describe(last), best_step=best_step,
                            best_val_loss=best_val, last_val_loss=float(value),
-                           rechecked=rechecked)
+                           rechecked=rechecked, best_select_loss=best_sel)
 
     def _recheck(self) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-        """Train the best points again in another batch order (:meth:`InnerProblem.variant
-        <hypergrad.InnerProblem.variant>`), best first, each at least :data:`RECHECK_APART`
-        of the box from the others in some coordinate, while the time budget allows. Returns
-        them and the one with the lowest mean of both losses; ``([], None)`` when fewer than
-        two were re-checked (nothing to choose)."""
+        """Train the best points (:meth:`_candidates`) again in another batch order
+        (:meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), best first, each at
+        least :data:`RECHECK_APART` of the box from the others in some coordinate, while the
+        time budget allows. Returns them and the one with the lowest mean of both losses (the
+        held-out ``select_loss`` where the problem has one, else the validation loss);
+        ``([], None)`` when fewer than two were re-checked (nothing to choose)."""
         budget = self.guards.time_budget
         out: list[dict[str, Any]] = []
         lo, hi = self.box
         width = (hi - lo).clamp_min(1e-12)
-        picked: list[tuple[float, Tensor, int]] = []
-        for val, lam, step in self.tracker.top:
+        picked: list[tuple[float, Tensor, int, float | None]] = []
+        for val, lam, step, sel in self._candidates():
             if len(picked) == self._rechecks:
                 break
             if all(float(((lam - x) / width).abs().max()) >= RECHECK_APART
-                   for _, x, _ in picked):  # a neighbour of a chosen point tells nothing new
-                picked.append((val, lam, step))
+                   for _, x, _, _ in picked):  # a neighbour of a chosen point tells nothing new
+                picked.append((val, lam, step, sel))
         if len(picked) < 2:
             return [], None
-        for val, lam, step in picked:
+        for val, lam, step, sel in picked:
             if (budget is not None and self._plain_seconds is not None
                     and self._now() - self._fit_start + self._plain_slow() > budget):
                 break
-            v = self._timed_value(lam, 1)
-            out.append({"lam": lam.clone(), "val_loss": val,
-                        "variant_val_loss": v if math.isfinite(v) else math.inf,
-                        "outer_step": step})
+            v, vs = self._timed_value(lam, 1)
+            rec = {"lam": lam.clone(), "val_loss": val,
+                   "variant_val_loss": v if math.isfinite(v) else math.inf, "outer_step": step}
+            if sel is not None:
+                rec.update(select_loss=sel, variant_select_loss=math.inf if vs is None else vs)
+            out.append(rec)
         if len(out) < 2:
             return [], None
-        pick = min(out, key=lambda r: r["val_loss"] + r["variant_val_loss"])
-        said = ", ".join(f"{r['val_loss']:.4g} -> {r['variant_val_loss']:.4g}" for r in out)
+        key = "select_loss" if "select_loss" in out[0] else "val_loss"
+        pick = min(out, key=lambda r: r[key] + r[f"variant_{key}"])
+        said = ", ".join(f"{r[key]:.4g} -> {r[f'variant_{key}']:.4g}" for r in out)
+        what = "held-out select_loss" if key == "select_loss" else "validation loss"
         self.message(f"re-checked the {len(out)} best points in another batch order ({said}); "
-                     f"returned the one of outer step {pick['outer_step']} (mean validation "
-                     f"loss {(pick['val_loss'] + pick['variant_val_loss']) / 2:.4g})")
+                     f"returned the one of outer step {pick['outer_step']} (mean {what} "
+                     f"{(pick[key] + pick[f'variant_{key}']) / 2:.4g})")
         return out, pick
 
     def _fit_online(self) -> TrainResult:
@@ -776,6 +831,8 @@ class Trainer:
             "method": self.method.name, "history": self.history, "backtracks": self._backtracks,
             "stopped": "", "fingerprint": self._fingerprint, "rng": rng_state(),
             **self.tracker.state_dict()}
+        if self.selections:
+            ck["selections"] = self.selections
         if self.run_state is not None:
             assert isinstance(self.method, OnlineMethod)
             ck["online"] = self.method.state_dict(self.problem, self.run_state)
@@ -807,6 +864,7 @@ class Trainer:
         if ck.get("inner") is not None and not self.mode.online:  # written within an inner run
             self._inner = (ck["inner"], str(path))
         self.tracker.load_state_dict(ck, self.lam)
+        self.selections = [dict(r, lam=r["lam"].to(self.lam)) for r in ck.get("selections", [])]
         self._backtracks = int(ck.get("backtracks", 0))
         self.outer_step = int(ck["outer_step"])
         set_rng_state(ck["rng"])
