@@ -332,10 +332,13 @@ def run_trainer(trainer: Any, space: SearchSpace, name: str, seed: int, budget: 
     if res.last_lam is not None and res.last_val_loss is not None and not res.diverged:
         run.add(end, res.last_val_loss, res.last_lam)
     run.seconds = end
-    if getattr(res, "rechecked", None):  # the Trainer chose among re-checked points
+    chose = getattr(res, "best_select_loss", None) is not None  # by a held-out select_loss
+    if getattr(res, "rechecked", None) or chose:  # or among re-checked points
         same = [i for i in run.within() if torch.equal(run.lams[i], res.lam.to(run.lams[i]))]
         run.returned = same[0] if same else None
         run.info["rechecked"] = [(r["val_loss"], r["variant_val_loss"]) for r in res.rechecked]
+        if chose:
+            run.info["select_loss"] = res.best_select_loss
     run.info.update(outer_steps=len(res.history), diverged=bool(res.diverged),
                     out_of_time=bool(res.out_of_time), method=res.method)
     for lam in run.lams:

@@ -53,6 +53,32 @@ def test_every_problem_builds_with_its_box_and_a_finite_loss(name: str) -> None:
     assert torch.isfinite(torch.tensor([val, test["test_loss"]])).all()
 
 
+@pytest.mark.parametrize("name", ["wine_adam_small_batch", "diabetes_momentum"])
+def test_the_trainer_gets_the_validation_split_cut_in_two_and_the_others_all_of_it(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """build(select=True) with SELECT_SHARE > 0 (--variants select_50): val_loss on one part
+    of the validation split, select_loss on the held-out rest (stratified for a classifier);
+    their sizes weighted, the two losses give the whole split's loss, which build() without
+    select evaluates. With the committed SELECT_SHARE = 0, the Trainer gets the whole split."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HypergradWarning)
+        assert suite.build(name, 0, select=True).problem.select_loss is None
+        monkeypatch.setattr(suite, "SELECT_SHARE", 0.5)
+        whole, cut = suite.build(name, 0), suite.build(name, 0, select=True)
+    assert whole.problem.select_loss is None and cut.problem.select_loss is not None
+    lam = whole.problem.init_raw()
+    with torch.no_grad():
+        s = whole.problem.run(lam)
+        full = float(whole.problem.objective(s.params, s.buffers, lam))
+        fit = float(cut.problem.objective(s.params, s.buffers, lam))
+        held = float(cut.problem.select(s.params, s.buffers, lam))
+    assert fit != held
+    # the whole split's mean loss is the parts' means weighted by their rows: the held-out
+    # part's weight is its share (up to the rounding of a stratified split's rows)
+    held_weight = (full - fit) / (held - fit)
+    assert held_weight == pytest.approx(suite.SELECT_SHARE, abs=0.03)
+
+
 def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``vs_optuna.py --suite --quick`` on its 2 problems with budgets of 14 plain runs (room
