@@ -485,6 +485,7 @@ def _variants() -> dict[str, Any]:
 
     import hypergrad as hg
     from hypergrad.run.outer import QuasiNewton
+    from hypergrad.run.surrogate import Surrogate
 
     def qn(**kw: Any) -> Any:
         return lambda trainer_box: functools.partial(QuasiNewton, box=trainer_box, **kw)
@@ -506,6 +507,10 @@ def _variants() -> dict[str, Any]:
         "step_0.08": dict(box_outer=qn(step=0.08)),
         "no_expand": dict(box_outer=qn(expand=0)),
         "no_memory": dict(box_outer=qn(memory=0)),
+        "surrogate": dict(box_outer=lambda box: functools.partial(Surrogate, box=box)),
+        "no_surrogate": dict(box_outer=qn()),
+        "surrogate_tape": dict(box_outer=lambda box: functools.partial(Surrogate, box=box),
+                               method=hg.ReverseMode(tape=True)),
         "forward": dict(method="forward"),
         "no_leftover": dict(patch={"USE_LEFTOVER": False}),
         "reinit": dict(suite_patch={"MODEL_FACTORY": True}),

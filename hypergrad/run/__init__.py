@@ -1,8 +1,8 @@
 """The outer loop and its parts: :class:`Trainer` (the loop), :class:`Offline` / :class:`Online`
 (when to update), :class:`Guards` (divergence, backtracking, clipping, bounds, budgets),
 :class:`RunFolder` (lock, checkpoints, metrics, resume), callbacks (:class:`Log`,
-:class:`Progress`, :class:`TensorBoard`), outer optimizers (:class:`QuasiNewton`, the default, and
-:class:`SignDescent`) and the
+:class:`Progress`, :class:`TensorBoard`), outer optimizers (:class:`QuasiNewton` and
+:class:`Surrogate`, the defaults, and :class:`SignDescent`) and the
 single-process :class:`Strategy`."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from .guards import Guards
 from .modes import Mode, Offline, Online
 from .outer import OuterOptimizerFactory, QuasiNewton, SignDescent
 from .strategy import Strategy
+from .surrogate import Surrogate
 from .trainer import Trainer, TrainResult
 
 __all__ = ["Trainer", "TrainResult", "Offline", "Online", "Mode", "Guards", "Bounds",
            "RunFolder", "SAFE_TO_CHANGE", "Callback", "Log", "Progress", "TensorBoard",
-           "SignDescent", "QuasiNewton", "OuterOptimizerFactory", "Strategy"]
+           "SignDescent", "QuasiNewton", "Surrogate", "OuterOptimizerFactory", "Strategy"]

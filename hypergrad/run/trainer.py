@@ -209,6 +209,8 @@ class Trainer:
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
                             "outer=functools.partial(torch.optim.Adam, lr=0.05).")
+        if isinstance(self.outer, QuasiNewton) and self.outer.box is None:
+            self.outer.box = self.box  # outer=functools.partial(QuasiNewton, step=0.3): in the box
         self.evaluations: list[dict[str, Any]] = []
         """Every point evaluated by a plain inner run (space-filling start, line search,
         restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}``; the points with a
@@ -499,6 +501,9 @@ class Trainer:
         self.evaluations.append({"elapsed": self._now() - self._fit_start,
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
                                  "outer_step": self.outer_step})
+        observe = getattr(self.outer, "observe", None)  # a surrogate model (Surrogate)
+        if observe is not None:
+            observe(lam, value)
         if not math.isfinite(value):
             return math.inf
         self.tracker.track(torch.tensor(value), lam, None, self.outer_step, first=False)
@@ -555,8 +560,10 @@ class Trainer:
             if not self.outer.improved:  # where the outer loop ended, as before
                 with torch.no_grad():
                     self.lam.copy_(before)
+        propose = getattr(self.outer, "propose", None)  # a surrogate model's next point
         while True:
-            x = self._space_filling(1, self._starts_used)[0]
+            x = (self._space_filling(1, self._starts_used)[0] if propose is None
+                 else self.outer._raw(propose(), self.lam))  # type: ignore[attr-defined]
             if self._plain(x, "leftover") is None:
                 break
             self._starts_used += 1

@@ -1,0 +1,231 @@
+"""A surrogate model of the validation loss that uses the hypergradients (issue 27).
+
+:class:`Surrogate` is an outer optimizer for the offline Trainer at small K: a Gaussian process
+over the search box fitted to every evaluation's validation loss **and to every hypergradient**
+(gradient observations: one hypergradient tells the model K slopes where a black-box tuner sees
+one value), whose expected improvement chooses the plain runs between hypergradients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .outer import QuasiNewton
+
+__all__ = ["Surrogate", "GradientGP"]
+
+LENGTHSCALES = (0.05, 0.1, 0.2, 0.4, 0.8)
+"""Isotropic length scales (in units of the box) the model chooses among, by marginal
+likelihood."""
+
+
+class GradientGP:
+    """A Gaussian process with a squared-exponential kernel on ``[0, 1]^K`` conditioned on values
+    ``f(u_i)`` and on gradients ``df/du`` at some of the points (float64). ``fit`` chooses the
+    length scale among :data:`LENGTHSCALES` by the marginal likelihood; ``predict`` gives the
+    posterior mean and standard deviation of ``f`` (in the values' units)."""
+
+    def __init__(self, noise: float = 1e-4) -> None:
+        self.noise = noise
+
+    def _blocks(self, a: Tensor, b: Tensor, ell: float, ga: Tensor, gb: Tensor) -> Tensor:
+        """The joint covariance of ``[f(a), df/du(a[ga])]`` and ``[f(b), df/du(b[gb])]``."""
+        lam = 1.0 / ell ** 2
+        r = a[:, None, :] - b[None, :, :]  # (n, m, K)
+        k = torch.exp(-0.5 * lam * r.pow(2).sum(-1))  # (n, m)
+        K = a.shape[1]
+        # cov(f(a), d f(b) / d b_j) = k lam r_j ; cov(d f(a)/d a_i, f(b)) = -k lam r_i
+        fg = (k[:, :, None] * lam * r)[:, gb, :].reshape(len(a), -1)
+        gf = (-k[:, :, None] * lam * r)[ga, :, :].permute(0, 2, 1).reshape(-1, len(b))
+        rr = r[ga][:, gb]  # (na, nb, K)
+        gg = k[ga][:, gb][:, :, None, None] * (
+            lam * torch.eye(K, dtype=a.dtype)[None, None] - lam ** 2 * rr[..., :, None]
+            * rr[..., None, :])  # (na, nb, K, K)
+        gg = gg.permute(0, 2, 1, 3).reshape(len(ga) * K, len(gb) * K)
+        top = torch.cat([k, fg], 1)
+        bottom = torch.cat([gf, gg], 1)
+        return torch.cat([top, bottom], 0)
+
+    def fit(self, u: Tensor, f: Tensor, grad_idx: Tensor, grads: Tensor) -> GradientGP:
+        """Condition on values ``f`` at ``u`` (``inf``: a diverged run, modelled as the worst
+        value) and gradients ``grads`` at ``u[grad_idx]``. The model is of ``log(f - min f +
+        delta)`` (``delta`` the values' median above their minimum): the losses of
+        points where training blows up are orders of magnitude above the rest and would
+        flatten a model of ``f`` itself; the gradients are transformed by the chain rule."""
+        self.u, self.gi = u, grad_idx
+        finite = f[torch.isfinite(f)]
+        low = float(finite.min()) if len(finite) else 0.0
+        worst = float(finite.max()) if len(finite) else 0.0
+        f = torch.where(torch.isfinite(f), f, torch.full_like(f, worst))
+        self.shift = low - max(float(finite.median()) - low, 1e-12) if len(finite) \
+            else -1.0
+        w = torch.log(f - self.shift)
+        gw = grads / (f[grad_idx] - self.shift)[:, None]
+        self.mean = float(w.mean())
+        self.scale = float(w.std()) if len(w) > 1 else 1.0
+        if not self.scale > 0:
+            self.scale = 1.0
+        fy = (w - self.mean) / self.scale
+        gy = (gw / self.scale).reshape(-1)
+        y = torch.cat([fy, gy])
+        best: tuple[float, Any] | None = None
+        for ell in LENGTHSCALES:
+            C = self._blocks(u, u, ell, grad_idx, grad_idx)
+            C = C + self.noise * torch.eye(len(C), dtype=C.dtype)
+            L, info = torch.linalg.cholesky_ex(C)
+            if int(info) != 0:
+                continue
+            alpha = torch.cholesky_solve(y[:, None], L)[:, 0]
+            nll = 0.5 * float(y @ alpha) + float(torch.log(torch.diagonal(L)).sum())
+            if best is None or nll < best[0]:
+                best = (nll, (ell, L, alpha))
+        if best is None:
+            raise RuntimeError("GradientGP: no length scale gave a positive definite kernel")
+        self.ell, self.L, self.alpha = best[1]
+        return self
+
+    def warp(self, f: float) -> float:
+        """A loss in the model's units (``log(f - shift)``, before standardising)."""
+        return math.log(f - self.shift)
+
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Posterior mean and standard deviation at ``x`` in the model's units (see
+        :meth:`warp`)."""
+        empty = torch.zeros(0, dtype=torch.long)
+        Ks = self._blocks(x, self.u, self.ell, empty, self.gi)  # (m, n + ng K)
+        mu = Ks @ self.alpha
+        v = torch.cholesky_solve(Ks.T, self.L)
+        var = (1.0 - (Ks * v.T).sum(1)).clamp_min(1e-12)
+        return self.mean + self.scale * mu, self.scale * var.sqrt()
+
+
+def expected_improvement(mu: Tensor, sd: Tensor, best: float) -> Tensor:
+    z = (best - mu) / sd
+    normal = torch.distributions.Normal(0.0, 1.0)
+    return (best - mu) * normal.cdf(z) + sd * torch.exp(normal.log_prob(z))
+
+
+class Surrogate(QuasiNewton):
+    """The outer optimizer of a surrogate model: at every outer step, the hypergradient at the
+    current point joins a :class:`GradientGP` of the validation loss over the box (with every
+    plain run the Trainer made: start, earlier trials, restarts), and ``trials`` plain runs go
+    to the points of highest expected improvement (among quasi-random points of the box and
+    perturbations of the best points); the next hypergradient is taken at the best point
+    evaluated that has none yet. Works in the search ``box`` (the Trainer gives it its own
+    when ``box`` is not given) and calls the Trainer's plain runs; the Trainer calls
+    :meth:`observe` for every plain run, so the start's points and the restarts join the
+    model. The Trainer's offline default for 16 <= K <= 100
+    (:data:`~hypergrad.run.outer.SURROGATE_K`); elsewhere ``outer=functools.partial(Surrogate)``.
+
+    Example:
+        >>> trainer = Trainer(problem, outer=functools.partial(Surrogate),
+        ...                   guards=Guards(bounds=box, time_budget=30))  # doctest: +SKIP
+    """
+
+    def __init__(self, params: Any, box: tuple[Tensor, Tensor] | None = None, trials: int = 3,
+                 candidates: int = 512, seed: int = 0) -> None:
+        super().__init__(params, box=box)
+        if trials < 1 or candidates < 1:
+            raise ValueError(f"Surrogate: trials={trials!r} and candidates={candidates!r} must "
+                             f"be >= 1.")
+        self.n_trials, self.candidates = trials, candidates
+        self.gen = torch.Generator().manual_seed(seed)
+        self.xs: list[Tensor] = []  # points in box units
+        self.fs: list[float] = []
+        self.grads: dict[int, Tensor] = {}  # index -> gradient in box units
+
+    def _unit(self, x: Tensor) -> Tensor:
+        if self.box is None:
+            raise ValueError("Surrogate: it needs the search box; the Trainer gives it its box "
+                             "(outer=functools.partial(Surrogate)), or pass box=(low, high).")
+        lo, hi = self.box
+        return ((x.detach().double() - lo.double()) / (hi - lo).double().clamp_min(1e-12))
+
+    def _raw(self, u: Tensor, like: Tensor) -> Tensor:
+        lo, hi = self.box  # type: ignore[misc]
+        return (lo.double() + u * (hi - lo).double()).to(like)
+
+    def observe(self, x: Tensor, value: float, grad: Tensor | None = None) -> None:
+        """One evaluation: the validation loss at raw ``x`` (and its hypergradient)."""
+        u = self._unit(x)
+        v = value if math.isfinite(value) else math.inf
+        for i, xu in enumerate(self.xs):
+            if torch.equal(xu, u):  # evaluated there already: the same loss (one seed)
+                if grad is not None and i not in self.grads:
+                    self.grads[i] = self._grad_unit(grad)
+                return
+        self.xs.append(u)
+        self.fs.append(v)
+        if grad is not None:
+            self.grads[len(self.xs) - 1] = self._grad_unit(grad)
+
+    def _grad_unit(self, g: Tensor) -> Tensor:
+        lo, hi = self.box  # type: ignore[misc]
+        return g.detach().double() * (hi - lo).double()
+
+    def _candidates(self) -> Tensor:
+        K = self.xs[0].numel()
+        n = self.candidates
+        sobol = torch.quasirandom.SobolEngine(K, scramble=True,
+                                              seed=int(torch.randint(0, 2**31 - 1, (1,),
+                                                                     generator=self.gen)))
+        glob = sobol.draw(n, dtype=torch.float64)
+        order = sorted(range(len(self.fs)), key=self.fs.__getitem__)[:5]
+        centres = torch.stack([self.xs[i] for i in order])
+        pick = torch.randint(0, len(centres), (n,), generator=self.gen)
+        scale = torch.tensor([0.02, 0.05, 0.15], dtype=torch.float64)[
+            torch.randint(0, 3, (n,), generator=self.gen)]
+        local = centres[pick] + scale[:, None] * torch.randn(n, K, generator=self.gen,
+                                                               dtype=torch.float64)
+        return torch.cat([glob, local.clamp(0.0, 1.0)])
+
+    def propose(self) -> Tensor:
+        """The candidate of highest expected improvement (box units)."""
+        u = torch.stack(self.xs)
+        f = torch.tensor(self.fs, dtype=torch.float64)
+        gi = torch.tensor(sorted(self.grads), dtype=torch.long)
+        g = (torch.stack([self.grads[i] for i in sorted(self.grads)]) if self.grads
+             else torch.zeros(0, u.shape[1], dtype=torch.float64))
+        gp = GradientGP().fit(u, f, gi, g)
+        cand = self._candidates()
+        mu, sd = gp.predict(cand)
+        ei = expected_improvement(mu, sd, gp.warp(float(f[torch.isfinite(f)].min())))
+        return cand[int(torch.argmax(ei))]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float | None] | None = None  # type: ignore[override]
+             ) -> None:
+        group = self.param_groups[0]
+        (p,) = [q for q in group["params"] if q.grad is not None] or [None]
+        if p is None:
+            return
+        self.trials, self.improved, self.stalled = 0, False, False
+        x0 = p.detach().clone()
+        value = self.value
+        if value is not None:
+            self.observe(x0, value, p.grad)
+        if closure is None or value is None:
+            return
+        for _ in range(self.n_trials):
+            u = self.propose()
+            p.copy_(self._project(self._raw(u, p)))
+            self.trials += 1
+            if closure() is None:  # out of time (the Trainer observed the run otherwise)
+                break
+        # the next hypergradient: at the best point evaluated that has none yet
+        free = [i for i in range(len(self.xs)) if i not in self.grads
+                and math.isfinite(self.fs[i])]
+        if not free:
+            p.copy_(x0)
+            self.stalled = True
+            return
+        i = min(free, key=self.fs.__getitem__)
+        p.copy_(self._project(self._raw(self.xs[i], p)))
+        self.improved = self.fs[i] < value
+        if self.improved:
+            self.value = self.fs[i]

@@ -1,0 +1,147 @@
+"""hypergrad.run.surrogate: a Gaussian process of the validation loss conditioned on the
+hypergradients (its kernel's derivative blocks against autograd, what gradients add), and the
+Surrogate outer optimizer in the Trainer."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from torch.func import jacrev
+
+import hypergrad as hg
+from hypergrad.run.surrogate import GradientGP, Surrogate, expected_improvement
+
+
+def _k(x: torch.Tensor, y: torch.Tensor, ell: float) -> torch.Tensor:
+    return torch.exp(-0.5 / ell ** 2 * (x - y).pow(2).sum())
+
+
+def test_the_kernel_blocks_are_the_kernels_derivatives() -> None:
+    """cov(f(a), f'(b)), cov(f'(a), f(b)) and cov(f'(a), f'(b)) are the first and mixed
+    second derivatives of the squared-exponential kernel (torch.func, float64)."""
+    torch.manual_seed(0)
+    K, ell = 3, 0.3
+    a = torch.rand(2, K, dtype=torch.float64)
+    b = torch.rand(3, K, dtype=torch.float64)
+    C = GradientGP()._blocks(a, b, ell, torch.tensor([0, 1]), torch.tensor([1, 2]))
+    assert C.shape == (2 + 2 * K, 3 + 2 * K)
+    for i in range(2):
+        for j in range(3):
+            assert float(C[i, j]) == pytest.approx(float(_k(a[i], b[j], ell)), rel=1e-12)
+    # f(a_0) with the gradient at b_2 (the second gradient point of b)
+    torch.testing.assert_close(C[0, 3 + K:3 + 2 * K], jacrev(_k, argnums=1)(a[0], b[2], ell))
+    # the gradient at a_1 with f(b_0)
+    torch.testing.assert_close(C[2 + K:2 + 2 * K, 0], jacrev(_k, argnums=0)(a[1], b[0], ell))
+    # the gradient at a_0 with the gradient at b_1
+    torch.testing.assert_close(C[2:2 + K, 3:3 + K],
+                               jacrev(jacrev(_k, argnums=0), argnums=1)(a[0], b[1], ell))
+
+
+def test_gradients_make_the_model_closer_to_the_function() -> None:
+    """Conditioned on the same values (6 random points of a smooth function in 2-d, 8 draws),
+    the model that also has the gradients predicts the function between the points better on
+    average; at an observed point its mean is the value and its uncertainty small."""
+    K = 2
+
+    def f(u: torch.Tensor) -> torch.Tensor:
+        return ((u - 0.35) ** 2).sum(-1) + 0.05 * torch.sin(6 * u[..., 0]) + 0.2
+
+    err: dict[str, list[float]] = {"values": [], "gradients": []}
+    for seed in range(8):
+        torch.manual_seed(seed)
+        u = torch.rand(6, K, dtype=torch.float64)
+        x = torch.rand(200, K, dtype=torch.float64)
+        g = torch.vmap(jacrev(f))(u)
+        for name, gi in [("values", torch.zeros(0, dtype=torch.long)),
+                         ("gradients", torch.arange(6))]:
+            gp = GradientGP(noise=1e-8).fit(u, f(u), gi, g[gi])
+            mu, sd = gp.predict(x)
+            pred = torch.exp(mu) + gp.shift  # back from the model's log units
+            err[name].append(float((pred - f(x)).abs().mean()))
+            m0, s0 = gp.predict(u[:1])
+            assert float(torch.exp(m0) + gp.shift) == pytest.approx(float(f(u[:1])), rel=1e-3)
+            assert float(s0) < 0.05 * float(sd.mean())
+    mean = {k: sum(v) / len(v) for k, v in err.items()}
+    assert mean["gradients"] < 0.75 * mean["values"], mean
+
+
+def test_expected_improvement_prefers_a_lower_mean_and_more_uncertainty() -> None:
+    mu = torch.tensor([0.0, -1.0, 0.0])
+    sd = torch.tensor([0.1, 0.1, 1.0])
+    ei = expected_improvement(mu, sd, 0.0)
+    assert float(ei[1]) > float(ei[0]) and float(ei[2]) > float(ei[0]) > 0
+
+
+def lr_momentum() -> hg.InnerProblem:
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    torch.manual_seed(0)
+    data = digits_data(n_train=32, n_val=32, n_test=8, dtype=torch.float64)
+
+    def loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+    return hg.InnerProblem(
+        mlp([64, 8, 10]).double(), loss, hg.optim.sgd(lr="lr", momentum="momentum"),
+        hg.HyperParams([hg.Scalar("lr", 0.02, "log"), hg.Scalar("momentum", 0.5, "logit")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), 8,
+        lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val), data.y_val))
+
+
+def test_the_surrogate_in_the_trainer_models_every_evaluation_and_searches_the_box() -> None:
+    """Trainer(outer=partial(Surrogate)): it gets the Trainer's box; every plain run and every
+    hypergradient joins its model (the hypergradient as the gradient in box units); its trials
+    lie in the box; each next hypergradient is at a point that had none."""
+    p = lr_momentum()
+    tr = hg.Trainer(p, outer=functools.partial(Surrogate, trials=2),
+                    guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                    mode=hg.Offline(outer_steps=3, start=3, recheck=0),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+    sur = tr.outer
+    assert isinstance(sur, Surrogate) and sur.box is not None
+    assert torch.equal(sur.box[0], tr.box[0]) and torch.equal(sur.box[1], tr.box[1])
+    res = tr.fit()
+    searched = [e for e in res.evaluations if e["kind"] == "line search"]
+    assert len(searched) == 2 * len(res.history)  # its trials: 2 per outer step
+    lo, hi = tr.box
+    for e in searched:
+        assert bool(((e["lam"] >= lo - 1e-9) & (e["lam"] <= hi + 1e-9)).all())
+    units = [tuple(x.tolist()) for x in sur.xs]
+    assert len(set(units)) == len(units)  # every point once
+    assert len(sur.xs) == len({tuple(e["lam"].tolist()) for e in res.evaluations}
+                              | {tuple(x.tolist()) for x in _hypergradient_points(tr, sur)})
+    assert len(sur.grads) == len(res.history)  # one gradient per hypergradient, each new
+    for i, g in sur.grads.items():  # the hypergradient at its point, in box units
+        x = sur._raw(sur.xs[i], tr.lam)
+        want = tr.method.hypergradient(p, x).grad * (hi - lo)
+        torch.testing.assert_close(g, want.double(), rtol=1e-9, atol=1e-12)
+
+
+def _hypergradient_points(tr: hg.Trainer, sur: Surrogate) -> list[torch.Tensor]:
+    return [sur._raw(sur.xs[i], tr.lam) for i in sur.grads]
+
+
+def test_a_surrogate_without_a_box_says_so() -> None:
+    lam = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    sur = Surrogate([lam])
+    with pytest.raises(ValueError, match="needs the search box"):
+        sur.observe(lam.detach(), 1.0)
+    with pytest.raises(ValueError, match="trials=0"):
+        Surrogate([lam], trials=0)
+
+
+def test_the_default_outer_is_the_surrogate_for_16_to_100_hyperparameters() -> None:
+    from hypergrad.run.outer import SURROGATE_K, QuasiNewton, default_outer
+
+    box = (torch.zeros(30, dtype=torch.float64), torch.ones(30, dtype=torch.float64))
+    for k, kind in [(2, QuasiNewton), (15, QuasiNewton), (16, Surrogate), (100, Surrogate),
+                    (101, QuasiNewton)]:
+        lam = torch.zeros(k, dtype=torch.float64)
+        got = default_outer([lam], (box[0][:1].expand(k), box[1][:1].expand(k)))
+        assert type(got) is kind, k
+        assert (k in SURROGATE_K) == (kind is Surrogate)
+    assert isinstance(default_outer([torch.zeros(30)], online=True), torch.optim.Adam)
