@@ -156,7 +156,7 @@ def targets() -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]
     from .methods import registered as methods
     from .methods.implicit import SOLVERS
     from .optim import registered as optimizers
-    from .run import Guards, Offline, Online, RunFolder, SignDescent
+    from .run import Guards, Offline, Online, QuasiNewton, RunFolder, SignDescent, Surrogate
     from .run.callbacks import standard
     from .stepvjp import STEP_VJPS
     from .tangent import JVP, AutoTangent, ClosedForm, DiagonalJacobian
@@ -165,6 +165,7 @@ def targets() -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]
     task = {"skip": TASK_ARGS}
     item = {"defaults": {"name": "${hg.key:}"}}  # an item's name is its key under items
     outer = {"skip": ("params",), "partial": True}
+    outer_box = {"skip": ("params", "box"), "partial": True}  # the Trainer gives its box
     return {
         "task": {
             "digits": (bundled.digits_task, task),
@@ -183,7 +184,9 @@ def targets() -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]
         "inner_optimizer": {n: (f, {}) for n, f in optimizers().items()},
         "outer_optimizer": {"torch_adam": (torch.optim.Adam, outer),
                             "torch_sgd": (torch.optim.SGD, outer),
-                            "sign": (SignDescent, outer)},
+                            "sign": (SignDescent, outer),
+                            "quasi_newton": (QuasiNewton, outer_box),
+                            "surrogate": (Surrogate, outer_box)},
         "method": {n: (c, {}) for n, c in methods().items()},
         "method/hvp": {n: (c, {}) for n, c in STRATEGIES.items()},
         "method/solver": {n: (c, {}) for n, c in SOLVERS.items()},

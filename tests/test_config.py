@@ -437,3 +437,16 @@ def test_a_resume_mismatch_says_what_differs_in_ten_lines_and_where_the_settings
     assert "... and " in text and "more" in text  # many keys differ: the first ones shown
     assert str(tmp_path / ".hydra" / "overrides.yaml") in text
     assert str(tmp_path / "config_resolved.yaml") in text
+
+
+@pytest.mark.parametrize("option,cls", [("surrogate", "Surrogate"),
+                                        ("quasi_newton", "QuasiNewton")])
+def test_the_default_outer_optimizers_are_options_in_the_trainers_box(option: str,
+                                                                      cls: str) -> None:
+    """outer_optimizer=surrogate / quasi_newton: the offline defaults chosen by name, in the
+    Trainer's search box (their configs have no box: the Trainer gives its own)."""
+    cfg = _compose([f"outer_optimizer={option}", "debug=fast"])
+    _, trainer = build(cfg)
+    assert type(trainer.outer).__name__ == cls
+    assert trainer.outer.box is not None and trainer.outer.box[0].equal(trainer.box[0])
+    assert "box" not in cfg.outer_optimizer
