@@ -52,9 +52,9 @@ class SignDescent(torch.optim.Optimizer):
 SURROGATE_K = range(16, 101)
 """The numbers of hyperparameters for which the offline default is the surrogate model
 (:class:`~hypergrad.run.surrogate.Surrogate`) instead of :class:`QuasiNewton`: on the suite's
-development half (three runs of 10 seeds) it was better at K = 30 and 50 in every run
-(geometric mean of the test losses 0.93-0.95x), worse at K <= 15 (1.01-1.06x) and at K = 200
-(1.25x)."""
+development half (four runs of 10 seeds) it was better at K = 30 and 50 in every run
+(geometric mean of the test losses 0.93-0.95x), worse at K <= 15 (1.01-1.10x) and at K = 200
+(1.25x); in the 10-seed headline run after it, see docs/benchmarks.md."""
 
 
 def default_outer(params: list[Tensor], box: tuple[Tensor, Tensor] | None = None,
