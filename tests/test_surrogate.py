@@ -145,3 +145,24 @@ def test_the_default_outer_is_the_surrogate_for_16_to_100_hyperparameters() -> N
         assert type(got) is kind, k
         assert (k in SURROGATE_K) == (kind is Surrogate)
     assert isinstance(default_outer([torch.zeros(30)], online=True), torch.optim.Adam)
+
+
+def test_a_resumed_surrogate_keeps_its_observations(tmp_path: Any) -> None:
+    """Its observations travel in the Trainer's checkpoint: a run resumed from the checkpoint
+    of outer step 1 ends where the uninterrupted run ends."""
+    kw: dict[str, Any] = dict(outer=functools.partial(Surrogate, trials=2),
+                              guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                              callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+    whole = hg.Trainer(lr_momentum(), mode=hg.Offline(outer_steps=2, start=2, recheck=0), **kw)
+    full = whole.fit()
+    first = hg.Trainer(lr_momentum(), mode=hg.Offline(outer_steps=1, start=2, recheck=0),
+                       folder=tmp_path, **kw)
+    first.fit()
+    saved = first.outer
+    back = hg.Trainer(lr_momentum(), mode=hg.Offline(outer_steps=2, start=2, recheck=0),
+                      folder=hg.RunFolder(tmp_path, resume=True), **kw)
+    assert isinstance(back.outer, Surrogate) and isinstance(saved, Surrogate)
+    assert len(back.outer.xs) > 0 and set(back.outer.grads) <= set(saved.grads)
+    assert back.outer.fs == saved.fs[:len(back.outer.fs)]
+    res = back.fit()
+    assert torch.equal(res.lam, full.lam)

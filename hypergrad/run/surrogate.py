@@ -139,6 +139,25 @@ class Surrogate(QuasiNewton):
         self.fs: list[float] = []
         self.grads: dict[int, Tensor] = {}  # index -> gradient in box units
 
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state and the model's observations (points, losses, gradients)
+        and candidate generator, so that a resumed run goes on with the same model."""
+        sd = super().state_dict()
+        sd["surrogate"] = {"xs": [x.clone() for x in self.xs], "fs": list(self.fs),
+                           "grads": {i: g.clone() for i, g in self.grads.items()},
+                           "gen": self.gen.get_state()}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sd = dict(state_dict)
+        extra = sd.pop("surrogate", None)
+        super().load_state_dict(sd)
+        if extra is not None:
+            self.xs = [x.clone() for x in extra["xs"]]
+            self.fs = [float(f) for f in extra["fs"]]
+            self.grads = {int(i): g.clone() for i, g in extra["grads"].items()}
+            self.gen.set_state(extra["gen"])
+
     def _unit(self, x: Tensor) -> Tensor:
         if self.box is None:
             raise ValueError("Surrogate: it needs the search box; the Trainer gives it its box "
