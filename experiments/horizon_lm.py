@@ -301,14 +301,17 @@ def curve(spec: dict[str, Any], T: int, points: int = 200) -> dict[str, list[flo
     return {"t": ts, "lr": [lm_values(spec, t, T)["lr"] for t in ts]}
 
 
-def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], None]) -> None:
+def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], None],
+        contenders: list[str] | None = None) -> None:
+    """Every contender (or only ``contenders``) at every seed, each unit recorded when done
+    and skipped when already recorded."""
     st = lm_study(quick)
     rseeds = [100] if quick else [100, 101, 102]
     tasks: dict[int, hg.Task] = {}
     for seed in seeds:
         for c in CONTENDERS:
             unit = f"lm/{c}/{seed}"
-            if records.done(unit):
+            if (contenders is not None and c not in contenders) or records.done(unit):
                 continue
             if c in ("forward", "forward_defaults"):
                 got = tune_forward(st, seed, defaults=c == "forward_defaults")

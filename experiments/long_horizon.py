@@ -213,6 +213,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     choices=horizon_schedules.CONTENDERS,
                     help="part 2: only these contenders (default all; with --out, a rerun of "
                          "some beside the committed records)")
+    ap.add_argument("--lm-contenders", nargs="+", default=None,
+                    choices=horizon_lm.CONTENDERS,
+                    help="part 3: only these contenders (default all; with --out, a rerun of "
+                         "some beside the committed records)")
     ap.add_argument("--summarize", action="store_true",
                     help="only rewrite the JSON and plots from the records")
     args = ap.parse_args(argv)
@@ -238,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 horizon_schedules.run(records, args.quick, seeds, log, only=args.studies,
                                       contenders=args.contenders)
             else:
-                horizon_lm.run(records, args.quick, seeds, log)
+                horizon_lm.run(records, args.quick, seeds, log, contenders=args.lm_contenders)
             write(records, out, args.quick)
     payload = write(records, out, args.quick)
     print(tables(payload))
