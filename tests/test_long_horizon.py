@@ -210,3 +210,15 @@ def test_long_horizon_reruns_chosen_contenders_only(tmp_path: Path) -> None:
     units = [json.loads(line)["unit"] for line in
              (tmp_path / "long_horizon_records.jsonl").read_text().splitlines()]
     assert units == ["schedule/nqm/baselines", "schedule/nqm/recipe/0"]
+
+
+def test_long_horizon_reruns_chosen_lm_contenders_only(tmp_path: Path) -> None:
+    """``--parts lm --lm-contenders schedulefree``: that contender's unit, nothing else."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "long_horizon.py"),
+                          "--quick", "--parts", "lm", "--lm-contenders", "schedulefree",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    units = [json.loads(line)["unit"] for line in
+             (tmp_path / "long_horizon_records.jsonl").read_text().splitlines()]
+    assert units == ["lm/schedulefree/0"]
