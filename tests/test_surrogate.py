@@ -166,3 +166,41 @@ def test_a_resumed_surrogate_keeps_its_observations(tmp_path: Any) -> None:
     assert back.outer.fs == saved.fs[:len(back.outer.fs)]
     res = back.fit()
     assert torch.equal(res.lam, full.lam)
+
+
+def test_the_time_left_goes_to_the_surrogates_proposals() -> None:
+    """On a clock where a plain run costs 1 and a hypergradient 5, the time left after the
+    last hypergradient goes to plain runs at the surrogate's proposals (in the box, each
+    joining its model), and the run ends within its budget."""
+    p = lr_momentum()
+    clock = [0.0]
+    run = p.run
+
+    def timed_run(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += 1.0
+        return run(*args, **kwargs)
+
+    p.run = timed_run  # type: ignore[method-assign]
+    tr = hg.Trainer(p, outer=functools.partial(Surrogate, trials=2),
+                    guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=36.0),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+    hypergradient = tr.method.hypergradient
+
+    def timed_hypergradient(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += 5.0
+        return hypergradient(*args, **kwargs)
+
+    tr.method.hypergradient = timed_hypergradient  # type: ignore[method-assign]
+    tr._now = lambda: clock[0]  # type: ignore[method-assign]
+    res = tr.fit()
+    assert clock[0] <= 36.0 and res.out_of_time
+    left = [e for e in res.evaluations if e["kind"] == "leftover"]
+    assert left
+    sur = tr.outer
+    assert isinstance(sur, Surrogate)
+    lo, hi = tr.box
+    sobol = tr._space_filling(20, 0)  # what the time left would get without a surrogate
+    for e in left:
+        assert bool(((e["lam"] >= lo) & (e["lam"] <= hi)).all())
+        assert any(torch.allclose(sur._unit(e["lam"]), x, atol=1e-12) for x in sur.xs)
+        assert not any(torch.allclose(e["lam"], x) for x in sobol)

@@ -216,6 +216,11 @@ class Surrogate(QuasiNewton):
         ei = expected_improvement(mu, sd, gp.warp(float(f[torch.isfinite(f)].min())))
         return cand[int(torch.argmax(ei))]
 
+    def next_point(self, like: Tensor) -> Tensor:
+        """The next point worth a plain run (:meth:`propose`), in raw coordinates like
+        ``like`` (the Trainer's leftover time goes to these)."""
+        return self._project(self._raw(self.propose(), like))
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float | None] | None = None  # type: ignore[override]
              ) -> None:

@@ -560,10 +560,10 @@ class Trainer:
             if not self.outer.improved:  # where the outer loop ended, as before
                 with torch.no_grad():
                     self.lam.copy_(before)
-        propose = getattr(self.outer, "propose", None)  # a surrogate model's next point
+        propose = getattr(self.outer, "next_point", None)  # a surrogate model's next point
         while True:
             x = (self._space_filling(1, self._starts_used)[0] if propose is None
-                 else self.outer._raw(propose(), self.lam))  # type: ignore[attr-defined]
+                 else propose(self.lam))
             if self._plain(x, "leftover") is None:
                 break
             self._starts_used += 1
