@@ -509,6 +509,8 @@ def _variants() -> dict[str, Any]:
         "no_memory": dict(box_outer=qn(memory=0)),
         "surrogate": dict(box_outer=lambda box: functools.partial(Surrogate, box=box)),
         "no_surrogate": dict(box_outer=qn()),
+        "surrogate_t6": dict(box_outer=lambda box: functools.partial(Surrogate, box=box,
+                                                                      trials=6)),
         "surrogate_tape": dict(box_outer=lambda box: functools.partial(Surrogate, box=box),
                                method=hg.ReverseMode(tape=True)),
         "forward": dict(method="forward"),
