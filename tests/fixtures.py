@@ -7,7 +7,8 @@
 - :func:`closed_form_problem`: the rows of :data:`CLOSED_FORM` (closed-form tangent checks);
 - :func:`model_problem`: models users bring (dropout, BatchNorm, attention, RNNs, a ResNet);
 - :func:`small_cnn_problem`: a convolution, for the compile path;
-- :func:`one_hvp_call`: one HVP strategy call at a state with non-zero tangents.
+- :func:`one_hvp_call`: one HVP strategy call at a state with non-zero tangents;
+- :func:`lr_momentum`: a learning rate and a momentum (K = 2), for the Trainer's outer loops.
 """
 
 from __future__ import annotations
@@ -267,3 +268,20 @@ def make_trainer(problem: Any, method: Any = "forward", outer: Any = None, *,
     if tensorboard:
         cbs.append(TensorBoard())
     return hg.Trainer(task, method, outer, m, hg.Guards(**guards), folder, cbs)
+
+
+def lr_momentum(steps: int = 8) -> hg.InnerProblem:
+    """A float64 MLP on 32 digits, SGD: a learning rate (log) and a momentum (logit), K = 2."""
+    from hypergrad.tasks import digits_data, mlp
+
+    torch.manual_seed(0)
+    data = digits_data(n_train=32, n_val=32, n_test=32, dtype=torch.float64)
+
+    def loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
+
+    return hg.InnerProblem(
+        mlp([64, 8, 10]).double(), loss, hg.optim.sgd(lr="lr", momentum="momentum"),
+        hg.HyperParams([hg.Scalar("lr", 0.02, "log"), hg.Scalar("momentum", 0.5, "logit")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps,
+        lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val), data.y_val))

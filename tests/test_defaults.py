@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from fixtures import lr_momentum
 
 import hypergrad as hg
 from hypergrad.run.outer import QuasiNewton, search_box
@@ -21,24 +22,6 @@ SMALL = dict(steps=8, n_train=32, batch_size=8, hidden=8, n_val=32)
 
 def quiet() -> list[Any]:
     return [hg.run.Log(None), hg.run.Progress(False)]
-
-
-def lr_momentum(steps: int = 8) -> hg.InnerProblem:
-    """A float64 MLP on 32 digits, SGD: a learning rate (log) and a momentum (logit), K = 2."""
-    from hypergrad.data import MiniBatches
-    from hypergrad.tasks import digits_data, mlp
-
-    torch.manual_seed(0)
-    data = digits_data(n_train=32, n_val=32, n_test=32, dtype=torch.float64)
-
-    def loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
-
-    return hg.InnerProblem(
-        mlp([64, 8, 10]).double(), loss, hg.optim.sgd(lr="lr", momentum="momentum"),
-        hg.HyperParams([hg.Scalar("lr", 0.02, "log"), hg.Scalar("momentum", 0.5, "logit")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=8), steps,
-        lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val), data.y_val))
 
 
 def test_the_defaults_are_auto_quasi_newton_in_the_box_and_a_space_filling_start() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from fixtures import lr_momentum
 from torch.func import jacrev
 
 import hypergrad as hg
@@ -73,23 +74,6 @@ def test_expected_improvement_prefers_a_lower_mean_and_more_uncertainty() -> Non
     sd = torch.tensor([0.1, 0.1, 1.0])
     ei = expected_improvement(mu, sd, 0.0)
     assert float(ei[1]) > float(ei[0]) and float(ei[2]) > float(ei[0]) > 0
-
-
-def lr_momentum() -> hg.InnerProblem:
-    from hypergrad.data import MiniBatches
-    from hypergrad.tasks import digits_data, mlp
-
-    torch.manual_seed(0)
-    data = digits_data(n_train=32, n_val=32, n_test=8, dtype=torch.float64)
-
-    def loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(m(b[0]), b[1])
-
-    return hg.InnerProblem(
-        mlp([64, 8, 10]).double(), loss, hg.optim.sgd(lr="lr", momentum="momentum"),
-        hg.HyperParams([hg.Scalar("lr", 0.02, "log"), hg.Scalar("momentum", 0.5, "logit")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=8), 8,
-        lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val), data.y_val))
 
 
 def test_the_surrogate_in_the_trainer_models_every_evaluation_and_searches_the_box() -> None:
