@@ -6,6 +6,9 @@ per tuning seed:
 
 - ``forward``: forward-mode hypergradients over the full horizon (offline, one whole inner run
   per outer step), FDS-style sign steps (``SignDescent``, halved on a sign flip), backtracking;
+- ``forward_defaults``: the same hypergradients with the Trainer's default outer loop (the
+  space-filling start, the quasi-Newton line search of plain runs, the re-check in another
+  batch order), in the same box;
 - ``hd``, ``marthe``, ``rtho``: the greedy online methods (one run, the hyperparameters updated
   every ``interval`` inner steps from the hypergradient at that step: HD through the last step
   only, MARTHE with a discount, RTHO = forward mode online), each spending the budget on a grid
@@ -51,7 +54,11 @@ import hypergrad as hg
 from hypergrad.data import MiniBatches
 
 GREEDY = ("hd", "marthe", "rtho")
-CONTENDERS = ("forward", *GREEDY, "recipe", "tpe", "random")
+CONTENDERS = ("forward", *GREEDY, "recipe", "tpe", "random", "forward_defaults")
+FORWARD = ("forward", "forward_defaults")
+"""The forward-mode contenders; ``forward`` (FDS-style sign steps) is the one the summary's
+ratios are for, ``forward_defaults`` (the Trainer's default outer loop, added later) gets its
+own ``defaults_vs_*`` ratios."""
 
 
 # -- schedules: what each contender returns
@@ -261,22 +268,29 @@ def _values(hps: hg.HyperParams, lam: Tensor) -> dict[str, Any]:
     return hps.describe(lam)
 
 
-def tune_forward(st: Study, seed: int) -> dict[str, Any]:
+def tune_forward(st: Study, seed: int, defaults: bool = False) -> dict[str, Any]:
+    """Forward mode over the full horizon: FDS-style sign steps with backtracking, or
+    (``defaults``) the Trainer's default outer loop in the same box."""
     hps = st.hyperparams(schedule=True)
     p = st.problem(seed, hps)
     t0 = cpu()
+    kw: dict[str, Any] = {} if defaults else dict(
+        outer=functools.partial(hg.SignDescent, lr=0.5), mode=hg.Offline(outer_steps=10**6))
     with cpu_clock_trainer():
-        res = hg.Trainer(p, hg.ForwardMode(), outer=functools.partial(hg.SignDescent, lr=0.5),
-                         mode=hg.Offline(outer_steps=10**6),
-                         guards=hg.Guards(time_budget=st.budget - (cpu() - t0), backtrack=1.5,
+        res = hg.Trainer(p, hg.ForwardMode(),
+                         guards=hg.Guards(time_budget=st.budget - (cpu() - t0),
+                                          backtrack=None if defaults else 1.5,
                                           bounds=st.bounds),
-                         callbacks=_quiet()).fit()
+                         callbacks=_quiet(), **kw).fit()
     used = cpu() - t0
     v = _values(hps, res.lam)
     spec = {"kind": "windows", "lr": list(v["lr"]), "momentum": float(v["momentum"]),
             "wd": float(v["wd"]) if "wd" in v else 0.0}
-    return {"val": res.best_val_loss, "cpu_s": used, "evals": len(res.history) + 1,
+    return {"val": res.best_val_loss, "cpu_s": used,
+            "evals": len(res.history) + len(res.evaluations) + 1,
             "spec": spec, "info": {"best_step": res.best_step,
+                                   "hypergradients": len(res.history),
+                                   "plain_runs": len(res.evaluations),
                                    "val_curve": [h["val_loss"] for h in res.history],
                                    "backtracks": sum(bool(h.get("backtracked"))
                                                      for h in res.history)}}
@@ -381,8 +395,8 @@ def tune_optuna(st: Study, seed: int, sampler_name: str) -> dict[str, Any]:
 
 
 def tune(st: Study, seed: int, contender: str) -> dict[str, Any]:
-    if contender == "forward":
-        return tune_forward(st, seed)
+    if contender in ("forward", "forward_defaults"):
+        return tune_forward(st, seed, defaults=contender == "forward_defaults")
     if contender in GREEDY:
         return tune_online(st, seed, contender)
     if contender == "recipe":
@@ -483,13 +497,18 @@ def summarize(records: Records, quick: bool) -> dict[str, Any]:
                 return min(got, key=lambda c: table[c]["test"][0]) if got else None
 
             g = best_of(GREEDY)
-            o = best_of(tuple(c for c in CONTENDERS if c != "forward"))
+            o = best_of(tuple(c for c in CONTENDERS if c not in FORWARD))
             if g:
                 res["forward_vs_greedy"] = ratio_se(fwd, [by_c[g][s]["test"] for s in seeds])
                 res["best_greedy"] = g
             if o:
                 res["forward_vs_best"] = ratio_se(fwd, [by_c[o][s]["test"] for s in seeds])
                 res["best_other"] = o
+            if "forward_defaults" in by_c and all(s in by_c["forward_defaults"] for s in seeds):
+                dfl = [by_c["forward_defaults"][s]["test"] for s in seeds]
+                for key, c in (("defaults_vs_greedy", g), ("defaults_vs_best", o)):
+                    if c:
+                        res[key] = ratio_se(dfl, [by_c[c][s]["test"] for s in seeds])
         out[name] = res
     return out
 

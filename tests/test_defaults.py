@@ -414,3 +414,43 @@ def test_a_model_factory_with_batchnorm_gives_its_running_statistics_too() -> No
     assert torch.equal(s1.buffers["1.running_mean"], torch.zeros(8, dtype=torch.float64))
     assert not torch.equal(s1.params["0.weight"], s0.params["0.weight"])
     assert math.isfinite(v1)
+
+
+def test_quasi_random_points_draw_one_level_per_schedule_and_example_weights(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The space-filling start, restarts and the leftover time place every window of a
+    schedule (and every example's weight) at one quasi-random level of the box: a constant
+    schedule; scalars and per-tensor entries each at their own. With ``SHARED_START = ()``
+    every entry draws its own."""
+    from fixtures import mixed_problem
+
+    from hypergrad.run import trainer as trainer_module
+
+    p = mixed_problem("momentum", steps=6, windows=4)
+    sl = p.hyperparams.slices
+    tr = hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0), "wd": (1e-5, 1e-1)}),
+                    callbacks=quiet(), mode=hg.Offline(outer_steps=1, start=6))
+    lo, hi = tr.box
+    pts = tr._space_filling(6, 0)
+    assert torch.equal(torch.stack(pts), torch.stack(tr._space_filling(8, 0)[:6]))
+    assert torch.equal(pts[3], tr._space_filling(3, 3)[0])  # skip: the sequence goes on
+    for x in pts:
+        assert bool(((x >= lo) & (x <= hi)).all())
+        u = (x - lo) / (hi - lo)
+        assert float(u[sl["lr"]].max() - u[sl["lr"]].min()) < 1e-12  # one level
+        assert float(u[sl["wd"]].max() - u[sl["wd"]].min()) > 1e-3  # per tensor
+    levels = torch.stack([(x - lo) / (hi - lo) for x in pts])
+    assert len({round(float(v), 9) for v in levels[:, sl["lr"].start]}) == 6  # 6 levels
+    res = tr.fit()  # the start runs at these points
+    starts = [e["lam"] for e in res.evaluations if e["kind"] == "start"][1:]
+    assert len(starts) == 6 and all(torch.equal(a, b) for a, b in zip(starts, pts))
+
+    monkeypatch.setattr(trainer_module, "SHARED_START", ())
+    u = (tr._space_filling(1, 0)[0] - lo) / (hi - lo)
+    assert float(u[sl["lr"]].max() - u[sl["lr"]].min()) > 1e-3  # per entry again
+
+    monkeypatch.setattr(trainer_module, "SHARED_START", ("schedule", "per_example"))
+    q = digits_case("sgd", "per_example", **SMALL)
+    x = hg.Trainer(q, guards=hg.Guards(bounds={"ex_w": (0.05, 0.95)}),
+                   callbacks=quiet())._space_filling(2, 0)
+    assert all(float(v.max() - v.min()) < 1e-12 for v in x) and float(x[0][0] - x[1][0]) != 0

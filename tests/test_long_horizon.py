@@ -190,6 +190,8 @@ def test_long_horizon_quick(tmp_path: Path) -> None:
     for key in ("forward_vs_greedy", "forward_vs_best", "lm_forward_vs_recipe"):
         assert f"{key}_se" in s and s[key] is not None and s[key] > 0
     assert s["seeds"] == 1 and s["lm_seeds"] == 1 and s["T_max"] == 100
+    teacher = payload["schedule"]["teacher"]  # the Trainer's defaults, beside the sign steps
+    assert "forward_defaults" in teacher["table"] and teacher["defaults_vs_best"][0] > 0
     for png in payload["plots"]:
         assert (tmp_path / png).stat().st_size > 1000
     # resumable: a second run finds every unit done and only rewrites the summary

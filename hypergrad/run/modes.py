@@ -57,10 +57,11 @@ class Offline(Mode):
         start: a space-filling start: before the first hypergradient, plain inner runs (no
             hypergradient: about a fifth of the cost) at the initial point and at ``start``
             quasi-random points of the search box (a scrambled Sobol sequence seeded by the
-            problem's seed); tuning descends from the best of them. ``"auto"``: 15% of the time
-            budget (2 to 8 points), or 4 points without a budget. ``0`` (default here): start at
-            the initial point. The Trainer's default mode (``mode=None``) is
-            :meth:`Offline.default`.
+            problem's seed; a schedule's windows at one level:
+            :data:`hypergrad.run.trainer.SHARED_START`); tuning descends from the best of them.
+            ``"auto"``: 15% of the time budget (2 to 8 points), or 4 points without a budget.
+            ``0`` (default here): start at the initial point. The Trainer's default mode
+            (``mode=None``) is :meth:`Offline.default`.
         recheck: before returning, the best ``recheck`` distinct points evaluated are trained
             again in another draw of the run's randomness (another mini-batch order and other
             dropout draws: :meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), and
