@@ -2,8 +2,8 @@
 (when to update), :class:`Guards` (divergence, backtracking, clipping, bounds, budgets),
 :class:`RunFolder` (lock, checkpoints, metrics, resume), callbacks (:class:`Log`,
 :class:`Progress`, :class:`TensorBoard`), outer optimizers (:class:`QuasiNewton` and
-:class:`Surrogate`, the defaults, and :class:`SignDescent`) and the
-single-process :class:`Strategy`."""
+:class:`Surrogate`, the defaults, both :class:`SearchOptimizer`, and :class:`SignDescent`) and
+the single-process :class:`Strategy`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from .callbacks import Callback, Log, Progress, TensorBoard
 from .folder import SAFE_TO_CHANGE, RunFolder
 from .guards import Guards
 from .modes import Mode, Offline, Online
-from .outer import OuterOptimizerFactory, QuasiNewton, SignDescent
+from .outer import OuterOptimizerFactory, QuasiNewton, SearchOptimizer, SignDescent
 from .strategy import Strategy
 from .surrogate import Surrogate
 from .trainer import Trainer, TrainResult
 
 __all__ = ["Trainer", "TrainResult", "Offline", "Online", "Mode", "Guards", "Bounds",
            "RunFolder", "SAFE_TO_CHANGE", "Callback", "Log", "Progress", "TensorBoard",
-           "SignDescent", "QuasiNewton", "Surrogate", "OuterOptimizerFactory", "Strategy"]
+           "SignDescent", "SearchOptimizer", "QuasiNewton", "Surrogate", "OuterOptimizerFactory",
+           "Strategy"]

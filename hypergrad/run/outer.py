@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["SignDescent", "QuasiNewton", "OuterOptimizerFactory", "default_outer", "search_box",
-           "shrink_lr", "SURROGATE_K"]
+__all__ = ["SignDescent", "SearchOptimizer", "QuasiNewton", "OuterOptimizerFactory",
+           "default_outer", "search_box", "shrink_lr", "SURROGATE_K"]
 
 OuterOptimizerFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
 
@@ -88,7 +88,62 @@ def shrink_lr(optimizer: torch.optim.Optimizer, factor: float = 0.5) -> list[flo
     return lrs
 
 
-class QuasiNewton(torch.optim.Optimizer):
+class SearchOptimizer(torch.optim.Optimizer):
+    """An outer optimizer that searches with plain inner runs in the search box (the base of
+    :class:`QuasiNewton` and :class:`~hypergrad.run.Surrogate`). What the Trainer does with one:
+
+    - gives it its own search box when ``box`` is ``None`` (raw low and high bounds,
+      :func:`search_box`), and sets ``value``, the validation loss at the current point,
+      before each step;
+    - calls ``step(closure)`` offline, where ``closure()`` trains one plain inner run at the
+      parameter's current value and returns its validation loss (``None``: the time budget is
+      spent); afterwards ``trials`` (the plain runs spent), ``improved`` (whether the point
+      moved) and ``stalled`` (nothing better found: the Trainer restarts elsewhere) say what
+      happened;
+    - reports every plain run it makes outside ``step`` (the start, restarts, the leftover
+      time) to :meth:`observe`, and spends the time left after the last hypergradient on
+      :meth:`next_point`'s points (``None``: quasi-random ones).
+    """
+
+    def __init__(self, params: Any, defaults: dict[str, Any],
+                 box: tuple[Tensor, Tensor] | None = None) -> None:
+        super().__init__(params, defaults)
+        self.box = box
+        self.value: float | None = None  # the validation loss at the current point
+        self.trials = 0
+        self.improved = False
+        self.stalled = False
+        self.uses_closure = True
+
+    def step(self, closure: Callable[[], float | None] | None = None  # type: ignore[override]
+             ) -> None:
+        """One outer step from the current point with the hypergradient in ``p.grad``; the
+        ``closure`` as above."""
+        raise NotImplementedError
+
+    def observe(self, x: Tensor, value: float, grad: Tensor | None = None) -> None:
+        """A plain run the Trainer made at raw ``x`` (validation loss ``value``); nothing here
+        (a surrogate model keeps it)."""
+
+    def next_point(self, like: Tensor) -> Tensor | None:
+        """The next point worth a plain run when no hypergradient fits any more (raw, like
+        ``like``); ``None``: the Trainer's quasi-random points."""
+        return None
+
+    def _width(self, p: Tensor) -> Tensor:
+        if self.box is None:
+            return torch.ones_like(p)
+        lo, hi = self.box
+        return (hi - lo).to(p).clamp_min(1e-12)
+
+    def _project(self, x: Tensor) -> Tensor:
+        if self.box is None:
+            return x
+        lo, hi = self.box
+        return torch.minimum(torch.maximum(x, lo.to(x)), hi.to(x))
+
+
+class QuasiNewton(SearchOptimizer):
     """The Trainer's default outer optimizer: L-BFGS directions built from the hypergradients, a
     line search of plain inner runs along each, steps measured in the search box.
 
@@ -130,25 +185,7 @@ class QuasiNewton(torch.optim.Optimizer):
                              f"expand={expand!r}, backtrack={backtrack!r} and "
                              f"min_step={min_step!r} >= 0.")
         super().__init__(params, dict(step=step, memory=memory, expand=expand,
-                                      backtrack=backtrack, min_step=min_step))
-        self.box = box
-        self.value: float | None = None  # the validation loss at the current point
-        self.trials = 0
-        self.improved = False
-        self.stalled = False
-        self.uses_closure = True
-
-    def _width(self, p: Tensor) -> Tensor:
-        if self.box is None:
-            return torch.ones_like(p)
-        lo, hi = self.box
-        return (hi - lo).to(p).clamp_min(1e-12)
-
-    def _project(self, x: Tensor) -> Tensor:
-        if self.box is None:
-            return x
-        lo, hi = self.box
-        return torch.minimum(torch.maximum(x, lo.to(x)), hi.to(x))
+                                      backtrack=backtrack, min_step=min_step), box=box)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float | None] | None = None  # type: ignore[override]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .outer import QuasiNewton
+from .outer import SearchOptimizer
 
 __all__ = ["Surrogate", "GradientGP"]
 
@@ -110,7 +110,7 @@ def expected_improvement(mu: Tensor, sd: Tensor, best: float) -> Tensor:
     return (best - mu) * normal.cdf(z) + sd * torch.exp(normal.log_prob(z))
 
 
-class Surrogate(QuasiNewton):
+class Surrogate(SearchOptimizer):
     """The outer optimizer of a surrogate model: at every outer step, the hypergradient at the
     current point joins a :class:`GradientGP` of the validation loss over the box (with every
     plain run the Trainer made: start, earlier trials, restarts), and ``trials`` plain runs go
@@ -129,10 +129,10 @@ class Surrogate(QuasiNewton):
 
     def __init__(self, params: Any, box: tuple[Tensor, Tensor] | None = None, trials: int = 3,
                  candidates: int = 512, seed: int = 0) -> None:
-        super().__init__(params, box=box)
         if trials < 1 or candidates < 1:
             raise ValueError(f"Surrogate: trials={trials!r} and candidates={candidates!r} must "
                              f"be >= 1.")
+        super().__init__(params, dict(trials=trials, candidates=candidates), box=box)
         self.n_trials, self.candidates = trials, candidates
         self.gen = torch.Generator().manual_seed(seed)
         self.xs: list[Tensor] = []  # points in box units
@@ -216,7 +216,7 @@ class Surrogate(QuasiNewton):
         ei = expected_improvement(mu, sd, gp.warp(float(f[torch.isfinite(f)].min())))
         return cand[int(torch.argmax(ei))]
 
-    def next_point(self, like: Tensor) -> Tensor:
+    def next_point(self, like: Tensor) -> Tensor | None:
         """The next point worth a plain run (:meth:`propose`), in raw coordinates like
         ``like`` (the Trainer's leftover time goes to these)."""
         return self._project(self._raw(self.propose(), like))

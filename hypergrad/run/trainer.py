@@ -51,7 +51,7 @@ from .folder import (
 )
 from .guards import MAX_BACKTRACKS, Guards, Tracker, divergence, outer_gradient, worse
 from .modes import Mode, Offline, Online
-from .outer import OuterOptimizerFactory, QuasiNewton, default_outer, search_box, shrink_lr
+from .outer import OuterOptimizerFactory, SearchOptimizer, default_outer, search_box, shrink_lr
 from .strategy import Strategy
 
 __all__ = ["Trainer", "TrainResult"]
@@ -64,8 +64,9 @@ coordinate (the line search's smallest step): neighbours from one line search sc
 any batch order."""
 
 USE_LEFTOVER = True
-"""Offline with :class:`~hypergrad.run.outer.QuasiNewton` and a time budget: spend the time
-left after the last hypergradient on plain runs (:meth:`Trainer._leftover`)."""
+"""Offline with a :class:`~hypergrad.run.outer.SearchOptimizer` (the defaults) and a time
+budget: spend the time left after the last hypergradient on plain runs
+(:meth:`Trainer._leftover`)."""
 
 SHARED_START = ("schedule", "per_example")
 """The hyperparameter kinds whose entries quasi-random points (the space-filling start,
@@ -224,7 +225,7 @@ class Trainer:
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
                             "outer=functools.partial(torch.optim.Adam, lr=0.05).")
-        if isinstance(self.outer, QuasiNewton) and self.outer.box is None:
+        if isinstance(self.outer, SearchOptimizer) and self.outer.box is None:
             self.outer.box = self.box  # outer=functools.partial(QuasiNewton, step=0.3): in the box
         self.evaluations: list[dict[str, Any]] = []
         """Every point evaluated by a plain inner run (space-filling start, line search,
@@ -422,7 +423,7 @@ class Trainer:
             return why
         if tr.best is not None and tr.best[2] == self.outer_step:
             tr.best_grad = g.detach().clone()
-        if isinstance(self.outer, QuasiNewton):
+        if isinstance(self.outer, SearchOptimizer):
             self.outer.value = float(value)
         self._update(g)
         if not bool(torch.isfinite(self.lam).all()):
@@ -431,7 +432,7 @@ class Trainer:
 
     def _update(self, g: Tensor) -> None:
         self.lam.grad = g
-        if isinstance(self.outer, QuasiNewton) and not self.mode.online:
+        if isinstance(self.outer, SearchOptimizer) and not self.mode.online:
             # offline, its line search runs plain inner runs; online (one run) there are none,
             # and it takes a plain step along its direction
             self._searched.append(self.lam.detach().clone())
@@ -516,9 +517,8 @@ class Trainer:
         self.evaluations.append({"elapsed": self._now() - self._fit_start,
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
                                  "outer_step": self.outer_step})
-        observe = getattr(self.outer, "observe", None)  # a surrogate model (Surrogate)
-        if observe is not None:
-            observe(lam, value)
+        if isinstance(self.outer, SearchOptimizer):  # a surrogate model keeps it
+            self.outer.observe(lam, value)
         if not math.isfinite(value):
             return math.inf
         self.tracker.track(torch.tensor(value), lam, None, self.outer_step, first=False)
@@ -582,16 +582,17 @@ class Trainer:
             with torch.no_grad():
                 self.lam.copy_(tr.best[1])
             self.outer.state.clear()
-            assert isinstance(self.outer, QuasiNewton)
+            assert isinstance(self.outer, SearchOptimizer)
             self.outer.value = tr.best[0]
             self._update(tr.best_grad.clone())
             if not self.outer.improved:  # where the outer loop ended, as before
                 with torch.no_grad():
                     self.lam.copy_(before)
-        propose = getattr(self.outer, "next_point", None)  # a surrogate model's next point
+        assert isinstance(self.outer, SearchOptimizer)
         while True:
-            x = (self._space_filling(1, self._starts_used)[0] if propose is None
-                 else propose(self.lam))
+            x = self.outer.next_point(self.lam)  # a surrogate model's, else quasi-random
+            if x is None:
+                x = self._space_filling(1, self._starts_used)[0]
             if self._plain(x, "leftover") is None:
                 break
             self._starts_used += 1
@@ -656,7 +657,7 @@ class Trainer:
                 self.message(f"time_budget={budget:g} s: stopped after outer step "
                              f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
                              f"take about {last_seconds:.1f} s)")
-                if USE_LEFTOVER and isinstance(self.outer, QuasiNewton):
+                if USE_LEFTOVER and isinstance(self.outer, SearchOptimizer):
                     self._leftover()
                 break
             lam_used = self.lam.detach().clone()
@@ -675,7 +676,7 @@ class Trainer:
                     return self._diverged(why, lam_used, value)
                 self._backtracks = 0
             last_seconds = max(self._now() - t0 - once, 0.0)
-            if isinstance(self.outer, QuasiNewton):  # its line search checks the budget itself
+            if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
                 last_seconds = hg_seconds
                 if self.outer.stalled:
                     self._restart()
