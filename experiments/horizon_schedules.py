@@ -291,6 +291,8 @@ def tune_forward(st: Study, seed: int, defaults: bool = False) -> dict[str, Any]
             "spec": spec, "info": {"best_step": res.best_step,
                                    "hypergradients": len(res.history),
                                    "plain_runs": len(res.evaluations),
+                                   "rechecked": [(r["val_loss"], r["variant_val_loss"])
+                                                 for r in res.rechecked],
                                    "val_curve": [h["val_loss"] for h in res.history],
                                    "backtracks": sum(bool(h.get("backtracked"))
                                                      for h in res.history)}}

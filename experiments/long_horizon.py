@@ -158,10 +158,10 @@ def tables(payload: dict[str, Any]) -> str:
             continue
         out.append(f"{name}: T = {st['T']}, {st['budget_cpu_s']:g} CPU s per tuner and seed, "
                    f"seeds {st['seeds']}")
-        out.append(f"{'tuner':<10}{'test loss (retrained)':>26}{'val at budget':>22}"
+        out.append(f"{'tuner':<17}{'test loss (retrained)':>26}{'val at budget':>22}"
                    f"{'evals':>8}{'CPU s':>8}")
         for c, r in sorted(st["table"].items(), key=lambda kv: kv[1]["test"][0]):
-            out.append(f"{c:<10}{_pm(r['test']):>26}{_pm(r['val']):>22}{r['evals']:>8.0f}"
+            out.append(f"{c:<17}{_pm(r['test']):>26}{_pm(r['val']):>22}{r['evals']:>8.0f}"
                        f"{r['cpu_s']:>8.0f}")
         b = st.get("baselines") or {}
         if b.get("best_constant"):
@@ -174,15 +174,19 @@ def tables(payload: dict[str, Any]) -> str:
             if k in st:
                 ref = st.get("best_greedy" if k == "forward_vs_greedy" else "best_other")
                 out.append(f"{k} = {_pm(st[k], '.3f')} (against {ref})")
+        for k in ("defaults_vs_greedy", "defaults_vs_best"):  # the Trainer's default outer loop
+            if k in st:
+                ref = st.get("best_greedy" if k == "defaults_vs_greedy" else "best_other")
+                out.append(f"{k} = {_pm(st[k], '.3f')} (forward_defaults against {ref})")
         out.append("")
     lm = payload["lm"]
     if lm.get("table"):
         out.append(f"char LM: T = {lm['T']}, {lm['budget_cpu_s']:g} CPU s per tuner and seed, "
                    f"seeds {lm['seeds']}")
-        out.append(f"{'tuner':<14}{'test bits/char':>20}{'val bits/char':>20}{'evals':>8}"
+        out.append(f"{'tuner':<17}{'test bits/char':>20}{'val bits/char':>20}{'evals':>8}"
                    f"{'CPU s':>8}")
         for c, r in sorted(lm["table"].items(), key=lambda kv: kv[1]["test_bpc"][0]):
-            out.append(f"{c:<14}{_pm(r['test_bpc']):>20}{_pm(r['val_bpc']):>20}"
+            out.append(f"{c:<17}{_pm(r['test_bpc']):>20}{_pm(r['val_bpc']):>20}"
                        f"{r['evals']:>8.0f}{r['cpu_s']:>8.0f}")
         for k in ("lm_forward_vs_recipe", "lm_forward_vs_tpe", "lm_forward_sign_vs_recipe"):
             if k in lm:
