@@ -5,6 +5,11 @@ the Trainer's defaults (``forward_defaults``) with one level per schedule (``sha
 default) or a level per window (``independent``); each result retrained on 3 fresh seeds.
 
     python experiments/start_dev.py --variant shared --out experiments/results/start_dev_shared.json
+
+``--variant resample`` (a check of what the teacher task's tuned points fit, issue 26): the
+defaults with every outer step's hypergradient and line search in a new batch order
+(``InnerProblem.variant(2 + outer step)``; the start in the problem's own order), instead of
+the one order of the tuning seed throughout.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,9 +29,27 @@ import horizon_schedules as hs  # noqa: E402
 from hypergrad.run import trainer as trainer_module  # noqa: E402
 
 
+def _resample_per_outer_step() -> None:
+    """Patch the Trainer (this process only): outer step k's hypergradient and its plain runs
+    in the problem's variant 2 + k (a new batch order); variant 1 stays the re-check's."""
+    tr = trainer_module.Trainer
+    hypergradient, timed = tr._hypergradient, tr._timed_value
+
+    def in_order(self: Any, lam: Any) -> Any:
+        self._order = 2 + self.outer_step
+        with self.problem.variant(self._order):
+            return hypergradient(self, lam)
+
+    def timed_in_order(self: Any, lam: Any, variant: int) -> Any:
+        return timed(self, lam, getattr(self, "_order", 0) if variant == 0 else variant)
+
+    tr._hypergradient, tr._timed_value = in_order, timed_in_order  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variant", choices=("shared", "independent"), default="shared")
+    ap.add_argument("--variant", choices=("shared", "independent", "resample"),
+                    default="shared")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10, 16)))
     ap.add_argument("--T", type=int, default=1000)
     ap.add_argument("--budget", type=float, default=40.0, help="CPU seconds per tuning seed")
@@ -34,12 +58,16 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     if args.variant == "independent":
         trainer_module.SHARED_START = ()
+    if args.variant == "resample":
+        _resample_per_outer_step()
     st = hs.Study("teacher", T=args.T, budget=args.budget)
     rows = []
     for seed in args.seeds:
         got = hs.tune_forward(st, seed, defaults=True)
-        test = statistics.mean(st.train(s, got["spec"])["test"] for s in (200, 201, 202))
-        rows.append({"seed": seed, "val": got["val"], "test": test, "lr": got["spec"]["lr"],
+        rt = [st.train(s, got["spec"]) for s in (200, 201, 202)]
+        test = statistics.mean(r["test"] for r in rt)
+        rows.append({"seed": seed, "val": got["val"], "test": test,
+                     "val_retrain": statistics.mean(r["val"] for r in rt), "lr": got["spec"]["lr"],
                      "hypergradients": got["info"]["hypergradients"],
                      "plain_runs": got["info"]["plain_runs"]})
         print(f"seed {seed}: val {got['val']:.4f} test {test:.4f}", flush=True)

@@ -68,7 +68,7 @@ USE_LEFTOVER = True
 budget: spend the time left after the last hypergradient on plain runs
 (:meth:`Trainer._leftover`)."""
 
-SHARED_START = ("schedule", "per_example")
+SHARED_START: tuple[str, ...] = ("schedule", "per_example")
 """The hyperparameter kinds whose entries quasi-random points (the space-filling start,
 restarts, the leftover time) place at one level of the box: every window of a
 :class:`~hypergrad.Schedule` (a constant schedule) and every example's weight of a
