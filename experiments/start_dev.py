@@ -9,7 +9,9 @@ default) or a level per window (``independent``); each result retrained on 3 fre
 ``--variant resample`` (a check of what the teacher task's tuned points fit, issue 26): the
 defaults with every outer step's hypergradient and line search in a new batch order
 (``InnerProblem.variant(2 + outer step)``; the start in the problem's own order), instead of
-the one order of the tuning seed throughout.
+the one order of the tuning seed throughout. ``--variant average2``: every evaluation (each
+hypergradient and each plain run) the mean over two batch orders (the problem's own and its
+variant 2), at twice the cost; the re-check in variant 1 as before.
 """
 
 from __future__ import annotations
@@ -46,9 +48,37 @@ def _resample_per_outer_step() -> None:
     tr._hypergradient, tr._timed_value = in_order, timed_in_order  # type: ignore[method-assign]
 
 
+def _average_two_orders() -> None:
+    """Patch the Trainer (this process only): every hypergradient and plain run of the search
+    is the mean over the problem's batch order and its variant 2 (the budget's forecasts count
+    both runs); the re-check (variant 1) is unchanged."""
+    from hypergrad.methods.base import HyperGradient
+
+    tr = trainer_module.Trainer
+    hypergradient, timed = tr._hypergradient, tr._timed_value
+
+    def averaged(self: Any, lam: Any) -> Any:
+        a = hypergradient(self, lam)
+        with self.problem.variant(2):
+            b = hypergradient(self, lam)
+        return HyperGradient((a.objective + b.objective) / 2, (a.grad + b.grad) / 2, a.state,
+                             a.info)
+
+    def timed_averaged(self: Any, lam: Any, variant: int) -> Any:
+        if variant != 0:
+            return timed(self, lam, variant)
+        (v0, sel), (v2, _) = timed(self, lam, 0), timed(self, lam, 2)
+        both = self._plain_recent[-2] + self._plain_recent[-1]
+        self._plain_recent[-2:] = [both]
+        self._plain_seconds = both
+        return (v0 + v2) / 2, sel
+
+    tr._hypergradient, tr._timed_value = averaged, timed_averaged  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variant", choices=("shared", "independent", "resample"),
+    ap.add_argument("--variant", choices=("shared", "independent", "resample", "average2"),
                     default="shared")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10, 16)))
     ap.add_argument("--T", type=int, default=1000)
@@ -60,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         trainer_module.SHARED_START = ()
     if args.variant == "resample":
         _resample_per_outer_step()
+    if args.variant == "average2":
+        _average_two_orders()
     st = hs.Study("teacher", T=args.T, budget=args.budget)
     rows = []
     for seed in args.seeds:
