@@ -224,3 +224,43 @@ def test_long_horizon_reruns_chosen_lm_contenders_only(tmp_path: Path) -> None:
     units = [json.loads(line)["unit"] for line in
              (tmp_path / "long_horizon_records.jsonl").read_text().splitlines()]
     assert units == ["lm/schedulefree/0"]
+
+
+def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
+    """``experiments/start_dev.py``: each variant (the start's layout, a new batch order per
+    outer step, two orders per evaluation) runs the Trainer's defaults on the teacher task and
+    writes one row per seed; the Trainer is patched in its own process only."""
+    for variant in ("shared", "independent", "resample", "average2"):
+        out = tmp_path / f"{variant}.json"
+        got = subprocess.run([sys.executable, str(ROOT / "experiments" / "start_dev.py"),
+                              "--variant", variant, "--seeds", "10", "--T", "40", "--budget",
+                              "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+        assert got.returncode == 0, got.stderr[-3000:]
+        payload = json.loads(out.read_text())
+        assert payload["summary"]["variant"] == variant and len(payload["rows"]) == 1
+        row = payload["rows"][0]
+        assert row["hypergradients"] >= 1 and row["test"] > 0 and len(row["lr"]) == 10
+    from hypergrad.run import trainer as trainer_module
+
+    assert trainer_module.SHARED_START == ("schedule", "per_example")  # untouched here
+
+
+def test_seed_fit_trains_as_the_study_does() -> None:
+    """``experiments/seed_fit.py`` splits a tuning seed into its initial weights and its batch
+    order; with both at the same seed its training is the study's own (``Study.train``)."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import horizon_schedules as hs
+        import seed_fit
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    st = hs.studies(True)["teacher"]
+    st.T = 30
+    spec = hs._recipe(st, 0.05)
+    assert seed_fit.val_after(st, spec, 3, 3) == pytest.approx(st.train(3, spec)["val"],
+                                                               abs=1e-6)
+    assert seed_fit.val_after(st, spec, 3, 4) != seed_fit.val_after(st, spec, 4, 3)
+    still = hs._recipe(st, 1e-9)  # training barely moves: the loss is the initial weights'
+    a, b = seed_fit.val_after(st, still, 3, 4), seed_fit.val_after(st, still, 3, 5)
+    assert a == pytest.approx(b, abs=1e-6) and abs(a - seed_fit.val_after(st, still, 4, 4)) > 1e-3
