@@ -199,9 +199,12 @@ class Study:
             lambda m, hp: self.split_loss(m, "val"), seed=seed)
 
     # plain PyTorch training at a schedule (the black-box tuners, and every retraining)
-    def train(self, seed: int, spec: dict[str, Any]) -> dict[str, float]:
+    def train(self, seed: int, spec: dict[str, Any], batch_seed: int | None = None
+              ) -> dict[str, float]:
+        """Validation and test loss after training ``spec`` from ``net(seed)`` on the batches of
+        ``seed`` (or of ``batch_seed``: the initial weights and the batch order apart)."""
         net = self.net(seed)
-        batch = self.batches(seed)
+        batch = self.batches(seed if batch_seed is None else batch_seed)
         v0 = spec_values(spec, 0, self.T)
         opt = torch.optim.SGD(net.parameters(), lr=v0["lr"], momentum=v0["momentum"],
                               weight_decay=v0["wd"] or 0.0)

@@ -27,21 +27,8 @@ RECORDS = Path(__file__).resolve().parent / "results" / "long_horizon_records.js
 
 def val_after(st: hs.Study, spec: dict[str, Any], init_seed: int, batch_seed: int) -> float:
     """The validation loss after training ``spec`` from ``net(init_seed)`` on the batches of
-    ``batch_seed`` (``Study.train`` with the two seeds apart)."""
-    net, batch = st.net(init_seed), st.batches(batch_seed)
-    v0 = hs.spec_values(spec, 0, st.T)
-    opt = torch.optim.SGD(net.parameters(), lr=v0["lr"], momentum=v0["momentum"],
-                          weight_decay=v0["wd"] or 0.0)
-    group = opt.param_groups[0]
-    for t in range(st.T):
-        v = hs.spec_values(spec, t, st.T)
-        group["lr"], group["momentum"], group["weight_decay"] = (v["lr"], v["momentum"],
-                                                                 v["wd"] or 0.0)
-        opt.zero_grad(set_to_none=True)
-        st.train_loss(net, batch(t)).backward()
-        opt.step()
-    with torch.no_grad():
-        return float(st.split_loss(net, "val"))
+    ``batch_seed``."""
+    return st.train(init_seed, spec, batch_seed=batch_seed)["val"]
 
 
 def main(argv: list[str] | None = None) -> None:
