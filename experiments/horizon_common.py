@@ -63,6 +63,34 @@ def cpu_clock_trainer() -> Iterator[None]:
         trainer_module.time = saved
 
 
+def fit_forward(problem: Any, budget: float, bounds: dict[str, tuple[float, float]],
+                defaults: bool) -> Any:
+    """Forward-mode tuning of ``problem`` within ``budget`` CPU seconds in the box ``bounds``:
+    the Trainer's default outer loop (``defaults``) or FDS-style sign steps of 0.5 with
+    backtracking (the presets'); returns the :class:`~hypergrad.TrainResult`."""
+    import functools
+
+    import hypergrad as hg
+
+    kw: dict[str, Any] = {} if defaults else dict(
+        outer=functools.partial(hg.SignDescent, lr=0.5), mode=hg.Offline(outer_steps=10**6))
+    with cpu_clock_trainer():
+        return hg.Trainer(problem, hg.ForwardMode(),
+                          guards=hg.Guards(time_budget=budget, bounds=bounds,
+                                           backtrack=None if defaults else 1.5),
+                          callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw).fit()
+
+
+def forward_info(res: Any) -> dict[str, Any]:
+    """What a forward contender's record keeps of its run: outer steps, plain runs, the
+    re-checked pairs, the validation curve."""
+    return {"best_step": res.best_step, "hypergradients": len(res.history),
+            "plain_runs": len(res.evaluations),
+            "rechecked": [(r["val_loss"], r["variant_val_loss"]) for r in res.rechecked],
+            "val_curve": [h["val_loss"] for h in res.history],
+            "backtracks": sum(bool(h.get("backtracked")) for h in res.history)}
+
+
 class Records:
     """A JSON-lines file of finished units: ``{"unit": key, ...}`` per line."""
 

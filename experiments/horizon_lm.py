@@ -27,7 +27,6 @@ library's per-step generator, so the two differ in their draws only).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +37,8 @@ import torch.nn.functional as F
 from horizon_common import (
     Records,
     cpu,
-    cpu_clock_trainer,
+    fit_forward,
+    forward_info,
     mean_se,
     optuna_within_budget,
     ratio_se,
@@ -213,14 +213,7 @@ def tune_forward(st: LMStudy, seed: int, defaults: bool = False) -> dict[str, An
     t0 = cpu()
     hps = st.hyperparams()
     task = st.task(seed, hps)
-    kw: dict[str, Any] = {} if defaults else dict(
-        outer=functools.partial(hg.SignDescent, lr=0.5), mode=hg.Offline(outer_steps=10**6))
-    with cpu_clock_trainer():
-        res = hg.Trainer(task.problem, hg.ForwardMode(),
-                         guards=hg.Guards(time_budget=st.budget - (cpu() - t0),
-                                          backtrack=None if defaults else 1.5,
-                                          bounds=st.bounds),
-                         callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw).fit()
+    res = fit_forward(task.problem, st.budget - (cpu() - t0), st.bounds, defaults)
     used = cpu() - t0
     v = hps.describe(res.lam)
     groups = list(st.groups())
@@ -228,11 +221,7 @@ def tune_forward(st: LMStudy, seed: int, defaults: bool = False) -> dict[str, An
             "wd": dict(zip(groups, v["wd"]))}
     return {"val": res.best_val_loss, "cpu_s": used,
             "evals": len(res.history) + len(res.evaluations) + 1, "spec": spec,
-            "info": {"best_step": res.best_step, "hypergradients": len(res.history),
-                     "plain_runs": len(res.evaluations),
-                     "rechecked": [(r["val_loss"], r["variant_val_loss"])
-                                   for r in res.rechecked],
-                     "val_curve": [h["val_loss"] for h in res.history]}}
+            "info": forward_info(res)}
 
 
 def tune_grid(st: LMStudy, seed: int, schedulefree: bool, tasks: dict[int, hg.Task]

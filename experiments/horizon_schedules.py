@@ -43,7 +43,8 @@ import torch.nn.functional as F
 from horizon_common import (
     Records,
     cpu,
-    cpu_clock_trainer,
+    fit_forward,
+    forward_info,
     mean_se,
     optuna_within_budget,
     ratio_se,
@@ -277,28 +278,14 @@ def tune_forward(st: Study, seed: int, defaults: bool = False) -> dict[str, Any]
     hps = st.hyperparams(schedule=True)
     p = st.problem(seed, hps)
     t0 = cpu()
-    kw: dict[str, Any] = {} if defaults else dict(
-        outer=functools.partial(hg.SignDescent, lr=0.5), mode=hg.Offline(outer_steps=10**6))
-    with cpu_clock_trainer():
-        res = hg.Trainer(p, hg.ForwardMode(),
-                         guards=hg.Guards(time_budget=st.budget - (cpu() - t0),
-                                          backtrack=None if defaults else 1.5,
-                                          bounds=st.bounds),
-                         callbacks=_quiet(), **kw).fit()
+    res = fit_forward(p, st.budget - (cpu() - t0), st.bounds, defaults)
     used = cpu() - t0
     v = _values(hps, res.lam)
     spec = {"kind": "windows", "lr": list(v["lr"]), "momentum": float(v["momentum"]),
             "wd": float(v["wd"]) if "wd" in v else 0.0}
     return {"val": res.best_val_loss, "cpu_s": used,
             "evals": len(res.history) + len(res.evaluations) + 1,
-            "spec": spec, "info": {"best_step": res.best_step,
-                                   "hypergradients": len(res.history),
-                                   "plain_runs": len(res.evaluations),
-                                   "rechecked": [(r["val_loss"], r["variant_val_loss"])
-                                                 for r in res.rechecked],
-                                   "val_curve": [h["val_loss"] for h in res.history],
-                                   "backtracks": sum(bool(h.get("backtracked"))
-                                                     for h in res.history)}}
+            "spec": spec, "info": forward_info(res)}
 
 
 def _online_method(name: str, st: Study) -> hg.OnlineMethod:
