@@ -8,7 +8,8 @@
 - :func:`model_problem`: models users bring (dropout, BatchNorm, attention, RNNs, a ResNet);
 - :func:`small_cnn_problem`: a convolution, for the compile path;
 - :func:`one_hvp_call`: one HVP strategy call at a state with non-zero tangents;
-- :func:`lr_momentum`: a learning rate and a momentum (K = 2), for the Trainer's outer loops.
+- :func:`lr_momentum`: a learning rate and a momentum (K = 2), for the Trainer's outer loops;
+- :func:`unit_clock`: a Trainer on a fake clock (a plain run 1, a hypergradient 5).
 """
 
 from __future__ import annotations
@@ -285,3 +286,26 @@ def lr_momentum(steps: int = 8) -> hg.InnerProblem:
         hg.HyperParams([hg.Scalar("lr", 0.02, "log"), hg.Scalar("momentum", 0.5, "logit")]),
         MiniBatches(data.x_train, data.y_train, batch_size=8), steps,
         lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val), data.y_val))
+
+
+def unit_clock(trainer: hg.Trainer, plain: float = 1.0, hypergradient: float = 5.0
+               ) -> list[float]:
+    """Put ``trainer`` on a fake clock where each plain inner run of its problem costs
+    ``plain`` and each hypergradient ``hypergradient`` (the suite's ratio); returns the clock
+    (a one-element list) the Trainer's budget now reads."""
+    clock = [0.0]
+    p, m = trainer.problem, trainer.method
+    run, grad = p.run, m.hypergradient
+
+    def timed_run(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += plain
+        return run(*args, **kwargs)
+
+    def timed_hypergradient(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += hypergradient
+        return grad(*args, **kwargs)
+
+    p.run = timed_run  # type: ignore[method-assign]
+    m.hypergradient = timed_hypergradient  # type: ignore[method-assign]
+    trainer._now = lambda: clock[0]  # type: ignore[method-assign]
+    return clock

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import lr_momentum
+from fixtures import lr_momentum, unit_clock
 
 import hypergrad as hg
 from hypergrad.run.outer import QuasiNewton, search_box
@@ -234,24 +234,9 @@ def test_the_time_after_the_last_hypergradient_goes_to_plain_runs_and_rechecks(
     time left (a line search from the best point, quasi-random points), and the end of the run
     (the final evaluation, 3 re-checks) fits too, so the point is returned within the budget."""
     p = lr_momentum()
-    clock = [0.0]
-    run = p.run
-
-    def timed_run(*args: Any, **kwargs: Any) -> Any:
-        clock[0] += 1.0
-        return run(*args, **kwargs)
-
-    p.run = timed_run  # type: ignore[method-assign]
     tr = hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=budget),
                     callbacks=quiet())
-    hypergradient = tr.method.hypergradient
-
-    def timed_hypergradient(*args: Any, **kwargs: Any) -> Any:
-        clock[0] += 5.0
-        return hypergradient(*args, **kwargs)
-
-    tr.method.hypergradient = timed_hypergradient  # type: ignore[method-assign]
-    tr._now = lambda: clock[0]  # type: ignore[method-assign]
+    clock = unit_clock(tr)
     res = tr.fit()
     assert clock[0] <= budget  # everything, the re-checks included, within the budget
     assert clock[0] >= budget - 3.0  # unused: under a run plus the reserve's margin (4 x 0.5)

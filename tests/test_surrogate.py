@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import lr_momentum
+from fixtures import lr_momentum, unit_clock
 from torch.func import jacrev
 
 import hypergrad as hg
@@ -157,25 +157,10 @@ def test_the_time_left_goes_to_the_surrogates_proposals() -> None:
     last hypergradient goes to plain runs at the surrogate's proposals (in the box, each
     joining its model), and the run ends within its budget."""
     p = lr_momentum()
-    clock = [0.0]
-    run = p.run
-
-    def timed_run(*args: Any, **kwargs: Any) -> Any:
-        clock[0] += 1.0
-        return run(*args, **kwargs)
-
-    p.run = timed_run  # type: ignore[method-assign]
     tr = hg.Trainer(p, outer=functools.partial(Surrogate, trials=2),
                     guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=36.0),
                     callbacks=[hg.run.Log(None), hg.run.Progress(False)])
-    hypergradient = tr.method.hypergradient
-
-    def timed_hypergradient(*args: Any, **kwargs: Any) -> Any:
-        clock[0] += 5.0
-        return hypergradient(*args, **kwargs)
-
-    tr.method.hypergradient = timed_hypergradient  # type: ignore[method-assign]
-    tr._now = lambda: clock[0]  # type: ignore[method-assign]
+    clock = unit_clock(tr)
     res = tr.fit()
     assert clock[0] <= 36.0 and res.out_of_time
     left = [e for e in res.evaluations if e["kind"] == "leftover"]
