@@ -12,6 +12,11 @@ defaults with every outer step's hypergradient and line search in a new batch or
 the one order of the tuning seed throughout. ``--variant average2``: every evaluation (each
 hypergradient and each plain run) the mean over two batch orders (the problem's own and its
 variant 2), at twice the cost; the re-check in variant 1 as before.
+
+``--variant smooth --smooth L``: the default QuasiNewton's schedule coupling
+(``hypergrad.run.trainer.SMOOTH_SCHEDULE``) at length ``L`` (a share of the windows; the
+default since it was measured here is 0.2); ``--variant no_smooth``: every window on its own,
+as the defaults were before (the ``shared`` runs committed before it were made so).
 """
 
 from __future__ import annotations
@@ -78,11 +83,14 @@ def _average_two_orders() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variant", choices=("shared", "independent", "resample", "average2"),
+    ap.add_argument("--variant", choices=("shared", "independent", "resample", "average2",
+                                               "smooth", "no_smooth"),
                     default="shared")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10, 16)))
     ap.add_argument("--T", type=int, default=1000)
     ap.add_argument("--budget", type=float, default=40.0, help="CPU seconds per tuning seed")
+    ap.add_argument("--smooth", type=float, default=0.2,
+                    help="--variant smooth: the schedule kernel's length scale (share of windows)")
     ap.add_argument("--out", default=None, help="JSON file")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -92,6 +100,10 @@ def main(argv: list[str] | None = None) -> None:
         _resample_per_outer_step()
     if args.variant == "average2":
         _average_two_orders()
+    if args.variant == "smooth":
+        trainer_module.SMOOTH_SCHEDULE = args.smooth
+    if args.variant == "no_smooth":
+        trainer_module.SMOOTH_SCHEDULE = None
     st = hs.Study("teacher", T=args.T, budget=args.budget)
     rows = []
     for seed in args.seeds:
@@ -103,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                      "hypergradients": got["info"]["hypergradients"],
                      "plain_runs": got["info"]["plain_runs"]})
         print(f"seed {seed}: val {got['val']:.4f} test {test:.4f}", flush=True)
-    summary = {"variant": args.variant, "T": args.T, "budget_cpu_s": args.budget,
+    summary = {"variant": args.variant, "smooth_schedule": trainer_module.SMOOTH_SCHEDULE,
+               "T": args.T, "budget_cpu_s": args.budget,
                "seeds": args.seeds, "mean_test": statistics.mean(r["test"] for r in rows),
                "mean_val": statistics.mean(r["val"] for r in rows)}
     print(f"start_dev {args.variant} mean_test={summary['mean_test']:.4f} "

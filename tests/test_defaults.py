@@ -439,3 +439,70 @@ def test_quasi_random_points_draw_one_level_per_schedule_and_example_weights(
     x = hg.Trainer(q, guards=hg.Guards(bounds={"ex_w": (0.05, 0.95)}),
                    callbacks=quiet())._space_filling(2, 0)
     assert all(float(v.max() - v.min()) < 1e-12 for v in x) and float(x[0][0] - x[1][0]) != 0
+
+
+def test_schedule_smoothing_couples_the_windows_of_each_schedule_only() -> None:
+    from hypergrad.run.outer import schedule_smoothing
+
+    items = [hg.Scalar("m", 0.5, "logit"), hg.Schedule("lr", 0.1, windows=10),
+             hg.Schedule("wd", 0.1, windows=2), hg.PerTensor("x", 0.1)]
+    hp = hg.HyperParams(items[:3])
+    p = schedule_smoothing(hp.items, 0.2)
+    assert p is not None and p.shape == (13, 13)
+    assert torch.allclose(p, p.T)
+    eig = torch.linalg.eigvalsh(p)
+    assert float(eig.min()) > 0 and abs(float(eig.max()) - 1.0) < 1e-12  # SPD, top 1
+    block = p[1:11, 1:11]
+    assert float(block[0, 1]) > float(block[0, 3]) > float(block[0, 9]) > 0  # neighbours most
+    off = p.clone()
+    off[1:11, 1:11] = torch.eye(10, dtype=p.dtype)
+    assert torch.equal(off, torch.eye(13, dtype=p.dtype))  # scalar, 2 windows: untouched
+    # a smooth change of the schedule keeps most of its size, window-to-window jitter does not
+    ramp = torch.linspace(-1, 1, 10, dtype=p.dtype)
+    jitter = torch.tensor([(-1.0) ** i for i in range(10)], dtype=p.dtype)
+    assert float((block @ ramp).norm()) > 0.5 * float(ramp.norm())
+    assert float((block @ jitter).norm()) < 0.1 * float(jitter.norm())
+    assert schedule_smoothing(hp.items, None) is None
+    assert schedule_smoothing(hg.HyperParams([items[0], items[2]]).items, 0.2) is None
+
+
+def test_a_preconditioned_line_search_descends_along_the_smoothed_gradient() -> None:
+    from hypergrad.run.outer import schedule_smoothing
+
+    n = 8
+    p = schedule_smoothing(hg.HyperParams([hg.Schedule("lr", 0.1, windows=n)]).items, 0.2)
+    assert p is not None
+    box = (torch.full((n,), -5.0, dtype=torch.float64), torch.full((n,), 5.0,
+                                                                  dtype=torch.float64))
+    target = torch.linspace(1.0, -1.0, n, dtype=torch.float64)
+    x = torch.zeros(n, dtype=torch.float64)
+    x0 = x.clone()
+    opt = QuasiNewton([x], box=box, min_step=0.0, precondition=p)
+
+    def f(v: torch.Tensor) -> float:
+        return float(((v - target) ** 2).sum())
+
+    g = 2 * (x - target) + 0.5 * torch.tensor([(-1.0) ** i for i in range(n)],
+                                              dtype=torch.float64)  # a jittery gradient
+    opt.value = f(x)
+    x.grad = g.clone()
+    opt.step(None)  # no closure: one step of the first (steepest) direction
+    d = x / 10  # box units
+    expect = -(p @ (g * 10))
+    assert torch.allclose(d / d.norm(), expect / expect.norm(), atol=1e-12)
+    smooth = -(p @ (2 * (x0 - target) * 10))  # the direction without the jitter
+
+    def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float(a @ b / a.norm() / b.norm())
+
+    assert cos(-g, 2 * (target - x0)) < 0.95 < 0.999 < cos(d, smooth)  # the jitter is gone
+    x.zero_()
+    opt = QuasiNewton([x], box=box, min_step=0.0, precondition=p)
+    values = [f(x)]
+    for _ in range(15):
+        opt.value = f(x)
+        x.grad = 2 * (x - target)
+        opt.step(lambda: f(x))
+        values.append(f(x))
+        assert values[-1] <= values[-2]
+    assert values[-1] < 1e-3 * values[0]  # L-BFGS with H0 = gamma P still converges

@@ -228,22 +228,26 @@ def test_long_horizon_reruns_chosen_lm_contenders_only(tmp_path: Path) -> None:
 
 def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
     """``experiments/start_dev.py``: each variant (the start's layout, a new batch order per
-    outer step, two orders per evaluation) runs the Trainer's defaults on the teacher task and
-    writes one row per seed; the Trainer is patched in its own process only."""
-    for variant in ("shared", "independent", "resample", "average2"):
+    outer step, two orders per evaluation, the schedule coupling) runs the Trainer's defaults
+    on the teacher task and writes one row per seed; the Trainer is patched in its own process
+    only."""
+    smooth = {"shared": 0.2, "no_smooth": None, "smooth": 0.3}
+    for variant in ("shared", "independent", "resample", "average2", "no_smooth", "smooth"):
         out = tmp_path / f"{variant}.json"
         got = subprocess.run([sys.executable, str(ROOT / "experiments" / "start_dev.py"),
                               "--variant", variant, "--seeds", "10", "--T", "40", "--budget",
-                              "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                             timeout=300)
+                              "2", "--smooth", "0.3", "--out", str(out)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
         assert got.returncode == 0, got.stderr[-3000:]
         payload = json.loads(out.read_text())
         assert payload["summary"]["variant"] == variant and len(payload["rows"]) == 1
+        assert payload["summary"]["smooth_schedule"] == smooth.get(variant, 0.2)
         row = payload["rows"][0]
         assert row["hypergradients"] >= 1 and row["test"] > 0 and len(row["lr"]) == 10
     from hypergrad.run import trainer as trainer_module
 
     assert trainer_module.SHARED_START == ("schedule", "per_example")  # untouched here
+    assert trainer_module.SMOOTH_SCHEDULE == 0.2
 
 
 def test_seed_fit_trains_as_the_study_does() -> None:

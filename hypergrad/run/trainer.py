@@ -51,7 +51,14 @@ from .folder import (
 )
 from .guards import MAX_BACKTRACKS, Guards, Tracker, divergence, outer_gradient, worse
 from .modes import Mode, Offline, Online
-from .outer import OuterOptimizerFactory, SearchOptimizer, default_outer, search_box, shrink_lr
+from .outer import (
+    OuterOptimizerFactory,
+    SearchOptimizer,
+    default_outer,
+    schedule_smoothing,
+    search_box,
+    shrink_lr,
+)
 from .strategy import Strategy
 
 __all__ = ["Trainer", "TrainResult"]
@@ -82,6 +89,11 @@ better at 5 of 6 seeds, and smooth decaying schedules instead of jagged ones; th
 development half, 10 seeds: digits_hypercleaning 1.645 / 1.729, diabetes_adamw_k14 0.538 /
 0.532 (within its noise); the per-feature penalties shared too lost (cancer_per_feature_l2_adam
 0.079 / 0.065, synth_sparse_per_feature_l2 0.161 / 0.140), so they stay per entry."""
+
+SMOOTH_SCHEDULE: float | None = 0.2
+"""The default :class:`~hypergrad.run.outer.QuasiNewton`'s coupling of a schedule's windows:
+the length scale of :func:`~hypergrad.run.outer.schedule_smoothing`'s kernel as a share of the
+windows (0.2: two windows of a 10-window schedule); ``None``: every window on its own."""
 
 
 @dataclass
@@ -220,7 +232,9 @@ class Trainer:
         self.box = search_box(p.hyperparams, self.bounds.raw, self.lam)
         """The search box in raw coordinates ``(low, high)``: the bounds, and where a bound is
         missing a box around the initial value (:func:`~hypergrad.run.outer.search_box`)."""
-        self.outer = (default_outer([self.lam], self.box, online=self.mode.online)
+        self.outer = (default_outer([self.lam], self.box, online=self.mode.online,
+                                    precondition=schedule_smoothing(p.hyperparams.items,
+                                                                    SMOOTH_SCHEDULE))
                       if outer is None else outer([self.lam]))
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
