@@ -29,6 +29,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 
+SIGN_SMOOTH: float | None = None
+"""The sign-step forward contender's coupling of a schedule's windows
+(``SignDescent(precondition=schedule_smoothing(..., SIGN_SMOOTH))``); ``None``: each window's
+own sign, as FDS (and the committed runs)."""
+
 
 def one_thread() -> None:
     """One torch thread (the budgets are CPU seconds of one core), torch.compile's kernels
@@ -71,9 +76,12 @@ def fit_forward(problem: Any, budget: float, bounds: dict[str, tuple[float, floa
     import functools
 
     import hypergrad as hg
+    from hypergrad.run.outer import schedule_smoothing
 
+    smooth = schedule_smoothing(problem.hyperparams.items, SIGN_SMOOTH)
     kw: dict[str, Any] = {} if defaults else dict(
-        outer=functools.partial(hg.SignDescent, lr=0.5), mode=hg.Offline(outer_steps=10**6))
+        outer=functools.partial(hg.SignDescent, lr=0.5, precondition=smooth),
+        mode=hg.Offline(outer_steps=10**6))
     with cpu_clock_trainer():
         return hg.Trainer(problem, hg.ForwardMode(),
                           guards=hg.Guards(time_budget=budget, bounds=bounds,

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import horizon_common as hc  # noqa: E402
 import horizon_schedules as hs  # noqa: E402
 
 from hypergrad.run import trainer as trainer_module  # noqa: E402
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10, 16)))
     ap.add_argument("--T", type=int, default=1000)
     ap.add_argument("--budget", type=float, default=40.0, help="CPU seconds per tuning seed")
+    ap.add_argument("--contender", choices=("defaults", "sign"), default="defaults",
+                    help="the Trainer's defaults, or the study's sign-step forward contender")
     ap.add_argument("--smooth", type=float, default=0.2,
                     help="--variant smooth: the schedule kernel's length scale (share of windows)")
     ap.add_argument("--out", default=None, help="JSON file")
@@ -102,12 +105,13 @@ def main(argv: list[str] | None = None) -> None:
         _average_two_orders()
     if args.variant == "smooth":
         trainer_module.SMOOTH_SCHEDULE = args.smooth
+        hc.SIGN_SMOOTH = args.smooth
     if args.variant == "no_smooth":
         trainer_module.SMOOTH_SCHEDULE = None
     st = hs.Study("teacher", T=args.T, budget=args.budget)
     rows = []
     for seed in args.seeds:
-        got = hs.tune_forward(st, seed, defaults=True)
+        got = hs.tune_forward(st, seed, defaults=args.contender == "defaults")
         rt = [st.train(s, got["spec"]) for s in (200, 201, 202)]
         test = statistics.mean(r["test"] for r in rt)
         rows.append({"seed": seed, "val": got["val"], "test": test,
@@ -115,7 +119,9 @@ def main(argv: list[str] | None = None) -> None:
                      "hypergradients": got["info"]["hypergradients"],
                      "plain_runs": got["info"]["plain_runs"]})
         print(f"seed {seed}: val {got['val']:.4f} test {test:.4f}", flush=True)
-    summary = {"variant": args.variant, "smooth_schedule": trainer_module.SMOOTH_SCHEDULE,
+    summary = {"variant": args.variant, "contender": args.contender,
+               "smooth_schedule": (trainer_module.SMOOTH_SCHEDULE if args.contender == "defaults"
+                                   else hc.SIGN_SMOOTH),
                "T": args.T, "budget_cpu_s": args.budget,
                "seeds": args.seeds, "mean_test": statistics.mean(r["test"] for r in rows),
                "mean_val": statistics.mean(r["val"] for r in rows)}

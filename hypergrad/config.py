@@ -164,8 +164,8 @@ def targets() -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]
 
     task = {"skip": TASK_ARGS}
     item = {"defaults": {"name": "${hg.key:}"}}  # an item's name is its key under items
-    outer = {"skip": ("params",), "partial": True}
-    outer_box = {"skip": ("params", "box"), "partial": True}  # the Trainer gives its box
+    outer = {"skip": ("params", "precondition"), "partial": True}  # a matrix: Python only
+    outer_box = {"skip": ("params", "box", "precondition"), "partial": True}  # the Trainer's box
     return {
         "task": {
             "digits": (bundled.digits_task, task),

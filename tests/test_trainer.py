@@ -74,6 +74,25 @@ def test_sign_descent_halves_on_flip() -> None:
     assert p.tolist() == [-3.0, -0.75]
 
 
+def test_sign_descent_with_a_schedule_preconditioner_steps_the_windows_together() -> None:
+    from hypergrad.run.outer import schedule_smoothing
+
+    P = schedule_smoothing(hg.HyperParams([hg.Schedule("lr", 0.1, windows=10)]).items, 0.2)
+    assert P is not None
+    jitter = torch.tensor([(-1.0) ** i for i in range(10)], dtype=torch.float64)
+    g = 0.5 + jitter  # a positive trend under window-to-window jitter
+    p = torch.zeros(10, dtype=torch.float64)
+    p.grad = g.clone()
+    SignDescent([p], lr=1.0).step()
+    assert p.tolist() == (-torch.sign(g)).tolist()  # without it: every other window goes up
+    p = torch.zeros(10, dtype=torch.float64)
+    p.grad = g.clone()
+    SignDescent([p], lr=1.0, precondition=P).step()
+    assert p.tolist() == [-1.0] * 10  # with it: the trend, every window down
+    with pytest.raises(ValueError, match=r"precondition of shape \(10, 10\) needs one"):
+        SignDescent([torch.zeros(4)], precondition=P)
+
+
 def test_bounds_project_in_value_space() -> None:
     tr = _trainer(outer_steps=3, bounds={"lr": [None, 0.12]},
                   outer=functools.partial(torch.optim.SGD, lr=100.0, maximize=True))

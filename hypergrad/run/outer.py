@@ -25,12 +25,23 @@ class SignDescent(torch.optim.Optimizer):
 
     ``lam -= step * sign(g)``; where ``sign(g)`` differs from the previous one, ``step *= factor``.
     Robust to the scale of hypergradients, which varies by orders of magnitude between kinds.
+    With ``precondition`` (a K x K matrix, e.g. :func:`schedule_smoothing`'s, for a parameter
+    of K entries) the sign is taken of ``precondition @ g``: a schedule's windows step together
+    instead of following one seed's window-to-window jitter.
     """
 
-    def __init__(self, params: Any, lr: float = 0.1, factor: float = 0.5) -> None:
+    def __init__(self, params: Any, lr: float = 0.1, factor: float = 0.5,
+                 precondition: Tensor | None = None) -> None:
         if not lr > 0 or not 0 < factor <= 1:
             raise ValueError(f"SignDescent: lr={lr!r} must be > 0 and factor={factor!r} in (0, 1].")
         super().__init__(params, dict(lr=lr, factor=factor))
+        self.precondition = precondition
+        if precondition is not None:
+            sizes = [p.numel() for g in self.param_groups for p in g["params"]]
+            if precondition.shape != (sizes[0], sizes[0]) or len(sizes) != 1:
+                raise ValueError(f"SignDescent: precondition of shape "
+                                 f"{tuple(precondition.shape)} needs one parameter of that "
+                                 f"many entries; got parameters of {sizes} entries.")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
@@ -42,7 +53,10 @@ class SignDescent(torch.optim.Optimizer):
                 if not st:
                     st["step_size"] = torch.full_like(p, group["lr"])
                     st["prev_sign"] = torch.zeros_like(p)
-                s = torch.sign(p.grad)
+                g = p.grad
+                if self.precondition is not None:
+                    g = (self.precondition.to(g) @ g.reshape(-1)).reshape(g.shape)
+                s = torch.sign(g)
                 flip = s * st["prev_sign"] < 0
                 st["step_size"][flip] *= group["factor"]
                 p.sub_(st["step_size"] * s)
