@@ -506,3 +506,23 @@ def test_a_preconditioned_line_search_descends_along_the_smoothed_gradient() -> 
         values.append(f(x))
         assert values[-1] <= values[-2]
     assert values[-1] < 1e-3 * values[0]  # L-BFGS with H0 = gamma P still converges
+
+
+def test_the_default_quasi_newton_couples_schedule_windows_only_where_there_are_some(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypergrad.run import trainer as trainer_module
+    from hypergrad.run.outer import schedule_smoothing
+
+    sched = digits_case("momentum", "schedule", windows=5, **SMALL)
+    tr = hg.Trainer(sched, callbacks=quiet())
+    assert isinstance(tr.outer, QuasiNewton) and tr.outer.precondition is not None
+    want = schedule_smoothing(sched.hyperparams.items, trainer_module.SMOOTH_SCHEDULE)
+    assert want is not None and torch.equal(tr.outer.precondition, want)
+    assert trainer_module.SMOOTH_SCHEDULE == 0.2
+    plain = hg.Trainer(lr_momentum(), callbacks=quiet())  # scalars: nothing to couple
+    assert isinstance(plain.outer, QuasiNewton) and plain.outer.precondition is None
+    monkeypatch.setattr(trainer_module, "SMOOTH_SCHEDULE", None)
+    off = hg.Trainer(sched, callbacks=quiet())
+    assert isinstance(off.outer, QuasiNewton) and off.outer.precondition is None
+    with pytest.raises(ValueError, match=r"precondition of shape \(5, 5\) needs one"):
+        QuasiNewton([torch.zeros(3)], precondition=torch.eye(5))

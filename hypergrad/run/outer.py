@@ -72,7 +72,10 @@ development half (four runs of 10 seeds) it was better at K = 30 and 50 in every
 
 
 def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
-    """A preconditioner for :class:`QuasiNewton` that couples the windows of each schedule:
+    """A preconditioner for :class:`QuasiNewton` (the Trainer's default passes it, with
+    ``length`` = :data:`hypergrad.run.trainer.SMOOTH_SCHEDULE`) and :class:`SignDescent` over
+    the raw hyperparameters of ``items`` (``problem.hyperparams.items``, in their order) that
+    couples the windows of each schedule:
     within a :class:`~hypergrad.Schedule` of ``n >= 3`` windows, a Gaussian kernel over the
     window index with length scale ``length * n`` windows, scaled so that its largest
     eigenvalue is 1 (a schedule's smooth changes keep their size, window-to-window jitter
@@ -102,7 +105,8 @@ def default_outer(params: list[Tensor], box: tuple[Tensor, Tensor] | None = None
     else :class:`QuasiNewton`; until issue 27 it was Adam with lr 0.05, which took 1.5x TPE's
     test loss on the suite's development half (docs/guide.md, "The defaults"). Online: Adam
     with lr 0.05, as before: a line search needs whole plain inner runs, which online tuning
-    (one run) cannot afford."""
+    (one run) cannot afford. ``precondition``: QuasiNewton's (the Trainer passes
+    :func:`schedule_smoothing`'s)."""
     if online:
         return torch.optim.Adam(params, lr=0.05)
     if sum(p.numel() for p in params) in SURROGATE_K:
@@ -231,6 +235,12 @@ class QuasiNewton(SearchOptimizer):
                              f"min_step={min_step!r} >= 0.")
         super().__init__(params, dict(step=step, memory=memory, expand=expand,
                                       backtrack=backtrack, min_step=min_step), box=box)
+        if precondition is not None:
+            sizes = [p.numel() for g in self.param_groups for p in g["params"]]
+            if precondition.shape != (sizes[0], sizes[0]) or len(sizes) != 1:
+                raise ValueError(f"QuasiNewton: precondition of shape "
+                                 f"{tuple(precondition.shape)} needs one parameter of that "
+                                 f"many entries; got parameters of {sizes} entries.")
         self.precondition = precondition
 
     @torch.no_grad()

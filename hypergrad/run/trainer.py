@@ -93,7 +93,11 @@ development half, 10 seeds: digits_hypercleaning 1.645 / 1.729, diabetes_adamw_k
 SMOOTH_SCHEDULE: float | None = 0.2
 """The default :class:`~hypergrad.run.outer.QuasiNewton`'s coupling of a schedule's windows:
 the length scale of :func:`~hypergrad.run.outer.schedule_smoothing`'s kernel as a share of the
-windows (0.2: two windows of a 10-window schedule); ``None``: every window on its own."""
+windows (0.2: two windows of a 10-window schedule); ``None``: every window on its own.
+Measured with the defaults, coupled / not (mean test loss): the long-horizon study's teacher
+schedule at T = 5000, development seeds 10-12 (``experiments/start_dev.py``), 0.693 / 0.706,
+better at every seed (length 0.3: 0.695); at T = 1000, seeds 10-15, 0.771 / 0.774;
+diabetes_adamw_k14 (the development half's schedule problem, 10 seeds) 0.537 / 0.539."""
 
 
 @dataclass
