@@ -20,6 +20,19 @@ __all__ = ["SignDescent", "SearchOptimizer", "QuasiNewton", "OuterOptimizerFacto
 OuterOptimizerFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
 
 
+def _checked_precondition(who: str, precondition: Tensor | None,
+                          optimizer: torch.optim.Optimizer) -> Tensor | None:
+    """``precondition`` if it is a K x K matrix for the optimizer's one parameter of K
+    entries (or ``None``); else a ValueError naming both."""
+    if precondition is not None:
+        sizes = [p.numel() for g in optimizer.param_groups for p in g["params"]]
+        if len(sizes) != 1 or tuple(precondition.shape) != (sizes[0], sizes[0]):
+            raise ValueError(f"{who}: precondition of shape {tuple(precondition.shape)} needs "
+                             f"one parameter of that many entries; got parameters of {sizes} "
+                             f"entries.")
+    return precondition
+
+
 class SignDescent(torch.optim.Optimizer):
     """Sign steps with per-coordinate halving on a sign flip (FDS-style; Micaelli & Storkey 2021).
 
@@ -35,13 +48,7 @@ class SignDescent(torch.optim.Optimizer):
         if not lr > 0 or not 0 < factor <= 1:
             raise ValueError(f"SignDescent: lr={lr!r} must be > 0 and factor={factor!r} in (0, 1].")
         super().__init__(params, dict(lr=lr, factor=factor))
-        self.precondition = precondition
-        if precondition is not None:
-            sizes = [p.numel() for g in self.param_groups for p in g["params"]]
-            if precondition.shape != (sizes[0], sizes[0]) or len(sizes) != 1:
-                raise ValueError(f"SignDescent: precondition of shape "
-                                 f"{tuple(precondition.shape)} needs one parameter of that "
-                                 f"many entries; got parameters of {sizes} entries.")
+        self.precondition = _checked_precondition("SignDescent", precondition, self)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
@@ -235,13 +242,7 @@ class QuasiNewton(SearchOptimizer):
                              f"min_step={min_step!r} >= 0.")
         super().__init__(params, dict(step=step, memory=memory, expand=expand,
                                       backtrack=backtrack, min_step=min_step), box=box)
-        if precondition is not None:
-            sizes = [p.numel() for g in self.param_groups for p in g["params"]]
-            if precondition.shape != (sizes[0], sizes[0]) or len(sizes) != 1:
-                raise ValueError(f"QuasiNewton: precondition of shape "
-                                 f"{tuple(precondition.shape)} needs one parameter of that "
-                                 f"many entries; got parameters of {sizes} entries.")
-        self.precondition = precondition
+        self.precondition = _checked_precondition("QuasiNewton", precondition, self)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float | None] | None = None  # type: ignore[override]
