@@ -244,6 +244,14 @@ def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
         assert payload["summary"]["smooth_schedule"] == smooth.get(variant, 0.2)
         row = payload["rows"][0]
         assert row["hypergradients"] >= 1 and row["test"] > 0 and len(row["lr"]) == 10
+    out = tmp_path / "sign.json"  # the study's sign-step contender, its windows coupled
+    got = subprocess.run([sys.executable, str(ROOT / "experiments" / "start_dev.py"),
+                          "--contender", "sign", "--variant", "smooth", "--smooth", "0.3",
+                          "--seeds", "10", "--T", "40", "--budget", "2", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert (summary["contender"], summary["smooth_schedule"]) == ("sign", 0.3)
     from hypergrad.run import trainer as trainer_module
 
     assert trainer_module.SHARED_START == ("schedule", "per_example")  # untouched here
