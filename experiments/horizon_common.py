@@ -78,9 +78,9 @@ def fit_forward(problem: Any, budget: float, bounds: dict[str, tuple[float, floa
     import hypergrad as hg
     from hypergrad.run.outer import schedule_smoothing
 
-    smooth = schedule_smoothing(problem.hyperparams.items, SIGN_SMOOTH)
     kw: dict[str, Any] = {} if defaults else dict(
-        outer=functools.partial(hg.SignDescent, lr=0.5, precondition=smooth),
+        outer=functools.partial(hg.SignDescent, lr=0.5, precondition=schedule_smoothing(
+            problem.hyperparams.items, SIGN_SMOOTH)),
         mode=hg.Offline(outer_steps=10**6))
     with cpu_clock_trainer():
         return hg.Trainer(problem, hg.ForwardMode(),
