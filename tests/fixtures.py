@@ -220,7 +220,7 @@ def one_hvp_call(problem: hg.InnerProblem, strategy: HVPStrategy) -> tuple:
     def f(p, b, lm):  # type: ignore[no-untyped-def]
         return problem.train_objective(p, b, lm, 2, batch)
 
-    eye = torch.eye(lam.shape[0], dtype=lam.dtype)
+    eye = torch.eye(lam.shape[0], dtype=lam.dtype, device=lam.device)
     s, z = fs.state, fs.tangents
     return f, s, z, lam, eye, strategy(f, s.params, s.buffers, lam, z.params, z.buffers, eye)
 
@@ -309,3 +309,11 @@ def unit_clock(trainer: hg.Trainer, plain: float = 1.0, hypergradient: float = 5
     m.hypergradient = timed_hypergradient  # type: ignore[method-assign]
     trainer._now = lambda: clock[0]  # type: ignore[method-assign]
     return clock
+
+
+def rank_env(nprocs: int) -> dict[str, str]:
+    """Environment for ``nprocs`` ranks started on this machine: on the CPU (gloo, the tests'
+    problems there too) unless it has a GPU for every rank (NCCL takes one rank per GPU)."""
+    if torch.cuda.device_count() >= nprocs:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": "", "HYPERGRAD_TEST_DEVICE": "cpu"}

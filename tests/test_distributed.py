@@ -25,7 +25,7 @@ from typing import Any
 import dist_worker
 import pytest
 import torch
-from fixtures import model_problem
+from fixtures import model_problem, rank_env
 
 import hypergrad as hg
 from hypergrad import distributed as hd
@@ -51,7 +51,7 @@ def launch(*args: str, nprocs: int = 2, timeout: float = 120.0, env: dict[str, s
     procs = []
     t0 = time.perf_counter()
     for r in range(nprocs):
-        e = {**os.environ, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r),
+        e = {**os.environ, **rank_env(nprocs), **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r),
              "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
              "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -221,7 +221,7 @@ def test_data_parallel_refuses_batchnorm_and_dropout() -> None:
 
 @pytest.mark.slow
 def test_the_cli_under_torchrun_splits_the_columns_and_rank_0_writes(tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+    env = {**os.environ, **rank_env(2), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -248,7 +248,7 @@ def test_the_docs_torchrun_example_ends_with_status_0_on_every_rank(tmp_path: Pa
     page = (ROOT / "docs" / "distributed.md").read_text()
     script = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "tune.py" in b)
     (tmp_path / "tune.py").write_text(script)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+    env = {**os.environ, **rank_env(2), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for _ in range(2):
         out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
@@ -256,3 +256,17 @@ def test_the_docs_torchrun_example_ends_with_status_0_on_every_rank(tmp_path: Pa
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         assert float(out.stdout.strip().splitlines()[-1]) < 1e-12
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_refused_naming_both_fixes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks on a one-GPU node: ``cuda:1`` does not exist (NCCL takes one rank per GPU);
+    the launch is refused before CUDA's "invalid device ordinal" (found on an H100)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert hd.device() == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(RuntimeError, match=r"LOCAL_RANK=1 but this node has 1 CUDA device.*"
+                                           r"--nproc_per_node=1.*CUDA_VISIBLE_DEVICES=''"):
+        hd.device()

@@ -67,7 +67,7 @@ def test_a_non_zero_tangent_is_never_skipped() -> None:
     g = torch.Generator().manual_seed(1)
     fs0 = hg.ForwardMode().init(problem, lam)
     fs0 = fs0._replace(tangents=tree_map(
-        lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype), fs0.tangents))
+        lambda v: torch.randn(v.shape, generator=g, dtype=v.dtype).to(v), fs0.tangents))
     a = hg.ForwardMode().step(problem, fs0, lam)
     b = hg.ForwardMode(skip_zero_columns=False).step(problem, fs0, lam)
     for x, y in zip(tree_flatten(a.tangents)[0], tree_flatten(b.tangents)[0]):

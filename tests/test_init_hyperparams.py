@@ -65,8 +65,8 @@ def test_initial_state_with_and_without_lam() -> None:
         assert torch.equal(a, b)
     w0 = _with([hg.InitWeights("w0", params=["2.bias"], init=[0.5] * 10),
                 hg.Scalar("lr", 0.1, transform="log")])
-    assert torch.equal(w0.initial_state(w0.init_raw()).params["2.bias"],
-                       torch.full((10,), 0.5, dtype=torch.float64))
+    b0 = w0.initial_state(w0.init_raw()).params["2.bias"]
+    assert torch.equal(b0, torch.full((10,), 0.5, dtype=torch.float64, device=b0.device))
 
 
 def test_truncated_reverse_drops_the_initialisation_term() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures import rank_env
 
 import hypergrad as hg
 
@@ -68,7 +69,7 @@ def user_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env(site: Path) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1",
+    return {**os.environ, **rank_env(2), "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1",
             "PYTHONPATH": os.pathsep.join([str(site), str(ROOT),
                                            os.environ.get("PYTHONPATH", "")])}
 

@@ -70,9 +70,17 @@ def is_writer() -> bool:
 
 def device() -> torch.device:
     """The device this rank should put its model on: ``cuda:LOCAL_RANK`` where CUDA is available
-    (one GPU per rank), else the CPU."""
+    (one GPU per rank), else the CPU. A rank whose ``LOCAL_RANK`` has no GPU of its own (more
+    processes per node than GPUs) is refused, naming both fixes: NCCL takes one rank per GPU."""
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local >= count:
+            raise RuntimeError(
+                f"hypergrad.distributed: LOCAL_RANK={local} but this node has {count} CUDA "
+                f"device(s), and each rank needs one of its own. Launch at most {count} "
+                f"process(es) per node (torchrun --nproc_per_node={count}), or run the ranks on "
+                f"the CPU with CUDA_VISIBLE_DEVICES='' (gloo).")
+        return torch.device("cuda", local)
     return torch.device("cpu")
 
 

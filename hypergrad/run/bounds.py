@@ -70,8 +70,9 @@ class Bounds:
         """Clamp ``lam`` (raw, shape ``(K,)``) into the bounds, in place."""
         slices = self.hps.slices
         with torch.no_grad():
-            for name, (lo, hi) in self.raw.items():
-                lam[slices[name]] = lam[slices[name]].clamp(lo, hi)
+            for name, (lo, hi) in self.raw.items():  # the bounds live on the CPU: lam's device
+                lam[slices[name]] = lam[slices[name]].clamp(
+                    None if lo is None else lo.to(lam), None if hi is None else hi.to(lam))
 
     def values(self) -> dict[str, list[float | None]]:
         """The bounds in value space, as given (for fingerprints and messages)."""
