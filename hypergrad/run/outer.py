@@ -396,8 +396,8 @@ def search_box(hps: Any, raw_bounds: dict[str, tuple[Tensor | None, Tensor | Non
         else:
             d_lo, d_hi = x.min() - 1.0, x.max() + 1.0
         b_lo, b_hi = raw_bounds.get(item.name, (None, None))
-        lo[sl] = d_lo if b_lo is None else b_lo
-        hi[sl] = d_hi if b_hi is None else b_hi
+        lo[sl] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
+        hi[sl] = d_hi if b_hi is None else b_hi.to(hi)
     return lo, hi
 
 
