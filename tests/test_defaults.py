@@ -526,3 +526,24 @@ def test_the_default_quasi_newton_couples_schedule_windows_only_where_there_are_
     assert isinstance(off.outer, QuasiNewton) and off.outer.precondition is None
     with pytest.raises(ValueError, match=r"precondition of shape \(5, 5\) needs one"):
         QuasiNewton([torch.zeros(3)], precondition=torch.eye(5))
+
+
+def test_a_users_quasi_newton_gets_the_defaults_coupling_unless_it_brings_its_own() -> None:
+    """``outer=functools.partial(QuasiNewton, ...)`` (and Hydra's ``outer_optimizer=
+    quasi_newton``) is the default spelled out: the Trainer fills the schedule coupling as it
+    fills the box; a matrix given (the identity: no coupling) is kept."""
+    import functools
+
+    from hypergrad.run import trainer as trainer_module
+    from hypergrad.run.outer import schedule_smoothing
+
+    sched = digits_case("momentum", "schedule", windows=5, **SMALL)
+    want = schedule_smoothing(sched.hyperparams.items, trainer_module.SMOOTH_SCHEDULE)
+    tr = hg.Trainer(sched, outer=functools.partial(QuasiNewton, step=0.3), callbacks=quiet())
+    assert isinstance(tr.outer, QuasiNewton) and tr.outer.defaults["step"] == 0.3
+    assert want is not None and torch.equal(tr.outer.precondition, want)
+    k = sched.init_raw().numel()
+    eye = torch.eye(k, dtype=torch.float64)
+    own = hg.Trainer(sched, outer=functools.partial(QuasiNewton, precondition=eye),
+                     callbacks=quiet())
+    assert own.outer.precondition is eye  # type: ignore[attr-defined]

@@ -131,6 +131,27 @@ def test_the_default_outer_is_the_surrogate_for_16_to_100_hyperparameters() -> N
     assert isinstance(default_outer([torch.zeros(30)], online=True), torch.optim.Adam)
 
 
+def test_each_training_seed_draws_its_own_candidates() -> None:
+    """The Trainer seeds its Surrogate's candidate generator with the problem's seed (as its
+    quasi-random start): every seed of a study draws other candidate points, not seed 0's; a
+    seed the user gives is kept."""
+    from hypergrad.testing import digits_case
+
+    def outer(seed: int, **kw: Any) -> Surrogate:
+        p = digits_case("sgd", "per_example", steps=4, windows=3, n_train=24, seed=seed)
+        assert p.init_raw().numel() == 24 and p.seed == seed
+        got = hg.Trainer(p, callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw).outer
+        assert isinstance(got, Surrogate)
+        return got
+
+    a, b, again = outer(3), outer(4), outer(3)
+    assert (a.seed, b.seed) == (3, 4)
+    assert torch.equal(a.gen.get_state(), again.gen.get_state())
+    assert not torch.equal(a.gen.get_state(), b.gen.get_state())
+    assert outer(3, outer=functools.partial(Surrogate, seed=11)).seed == 11
+    assert Surrogate([torch.zeros(2)]).seed is None  # standalone: generator seeded 0
+
+
 def test_a_resumed_surrogate_keeps_its_observations(tmp_path: Any) -> None:
     """Its observations travel in the Trainer's checkpoint: a run resumed from the checkpoint
     of outer step 1 ends where the uninterrupted run ends."""

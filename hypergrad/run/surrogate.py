@@ -128,16 +128,25 @@ class Surrogate(SearchOptimizer):
     """
 
     def __init__(self, params: Any, box: tuple[Tensor, Tensor] | None = None, trials: int = 3,
-                 candidates: int = 512, seed: int = 0) -> None:
+                 candidates: int = 512, seed: int | None = None) -> None:
         if trials < 1 or candidates < 1:
             raise ValueError(f"Surrogate: trials={trials!r} and candidates={candidates!r} must "
                              f"be >= 1.")
         super().__init__(params, dict(trials=trials, candidates=candidates), box=box)
         self.n_trials, self.candidates = trials, candidates
-        self.gen = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        """The candidate generator's seed; ``None``: the Trainer seeds it with the problem's
+        seed (as its quasi-random start), so that every training seed draws its own points
+        (standalone: 0)."""
+        self.gen = torch.Generator().manual_seed(0 if seed is None else seed)
         self.xs: list[Tensor] = []  # points in box units
         self.fs: list[float] = []
         self.grads: dict[int, Tensor] = {}  # index -> gradient in box units
+
+    def seed_with(self, seed: int) -> None:
+        """Seed the candidate generator (the Trainer's call where ``seed`` was not given)."""
+        self.seed = int(seed)
+        self.gen.manual_seed(self.seed)
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer's state and the model's observations (points, losses, gradients)

@@ -53,6 +53,7 @@ from .guards import MAX_BACKTRACKS, Guards, Tracker, divergence, outer_gradient,
 from .modes import Mode, Offline, Online
 from .outer import (
     OuterOptimizerFactory,
+    QuasiNewton,
     SearchOptimizer,
     default_outer,
     schedule_smoothing,
@@ -60,6 +61,7 @@ from .outer import (
     shrink_lr,
 )
 from .strategy import Strategy
+from .surrogate import Surrogate
 
 __all__ = ["Trainer", "TrainResult"]
 
@@ -243,8 +245,13 @@ class Trainer:
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
                             "outer=functools.partial(torch.optim.Adam, lr=0.05).")
-        if isinstance(self.outer, SearchOptimizer) and self.outer.box is None:
-            self.outer.box = self.box  # outer=functools.partial(QuasiNewton, step=0.3): in the box
+        if isinstance(self.outer, SearchOptimizer):  # what a user's search optimizer leaves out
+            if self.outer.box is None:  # outer=functools.partial(QuasiNewton, step=0.3): the box
+                self.outer.box = self.box
+            if isinstance(self.outer, QuasiNewton) and self.outer.precondition is None:
+                self.outer.precondition = schedule_smoothing(p.hyperparams.items, SMOOTH_SCHEDULE)
+            if isinstance(self.outer, Surrogate) and self.outer.seed is None:
+                self.outer.seed_with(p.seed)  # every training seed draws its own candidates
         self.evaluations: list[dict[str, Any]] = []
         """Every point evaluated by a plain inner run (space-filling start, line search,
         restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}``; the points with a
