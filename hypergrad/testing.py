@@ -274,7 +274,7 @@ def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batc
 
     batches = MiniBatches(data.x_train, data.y_train, batch_size=batch_size, seed=seed)
     return InnerProblem(model, train_loss, _optimizer(opt, kind), hps, batches, steps, val_loss,
-                        val_mode=val_mode)
+                        val_mode=val_mode, seed=seed)
 
 
 # -- problems with a known or converged answer (implicit differentiation, experiments/methods.py) --
@@ -307,7 +307,7 @@ def l2_mlp_case(steps: int = 1000, *, n_train: int = 128, hidden: int = 16, l2: 
 
     opt = sgd(lr=lr, momentum=momentum, weight_decay="l2" if via_optimizer else 0.0)
     return InnerProblem(model, train_loss, opt, hps, [(data.x_train, data.y_train)], steps,
-                        val_loss)
+                        val_loss, seed=seed)
 
 
 def ridge_diabetes_case(steps: int = 2000, l2: float = 0.1, n_train: int = 250,

@@ -450,3 +450,15 @@ def test_the_default_outer_optimizers_are_options_in_the_trainers_box(option: st
     assert type(trainer.outer).__name__ == cls
     assert trainer.outer.box is not None and trainer.outer.box[0].equal(trainer.box[0])
     assert "box" not in cfg.outer_optimizer
+
+
+@pytest.mark.parametrize("preset", ["digits_schedule", "cnn_digits", "hypercleaning",
+                                    "ridge_diabetes", "breast_cancer_l2", "sparse_regression"])
+def test_the_run_seed_reaches_the_problem(preset: str) -> None:
+    """``seed=3`` is the problem's run seed too (dropout and other draws in the step, the
+    Trainer's quasi-random start, its Surrogate's candidates): the bundled tasks used to leave
+    it at 0, so a sweep over seeds varied the initial weights and batch order only."""
+    task, trainer = build(_compose([f"experiment={preset}", "debug=fast", "seed=3"]))
+    assert task.problem.seed == 3
+    task0, _ = build(_compose([f"experiment={preset}", "debug=fast"]))
+    assert task0.problem.seed == 0

@@ -151,7 +151,7 @@ def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFact
 
     batches = MiniBatches(data.x_train, data.y_train, batch_size=batch_size, seed=seed)
     problem = InnerProblem(net, train_loss, optimizer, hyperparams, batches, steps, val_loss,
-                           val_mode=val_mode)
+                           val_mode=val_mode, seed=seed)
     ev = _classifier_eval(problem, {"val": (data.x_val, data.y_val),
                                     "test": (data.x_test, data.y_test)})
     return Task(problem, ev, _grid(problem, grid), name="digits")
@@ -204,7 +204,7 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
                          f"n={item.n} but n_train={n_train}: one weight per training example "
                          f"(hypergrad-run: hyperparams.items.{weights}.n=${{problem.n_train}}).")
     problem = InnerProblem(net, train_loss, optimizer, hyperparams,
-                           [(data.x_train, y_noisy, idx_all)], steps, val_loss)
+                           [(data.x_train, y_noisy, idx_all)], steps, val_loss, seed=seed)
     clean = torch.as_tensor(~flipped, dtype=dt)
     refs = {"baseline (noisy, weights 1)": lam_with(problem, problem.init_raw(), weights, 1.0),
             "oracle (clean examples only)": lam_with(problem, problem.init_raw(), weights,
@@ -265,7 +265,7 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
         return 0.5 * (r * r).mean()
 
     problem = InnerProblem(net, train_loss, optimizer, hyperparams, [(xtr, ytr)], steps,
-                           val_loss)
+                           val_loss, seed=seed)
 
     def evaluate(state: InnerState) -> dict[str, float]:
         m = problem.fmodel.bind(state.params, state.buffers, train=False)
@@ -355,6 +355,7 @@ def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
 
     batches: Any = ([(xtr, ytr)] if batch_size is None else
                     MiniBatches(xtr, ytr, batch_size=batch_size, seed=seed))
-    problem = InnerProblem(net, train_loss, optimizer, hyperparams, batches, steps, val_loss)
+    problem = InnerProblem(net, train_loss, optimizer, hyperparams, batches, steps, val_loss,
+                           seed=seed)
     ev = _classifier_eval(problem, {"val": (xv, yv), "test": (xte, yte)}, binary=True)
     return Task(problem, ev, name="breast_cancer_l2")

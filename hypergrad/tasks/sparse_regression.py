@@ -109,7 +109,8 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
         r = mdl(a_val) - y_val
         return 0.5 * (r * r).mean()
 
-    problem = InnerProblem(net, train_loss, optimizer, hyperparams, [None], steps, val_loss)
+    problem = InnerProblem(net, train_loss, optimizer, hyperparams, [None], steps, val_loss,
+                           seed=seed)
 
     def evaluate(state: InnerState) -> dict[str, float]:
         x = state.params["x"]
