@@ -215,11 +215,12 @@ class QuasiNewton(SearchOptimizer):
       search repeats once along steepest descent with a quarter of the step.
     - **Schedules move smoothly** (``precondition``, a symmetric positive definite K x K
       matrix in box units, or ``None``): the steepest-descent direction is ``-P g`` and
-      L-BFGS starts from the inverse-Hessian model ``gamma P`` instead of ``gamma I``. The
-      Trainer's default passes :func:`schedule_smoothing`, which couples neighbouring windows
-      of each learning-rate (or other) schedule: one training seed's hypergradient of a
-      10-window schedule jitters from window to window with that seed's batch order, and a
-      schedule that follows the jitter fits that order (issue 26's teacher task).
+      L-BFGS starts from the inverse-Hessian model ``gamma P`` instead of ``gamma I``. Where
+      none is given, the Trainer fills in :func:`schedule_smoothing` (give the identity for
+      no coupling), which couples neighbouring windows of each learning-rate (or other)
+      schedule: one training seed's hypergradient of a 10-window schedule jitters from window
+      to window with that seed's batch order, and a schedule that follows the jitter fits
+      that order (issue 26's teacher task).
     - **No steps below** ``min_step`` (2% of the box, in its largest coordinate): between
       points that close, the validation loss of one training seed differs mostly by noise (on
       the suite's development half, a line search that went on halving picked such noise:
