@@ -5,13 +5,27 @@
 # run with the model, data and hyperparameters on the GPU. Usage, on a GPU machine, from the
 # repository root:
 #
-#     bash experiments/benchmarks/cuda_tests.sh [SECONDS] [OUT]
+#     bash experiments/benchmarks/cuda_tests.sh --prepare      # here, once: .gpu/site
+#     bash experiments/benchmarks/cuda_tests.sh [SECONDS] [OUT] # there (the device tool: carry .gpu)
 #
-# SECONDS: pytest's wall-clock limit (default 420; 14 workers ran 364 tests in 254 s on an H100);
-# OUT: where pytest.log and junit.xml go (default $OUT, else .). Hydra, OmegaConf, antlr4 and the
-# joblib launcher are not in the device machines' image: copy them from .venv's site-packages
-# into an ignored folder and name it in $SITE (default .gpu/site), as docs/benchmarks.md says.
+# SECONDS: pytest's wall-clock limit (default 420; 14 workers ran 364 tests in 254 s on an H100,
+# 10 of them past a 90 s per-test limit); OUT: where pytest.log and junit.xml go (default $OUT,
+# else .). Hydra, OmegaConf, antlr4 and the joblib launcher are not in the device machines'
+# image: --prepare copies them (pure Python) from .venv's site-packages into .gpu/site, which
+# .git/info/exclude ignores ($SITE names another folder).
 set -o pipefail
+if [ "${1:-}" = "--prepare" ]; then
+    src=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || exit 2
+    mkdir -p .gpu/site .git/info
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    for d in hydra omegaconf antlr4 hydra_plugins hydra_core-*.dist-info omegaconf-*.dist-info \
+             antlr4_python3_runtime-*.dist-info hydra_joblib_launcher-*.dist-info; do
+        cp -r "$src"/$d .gpu/site/ || exit 2
+    done
+    find .gpu -name __pycache__ -prune -exec rm -rf {} +
+    du -sh .gpu/site
+    exit 0
+fi
 OUT=${2:-${OUT:-.}}
 export PYTHONPATH=$PWD/${SITE:-.gpu/site}:$PWD PYTHONUNBUFFERED=1 HYPERGRAD_TEST_DEVICE=cuda
 nvidia-smi -L
@@ -21,6 +35,6 @@ T="defaults trainer trainer_methods online forward reverse reverse_tape implicit
    cuda_paths auto_compile distributed"
 FILES=$(for t in $T; do printf 'tests/test_%s.py ' "$t"; done)
 # -p no:benchmark: pytest-benchmark (in the image) warns beside xdist, and warnings are errors
-timeout -k 5 "${1:-420}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 14 -v \
-    --tb=short -rf --timeout 150 --durations 15 --junitxml "$OUT/junit.xml" $FILES 2>&1 \
+timeout -k 5 "${1:-420}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 12 -v \
+    --tb=short -rf --timeout 200 --durations 15 --junitxml "$OUT/junit.xml" $FILES 2>&1 \
     | tee "$OUT/pytest.log" | grep -E "FAILED|ERROR|passed|failed" | tail -60
