@@ -410,6 +410,23 @@ def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
             if k in _NOT_SAFE or not any(fnmatchcase(k, pat) for pat in SAFE_CONFIG_KEYS)}
 
 
+def _check_run_seed(seed: int, task: Any) -> None:
+    """Warn where the run's ``seed`` did not reach the task's problem (a builder that does not
+    take ``seed``, or does not pass it to ``InnerProblem``): the step's random draws, the
+    Trainer's quasi-random start and its Surrogate's candidates would follow another seed."""
+    import warnings
+
+    from .errors import HypergradWarning
+
+    got = getattr(getattr(task, "problem", None), "seed", None)
+    if isinstance(got, int) and got != seed:
+        warnings.warn(
+            f"seed={seed} but the task's InnerProblem has seed={got}: the step's random draws "
+            f"(dropout), the Trainer's quasi-random start and its Surrogate's candidates follow "
+            f"{got}. Have the task builder take `seed` (task.seed=${{seed}} in its config) and "
+            f"pass it on: InnerProblem(..., seed=seed).", HypergradWarning, stacklevel=2)
+
+
 def build(cfg: DictConfig, folder: Any = None,
           log: Callable[[str], Any] | None = None) -> tuple[Any, Any]:
     """Instantiate a composed config: returns ``(task, trainer)``. ``folder``: the run folder
@@ -427,6 +444,7 @@ def build(cfg: DictConfig, folder: Any = None,
     opt = instantiate(cfg.inner_optimizer, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")
     task = instantiate(cfg.task, hyperparams=hps, optimizer=opt, model=model, _convert_="all")
+    _check_run_seed(cfg.seed, task)
     method = instantiate(cfg.method, _convert_="all")
     outer = instantiate(cfg.outer_optimizer, _convert_="all")
     mode = instantiate(cfg.mode, _convert_="all")

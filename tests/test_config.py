@@ -462,3 +462,24 @@ def test_the_run_seed_reaches_the_problem(preset: str) -> None:
     assert task.problem.seed == 3
     task0, _ = build(_compose([f"experiment={preset}", "debug=fast"]))
     assert task0.problem.seed == 0
+
+
+def test_a_seed_that_does_not_reach_the_problem_is_said(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A custom builder that builds its InnerProblem without the run's seed: ``seed=3`` would
+    move only the initial weights; the warning names both seeds and the fix."""
+    import sys
+
+    (tmp_path / "seedless_task.py").write_text(
+        "from hypergrad.tasks.bundled import digits_task\n"
+        "def build(hyperparams, optimizer, model, steps=4, **settings):\n"
+        "    return digits_task(hyperparams, optimizer, model, steps=steps, n_train=64,\n"
+        "                       n_val=32, batch_size=16)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("seedless_task", None)
+    over = ["task=custom", "task._target_=seedless_task.build", "debug=fast",
+            "hyperparams=lr_momentum", "inner_optimizer=sgd", "inner_optimizer.momentum=momentum"]
+    build(_compose(over))  # seed 0 = the builder's: nothing to say
+    with pytest.warns(HypergradWarning, match=r"seed=3 but the task's InnerProblem has seed=0.*"
+                                              r"InnerProblem\(\.\.\., seed=seed\)"):
+        build(_compose([*over, "seed=3"]))
