@@ -112,8 +112,8 @@ def default_outer(params: list[Tensor], box: tuple[Tensor, Tensor] | None = None
     else :class:`QuasiNewton`; until issue 27 it was Adam with lr 0.05, which took 1.5x TPE's
     test loss on the suite's development half (docs/guide.md, "The defaults"). Online: Adam
     with lr 0.05, as before: a line search needs whole plain inner runs, which online tuning
-    (one run) cannot afford. ``precondition``: QuasiNewton's (the Trainer passes
-    :func:`schedule_smoothing`'s)."""
+    (one run) cannot afford. ``precondition``: QuasiNewton's (the Trainer fills in
+    :func:`schedule_smoothing`'s where it is None)."""
     if online:
         return torch.optim.Adam(params, lr=0.05)
     if sum(p.numel() for p in params) in SURROGATE_K:

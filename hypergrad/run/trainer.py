@@ -238,14 +238,12 @@ class Trainer:
         self.box = search_box(p.hyperparams, self.bounds.raw, self.lam)
         """The search box in raw coordinates ``(low, high)``: the bounds, and where a bound is
         missing a box around the initial value (:func:`~hypergrad.run.outer.search_box`)."""
-        self.outer = (default_outer([self.lam], self.box, online=self.mode.online,
-                                    precondition=schedule_smoothing(p.hyperparams.items,
-                                                                    SMOOTH_SCHEDULE))
+        self.outer = (default_outer([self.lam], self.box, online=self.mode.online)
                       if outer is None else outer([self.lam]))
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
                             "outer=functools.partial(torch.optim.Adam, lr=0.05).")
-        if isinstance(self.outer, SearchOptimizer):  # what a user's search optimizer leaves out
+        if isinstance(self.outer, SearchOptimizer):  # what the default or a user's leaves out
             if self.outer.box is None:  # outer=functools.partial(QuasiNewton, step=0.3): the box
                 self.outer.box = self.box
             if isinstance(self.outer, QuasiNewton) and self.outer.precondition is None:
