@@ -231,6 +231,7 @@ class Config:
     report: ReportConf = field(default_factory=ReportConf)
     seed: int = 0
     name: str = "run"
+    device: str = "cpu"  # the bundled tasks' device: cpu, cuda, cuda:N, auto (tasks.device_of)
 
 
 REGISTRIES = ("method", "inner_optimizer")
@@ -427,6 +428,25 @@ def _check_run_seed(seed: int, task: Any) -> None:
             f"pass it on: InnerProblem(..., seed=seed).", HypergradWarning, stacklevel=2)
 
 
+def _check_device(device: Any, task: Any) -> None:
+    """Warn where ``device=...`` did not reach the task's problem (a builder that does not
+    take ``device``): it would run on another device than the one asked for."""
+    import warnings
+
+    import torch
+
+    from .errors import HypergradWarning
+    from .tasks.bundled import device_of
+
+    want = device_of(device)
+    got = getattr(getattr(task, "problem", None), "device", None)
+    if isinstance(got, torch.device) and got.type != want.type:
+        warnings.warn(
+            f"device={device} but the task built its problem on {got}: its builder does not take "
+            f"`device` (task.device=${{device}} in its config) or does not move the model and "
+            f"data there.", HypergradWarning, stacklevel=2)
+
+
 def build(cfg: DictConfig, folder: Any = None,
           log: Callable[[str], Any] | None = None) -> tuple[Any, Any]:
     """Instantiate a composed config: returns ``(task, trainer)``. ``folder``: the run folder
@@ -445,6 +465,7 @@ def build(cfg: DictConfig, folder: Any = None,
     model = instantiate(cfg.model, _convert_="all")
     task = instantiate(cfg.task, hyperparams=hps, optimizer=opt, model=model, _convert_="all")
     _check_run_seed(cfg.seed, task)
+    _check_device(cfg.get("device", "cpu"), task)
     method = instantiate(cfg.method, _convert_="all")
     outer = instantiate(cfg.outer_optimizer, _convert_="all")
     mode = instantiate(cfg.mode, _convert_="all")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException, HydraException, InstantiationException
@@ -483,3 +485,49 @@ def test_a_seed_that_does_not_reach_the_problem_is_said(tmp_path: Path,
     with pytest.warns(HypergradWarning, match=r"seed=3 but the task's InnerProblem has seed=0.*"
                                               r"InnerProblem\(\.\.\., seed=seed\)"):
         build(_compose([*over, "seed=3"]))
+
+
+def test_device_names_and_what_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``device=``: cpu, auto (the CPU without CUDA), cuda (this rank's GPU), cuda:N; a GPU asked
+    for where there is none, or a name torch does not know, is refused naming the choices."""
+    from hypergrad.tasks.bundled import device_of
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_of("cpu") == device_of(None) == device_of("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"device='cuda' but torch.cuda.is_available\(\) is "
+                                         r"False.*device=cpu, or device=auto"):
+        device_of("cuda")
+    with pytest.raises(ValueError, match=r"device='gpu'; use 'cpu', 'cuda', 'cuda:N' or 'auto'"):
+        device_of("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert device_of("cuda") == device_of("auto") == torch.device("cuda", 1)  # this rank's
+    assert device_of("cuda:0") == torch.device("cuda", 0)
+
+
+def test_a_device_the_task_does_not_take_is_said() -> None:
+    """A builder that does not take ``device`` builds on the CPU whatever ``device=`` says: the
+    run warns (the meta device stands in for a GPU on this machine)."""
+    from hypergrad.config import _check_device
+
+    task, _ = build(_compose(["experiment=sparse_regression", "debug=fast"]))
+    assert task.problem.device == torch.device("cpu")
+    _check_device("cpu", task)  # nothing to say
+    with pytest.warns(HypergradWarning, match=r"device=meta but the task built its problem on "
+                                              r"cpu.*task.device=\$\{device\}"):
+        _check_device("meta", task)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["digits_schedule", "hypercleaning", "ridge_diabetes",
+                                    "breast_cancer_l2"])
+def test_hypergrad_run_on_the_gpu(preset: str, tmp_path: Path) -> None:
+    """``hypergrad-run device=cuda``: the bundled task's model and data on the GPU, a short
+    run through to its results."""
+    cfg = _compose([f"experiment={preset}", "debug=fast", "device=cuda", "report.plots=false",
+                    "report.retrain=false"])
+    task, trainer = build(cfg)
+    assert task.problem.device.type == "cuda"
+    res = trainer.fit()
+    assert all(math.isfinite(h["val_loss"]) for h in res.history)

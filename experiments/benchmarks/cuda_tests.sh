@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device-aware tests on a CUDA device: every test file whose problems come from
-# hypergrad.testing.digits_case, which builds them on $HYPERGRAD_TEST_DEVICE (here cuda), so the
-# library's own paths (Trainer defaults, bounds, start points, hvp strategies, resume, the CLI)
+# hypergrad.testing.digits_case, which builds them on $HYPERGRAD_TEST_DEVICE (here cuda), and
+# test_config's hypergrad-run device=cuda, so the library's own paths (Trainer defaults, bounds, start points, hvp strategies, resume, the CLI)
 # run with the model, data and hyperparameters on the GPU. Usage, on a GPU machine, from the
 # repository root:
 #
@@ -32,7 +32,7 @@ nvidia-smi -L
 python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" || exit 2
 T="defaults trainer trainer_methods online forward reverse reverse_tape implicit init_hyperparams
    errors finite_diff hvp auto_methods registry run_folder cli testing memory_estimates
-   cuda_paths auto_compile distributed"
+   cuda_paths auto_compile distributed config"
 FILES=$(for t in $T; do printf 'tests/test_%s.py ' "$t"; done)
 # -p no:benchmark: pytest-benchmark (in the image) warns beside xdist, and warnings are errors
 timeout -k 5 "${1:-420}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 12 -v \

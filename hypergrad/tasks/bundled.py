@@ -47,6 +47,31 @@ def dtype_of(name: str | torch.dtype) -> torch.dtype:
     return table[name]
 
 
+def device_of(spec: str | torch.device | None) -> torch.device:
+    """The device a bundled task builds on: ``"cpu"`` (default), ``"cuda"`` (this rank's GPU:
+    :func:`hypergrad.distributed.device`, ``cuda:LOCAL_RANK``), ``"cuda:N"``, or ``"auto"`` (the
+    GPU where CUDA is available, else the CPU). ``hypergrad-run device=cuda`` passes it on."""
+    if spec is None:
+        return torch.device("cpu")
+    if isinstance(spec, torch.device):
+        return spec
+    name = str(spec)
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={spec!r} but torch.cuda.is_available() is False (torch "
+                         f"{torch.__version__}); use device=cpu, or device=auto for the GPU "
+                         f"where there is one.")
+    if name == "cuda":
+        from ..distributed import device as rank_device
+
+        return rank_device()
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device={spec!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'.") from None
+
+
 def mlp_factory(hidden: Sequence[int] = (64,), activation: str = "tanh",
                 batchnorm: bool = False) -> ModelFactory:
     """``(in, out) -> MLP`` with the given hidden sizes (``activation``: tanh, relu, gelu)."""
@@ -125,18 +150,20 @@ def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFact
                 steps: int = 300, n_train: int = 1000, n_val: int = 400, batch_size: int = 64,
                 seed: int = 0, dtype: str = "float32", val_mode: str = "eval",
                 grid: dict[str, Sequence[float]] | None = None,
-                data_seed: int | None = None) -> Task:
+                data_seed: int | None = None, device: str = "cpu") -> Task:
     """Classification of ``load_digits`` (an MLP, or a CNN over the 8x8 images) with mini-batch
     training; E = validation CE.
 
     ``seed`` fixes the model's initialisation and the mini-batch order; ``data_seed`` the
     train/validation/test split (``None``: ``seed``, so a run changes both). The training loss
-    reads ``hp["smooth"]`` (label smoothing) when that hyperparameter exists.
+    reads ``hp["smooth"]`` (label smoothing) when that hyperparameter exists. ``device``:
+    :func:`device_of`.
     """
-    dt = dtype_of(dtype)
-    data = digits_data(n_train, n_val, None, seed=_data_seed(seed, data_seed), dtype=dt)
+    dt, dev = dtype_of(dtype), device_of(device)
+    data = digits_data(n_train, n_val, None, seed=_data_seed(seed, data_seed), dtype=dt,
+                       device=dev)
     torch.manual_seed(seed)
-    net = model(64, 10).to(dt)
+    net = model(64, 10).to(device=dev, dtype=dt)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
         x, y, _ = batch
@@ -161,7 +188,7 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
                        steps: int = 100, n_train: int = 500, n_val: int = 200,
                        flip_fraction: float = 0.5, seed: int = 0, dtype: str = "float32",
                        weights: str = "weights", threshold: float = 0.5,
-                       data_seed: int | None = None) -> Task:
+                       data_seed: int | None = None, device: str = "cpu") -> Task:
     """Data hyper-cleaning (Franceschi et al. 2017, sec. 5.1) on ``load_digits``.
 
     Softmax regression trained full-batch on ``n_train`` examples of which ``flip_fraction`` have
@@ -174,18 +201,19 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     """
     if not 0 < flip_fraction < 1:
         raise ValueError(f"hypercleaning_task: flip_fraction={flip_fraction} must be in (0, 1).")
-    dt = dtype_of(dtype)
+    dt, dev = dtype_of(dtype), device_of(device)
     ds = _data_seed(seed, data_seed)
-    data = digits_data(n_train, n_val, None, seed=ds, dtype=dt)
+    data = digits_data(n_train, n_val, None, seed=ds, dtype=dt, device=dev)
     rng = np.random.default_rng(ds + 1)
     flipped = np.zeros(n_train, dtype=bool)
     flipped[rng.choice(n_train, int(round(flip_fraction * n_train)), replace=False)] = True
     y_noisy = data.y_train.clone()
-    shift = torch.as_tensor(rng.integers(1, 10, size=n_train))
-    y_noisy[torch.as_tensor(flipped)] = (y_noisy + shift)[torch.as_tensor(flipped)] % 10
+    shift = torch.as_tensor(rng.integers(1, 10, size=n_train), device=dev)
+    mask = torch.as_tensor(flipped, device=dev)
+    y_noisy[mask] = (y_noisy + shift)[mask] % 10
     torch.manual_seed(seed)
-    net = model(64, 10).to(dt)
-    idx_all = torch.arange(n_train)
+    net = model(64, 10).to(device=dev, dtype=dt)
+    idx_all = torch.arange(n_train, device=dev)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
         x, y, idx = batch
@@ -205,7 +233,7 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
                          f"(hypergrad-run: hyperparams.items.{weights}.n=${{problem.n_train}}).")
     problem = InnerProblem(net, train_loss, optimizer, hyperparams,
                            [(data.x_train, y_noisy, idx_all)], steps, val_loss, seed=seed)
-    clean = torch.as_tensor(~flipped, dtype=dt)
+    clean = torch.as_tensor(~flipped, dtype=dt, device=dev)
     refs = {"baseline (noisy, weights 1)": lam_with(problem, problem.init_raw(), weights, 1.0),
             "oracle (clean examples only)": lam_with(problem, problem.init_raw(), weights,
                                                       clean)}
@@ -235,22 +263,23 @@ def _standardized(x: np.ndarray, n_train: int) -> np.ndarray:
 
 def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                         steps: int = 3000, n_train: int = 250, n_val: int = 100,
-                        seed: int = 0, dtype: str = "float64", l2_name: str = "l2") -> Task:
+                        seed: int = 0, dtype: str = "float64", l2_name: str = "l2",
+                        device: str = "cpu") -> Task:
     """Ridge regression on ``load_diabetes`` (standardized), full-batch GD, L2 coefficient
     learned. ``extra`` compares the hypergradient after the long inner run with the closed-form
     implicit one (the limit T -> infinity) at the learned L2."""
     from sklearn.datasets import load_diabetes
 
-    dt = dtype_of(dtype)
+    dt, dev = dtype_of(dtype), device_of(device)
     x, y = load_diabetes(return_X_y=True)
     perm = np.random.default_rng(seed).permutation(len(y))
     x, y = _standardized(x[perm], n_train), y[perm]
     y = (y - y[:n_train].mean()) / y[:n_train].std()
-    xt, yt = torch.as_tensor(x, dtype=dt), torch.as_tensor(y, dtype=dt)
+    xt, yt = torch.as_tensor(x, dtype=dt, device=dev), torch.as_tensor(y, dtype=dt, device=dev)
     xtr, ytr = xt[:n_train], yt[:n_train]
     xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
     xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
-    net = model(x.shape[1], 1).to(dt)
+    net = model(x.shape[1], 1).to(device=dev, dtype=dt)
     with torch.no_grad():
         for p in net.parameters():
             p.zero_()
@@ -326,23 +355,25 @@ def _ridge_closed_form_unavailable(problem: InnerProblem, optimizer: Optimizer,
 def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                        steps: int = 200, n_train: int = 300, n_val: int = 130, seed: int = 0,
                        dtype: str = "float32", l2_name: str = "l2",
-                       batch_size: int | None = None, data_seed: int | None = None) -> Task:
+                       batch_size: int | None = None, data_seed: int | None = None,
+                       device: str = "cpu") -> Task:
     """Logistic regression on ``load_breast_cancer`` (30 standardized features) with one L2
     coefficient per feature (``hp[l2_name]`` of shape (30,), penalty on the weight only).
     ``seed`` fixes the initialisation (and mini-batch order); ``data_seed`` the split (``None``:
     ``seed``)."""
     from sklearn.datasets import load_breast_cancer
 
-    dt = dtype_of(dtype)
+    dt, dev = dtype_of(dtype), device_of(device)
     x, y = load_breast_cancer(return_X_y=True)
     perm = np.random.default_rng(_data_seed(seed, data_seed)).permutation(len(y))
     x, y = _standardized(x[perm], n_train), y[perm]
-    xt, yt = torch.as_tensor(x, dtype=dt), torch.as_tensor(y, dtype=torch.int64)
+    xt = torch.as_tensor(x, dtype=dt, device=dev)
+    yt = torch.as_tensor(y, dtype=torch.int64, device=dev)
     xtr, ytr = xt[:n_train], yt[:n_train]
     xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
     xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
     torch.manual_seed(seed)
-    net = model(x.shape[1], 1).to(dt)
+    net = model(x.shape[1], 1).to(device=dev, dtype=dt)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
         xb, yb = batch[0], batch[1]

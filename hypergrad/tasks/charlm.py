@@ -321,17 +321,19 @@ def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
                 corpus: str = "stdlib", text_file: str | None = None,
                 train_chars: int = 1_000_000, val_chars: int = 100_000,
                 test_chars: int = 200_000, val_windows: int = 64,
-                eval_windows: int | None = 512, dtype: str = "float32") -> Task:
+                eval_windows: int | None = 512, dtype: str = "float32",
+                device: str = "cpu") -> Task:
     """The character-level LM task (see the module docstring).
 
     ``seed`` fixes the model's initialisation, the batches and the dropout masks;
     ``data_seed`` the split of the files. ``E`` is the validation cross-entropy (nats per
     character) on ``val_windows`` fixed windows of the validation text; ``evaluate`` reports
     ``val_bpc`` and ``test_bpc`` on up to ``eval_windows`` windows of each (``None``: all).
-    ``corpus="file"`` reads ``text_file`` instead of the standard library."""
-    from .bundled import dtype_of
+    ``corpus="file"`` reads ``text_file`` instead of the standard library. ``device``:
+    :func:`~hypergrad.tasks.bundled.device_of`."""
+    from .bundled import device_of, dtype_of
 
-    dt = dtype_of(dtype)
+    dt, dev = dtype_of(dtype), device_of(device)
     if corpus == "stdlib":
         text = stdlib_corpus(train_chars, val_chars, test_chars, seed=data_seed)
     elif corpus == "file":
@@ -341,12 +343,13 @@ def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
     else:
         raise ValueError(f"charlm_task: corpus={corpus!r}; use 'stdlib' or 'file'.")
     vocab = CharVocab(text.train)
-    train_ids = vocab.encode(text.train)
-    xv, yv = windows(vocab.encode(text.val), context, val_windows)
-    ev_val = windows(vocab.encode(text.val), context, eval_windows)
-    ev_test = windows(vocab.encode(text.test), context, eval_windows)
+    train_ids = vocab.encode(text.train).to(dev)  # the batches are drawn there
+    val_ids, test_ids = vocab.encode(text.val).to(dev), vocab.encode(text.test).to(dev)
+    xv, yv = windows(val_ids, context, val_windows)
+    ev_val = windows(val_ids, context, eval_windows)
+    ev_test = windows(test_ids, context, eval_windows)
     torch.manual_seed(seed)
-    net = model(len(vocab), context).to(dt)
+    net = model(len(vocab), context).to(device=dev, dtype=dt)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
         x, y = batch
