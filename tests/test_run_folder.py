@@ -186,3 +186,18 @@ def test_a_tilde_left_in_the_cli_run_folder_is_a_clear_error(tmp_path: Path) -> 
                          text=True, timeout=300)
     assert out.returncode != 0
     assert "'~' was not expanded" in out.stderr and "$HOME" in out.stderr
+
+
+def test_a_checkpoint_from_before_device_existed_resumes_on_the_cpu() -> None:
+    """``device=`` joined the config later: a checkpoint without it matches ``device=cpu`` (what
+    every run was on before), and is refused on another device, naming the key."""
+    from hypergrad.run.files import fingerprint_diff
+
+    old = {"config.seed": 0, "config.task.steps": 12}
+    new = {**old, "config.device": "cpu", "config.task.device": "cpu"}
+    assert fingerprint_diff(old, new) == []
+    gpu = {**old, "config.device": "cuda", "config.task.device": "cuda"}
+    assert fingerprint_diff(old, gpu) == ["config.device: 'cpu' -> 'cuda'",
+                                          "config.task.device: 'cpu' -> 'cuda'"]
+    assert fingerprint_diff(old, {**old, "config.seed": 1}) == ["config.seed: 0 -> 1"]
+    assert fingerprint_diff({}, {"config.other": 1}) == ["config.other: '<absent>' -> 1"]

@@ -313,11 +313,19 @@ def _plain(v: Any) -> Any:
     return v
 
 
+ADDED_KEYS: dict[str, Any] = {"config.device": "cpu", "config.task.device": "cpu"}
+"""Fingerprint keys added in a later version, with the value that means what a checkpoint
+written before them did: absent there, that value here is no change (a run started before
+``device=`` existed resumes on the CPU; on a GPU it is refused, naming the key)."""
+
+
 def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """``"key: old -> new"`` for every key whose value differs (missing keys count)."""
+    """``"key: old -> new"`` for every key whose value differs (missing keys count, except a
+    key of :data:`ADDED_KEYS` at its earlier meaning)."""
     out = []
     for key in sorted(set(old) | set(new)):
-        a, b = _plain(old.get(key, "<absent>")), _plain(new.get(key, "<absent>"))
+        absent = ADDED_KEYS.get(key, "<absent>")
+        a, b = _plain(old.get(key, absent)), _plain(new.get(key, "<absent>"))
         if a != b:
             out.append(f"{key}: {_short(a)} -> {_short(b)}")
     return out
