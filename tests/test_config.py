@@ -519,12 +519,13 @@ def test_a_device_the_task_does_not_take_is_said() -> None:
         _check_device("meta", task)
 
 
-@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("preset", ["digits_schedule", "hypercleaning", "ridge_diabetes",
                                     "breast_cancer_l2"])
 def test_hypergrad_run_on_the_gpu(preset: str, tmp_path: Path) -> None:
     """``hypergrad-run device=cuda``: the bundled task's model and data on the GPU, a short
-    run through to its results."""
+    run through to its results. Not marked ``gpu``: the GPU suite runs those on the device
+    image, which has no Hydra; experiments/benchmarks/cuda_tests.sh runs this one."""
     cfg = _compose([f"experiment={preset}", "debug=fast", "device=cuda", "report.plots=false",
                     "report.retrain=false"])
     task, trainer = build(cfg)
