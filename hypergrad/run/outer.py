@@ -79,10 +79,10 @@ development half (four runs of 10 seeds) it was better at K = 30 and 50 in every
 
 
 def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
-    """A preconditioner for :class:`QuasiNewton` (the Trainer's default passes it, with
-    ``length`` = :data:`hypergrad.run.trainer.SMOOTH_SCHEDULE`) and :class:`SignDescent` over
-    the raw hyperparameters of ``items`` (``problem.hyperparams.items``, in their order) that
-    couples the windows of each schedule:
+    """A preconditioner for :class:`QuasiNewton` (the Trainer fills it into one given without
+    a preconditioner, with ``length`` = :data:`hypergrad.run.trainer.SMOOTH_SCHEDULE`) and
+    :class:`SignDescent` over the raw hyperparameters of ``items``
+    (``problem.hyperparams.items``, in their order) that couples the windows of each schedule:
     within a :class:`~hypergrad.Schedule` of ``n >= 3`` windows, a Gaussian kernel over the
     window index with length scale ``length * n`` windows, scaled so that its largest
     eigenvalue is 1 (a schedule's smooth changes keep their size, window-to-window jitter
@@ -104,23 +104,22 @@ def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
 
 
 def default_outer(params: list[Tensor], box: tuple[Tensor, Tensor] | None = None,
-                  online: bool = False, precondition: Tensor | None = None
-                  ) -> torch.optim.Optimizer:
+                  online: bool = False) -> torch.optim.Optimizer:
     """The Trainer's default outer optimizer (``outer=None``). Offline: in the search ``box``
     (the Trainer passes :attr:`Trainer.box <hypergrad.Trainer.box>`), the surrogate model
     :class:`~hypergrad.run.surrogate.Surrogate` for K in :data:`SURROGATE_K` (16 to 100),
     else :class:`QuasiNewton`; until issue 27 it was Adam with lr 0.05, which took 1.5x TPE's
     test loss on the suite's development half (docs/guide.md, "The defaults"). Online: Adam
     with lr 0.05, as before: a line search needs whole plain inner runs, which online tuning
-    (one run) cannot afford. ``precondition``: QuasiNewton's (the Trainer fills in
-    :func:`schedule_smoothing`'s where it is None)."""
+    (one run) cannot afford. The Trainer fills in what it leaves out: the box, QuasiNewton's
+    :func:`schedule_smoothing`, the Surrogate's seed."""
     if online:
         return torch.optim.Adam(params, lr=0.05)
     if sum(p.numel() for p in params) in SURROGATE_K:
         from .surrogate import Surrogate
 
         return Surrogate(params, box=box)
-    return QuasiNewton(params, box=box, precondition=precondition)
+    return QuasiNewton(params, box=box)
 
 
 def shrink_lr(optimizer: torch.optim.Optimizer, factor: float = 0.5) -> list[float]:
