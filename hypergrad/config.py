@@ -411,26 +411,11 @@ def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
             if k in _NOT_SAFE or not any(fnmatchcase(k, pat) for pat in SAFE_CONFIG_KEYS)}
 
 
-def _check_run_seed(seed: int, task: Any) -> None:
-    """Warn where the run's ``seed`` did not reach the task's problem (a builder that does not
-    take ``seed``, or does not pass it to ``InnerProblem``): the step's random draws, the
-    Trainer's quasi-random start and its Surrogate's candidates would follow another seed."""
-    import warnings
-
-    from .errors import HypergradWarning
-
-    got = getattr(getattr(task, "problem", None), "seed", None)
-    if isinstance(got, int) and got != seed:
-        warnings.warn(
-            f"seed={seed} but the task's InnerProblem has seed={got}: the step's random draws "
-            f"(dropout), the Trainer's quasi-random start and its Surrogate's candidates follow "
-            f"{got}. Have the task builder take `seed` (task.seed=${{seed}} in its config) and "
-            f"pass it on: InnerProblem(..., seed=seed).", HypergradWarning, stacklevel=2)
-
-
-def _check_device(device: Any, task: Any) -> None:
-    """Warn where ``device=...`` did not reach the task's problem (a builder that does not
-    take ``device``): it would run on another device than the one asked for."""
+def _check_task(cfg: DictConfig, task: Any) -> None:
+    """Warn where the run's ``seed`` or ``device`` did not reach the task's problem (a builder
+    that does not take them, or does not pass them on): the step's random draws, the Trainer's
+    quasi-random start and its Surrogate's candidates would follow another seed; the run would
+    go on another device than the one asked for."""
     import warnings
 
     import torch
@@ -438,13 +423,20 @@ def _check_device(device: Any, task: Any) -> None:
     from .errors import HypergradWarning
     from .tasks.bundled import device_of
 
-    want = device_of(device)
-    got = getattr(getattr(task, "problem", None), "device", None)
-    if isinstance(got, torch.device) and got.type != want.type:
+    problem = getattr(task, "problem", None)
+    seed, got = cfg.seed, getattr(problem, "seed", None)
+    if isinstance(got, int) and got != seed:
         warnings.warn(
-            f"device={device} but the task built its problem on {got}: its builder does not take "
+            f"seed={seed} but the task's InnerProblem has seed={got}: the step's random draws "
+            f"(dropout), the Trainer's quasi-random start and its Surrogate's candidates follow "
+            f"{got}. Have the task builder take `seed` (task.seed=${{seed}} in its config) and "
+            f"pass it on: InnerProblem(..., seed=seed).", HypergradWarning, stacklevel=3)
+    device, on = cfg.get("device", "cpu"), getattr(problem, "device", None)
+    if isinstance(on, torch.device) and on.type != device_of(device).type:
+        warnings.warn(
+            f"device={device} but the task built its problem on {on}: its builder does not take "
             f"`device` (task.device=${{device}} in its config) or does not move the model and "
-            f"data there.", HypergradWarning, stacklevel=2)
+            f"data there.", HypergradWarning, stacklevel=3)
 
 
 def build(cfg: DictConfig, folder: Any = None,
@@ -464,8 +456,7 @@ def build(cfg: DictConfig, folder: Any = None,
     opt = instantiate(cfg.inner_optimizer, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")
     task = instantiate(cfg.task, hyperparams=hps, optimizer=opt, model=model, _convert_="all")
-    _check_run_seed(cfg.seed, task)
-    _check_device(cfg.get("device", "cpu"), task)
+    _check_task(cfg, task)
     method = instantiate(cfg.method, _convert_="all")
     outer = instantiate(cfg.outer_optimizer, _convert_="all")
     mode = instantiate(cfg.mode, _convert_="all")

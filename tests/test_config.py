@@ -509,14 +509,16 @@ def test_device_names_and_what_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_device_the_task_does_not_take_is_said() -> None:
     """A builder that does not take ``device`` builds on the CPU whatever ``device=`` says: the
     run warns (the meta device stands in for a GPU on this machine)."""
-    from hypergrad.config import _check_device
+    from omegaconf import OmegaConf
+
+    from hypergrad.config import _check_task
 
     task, _ = build(_compose(["experiment=sparse_regression", "debug=fast"]))
     assert task.problem.device == torch.device("cpu")
-    _check_device("cpu", task)  # nothing to say
+    _check_task(OmegaConf.create({"seed": 0, "device": "cpu"}), task)  # nothing to say
     with pytest.warns(HypergradWarning, match=r"device=meta but the task built its problem on "
                                               r"cpu.*task.device=\$\{device\}"):
-        _check_device("meta", task)
+        _check_task(OmegaConf.create({"seed": 0, "device": "meta"}), task)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
