@@ -122,8 +122,10 @@ def test_a_user_method_by_name_on_two_torchrun_ranks(user_package: Path, tmp_pat
 
         from hypergrad.testing import digits_case
 
+        # on the ranks' device (the CPU unless there is a GPU per rank: fixtures.rank_env)
+        device = rank_env(2).get("HYPERGRAD_TEST_DEVICE")
         problem = digits_case("momentum", "schedule", steps=8, n_train=32, batch_size=8,
-                              hidden=8, n_val=32, windows=4)
+                              hidden=8, n_val=32, windows=4, device=device)
         one = hg.Trainer(problem, method="halved_forward", mode=hg.Offline(outer_steps=2),
                          callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
         plain = hg.Trainer(problem, method="forward", mode=hg.Offline(outer_steps=2),

@@ -6,7 +6,6 @@ double backward."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import pytest
@@ -143,9 +142,8 @@ def test_mixed_mode_step_vjp_equals_double_backward(make: Any) -> None:
 
 def test_mixed_mode_falls_back_on_torch_mse_loss_bug() -> None:
     """F.mse_loss(reduction='mean') fails under forward-over-reverse (pytorch#123996, on the
-    CPU): mixed mode warns once and takes those steps' VJPs by double backward. (Its one run on
-    a CUDA device, an H100 with torch 2.11, did not warn: the warning is asked for on the CPU
-    only; forward = reverse everywhere.)"""
+    CPU and on CUDA: an H200 with torch 2.11): mixed mode warns once and takes those steps' VJPs
+    by double backward; forward = reverse."""
     base = digits_case("momentum", "lr", **SMALL)
     device = base.init_raw().device
     onehot = torch.eye(10, dtype=torch.float64, device=device)
@@ -157,8 +155,7 @@ def test_mixed_mode_falls_back_on_torch_mse_loss_bug() -> None:
     problem = hg.InnerProblem(base.fmodel.module, train_loss, base.optimizer, base.hyperparams,
                               base.batch, base.steps, base.val_loss)
     lam = problem.init_raw()
-    with (pytest.warns(RuntimeWarning, match="pytorch#123996") if device.type == "cpu"
-          else contextlib.nullcontext()):
+    with pytest.warns(RuntimeWarning, match="pytorch#123996"):
         got = hg.ReverseMode(step_vjp=hg.stepvjp.MixedMode()).hypergradient(problem, lam).grad
     assert rel_err(got, hg.ReverseMode().hypergradient(problem, lam).grad) <= 1e-12
 
