@@ -3,6 +3,7 @@ hypergradients, and the digits problems the exactness table and the tests are bu
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,7 +78,9 @@ class CheckReport:
     fd_tolerance: dict[str, float] = field(default_factory=dict)
 
     def max(self, which: str) -> float:
-        return max(getattr(self, which).values(), default=0.0)
+        """The largest error of ``which`` (NaN if any is NaN)."""
+        vals = list(getattr(self, which).values())
+        return math.nan if any(v != v for v in vals) else max(vals, default=0.0)
 
     @property
     def fd_unreliable(self) -> list[str]:
@@ -87,11 +90,12 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
+        """Every error within its tolerance; a NaN error (a NaN hypergradient) is a failure."""
         for k, tol in self.tolerances.items():
             if k == "fwd_vs_fd" and self.fd_tolerance:
-                if any(e > self.fd_tolerance[n] for n, e in self.fwd_vs_fd.items()):
+                if any(not e <= self.fd_tolerance[n] for n, e in self.fwd_vs_fd.items()):
                     return False
-            elif self.max(k) > tol:
+            elif any(not e <= tol for e in getattr(self, k).values()):
                 return False
         return True
 
