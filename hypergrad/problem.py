@@ -119,7 +119,7 @@ class InnerProblem:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
                 f"InnerProblem: optimizer must come from hypergrad.optim (sgd, adam, adamw, "
-                f"rmsprop, adagrad), got "
+                f"rmsprop, adagrad, adamw_schedulefree), got "
                 f"{type(optimizer).__name__}."
             )
         if val_mode not in ("eval", "train"):
@@ -146,7 +146,7 @@ class InnerProblem:
         passes then run them through :mod:`hypergrad.rnn`)."""
         self.hyperparams = hyperparams.bind(self.fmodel.param_names,
                                             self.fmodel.initial_params())
-        self.optimizer = optimizer
+        self.optimizer = optimizer.for_horizon(steps)  # schedule-free: x at the last step
         self.train_loss = train_loss
         self.val_loss = val_loss
         self.select_loss = select_loss

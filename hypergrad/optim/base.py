@@ -253,6 +253,12 @@ class Optimizer(abc.ABC):
         v = hp[arg]
         return v[pname] if isinstance(v, dict) else v
 
+    def for_horizon(self, steps: int) -> Optimizer:
+        """This optimizer for an inner problem of ``steps`` updates (the problem calls it). Most
+        updates do not depend on the horizon: ``self``. One whose last update differs (schedule-
+        free AdamW returns its averaged point there) returns a copy that knows ``steps``."""
+        return self
+
     # -- the pure functions ----------------------------------------------------------------------
     @abc.abstractmethod
     def init(self, params: Params) -> NamedTuple:

@@ -116,6 +116,10 @@ class ClipGradNorm(Optimizer):
     def name(self) -> str:
         return self.inner.name
 
+    def for_horizon(self, steps: int) -> Optimizer:
+        inner = self.inner.for_horizon(steps)
+        return self if inner is self.inner else ClipGradNorm(inner, self.max_norm, self.eps)
+
     def clip(self, grads: Params) -> Params:
         """``g * min(1, c / (||g|| + eps))``: ``clip_grad_norm_``'s result, differentiable."""
         coef, _ = clip_coefficient(grads, self.max_norm, self.eps)
