@@ -21,9 +21,12 @@ Every argument but ``warmup_steps``, ``r`` and ``weight_lr_power`` can be a hype
 (a schedule of ``lr`` multiplies the warmup, as setting the package's group ``lr`` per step does;
 ``lr_max`` and the averaging weights follow it, and the hypergradient flows through them). No
 closed-form tangent: forward mode takes ``jvp`` of :meth:`update`; reverse mode differentiates it
-by autograd. ``max`` at a tie (a constant ``lr`` after warmup) is differentiated as
-``torch.maximum`` does, half to each side: both sides are the same ``lr`` there, so the
-derivative is exact.
+by autograd. ``max`` at a tie is differentiated as ``torch.maximum`` does, half to each side.
+Within one window of a schedule (or a constant ``lr`` after warmup) both sides are the same
+hyperparameter and the derivative is exact; where two *different* windows hold the same value
+(a schedule's constant initial value) ``lr_max`` has a kink in them, and the hypergradient is
+that half-and-half one-sided average (central finite differences see the mean of the two
+one-sided derivatives instead; the tests check exactness off the kink).
 """
 
 from __future__ import annotations
@@ -133,7 +136,7 @@ class AdamWScheduleFree(Optimizer):
         """``schedulefree.AdamWScheduleFree`` (``pip install schedulefree``) in train mode; call
         its ``eval()`` before evaluating, as the horizon's last update here does."""
         try:
-            import schedulefree
+            import schedulefree  # type: ignore[import-untyped]
         except ImportError as err:  # pragma: no cover - the lm extra installs it
             raise ImportError("adamw_schedulefree.to_torch needs the schedulefree package: "
                               "pip install schedulefree (or hypergrad-forward[lm]).") from err
