@@ -69,16 +69,17 @@ def cpu_clock_trainer() -> Iterator[None]:
 
 
 def fit_forward(problem: Any, budget: float, bounds: dict[str, tuple[float, float]],
-                defaults: bool) -> Any:
+                defaults: bool, mode: Any = None) -> Any:
     """Forward-mode tuning of ``problem`` within ``budget`` CPU seconds in the box ``bounds``:
-    the Trainer's default outer loop (``defaults``) or FDS-style sign steps of 0.5 with
-    backtracking (the presets'); returns the :class:`~hypergrad.TrainResult`."""
+    the Trainer's default outer loop (``defaults``; ``mode`` replaces its default mode) or
+    FDS-style sign steps of 0.5 with backtracking (the presets'); returns the
+    :class:`~hypergrad.TrainResult`."""
     import functools
 
     import hypergrad as hg
     from hypergrad.run.outer import schedule_smoothing
 
-    kw: dict[str, Any] = {} if defaults else dict(
+    kw: dict[str, Any] = ({} if mode is None else {"mode": mode}) if defaults else dict(
         outer=functools.partial(hg.SignDescent, lr=0.5, precondition=schedule_smoothing(
             problem.hyperparams.items, SIGN_SMOOTH)),
         mode=hg.Offline(outer_steps=10**6))

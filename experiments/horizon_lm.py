@@ -16,7 +16,13 @@ T inner steps. Contenders, each with the same budget of process CPU seconds per 
   cosine decay to 0 after a linear warmup of 5% of T, the peak learning rate from a log grid;
 - ``schedulefree``: schedule-free AdamW (Defazio et al. 2024, ``schedulefree.AdamWScheduleFree``,
   its defaults and a 5% warmup), its learning rate from the same grid;
-- ``tpe``: Optuna's TPE over the recipe's parameters (peak lr, warmup, final lr, weight decay).
+- ``tpe``: Optuna's TPE over the recipe's parameters (peak lr, warmup, final lr, weight decay);
+- ``forward_schedulefree``: hypergradients on top of the strongest baseline: the
+  ``schedulefree`` contender's grid first (inside the budget), then forward mode through
+  schedule-free AdamW itself (:func:`hypergrad.optim.adamw_schedulefree`, validation at its
+  averaged point) from the grid's best learning rate: W learning-rate windows (multiplying the
+  same 5% warmup), the weight decay per layer group and both betas, with the Trainer's default
+  outer loop but no space-filling start (the grid was the start).
 
 Results are retrained from scratch on fresh seeds (initialisation, batches, dropout) and judged
 by the test split's bits per character. Black-box contenders and retraining run plain PyTorch
@@ -47,10 +53,12 @@ from horizon_common import (
 import hypergrad as hg
 from hypergrad.tasks.charlm import PerGroup, charlm_task, layer_groups
 
-CONTENDERS = ("forward", "recipe", "schedulefree", "tpe", "forward_defaults")
+CONTENDERS = ("forward", "recipe", "schedulefree", "tpe", "forward_defaults",
+              "forward_schedulefree")
 FORWARD = "forward_defaults"
 """The contender ``lm_forward_vs_recipe`` is computed for (chosen before its results: the
-library's defaults are what a user runs)."""
+library's defaults are what a user runs). ``forward_schedulefree`` (added 2026-11-26, before
+any of its results) has its own ratio, ``lm_forward_schedulefree_vs_recipe``."""
 
 
 @dataclass
@@ -80,6 +88,21 @@ class LMStudy:
                            train_chars=self.train_chars, val_chars=100_000,
                            test_chars=200_000, val_windows=self.val_windows,
                            eval_windows=self.eval_windows)
+
+    def sf_task(self, seed: int, lr: float) -> tuple[hg.Task, hg.HyperParams]:
+        """The library's task with schedule-free AdamW (the ``schedulefree`` contender's
+        defaults: betas 0.9 / 0.999, weight decay 0.01, 5% warmup) from learning rate ``lr``."""
+        hps = hg.HyperParams([hg.Schedule("lr", lr, windows=self.windows, transform="log"),
+                              PerGroup("wd", 0.01, "log", groups=self.groups()),
+                              hg.Scalar("b1", 0.9, transform="logit"),
+                              hg.Scalar("b2", 0.999, transform="logit")])
+        opt = hg.optim.adamw_schedulefree(lr="lr", betas=("b1", "b2"), weight_decay="wd",
+                                          warmup_steps=int(0.05 * self.T), clip_grad_norm=1.0)
+        return charlm_task(hps, opt, _factory(self), steps=self.T, batch_size=self.batch_size,
+                           context=self.context, seed=seed, data_seed=0,
+                           train_chars=self.train_chars, val_chars=100_000,
+                           test_chars=200_000, val_windows=self.val_windows,
+                           eval_windows=self.eval_windows), hps
 
     def groups(self) -> dict[str, str]:
         return layer_groups()
@@ -113,8 +136,9 @@ def lm_study(quick: bool) -> LMStudy:
 
 # -- schedules
 def lm_values(spec: dict[str, Any], t: int, T: int) -> dict[str, Any]:
-    """``{"lr", "b1", "b2", "wd": {group: value}}`` at step ``t`` of a result."""
-    if spec["kind"] == "windows":
+    """``{"lr", "b1", "b2", "wd": {group: value}}`` at step ``t`` of a result (of
+    ``sf_windows``: the learning rate that the schedule-free optimizer's warmup multiplies)."""
+    if spec["kind"] in ("windows", "sf_windows"):
         w = len(spec["lr"])
         return {"lr": spec["lr"][min(t * w // T, w - 1)], "b1": spec["b1"], "b2": spec["b2"],
                 "wd": spec["wd"]}
@@ -166,13 +190,16 @@ def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
     groups = _param_groups(task)
     T = st.T
     torch.manual_seed(seed + 7919)  # dropout draws
-    if schedulefree_lr is not None:
+    sf = schedulefree_lr is not None or (spec is not None and spec["kind"] == "sf_windows")
+    if sf:
         import schedulefree
 
+        v0 = (lm_values(spec, 0, T) if spec is not None else
+              {"lr": schedulefree_lr, "b1": 0.9, "b2": 0.999, "wd": dict.fromkeys(groups, 0.01)})
         opt: Any = schedulefree.AdamWScheduleFree(
-            [{"params": [named[n] for n in ps], "name": g} for g, ps in groups.items()],
-            lr=schedulefree_lr, betas=(0.9, 0.999), weight_decay=0.01,
-            warmup_steps=int(0.05 * T))
+            [{"params": [named[n] for n in ps], "name": g, "weight_decay": v0["wd"][g]}
+             for g, ps in groups.items()],
+            lr=v0["lr"], betas=(v0["b1"], v0["b2"]), warmup_steps=int(0.05 * T))
         opt.train()
     else:
         assert spec is not None
@@ -194,7 +221,7 @@ def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-    if schedulefree_lr is not None:
+    if sf:
         opt.eval()  # the averaged weights
     net.eval()
     state = hg.InnerState({n: q.detach() for n, q in net.named_parameters()}, {}, p.optimizer
@@ -222,6 +249,25 @@ def tune_forward(st: LMStudy, seed: int, defaults: bool = False) -> dict[str, An
     return {"val": res.best_val_loss, "cpu_s": used,
             "evals": len(res.history) + len(res.evaluations) + 1, "spec": spec,
             "info": forward_info(res)}
+
+
+def tune_forward_schedulefree(st: LMStudy, seed: int, tasks: dict[int, hg.Task]
+                              ) -> dict[str, Any]:
+    """The schedule-free grid, then forward mode through schedule-free AdamW from its best
+    learning rate with what is left of the budget (the module docstring)."""
+    t0 = cpu()
+    grid = tune_grid(st, seed, True, tasks)
+    lr = grid["spec"]["lr"]
+    task, hps = st.sf_task(seed, lr)
+    res = fit_forward(task.problem, st.budget - (cpu() - t0), st.bounds, True,
+                      mode=hg.Offline(outer_steps=None, start=0))
+    v = hps.describe(res.lam)
+    spec = {"kind": "sf_windows", "lr": list(v["lr"]), "b1": float(v["b1"]),
+            "b2": float(v["b2"]), "wd": dict(zip(list(st.groups()), v["wd"]))}
+    info = {"grid": grid["info"]["grid"], "grid_lr": lr, **forward_info(res)}
+    return {"val": res.best_val_loss, "cpu_s": cpu() - t0,
+            "evals": grid["evals"] + len(res.history) + len(res.evaluations) + 1,
+            "spec": spec, "info": info}
 
 
 def tune_grid(st: LMStudy, seed: int, schedulefree: bool, tasks: dict[int, hg.Task]
@@ -306,6 +352,8 @@ def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], No
                 got = tune_forward(st, seed, defaults=c == "forward_defaults")
             elif c == "tpe":
                 got = tune_tpe(st, seed, tasks)
+            elif c == "forward_schedulefree":
+                got = tune_forward_schedulefree(st, seed, tasks)
             else:
                 got = tune_grid(st, seed, c == "schedulefree", tasks)
             rt = retrain(st, got["spec"], rseeds, tasks)
@@ -347,6 +395,11 @@ def summarize(records: Records, quick: bool) -> dict[str, Any]:
             out["reference"] = ref
         if "tpe" in by_c and all(s in by_c["tpe"] for s in seeds):
             out["lm_forward_vs_tpe"] = ratio_se(fwd, [by_c["tpe"][s]["test_bpc"] for s in seeds])
+    if "forward_schedulefree" in by_c and "reference" in out and all(
+            s in by_c["forward_schedulefree"] for s in seeds):
+        out["lm_forward_schedulefree_vs_recipe"] = ratio_se(
+            [by_c["forward_schedulefree"][s]["test_bpc"] for s in seeds],
+            [by_c[out["reference"]][s]["test_bpc"] for s in seeds])
     if "forward" in by_c and "reference" in out:  # the sign-step contender, for comparison
         out["lm_forward_sign_vs_recipe"] = ratio_se(
             [by_c["forward"][s]["test_bpc"] for s in seeds],
@@ -365,7 +418,8 @@ def plot(records: Records, quick: bool, path: Any) -> str | None:
         return None
     st = lm_study(quick)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    colors = {"forward": "C3", "recipe": "C1", "schedulefree": "C2", "tpe": "C4"}
+    colors = {"forward": "C3", "recipe": "C1", "schedulefree": "C2", "tpe": "C4",
+              "forward_defaults": "C5", "forward_schedulefree": "C0"}
     seen = set()
     for r in sorted(rows, key=lambda r: (r["contender"], r["seed"])):
         c = r["contender"]

@@ -183,12 +183,13 @@ def tables(payload: dict[str, Any]) -> str:
     if lm.get("table"):
         out.append(f"char LM: T = {lm['T']}, {lm['budget_cpu_s']:g} CPU s per tuner and seed, "
                    f"seeds {lm['seeds']}")
-        out.append(f"{'tuner':<17}{'test bits/char':>20}{'val bits/char':>20}{'evals':>8}"
+        out.append(f"{'tuner':<21}{'test bits/char':>20}{'val bits/char':>20}{'evals':>8}"
                    f"{'CPU s':>8}")
         for c, r in sorted(lm["table"].items(), key=lambda kv: kv[1]["test_bpc"][0]):
-            out.append(f"{c:<17}{_pm(r['test_bpc']):>20}{_pm(r['val_bpc']):>20}"
+            out.append(f"{c:<21}{_pm(r['test_bpc']):>20}{_pm(r['val_bpc']):>20}"
                        f"{r['evals']:>8.0f}{r['cpu_s']:>8.0f}")
-        for k in ("lm_forward_vs_recipe", "lm_forward_vs_tpe", "lm_forward_sign_vs_recipe"):
+        for k in ("lm_forward_vs_recipe", "lm_forward_vs_tpe", "lm_forward_sign_vs_recipe",
+                  "lm_forward_schedulefree_vs_recipe"):
             if k in lm:
                 out.append(f"{k} = {_pm(lm[k], '.3f')}")
     return "\n".join(out)
