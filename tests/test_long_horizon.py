@@ -190,6 +190,7 @@ def test_long_horizon_quick(tmp_path: Path) -> None:
     for key in ("forward_vs_greedy", "forward_vs_best", "lm_forward_vs_recipe"):
         assert f"{key}_se" in s and s[key] is not None and s[key] > 0
     assert s["seeds"] == 1 and s["lm_seeds"] == 1 and s["T_max"] == 100
+    assert payload["lm"]["lm_forward_schedulefree_vs_recipe"][0] > 0
     teacher = payload["schedule"]["teacher"]  # the Trainer's defaults, beside the sign steps
     assert "forward_defaults" in teacher["table"] and teacher["defaults_vs_best"][0] > 0
     for png in payload["plots"]:
@@ -276,3 +277,25 @@ def test_seed_fit_trains_as_the_study_does() -> None:
     still = hs._recipe(st, 1e-9)  # training barely moves: the loss is the initial weights'
     a, b = seed_fit.val_after(st, still, 3, 4), seed_fit.val_after(st, still, 3, 5)
     assert a == pytest.approx(b, abs=1e-6) and abs(a - seed_fit.val_after(st, still, 4, 4)) > 1e-3
+
+
+def test_a_schedule_free_result_retrains_as_the_package_at_its_grid_point() -> None:
+    """forward_schedulefree's result (``sf_windows``) retrains with the schedulefree package: at
+    constant windows and the package's defaults it is the schedulefree contender's run exactly,
+    and another schedule or decay changes it (the spec is read)."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        from horizon_lm import lm_study, train_torch
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    st = lm_study(True)
+    tasks: dict[int, Any] = {}
+    ref = train_torch(st, 0, schedulefree_lr=3e-3, tasks=tasks)
+    groups = list(st.groups())
+    spec = {"kind": "sf_windows", "lr": [3e-3] * st.windows, "b1": 0.9, "b2": 0.999,
+            "wd": dict.fromkeys(groups, 0.01)}
+    assert train_torch(st, 0, spec, tasks=tasks) == ref
+    other = dict(spec, lr=[3e-3] * (st.windows - 1) + [1e-3])
+    assert train_torch(st, 0, other, tasks=tasks)["val"] != ref["val"]
+    decay = dict(spec, wd={**spec["wd"], groups[0]: 0.5})
+    assert train_torch(st, 0, decay, tasks=tasks)["val"] != ref["val"]
