@@ -128,7 +128,9 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     loaded): ``params`` by name (a module, or ``{name: tensor}``; a plain iterable works when
     there are no per-tensor groups), the schedule stretched over ``steps`` (default: the
     horizon it was learned on). Call ``scheduler.step()`` after every ``optimizer.step()``;
-    ``scheduler`` is ``None`` without a schedule."""
+    ``scheduler`` is ``None`` without a schedule. A schedule-free optimizer (one with
+    ``train()`` / ``eval()``, ``adamw_schedulefree``'s twin) comes back in train mode: call its
+    ``eval()`` before evaluating or saving the model, as hypergrad's last step did."""
     o = settings["optimizer"]
     named: dict[str, Tensor]
     if isinstance(params, nn.Module):
@@ -150,6 +152,8 @@ def optimizer_from_settings(settings: Mapping[str, Any],
         groups.append({"params": rest})
     defaults = {k: (tuple(v) if k == "betas" else v) for k, v in o["defaults"].items()}
     optimizer = _import(o["class"])(groups, **defaults)
+    if callable(getattr(optimizer, "train", None)):  # schedule-free: steps need train mode
+        optimizer.train()
     sched = settings.get("schedule")
     if not sched:
         return optimizer, None

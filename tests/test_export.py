@@ -44,9 +44,13 @@ def _problem(opt: str, bn: bool = False, steps: int = 12) -> tuple[hg.InnerProbl
     if opt == "sgd":
         items.append(hg.Scalar("mom", 0.6, transform="logit"))
         optimizer = hg.optim.sgd(lr="lr", momentum="mom", weight_decay="wd")
-    else:
+    elif opt == "adamw":
         items.append(hg.Scalar("b1", 0.8, transform="logit"))
         optimizer = hg.optim.adamw(lr="lr", betas=("b1", 0.99), weight_decay="wd")
+    else:
+        items.append(hg.Scalar("b1", 0.8, transform="logit"))
+        optimizer = hg.optim.adamw_schedulefree(lr="lr", betas=("b1", 0.99), weight_decay="wd",
+                                                warmup_steps=3)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> torch.Tensor:
         xb, yb, _ = batch
@@ -80,10 +84,12 @@ def _plain_torch(problem: hg.InnerProblem, model: nn.Module, settings: dict[str,
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
+    if hasattr(optimizer, "eval"):  # schedule-free: the averaged point, as the library's end
+        optimizer.eval()
     return m
 
 
-@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+@pytest.mark.parametrize("opt", ["sgd", "adamw", "adamw_schedulefree"])
 def test_plain_torch_from_learned_yaml_equals_the_library_retrain(opt: str,
                                                                   tmp_path: Path) -> None:
     problem, model = _problem(opt)
@@ -92,8 +98,9 @@ def test_plain_torch_from_learned_yaml_equals_the_library_retrain(opt: str,
     files = write_learned(tmp_path, problem, lam, state)
     assert set(files) == {"learned.yaml", "learned_cw.pt", "model_learned.pt"}
     settings = yaml.safe_load((tmp_path / "learned.yaml").read_text())
-    assert settings["optimizer"]["class"] == {"sgd": "torch.optim.SGD",
-                                              "adamw": "torch.optim.AdamW"}[opt]
+    assert settings["optimizer"]["class"] == {
+        "sgd": "torch.optim.SGD", "adamw": "torch.optim.AdamW",
+        "adamw_schedulefree": "schedulefree.adamw_schedulefree.AdamWScheduleFree"}[opt]
     assert [g["params"] for g in settings["optimizer"]["param_groups"]] == [
         [n] for n in problem.fmodel.param_names]  # per-tensor weight decays, by name
     windows = settings["schedule"]["windows"]
