@@ -138,3 +138,40 @@ def test_bad_options_are_named() -> None:
         adamw_schedulefree(weight_lr_power="2")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"betas\[0\]"):
         adamw_schedulefree(betas=(1.5, 0.999))
+
+
+@pytest.mark.parametrize("clip,warmup,tie", [(None, 0, True), (None, 4, False), (0.3, 4, True),
+                                             (None, 20, False)])
+def test_the_closed_form_tangent_equals_the_jvp_rule(clip: float | None, warmup: int,
+                                                    tie: bool) -> None:
+    """The closed form (the default) and jvp of the update agree to rounding, at a point
+    where windows tie (the max's half-and-half) and where they do not, with the warmup over
+    part of the run or all of it; and the closed form is the one that runs."""
+    problem = _tuned(clip, warmup)
+    lam = problem.init_raw()
+    if not tie:
+        lam[problem.hyperparams.slices["lr"]] += torch.tensor([0.0, 0.3, -0.2],
+                                                               dtype=lam.dtype)
+    closed = hg.tangent.ClosedForm()(_first_step(problem, lam))
+    assert closed is not None  # the optimizer has a closed form
+    fwd = hg.ForwardMode().hypergradient(problem, lam).grad
+    by_jvp = hg.ForwardMode(tangent=hg.tangent.JVP()).hypergradient(problem, lam).grad
+    assert rel_err(fwd, by_jvp) < 1e-12
+    assert rel_err(fwd, hg.ReverseMode().hypergradient(problem, lam).grad) < 1e-12
+
+
+def _first_step(problem: hg.InnerProblem, lam: torch.Tensor) -> Any:
+    """An UpdateStep of step 0 with random tangents (what a tangent rule gets)."""
+    from hypergrad.tangent import UpdateStep
+
+    K = problem.num_hyperparams
+    state = problem.initial_state(lam)
+    g = torch.Generator().manual_seed(0)
+    rand = lambda t: torch.randn((K, *t.shape), generator=g, dtype=t.dtype)  # noqa: E731
+    z = hg.InnerState({k: rand(v) for k, v in state.params.items()}, {},
+                      type(state.opt)(*[{k: rand(v) for k, v in d.items()} for d in state.opt]))
+    grads = {k: torch.randn(v.shape, generator=g, dtype=v.dtype)
+             for k, v in state.params.items()}
+    G = {k: rand(v) for k, v in state.params.items()}
+    return UpdateStep(problem, 0, lam, grads, state, G, z, list(range(K)), list(range(K)),
+                      torch.eye(K, dtype=lam.dtype))

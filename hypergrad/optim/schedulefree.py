@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .base import Arg, Optimizer, Params, register, safe_sqrt
+from .base import Arg, Optimizer, Params, TangentContext, inv_twice, register, safe_sqrt
 from .clip import clip_grad_norm as with_clip
 
 __all__ = ["AdamWScheduleFree", "ScheduleFreeState", "adamw_schedulefree"]
@@ -130,6 +130,92 @@ class AdamWScheduleFree(Optimizer):
             new_p[k] = y_new + (1 - 1 / b1) * (z_new[k] - y_new) if last else y_new
             v_new[k], ws_new[k], lm_new[k] = v, wsum, lr_max
         return new_p, ScheduleFreeState(z_new, v_new, ws_new, lm_new)
+
+    def tangent(self, ctx: TangentContext, new_params: Params, new_state: NamedTuple
+                ) -> tuple[Params, ScheduleFreeState]:
+        """All columns at once, no autograd (``s`` the warmup factor, ``q = v' / (1 - b2^n)``,
+        ``den = sqrt(q) + eps``, ``d = g / den + wd y``, ``a = b1 (1 - c) - 1``)::
+
+            Z_lm' = Z_lm or d(lr s) (whichever is larger; half each at a tie, as torch.maximum)
+            Z_w   = n^r p lm'^(p-1) Z_lm'     Z_ws' = Z_ws + Z_w
+            Z_c   = Z_w / ws' - w Z_ws' / ws'^2
+            Z_v'  = b2 Z_v + 2 (1 - b2) g G   Z_d = G / den - g / den^2 Z_den + wd Z_y
+            Z_y'  = (1 - c) Z_y + c Z_z + a lr s Z_d + ((z - y) - lr s b1 d) Z_c
+            Z_z'  = Z_z - lr s Z_d
+            Z_x   = Z_y' + (1 - 1/b1)(Z_z' - Z_y')   (at the horizon's last step)
+
+        plus the hyperparameters' own terms (``lr``, ``b1``, ``b2`` through the bias correction,
+        ``eps``, ``wd``) on the rows of the columns the optimizer reads. ``Z_lm``, ``Z_ws`` and
+        ``Z_c`` are one number per column (the tensor's scalars)."""
+        a, read, hp, c = self.args, self.read, ctx.hp, ctx
+        assert isinstance(new_state, ScheduleFreeState)
+        st, zs = ctx.state, ctx.z_state
+        assert isinstance(st, ScheduleFreeState) and isinstance(zs, ScheduleFreeState)
+        n = ctx.step + 1
+        warm = a["warmup_steps"]
+        sched = n / warm if n <= warm and warm > 0 else 1.0
+        last = a["steps"] is not None and n == a["steps"]
+        r, pw = a["r"], a["weight_lr_power"]
+        new_zp, new_zz, new_zv, new_zws, new_zlm = {}, {}, {}, {}, {}
+        for k, y in ctx.params.items():
+            g, G, zy = ctx.grads[k], ctx.G[k], ctx.z_params[k]
+            cols = (zy.shape[0],) + (1,) * y.ndim  # a number per column, over the tensor
+
+            lr0 = read(a["lr"], hp, k)
+            lr = lr0 * sched
+            b1, b2 = read(a["betas"][0], hp, k), read(a["betas"][1], hp, k)
+            eps, wd = read(a["eps"], hp, k), read(a["weight_decay"], hp, k)
+            dlr = c.combine((sched, c.derivative(lr0)))  # d(lr s)
+            db1, db2 = c.derivative(b1), c.derivative(b2)
+            # the largest learning rate so far: torch.maximum's derivative, half each at a tie
+            lm_prev = st.lr_max[k]
+            tie = (lm_prev == lr).to(y.dtype)
+            keep = (lm_prev > lr).to(y.dtype) + 0.5 * tie
+            z_lm = zs.lr_max[k] * keep  # type: ignore[attr-defined]
+            c.add_term(z_lm, dlr, (lr > lm_prev).to(y.dtype) + 0.5 * tie)
+            lm = new_state.lr_max[k]
+            w = n**r * lm**pw
+            z_w = z_lm * (n**r * pw * lm ** (pw - 1))
+            ws = new_state.weight_sum[k]
+            z_ws = zs.weight_sum[k] + z_w  # type: ignore[attr-defined]
+            cc = w / ws
+            z_c = z_w / ws - z_ws * (w / ws**2)
+            # the normalised step d and its tangent
+            v_prev, v = st.exp_avg_sq[k], new_state.exp_avg_sq[k]
+            z_v = zs.exp_avg_sq[k] * b2  # type: ignore[attr-defined]
+            z_v.addcmul_(G, 2 * (1 - b2) * g)
+            c.add_term(z_v, db2, lambda: v_prev - g * g)
+            bc = 1 - b2**n
+            root = safe_sqrt(v / bc)
+            den = root + eps
+            z_root = z_v * (inv_twice(root) / bc)
+            c.add_term(z_root, c.combine((n * b2 ** (n - 1), db2)),
+                       lambda: inv_twice(root) * v / bc**2)  # through d(bc) = -n b2^(n-1) db2
+            z_d = G / den
+            z_d.addcmul_(z_root, -g / den**2)
+            c.add_direct(z_d, eps, lambda: -g / den**2)
+            d = g / den
+            if not (isinstance(wd, (int, float)) and wd == 0):
+                z_d.add_(zy * wd)
+                c.add_direct(z_d, wd, y)
+                d = d + wd * y
+            z = st.z[k]
+            coef = b1 * (1 - cc) - 1
+            zyn = zy * (1 - cc)
+            zyn.add_(zs.z[k] * cc)  # type: ignore[attr-defined]
+            zyn.addcmul_(z_d, lr * coef)
+            zyn.add_(z_c.reshape(cols) * ((z - y) - (lr * b1) * d))
+            c.add_term(zyn, c.combine((coef, dlr), (lr * (1 - cc), db1)), d)
+            zzn = zs.z[k] - z_d * lr  # type: ignore[attr-defined]
+            c.add_term(zzn, dlr, d, sign=-1.0)
+            if last:
+                y_new = torch.lerp(y, z, cc) + lr * coef * d
+                z_new = new_state.z[k]
+                zx = zyn + (1 - 1 / b1) * (zzn - zyn)
+                c.add_term(zx, db1, lambda: (z_new - y_new) / b1**2)
+                zyn = zx
+            new_zp[k], new_zz[k], new_zv[k], new_zws[k], new_zlm[k] = zyn, zzn, z_v, z_ws, z_lm
+        return new_zp, ScheduleFreeState(new_zz, new_zv, new_zws, new_zlm)
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:
