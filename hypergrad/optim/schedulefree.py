@@ -19,9 +19,11 @@ it is given to (:meth:`Optimizer.for_horizon`); used on its own (``steps=None``)
 
 Every argument but ``warmup_steps``, ``r`` and ``weight_lr_power`` can be a hyperparameter
 (a schedule of ``lr`` multiplies the warmup, as setting the package's group ``lr`` per step does;
-``lr_max`` and the averaging weights follow it, and the hypergradient flows through them). No
-closed-form tangent: forward mode takes ``jvp`` of :meth:`update`; reverse mode differentiates it
-by autograd. ``max`` at a tie is differentiated as ``torch.maximum`` does, half to each side.
+``lr_max`` and the averaging weights follow it, and the hypergradient flows through them).
+Forward mode uses the closed-form tangent (:meth:`AdamWScheduleFree.tangent`: equal to ``jvp``
+of the update to rounding, and 2.5x cheaper on the long-horizon study's language model, where a
+hypergradient of K = 17 costs 11 plain runs instead of 29); reverse mode differentiates the
+update by autograd. ``max`` at a tie is differentiated as ``torch.maximum`` does, half to each side.
 Within one window of a schedule (or a constant ``lr`` after warmup) both sides are the same
 hyperparameter and the derivative is exact; where two *different* windows hold the same value
 (a schedule's constant initial value) ``lr_max`` has a kink in them, and the hypergradient is
@@ -64,7 +66,7 @@ class AdamWScheduleFree(Optimizer):
     domains = {"lr": "positive", "betas": "unit", "eps": "positive",
                "weight_decay": "nonnegative"}
     examples = {"lr": "0.0025", "betas": "(0.9, 0.999)", "eps": "1e-8", "weight_decay": "0.0"}
-    elementwise = False  # 0-d state entries beside per-element ones: the jvp rule
+    elementwise = False  # 0-d state entries beside per-element ones: no diagonal Jacobian
     stationary_args = ()
 
     def __init__(self, **args: Any) -> None:
