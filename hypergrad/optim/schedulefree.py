@@ -40,7 +40,16 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .base import Arg, Optimizer, Params, TangentContext, inv_twice, register, safe_sqrt
+from .base import (
+    Arg,
+    Optimizer,
+    Params,
+    TangentContext,
+    inv_twice,
+    is_zero,
+    register,
+    safe_sqrt,
+)
 from .clip import clip_grad_norm as with_clip
 
 __all__ = ["AdamWScheduleFree", "ScheduleFreeState", "adamw_schedulefree"]
@@ -94,6 +103,12 @@ class AdamWScheduleFree(Optimizer):
         out.args = {**self.args, "steps": steps}
         return out
 
+    def _at(self, step: int) -> tuple[int, float, bool]:
+        """``(n, s, last)`` of update ``step``: its count ``n = step + 1``, the warmup factor
+        ``s = min(1, n / warmup_steps)`` and whether it is the horizon's last update."""
+        n, warm = step + 1, self.args["warmup_steps"]
+        return n, (n / warm if n <= warm and warm > 0 else 1.0), n == self.args["steps"]
+
     def init(self, params: Params) -> ScheduleFreeState:
         def scalar(p: Tensor, v: float) -> Tensor:
             return torch.full((), v, dtype=p.dtype, device=p.device)
@@ -107,10 +122,7 @@ class AdamWScheduleFree(Optimizer):
                step: int) -> tuple[Params, ScheduleFreeState]:
         a, read = self.args, self.read
         assert isinstance(state, ScheduleFreeState)
-        n = step + 1
-        warm = a["warmup_steps"]
-        sched = n / warm if n <= warm and warm > 0 else 1.0
-        last = a["steps"] is not None and n == a["steps"]
+        n, sched, last = self._at(step)
         new_p, z_new, v_new, ws_new, lm_new = {}, {}, {}, {}, {}
         for k, y in params.items():
             g = grads[k]
@@ -124,7 +136,7 @@ class AdamWScheduleFree(Optimizer):
             v = b2 * state.exp_avg_sq[k] + (1 - b2) * g * g
             d = g / (safe_sqrt(v / (1 - b2**n)) + read(a["eps"], hp, k))  # finite at v = 0
             wd = read(a["weight_decay"], hp, k)
-            if not (isinstance(wd, (int, float)) and wd == 0):
+            if not is_zero(a["weight_decay"]):
                 d = d + wd * y
             z = state.z[k]
             y_new = torch.lerp(y, z, c) + lr * (b1 * (1 - c) - 1) * d
@@ -153,10 +165,7 @@ class AdamWScheduleFree(Optimizer):
         assert isinstance(new_state, ScheduleFreeState)
         st, zs = ctx.state, ctx.z_state
         assert isinstance(st, ScheduleFreeState) and isinstance(zs, ScheduleFreeState)
-        n = ctx.step + 1
-        warm = a["warmup_steps"]
-        sched = n / warm if n <= warm and warm > 0 else 1.0
-        last = a["steps"] is not None and n == a["steps"]
+        n, sched, last = self._at(ctx.step)
         r, pw = a["r"], a["weight_lr_power"]
         new_zp, new_zz, new_zv, new_zws, new_zlm = {}, {}, {}, {}, {}
         for k, y in ctx.params.items():
@@ -197,7 +206,7 @@ class AdamWScheduleFree(Optimizer):
             z_d.addcmul_(z_root, -g / den**2)
             c.add_direct(z_d, eps, lambda: -g / den**2)
             d = g / den
-            if not (isinstance(wd, (int, float)) and wd == 0):
+            if not is_zero(a["weight_decay"]):
                 z_d.add_(zy * wd)
                 c.add_direct(z_d, wd, y)
                 d = d + wd * y
