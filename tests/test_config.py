@@ -507,13 +507,14 @@ def test_device_names_and_what_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_a_device_the_task_does_not_take_is_said() -> None:
-    """A builder that does not take ``device`` builds on the CPU whatever ``device=`` says: the
-    run warns (the meta device stands in for a GPU on this machine)."""
+    """A builder that does not take ``device`` (or a config that does not pass it on: here
+    ``task.device=cpu``) builds on the CPU whatever ``device=`` says: the run warns (the meta
+    device stands in for a GPU on this machine)."""
     from omegaconf import OmegaConf
 
     from hypergrad.config import _check_task
 
-    task, _ = build(_compose(["experiment=sparse_regression", "debug=fast"]))
+    task, _ = build(_compose(["experiment=sparse_regression", "debug=fast", "task.device=cpu"]))
     assert task.problem.device == torch.device("cpu")
     _check_task(OmegaConf.create({"seed": 0, "device": "cpu"}), task)  # nothing to say
     with pytest.warns(HypergradWarning, match=r"device=meta but the task built its problem on "
@@ -523,7 +524,7 @@ def test_a_device_the_task_does_not_take_is_said() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("preset", ["digits_schedule", "hypercleaning", "ridge_diabetes",
-                                    "breast_cancer_l2"])
+                                    "breast_cancer_l2", "sparse_regression"])
 def test_hypergrad_run_on_the_gpu(preset: str, tmp_path: Path) -> None:
     """``hypergrad-run device=cuda``: the bundled task's model and data on the GPU, a short
     run through to its results. Not marked ``gpu``: the GPU suite runs those on the device

@@ -33,6 +33,26 @@ def test_forward_reverse_fd_and_strategies_agree() -> None:
     assert rep.max("fwd_vs_rev") <= 1e-10 and rep.max("fwd_vs_fd") <= 1e-6
 
 
+def test_the_task_builds_on_the_device_asked_for() -> None:
+    """``device``: the operators, targets, model and hyperparameters on it, exact there
+    (``$HYPERGRAD_TEST_DEVICE``: cuda in experiments/benchmarks/cuda_tests.sh, else the CPU;
+    ``"auto"`` is the CPU without CUDA)."""
+    import os
+
+    from hypergrad.tasks.bundled import device_of
+
+    dev = device_of(os.environ.get("HYPERGRAD_TEST_DEVICE", "auto"))
+    task = _task(device=str(dev))
+    p = task.problem
+    assert p.device.type == dev.type and p.init_raw().device.type == dev.type
+    rep = hypergradcheck(p)
+    assert rep.max("fwd_vs_rev") <= 1e-10 and rep.max("fwd_vs_fd") <= 1e-6
+    state = p.run(p.init_raw())
+    assert state.params["x"].device.type == dev.type
+    assert set(task.evaluate(state)) == {"val_mse", "train_mse_clean_groups"}
+    assert task.extra(p.init_raw())["residual_weights"]["corrupted_groups"] == [0]
+
+
 def test_adam_inner_optimizer() -> None:
     task = sparse_regression_task(_hps(), hg.optim.adam(lr=0.05), steps=5, m=100, m_val=30, n=20,
                                   density=0.1, groups=4, corrupted=1, feature_groups=3,

@@ -37,7 +37,7 @@ nvidia-smi -L
 python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" || exit 2
 T="defaults trainer trainer_methods online forward reverse reverse_tape implicit init_hyperparams
    errors finite_diff hvp auto_methods registry run_folder cli testing memory_estimates
-   cuda_paths auto_compile distributed config"
+   cuda_paths auto_compile distributed config sparse_problem"
 FILES=${TESTS:-$(for t in $T; do printf 'tests/test_%s.py ' "$t"; done)}
 # -p no:benchmark: pytest-benchmark (in the image) warns beside xdist, and warnings are errors
 # SIGINT at the limit: pytest stops and still prints the failures so far (SIGTERM lost them)

@@ -23,7 +23,7 @@ from ..optim import Optimizer
 from ..problem import InnerProblem, InnerState
 from ..sparse import SparseOperator, load_npz, load_svmlight
 from ..task import Task
-from .bundled import dtype_of
+from .bundled import device_of, dtype_of
 
 __all__ = ["SparseLinear", "generate_sparse_regression", "sparse_regression_task"]
 
@@ -63,7 +63,8 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
                            feature_groups: int = 4, mask_fraction: float = 0.0,
                            corruption: float = 3.0, seed: int = 0,
                            dtype: str = "float32", weights: str = "res_w", l2: str = "l2",
-                           data_path: str | None = None, val_fraction: float = 0.2) -> Task:
+                           data_path: str | None = None, val_fraction: float = 0.2,
+                           device: str = "cpu") -> Task:
     """Learn residual-group weights (``hp[weights]``, shape ``(groups,)``) and feature-group L2
     coefficients (``hp[l2]``, shape ``(feature_groups,)``) of a weighted sparse least squares.
 
@@ -72,9 +73,12 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
     from a scipy ``.npz`` (targets in a sibling ``<name>_y.npy``) or an svmlight file; then the
     last ``val_fraction`` of rows are validation and nothing is marked corrupted.
     ``mask_fraction`` of training residuals get mask 0 (the seed's ``RF_mask``). ``model`` is
-    unused (the model is :class:`SparseLinear`).
+    unused (the model is :class:`SparseLinear`). ``device``: where the operators, targets and
+    the model live (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"auto"``: :func:`~hypergrad.tasks.
+    bundled.device_of`); the data is generated or loaded on the CPU and moved there.
     """
     dt = dtype_of(dtype)
+    dev = device_of(device)
     if data_path is None and not 0 <= corrupted < groups:
         raise ValueError(f"sparse_regression_task: corrupted={corrupted} must be in "
                          f"[0, groups={groups}).")
@@ -86,9 +90,9 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
         m_tr = int(round(op_all.shape[0] * (1 - val_fraction)))
         corrupted = 0
     rows_csr = op_all.to_sparse_csr()
-    a_tr = SparseOperator(_row_slice(rows_csr, 0, m_tr))
-    a_val = SparseOperator(_row_slice(rows_csr, m_tr, op_all.shape[0]))
-    y_tr, y_val = y_all[:m_tr].clone(), y_all[m_tr:]
+    a_tr = SparseOperator(_row_slice(rows_csr, 0, m_tr), device=dev)
+    a_val = SparseOperator(_row_slice(rows_csr, m_tr, op_all.shape[0]), device=dev)
+    y_tr, y_val = y_all[:m_tr].clone(), y_all[m_tr:].to(dev)
     rng = np.random.default_rng(seed + 7)
     group = torch.as_tensor(np.arange(m_tr) * groups // m_tr)
     bad = (group < corrupted).to(dt)
@@ -96,6 +100,7 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
     mask = torch.as_tensor(rng.random(m_tr) >= mask_fraction, dtype=dt)
     n_feat = a_tr.shape[1]
     fgroup = torch.as_tensor(np.arange(n_feat) * feature_groups // n_feat)
+    y_tr, group, bad, mask, fgroup = (v.to(dev) for v in (y_tr, group, bad, mask, fgroup))
     net = SparseLinear(a_tr)
 
     def train_loss(mdl: Any, batch: Any, hp: Any) -> Tensor:
@@ -138,7 +143,7 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
     if corrupted:
         from .bundled import lam_with
 
-        clean_w = (torch.arange(groups) >= corrupted).to(dt)
+        clean_w = (torch.arange(groups, device=dev) >= corrupted).to(dt)
         refs["oracle (corrupted groups weight 0)"] = lam_with(
             problem, problem.init_raw(), weights, clean_w.clamp_min(1e-3))
     return Task(problem, evaluate, refs, extra, name="sparse_regression")
