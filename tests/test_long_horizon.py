@@ -279,6 +279,40 @@ def test_seed_fit_trains_as_the_study_does() -> None:
     assert a == pytest.approx(b, abs=1e-6) and abs(a - seed_fit.val_after(st, still, 4, 4)) > 1e-3
 
 
+def test_paired_steps_judges_every_point_in_the_same_new_orders(tmp_path: Path) -> None:
+    """``experiments/paired_steps.py``: the recipe on the study's windows keeps its mean
+    learning rate per window; each step's point is judged in the same orders as the windowed
+    recipe, and the summary counts what the rows hold."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import horizon_schedules as hs
+        import paired_steps
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    st = hs.Study("teacher", T=40, budget=1.0)
+    spec = hs._recipe(st, 0.05)
+    w = paired_steps.windowed(st, spec)
+    curve = [hs.spec_values(spec, t, st.T)["lr"] for t in range(st.T)]
+    assert len(w) == st.windows and sum(w) * st.T / st.windows == pytest.approx(sum(curve))
+    assert w[0] < w[1] and w[1] > w[-1]  # the warmup, then the decay
+    out = tmp_path / "paired.json"
+    got = subprocess.run([sys.executable, str(ROOT / "experiments" / "paired_steps.py"),
+                          "--seeds", "10", "--T", "40", "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    row, summary = payload["rows"][0], payload["summary"]
+    base = row["windowed_val"]
+    assert len(base) == len(row["recipe_val"]) == len(paired_steps.ORDERS)
+    assert len(row["steps"]) == len(paired_steps.GRADIENT_ORDERS) * len(paired_steps.STEPS)
+    for step in row["steps"]:
+        assert step["minus_windowed"] == pytest.approx([a - b for a, b in zip(step["val"], base)])
+        assert len(step["hypergradient"]) == st.windows + 2
+    worse = sum(sum(s["minus_windowed"]) > 0 for s in row["steps"])
+    assert (summary["steps"], summary["steps_worse_on_average"]) == (len(row["steps"]), worse)
+    assert f"paired_steps steps_worse={worse}/{len(row['steps'])}" in got.stdout
+
+
 def test_a_schedule_free_result_retrains_as_the_package_at_its_grid_point() -> None:
     """forward_schedulefree's result (``sf_windows``) retrains with the schedulefree package: at
     constant windows and the package's defaults it is the schedulefree contender's run exactly,
