@@ -85,7 +85,7 @@ def _average_two_orders() -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=("shared", "independent", "resample", "average2",
-                                          "smooth", "no_smooth", "decay"),
+                                          "smooth", "no_smooth"),
                     default="shared")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10, 16)))
     ap.add_argument("--T", type=int, default=1000)
@@ -108,8 +108,6 @@ def main(argv: list[str] | None = None) -> None:
         hc.SIGN_SMOOTH = args.smooth
     if args.variant == "no_smooth":
         trainer_module.SMOOTH_SCHEDULE = None
-    if args.variant == "decay":
-        trainer_module.DECAY_START = True
     st = hs.Study("teacher", T=args.T, budget=args.budget)
     rows = []
     for seed in args.seeds:

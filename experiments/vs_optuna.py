@@ -521,8 +521,6 @@ def _variants() -> dict[str, Any]:
         "no_smooth": dict(patch={"SMOOTH_SCHEDULE": None}),
         "smooth_0.3": dict(patch={"SMOOTH_SCHEDULE": 0.3}),
         "smooth_0.1": dict(patch={"SMOOTH_SCHEDULE": 0.1}),
-        "decay_start": dict(patch={"DECAY_START": True}),
-        "no_decay_start": dict(patch={"DECAY_START": False}),
         "reinit": dict(suite_patch={"MODEL_FACTORY": True}),
         "tape": dict(method=hg.ReverseMode(tape=True)),
         "select_50": dict(suite_patch={"SELECT_SHARE": 0.5}),

@@ -441,42 +441,6 @@ def test_quasi_random_points_draw_one_level_per_schedule_and_example_weights(
     assert all(float(v.max() - v.min()) < 1e-12 for v in x) and float(x[0][0] - x[1][0]) != 0
 
 
-def test_quasi_random_points_give_a_learning_rate_schedule_a_decaying_shape(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``DECAY_START`` a schedule the optimizer reads as ``lr`` starts at a level and
-    decays over the windows by a quasi-random share of a cosine (none: the constant
-    schedule); the box holds every window, other hyperparameters draw as before."""
-    from fixtures import mixed_problem
-
-    from hypergrad.run import trainer as trainer_module
-
-    p = mixed_problem("momentum", steps=6, windows=4)
-    sl = p.hyperparams.slices["lr"]
-    assert p.optimizer.bound_names()["lr"] == "lr"
-    tr = hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0), "wd": (1e-5, 1e-1)}),
-                    callbacks=quiet(), mode=hg.Offline(outer_steps=1, start=8))
-    lo, hi = tr.box
-    monkeypatch.setattr(trainer_module, "DECAY_START", True)
-    pts = tr._space_filling(8, 0)
-    assert torch.equal(pts[5], tr._space_filling(3, 5)[0])  # skip: the sequence goes on
-    cos = 0.5 * (1 + torch.cos(math.pi * (torch.arange(4, dtype=torch.float64) + 0.5) / 4))
-    shares = []
-    for x in pts:
-        assert bool(((x >= lo) & (x <= hi)).all())
-        lr = x[sl].exp()  # the schedule's transform is log
-        assert bool((lr[1:] <= lr[:-1] * (1 + 1e-9)).all())  # decays
-        if float(x[sl][0]) < float(hi[sl][0]) and float(x[sl][-1]) > float(lo[sl][-1]):
-            r = float(lr[-1] / lr[0])  # solve lr[-1] / lr[0] for the share of the cosine
-            d = (1 - r) / (1 - float(cos[-1]) - r * (1 - float(cos[0])))
-            shape = 1 - d + d * cos
-            assert torch.allclose(lr / lr[0], shape / shape[0], rtol=1e-9)
-            shares.append(d)
-    assert len(shares) >= 4 and max(shares) - min(shares) > 0.5  # from nearly flat to cosine
-    monkeypatch.setattr(trainer_module, "DECAY_START", False)
-    flat = tr._space_filling(8, 0)
-    assert all(float(x[sl].max() - x[sl].min()) < 1e-12 for x in flat)
-
-
 def test_schedule_smoothing_couples_the_windows_of_each_schedule_only() -> None:
     from hypergrad.run.outer import schedule_smoothing
 

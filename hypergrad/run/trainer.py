@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 
 from ..errors import BoundsWarning
-from ..hyperparams import TRANSFORMS
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
 from ..methods.memory import check_memory, out_of_memory
 from ..problem import InnerProblem, InnerState
@@ -92,14 +91,6 @@ better at 5 of 6 seeds, and smooth decaying schedules instead of jagged ones; th
 development half, 10 seeds: digits_hypercleaning 1.645 / 1.729, diabetes_adamw_k14 0.538 /
 0.532 (within its noise); the per-feature penalties shared too lost (cancer_per_feature_l2_adam
 0.079 / 0.065, synth_sparse_per_feature_l2 0.161 / 0.140), so they stay per entry."""
-
-DECAY_START: bool = False
-"""Quasi-random points (the space-filling start, restarts, the leftover time) give a
-:class:`~hypergrad.Schedule` that an optimizer reads as its learning rate (argument ``lr``) a
-decaying shape besides its level: window ``w`` of ``W`` at ``level * (1 - d + d * c_w)``,
-``c_w`` a cosine from 1 to 0 at the windows' midpoints and ``d`` in [0, 1] one more
-quasi-random dimension per schedule (``d = 0``: the constant schedule of
-:data:`SHARED_START`); the schedule's other windows stay in the box."""
 
 SMOOTH_SCHEDULE: float | None = 0.2
 """The default :class:`~hypergrad.run.outer.QuasiNewton`'s coupling of a schedule's windows:
@@ -562,34 +553,10 @@ class Trainer:
         :data:`SHARED_START` (:meth:`_draw_columns`), else per entry."""
         lo, hi = self.box
         cols = self._draw_columns()
-        dims = int(cols.max()) + 1
-        decay = self._decay_schedules() if DECAY_START else []
-        engine = torch.quasirandom.SobolEngine(dims + len(decay), scramble=True,
+        engine = torch.quasirandom.SobolEngine(int(cols.max()) + 1, scramble=True,
                                                seed=self.problem.seed)
-        drawn = engine.draw(skip + n, dtype=torch.float64)[skip:]
-        pts = [lo + ui * (hi - lo) for ui in drawn[:, cols].to(lo)]
-        for j, (sl, forward, inverse) in enumerate(decay):
-            w = sl.stop - sl.start
-            mid = (torch.arange(w, dtype=lo.dtype, device=lo.device) + 0.5) / w
-            cos = 0.5 * (1 + torch.cos(math.pi * mid))
-            for x, d in zip(pts, drawn[:, dims + j].tolist()):
-                level = forward(x[sl])
-                x[sl] = torch.minimum(torch.maximum(inverse(level * (1 - d + d * cos)),
-                                                    lo[sl]), hi[sl])
-        return pts
-
-    def _decay_schedules(self) -> list[tuple[slice, Any, Any]]:
-        """The learning-rate schedules (:data:`DECAY_START`): each one's raw slice and its
-        transform's map to values and back."""
-        hps = self.problem.hyperparams
-        lrs = {name for name, arg in self.problem.optimizer.bound_names().items()
-               if arg == "lr"}
-        out = []
-        for it in hps.items:
-            if it.kind == "schedule" and it.numel > 1 and it.name in lrs:
-                forward, inverse = TRANSFORMS[it.transform][:2]
-                out.append((hps.slices[it.name], forward, inverse))
-        return out
+        u = engine.draw(skip + n, dtype=torch.float64)[skip:][:, cols].to(lo)
+        return [lo + ui * (hi - lo) for ui in u]
 
     def _draw_columns(self) -> Tensor:
         """For each raw entry, the Sobol dimension that places it in the box: the entries of a
