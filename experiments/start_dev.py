@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10, 16)))
     ap.add_argument("--T", type=int, default=1000)
     ap.add_argument("--budget", type=float, default=40.0, help="CPU seconds per tuning seed")
-    ap.add_argument("--contender", choices=("defaults", "sign"), default="defaults",
-                    help="the Trainer's defaults, or the study's sign-step forward contender")
+    ap.add_argument("--contender", choices=("defaults", "sign", "recipe"), default="defaults",
+                    help="the Trainer's defaults, the study's sign-step forward contender, or "
+                         "its cosine recipe (the grid over the peak; the variant does not apply)")
     ap.add_argument("--smooth", type=float, default=0.2,
                     help="--variant smooth: the schedule kernel's length scale (share of windows)")
     ap.add_argument("--out", default=None, help="JSON file")
@@ -111,13 +112,16 @@ def main(argv: list[str] | None = None) -> None:
     st = hs.Study("teacher", T=args.T, budget=args.budget)
     rows = []
     for seed in args.seeds:
-        got = hs.tune_forward(st, seed, defaults=args.contender == "defaults")
+        got = (hs.tune_recipe(st, seed) if args.contender == "recipe" else
+               hs.tune_forward(st, seed, defaults=args.contender == "defaults"))
         rt = [st.train(s, got["spec"]) for s in (200, 201, 202)]
+        lr = (hs.spec_curve(got["spec"], st.T, points=st.windows)["lr"]
+              if args.contender == "recipe" else got["spec"]["lr"])
         test = statistics.mean(r["test"] for r in rt)
         rows.append({"seed": seed, "val": got["val"], "test": test,
-                     "val_retrain": statistics.mean(r["val"] for r in rt), "lr": got["spec"]["lr"],
-                     "hypergradients": got["info"]["hypergradients"],
-                     "plain_runs": got["info"]["plain_runs"]})
+                     "val_retrain": statistics.mean(r["val"] for r in rt), "lr": lr,
+                     "hypergradients": got["info"].get("hypergradients", 0),
+                     "plain_runs": got["info"].get("plain_runs", got["evals"])})
         print(f"seed {seed}: val {got['val']:.4f} test {test:.4f}", flush=True)
     summary = {"variant": args.variant, "contender": args.contender,
                "smooth_schedule": (trainer_module.SMOOTH_SCHEDULE if args.contender == "defaults"

@@ -253,6 +253,16 @@ def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
     assert got.returncode == 0, got.stderr[-3000:]
     summary = json.loads(out.read_text())["summary"]
     assert (summary["contender"], summary["smooth_schedule"]) == ("sign", 0.3)
+    out = tmp_path / "recipe.json"  # the study's cosine recipe at the development seeds
+    got = subprocess.run([sys.executable, str(ROOT / "experiments" / "start_dev.py"),
+                          "--contender", "recipe", "--seeds", "10", "--T", "40", "--budget",
+                          "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    row = payload["rows"][0]
+    assert payload["summary"]["contender"] == "recipe" and row["hypergradients"] == 0
+    assert len(row["lr"]) == 10 and row["lr"][1] > row["lr"][-1] and row["plain_runs"] >= 1
     from hypergrad.run import trainer as trainer_module
 
     assert trainer_module.SHARED_START == ("schedule", "per_example")  # untouched here
