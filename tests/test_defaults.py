@@ -547,3 +547,20 @@ def test_a_users_quasi_newton_gets_the_defaults_coupling_unless_it_brings_its_ow
     own = hg.Trainer(sched, outer=functools.partial(QuasiNewton, precondition=eye),
                      callbacks=quiet())
     assert own.outer.precondition is eye  # type: ignore[attr-defined]
+
+
+def test_the_defaults_without_a_time_budget_repeat_exactly() -> None:
+    """No clock decides anything without a time budget (the start's points, the outer steps
+    and the re-check are counts): two runs of the same problem and seed return the same point
+    through the same evaluations, which is how docs/guide.md says to get a run that repeats."""
+    def run() -> hg.TrainResult:
+        p = digits_case("momentum", "schedule", **SMALL)  # batches drawn: re-checks run
+        return hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                          callbacks=quiet()).fit()
+
+    a, b = run(), run()
+    assert a.rechecked and len(a.evaluations) > 4 and len(a.history) > 1
+    assert torch.equal(a.lam, b.lam) and a.best_val_loss == b.best_val_loss
+    assert [e["kind"] for e in a.evaluations] == [e["kind"] for e in b.evaluations]
+    assert all(torch.equal(x["lam"], y["lam"]) for x, y in zip(a.evaluations, b.evaluations))
+    assert [h["val_loss"] for h in a.history] == [h["val_loss"] for h in b.history]
