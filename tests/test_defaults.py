@@ -564,3 +564,54 @@ def test_the_defaults_without_a_time_budget_repeat_exactly() -> None:
     assert [e["kind"] for e in a.evaluations] == [e["kind"] for e in b.evaluations]
     assert all(torch.equal(x["lam"], y["lam"]) for x, y in zip(a.evaluations, b.evaluations))
     assert [h["val_loss"] for h in a.history] == [h["val_loss"] for h in b.history]
+
+
+def test_a_point_without_a_usable_hypergradient_sends_the_search_back_to_its_best(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart's quasi-random point where training is unstable (here: a learning rate above
+    0.5, whose hypergradient is not finite) is not the tuning diverging: the default search
+    goes back to its best point and restarts from there, the run goes on to its outer steps
+    and re-checks; at the best point itself it still stops as diverged."""
+    calls: list[float] = []
+
+    class Unstable(hg.ReverseMode):
+        def hypergradient(self, problem: Any, lam: torch.Tensor) -> Any:
+            got = super().hypergradient(problem, lam)
+            lr = float(problem.hyperparams.describe(lam)["lr"])
+            calls.append(lr)
+            if lr > 0.5:  # an unstable region: the hypergradient is not finite
+                return got._replace(grad=torch.full_like(got.grad, math.inf))
+            if len(calls) == 1:  # uphill: the first line search stalls
+                return got._replace(grad=-got.grad)
+            return got
+
+    said: list[str] = []
+    p = lr_momentum()
+    tr = hg.Trainer(p, Unstable(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                    mode=hg.Offline(outer_steps=4, start=0, recheck=2),
+                    callbacks=[hg.run.Log(said.append), hg.run.Progress(False)])
+    real = tr._restart
+    hps = p.hyperparams
+
+    def restart(why: str = "the line search stalled") -> None:
+        if len(calls) == 1:  # the first restart lands in the unstable region
+            with torch.no_grad():  # raw: log lr, logit momentum
+                tr.lam.copy_(torch.tensor([math.log(0.9), 0.0], dtype=tr.lam.dtype))
+            tr.outer.state.clear()
+        else:
+            real(why)
+
+    monkeypatch.setattr(tr, "_restart", restart)
+    res = tr.fit()
+    assert calls[1] == pytest.approx(0.9) and not res.diverged
+    assert any("back to the best point" in m and "entries are not finite" in m for m in said)
+    assert len(res.history) == 4 and len(res.rechecked) == 2
+    assert float(hps.describe(res.lam)["lr"]) <= 0.5  # never the unstable point
+
+    at_best = hg.Trainer(lr_momentum(), Unstable(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                         mode=hg.Offline(outer_steps=2, start=0), callbacks=quiet())
+    with torch.no_grad():
+        at_best.lam.copy_(torch.tensor([math.log(0.9), 0.0], dtype=at_best.lam.dtype))
+    calls.clear()
+    calls.append(0.0)  # no uphill step: the first hypergradient is at the unstable point
+    assert at_best.fit().diverged  # nothing evaluated better to go back to

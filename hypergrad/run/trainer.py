@@ -263,6 +263,7 @@ class Trainer:
         self._rechecks = 0  # points to re-check before returning one (set by fit())
         self._starts_used = 0  # quasi-random points used by the start and restarts
         self._searched: list[Tensor] = []  # the points line searches started from
+        self._recoveries = 0  # outer steps in a row whose point gave no usable hypergradient
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
         self.tracker = Tracker(p.hyperparams, self.lam)
@@ -623,9 +624,10 @@ class Trainer:
             self.message(f"the time left after the last hypergradient: "
                          f"{len(self.evaluations) - n0} plain runs")
 
-    def _restart(self) -> None:
-        """After a line search found nothing better even along steepest descent: go on from
-        the best of the next few quasi-random points (the best point stays tracked)."""
+    def _restart(self, why: str = "the line search stalled") -> None:
+        """After a line search found nothing better even along steepest descent (or
+        :meth:`_recover`, ``why``): go on from the best of the next few quasi-random points
+        (the best point stays tracked)."""
         pts = self._space_filling(3, self._starts_used)
         self._starts_used = self._starts_used + 3
         best, pick = math.inf, None
@@ -643,8 +645,32 @@ class Trainer:
             with torch.no_grad():
                 self.lam.copy_(pick)
             self.outer.state.clear()
-            self.message(f"outer step {self.outer_step}: the line search stalled; restarted "
-                         f"at a quasi-random point (validation loss {best:.4g})")
+            self.message(f"outer step {self.outer_step}: {why}; restarted at a quasi-random "
+                         f"point (validation loss {best:.4g})")
+
+    def _recover(self, why: str, lam_used: Tensor) -> bool:
+        """The default search (a :class:`~hypergrad.run.outer.SearchOptimizer`) explores:
+        a restart's quasi-random point or a line search's last can sit where training is
+        unstable, and give a validation loss or a hypergradient that cannot be used. That
+        is not the tuning diverging: back to the best point evaluated, the outer state
+        forgotten, a restart from there (:meth:`_restart`), the budget going on. Returns
+        whether it did so; not at the best point itself (nothing better to go back to) nor
+        after :data:`~hypergrad.run.guards.MAX_BACKTRACKS` such steps in a row, where the
+        run stops as diverged."""
+        tr = self.tracker
+        if (not isinstance(self.outer, SearchOptimizer) or tr.best is None
+                or torch.equal(tr.best[1], lam_used)
+                or self._recoveries >= MAX_BACKTRACKS):
+            return False
+        self._recoveries += 1
+        with torch.no_grad():
+            self.lam.copy_(tr.best[1])
+        self.outer.state.clear()
+        self.message(f"outer step {self.outer_step}: {why}, at hyperparameters "
+                     f"{self.problem.hyperparams.describe(lam_used)}: back to the best "
+                     f"point (outer step {tr.best[2]}, validation loss {tr.best[0]:.4g})")
+        self._restart("no usable hypergradient")
+        return True
 
     def _back(self, why: str) -> None:
         """Back to the best point evaluated, with half the outer learning rate and a fresh
@@ -695,9 +721,13 @@ class Trainer:
                 self._back(bad)
             else:
                 why = self._step(value, grad, lam_used)
+                if why is not None and self._recover(why, lam_used):
+                    last_seconds = hg_seconds
+                    continue
                 if why is not None:
                     return self._diverged(why, lam_used, value)
                 self._backtracks = 0
+                self._recoveries = 0
             last_seconds = max(self._now() - t0 - once, 0.0)
             if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
                 last_seconds = hg_seconds
