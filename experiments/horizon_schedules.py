@@ -181,7 +181,8 @@ class Study:
         return F.cross_entropy(m(d[f"x_{split}"]), d[f"y_{split}"])
 
     # the library's problem (forward mode, the online methods)
-    def hyperparams(self, schedule: bool, lr0: float | None = None) -> hg.HyperParams:
+    def hyperparams(self, schedule: bool, lr0: float | list[float] | None = None
+                    ) -> hg.HyperParams:
         lr0 = self.lr0 if lr0 is None else lr0
         items: list[Any] = [hg.Schedule("lr", lr0, windows=self.windows, transform="log")
                             if schedule else hg.Scalar("lr", lr0, transform="log"),

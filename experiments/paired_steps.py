@@ -40,10 +40,11 @@ STEPS = (0.1, 0.3)
 
 
 def windowed(st: hs.Study, spec: dict[str, Any]) -> list[float]:
-    """The recipe's mean learning rate over each of the study's windows."""
-    T, W = st.T, st.windows
-    lr = [hs.spec_values(spec, t, T)["lr"] for t in range(T)]
-    return [statistics.mean(lr[w * T // W:(w + 1) * T // W]) for w in range(W)]
+    """The recipe's mean learning rate over each of the study's windows (the steps each
+    window covers: :meth:`hypergrad.Schedule.steps`, the rule training reads them by)."""
+    lr = [hs.spec_values(spec, t, st.T)["lr"] for t in range(st.T)]
+    spans = hg.Schedule("lr", 1.0, windows=st.windows).steps(st.T)
+    return [statistics.mean(lr[a:b + 1]) for a, b in spans]
 
 
 def run_seed(st: hs.Study, seed: int) -> dict[str, Any]:
@@ -57,9 +58,7 @@ def run_seed(st: hs.Study, seed: int) -> dict[str, Any]:
     wspec = {"kind": "windows", "lr": lrs, "momentum": 0.9, "wd": rec["spec"]["wd"]}
     out["windowed_lr"] = lrs
     out["windowed_val"] = base = judged(wspec)
-    hps = hg.HyperParams([hg.Schedule("lr", lrs, windows=st.windows, transform="log"),
-                          hg.Scalar("momentum", 0.9, transform="logit"),
-                          hg.Scalar("wd", rec["spec"]["wd"], transform="log")])
+    hps = st.hyperparams(schedule=True, lr0=lrs)  # momentum and decay: the recipe's
     lam = hps.init_raw(torch.float32)
     out["steps"] = []
     for order in GRADIENT_ORDERS:
