@@ -260,7 +260,7 @@ def tune_forward_schedulefree(st: LMStudy, seed: int, tasks: dict[int, hg.Task]
     lr = grid["spec"]["lr"]
     task, hps = st.sf_task(seed, lr)
     res = fit_forward(task.problem, st.budget - (cpu() - t0), st.bounds, True,
-                      mode=hg.Offline(outer_steps=None, start=0))
+                      mode=hg.Offline(outer_steps=None, start=0, recheck="auto"))
     v = hps.describe(res.lam)
     spec = {"kind": "sf_windows", "lr": list(v["lr"]), "b1": float(v["b1"]),
             "b2": float(v["b2"]), "wd": dict(zip(list(st.groups()), v["wd"]))}
