@@ -515,6 +515,8 @@ def _variants() -> dict[str, Any]:
                                method=hg.ReverseMode(tape=True)),
         "forward": dict(method="forward"),
         "no_leftover": dict(patch={"USE_LEFTOVER": False}),
+        "recheck_variant": dict(patch={"RECHECK_BY": "variant"}),
+        "recheck_first": dict(patch={"RECHECK_FIRST": True}),
         "independent_start": dict(patch={"SHARED_START": ()}),
         "shared_start_all": dict(patch={"SHARED_START": ("schedule", "per_example", "per_tensor",
                                                          "array")}),

@@ -72,6 +72,15 @@ RECHECK_APART = 0.02
 coordinate (the line search's smallest step): neighbours from one line search score alike in
 any batch order."""
 
+RECHECK_BY = "mean"
+"""How the re-check chooses: ``"mean"``, the lowest mean of the tuning run's loss and the
+other order's; ``"variant"``, the lowest loss in the other order alone (the tuning run's
+loss is the minimum of many noisy runs, biased low for the points that fit its order)."""
+
+RECHECK_FIRST = False
+"""Whether the re-check always compares the point the descent started from (the best of
+outer step 0: the start's best) with the best points after it."""
+
 USE_LEFTOVER = True
 """Offline with a :class:`~hypergrad.run.outer.SearchOptimizer` (the defaults) and a time
 budget: spend the time left after the last hypergradient on plain runs
@@ -711,6 +720,8 @@ class Trainer:
                 break
             lam_used = self.lam.detach().clone()
             hg = self._hypergradient(lam_used)
+            if getattr(self, "_first_point", None) is None and math.isfinite(float(hg.objective)):
+                self._first_point = (float(hg.objective), lam_used, 0, None)
             # a one-time compilation is not what the next outer step will cost
             once = self._say_compile()
             hg_seconds = max(self._now() - t0 - once, 0.0)
@@ -803,12 +814,16 @@ class Trainer:
         lo, hi = self.box
         width = (hi - lo).clamp_min(1e-12)
         picked: list[tuple[float, Tensor, int, float | None]] = []
+        first = getattr(self, "_first_point", None) if RECHECK_FIRST else None
+        limit = self._rechecks - (first is not None)
         for val, lam, step, sel in self._candidates():
-            if len(picked) == self._rechecks:
+            if len(picked) >= limit:
                 break
             if all(float(((lam - x) / width).abs().max()) >= RECHECK_APART
                    for _, x, _, _ in picked):  # a neighbour of a chosen point tells nothing new
                 picked.append((val, lam, step, sel))
+        if first is not None and not any(torch.equal(first[1], x) for _, x, _, _ in picked):
+            picked.append(first)
         if len(picked) < 2:
             return [], None
         for val, lam, step, sel in picked:
@@ -824,7 +839,8 @@ class Trainer:
         if len(out) < 2:
             return [], None
         key = "select_loss" if "select_loss" in out[0] else "val_loss"
-        pick = min(out, key=lambda r: r[key] + r[f"variant_{key}"])
+        pick = min(out, key=lambda r: r[f"variant_{key}"] + (r[key] if RECHECK_BY == "mean"
+                                                             else 0.0))
         said = ", ".join(f"{r[key]:.4g} -> {r[f'variant_{key}']:.4g}" for r in out)
         what = "held-out select_loss" if key == "select_loss" else "validation loss"
         self.message(f"re-checked the {len(out)} best points in another batch order ({said}); "
