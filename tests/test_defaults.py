@@ -115,6 +115,41 @@ def test_the_best_points_are_rechecked_and_the_lowest_mean_returned() -> None:
     assert res.values == p.hyperparams.describe(res.lam)
 
 
+def test_the_recheck_also_judges_the_point_the_descent_started_from(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """RECHECK_FIRST: the re-check compares the best points with the point the first
+    hypergradient was taken at (the space-filling start's best), trained in the other order
+    too, so a descent that only fits the tuning run's batch order is judged against its start;
+    the point travels in the checkpoint. Off: the best points only."""
+    from hypergrad.run import trainer as trainer_module
+
+    def run(folder: Any = None) -> tuple[Any, Any]:
+        tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                        callbacks=quiet(), folder=folder,
+                        mode=hg.Offline(outer_steps=4, start=4, recheck=3))
+        return tr, tr.fit()
+
+    tr, res = run(tmp_path)
+    first = res.history[0]
+    every = sorted([e["val_loss"] for e in res.evaluations]
+                   + [h["val_loss"] for h in res.history])
+    assert first["val_loss"] > every[1]  # the descent found two better points
+    assert len(res.rechecked) == 3
+    start = res.rechecked[-1]  # the descent's start, re-checked last
+    assert start["val_loss"] == pytest.approx(first["val_loss"])
+    assert tr.problem.hyperparams.describe(start["lam"]) == first["hyperparams"]
+    assert [r["val_loss"] for r in res.rechecked[:2]] == pytest.approx(every[:2])
+    mean = [r["val_loss"] + r["variant_val_loss"] for r in res.rechecked]
+    assert torch.equal(res.lam, res.rechecked[mean.index(min(mean))]["lam"])
+    back = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                      callbacks=quiet(), folder=hg.RunFolder(tmp_path, resume=True),
+                      mode=hg.Offline(outer_steps=4, start=4, recheck=3))
+    assert back._first_point is not None and torch.equal(back._first_point[1], start["lam"])
+    monkeypatch.setattr(trainer_module, "RECHECK_FIRST", False)
+    _, off = run()
+    assert [r["val_loss"] for r in off.rechecked] == pytest.approx(every[:3])
+
+
 def test_a_problem_whose_runs_cannot_vary_is_not_rechecked() -> None:
     """A fixed list of batches and a step without random draws: every run at a point is the
     same, so recheck="auto" spends nothing on it."""

@@ -62,7 +62,9 @@ class Offline(Mode):
             ``"auto"``: 15% of the time budget (2 to 8 points), or 4 points without a budget.
             ``0`` (default here): start at the initial point. The Trainer's default mode
             (``mode=None``) is :meth:`Offline.default`.
-        recheck: before returning, the best ``recheck`` distinct points evaluated are trained
+        recheck: before returning, ``recheck`` distinct points evaluated (the best ones and
+            the point the first hypergradient was taken at, where the descent started:
+            :data:`hypergrad.run.trainer.RECHECK_FIRST`) are trained
             again in another draw of the run's randomness (another mini-batch order and other
             dropout draws: :meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), and
             the one with the lowest mean validation loss over both runs is returned. One

@@ -72,14 +72,12 @@ RECHECK_APART = 0.02
 coordinate (the line search's smallest step): neighbours from one line search score alike in
 any batch order."""
 
-RECHECK_BY = "mean"
-"""How the re-check chooses: ``"mean"``, the lowest mean of the tuning run's loss and the
-other order's; ``"variant"``, the lowest loss in the other order alone (the tuning run's
-loss is the minimum of many noisy runs, biased low for the points that fit its order)."""
-
-RECHECK_FIRST = False
-"""Whether the re-check always compares the point the descent started from (the best of
-outer step 0: the start's best) with the best points after it."""
+RECHECK_FIRST = True
+"""The re-check always compares the point the first hypergradient was taken at (where the
+descent started: the space-filling start's best, or the initial point) with the best points
+found after it, so that a descent whose points fit the tuning run's batch order is judged
+against its start in another order (weighed on the suite's development half:
+docs/benchmarks.md). ``False``: the best points only, as before."""
 
 USE_LEFTOVER = True
 """Offline with a :class:`~hypergrad.run.outer.SearchOptimizer` (the defaults) and a time
@@ -273,6 +271,7 @@ class Trainer:
         self._starts_used = 0  # quasi-random points used by the start and restarts
         self._searched: list[Tensor] = []  # the points line searches started from
         self._recoveries = 0  # outer steps in a row whose point gave no usable hypergradient
+        self._first_point: tuple[float, Tensor, int] | None = None  # the first hypergradient's
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
         self.tracker = Tracker(p.hyperparams, self.lam)
@@ -720,8 +719,8 @@ class Trainer:
                 break
             lam_used = self.lam.detach().clone()
             hg = self._hypergradient(lam_used)
-            if getattr(self, "_first_point", None) is None and math.isfinite(float(hg.objective)):
-                self._first_point = (float(hg.objective), lam_used, 0, None)
+            if self._first_point is None and math.isfinite(float(hg.objective)):
+                self._first_point = (float(hg.objective), lam_used, self.outer_step)
             # a one-time compilation is not what the next outer step will cost
             once = self._say_compile()
             hg_seconds = max(self._now() - t0 - once, 0.0)
@@ -805,7 +804,8 @@ class Trainer:
     def _recheck(self) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Train the best points (:meth:`_candidates`) again in another batch order
         (:meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), best first, each at
-        least :data:`RECHECK_APART` of the box from the others in some coordinate, while the
+        least :data:`RECHECK_APART` of the box from the others in some coordinate, the last of
+        them the point the first hypergradient was taken at (:data:`RECHECK_FIRST`), while the
         time budget allows. Returns them and the one with the lowest mean of both losses (the
         held-out ``select_loss`` where the problem has one, else the validation loss);
         ``([], None)`` when fewer than two were re-checked (nothing to choose)."""
@@ -814,10 +814,14 @@ class Trainer:
         lo, hi = self.box
         width = (hi - lo).clamp_min(1e-12)
         picked: list[tuple[float, Tensor, int, float | None]] = []
-        first = getattr(self, "_first_point", None) if RECHECK_FIRST else None
-        limit = self._rechecks - (first is not None)
-        for val, lam, step, sel in self._candidates():
-            if len(picked) >= limit:
+        cands = self._candidates()
+        first = None
+        if RECHECK_FIRST and self._first_point is not None:  # where the descent started
+            v, x, k = self._first_point  # (beyond the tracker's best 32 in a long run)
+            first = next((c for c in cands if torch.equal(c[1], x)),
+                         None if self.selections else (v, x, k, None))
+        for val, lam, step, sel in cands:
+            if len(picked) >= self._rechecks - (first is not None):
                 break
             if all(float(((lam - x) / width).abs().max()) >= RECHECK_APART
                    for _, x, _, _ in picked):  # a neighbour of a chosen point tells nothing new
@@ -839,11 +843,12 @@ class Trainer:
         if len(out) < 2:
             return [], None
         key = "select_loss" if "select_loss" in out[0] else "val_loss"
-        pick = min(out, key=lambda r: r[f"variant_{key}"] + (r[key] if RECHECK_BY == "mean"
-                                                             else 0.0))
+        pick = min(out, key=lambda r: r[key] + r[f"variant_{key}"])
         said = ", ".join(f"{r[key]:.4g} -> {r[f'variant_{key}']:.4g}" for r in out)
         what = "held-out select_loss" if key == "select_loss" else "validation loss"
-        self.message(f"re-checked the {len(out)} best points in another batch order ({said}); "
+        where = " and where the descent started" if first is not None else ""
+        self.message(f"re-checked {len(out)} points (the best{where}) in another batch order "
+                     f"({said}); "
                      f"returned the one of outer step {pick['outer_step']} (mean {what} "
                      f"{(pick[key] + pick[f'variant_{key}']) / 2:.4g})")
         return out, pick
@@ -938,6 +943,8 @@ class Trainer:
             **self.tracker.state_dict()}
         if self.selections:
             ck["selections"] = self.selections
+        if self._first_point is not None:
+            ck["first_point"] = self._first_point
         if self.run_state is not None:
             assert isinstance(self.method, OnlineMethod)
             ck["online"] = self.method.state_dict(self.problem, self.run_state)
@@ -971,6 +978,9 @@ class Trainer:
         self.tracker.load_state_dict(ck, self.lam)
         self.selections = [dict(r, lam=r["lam"].to(self.lam)) for r in ck.get("selections", [])]
         self._backtracks = int(ck.get("backtracks", 0))
+        if ck.get("first_point") is not None:
+            v, x, k = ck["first_point"]
+            self._first_point = (float(v), x.to(self.lam), int(k))
         self.outer_step = int(ck["outer_step"])
         set_rng_state(ck["rng"])
         if self.problem.stream is not None and ck.get("batches") is not None:
