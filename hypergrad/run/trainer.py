@@ -817,9 +817,9 @@ class Trainer:
         cands = self._candidates()
         first = None
         if RECHECK_FIRST and self._first_point is not None:  # where the descent started
-            v, x, k = self._first_point  # (beyond the tracker's best 32 in a long run)
-            first = next((c for c in cands if torch.equal(c[1], x)),
-                         None if self.selections else (v, x, k, None))
+            v0, x0, k0 = self._first_point  # (beyond the tracker's best 32 in a long run)
+            first = next((c for c in cands if torch.equal(c[1], x0)),
+                         None if self.selections else (v0, x0, k0, None))
         for val, lam, step, sel in cands:
             if len(picked) >= self._rechecks - (first is not None):
                 break
