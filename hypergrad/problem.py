@@ -521,11 +521,14 @@ class InnerProblem:
         self._check_data()
         self._probe_model(lam)
         with step_rng(self.seed, 0, self.device):
-            loss, hp, reach = self._probe_loss("train_loss", lam)
+            loss, hp, reach, weights_t = self._probe_loss("train_loss", lam)
             _check_scalar("train_loss", loss, self.dtype)
-            val, hpv, reach_v = self._probe_loss("val_loss", lam)
+            val, hpv, reach_v, weights_v = self._probe_loss("val_loss", lam)
             _check_scalar("val_loss", val, self.dtype)
         self._check_finite_losses(loss, val, lam)
+        for which, reaches in (("train_loss", weights_t), ("val_loss", weights_v)):
+            if not reaches:
+                raise ValueError(_cut_from_weights(which))
         if self.select_loss is not None:
             sel = self.select(*self.initial_state(lam)[:2], lam)
             _check_scalar("select_loss", sel, self.dtype)
@@ -759,17 +762,19 @@ class InnerProblem:
         return any(isinstance(a, Tensor) and isinstance(b, Tensor)
                    and not torch.equal(a.detach(), b.detach()) for a, b in zip(base, moved))
 
-    def _probe_loss(self, which: str, lam: Tensor) -> tuple[Any, HPValues, set[str]]:
-        """One loss at the initial state, each hyperparameter group a leaf of its own: the
-        loss, what it read, and the groups its autograd graph reaches."""
+    def _probe_loss(self, which: str, lam: Tensor) -> tuple[Any, HPValues, set[str], bool]:
+        """One loss at the initial state, each hyperparameter group and each weight a leaf of
+        its own: the loss, what it read, the groups its autograd graph reaches, and whether it
+        reaches a weight (or the model has none)."""
         hps = self.hyperparams
         leaves = {n: v.detach().clone().requires_grad_() for n, v in hps.split(lam).items()}
         s = self.initial_state()
+        weights = {k: v.detach().clone().requires_grad_() for k, v in s.params.items()}
         train = which == "train_loss"
         step = 0 if train else None
         with torch.enable_grad(), _quiet():
             hp = HPValues(hps.values_from(leaves, step, self.steps), which)
-            model = self.fmodel.bind(s.params, s.buffers, train or self.val_mode == "train",
+            model = self.fmodel.bind(weights, s.buffers, train or self.val_mode == "train",
                                      0 if train else self.steps)
             try:
                 out = (self._call(which, self.train_loss, model, self.first_batch(), hp) if train
@@ -787,7 +792,8 @@ class InnerProblem:
                     ) from err
                 raise
         ids = _reachable(out)
-        return out, hp, {n for n, v in leaves.items() if id(v) in ids}
+        reaches_w = not weights or any(id(w) in ids for w in weights.values())
+        return out, hp, {n for n, v in leaves.items() if id(v) in ids}, reaches_w
 
     def _find_cuts(self, which: str, lam: Tensor) -> dict[str, str]:
         """The first operation that cut each hyperparameter group from the graph in one run
@@ -1082,6 +1088,21 @@ def _closure_tensors(fn: Any, name: str, depth: int = 0) -> list[tuple[str, Tens
         for k, v in {**cv.nonlocals, **cv.globals}.items():
             add(f"{k!r} (which {name} closes over)", v)
     return out
+
+
+def _cut_from_weights(which: str) -> str:
+    """The message for a loss whose autograd graph reaches none of the model's weights."""
+    if which == "val_loss":
+        effect = ("every hypergradient would be exactly zero (the validation loss would not "
+                  "see what training does) and tuning could not move the hyperparameters")
+    else:
+        effect = ("its gradient would be exactly zero, so the inner optimizer would not train "
+                  "the model")
+    return (f"InnerProblem: {which} does not depend on the model's weights: its value is cut "
+            f"from the network's output (torch.no_grad(), .detach(), .item(), float() or "
+            f"numpy on it), so {effect}. Return the loss as a tensor computed from the model's "
+            f"output with autograd on; hypergrad itself turns gradients off where none are "
+            f"needed.")
 
 
 def _reachable(out: Any) -> set[int]:

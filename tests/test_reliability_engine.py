@@ -347,6 +347,37 @@ def test_a_loss_that_is_nan_by_itself_is_named() -> None:
         _check(p)
 
 
+def _no_grad_val(m: Any, hp: Any) -> torch.Tensor:
+    x, y = _data()
+    with torch.no_grad():  # evaluation code's habit
+        return F.cross_entropy(m(x), y)
+
+
+@pytest.mark.parametrize("cut", [
+    _no_grad_val,
+    lambda m, hp: F.cross_entropy(m(_data()[0]).detach(), _data()[1]),
+    lambda m, hp: torch.tensor(F.cross_entropy(m(_data()[0]), _data()[1]).item(), dtype=D),
+], ids=["no_grad", "detach", "item"])
+def test_a_validation_loss_cut_from_the_weights_is_refused(cut: Any) -> None:
+    # every hypergradient would be exactly zero; it was a ZeroHypergradientWarning blaming the
+    # hyperparameters (0 * hp, round(hp)) after the first costly hypergradient
+    p = _problem(val_loss=cut)
+    with pytest.raises(ValueError, match=r"val_loss does not depend on the model's weights: .*"
+                                         r"torch.no_grad\(\), .detach\(\), .item\(\)"):
+        _check(p)
+    with pytest.raises(ValueError, match=r"val_loss does not depend on the model's weights"):
+        hg.Trainer(p, mode=hg.Offline(outer_steps=1)).fit()
+
+
+def test_a_training_loss_cut_from_the_weights_is_refused() -> None:
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]).detach(), b[1])
+
+    with pytest.raises(ValueError, match=r"train_loss does not depend on the model's weights: "
+                                         r".*the inner optimizer would not train the model"):
+        _check(_problem(train_loss=tl))
+
+
 def test_nan_initial_weights_are_named() -> None:
     model = nn.Linear(4, 3).double()
     with torch.no_grad():
