@@ -793,6 +793,8 @@ class InnerProblem:
                 raise
         ids = _reachable(out)
         reaches_w = not weights or any(id(w) in ids for w in weights.values())
+        if isinstance(out, Tensor):
+            out = out.detach()  # the graph's work is done; the checks read the value
         return out, hp, {n for n, v in leaves.items() if id(v) in ids}, reaches_w
 
     def _find_cuts(self, which: str, lam: Tensor) -> dict[str, str]:
