@@ -439,6 +439,38 @@ def _check_task(cfg: DictConfig, task: Any) -> None:
             f"data there.", HypergradWarning, stacklevel=3)
 
 
+def _locate_builder(target: str) -> None:
+    """Where a task's ``_target_`` does not resolve, say why (Hydra's own message, "Error
+    locating target", hides the cause): its module does not import (and the error inside it),
+    or the module has no such name (and the nearest of its callables)."""
+    import difflib
+    import sys
+
+    module_name, _, attr = target.rpartition(".")
+    if not module_name or module_name in sys.modules and hasattr(sys.modules[module_name], attr):
+        return
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not module_name.startswith(err.name):
+            raise ValueError(f"task._target_={target}: importing {module_name} failed: "
+                             f"{err}") from err
+        raise ValueError(
+            f"task._target_={target}: no module {err.name!r} is importable from "
+            f"{Path.cwd()}: run hypergrad-run from the folder that holds {err.name}.py (it is "
+            f"importable), or install the package.") from err
+    except Exception as err:  # the user's module fails while importing: show its own error
+        raise ValueError(f"task._target_={target}: importing {module_name} failed: "
+                         f"{type(err).__name__}: {err}") from err
+    if hasattr(module, attr):
+        return
+    names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+    near = difflib.get_close_matches(attr, names, n=3)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    raise ValueError(f"task._target_={target}: module {module_name} has no {attr!r}{hint} "
+                     f"(its callables: {', '.join(sorted(names)) or 'none'}).")
+
+
 def build(cfg: DictConfig, folder: Any = None,
           log: Callable[[str], Any] | None = None) -> tuple[Any, Any]:
     """Instantiate a composed config: returns ``(task, trainer)``. ``folder``: the run folder
@@ -449,13 +481,29 @@ def build(cfg: DictConfig, folder: Any = None,
 
     import torch
 
+    from .problem import InnerProblem
     from .run import Log, RunFolder, Trainer
+    from .task import Task
 
     torch.manual_seed(cfg.seed)
     hps = instantiate(cfg.hyperparams, _convert_="all")
     opt = instantiate(cfg.inner_optimizer, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")
+    if OmegaConf.is_missing(cfg.task, "_target_"):
+        raise ValueError(
+            "task._target_ is not set: task=custom runs a task builder of your own, named on "
+            "the command line, e.g. `hypergrad-run task=custom task._target_=my_task.build "
+            "+task.data=my_data.npz` (the folder you run from is importable; the builder's "
+            "contract: docs/own-model.md).")
+    _locate_builder(str(cfg.task._target_))
     task = instantiate(cfg.task, hyperparams=hps, optimizer=opt, model=model, _convert_="all")
+    if isinstance(task, InnerProblem):  # a bare problem: no metrics beyond its val_loss
+        task = Task(task)
+    if not isinstance(task, Task):
+        raise TypeError(
+            f"task._target_={cfg.task._target_} returned {type(task).__name__} "
+            f"{str(task)[:80]}; a task builder returns a hypergrad.Task(problem, evaluate=...) "
+            f"(or an InnerProblem): docs/own-model.md.")
     _check_task(cfg, task)
     method = instantiate(cfg.method, _convert_="all")
     outer = instantiate(cfg.outer_optimizer, _convert_="all")

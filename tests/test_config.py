@@ -487,6 +487,52 @@ def test_a_seed_that_does_not_reach_the_problem_is_said(tmp_path: Path,
         build(_compose([*over, "seed=3"]))
 
 
+@pytest.mark.parametrize(("target", "match"), [
+    (None, r"task._target_ is not set: task=custom runs a task builder of your own.*"
+           r"task._target_=my_task.build"),
+    ("builder_task.buidl", r"module builder_task has no 'buidl'; did you mean 'build'\? "
+                           r"\(its callables: build, nothing\)"),
+    ("no_such_module_here.build", r"no module 'no_such_module_here' is importable from .*: run "
+                                  r"hypergrad-run from the folder that holds "
+                                  r"no_such_module_here.py"),
+    ("broken_task.build", r"importing broken_task failed: ZeroDivisionError: division by zero"),
+    ("builder_task.nothing", r"task._target_=builder_task.nothing returned NoneType None; a task "
+                             r"builder returns a hypergrad.Task"),
+], ids=["unset", "misspelt", "no_module", "module_fails", "returns_none"])
+def test_a_custom_task_builder_that_cannot_be_used_is_named(
+        target: str | None, match: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hydra's own messages here were a traceback ending in MissingMandatoryValue, "Error
+    locating target" without its cause, and the Trainer's "problem must be a InnerProblem"."""
+    import sys
+
+    (tmp_path / "builder_task.py").write_text(
+        "def build(hyperparams, optimizer, model, **settings):\n    return None\n"
+        "def nothing(hyperparams, optimizer, model, **settings):\n    return None\n")
+    (tmp_path / "broken_task.py").write_text("x = 1 / 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for name in ("builder_task", "broken_task"):
+        sys.modules.pop(name, None)
+    over = ["task=custom", "debug=fast"] + ([] if target is None else [f"task._target_={target}"])
+    with pytest.raises((ValueError, TypeError), match=match):
+        build(_compose(over))
+
+
+def test_a_custom_builder_may_return_a_bare_inner_problem(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    (tmp_path / "bare_task.py").write_text(
+        "from hypergrad.tasks.bundled import digits_task\n"
+        "def build(hyperparams, optimizer, model, seed=0, **settings):\n"
+        "    return digits_task(hyperparams, optimizer, model, steps=4, n_train=64, n_val=32,\n"
+        "                       batch_size=16, seed=seed).problem\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("bare_task", None)
+    task, trainer = build(_compose(["task=custom", "task._target_=bare_task.build", "debug=fast"]))
+    assert isinstance(task, hg.Task) and task.evaluate is None and task.problem is trainer.problem
+
+
 def test_device_names_and_what_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """``device=``: cpu, auto (the CPU without CUDA), cuda (this rank's GPU), cuda:N; a GPU asked
     for where there is none, or a name torch does not know, is refused naming the choices."""
