@@ -643,6 +643,24 @@ def suite_problem(name: str, seeds: list[int], retrain: list[int], n_plain: int,
     return out
 
 
+def paired(results: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any] | None:
+    """Contender ``a`` against ``b`` on problem ``name``, tuning seed by tuning seed (the same
+    seed: the same initial weights and batch order): the mean of ``log(test a / test b)``, its
+    standard error over the seeds, and the seeds where ``a`` is lower and higher. Which
+    differences of the means stand out of the seeds' noise (``|mean| > 2 se``)."""
+    tuners = results[name]["tuners"]
+    if a not in tuners or b not in tuners:
+        return None
+    tb = {r["seed"]: r["test_loss"] for r in tuners[b]["seeds"]}
+    d = [math.log(r["test_loss"] / tb[r["seed"]]) for r in tuners[a]["seeds"]
+         if r["seed"] in tb and r["test_loss"] > 0 and tb[r["seed"]] > 0]
+    if not d:
+        return None
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan
+    return {"log_ratio": statistics.fmean(d), "se": se, "seeds": len(d),
+            "lower": sum(x < 0 for x in d), "higher": sum(x > 0 for x in d)}
+
+
 def suite_summary(results: dict[str, Any], split: dict[str, list[str]],
                   seeds: int) -> dict[str, Any]:
     """Win rates per half (hypergrad's mean test loss below TPE's), the worst ratio to the
@@ -675,6 +693,9 @@ def suite_summary(results: dict[str, Any], split: dict[str, list[str]],
         if "ablation" in results[names[0]]["tuners"]:
             out[f"{half}_ablation_win_rate"] = (
                 sum(mean(n, "hypergrad") < mean(n, "ablation") for n in names) / len(names))
+        # the same comparisons seed by seed (log ratios): which stand out of the noise
+        out[f"{half}_paired"] = {n: {f"vs_{t}": paired(results, n, "hypergrad", t)
+                                     for t in ("tpe", "ablation")} for n in names}
     out["ablation_win_rate"] = out.get("eval_ablation_win_rate")
     return out
 
@@ -694,6 +715,25 @@ def suite_table(results: dict[str, Any], split: dict[str, list[str]]) -> str:
             cells = "".join(f"{means[t]:>14.4f}{'*' if t == best else ' '}" for t in tuners)
             win = ("yes" if "tpe" in means and means["hypergrad"] < means["tpe"] else "no")
             lines.append(f"{name:<32}{half:<5}{r['K']:>4}{r['budget_s']:>7.1f}  {cells}  {win}")
+    return "\n".join(lines)
+
+
+def paired_table(summary: dict[str, Any]) -> str:
+    """The summary's paired comparisons: per problem, ``log(hypergrad / other)`` mean +- its
+    standard error over the tuning seeds, and the seeds hypergrad is lower / higher on; ``*``
+    where the mean is more than two standard errors from 0."""
+    def cell(x: dict[str, Any] | None) -> str:
+        if x is None:
+            return f"{'-':>24}"
+        mark = "*" if abs(x["log_ratio"]) > 2 * x["se"] else " "
+        return f"{x['log_ratio']:>+8.3f} +- {x['se']:.3f}{mark} {x['lower']:>2}/{x['higher']:<2}"
+
+    head = (f"{'problem (paired by seed)':<32}{'half':<5}{'log(hg / TPE)  lower/higher':>28}"
+            f"{'log(hg / ablation)':>26}")
+    lines = [head, "-" * len(head)]
+    for half in ("dev", "eval"):
+        for name, r in (summary.get(f"{half}_paired") or {}).items():
+            lines.append(f"{name:<32}{half:<5}    {cell(r['vs_tpe'])}  {cell(r['vs_ablation'])}")
     return "\n".join(lines)
 
 
@@ -853,6 +893,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\n# {n_seeds} tuning seeds x {n_retrain} retraining seeds, budget {n_plain} plain "
           f"runs; {sum(payload['wall_seconds'].values()) / 60:.1f} min (merged runs "
           f"included); JSON: {path}")
+    print(paired_table(summary))
     for half in ("dev", "eval"):
         if summary.get(f"{half}_win_rate") is not None:
             print(f"# {half}: win rate vs TPE {summary[f'{half}_win_rate']:.2f}, worst ratio "

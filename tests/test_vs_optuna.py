@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from hypergrad.testing import digits_case
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
+import vs_optuna  # noqa: E402
 from tuners import (  # noqa: E402
     LOG_RANGE,
     LOGIT_RANGE,
@@ -183,3 +185,21 @@ def test_the_trainer_run_answers_with_the_point_the_trainer_returned() -> None:
     assert run.chosen() != run.best() or min(means) == means[0]
     run.seconds = run.budget * 2  # decided after the budget: the best within it instead
     assert run.chosen() == run.best()
+
+
+def test_the_paired_comparison_is_seed_by_seed() -> None:
+    """log(test a / test b) per tuning seed: a tuner lower at every seed by a factor that
+    varies has a negative mean with a standard error; a seed b lacks is left out."""
+    def runs(losses: dict[int, float]) -> dict[str, Any]:
+        return {"seeds": [{"seed": s, "test_loss": v} for s, v in losses.items()]}
+
+    results = {"p": {"tuners": {"hypergrad": runs({0: 0.5, 1: 0.8, 2: 1.0, 3: 0.1}),
+                                "tpe": runs({0: 1.0, 1: 1.0, 2: 1.25})}}}
+    r = vs_optuna.paired(results, "p", "hypergrad", "tpe")
+    d = [math.log(0.5), math.log(0.8), math.log(0.8)]
+    assert r is not None and r["seeds"] == 3 and (r["lower"], r["higher"]) == (3, 0)
+    assert r["log_ratio"] == pytest.approx(sum(d) / 3)
+    assert r["se"] == pytest.approx(statistics.stdev(d) / math.sqrt(3))
+    assert vs_optuna.paired(results, "p", "hypergrad", "ablation") is None  # not run
+    table = vs_optuna.paired_table({"eval_paired": {"p": {"vs_tpe": r, "vs_ablation": None}}})
+    assert "*  3/0" in table.splitlines()[-1]  # |mean| > 2 se: marked
