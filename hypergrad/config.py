@@ -441,34 +441,43 @@ def _check_task(cfg: DictConfig, task: Any) -> None:
 
 def _locate_builder(target: str) -> None:
     """Where a task's ``_target_`` does not resolve, say why (Hydra's own message, "Error
-    locating target", hides the cause): its module does not import (and the error inside it),
-    or the module has no such name (and the nearest of its callables)."""
+    locating target", hides the cause): no part of it is an importable module, its module
+    fails while importing (its own error), or a name is missing (the nearest there). As
+    Hydra does, the longest importable prefix is the module and the rest attributes
+    (``pkg.module.Class.method``)."""
     import difflib
-    import sys
 
-    module_name, _, attr = target.rpartition(".")
-    if not module_name or module_name in sys.modules and hasattr(sys.modules[module_name], attr):
-        return
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name is None or not module_name.startswith(err.name):
-            raise ValueError(f"task._target_={target}: importing {module_name} failed: "
+    parts = target.split(".")
+    module, n = None, 0
+    for n in range(len(parts) - 1, 0, -1):  # the longest importable prefix
+        name = ".".join(parts[:n])
+        try:
+            module = importlib.import_module(name)
+            break
+        except ModuleNotFoundError as err:
+            if err.name is not None and (name == err.name or name.startswith(err.name + ".")):
+                continue  # this prefix is no module: a shorter one may be
+            raise ValueError(f"task._target_={target}: importing {name} failed: "
                              f"{err}") from err
+        except Exception as err:  # the user's module fails while importing: its own error
+            raise ValueError(f"task._target_={target}: importing {name} failed: "
+                             f"{type(err).__name__}: {err}") from err
+    if module is None:
         raise ValueError(
-            f"task._target_={target}: no module {err.name!r} is importable from "
-            f"{Path.cwd()}: run hypergrad-run from the folder that holds {err.name}.py (it is "
-            f"importable), or install the package.") from err
-    except Exception as err:  # the user's module fails while importing: show its own error
-        raise ValueError(f"task._target_={target}: importing {module_name} failed: "
-                         f"{type(err).__name__}: {err}") from err
-    if hasattr(module, attr):
-        return
-    names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-    near = difflib.get_close_matches(attr, names, n=3)
-    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
-    raise ValueError(f"task._target_={target}: module {module_name} has no {attr!r}{hint} "
-                     f"(its callables: {', '.join(sorted(names)) or 'none'}).")
+            f"task._target_={target}: no module {parts[0]!r} is importable from "
+            f"{Path.cwd()}: run hypergrad-run from the folder that holds {parts[0]}.py (it is "
+            f"importable), or install the package; a target is module.function.")
+    obj: Any = module
+    for k, attr in enumerate(parts[n:]):
+        if not hasattr(obj, attr):
+            where = ".".join(parts[:n + k])
+            names = [m for m in dir(obj) if not m.startswith("_") and callable(getattr(obj, m))]
+            near = difflib.get_close_matches(attr, names, n=3)
+            hint = f"; did you mean {' or '.join(repr(m) for m in near)}?" if near else ""
+            shown = ", ".join(sorted(names)[:12]) + (", ..." if len(names) > 12 else "")
+            raise ValueError(f"task._target_={target}: {where} has no {attr!r}{hint} (its "
+                             f"callables: {shown or 'none'}).")
+        obj = getattr(obj, attr)
 
 
 def build(cfg: DictConfig, folder: Any = None,

@@ -490,15 +490,18 @@ def test_a_seed_that_does_not_reach_the_problem_is_said(tmp_path: Path,
 @pytest.mark.parametrize(("target", "match"), [
     (None, r"task._target_ is not set: task=custom runs a task builder of your own.*"
            r"task._target_=my_task.build"),
-    ("builder_task.buidl", r"module builder_task has no 'buidl'; did you mean 'build'\? "
-                           r"\(its callables: build, nothing\)"),
+    ("builder_task.buidl", r"builder_task has no 'buidl'; did you mean 'build'\? "
+                           r"\(its callables: Maker, build, nothing\)"),
     ("no_such_module_here.build", r"no module 'no_such_module_here' is importable from .*: run "
                                   r"hypergrad-run from the folder that holds "
                                   r"no_such_module_here.py"),
     ("broken_task.build", r"importing broken_task failed: ZeroDivisionError: division by zero"),
     ("builder_task.nothing", r"task._target_=builder_task.nothing returned NoneType None; a task "
                              r"builder returns a hypergrad.Task"),
-], ids=["unset", "misspelt", "no_module", "module_fails", "returns_none"])
+    ("builder_task.Maker.biuld", r"builder_task.Maker has no 'biuld'; did you mean 'build'\?"),
+    ("builder_task.Maker.build", r"task._target_=builder_task.Maker.build returned NoneType"),
+], ids=["unset", "misspelt", "no_module", "module_fails", "returns_none", "nested_misspelt",
+        "nested_found"])
 def test_a_custom_task_builder_that_cannot_be_used_is_named(
         target: str | None, match: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hydra's own messages here were a traceback ending in MissingMandatoryValue, "Error
@@ -507,7 +510,9 @@ def test_a_custom_task_builder_that_cannot_be_used_is_named(
 
     (tmp_path / "builder_task.py").write_text(
         "def build(hyperparams, optimizer, model, **settings):\n    return None\n"
-        "def nothing(hyperparams, optimizer, model, **settings):\n    return None\n")
+        "def nothing(hyperparams, optimizer, model, **settings):\n    return None\n"
+        "class Maker:\n    @staticmethod\n"
+        "    def build(hyperparams, optimizer, model, **settings):\n        return None\n")
     (tmp_path / "broken_task.py").write_text("x = 1 / 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
