@@ -656,7 +656,7 @@ def paired(results: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any]
          if r["seed"] in tb and r["test_loss"] > 0 and tb[r["seed"]] > 0]
     if not d:
         return None
-    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None  # JSON: null
     return {"log_ratio": statistics.fmean(d), "se": se, "seeds": len(d),
             "lower": sum(x < 0 for x in d), "higher": sum(x > 0 for x in d)}
 
@@ -725,6 +725,8 @@ def paired_table(summary: dict[str, Any]) -> str:
     def cell(x: dict[str, Any] | None) -> str:
         if x is None:
             return f"{'-':>24}"
+        if x["se"] is None:  # one seed
+            return f"{x['log_ratio']:>+8.3f}{'':>10} {x['lower']:>2}/{x['higher']:<2}"
         mark = "*" if abs(x["log_ratio"]) > 2 * x["se"] else " "
         return f"{x['log_ratio']:>+8.3f} +- {x['se']:.3f}{mark} {x['lower']:>2}/{x['higher']:<2}"
 

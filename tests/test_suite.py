@@ -100,7 +100,8 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
     assert summary["problems"] == 2 and summary["seeds"] == 1
     for half in ("dev", "eval"):  # seed by seed: one seed, so no standard error
         for r in (summary.get(f"{half}_paired") or {}).values():
-            assert r["vs_tpe"]["seeds"] == 1 and r["vs_tpe"]["lower"] + r["vs_tpe"]["higher"] <= 1
+            assert r["vs_tpe"]["seeds"] == 1 and r["vs_tpe"]["se"] is None
+            assert r["vs_tpe"]["lower"] + r["vs_tpe"]["higher"] <= 1
     assert out[-1].startswith("vs_optuna_suite eval_win_rate=") and "problems=2 seeds=1" in out[-1]
     for name in vs_optuna.QUICK_PROBLEMS:
         tuners = payload["problems"][name]["tuners"]
