@@ -769,7 +769,8 @@ class InnerProblem:
         hps = self.hyperparams
         leaves = {n: v.detach().clone().requires_grad_() for n, v in hps.split(lam).items()}
         s = self.initial_state()
-        weights = {k: v.detach().clone().requires_grad_() for k, v in s.params.items()}
+        # the weights as leaves of their own (sharing storage: the probe writes nothing)
+        weights = {k: v.detach().requires_grad_() for k, v in s.params.items()}
         train = which == "train_loss"
         step = 0 if train else None
         with torch.enable_grad(), _quiet():
