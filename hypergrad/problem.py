@@ -120,7 +120,7 @@ class InnerProblem:
             raise TypeError(
                 f"InnerProblem: optimizer must come from hypergrad.optim (sgd, adam, adamw, "
                 f"rmsprop, adagrad, adamw_schedulefree), got "
-                f"{type(optimizer).__name__}."
+                f"{_torch_optimizer_hint(optimizer, hyperparams)}."
             )
         if val_mode not in ("eval", "train"):
             raise ValueError(f"InnerProblem: val_mode={val_mode!r}; use 'eval' or 'train'.")
@@ -1091,6 +1091,51 @@ def _closure_tensors(fn: Any, name: str, depth: int = 0) -> list[tuple[str, Tens
         for k, v in {**cv.nonlocals, **cv.globals}.items():
             add(f"{k!r} (which {name} closes over)", v)
     return out
+
+
+_TORCH_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop",
+                     "Adagrad": "adagrad"}
+_DEFAULTS: dict[Any, Any] = {  # torch.optim's defaults; (optimizer, argument) where it differs
+    "momentum": 0.0, "dampening": 0.0, "nesterov": False, "weight_decay": 0.0, "eps": 1e-8,
+    "alpha": 0.99, "centered": False, "lr_decay": 0.0, "betas": (0.9, 0.999),
+    "initial_accumulator_value": 0.0, ("adamw", "weight_decay"): 1e-2, ("adagrad", "eps"): 1e-10}
+_HG_ARGS = {"sgd": ("lr", "momentum", "dampening", "nesterov", "weight_decay"),
+            "adam": ("lr", "betas", "eps", "weight_decay"),
+            "adamw": ("lr", "betas", "eps", "weight_decay"),
+            "rmsprop": ("lr", "alpha", "eps", "weight_decay", "momentum", "centered"),
+            "adagrad": ("lr", "lr_decay", "weight_decay", "eps", "initial_accumulator_value")}
+
+
+def _torch_optimizer_hint(optimizer: Any, hyperparams: Any) -> str:
+    """What was given instead of a ``hypergrad.optim`` optimizer; for a ``torch.optim``
+    optimizer (an instance, or its class) or its name, the ``hypergrad.optim`` call that
+    trains the same way, its settings carried over and ``lr`` named after a hyperparameter
+    ``'lr'`` where there is one."""
+    cls = optimizer if isinstance(optimizer, type) else type(optimizer)
+    torch_opt = cls.__module__.startswith("torch.optim")
+    name = (optimizer.lower() if isinstance(optimizer, str)
+            else _TORCH_OPTIMIZERS.get(cls.__name__) if torch_opt else None)
+    if isinstance(optimizer, str):
+        got = repr(optimizer)
+    elif torch_opt:
+        got = f"{'the class ' if isinstance(optimizer, type) else ''}torch.optim.{cls.__name__}"
+    else:
+        got = cls.__name__
+    if name not in _HG_ARGS:
+        return got
+    names = getattr(hyperparams, "names", [])
+    args = {"lr": "'lr'" if "lr" in names else "..."}
+    groups = getattr(optimizer, "param_groups", None)
+    if groups:  # an instance: carry its settings over
+        for k in _HG_ARGS[name][1:]:
+            v = groups[0].get(k)
+            if v is not None and v != _DEFAULTS.get((name, k), _DEFAULTS.get(k)):
+                args[k] = repr(tuple(v) if isinstance(v, list) else v)
+        if "lr" not in names:
+            args["lr"] = repr(groups[0].get("lr"))
+    call = ", ".join(f"{k}={v}" for k, v in args.items())
+    return (f"{got}: use hypergrad.optim.{name}({call}) (its arguments constants or the names "
+            f"of hyperparameters to tune; the model's parameters come from the problem)")
 
 
 def _cut_from_weights(which: str) -> str:

@@ -378,6 +378,24 @@ def test_a_training_loss_cut_from_the_weights_is_refused() -> None:
         _check(_problem(train_loss=tl))
 
 
+@pytest.mark.parametrize(("given", "says"), [
+    ("sgd_instance", r"got torch.optim.SGD: use hypergrad.optim.sgd\(lr='lr', momentum=0.9, "
+                     r"weight_decay=0.0005\) \(its arguments constants or the names of "
+                     r"hyperparameters to tune"),
+    ("adamw_class", r"got the class torch.optim.AdamW: use hypergrad.optim.adamw\(lr='lr'\)"),
+    ("adam_name", r"got 'adam': use hypergrad.optim.adam\(lr='lr'\)"),
+    ("other", r"got int\.$"),
+])
+def test_a_torch_optimizer_given_as_the_inner_optimizer_is_translated(given: str,
+                                                                       says: str) -> None:
+    net = nn.Linear(4, 3).double()
+    opt = {"sgd_instance": torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9,
+                                           weight_decay=5e-4),
+           "adamw_class": torch.optim.AdamW, "adam_name": "adam", "other": 3}[given]
+    with pytest.raises(TypeError, match=r"optimizer must come from hypergrad.optim .*" + says):
+        _problem(opt=opt)
+
+
 def test_nan_initial_weights_are_named() -> None:
     model = nn.Linear(4, 3).double()
     with torch.no_grad():
