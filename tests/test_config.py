@@ -48,6 +48,17 @@ def _compose(overrides: list[str]) -> DictConfig:
         return compose("config", overrides=overrides)
 
 
+def _user_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **sources: str) -> None:
+    """Write a user's modules (``name=source``) into ``tmp_path`` and make them importable
+    afresh, as the folder ``hypergrad-run`` runs from is."""
+    import sys
+
+    for name, source in sources.items():
+        (tmp_path / f"{name}.py").write_text(source)
+        sys.modules.pop(name, None)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
 def _parent_methods(sub: str) -> list[str]:
     """The method options whose defaults lists select the nested group ``sub`` (``hvp``, ...)."""
     out = [p.stem for p in sorted((CONFIG_DIR / "method").glob("*.yaml"))
@@ -470,15 +481,11 @@ def test_a_seed_that_does_not_reach_the_problem_is_said(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A custom builder that builds its InnerProblem without the run's seed: ``seed=3`` would
     move only the initial weights; the warning names both seeds and the fix."""
-    import sys
-
-    (tmp_path / "seedless_task.py").write_text(
+    _user_modules(tmp_path, monkeypatch, seedless_task=(
         "from hypergrad.tasks.bundled import digits_task\n"
         "def build(hyperparams, optimizer, model, steps=4, **settings):\n"
         "    return digits_task(hyperparams, optimizer, model, steps=steps, n_train=64,\n"
-        "                       n_val=32, batch_size=16)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("seedless_task", None)
+        "                       n_val=32, batch_size=16)\n"))
     over = ["task=custom", "task._target_=seedless_task.build", "debug=fast",
             "hyperparams=lr_momentum", "inner_optimizer=sgd", "inner_optimizer.momentum=momentum"]
     build(_compose(over))  # seed 0 = the builder's: nothing to say
@@ -506,18 +513,12 @@ def test_a_custom_task_builder_that_cannot_be_used_is_named(
         target: str | None, match: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hydra's own messages here were a traceback ending in MissingMandatoryValue, "Error
     locating target" without its cause, and the Trainer's "problem must be a InnerProblem"."""
-    import sys
-
-    (tmp_path / "builder_task.py").write_text(
+    _user_modules(tmp_path, monkeypatch, broken_task="x = 1 / 0\n", builder_task=(
         "def build(hyperparams, optimizer, model, **settings):\n    return None\n"
         "def nothing(hyperparams, optimizer, model, **settings):\n    return None\n"
         "class Maker:\n    @staticmethod\n"
-        "    def build(hyperparams, optimizer, model, **settings):\n        return None\n")
-    (tmp_path / "broken_task.py").write_text("x = 1 / 0\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+        "    def build(hyperparams, optimizer, model, **settings):\n        return None\n"))
     monkeypatch.chdir(tmp_path)
-    for name in ("builder_task", "broken_task"):
-        sys.modules.pop(name, None)
     over = ["task=custom", "debug=fast"] + ([] if target is None else [f"task._target_={target}"])
     with pytest.raises((ValueError, TypeError), match=match):
         build(_compose(over))
@@ -525,15 +526,11 @@ def test_a_custom_task_builder_that_cannot_be_used_is_named(
 
 def test_a_custom_builder_may_return_a_bare_inner_problem(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    (tmp_path / "bare_task.py").write_text(
+    _user_modules(tmp_path, monkeypatch, bare_task=(
         "from hypergrad.tasks.bundled import digits_task\n"
         "def build(hyperparams, optimizer, model, seed=0, **settings):\n"
         "    return digits_task(hyperparams, optimizer, model, steps=4, n_train=64, n_val=32,\n"
-        "                       batch_size=16, seed=seed).problem\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("bare_task", None)
+        "                       batch_size=16, seed=seed).problem\n"))
     task, trainer = build(_compose(["task=custom", "task._target_=bare_task.build", "debug=fast"]))
     assert isinstance(task, hg.Task) and task.evaluate is None and task.problem is trainer.problem
 
