@@ -656,9 +656,11 @@ def paired(results: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any]
          if r["seed"] in tb and r["test_loss"] > 0 and tb[r["seed"]] > 0]
     if not d:
         return None
-    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None  # JSON: null
-    return {"log_ratio": statistics.fmean(d), "se": se, "seeds": len(d),
-            "lower": sum(x < 0 for x in d), "higher": sum(x > 0 for x in d)}
+    from horizon_common import mean_se
+
+    m, se = mean_se(d)
+    return {"log_ratio": m, "se": None if math.isnan(se) else se,  # one seed: null in the JSON
+            "seeds": len(d), "lower": sum(x < 0 for x in d), "higher": sum(x > 0 for x in d)}
 
 
 def suite_summary(results: dict[str, Any], split: dict[str, list[str]],
