@@ -1095,15 +1095,6 @@ def _closure_tensors(fn: Any, name: str, depth: int = 0) -> list[tuple[str, Tens
 
 _TORCH_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "RMSprop": "rmsprop",
                      "Adagrad": "adagrad"}
-_DEFAULTS: dict[Any, Any] = {  # torch.optim's defaults; (optimizer, argument) where it differs
-    "momentum": 0.0, "dampening": 0.0, "nesterov": False, "weight_decay": 0.0, "eps": 1e-8,
-    "alpha": 0.99, "centered": False, "lr_decay": 0.0, "betas": (0.9, 0.999),
-    "initial_accumulator_value": 0.0, ("adamw", "weight_decay"): 1e-2, ("adagrad", "eps"): 1e-10}
-_HG_ARGS = {"sgd": ("lr", "momentum", "dampening", "nesterov", "weight_decay"),
-            "adam": ("lr", "betas", "eps", "weight_decay"),
-            "adamw": ("lr", "betas", "eps", "weight_decay"),
-            "rmsprop": ("lr", "alpha", "eps", "weight_decay", "momentum", "centered"),
-            "adagrad": ("lr", "lr_decay", "weight_decay", "eps", "initial_accumulator_value")}
 
 
 def _torch_optimizer_hint(optimizer: Any, hyperparams: Any) -> str:
@@ -1121,15 +1112,21 @@ def _torch_optimizer_hint(optimizer: Any, hyperparams: Any) -> str:
         got = f"{'the class ' if isinstance(optimizer, type) else ''}torch.optim.{cls.__name__}"
     else:
         got = cls.__name__
-    if name not in _HG_ARGS:
+    if name is None or name not in _TORCH_OPTIMIZERS.values():
         return got
     names = getattr(hyperparams, "names", [])
     args = {"lr": "'lr'" if "lr" in names else "..."}
     groups = getattr(optimizer, "param_groups", None)
     if groups:  # an instance: carry its settings over
-        for k in _HG_ARGS[name][1:]:
-            v = groups[0].get(k)
-            if v is not None and v != _DEFAULTS.get((name, k), _DEFAULTS.get(k)):
+        import inspect
+
+        from . import optim
+
+        # the factory's arguments, each where the torch optimizer's setting is not its
+        # default (the factories keep torch.optim's defaults)
+        for k, arg in inspect.signature(getattr(optim, name)).parameters.items():
+            v = groups[0].get(k) if k != "lr" else None
+            if v is not None and v != arg.default:
                 args[k] = repr(tuple(v) if isinstance(v, list) else v)
         if "lr" not in names:
             args["lr"] = repr(groups[0].get("lr"))
