@@ -33,7 +33,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import distributed
 from .config import CONFIG_DIR, build, check_keys, register_configs
-from .errors import HypergradWarning
+from .errors import (
+    ConfigError,
+    HypergradWarning,
+    MemoryBudgetError,
+    ResumeMismatchError,
+    RunDirError,
+)
 from .run import RunFolder
 
 log = logging.getLogger("hypergrad")
@@ -224,8 +230,36 @@ def _shared_run_dir(run_dir: Path) -> Path:
     return shared
 
 
+USAGE_ERRORS = (ConfigError, RunDirError, ResumeMismatchError, MemoryBudgetError)
+"""What the command answers with its message alone and exit status 2 (the user's settings are
+the cause; a traceback into hypergrad's code would only hide the message)."""
+
+
+def _refuse(err: Exception) -> None:
+    """Print a usage error without a traceback (to stderr, and to the run's log file, so the
+    folder says why the run stopped) and exit with status 2; ``HYDRA_FULL_ERROR=1`` re-raises
+    it for Hydra's full traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise err
+    msg = str(err) if str(err).startswith("hypergrad-run") else f"hypergrad-run: {err}"
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, (), None)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.handle(record)
+    print(f"{msg}\n(HYDRA_FULL_ERROR=1 shows where it was raised)", file=sys.stderr)
+    sys.exit(2)
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def _main(cfg: DictConfig) -> float:
+    try:
+        return _job(cfg)
+    except USAGE_ERRORS as err:
+        _refuse(err)
+        raise  # not reached: _refuse exits or re-raises
+
+
+def _job(cfg: DictConfig) -> float:
     from . import alloc
 
     alloc.tune_malloc()
@@ -235,7 +269,7 @@ def _main(cfg: DictConfig) -> float:
     out = Path(hydra_cfg.runtime.output_dir)
     tilde = [part for part in out.parts if part.startswith("~")]
     if tilde:
-        raise ValueError(
+        raise ConfigError(
             f"hypergrad-run: the run folder {out} has a part {tilde[0]!r}: '~' was not expanded "
             f"(the shell does not expand it after 'hydra.run.dir='). Give the folder as "
             f"hydra.run.dir=$HOME/... or an absolute path.")

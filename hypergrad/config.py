@@ -43,6 +43,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .errors import ConfigError
+
 __all__ = ["build", "register_configs", "config_fingerprint", "schema", "targets", "CONFIG_DIR",
            "SAFE_CONFIG_KEYS", "TASK_ARGS", "check_keys", "unknown_keys"]
 
@@ -347,13 +349,13 @@ def unknown_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> list[tuple[str,
 
 
 def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
-    """Raise a ``ValueError`` naming every key that names no setting (:func:`unknown_keys`),
-    with the nearest known names."""
+    """Raise a :class:`~hypergrad.errors.ConfigError` naming every key that names no setting
+    (:func:`unknown_keys`), with the nearest known names."""
     bad = unknown_keys(cfg, groups)
     if bad:
         lines = "; ".join(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else "")
                           for k, near in bad)
-        raise ValueError(f"hypergrad-run: the config has keys that name no setting: {lines}. "
+        raise ConfigError(f"hypergrad-run: the config has keys that name no setting: {lines}. "
                          f"Check the spelling (hypergrad-run --help lists the groups; "
                          f"--cfg job prints the composed config).")
 
@@ -457,13 +459,13 @@ def _locate_builder(target: str) -> None:
         except ModuleNotFoundError as err:
             if err.name is not None and (name == err.name or name.startswith(err.name + ".")):
                 continue  # this prefix is no module: a shorter one may be
-            raise ValueError(f"task._target_={target}: importing {name} failed: "
+            raise ConfigError(f"task._target_={target}: importing {name} failed: "
                              f"{err}") from err
         except Exception as err:  # the user's module fails while importing: its own error
-            raise ValueError(f"task._target_={target}: importing {name} failed: "
+            raise ConfigError(f"task._target_={target}: importing {name} failed: "
                              f"{type(err).__name__}: {err}") from err
     if module is None:
-        raise ValueError(
+        raise ConfigError(
             f"task._target_={target}: no module {parts[0]!r} is importable from "
             f"{Path.cwd()}: run hypergrad-run from the folder that holds {parts[0]}.py (it is "
             f"importable), or install the package; a target is module.function.")
@@ -475,7 +477,7 @@ def _locate_builder(target: str) -> None:
             near = difflib.get_close_matches(attr, names, n=3)
             hint = f"; did you mean {' or '.join(repr(m) for m in near)}?" if near else ""
             shown = ", ".join(sorted(names)[:12]) + (", ..." if len(names) > 12 else "")
-            raise ValueError(f"task._target_={target}: {where} has no {attr!r}{hint} (its "
+            raise ConfigError(f"task._target_={target}: {where} has no {attr!r}{hint} (its "
                              f"callables: {shown or 'none'}).")
         obj = getattr(obj, attr)
 
@@ -499,7 +501,7 @@ def build(cfg: DictConfig, folder: Any = None,
     opt = instantiate(cfg.inner_optimizer, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")
     if OmegaConf.is_missing(cfg.task, "_target_"):
-        raise ValueError(
+        raise ConfigError(
             "task._target_ is not set: task=custom runs a task builder of your own, named on "
             "the command line, e.g. `hypergrad-run task=custom task._target_=my_task.build "
             "+task.data=my_data.npz` (the folder you run from is importable; the builder's "
@@ -509,7 +511,7 @@ def build(cfg: DictConfig, folder: Any = None,
     if isinstance(task, InnerProblem):  # a bare problem: no metrics beyond its val_loss
         task = Task(task)
     if not isinstance(task, Task):
-        raise TypeError(
+        raise ConfigError(
             f"task._target_={cfg.task._target_} returned {type(task).__name__} "
             f"{str(task)[:80]}; a task builder returns a hypergrad.Task(problem, evaluate=...) "
             f"(or an InnerProblem): docs/own-model.md.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
     "CheckpointWarning", "PrecisionWarning",
-    "CheckpointError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
+    "CheckpointError", "ConfigError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
     "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
 ]
 
@@ -59,6 +59,14 @@ class PrecisionWarning(HypergradWarning):
 
 class CheckpointError(RuntimeError):
     """No readable checkpoint in a run folder that should have one."""
+
+
+class ConfigError(ValueError):
+    """A ``hypergrad-run`` configuration that cannot run: a key that names no setting, a task
+    builder that cannot be imported or returns no task, a run folder given with a literal '~'.
+    The command prints its message alone (no traceback; ``HYDRA_FULL_ERROR=1`` shows one) and
+    exits with status 2, as it does for :class:`RunDirError`, :class:`ResumeMismatchError` and
+    :class:`MemoryBudgetError`."""
 
 
 class RunDirError(ValueError):

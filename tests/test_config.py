@@ -418,6 +418,30 @@ def test_a_key_in_a_users_config_file_and_a_users_own_group(
 
 
 @pytest.mark.slow
+def test_the_cli_answers_a_usage_error_with_its_message_alone(tmp_path: Path) -> None:
+    """A configuration that cannot run is the user's to fix: the message without a traceback
+    into hypergrad's code, exit status 2, the message in the run's log file too;
+    HYDRA_FULL_ERROR=1 still gives the traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "hypergrad.cli", "task=custom", f"hydra.run.dir={tmp_path}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("hypergrad-run: task._target_ is not set"), out.stderr
+    assert "Traceback" not in out.stderr and "Error executing job" not in out.stderr
+    logged = "".join(p.read_text() for p in tmp_path.glob("*.log"))
+    assert "ERROR" in logged and "task._target_ is not set" in logged
+    full = subprocess.run(cmd + ["hydra.run.dir=" + str(tmp_path / "full")], capture_output=True,
+                          text=True, env={**env, "HYDRA_FULL_ERROR": "1"}, timeout=300)
+    assert full.returncode == 1 and "Traceback" in full.stderr
+    assert "hypergrad.errors.ConfigError: task._target_ is not set" in full.stderr
+
+
+@pytest.mark.slow
 def test_the_cli_refuses_a_misspelt_override_and_help_lists_only_choices(
         tmp_path: Path) -> None:
     import subprocess
