@@ -31,6 +31,30 @@ from .rng import step_seed
 __all__ = ["MiniBatches", "Stream", "split_validation"]
 
 
+def _check_tensors(who: str, tensors: tuple[Any, ...]) -> None:
+    """Refuse what is not a tensor with at least one dimension, naming it and the fix (a tuple
+    of tensors passed as one argument, a NumPy array, a scalar)."""
+    example = f"{who}(x, y, ...)"
+    if not tensors:
+        raise TypeError(f"{who}: give at least one tensor, e.g. {example}.")
+    for i, t in enumerate(tensors):
+        if isinstance(t, Tensor) and t.ndim >= 1:
+            continue
+        if isinstance(t, (tuple, list)):
+            fix = (f"pass the tensors as separate arguments, {example} (or {who}(*pair, ...))"
+                   if t and all(isinstance(u, Tensor) for u in t)
+                   else "give torch tensors, one per argument")
+        elif isinstance(t, np.ndarray):
+            fix = "convert it with torch.as_tensor(a) (and the dtype the model uses)"
+        elif isinstance(t, Tensor):
+            fix = "give a tensor with one row per example (its first dimension)"
+        else:
+            fix = "give torch tensors with one row per example"
+        shape = f" of shape {tuple(t.shape)}" if isinstance(t, Tensor) else ""
+        raise TypeError(f"{who}: argument {i} is {type(t).__name__}{shape}, not a tensor with "
+                        f"one row per example: {fix}.")
+
+
 class MiniBatches:
     """Callable ``t -> (*tensors[idx], idx)``: shuffled epochs drawn from ``seed``.
 
@@ -46,8 +70,7 @@ class MiniBatches:
 
     def __init__(self, *tensors: Tensor, batch_size: int, seed: int = 0,
                  shuffle: bool = True) -> None:
-        if not tensors:
-            raise ValueError("MiniBatches: give at least one tensor, e.g. MiniBatches(X, y, ...).")
+        _check_tensors("MiniBatches", tensors)
         n = tensors[0].shape[0]
         for i, t in enumerate(tensors):
             if t.shape[0] != n:
@@ -363,9 +386,7 @@ def split_validation(*tensors: Tensor, share: float = 0.5, seed: int = 0,
         >>> val_loss = lambda m, hp: F.cross_entropy(m(xv), yv)           # doctest: +SKIP
         >>> select_loss = lambda m, hp: F.cross_entropy(m(xs), ys)        # doctest: +SKIP
     """
-    if not tensors or not all(isinstance(x, Tensor) and x.ndim >= 1 for x in tensors):
-        raise TypeError("split_validation: give the validation tensors, e.g. "
-                        "split_validation(x_val, y_val).")
+    _check_tensors("split_validation", tensors)
     n = tensors[0].shape[0]
     if any(x.shape[0] != n for x in tensors):
         raise ValueError(f"split_validation: the tensors have {[x.shape[0] for x in tensors]} "

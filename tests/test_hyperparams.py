@@ -55,6 +55,13 @@ def test_minibatches_are_deterministic_epochs() -> None:
         MiniBatches(x, batch_size=11)
     with pytest.raises(ValueError, match="tensor 1 has 2 rows"):
         MiniBatches(x, torch.zeros(2), batch_size=1)
+    # what is not a tensor is named with its fix (a tuple was an AttributeError on .shape)
+    with pytest.raises(TypeError, match=r"argument 0 is tuple.*MiniBatches\(x, y, \.\.\.\)"):
+        MiniBatches((x, x), batch_size=2)
+    with pytest.raises(TypeError, match=r"argument 1 is ndarray.*torch.as_tensor"):
+        MiniBatches(x, x.numpy(), batch_size=2)
+    with pytest.raises(TypeError, match=r"argument 0 is Tensor of shape \(\).*one row per"):
+        MiniBatches(torch.tensor(1.0), batch_size=1)
 
 
 def test_a_mapping_of_items_keyed_by_name() -> None:

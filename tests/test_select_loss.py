@@ -140,7 +140,9 @@ def test_split_validation_refuses_what_it_cannot_split() -> None:
         split_validation(x, share=1.5)
     with pytest.raises(ValueError, match="leaves one part empty"):
         split_validation(x, share=0.01)
-    with pytest.raises(TypeError, match="give the validation tensors"):
+    with pytest.raises(TypeError, match="give at least one tensor"):
         split_validation()
+    with pytest.raises(TypeError, match=r"argument 0 is tuple.*split_validation\(x, y, \.\.\.\)"):
+        split_validation((x, x))
     with pytest.raises(ValueError, match="stratify must be"):
         split_validation(x, stratify=torch.zeros(3))
