@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from . import distributed
@@ -257,6 +259,31 @@ def _main(cfg: DictConfig) -> float:
     except USAGE_ERRORS as err:
         _refuse(err)
         raise  # not reached: _refuse exits or re-raises
+    except InstantiationException as err:
+        refused = _refused_setting(err)
+        if refused is None:
+            raise
+        _refuse(refused)
+        raise
+
+
+def _refused_setting(err: InstantiationException) -> ConfigError | None:
+    """A setting hypergrad's own classes refuse while Hydra instantiates them (a ``ValueError``
+    or ``TypeError`` naming the argument, its value and the fix): as a :class:`ConfigError`
+    naming the config key, without Hydra's wrapping (``Error in call to target ...:
+    ValueError('...')``). Errors from other targets (a task builder of your own) are left to
+    Hydra."""
+    cause = err.__cause__
+    text = str(err)
+    target = re.search(r"target '([^']+)'", text)
+    if not isinstance(cause, (ValueError, TypeError)) or target is None or not (
+            target.group(1).startswith("hypergrad.")):
+        return None
+    key = re.search(r"^full_key: (\S+)", text, re.MULTILINE)
+    where = f"{key.group(1)} ({target.group(1)})" if key else target.group(1)
+    refused = ConfigError(f"hypergrad-run: {where}: {cause}")
+    refused.__cause__ = cause
+    return refused
 
 
 def _job(cfg: DictConfig) -> float:

@@ -63,7 +63,8 @@ class CheckpointError(RuntimeError):
 
 class ConfigError(ValueError):
     """A ``hypergrad-run`` configuration that cannot run: a key that names no setting, a task
-    builder that cannot be imported or returns no task, a run folder given with a literal '~'.
+    builder that cannot be imported or returns no task, a run folder given with a literal '~',
+    a value one of hypergrad's classes refuses while the config is built.
     The command prints its message alone (no traceback; ``HYDRA_FULL_ERROR=1`` shows one) and
     exits with status 2, as it does for :class:`RunDirError`, :class:`ResumeMismatchError` and
     :class:`MemoryBudgetError`."""

@@ -439,6 +439,15 @@ def test_the_cli_answers_a_usage_error_with_its_message_alone(tmp_path: Path) ->
                           text=True, env={**env, "HYDRA_FULL_ERROR": "1"}, timeout=300)
     assert full.returncode == 1 and "Traceback" in full.stderr
     assert "hypergrad.errors.ConfigError: task._target_ is not set" in full.stderr
+    # a setting one of hypergrad's classes refuses while Hydra builds it: the config key, the
+    # class and its message (was Hydra's "Error in call to target ...: ValueError('...')")
+    bad = subprocess.run([sys.executable, "-m", "hypergrad.cli", "debug=fast",
+                          "mode.outer_steps=-1", f"hydra.run.dir={tmp_path / 'bad'}"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.startswith("hypergrad-run: mode (hypergrad.run.modes.Offline): Offline: "
+                                 "outer_steps=-1 must be an int >= 0."), bad.stderr
+    assert "Error in call to target" not in bad.stderr
 
 
 @pytest.mark.slow
