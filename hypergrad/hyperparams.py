@@ -172,6 +172,10 @@ class Array(HyperParameter):
 
     def __init__(self, name: str, init: float | Sequence[float] | Tensor,
                  shape: Sequence[int] | None = None, transform: str = "identity") -> None:
+        if isinstance(shape, str):  # Array("l2", init, "log"): the third argument is shape
+            raise TypeError(f"Array({name!r}): shape={shape!r} is a string; give the transform "
+                            f"by name, transform={shape!r}, and shape as a tuple of ints "
+                            f"(or leave it out: the init's shape).")
         if shape is None:
             _check_init(f"Array({name!r})", init)
             shape = tuple(torch.as_tensor(init).shape)

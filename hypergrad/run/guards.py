@@ -191,7 +191,7 @@ class Tracker:
     def __init__(self, hps: HyperParams, lam0: Tensor) -> None:
         self.hps = hps
         self.lam0 = lam0.detach().clone()
-        self.best_grad: Tensor | None = None  # the outer gradient taken at the best point
+        self._grad: tuple[Tensor, Tensor] | None = None  # (lam, the outer gradient there)
         self.last_good = self.lam0.clone()  # lam of the last finite evaluation
         self.last_good_step = 0  # and its outer step
         self.nonzero: set[str] = set()
@@ -200,6 +200,22 @@ class Tracker:
         """The best distinct points evaluated, lowest validation loss first (at most
         :data:`TOP`; the first of equal losses first): the candidates the Trainer re-checks
         before returning one."""
+
+    @property
+    def best_grad(self) -> Tensor | None:
+        """The outer gradient taken at the best point, ``None`` where none was (the best is a
+        plain run's point: the space-filling start, a line search, a restart)."""
+        if self._grad is None or self.best is None or not torch.equal(self._grad[0],
+                                                                      self.best[1]):
+            return None
+        return self._grad[1]
+
+    def keep_grad(self, lam: Tensor, grad: Tensor) -> None:
+        """Keep ``grad``, the outer gradient at ``lam``, if ``lam`` is the best point (points
+        with a hypergradient were mostly evaluated before, by the previous line search, so
+        the best's outer step says nothing about where its gradient was taken)."""
+        if self.best is not None and torch.equal(self.best[1], lam):
+            self._grad = (lam.detach().clone(), grad.detach().clone())
 
     @property
     def best(self) -> Best | None:
@@ -303,6 +319,7 @@ class Tracker:
                                                "step": self.best[2]}
         return {"last_good": self.last_good, "last_good_step": self.last_good_step,
                 "best": best, "best_grad": self.best_grad, "nonzero": sorted(self.nonzero),
+                "grad_at": None if self._grad is None else self._grad[0],  # where it was taken
                 "top": [{"val": v, "lam": x, "step": k} for v, x, k in self.top]}
 
     def load_state_dict(self, ck: dict[str, Any], like: Tensor) -> None:
@@ -315,5 +332,7 @@ class Tracker:
         best = ck.get("best")
         if not self.top and best is not None:  # an older checkpoint: its best point
             self.top = [(float(best["val"]), best["lam"].to(like), int(best["step"]))]
-        bg = ck.get("best_grad")
-        self.best_grad = None if bg is None else bg.to(like)
+        bg, at = ck.get("best_grad"), ck.get("grad_at")
+        if at is None and bg is not None and self.top:  # an older checkpoint: at its best
+            at = self.top[0][1]
+        self._grad = None if bg is None or at is None else (at.to(like), bg.to(like))

@@ -453,8 +453,7 @@ class Trainer:
         g, why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype)
         if g is None:
             return why
-        if tr.best is not None and tr.best[2] == self.outer_step:
-            tr.best_grad = g.detach().clone()
+        tr.keep_grad(lam_used, g)
         if isinstance(self.outer, SearchOptimizer):
             self.outer.value = float(value)
         self._update(g)
@@ -562,9 +561,15 @@ class Trainer:
         :data:`SHARED_START` (:meth:`_draw_columns`), else per entry."""
         lo, hi = self.box
         cols = self._draw_columns()
-        engine = torch.quasirandom.SobolEngine(int(cols.max()) + 1, scramble=True,
-                                               seed=self.problem.seed)
-        u = engine.draw(skip + n, dtype=torch.float64)[skip:][:, cols].to(lo)
+        dims = int(cols.max()) + 1
+        sobol = min(dims, torch.quasirandom.SobolEngine.MAXDIM)  # 21201 at most
+        engine = torch.quasirandom.SobolEngine(sobol, scramble=True, seed=self.problem.seed)
+        u = engine.draw(skip + n, dtype=torch.float64)
+        if dims > sobol:  # the dimensions beyond Sobol's: seeded uniform draws
+            g = torch.Generator().manual_seed(self.problem.seed)
+            u = torch.cat([u, torch.rand(skip + n, dims - sobol, generator=g,
+                                         dtype=torch.float64)], 1)
+        u = u[skip:][:, cols].to(lo)
         return [lo + ui * (hi - lo) for ui in u]
 
     def _draw_columns(self) -> Tensor:
@@ -632,10 +637,13 @@ class Trainer:
             self.message(f"the time left after the last hypergradient: "
                          f"{len(self.evaluations) - n0} plain runs")
 
-    def _restart(self, why: str = "the line search stalled") -> None:
+    def _restart(self, why: str = "the line search stalled") -> bool:
         """After a line search found nothing better even along steepest descent (or
         :meth:`_recover`, ``why``): go on from the best of the next few quasi-random points
-        (the best point stays tracked)."""
+        (the best point stays tracked). A point whose validation loss is above the best by
+        more than half the divergence margin (``(divergence_factor - 1) / 2`` of ``|best|``)
+        is not taken: its hypergradient could stop the run as diverged. Returns whether
+        the search moved to one."""
         pts = self._space_filling(3, self._starts_used)
         self._starts_used = self._starts_used + 3
         best, pick = math.inf, None
@@ -647,7 +655,7 @@ class Trainer:
                 best, pick = v, x
         tr, factor = self.tracker, self.guards.divergence_factor
         if pick is not None and tr.best is not None and factor is not None and (
-                best > tr.best[0] + (factor / 2 - 1) * abs(tr.best[0])):
+                best > tr.best[0] + (factor - 1) / 2 * abs(tr.best[0])):
             pick = None  # a point that far above the best would stop the run as diverged
         if pick is not None:
             with torch.no_grad():
@@ -655,6 +663,7 @@ class Trainer:
             self.outer.state.clear()
             self.message(f"outer step {self.outer_step}: {why}; restarted at a quasi-random "
                          f"point (validation loss {best:.4g})")
+        return pick is not None
 
     def _recover(self, why: str, lam_used: Tensor) -> bool:
         """The default search (a :class:`~hypergrad.run.outer.SearchOptimizer`) explores:
@@ -696,8 +705,10 @@ class Trainer:
         # only forgets its state
         smaller = (f"outer lr halved to {', '.join(f'{x:.3g}' for x in lrs)}" if lrs
                    else f"{type(self.outer).__name__}'s state reset")
+        then = (", a step from there along its hypergradient" if best_grad is not None
+                else " (no hypergradient was taken there: the next is)")
         self.message(f"outer step {self.outer_step}: {why}: back to the best "
-                     f"hyperparameters (outer step {best[2]}), {smaller}, a step from there")
+                     f"hyperparameters (outer step {best[2]}), {smaller}{then}")
 
     def _fit_offline(self) -> TrainResult:
         assert isinstance(self.mode, Offline)
@@ -739,14 +750,23 @@ class Trainer:
                 self._backtracks = 0
                 self._recoveries = 0
             last_seconds = max(self._now() - t0 - once, 0.0)
+            ended = False
             if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
                 last_seconds = hg_seconds
-                if self.outer.stalled:
-                    self._restart()
+                # stalled, and no restart point to go on from: the next hypergradient would be
+                # this one again (the same point, the same run), so the descent ends here
+                ended = self.outer.stalled and not self._restart()
             self._note(lam_used, float(value), self._select_value(hg.state, lam_used,
                                                                   float(value)))
             self._record(value, grad, lam_used, hg.state, last_seconds,
                          backtracked=backtracked, info=hg.info)
+            if ended:
+                self.message(f"outer step {self.outer_step - 1}: the line search found nothing "
+                             f"better and no restart point is near the best: the descent "
+                             f"ends here")
+                if budget is not None and USE_LEFTOVER:
+                    self._leftover()
+                break
         res = self._finish_offline()
         res.out_of_time = out_of_time and not res.diverged
         return res
@@ -821,7 +841,9 @@ class Trainer:
             first = next((c for c in cands if torch.equal(c[1], x0)),
                          None if self.selections else (v0, x0, k0, None))
         for val, lam, step, sel in cands:
-            if len(picked) >= self._rechecks - (first is not None):
+            held = first is not None and not any(torch.equal(first[1], x)
+                                                 for _, x, _, _ in picked)
+            if len(picked) >= self._rechecks - held:  # a place kept for the first point
                 break
             if all(float(((lam - x) / width).abs().max()) >= RECHECK_APART
                    for _, x, _, _ in picked):  # a neighbour of a chosen point tells nothing new
@@ -945,6 +967,10 @@ class Trainer:
             ck["selections"] = self.selections
         if self._first_point is not None:
             ck["first_point"] = self._first_point
+        if self.evaluations or self._starts_used or self._searched or self._recoveries:
+            ck["search"] = {  # the plain runs' record and where the next restart draws
+                "evaluations": self.evaluations, "starts_used": self._starts_used,
+                "searched": self._searched, "recoveries": self._recoveries}
         if self.run_state is not None:
             assert isinstance(self.method, OnlineMethod)
             ck["online"] = self.method.state_dict(self.problem, self.run_state)
@@ -981,6 +1007,12 @@ class Trainer:
         if ck.get("first_point") is not None:
             v, x, k = ck["first_point"]
             self._first_point = (float(v), x.to(self.lam), int(k))
+        search = ck.get("search") or {}
+        self.evaluations = [dict(e, lam=e["lam"].to(self.lam))
+                            for e in search.get("evaluations", [])]
+        self._starts_used = int(search.get("starts_used", 0))
+        self._searched = [x.to(self.lam) for x in search.get("searched", [])]
+        self._recoveries = int(search.get("recoveries", 0))
         self.outer_step = int(ck["outer_step"])
         set_rng_state(ck["rng"])
         if self.problem.stream is not None and ck.get("batches") is not None:

@@ -1,0 +1,194 @@
+"""The default search's own state (found by review, 2026-11-27): the hypergradient kept for the
+best point is that point's, the re-check compares as many points as asked, a stalled search
+with no restart point to go on from ends instead of retaking the same hypergradient, a resumed
+run goes on as the uninterrupted one, and a start in more dimensions than Sobol's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fixtures import lr_momentum
+
+import hypergrad as hg
+from hypergrad.data import MiniBatches
+from hypergrad.run.guards import Tracker
+
+
+def quiet(*extra: Any) -> list[Any]:
+    return [hg.run.Log(None), hg.run.Progress(False), *extra]
+
+
+def test_the_tracker_keeps_a_gradient_only_for_the_best_point() -> None:
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, "log")])
+    a, b, c = torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([2.0])
+    tr = Tracker(hps, a)
+    tr.track(torch.tensor(1.0), a, None, 0, first=False)  # a plain run (a line search's)
+    tr.track(torch.tensor(1.0), a, torch.tensor([0.5]), 1, first=True)  # its hypergradient
+    tr.keep_grad(a, torch.tensor([0.5]))  # taken at outer step 1, the best's step is 0
+    assert tr.best is not None and tr.best[2] == 0
+    assert torch.equal(tr.best_grad, torch.tensor([0.5]))
+    tr.keep_grad(c, torch.tensor([9.0]))  # not the best point: not kept
+    assert torch.equal(tr.best_grad, torch.tensor([0.5]))
+    tr.track(torch.tensor(0.5), b, None, 1, first=False)  # a plain run becomes the best
+    assert tr.best_grad is None  # no hypergradient was taken there
+    back = Tracker(hps, a)
+    back.load_state_dict({**tr.state_dict(), "lam": a, "outer_step": 2}, a)
+    assert back.best_grad is None and back.best is not None and back.best[1] == b
+
+
+def test_the_best_points_gradient_is_its_own_in_a_fit() -> None:
+    """Each point a hypergradient is taken at was mostly evaluated before, by the previous
+    line search, so it is tracked with that step: the gradient kept for the best point was an
+    older point's (and `_back` / `_leftover` stepped along it)."""
+    tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                    mode=hg.Offline(outer_steps=5, start=4, recheck=0), callbacks=quiet())
+    seen: list[bool] = []
+    update = tr._update
+
+    def spy(g: torch.Tensor) -> None:
+        best = tr.tracker.best
+        if best is not None and torch.equal(tr.lam, best[1]):
+            seen.append(tr.tracker.best_grad is not None
+                        and torch.equal(tr.tracker.best_grad, g))
+        update(g)
+
+    tr._update = spy  # type: ignore[method-assign]
+    tr.fit()
+    assert len(seen) >= 3 and all(seen), seen
+
+
+class _Uphill(hg.ReverseMode):
+    """Every hypergradient points uphill: the descent never improves on its start."""
+
+    def hypergradient(self, problem: Any, lam: torch.Tensor, **kw: Any) -> Any:
+        got = super().hypergradient(problem, lam, **kw)
+        return got._replace(grad=-got.grad)
+
+
+def test_the_recheck_compares_as_many_points_as_asked() -> None:
+    """With the first hypergradient's point among the best, no place is kept for it: 3 points,
+    not 2."""
+    tr = hg.Trainer(lr_momentum(), _Uphill(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                    mode=hg.Offline(outer_steps=1, start=2, recheck=3), callbacks=quiet())
+    res = tr.fit()
+    assert tr._first_point is not None
+    assert torch.equal(res.rechecked[0]["lam"], tr._first_point[1])  # the best is the first
+    assert len(res.rechecked) == 3
+
+
+def _small_regression() -> hg.InnerProblem:
+    torch.manual_seed(0)
+    w = torch.randn(5, 1, dtype=torch.float64)
+    x = torch.randn(64, 5, dtype=torch.float64)
+    y = x @ w + 0.05 * torch.randn(64, 1, dtype=torch.float64)
+    xv = torch.randn(64, 5, dtype=torch.float64)
+    yv = xv @ w + 0.05 * torch.randn(64, 1, dtype=torch.float64)
+    return hg.InnerProblem(
+        torch.nn.Linear(5, 1).double(), lambda m, b, hp: ((m(b[0]) - b[1]) ** 2).mean(),
+        hg.optim.sgd(lr="lr", momentum="mom"),
+        hg.HyperParams([hg.Scalar("lr", 0.05, "log"), hg.Scalar("mom", 0.5, "logit")]),
+        MiniBatches(x, y, batch_size=16), 30, lambda m, hp: ((m(xv) - yv) ** 2).mean())
+
+
+def test_a_stalled_search_without_a_restart_point_ends_instead_of_repeating_itself() -> None:
+    """The start's best is a minimum the line search cannot leave and every restart point is
+    above it by more than half the divergence margin: the next hypergradient would be the
+    same point's, the same run's, again. divergence_factor < 2 made every restart point
+    refused (the margin was factor / 2 - 1 < 0): 10 identical outer steps."""
+    said: list[str] = []
+    tr = hg.Trainer(_small_regression(),
+                    guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, divergence_factor=1.5),
+                    mode=hg.Offline(outer_steps=10, start=4, recheck=0),
+                    callbacks=quiet(hg.run.Log(said.append)))
+    res = tr.fit()
+    restarts = [e["val_loss"] for e in res.evaluations if e["kind"] == "restart"]
+    assert len(restarts) == 3 and min(restarts) > 1.25 * res.best_val_loss
+    assert len(res.history) == 1  # not 10 outer steps at one point
+    assert any("the descent ends here" in m for m in said)
+    pairs = zip(res.history, res.history[1:], strict=False)
+    assert not any(a["hyperparams"] == b["hyperparams"] for a, b in pairs)
+
+
+def test_a_restart_point_within_half_the_divergence_margin_is_taken() -> None:
+    """The restart's margin is half the divergence margin, (factor - 1) / 2: a point 1.2x
+    the best is taken at factor 1.5 (it was refused at any factor below 2)."""
+    tr = hg.Trainer(lr_momentum(), guards=hg.Guards(divergence_factor=1.5),
+                    mode=hg.Offline(outer_steps=1, start=0, recheck=0), callbacks=quiet())
+    tr.tracker.track(torch.tensor(1.0), tr.lam.clone(), None, 0, first=False)
+    values = iter([1.2, 1.3, 1.4])
+    tr._plain = lambda lam, kind: next(values)  # type: ignore[method-assign]
+    assert tr._restart()
+    values = iter([1.3, 1.4, 1.5])
+    assert not tr._restart()
+
+
+class _FlipOnce(hg.ReverseMode):
+    """The 4th hypergradient points uphill: that line search stalls and a restart follows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def hypergradient(self, problem: Any, lam: torch.Tensor, **kw: Any) -> Any:
+        got = super().hypergradient(problem, lam, **kw)
+        self.calls += 1
+        return got._replace(grad=-got.grad) if self.calls == 4 else got
+
+
+class _Kill(hg.Callback):
+    def on_outer_step(self, trainer: Any, rec: dict[str, Any]) -> None:
+        if rec["outer_step"] == 1:
+            raise KeyboardInterrupt("killed")
+
+
+def test_a_resumed_default_search_goes_on_as_the_uninterrupted_one(tmp_path: Path) -> None:
+    """The plain runs' record, the quasi-random points used, the points line searches started
+    from and the recoveries travel in the checkpoint: resumed, a restart drew the start's
+    points again and the result differed."""
+    def make(folder: Any = None, *extra: Any) -> hg.Trainer:
+        return hg.Trainer(lr_momentum(), _FlipOnce(),
+                          guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                          mode=hg.Offline(outer_steps=5, start=4, recheck=0), folder=folder,
+                          callbacks=quiet(*extra))
+
+    whole = make()
+    res_whole = whole.fit()
+    assert any(e["kind"] == "restart" for e in res_whole.evaluations)
+    killed = make(tmp_path, _Kill())
+    try:
+        killed.fit()
+    except KeyboardInterrupt:
+        pass
+    again = make(hg.RunFolder(tmp_path, resume=True))
+    again.method.calls = 2  # type: ignore[attr-defined]  # the killed run took 2
+    res = again.fit()
+    assert torch.equal(res.lam, res_whole.lam)
+    assert res.best_val_loss == res_whole.best_val_loss
+    assert [(e["kind"], e["lam"].tolist()) for e in res.evaluations] == [
+        (e["kind"], e["lam"].tolist()) for e in res_whole.evaluations]
+
+
+def test_a_start_in_more_dimensions_than_sobols() -> None:
+    """Per-entry quasi-random points in K > 21201 dimensions (SobolEngine's most): the
+    dimensions beyond are seeded uniform draws (it was SobolEngine's ValueError)."""
+    k = torch.quasirandom.SobolEngine.MAXDIM + 99
+    torch.manual_seed(0)
+    x, y = torch.randn(8, k, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
+    p = hg.InnerProblem(
+        torch.nn.Linear(k, 1, bias=False).double(),
+        lambda m, b, hp: ((m(b[0]) - b[1]) ** 2).mean() + (hp["l2"] * m.params["weight"][0]
+                                                           ** 2).sum(),
+        hg.optim.sgd(lr=0.1),
+        hg.HyperParams([hg.Array("l2", torch.full((k,), 1e-3), transform="log")]),
+        MiniBatches(x, y, batch_size=4), 2, lambda m, hp: ((m(x) - y) ** 2).mean())
+    tr = hg.Trainer(p, callbacks=quiet())
+    a, b = tr._space_filling(3, 0), tr._space_filling(2, 1)
+    lo, hi = tr.box
+    assert all(bool(((lo <= u) & (u <= hi)).all()) for u in a)
+    assert torch.equal(a[1], b[0]) and torch.equal(a[2], b[1])  # point i is point i
+    assert not torch.equal(a[0], a[1])
+    with pytest.raises(TypeError, match=r"shape='log' is a string; give the transform by name"):
+        hg.Array("l2", torch.zeros(3), "log")  # type: ignore[arg-type]
