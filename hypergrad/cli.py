@@ -34,7 +34,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from . import distributed
-from .config import CONFIG_DIR, build, check_keys, register_configs
+from .config import CONFIG_DIR, build, check_keys, global_groups, register_configs
 from .errors import (
     ConfigError,
     HypergradWarning,
@@ -50,27 +50,56 @@ register_configs()
 
 CLI_FILES = ("results.json", "learned.yaml", "model_learned.pt")
 """Files the CLI writes besides the Trainer's (:data:`hypergrad.checkpoint.TRAINER_FILES`)."""
-CLI_PATTERNS = ("config_resolved*.yaml", "val_curve.png", "hyperparams.png", "schedule.png",
-                "learned_*.pt")
+PLOTS = ("val_curve.png", "hyperparams.png", "schedule.png")
+"""The plots the CLI writes with ``report.plots=true``."""
+CLI_PATTERNS = ("config_resolved*.yaml", *PLOTS, "learned_*.pt", "tb/events.out.tfevents.*")
 
 
 def _prepare_run_dir(folder: RunFolder) -> None:
     """Refuse a folder that holds a run unless resuming or overwriting (Hydra's own ``.hydra/``
-    and log file do not count); with ``folder.overwrite=true``, remove the old run's files."""
+    and log file do not count); an overwrite's removal waits until the new run's settings
+    have been built (:func:`_overwrite`)."""
     from .errors import RunDirError
-    from .run.files import TRAINER_FILES, clear_run_dir, used_files
+    from .run.files import TRAINER_FILES, used_files
 
     used = used_files(folder.path, (*TRAINER_FILES, *CLI_FILES))
-    if not used:
-        return
-    if folder.overwrite:
-        gone = clear_run_dir(folder.path, (*TRAINER_FILES, *CLI_FILES), CLI_PATTERNS)
-        log.info(f"folder.overwrite=true: removed {gone} from {folder.path}")
-    elif not folder.resume:
+    if used and not folder.resume and not folder.overwrite:
         raise RunDirError(
             f"hypergrad-run: the run folder {folder.path} already holds a run "
             f"({', '.join(used)}). Continue it with folder.resume=true, discard it with "
             f"folder.overwrite=true, or choose another folder with hydra.run.dir=...")
+
+
+@contextlib.contextmanager
+def _settings_refused() -> Any:
+    """Inside, a ``ValueError`` or ``TypeError`` that hypergrad's own code raises (its checks
+    of the settings: ``+guards.bounds`` naming no hyperparameter, ``folder.inner_every=0``, a
+    loss refused by ``InnerProblem.check``) becomes a :class:`ConfigError`, answered as a usage
+    error; one raised in a user's code keeps its traceback."""
+    try:
+        yield
+    except USAGE_ERRORS:  # already a usage error of its own class
+        raise
+    except (ValueError, TypeError) as err:
+        tb = err.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        here = Path(__file__).resolve().parent
+        if tb is None or here not in Path(tb.tb_frame.f_code.co_filename).resolve().parents:
+            raise
+        refused = ConfigError(str(err))
+        raise refused from err
+
+
+def _overwrite(folder: RunFolder) -> None:
+    """With ``folder.overwrite=true``, once the new run's settings have been built (a run that
+    is refused keeps the old one): remove the old run's files, its TensorBoard logs too."""
+    from .run.files import TRAINER_FILES, clear_run_dir
+
+    if folder.overwrite:
+        gone = clear_run_dir(folder.path, (*TRAINER_FILES, *CLI_FILES), CLI_PATTERNS)
+        if gone:
+            log.info(f"folder.overwrite=true: removed {gone} from {folder.path}")
 
 
 def _write_config(cfg: DictConfig, run_dir: Path, resumed: bool) -> Path:
@@ -96,8 +125,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from .config import config_fingerprint
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    folder = RunFolder(run_dir, resume=cfg.folder.resume, overwrite=cfg.folder.overwrite,
-                       fingerprint=config_fingerprint(cfg))
+    with _settings_refused():
+        folder = RunFolder(run_dir, resume=cfg.folder.resume, overwrite=cfg.folder.overwrite,
+                           fingerprint=config_fingerprint(cfg),
+                           inner_every=cfg.folder.get("inner_every"))
     if not distributed.is_writer():  # under torchrun, rank 0 locks, prepares and writes
         return _run(cfg, folder)
     with folder.lock:
@@ -111,13 +142,17 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     from . import ForwardMode, ReverseMode
     from .measure import measure
     from .report import plot_run, summary, table, write_learned
-    from .run.files import dumps, write_text_atomic
+    from .run.files import clear_run_dir, dumps, write_text_atomic
 
     run_dir = folder.path
-    task, trainer = build(cfg, folder)
+    with _settings_refused():
+        task, trainer = build(cfg, folder)
+    if distributed.is_writer():
+        _overwrite(folder)
     if not distributed.is_writer():  # under torchrun: tune with rank 0, which alone reports
         return {"table": [], "learned_val_loss": trainer.fit().best_val_loss}
-    cfg_path = _write_config(cfg, run_dir, resumed=trainer.outer_step > 0)
+    # a resume keeps the first config (also one from a checkpoint inside outer step 0)
+    cfg_path = _write_config(cfg, run_dir, resumed=bool(cfg.folder.resume))
     p = task.problem
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
              f"method={type(trainer.method).__name__} mode={trainer.mode!r} -> {run_dir} "
@@ -139,7 +174,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
                                                       if task.evaluate else {})})
         if trainer.mode.online and result.state is not None:
             rows.insert(1, {"hyperparameters": "online run (its own final state)",
-                            **task.evaluate(result.state)})
+                            **(task.evaluate(result.state) if task.evaluate else {})})
         grid = [r for r in rows if r["hyperparameters"].startswith("grid ")]
         key = "val_loss" if grid and "val_loss" in grid[0] else None
         if grid and key:
@@ -186,6 +221,10 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
         "message": result.message,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
+    # what this run does not write again must not stay from an earlier one (a resume with
+    # report.retrain=false or report.plots=false): a model trained at other values, old plots
+    clear_run_dir(run_dir, ("model_learned.pt",), ("learned_*.pt",
+                                                   *(PLOTS if not cfg.report.plots else ())))
     results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
@@ -291,8 +330,9 @@ def _job(cfg: DictConfig) -> float:
 
     alloc.tune_malloc()
     hydra_cfg = HydraConfig.get()
+    top = global_groups()  # experiment, debug, sweep: their options write at the top level
     check_keys(cfg, [g for g in hydra_cfg.runtime.choices if "/" not in g
-                     and not g.startswith("hydra")])
+                     and not g.startswith("hydra") and g not in top])
     out = Path(hydra_cfg.runtime.output_dir)
     tilde = [part for part in out.parts if part.startswith("~")]
     if tilde:
@@ -304,10 +344,17 @@ def _job(cfg: DictConfig) -> float:
     with distributed.launch(timeout):  # under torchrun: the process group, ended cleanly
         run_dir = _shared_run_dir(Path(HydraConfig.get().runtime.output_dir))
         results = run(cfg, run_dir)
-    # for sweepers: the retrained learned point's validation loss; without retraining the best
-    # evaluated one (with mode.outer_steps=0: the loss of one training at the given values)
+    return objective(results)
+
+
+def objective(results: dict[str, Any]) -> float:
+    """What a sweeper minimises: the retrained learned point's validation loss; without
+    retraining, or from a task whose ``evaluate`` reports none, the best evaluated one (with
+    ``mode.outer_steps=0``: the loss of one training at the given values)."""
     learned = [r for r in results["table"] if r["hyperparameters"] == "learned"]
-    val = learned[0].get("val_loss") if learned else results["learned_val_loss"]
+    val = learned[0].get("val_loss") if learned else None
+    if val is None:
+        val = results["learned_val_loss"]
     return float(val) if val is not None else math.nan
 
 

@@ -46,7 +46,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from .errors import ConfigError
 
 __all__ = ["build", "register_configs", "config_fingerprint", "schema", "targets", "CONFIG_DIR",
-           "SAFE_CONFIG_KEYS", "TASK_ARGS", "check_keys", "unknown_keys"]
+           "SAFE_CONFIG_KEYS", "TASK_ARGS", "check_keys", "unknown_keys", "global_groups"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -345,6 +345,24 @@ def unknown_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> list[tuple[str,
     for key, value in tree.items():
         if key in top and key != "hydra":
             walk(value, f"{key}.")
+    report = tree.get("report")
+    known_report = sorted(ReportConf.__dataclass_fields__)
+    if isinstance(report, dict):  # no _target_: its fields are ReportConf's
+        for k in report:
+            if k not in known_report:
+                out.append((f"report.{k}", [f"report.{n}" for n in difflib.get_close_matches(
+                    str(k), known_report, n=3, cutoff=0.5)]))
+    return out
+
+
+def global_groups(config_dir: Path = CONFIG_DIR) -> set[str]:
+    """The config groups whose options write at the top level (``# @package _global_``:
+    ``experiment``, ``debug``, ``sweep``): a key under their name names no setting."""
+    out = set()
+    for d in config_dir.iterdir():
+        if d.is_dir() and any(f.read_text().startswith("# @package _global_")
+                              for f in d.glob("*.yaml")):
+            out.add(d.name)
     return out
 
 

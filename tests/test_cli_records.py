@@ -1,0 +1,116 @@
+"""`hypergrad-run`'s run records and settings, found by review (2026-11-27): every setting
+reaches what it names or is refused, an overwrite that is refused keeps the old run, nothing a
+run does not write again stays from an earlier one, and a bare InnerProblem runs online too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+import hypergrad.cli as cli
+from hypergrad.config import CONFIG_DIR, check_keys, global_groups
+from hypergrad.errors import ConfigError
+
+FAST = ["debug=fast", "report.plots=false", "callbacks.progress=false"]
+
+
+def _compose(*overrides: str) -> DictConfig:
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_folder_inner_every_reaches_the_run_folder(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was dropped: the CLI built its RunFolder without it (no checkpoint inside an inner
+    run, and inner_every=0 was not refused)."""
+    seen: list[Any] = []
+
+    def stop(cfg: Any, folder: Any) -> Any:
+        seen.append(folder.inner_every)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build", stop)
+    with pytest.raises(KeyboardInterrupt):
+        cli.run(_compose(*FAST, "folder.inner_every=4"), tmp_path / "a")
+    assert seen == [4]
+    with pytest.raises(ConfigError, match=r"inner_every=0 must be an int >= 1"):
+        cli.run(_compose(*FAST, "folder.inner_every=0"), tmp_path / "b")
+
+
+def test_a_refused_overwrite_keeps_the_old_run_and_an_overwrite_removes_its_tb_logs(
+        tmp_path: Path) -> None:
+    """The old run's files went before the new settings were built, so an overwrite refused
+    for a misspelt bound lost the run; TensorBoard's event files stayed behind."""
+    cli.run(_compose(*FAST, "report.retrain=false"), tmp_path)
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.out.tfevents.1.host").write_bytes(b"old")
+    before = _files(tmp_path)
+    assert "checkpoint.pt" in before and "results.json" in before
+    with pytest.raises(ConfigError, match=r"bounds name 'lrr' is not a hyperparameter"):
+        cli.run(_compose(*FAST, "folder.overwrite=true", "+guards.bounds.lrr=[0.001,1]"),
+                tmp_path)
+    assert _files(tmp_path) == before
+    cli.run(_compose(*FAST, "report.retrain=false", "folder.overwrite=true"), tmp_path)
+    assert not (tmp_path / "tb" / "events.out.tfevents.1.host").exists()
+
+
+def test_a_resume_that_does_not_retrain_leaves_no_model_of_other_values(
+        tmp_path: Path) -> None:
+    """model_learned.pt (and the plots with report.plots=false) stayed from the first run,
+    trained at the values it had learned, beside a results.json with other ones."""
+    cli.run(_compose("debug=fast", "callbacks.progress=false", "mode.outer_steps=2"), tmp_path)
+    assert (tmp_path / "model_learned.pt").exists() and (tmp_path / "val_curve.png").exists()
+    cli.run(_compose(*FAST, "report.retrain=false", "mode.outer_steps=3",
+                     "folder.resume=true"), tmp_path)
+    assert not (tmp_path / "model_learned.pt").exists()
+    assert not (tmp_path / "val_curve.png").exists()
+    assert (tmp_path / "config_resolved.resume-1.yaml").exists()
+
+
+def test_a_bare_inner_problem_runs_online_with_retraining(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A builder may return an InnerProblem (no evaluate): the online report called
+    task.evaluate anyway (TypeError: 'NoneType' object is not callable, no results.json)."""
+    (tmp_path / "bare_task_online.py").write_text(
+        "from hypergrad.tasks.bundled import digits_task\n"
+        "def build(hyperparams, optimizer, model, steps=12, seed=0):\n"
+        "    return digits_task(hyperparams, optimizer, model, steps=steps, seed=seed).problem\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    results = cli.run(_compose("task=custom", "task._target_=bare_task_online.build",
+                               "experiment=online_digits", "debug=fast_online",
+                               "report.plots=false", "callbacks.progress=false"), out)
+    assert (out / "results.json").exists()
+    assert [r["hyperparameters"] for r in results["table"]][:2] == [
+        "initial", "online run (its own final state)"]
+    assert cli.objective(results) == results["learned_val_loss"]  # no val_loss in the rows
+
+
+def test_the_sweep_objective_falls_back_to_the_learned_validation_loss() -> None:
+    """A task whose evaluate reports no val_loss gave sweepers NaN."""
+    rows = [{"hyperparameters": "initial"}, {"hyperparameters": "learned", "test_loss": 1.0}]
+    assert cli.objective({"table": rows, "learned_val_loss": 0.5}) == 0.5
+    rows[1]["val_loss"] = 0.25
+    assert cli.objective({"table": rows, "learned_val_loss": 0.5}) == 0.25
+
+
+def test_misspelt_report_keys_and_keys_under_global_groups_are_refused() -> None:
+    """`+report.plot=false` ran (with plots) and `+experiment.outer_steps=5` was ignored: only
+    nodes with a _target_ were checked, and every chosen group was a valid top-level key."""
+    assert global_groups() == {"experiment", "debug", "sweep"}
+    with pytest.raises(ConfigError, match=r"'report.plot' \(did you mean report.plots\?\)"):
+        check_keys(_compose(*FAST, "+report.plot=false"))
+    cfg = _compose(*FAST, "+experiment.outer_steps=5")
+    check_keys(cfg, ["experiment"])  # a group's own node (a user's +augment=...) is allowed
+    with pytest.raises(ConfigError, match=r"'experiment.outer_steps' \(did you mean "
+                                          r"mode.outer_steps"):
+        check_keys(cfg, [])
