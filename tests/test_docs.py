@@ -116,3 +116,15 @@ def test_api_page_lists_every_public_name() -> None:
                        "errors": hypergrad.errors.__all__}.items():
         for name in names:
             assert f"`{name}`" in api, f"hypergrad.{sub}.{name}"
+
+
+def test_configs_page_lists_every_option_of_the_groups_it_tables() -> None:
+    """docs/configs.md's table of groups names every YAML option of the groups whose options it
+    spells out (charlm and custom were missing)."""
+    rows = {m.group(1): m.group(2) for m in re.finditer(
+        r"^\| `([a-z_]+)` \| (.*?) \|", (DOCS / "configs.md").read_text(), re.M)}
+    root = ROOT / "configs"
+    for group in ("task", "model", "hyperparams", "outer_optimizer", "mode", "experiment",
+                  "debug"):
+        for option in sorted(p.stem for p in (root / group).glob("*.yaml")):
+            assert f"`{option}`" in rows[group], (group, option)
