@@ -192,3 +192,33 @@ def test_a_start_in_more_dimensions_than_sobols() -> None:
     assert not torch.equal(a[0], a[1])
     with pytest.raises(TypeError, match=r"shape='log' is a string; give the transform by name"):
         hg.Array("l2", torch.zeros(3), "log")  # type: ignore[arg-type]
+
+
+class _KillInner(hg.Callback):
+    """Stops the run inside the first outer step's inner run, after an inner checkpoint."""
+
+    def on_inner_step(self, trainer: Any, step: int, steps: int) -> None:
+        if trainer.outer_step == 0 and step == 6:
+            raise KeyboardInterrupt("killed")
+
+
+def test_a_resume_inside_the_first_outer_step_does_not_run_the_start_again(
+        tmp_path: Path) -> None:
+    """A checkpoint written inside outer step 0's inner run (RunFolder(inner_every=...)) holds
+    the start's runs: resumed, the start ran again from the point it had chosen."""
+    def make(folder: Any, *extra: Any) -> hg.Trainer:
+        return hg.Trainer(lr_momentum(), hg.ForwardMode(),
+                          guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                          mode=hg.Offline(outer_steps=2, start=3, recheck=0), folder=folder,
+                          callbacks=quiet(*extra))
+
+    whole = make(None).fit()
+    try:
+        make(hg.RunFolder(tmp_path, inner_every=2), _KillInner()).fit()
+    except KeyboardInterrupt:
+        pass
+    res = make(hg.RunFolder(tmp_path, resume=True, inner_every=2)).fit()
+    kinds = [e["kind"] for e in res.evaluations]
+    assert kinds.count("start") == 4  # the initial point and 3, once
+    assert kinds == [e["kind"] for e in whole.evaluations]
+    assert torch.equal(res.lam, whole.lam)

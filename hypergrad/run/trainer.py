@@ -715,7 +715,8 @@ class Trainer:
         budget = self.guards.time_budget
         last_seconds: float | None = None  # of the previous outer step of this fit() call
         out_of_time = False
-        if self.outer_step == 0 and self.mode.start != 0:
+        if self.outer_step == 0 and self.mode.start != 0 and not any(
+                e["kind"] == "start" for e in self.evaluations):  # not again on a resume
             self._start()
         while self.outer_step < self.mode.steps(budget):
             t0 = self._now()
