@@ -147,10 +147,9 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     run_dir = folder.path
     with _settings_refused():
         task, trainer = build(cfg, folder)
-    if distributed.is_writer():
-        _overwrite(folder)
     if not distributed.is_writer():  # under torchrun: tune with rank 0, which alone reports
         return {"table": [], "learned_val_loss": trainer.fit().best_val_loss}
+    _overwrite(folder)
     # a resume keeps the first config (also one from a checkpoint inside outer step 0)
     cfg_path = _write_config(cfg, run_dir, resumed=bool(cfg.folder.resume))
     p = task.problem
