@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import lr_momentum
+from fixtures import lr_momentum, unit_clock
 
 import hypergrad as hg
 from hypergrad.data import MiniBatches
@@ -110,6 +110,20 @@ def test_a_stalled_search_without_a_restart_point_ends_instead_of_repeating_itse
     assert any("the descent ends here" in m for m in said)
     pairs = zip(res.history, res.history[1:], strict=False)
     assert not any(a["hyperparams"] == b["hyperparams"] for a, b in pairs)
+
+
+def test_an_ended_descent_spends_the_time_left_and_says_it_ran_out_of_it() -> None:
+    """With a time budget the ended descent's time goes to plain runs until the budget's end,
+    and the result says it ran out of time (it said not: a CI run on a loaded machine)."""
+    tr = hg.Trainer(_small_regression(),
+                    guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, divergence_factor=1.5,
+                                     time_budget=40.0),
+                    mode=hg.Offline(outer_steps=None, start=4, recheck=0), callbacks=quiet())
+    clock = unit_clock(tr)
+    res = tr.fit()
+    # without re-checks the final evaluation (one plain run) follows the budget (Guards)
+    assert len(res.history) == 1 and res.out_of_time and clock[0] <= 40.0 + 1.0
+    assert [e["kind"] for e in res.evaluations].count("leftover") >= 5
 
 
 def test_a_restart_point_within_half_the_divergence_margin_is_taken() -> None:

@@ -766,7 +766,8 @@ class Trainer:
                              f"better and no restart point is near the best: the descent "
                              f"ends here")
                 if budget is not None and USE_LEFTOVER:
-                    self._leftover()
+                    self._leftover()  # plain runs until the budget's end
+                    out_of_time = True
                 break
         res = self._finish_offline()
         res.out_of_time = out_of_time and not res.diverged
