@@ -236,3 +236,44 @@ def test_a_resume_inside_the_first_outer_step_does_not_run_the_start_again(
     assert kinds.count("start") == 4  # the initial point and 3, once
     assert kinds == [e["kind"] for e in whole.evaluations]
     assert torch.equal(res.lam, whole.lam)
+
+
+def test_a_hypergradient_is_taken_only_with_room_for_its_line_search() -> None:
+    """Each plain run costs 1 and each hypergradient 5 (the fake clock): the last outer step
+    of a budget must leave room for its line search's first trial. The forecast was the
+    hypergradient's seconds alone, so a budget that just held one took it and could not try
+    a step along it (the time spent for nothing)."""
+    for budget in range(15, 40):  # 23, 30 and 39 ended on a hypergradient with no trial
+        tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)},
+                                                        time_budget=float(budget)),
+                        mode=hg.Offline(outer_steps=None, start=2, recheck=0),
+                        callbacks=quiet())
+        unit_clock(tr)
+        res = tr.fit()
+        assert res.history
+        for rec in res.history:  # every hypergradient has a line-search trial after it
+            k = rec["outer_step"]
+            assert any(e["kind"] == "line search" and e["outer_step"] == k
+                       for e in res.evaluations), (budget, k)
+
+
+def test_a_resumed_run_keeps_room_for_its_rechecks_before_its_first_plain_run(
+        tmp_path: Path) -> None:
+    """The reserve for the end of the run (the final evaluation and the re-checks) is
+    forecast from the plain runs' seconds, which were not in the checkpoint: a resumed run
+    counted no reserve until its first plain run and could take a hypergradient that left no
+    room for the re-checks."""
+    def trainer(resume: bool, steps: int | None) -> hg.Trainer:
+        tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)},
+                                                        time_budget=1e9),
+                        mode=hg.Offline(outer_steps=steps, start=2, recheck=2),
+                        folder=hg.RunFolder(tmp_path / "run", resume=resume),
+                        callbacks=quiet())
+        unit_clock(tr)
+        return tr
+
+    trainer(False, 2).fit()
+    back = trainer(True, 4)
+    assert back._plain_seconds == 1.0  # the checkpoint's forecast
+    back._rechecks = 2  # as fit() sets it
+    assert back._reserve() == (1 + 2) * 1.5 * 1.0

@@ -753,7 +753,10 @@ class Trainer:
             last_seconds = max(self._now() - t0 - once, 0.0)
             ended = False
             if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
-                last_seconds = hg_seconds
+                # the next outer step is worth taking only with room for its line search's
+                # first trial: a hypergradient with no trial after it moves nothing
+                last_seconds = hg_seconds + (self._plain_slow()
+                                             if self._plain_seconds is not None else 0.0)
                 # stalled, and no restart point to go on from: the next hypergradient would be
                 # this one again (the same point, the same run), so the descent ends here
                 ended = self.outer.stalled and not self._restart()
@@ -972,7 +975,8 @@ class Trainer:
         if self.evaluations or self._starts_used or self._searched or self._recoveries:
             ck["search"] = {  # the plain runs' record and where the next restart draws
                 "evaluations": self.evaluations, "starts_used": self._starts_used,
-                "searched": self._searched, "recoveries": self._recoveries}
+                "searched": self._searched, "recoveries": self._recoveries,
+                "plain_seconds": self._plain_seconds}  # the reserve's forecast on a resume
         if self.run_state is not None:
             assert isinstance(self.method, OnlineMethod)
             ck["online"] = self.method.state_dict(self.problem, self.run_state)
@@ -1015,6 +1019,8 @@ class Trainer:
         self._starts_used = int(search.get("starts_used", 0))
         self._searched = [x.to(self.lam) for x in search.get("searched", [])]
         self._recoveries = int(search.get("recoveries", 0))
+        if search.get("plain_seconds") is not None:
+            self._plain_seconds = float(search["plain_seconds"])
         self.outer_step = int(ck["outer_step"])
         set_rng_state(ck["rng"])
         if self.problem.stream is not None and ck.get("batches") is not None:
