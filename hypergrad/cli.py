@@ -48,21 +48,14 @@ log = logging.getLogger("hypergrad")
 register_configs()
 
 
-CLI_FILES = ("results.json", "learned.yaml", "model_learned.pt")
-"""Files the CLI writes besides the Trainer's (:data:`hypergrad.checkpoint.TRAINER_FILES`)."""
-PLOTS = ("val_curve.png", "hyperparams.png", "schedule.png")
-"""The plots the CLI writes with ``report.plots=true``."""
-CLI_PATTERNS = ("config_resolved*.yaml", *PLOTS, "learned_*.pt", "tb/events.out.tfevents.*")
-
-
 def _prepare_run_dir(folder: RunFolder) -> None:
     """Refuse a folder that holds a run unless resuming or overwriting (Hydra's own ``.hydra/``
     and log file do not count); an overwrite's removal waits until the new run's settings
     have been built (:func:`_overwrite`)."""
     from .errors import RunDirError
-    from .run.files import TRAINER_FILES, used_files
+    from .run.files import RECORD_FILES, TRAINER_FILES, used_files
 
-    used = used_files(folder.path, (*TRAINER_FILES, *CLI_FILES))
+    used = used_files(folder.path, (*TRAINER_FILES, *RECORD_FILES))
     if used and not folder.resume and not folder.overwrite:
         raise RunDirError(
             f"hypergrad-run: the run folder {folder.path} already holds a run "
@@ -94,10 +87,10 @@ def _settings_refused() -> Any:
 def _overwrite(folder: RunFolder) -> None:
     """With ``folder.overwrite=true``, once the new run's settings have been built (a run that
     is refused keeps the old one): remove the old run's files, its TensorBoard logs too."""
-    from .run.files import TRAINER_FILES, clear_run_dir
+    from .run.files import RECORD_FILES, RECORD_PATTERNS, TRAINER_FILES, clear_run_dir
 
     if folder.overwrite:
-        gone = clear_run_dir(folder.path, (*TRAINER_FILES, *CLI_FILES), CLI_PATTERNS)
+        gone = clear_run_dir(folder.path, (*TRAINER_FILES, *RECORD_FILES), RECORD_PATTERNS)
         if gone:
             log.info(f"folder.overwrite=true: removed {gone} from {folder.path}")
 
@@ -142,7 +135,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     from . import ForwardMode, ReverseMode
     from .measure import measure
     from .report import plot_run, summary, table, write_learned
-    from .run.files import clear_run_dir, dumps, write_text_atomic
+    from .run.files import PLOTS, clear_run_dir, dumps, write_text_atomic
 
     run_dir = folder.path
     with _settings_refused():
@@ -230,8 +223,11 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
         last = (None if last_step is None or result.last_val_loss is None
                 or result.last_values is None
                 else (last_step, result.last_val_loss, result.last_values))
+        learned = (None if result.best_val_loss is None
+                   else (result.best_val_loss, result.values))
         results["plots"] = plot_run(run_dir, hps, horizon, result.history,
-                                    trainer.initial_lam, result.lam, result.best_step, last)
+                                    trainer.initial_lam, result.lam, result.best_step, last,
+                                    learned)
     text = table(rows)
     if text:
         log.info("\n" + text)

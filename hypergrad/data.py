@@ -59,7 +59,10 @@ class MiniBatches:
     """Callable ``t -> (*tensors[idx], idx)``: shuffled epochs drawn from ``seed``.
 
     Step ``t`` reads batch ``t % per_epoch`` of epoch ``t // per_epoch``; each epoch's permutation
-    comes from ``seed + epoch``, so batches are reproducible without storing them. ``idx`` (the
+    comes from a hash of ``(seed, epoch)`` (:func:`hypergrad.rng.step_seed`), so batches are
+    reproducible without storing them, and nearby seeds give unrelated orders (before
+    2026-11-27 the epoch's seed was ``seed + epoch``: seed ``s + 1`` read seed ``s``'s batches
+    one epoch later). ``idx`` (the
     example indices, int64) lets a loss read per-example hyperparameters.
 
     Args:
@@ -85,6 +88,10 @@ class MiniBatches:
                 f"MiniBatches: batch_size={batch_size} is larger than the {n} examples; use "
                 f"batch_size <= {n}."
             )
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"MiniBatches: seed={seed!r} must be an int (e.g. seed=0).")
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"MiniBatches: shuffle={shuffle!r} must be True or False.")
         self.tensors = tensors
         self.n = n
         self.batch_size = batch_size
@@ -100,7 +107,7 @@ class MiniBatches:
         elif self._perm is not None and self._perm[0] == epoch:
             perm = self._perm[1]
         else:
-            g = torch.Generator().manual_seed(self.seed + epoch)
+            g = torch.Generator().manual_seed(step_seed(self.seed, _SHUFFLES - epoch))
             perm = torch.randperm(self.n, generator=g)
             self._perm = (epoch, perm)
         return perm[i * self.batch_size:(i + 1) * self.batch_size]
@@ -112,6 +119,7 @@ class MiniBatches:
         return (*(x[idx_d] for x in self.tensors), idx_d)
 
 
+_SHUFFLES = -5_000_001  # the stream of MiniBatches' epoch seeds, apart from the steps' streams
 _PASSES = -7_000_001  # the stream of pass seeds, apart from the steps' streams (hypergrad.rng)
 _PROBE = -1  # the pass the checks read (first_batch), never a run's
 
@@ -400,6 +408,12 @@ def split_validation(*tensors: Tensor, share: float = 0.5, seed: int = 0,
                                  or stratify.shape[0] != n):
         raise ValueError(f"split_validation: stratify must be a 1-d tensor of {n} labels (one "
                          f"per row), e.g. stratify=y_val.")
+    if (stratify is not None and stratify.is_floating_point()
+            and not bool(torch.isfinite(stratify).all())):
+        raise ValueError("split_validation: stratify holds NaN or infinite labels (their rows "
+                         "would never be held out); give every row a finite class label.")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"split_validation: seed={seed!r} must be an int (e.g. seed=0).")
     g = torch.Generator().manual_seed(seed)
     groups = ([torch.arange(n)] if stratify is None else
               [torch.nonzero(stratify.cpu() == c).flatten() for c in stratify.cpu().unique()])

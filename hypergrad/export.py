@@ -68,7 +68,10 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     names = list(problem.fmodel.param_names)
     groups, torch_cls, defaults = [], None, None
     for name in names:
-        hp_p = {k: (v[name] if isinstance(v, dict) else v) for k, v in hp0.items()}
+        # the optimizer's own hyperparameters (an InitScale's dict covers only its
+        # parameters, and initial weights are not the optimizer's)
+        hp_p = {k: (v[name] if isinstance(v, dict) else v) for k, v in hp0.items()
+                if k in bound}
         single = opt.to_torch([torch.zeros(1)], hp_p)
         group = {k: (tuple(float(x) for x in v) if isinstance(v, tuple) else
                      _number(v) if isinstance(v, Tensor) else v)
@@ -92,8 +95,13 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         assert isinstance(item, Schedule)
         lrs = values[item.name].reshape(-1)
         w = item.windows
+        # the factors are relative to the optimizer's lr: the first window's, unless it is 0
+        # (a warm-up from 0), where the largest window's is the base (0 / 0 gave NaN)
+        base = float(lrs[0]) if float(lrs[0]) != 0 else float(lrs.abs().max())
+        if base != float(lrs[0]):
+            defaults["lr"] = base
         schedule = {"class": SCHEDULER, "windows": [
-            [i / w, (i + 1) / w, float(lrs[i] / lrs[0])] for i in range(w)]}
+            [i / w, (i + 1) / w, float(lrs[i]) / base if base else 1.0] for i in range(w)]}
     per_tensor = {n for n in bound if isinstance(hps.by_name[n], PerTensor)}
     loss: dict[str, Any] = {}
     for it in hps.items:
@@ -157,7 +165,11 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     sched = settings.get("schedule")
     if not sched:
         return optimizer, None
-    total = int(steps if steps is not None else settings["steps"])
+    total = settings["steps"] if steps is None else steps
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"optimizer_from_settings: steps={total!r} must be an int >= 1 (the "
+                         f"training steps the schedule is stretched over), or None for the "
+                         f"horizon it was learned on ({settings['steps']}).")
     factors = [float(w[2]) for w in sched["windows"]]
     n = len(factors)
 

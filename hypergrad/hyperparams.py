@@ -88,6 +88,22 @@ def _check_transform(api: str, transform: str) -> None:
         )
 
 
+def rounded_onto_edge(value: Any, dtype: torch.dtype, valid: Any) -> str:
+    """``", which rounds to 1.0 in float32"`` when ``value`` is inside the transform's domain
+    in float64 but not once rounded to ``dtype`` (0.99999999 for ``logit`` in float32, 1e-50
+    for ``log``), else ``""``: the message then says why a value in the domain is refused."""
+    try:
+        exact = torch.as_tensor(value, dtype=torch.float64)
+        if dtype == torch.float64 or not bool(valid(exact)):
+            return ""
+        got = torch.as_tensor(value, dtype=dtype)
+        if got.numel() != 1:
+            return f", some of whose entries round onto the domain's edge in {dtype}"
+        return f", which rounds to {got.item()} in {dtype}"
+    except (TypeError, ValueError, RuntimeError):
+        return ""
+
+
 @dataclass
 class HyperParameter:
     """Base of all kinds. ``init`` is given in *value* space (after the transform)."""
@@ -133,8 +149,8 @@ class HyperParameter:
         if not torch.isfinite(v).all() or not valid(v):
             raise ValueError(
                 f"{api}: init={self.init!r} is outside the domain of transform="
-                f"{self.transform!r} ({domain}); pass an init in that domain or another "
-                f"transform."
+                f"{self.transform!r} ({domain}){rounded_onto_edge(self.init, dtype, valid)}; "
+                f"pass an init in that domain or another transform."
             )
         return inverse(v)
 
@@ -179,8 +195,13 @@ class Array(HyperParameter):
         if shape is None:
             _check_init(f"Array({name!r})", init)
             shape = tuple(torch.as_tensor(init).shape)
+        dims = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else None
+        if dims is None or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                   for d in dims):
+            raise ValueError(f"Array({name!r}): shape={shape!r} must be a tuple of ints >= 1 "
+                             f"(e.g. shape=(30,)), or left out for the init's shape.")
         self.name, self.init, self.transform = name, init, transform
-        self.shape_ = tuple(int(s) for s in shape)
+        self.shape_ = tuple(int(s) for s in dims)
         self.kind = "array"
         self.__post_init__()
 
@@ -201,7 +222,8 @@ class Schedule(HyperParameter):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.windows, int) or self.windows < 1:
+        if (isinstance(self.windows, bool) or not isinstance(self.windows, int)
+                or self.windows < 1):
             raise ValueError(
                 f"Schedule({self.name!r}): windows={self.windows!r} must be an int >= 1."
             )
@@ -234,7 +256,7 @@ class PerExample(HyperParameter):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.n, int) or self.n < 1:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(
                 f"PerExample({self.name!r}): n={self.n!r} must be the number of training "
                 f"examples (an int >= 1)."
@@ -257,6 +279,14 @@ class PerTensor(HyperParameter):
     params: Sequence[str] | None = None
     default: float | None = None
     kind: str = field(init=False, default="per_tensor")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.params, str) or (self.params is not None and not all(
+                isinstance(p, str) for p in self.params)):
+            raise TypeError(f"PerTensor({self.name!r}): params={self.params!r} must be a list "
+                            f"of parameter names (params=[{self.params!r}] for one), or None "
+                            f"for every trainable parameter.")
 
     def shape(self) -> tuple[int, ...]:
         if self.params is None:
@@ -614,8 +644,11 @@ class HyperParams:
             flat = [float(x) for x in torch.as_tensor(values[it.name]).reshape(-1).tolist()]
             params = getattr(it, "params", None) or []
             if isinstance(it, Schedule):
-                for (a, b), x in zip(it.steps(horizon), flat):
-                    out[f"{it.name}[steps {a}-{b}]"] = x
+                for w, ((a, b), x) in enumerate(zip(it.steps(horizon), flat)):
+                    # a window no step reads (more windows than steps): by its index, so that
+                    # no two windows share a label (one's value was dropped)
+                    span = f"steps {a}-{b}" if a <= b else f"window {w}: no step"
+                    out[f"{it.name}[{span}]"] = x
             elif len(params) == len(flat) > 0:
                 for name, x in zip(params, flat):
                     out[f"{it.name}[{name}]"] = x

@@ -555,16 +555,19 @@ class InnerProblem:
         except RuntimeError as err:
             if not _DTYPE_ERROR.search(str(err)):
                 raise
-            found = _other_dtype(self._data_tensors(which), self.dtype)
+            found = _other_dtype(self._data_tensors(which), self.dtype, str(err))
             if found is None:
                 raise
             desc, x = found
+            to_data = f"x{_TO.get(self.dtype, f'.to({self.dtype})')}"
+            fix = (f"Convert the data to the model's dtype: {to_data}"
+                   if not (x.dtype.is_floating_point or x.dtype.is_complex) else
+                   f"Convert one side: the model, model{_TO.get(x.dtype, f'.to({x.dtype})')}, "
+                   f"or the data, {to_data}")
             raise TypeError(
                 f"InnerProblem: the model is {self.dtype} but {desc} is {x.dtype} (shape "
                 f"{tuple(x.shape)}), and torch cannot mix them in {which} "
-                f"({str(err).splitlines()[0]}). Convert one side: the model, "
-                f"model{_TO.get(x.dtype, f'.to({x.dtype})')}, or the data, "
-                f"x{_TO.get(self.dtype, f'.to({self.dtype})')}."
+                f"({str(err).splitlines()[0]}). {fix}."
             ) from err
 
     def _data_tensors(self, which: str) -> list[tuple[str, Tensor]]:
@@ -1030,10 +1033,21 @@ _DTYPE_ERROR = re.compile(r"dtype|scalar type|type \(\w+\) and|Double|Float|Half
 _TO = {torch.float32: ".float()", torch.float64: ".double()"}
 
 
-def _other_dtype(tensors: list[tuple[str, Tensor]], dtype: torch.dtype
+_INT_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short",
+              torch.uint8: "Byte", torch.int8: "Char", torch.bool: "Bool"}
+
+
+def _other_dtype(tensors: list[tuple[str, Tensor]], dtype: torch.dtype, err: str = ""
                  ) -> tuple[str, Tensor] | None:
+    """The tensor whose dtype a dtype error of torch's was about: a floating one other than
+    the model's, else (the error naming an integer type: features read as integers) an
+    integer tensor of two or more dimensions (class labels are one-dimensional)."""
     for desc, x in tensors:
         if (x.dtype.is_floating_point or x.dtype.is_complex) and x.dtype != dtype:
+            return desc, x
+    for desc, x in tensors:
+        name = _INT_NAMES.get(x.dtype)
+        if name is not None and x.ndim >= 2 and re.search(rf"\b{name}\b", err):
             return desc, x
     return None
 

@@ -62,7 +62,8 @@ def summary(hps: HyperParams, values: Mapping[str, Any], horizon: int) -> str:
 
 def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0: torch.Tensor,
             lam: torch.Tensor, best_step: int | None = None,
-            last: tuple[int, float, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+            last: tuple[int, float, Mapping[str, Any]] | None = None,
+            learned: tuple[float, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The figures :func:`plot_run` writes, by file name (matplotlib figures: close them)."""
     import matplotlib
 
@@ -91,9 +92,12 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
         if last is not None and last[0] != best_step:
             ax.plot([last[0]], [last[1]], "s", color="C2", ms=6, label="after the last update")
         if best_step is not None and not online:
+            # the returned point is often a line search's, evaluated during outer step k, not
+            # history[k]: its own validation loss
             vals = {pt[0]: pt[1] for pt in points}
-            if best_step in vals:
-                ax.plot([best_step], [vals[best_step]], "*", color="C1", ms=16,
+            y = learned[0] if learned is not None else vals.get(best_step)
+            if y is not None:
+                ax.plot([best_step], [y], "*", color="C1", ms=16,
                         label=f"learned (outer step {best_step})", zorder=5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(xlabel)
@@ -122,10 +126,16 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
                 ax.fill_between(x, t.min(1).values, t.max(1).values, alpha=0.3,
                                 label="min - max")
                 ax.legend(fontsize=6)
+            vs = [v for n in named for v in n.values()]
             if best_step is not None and not online:
                 ax.axvline(best_step, color="C1", lw=0.8, ls="--")
+                if learned is not None and name in learned[1]:
+                    mine = named_values(one, {name: learned[1][name]}, horizon)
+                    if len(mine) <= MANY:
+                        ax.plot([best_step] * len(mine), list(mine.values()), "*",
+                                color="C1", ms=9, zorder=5)
+                        vs += list(mine.values())
             ax.set_ylabel(name)
-            vs = [v for n in named for v in n.values()]
             if min(vs) > 0 and max(vs) / min(vs) > 20:
                 ax.set_yscale("log")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -159,17 +169,21 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
 
 def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[str, Any]],
              lam0: torch.Tensor, lam: torch.Tensor, best_step: int | None = None,
-             last: tuple[int, float, Mapping[str, Any]] | None = None) -> list[str]:
+             last: tuple[int, float, Mapping[str, Any]] | None = None,
+             learned: tuple[float, Mapping[str, Any]] | None = None) -> list[str]:
     """Write ``val_curve.png`` (validation loss per outer step, the learned point and the
     backtracked steps marked), ``hyperparams.png`` (each hyperparameter's trajectory, by name)
     and, for schedules, ``schedule.png`` (the learned schedule as a step function over the
     inner steps beside the initial one) into ``run_dir``; returns the file names.
     ``best_step``: the learned point's outer step; ``last``: ``(outer step, validation loss,
-    values)`` of the point after the last update."""
+    values)`` of the point after the last update; ``learned``: ``(validation loss, values)``
+    of the learned point (``TrainResult.best_val_loss`` and ``values``), marked with a star
+    (without it, the history's entry of ``best_step``, which a line search's point is not)."""
     import matplotlib.pyplot as plt
 
     written = []
-    for name, fig in figures(hps, horizon, history, lam0, lam, best_step, last).items():
+    for name, fig in figures(hps, horizon, history, lam0, lam, best_step, last,
+                             learned).items():
         try:
             save_figure(fig, run_dir / name)
         finally:

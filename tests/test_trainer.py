@@ -257,11 +257,11 @@ def test_a_huge_but_finite_validation_loss_is_divergence() -> None:
 
 
 def test_returns_the_best_evaluated_point_and_reports_the_last() -> None:
-    res = _trainer(outer_steps=4,
-                   outer=functools.partial(torch.optim.Adam, lr=1.0)).fit()
+    res = _trainer(outer_steps=5,
+                   outer=functools.partial(torch.optim.Adam, lr=0.3)).fit()
     vals = [h["val_loss"] for h in res.history] + [res.last_val_loss]
     best = min(range(len(vals)), key=vals.__getitem__)
-    assert res.best_step == best == 2 and res.best_val_loss == vals[best]  # not the last point
+    assert res.best_step == best == 4 and res.best_val_loss == vals[best]  # not the last point
     assert res.values == res.history[best]["hyperparams"]
     assert res.last_values != res.values and res.last_val_loss > res.best_val_loss
 

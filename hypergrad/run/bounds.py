@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..hyperparams import TRANSFORMS, HyperParams
+from ..hyperparams import TRANSFORMS, HyperParams, rounded_onto_edge
 
 __all__ = ["Bounds"]
 
@@ -58,7 +58,8 @@ class Bounds:
                 t = torch.tensor(float(v), dtype=dtype)
                 if not valid(t):
                     raise ValueError(f"{api}: bounds[{name!r}] value {v} is outside the domain "
-                                     f"of transform={transform!r} ({domain}).")
+                                     f"of transform={transform!r} ({domain})"
+                                     f"{rounded_onto_edge(v, dtype, valid)}.")
                 raw.append(inverse(t))
             lo, hi = lohi
             if lo is not None and hi is not None and lo > hi:

@@ -11,6 +11,7 @@ of its own type (``Log(None)`` silences the messages).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -61,6 +62,13 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
+def _planned(trainer: Any) -> int | None:
+    """The outer steps an offline run plans: ``Offline(outer_steps)``, or the default's
+    count without a time budget; ``None`` when the time budget ends the run."""
+    n = trainer.mode.steps(trainer.guards.time_budget)
+    return None if math.isinf(n) else int(n)
+
+
 class Progress(Callback):
     """tqdm bars for the outer and inner loops when stderr is a terminal; otherwise one message
     per outer step, so log files get no escape codes. ``enabled=False``: neither."""
@@ -70,7 +78,7 @@ class Progress(Callback):
         self._outer: Any = None
         self._inner: Any = None
 
-    def _bar(self, total: int, initial: int, desc: str, leave: bool) -> Any:
+    def _bar(self, total: int | None, initial: int, desc: str, leave: bool) -> Any:
         from tqdm.auto import tqdm
 
         return tqdm(total=total, initial=initial, desc=desc, leave=leave, dynamic_ncols=True)
@@ -83,7 +91,7 @@ class Progress(Callback):
             self._inner = self._bar(trainer.problem.steps, trainer.inner_step,
                                     f"inner (online, {trainer.method.name})", True)
         else:
-            self._outer = self._bar(trainer.mode.outer_steps, trainer.outer_step, "outer", True)
+            self._outer = self._bar(_planned(trainer), trainer.outer_step, "outer", True)
 
     def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
         if not self.tty:
@@ -108,7 +116,9 @@ class Progress(Callback):
         if trainer.mode.online:
             where = f"inner step {record['inner_step']}/{trainer.problem.steps}"
         else:
-            where = f"outer step {record['outer_step']}/{trainer.mode.outer_steps}"
+            planned = _planned(trainer)
+            where = (f"outer step {record['outer_step']}/{planned}" if planned is not None
+                     else f"outer step {record['outer_step']} (until the time budget)")
         trainer.message(f"{where}: val_loss {record['val_loss']:.4g}, "
                         f"|dE/dlam| {record['hypergrad_norm']:.3g}, {record['seconds']:.1f} s")
 

@@ -47,7 +47,8 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import CheckpointError, CheckpointWarning, RunDirError
 
-__all__ = ["CHECKPOINT", "PREVIOUS", "METRICS", "LOCK", "TRAINER_FILES", "save_checkpoint",
+__all__ = ["CHECKPOINT", "PREVIOUS", "METRICS", "LOCK", "TRAINER_FILES", "RECORD_FILES",
+           "RECORD_PATTERNS", "PLOTS", "save_checkpoint",
            "load_checkpoint", "fingerprint_diff", "digest", "json_safe", "dumps",
            "write_text_atomic", "write_bytes_atomic", "append_line", "RunLock", "used_files",
            "clear_run_dir"]
@@ -58,6 +59,14 @@ METRICS = "metrics.jsonl"
 LOCK = "run.lock"
 TRAINER_FILES = (CHECKPOINT, PREVIOUS, METRICS)
 """Files whose presence means a Trainer has already written a run into the folder."""
+RECORD_FILES = ("results.json", "learned.yaml", "model_learned.pt")
+"""A run's reports beside the Trainer's files (``hypergrad-run`` and
+:func:`hypergrad.report.write_learned` write them): a folder holding one holds a run too."""
+PLOTS = ("val_curve.png", "hyperparams.png", "schedule.png")
+"""The plots of a run (:func:`hypergrad.report.plot_run`)."""
+RECORD_PATTERNS = ("config_resolved*.yaml", *PLOTS, "learned_*.pt", "tb/events.out.tfevents.*")
+"""What else an overwrite removes: the resolved configs, plots, per-variant models and
+TensorBoard's event files of the run it discards."""
 _TMP_PREFIX = ".tmp-"
 
 
@@ -313,10 +322,14 @@ def _plain(v: Any) -> Any:
     return v
 
 
-ADDED_KEYS: dict[str, Any] = {"config.device": "cpu", "config.task.device": "cpu"}
+NOT_RECORDED = "<not recorded>"
+ADDED_KEYS: dict[str, Any] = {"config.device": "cpu", "config.task.device": "cpu",
+                              "problem.seed": NOT_RECORDED, "problem.select_loss": NOT_RECORDED}
 """Fingerprint keys added in a later version, with the value that means what a checkpoint
 written before them did: absent there, that value here is no change (a run started before
-``device=`` existed resumes on the CPU; on a GPU it is refused, naming the key)."""
+``device=`` existed resumes on the CPU; on a GPU it is refused, naming the key);
+:data:`NOT_RECORDED`: what it was cannot be known, so it is not compared (the problem's seed
+and ``select_loss``, in the fingerprint since 2026-11-27)."""
 
 
 def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -325,6 +338,8 @@ def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     out = []
     for key in sorted(set(old) | set(new)):
         absent = ADDED_KEYS.get(key, "<absent>")
+        if key not in old and absent == NOT_RECORDED:
+            continue
         a, b = _plain(old.get(key, absent)), _plain(new.get(key, "<absent>"))
         if a != b:
             out.append(f"{key}: {_short(a)} -> {_short(b)}")
@@ -340,10 +355,14 @@ def _short(v: Any) -> str:
 def json_safe(obj: Any) -> Any:
     """``obj`` with NaN and infinities replaced by ``None`` (JSON ``null``), tensors and numpy
     numbers turned into Python numbers and lists."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, (bool, int, str)) or obj is None:
+    if isinstance(obj, float):  # numpy.float64 is one: as a plain float
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, bool) or obj is None:
         return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, str):
+        return str(obj)
     if isinstance(obj, Mapping):
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -33,6 +33,8 @@ from ..problem import InnerProblem
 from .files import (
     LOCK,
     METRICS,
+    RECORD_FILES,
+    RECORD_PATTERNS,
     TRAINER_FILES,
     RunLock,
     append_line,
@@ -40,6 +42,7 @@ from .files import (
     digest,
     dumps,
     fingerprint_diff,
+    json_safe,
     load_checkpoint,
     save_checkpoint,
     used_files,
@@ -56,7 +59,8 @@ SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.memory_bu
                   "the same hypergradients to rounding) and its HVP strategy and chunking")
 """Trainer settings that may differ when a run is resumed; every other setting, and the
 problem (K and layout, T, dtype, model, optimizer, initial values and state, first batch,
-validation loss at the start), is in the checkpoint's fingerprint and must match. An online
+validation loss at the start, seed, whether it has a ``select_loss``), is in the checkpoint's
+fingerprint and must match. An online
 run's method must keep its run state's structure (:func:`unpack_run`)."""
 
 Log = Callable[[str], None]
@@ -89,10 +93,14 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
         "problem.first_batch": first,
         "problem.val_loss_at_start": float(f"{start:.6g}") if math.isfinite(start) else
         repr(start),
+        "problem.seed": p.seed,  # the step's random draws, the start's and restarts' points
+        "problem.select_loss": p.select_loss is not None,  # what the returned point is chosen by
     }
     fp.update(settings)
     fp.update(extra)
-    return fp
+    # plain JSON values only (a Path, a NumPy number of a user's fingerprint as str / float):
+    # the checkpoint is read back with torch.load(weights_only=True), which refuses objects
+    return json_safe(fp)  # type: ignore[no-any-return]
 
 
 class RunFolder:
@@ -150,22 +158,23 @@ class RunFolder:
             log(f"{self.path} was locked by a run that died "
                 f"({self.lock.taken_over}): its lock was taken over")
         self._check_writable()
-        used = used_files(self.path)
+        used = used_files(self.path, (*TRAINER_FILES, *RECORD_FILES))
         if not used:
             if self.resume:
                 log(f"resume: no checkpoint in {self.path}, starting afresh")
             return None
-        if self.overwrite:
-            gone = clear_run_dir(self.path, TRAINER_FILES)
+        if self.overwrite:  # the old run's reports too: none may stay beside the new run's
+            gone = clear_run_dir(self.path, (*TRAINER_FILES, *RECORD_FILES), RECORD_PATTERNS)
             log(f"overwrite: removed {gone} from {self.path}")
             return None
         if not self.resume:
-            n = 0
+            steps = ""
             if (self.path / METRICS).exists():
                 n = len((self.path / METRICS).read_text().splitlines())
+                steps = f"; {n} outer steps in {METRICS}"
             raise RunDirError(
                 f"Trainer: the run folder {str(self.path)!r} already holds a run "
-                f"({', '.join(used)}; {n} outer steps in {METRICS}). Pass RunFolder(..., "
+                f"({', '.join(used)}{steps}). Pass RunFolder(..., "
                 f"resume=True) to continue it (hypergrad-run: folder.resume=true), "
                 f"overwrite=True to discard it (folder.overwrite=true), or use another folder "
                 f"(hydra.run.dir=...).")

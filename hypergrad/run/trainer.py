@@ -116,9 +116,10 @@ class TrainResult:
     ``lam`` / ``values``: the **best** hyperparameters evaluated (lowest validation loss; the
     initial point and, offline, the point after the last update included), raw and
     transformed. Online, the validation loss is measured on a moving inner state, so ``lam`` is
-    the last value there. ``best_step``: how many outer updates led to ``lam`` (0: the initial
-    hyperparameters). ``last_lam`` / ``last_values``: where the outer optimizer ended (on a
-    divergence: the hyperparameters that diverged), ``last_val_loss`` their validation loss.
+    the last value there. ``best_step``: how many outer updates led to ``lam`` (0: where the
+    descent started: the initial hyperparameters, or the best point of a space-filling start).
+    ``last_lam`` / ``last_values``: where the outer optimizer ended (on a divergence: the
+    hyperparameters that diverged), ``last_val_loss`` their validation loss.
     ``state``: the inner state trained at ``last_lam`` (offline: by the final evaluation; online:
     the run's own final state; ``None`` after a divergence). ``out_of_time``: offline tuning
     stopped before ``outer_steps`` because the next outer step would not have finished within
@@ -817,8 +818,14 @@ class Trainer:
                          f"the lowest validation loss {self.tracker.best[0]:.4g})")
         hps = self.problem.hyperparams
         if self.history:
-            self.message(f"validation loss: initial "
-                         f"{self.history[0]['val_loss']:.4g}, best {best_val:.4g} (outer step "
+            # after a space-filling start the first hypergradient's point is the start's best,
+            # not the initial point (whose loss is among the start's evaluations)
+            init = next((e["val_loss"] for e in self.evaluations
+                         if torch.equal(e["lam"], self.initial_lam)), None)
+            first = self.history[0]["val_loss"]
+            start = ("initial " + f"{first:.4g}" if init is None or init == first else
+                     f"initial {init:.4g}, the descent's start {first:.4g}")
+            self.message(f"validation loss: {start}, best {best_val:.4g} (outer step "
                          f"{best_step}), last {float(value):.4g} (outer step {self.outer_step})")
         return TrainResult(best_lam.clone(), hps.describe(best_lam), list(self.history),
                            self.method.name, state=state, last_lam=last,

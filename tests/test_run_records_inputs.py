@@ -1,0 +1,296 @@
+"""The ring around the engine, found by review (2026-11-27): mini-batch orders of nearby seeds,
+what a resume must match, what an overwrite removes, what export and the plots write, and
+inputs refused with the argument, the value and the fix."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hypergrad as hg
+from hypergrad.data import MiniBatches, split_validation
+from hypergrad.errors import ResumeMismatchError, RunDirError
+from hypergrad.export import learned_settings, optimizer_from_settings
+from hypergrad.report import figures, write_learned
+from hypergrad.tasks import digits_data
+
+
+def quiet() -> list[Any]:
+    return [hg.run.Log(None), hg.run.Progress(False)]
+
+
+def small(seed: int = 0, select: bool = False, lr0: float = 0.05) -> hg.InnerProblem:
+    data = digits_data(n_train=48, n_val=64, n_test=8, dtype=torch.float64)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 16), nn.Tanh(), nn.Dropout(0.3),
+                          nn.Linear(16, 10)).double()
+    xv, yv, xs, ys = data.x_val[:32], data.y_val[:32], data.x_val[32:], data.y_val[32:]
+    return hg.InnerProblem(
+        model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        hg.optim.sgd(lr="lr", momentum=0.9), hg.HyperParams([hg.Scalar("lr", lr0, "log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=16), 8,
+        lambda m, hp: F.cross_entropy(m(xv), yv),
+        select_loss=(lambda m, hp: F.cross_entropy(m(xs), ys)) if select else None, seed=seed)
+
+
+# -- mini-batch orders ---------------------------------------------------------------------------
+def test_nearby_seeds_give_unrelated_batch_orders() -> None:
+    """Each epoch was shuffled by seed + epoch: seed 1 read seed 0's batches one epoch later
+    (50 of 50 steps), so consecutive seeds were shifted copies of one order."""
+    x = torch.arange(64.0)[:, None]
+    a, b = MiniBatches(x, batch_size=8, seed=0), MiniBatches(x, batch_size=8, seed=1)
+    same = sum(torch.equal(b.indices(t), a.indices(t + a.per_epoch)) for t in range(50))
+    assert same == 0
+    assert torch.equal(a.indices(13), MiniBatches(x, batch_size=8, seed=0).indices(13))
+    assert sorted(torch.cat([a.indices(t) for t in range(8, 16)]).tolist()) == list(range(64))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"seed": 1.5}, r"seed=1.5 must be an int"), ({"seed": "0"}, r"seed='0' must be an int"),
+    ({"shuffle": "no"}, r"shuffle='no' must be True or False")])
+def test_minibatches_refuses_a_seed_or_shuffle_of_another_type(kwargs: dict[str, Any],
+                                                               match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        MiniBatches(torch.zeros(8, 2), batch_size=2, **kwargs)
+
+
+def test_split_validation_refuses_nan_labels_and_a_float_seed() -> None:
+    x = torch.randn(10, 2)
+    labels = torch.tensor([0.0, 1.0, float("nan")] + [0.0] * 7)
+    with pytest.raises(ValueError, match="stratify holds NaN"):
+        split_validation(x, stratify=labels)
+    with pytest.raises(TypeError, match=r"seed=1.5 must be an int"):
+        split_validation(x, seed=1.5)  # type: ignore[arg-type]
+
+
+# -- resume and overwrite ------------------------------------------------------------------------
+def test_a_resume_with_another_seed_or_select_loss_is_refused(tmp_path: Path) -> None:
+    """Neither the problem's seed (dropout draws, the start's and restarts' points) nor whether
+    it has a select_loss was in the fingerprint: a resume mixed two runs in one folder, or
+    returned a point chosen among the first run's selections only."""
+    def fit(p: hg.InnerProblem, steps: int, resume: bool) -> hg.TrainResult:
+        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
+                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
+                          callbacks=quiet()).fit()
+
+    fit(small(seed=0, select=True), 1, False)
+    with pytest.raises(ResumeMismatchError, match=r"problem.seed: 0 -> 1"):
+        fit(small(seed=1, select=True), 2, True)
+    with pytest.raises(ResumeMismatchError, match=r"problem.select_loss: True -> False"):
+        fit(small(seed=0), 2, True)
+    assert len(fit(small(seed=0, select=True), 2, True).history) == 2
+
+
+def test_a_checkpoint_without_the_new_keys_still_resumes(tmp_path: Path) -> None:
+    """Checkpoints written before the seed and select_loss were recorded resume (those keys are
+    not compared when absent)."""
+    from hypergrad.run.files import fingerprint_diff
+
+    new = {"problem.K": 1, "problem.seed": 3, "problem.select_loss": False}
+    assert fingerprint_diff({"problem.K": 1}, new) == []
+    assert fingerprint_diff({"problem.K": 1, "problem.seed": 2}, new) == [
+        "problem.seed: 2 -> 3"]
+
+
+def test_a_fingerprint_with_a_path_or_a_numpy_number_resumes(tmp_path: Path) -> None:
+    """Such a value was pickled into every checkpoint, which torch.load(weights_only=True)
+    refuses: the run could never be resumed."""
+    extra = {"data": Path("my_data.npz"), "grid_max": np.float64(0.5), "n": np.int64(3)}
+    for resume, steps in ((False, 1), (True, 2)):
+        res = hg.Trainer(small(), "forward", mode=hg.Offline(outer_steps=steps),
+                         folder=hg.RunFolder(tmp_path / "run", resume=resume,
+                                             fingerprint=extra), callbacks=quiet()).fit()
+    assert len(res.history) == 2
+
+
+def test_an_overwrite_from_python_removes_the_old_runs_reports(tmp_path: Path) -> None:
+    """RunFolder(overwrite=True) removed the checkpoints and metrics only: the old run's
+    learned.yaml, model, plots, results.json and TensorBoard events stayed beside the new
+    run's; a folder holding only results.json was not refused."""
+    d = tmp_path / "run"
+    p = small()
+    res = hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=1), folder=d,
+                     callbacks=quiet()).fit()
+    write_learned(d, p, res.lam, res.state)
+    assert (d / "model_learned.pt").exists()
+    (d / "results.json").write_text("{}")
+    (d / "val_curve.png").write_bytes(b"old")
+    (d / "tb").mkdir()
+    (d / "tb" / "events.out.tfevents.1.host").write_bytes(b"old")
+    hg.Trainer(small(lr0=0.01), "forward", mode=hg.Offline(outer_steps=1),
+               folder=hg.RunFolder(d, overwrite=True), callbacks=quiet()).fit()
+    assert sorted(f.name for f in d.iterdir() if f.is_file()) == ["checkpoint.pt",
+                                                                  "metrics.jsonl"]
+    assert not list((d / "tb").iterdir())
+    e = tmp_path / "reports_only"
+    e.mkdir()
+    (e / "results.json").write_text("{}")
+    with pytest.raises(RunDirError, match=r"already holds a run \(results.json\)\. Pass"):
+        hg.Trainer(small(), "forward", mode=hg.Offline(outer_steps=1), folder=e,
+                   callbacks=quiet())
+
+
+# -- export --------------------------------------------------------------------------------------
+def _mlp_problem(items: list[Any], opt: Any, steps: int = 8) -> hg.InnerProblem:
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 4, dtype=torch.float64), torch.randint(0, 3, (32,))
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]), opt,
+                           hg.HyperParams(items), MiniBatches(x, y, batch_size=8), steps,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
+@pytest.mark.parametrize("init", ["scale", "weights"])
+def test_export_with_initial_weights_of_some_parameters(init: str, tmp_path: Path) -> None:
+    """An InitScale / InitWeights over some parameters made learned_settings raise KeyError
+    (every hyperparameter's dict was read at every parameter), so write_learned, and the CLI
+    report before results.json, failed."""
+    item = (hg.InitScale("s", 1.0, "log", params=["0.weight"]) if init == "scale" else
+            hg.InitWeights("w0", params=["2.weight"]))
+    p = _mlp_problem([hg.Scalar("lr", 0.1, "log"), item], hg.optim.sgd(lr="lr"))
+    assert write_learned(tmp_path, p, p.init_raw(), None) == ["learned.yaml"]
+    assert learned_settings(p, p.init_raw())["optimizer"]["defaults"]["lr"] == pytest.approx(0.1)
+
+
+def test_export_of_a_schedule_warming_up_from_zero_trains_as_hypergrad_did() -> None:
+    """Factors relative to a first window of 0 were 0/0 and x/0: learned.yaml held NaN and inf
+    and torch trained with lr = NaN."""
+    p = _mlp_problem([hg.Schedule("lr", init=torch.tensor([0.0, 0.05, 0.1, 0.1]), windows=4)],
+                     hg.optim.sgd(lr="lr", momentum=0.5))
+    lam = p.init_raw()
+    settings = learned_settings(p, lam)
+    assert settings["optimizer"]["defaults"]["lr"] == pytest.approx(0.1)
+    assert [w[2] for w in settings["schedule"]["windows"]] == pytest.approx([0, 0.5, 1, 1])
+    ours = p.run(lam).params  # first: the problem starts from the module's weights
+    model = p.fmodel.module
+    opt, sched = optimizer_from_settings(settings, model)
+    for t in range(p.steps):
+        xb, yb, _ = p.batch(t)
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        sched.step()
+    for name, w in model.named_parameters():
+        assert torch.allclose(w, ours[name], atol=1e-12), name
+
+
+@pytest.mark.parametrize("steps", [0, -8, 2.9, True])
+def test_optimizer_from_settings_refuses_steps_that_are_no_count(steps: Any) -> None:
+    p = _mlp_problem([hg.Schedule("lr", 0.1, windows=2, transform="log")],
+                     hg.optim.sgd(lr="lr"))
+    settings = learned_settings(p, p.init_raw())
+    with pytest.raises(ValueError, match=r"steps=.* must be an int >= 1"):
+        optimizer_from_settings(settings, p.fmodel.module, steps=steps)
+
+
+# -- reports -------------------------------------------------------------------------------------
+def test_the_plots_mark_the_returned_point_not_the_history_entry() -> None:
+    """The returned point is often a line search's, evaluated during outer step k: the star was
+    drawn at history[k]'s validation loss and the dashed line at its hyperparameters."""
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, "log")])
+    history = [{"outer_step": k, "val_loss": v, "hyperparams": {"lr": lr}}
+               for k, v, lr in ((0, 2.0, 0.1), (1, 1.5, 0.2), (2, 1.4, 0.3))]
+    lam = torch.tensor([0.0])
+    figs = figures(hps, 8, history, lam, lam, best_step=1, learned=(1.2, {"lr": 0.25}))
+    try:
+        star = [ln for ln in figs["val_curve.png"].axes[0].get_lines()
+                if str(ln.get_label()).startswith("learned")]
+        assert [float(v) for v in star[0].get_ydata()] == [1.2]
+        marks = [ln for ln in figs["hyperparams.png"].axes[0].get_lines()
+                 if ln.get_marker() == "*"]
+        assert [float(v) for v in marks[0].get_ydata()] == [0.25]
+    finally:
+        import matplotlib.pyplot as plt
+
+        for f in figs.values():
+            plt.close(f)
+
+
+def test_schedule_windows_no_step_reads_keep_their_own_labels() -> None:
+    """More windows than steps: the windows no step reads got labels like 'steps 1-0' twice,
+    and one window's value was dropped from summaries, results.json and the plots."""
+    hps = hg.HyperParams([hg.Schedule("lr", 0.1, windows=3)])
+    named = hps.named({"lr": [0.1, 0.2, 0.3]}, 1)
+    assert list(named.values()) == pytest.approx([0.1, 0.2, 0.3])
+    assert list(named) == ["lr[steps 0-0]", "lr[window 1: no step]", "lr[window 2: no step]"]
+
+
+def test_progress_under_the_default_mode_names_the_planned_steps() -> None:
+    said: list[str] = []
+    p = small()
+    hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=None, start=0, recheck=0),
+               callbacks=[hg.run.Log(said.append), hg.run.Progress(True)]).fit()
+    steps = [m for m in said if "outer step 0/" in m]
+    assert steps and "/None" not in steps[0] and "outer step 0/10" in steps[0]
+
+
+def test_the_closing_message_tells_the_initial_point_from_the_descents_start() -> None:
+    """After a space-filling start the first hypergradient's point (the start's best) was
+    called the initial one."""
+    said: list[str] = []
+    tr = hg.Trainer(small(), "forward", mode=hg.Offline(outer_steps=2, start=4, recheck=0),
+                    callbacks=[hg.run.Log(said.append), hg.run.Progress(False)])
+    res = tr.fit()
+    init = [e["val_loss"] for e in res.evaluations if torch.equal(e["lam"], tr.initial_lam)]
+    first = res.history[0]["val_loss"]
+    assert init and init[0] != first  # the start found a better point than the initial one
+    last = [m for m in said if "validation loss: initial" in m][-1]
+    assert f"initial {init[0]:.4g}, the descent's start {first:.4g}," in last
+
+
+# -- inputs --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(2.7,), (0,), (-1,), (True,), 3])
+def test_array_refuses_a_shape_that_is_no_tuple_of_positive_ints(shape: Any) -> None:
+    with pytest.raises(ValueError, match=r"shape=.* must be a tuple of ints >= 1"):
+        hg.Array("a", 0.1, shape)
+
+
+def test_counts_given_as_bools_and_params_as_one_string_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"windows=True must be an int"):
+        hg.Schedule("lr", 0.1, windows=True)
+    with pytest.raises(ValueError, match=r"n=True must be the number"):
+        hg.PerExample("w", 1.0, n=True)
+    with pytest.raises(TypeError,
+                       match=r"params='0.weight' must be a list .*params=\['0.weight'\]"):
+        hg.PerTensor("wd", 1e-3, "log", params="0.weight")
+
+
+def test_a_bound_or_init_that_rounds_onto_the_domains_edge_says_so() -> None:
+    p = _mlp_problem([hg.Scalar("mom", 0.5, "logit")], hg.optim.sgd(lr=0.1, momentum="mom"))
+    p32 = hg.InnerProblem(p.fmodel.module.float(), p.train_loss, p.optimizer, p.hyperparams,
+                          MiniBatches(torch.randn(32, 4), torch.randint(0, 3, (32,)),
+                                      batch_size=8), 4, lambda m, hp: m(torch.ones(1, 4)).sum())
+    with pytest.raises(ValueError, match=r"which rounds to 1.0 in torch.float32"):
+        hg.Trainer(p32, guards=hg.Guards(bounds={"mom": (None, 0.99999999)}))
+    with pytest.raises(ValueError, match=r"init=0.99999999 .* rounds to 1.0 in torch.float32"):
+        hg.Scalar("mom", 0.99999999, "logit").init_raw(torch.float32)
+
+
+def test_integer_features_are_named_with_the_fix() -> None:
+    x = torch.randint(0, 5, (16, 4))
+    y = torch.randint(0, 3, (16,))
+    model = nn.Linear(4, 3).double()
+    p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                        MiniBatches(x, y, batch_size=8), 2,
+                        lambda m, hp: m(torch.ones(1, 4, dtype=torch.float64)).sum())
+    with pytest.raises(TypeError, match=r"tensor 0 of mini-batch 0 is torch.int64 .* Convert "
+                                        r"the data to the model's dtype: x.double\(\)"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hg.ForwardMode().hypergradient(p, p.init_raw())
+
+
+def test_results_json_round_trip_of_numpy_values() -> None:
+    from hypergrad.run.files import dumps
+
+    out = json.loads(dumps({"a": np.float64(0.5), "b": np.int64(2), "c": Path("x")}))
+    assert out == {"a": 0.5, "b": 2, "c": "x"}
