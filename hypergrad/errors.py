@@ -54,7 +54,9 @@ class PrecisionWarning(HypergradWarning):
     """Hypergradients of a float32 problem on CUDA with TF32 enabled for the model's
     convolutions (``torch.backends.cudnn.allow_tf32``, on by torch's default) or matrix products
     (``torch.backends.cuda.matmul.allow_tf32``): each product keeps a 10-bit mantissa, and the
-    hypergradient of a run sums many of them (docs/benchmarks.md, "Precision")."""
+    hypergradient of a run sums many of them (docs/benchmarks.md, "Precision"); also central
+    finite differences of a problem in float32 (their rounding error is machine epsilon over
+    the step)."""
 
 
 class CheckpointError(RuntimeError):

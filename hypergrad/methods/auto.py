@@ -55,6 +55,22 @@ class AutoMode(Method, name="auto"):
         if forward is not None and hvp is not None:
             raise ValueError(f"AutoMode: got forward={forward!r} and hvp={hvp!r}; pass one "
                              f"(hvp=... is short for forward=ForwardMode(hvp=...)).")
+        for arg, m, cls in (("forward", forward, ForwardMode), ("reverse", reverse, ReverseMode),
+                            ("checkpointed", checkpointed, ReverseMode)):
+            if m is None:
+                continue
+            if not isinstance(m, cls):
+                raise TypeError(f"AutoMode: {arg}={m!r} must be a {cls.__name__}(...).")
+            if m.fingerprint():  # only the exact methods' is empty (a resume may switch)
+                raise ValueError(
+                    f"AutoMode: {arg}={m!r} is not exact ({m.fingerprint()}); AutoMode picks "
+                    f"among exact methods only, which agree to rounding. Pass method={m!r} "
+                    f"to the Trainer directly to use it.")
+        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(
+                memory_budget, (int, float)) or not 0 < memory_budget < float("inf")):
+            raise ValueError(f"AutoMode: memory_budget={memory_budget!r} must be bytes > 0 "
+                             f"(e.g. memory_budget=4e9), or None for the device's available "
+                             f"memory.")
         self.forward = forward if forward is not None else ForwardMode(hvp)
         self.reverse = reverse if reverse is not None else ReverseMode()
         self.checkpointed = (checkpointed if checkpointed is not None else

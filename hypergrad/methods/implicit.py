@@ -59,6 +59,7 @@ from torch.func import grad, grad_and_value, vjp
 
 from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning
 from ..hvp import VmapVJP
+from ..optim.base import is_zero
 from ..problem import InnerProblem, InnerState
 from .base import HyperGradient, MemoryEstimate, Method, Sizes
 
@@ -368,7 +369,19 @@ class ImplicitDiff(Method, name="implicit"):
                 f"theorem says nothing about learning rates, momenta or their schedules. Use "
                 f"ForwardMode() or ReverseMode() (method='forward' / 'reverse') for them; "
                 f"ImplicitDiff takes hyperparameters of the training loss (hp[...] in "
-                f"train_loss) and an L2 weight_decay of sgd/adam.")
+                f"train_loss) and an L2 weight_decay of sgd, adam, rmsprop or adagrad.")
+        fixed = {a: v for a, v in opt.args.items() if a == "weight_decay"
+                 and a not in opt.stationary_args and not isinstance(v, str)
+                 and not is_zero(v)}
+        if fixed:
+            args = ", ".join(f"{a}={v!r}" for a, v in fixed.items())
+            raise ValueError(
+                f"ImplicitDiff: {opt.name}({args}): this weight decay is no term of the "
+                f"training loss at the weights the run returns (decoupled from the gradient), "
+                f"so its fixed points are no stationary points of the training loss and the "
+                f"implicit function theorem gives a wrong hypergradient. Use "
+                f"an L2 decay added to the gradient (sgd or adam with weight_decay=...), or "
+                f"ForwardMode() / ReverseMode().")
         init = [it.name for it in hps.init_items]
         if init:
             raise ValueError(

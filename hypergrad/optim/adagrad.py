@@ -17,6 +17,7 @@ from .base import (
     fma,
     inv_twice,
     is_zero,
+    l2_penalty,
     l2_tangent,
     register,
     safe_sqrt,
@@ -41,6 +42,8 @@ class Adagrad(Optimizer):
     domains = {"lr": "positive", "lr_decay": "nonnegative", "weight_decay": "nonnegative",
                "eps": "positive"}
     examples = {"lr": "1e-2", "lr_decay": "0.0", "weight_decay": "1e-4", "eps": "1e-10"}
+    # d = g + wd w: at a fixed point d = 0, a stationary point of L + wd ||w||^2 / 2
+    stationary_args = ("weight_decay",)
 
     def init(self, params: Params) -> AdagradState:
         v = float(self.args["initial_accumulator_value"])
@@ -91,6 +94,10 @@ class Adagrad(Optimizer):
                                      (-lr * t / scale**2, c.derivative(decay))), q, -1.0)
             zp_new[k] = zw
         return zp_new, AdagradState(zs_new)
+
+    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
+        """The L2 ``weight_decay`` (added to the gradient) is ``sum wd ||w||^2 / 2``."""
+        return l2_penalty(self, "weight_decay", params, hp)
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:

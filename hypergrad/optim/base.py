@@ -15,10 +15,11 @@ An optimizer is a small class, one module per algorithm (:mod:`~hypergrad.optim.
   forward mode derive it (:mod:`hypergrad.tangent`).
 - ``stationary_args`` and ``penalty(params, hp)`` (optional): the arguments whose effect at a
   fixed point of the update is a term of the objective being minimised (an L2 weight decay
-  added to the gradient: SGD's and Adam's ``weight_decay``, not AdamW's decoupled one), and that
-  term. Implicit differentiation (:class:`~hypergrad.ImplicitDiff`) adds it to the training
-  loss and accepts hyperparameters bound to those arguments; every other optimizer
-  hyperparameter (learning rates, momenta, schedules of them) leaves the fixed point unchanged.
+  added to the gradient: the ``weight_decay`` of SGD, Adam, RMSprop and Adagrad, not AdamW's
+  decoupled one), and that term. Implicit differentiation (:class:`~hypergrad.ImplicitDiff`)
+  adds it to the training loss and accepts hyperparameters bound to those arguments; every
+  other optimizer hyperparameter (learning rates, momenta, schedules of them) leaves the fixed
+  point unchanged.
 
 The engine never reads an optimizer's name or private fields and takes the primal update only
 from ``update``. A new optimizer is a new module: subclass :class:`Optimizer`, write ``init`` and
@@ -163,6 +164,7 @@ DOMAINS: dict[str, tuple[Callable[[float], bool], str]] = {
     "positive": (lambda v: 0 < v < math.inf, "> 0"),
     "nonnegative": (lambda v: 0 <= v < math.inf, ">= 0"),
     "unit": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "open_unit": (lambda v: 0 < v < 1, "in (0, 1)"),
 }
 """The domains of optimizer constants: name -> (test, words). NaN and inf pass none."""
 
@@ -190,8 +192,8 @@ class Optimizer(abc.ABC):
     options: tuple[str, ...] = ()
     domains: ClassVar[dict[str, str]] = {}
     """The valid constants of each argument (:data:`DOMAINS` names them: ``"positive"``,
-    ``"nonnegative"``, ``"unit"`` for [0, 1)); a hyperparameter's name is not checked here (its
-    value is its transform's business)."""
+    ``"nonnegative"``, ``"unit"`` for [0, 1), ``"open_unit"`` for (0, 1)); a hyperparameter's
+    name is not checked here (its value is its transform's business)."""
     examples: ClassVar[dict[str, str]] = {}
     """A valid value of each argument, for messages (``lr="0.1"``)."""
     elementwise: bool = True

@@ -18,6 +18,7 @@ from .base import (
     fma,
     inv_twice,
     is_zero,
+    l2_penalty,
     l2_tangent,
     register,
     safe_sqrt,
@@ -47,6 +48,8 @@ class RMSprop(Optimizer):
                "weight_decay": "nonnegative", "momentum": "unit"}
     examples = {"lr": "1e-2", "alpha": "0.99", "eps": "1e-8", "weight_decay": "1e-4",
                 "momentum": "0.9"}
+    # d = g + wd w: at a fixed point d = 0, a stationary point of L + wd ||w||^2 / 2
+    stationary_args = ("weight_decay",)
 
     def init(self, params: Params) -> RMSpropState:
         z = lambda: {k: torch.zeros_like(p) for k, p in params.items()}  # noqa: E731
@@ -136,6 +139,10 @@ class RMSprop(Optimizer):
                 c.add_direct(zw, lr, q, -1.0)
             zp_new[k] = zw
         return zp_new, RMSpropState(zsq, zbuf, zgavg)
+
+    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
+        """The L2 ``weight_decay`` (added to the gradient) is ``sum wd ||w||^2 / 2``."""
+        return l2_penalty(self, "weight_decay", params, hp)
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:

@@ -72,7 +72,8 @@ class AdamWScheduleFree(Optimizer):
     hyper_args = ("lr", "eps", "weight_decay")
     pair_args = ("betas",)
     options = ("warmup_steps", "r", "weight_lr_power", "steps")
-    domains = {"lr": "positive", "betas": "unit", "eps": "positive",
+    # betas[0] = 0 would divide by 0 in the last step's average (1 - 1 / b1)
+    domains = {"lr": "positive", "betas": "open_unit", "eps": "positive",
                "weight_decay": "nonnegative"}
     examples = {"lr": "0.0025", "betas": "(0.9, 0.999)", "eps": "1e-8", "weight_decay": "0.0"}
     elementwise = False  # 0-d state entries beside per-element ones: no diagonal Jacobian
