@@ -340,7 +340,10 @@ def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
         absent = ADDED_KEYS.get(key, "<absent>")
         if key not in old and absent == NOT_RECORDED:
             continue
-        a, b = _plain(old.get(key, absent)), _plain(new.get(key, "<absent>"))
+        # as plain JSON, as fingerprints are stored since 2026-11-27 (an earlier checkpoint's
+        # inf or NumPy number compares equal to what it is stored as now)
+        a = json_safe(_plain(old.get(key, absent)))
+        b = json_safe(_plain(new.get(key, "<absent>")))
         if a != b:
             out.append(f"{key}: {_short(a)} -> {_short(b)}")
     return out
