@@ -70,7 +70,7 @@ def test_implicit_counts_the_optimizers_constant_weight_decay(name: str) -> None
 
 def test_implicit_refuses_a_constant_decoupled_weight_decay() -> None:
     p, _ = _ridge(hg.optim.adamw(lr=0.05, weight_decay=0.01), 10)
-    with pytest.raises(ValueError, match=r"adamw\(weight_decay=0.01\).*no term of the training"):
+    with pytest.raises(ValueError, match=r"adamw\(weight_decay=0.01\) decays the weights apart"):
         hg.ImplicitDiff().hypergradient(p, p.init_raw())
     p, _ = _ridge(hg.optim.adamw(lr=0.05, weight_decay=0.0), 10)
     hg.ImplicitDiff().check_applicable(p)  # no decay: nothing to refuse

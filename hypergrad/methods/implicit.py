@@ -370,18 +370,14 @@ class ImplicitDiff(Method, name="implicit"):
                 f"ForwardMode() or ReverseMode() (method='forward' / 'reverse') for them; "
                 f"ImplicitDiff takes hyperparameters of the training loss (hp[...] in "
                 f"train_loss) and an L2 weight_decay of sgd, adam, rmsprop or adagrad.")
-        fixed = {a: v for a, v in opt.args.items() if a == "weight_decay"
-                 and a not in opt.stationary_args and not isinstance(v, str)
-                 and not is_zero(v)}
-        if fixed:
-            args = ", ".join(f"{a}={v!r}" for a, v in fixed.items())
+        wd = opt.args.get("weight_decay")  # a constant (a bound one was refused above)
+        if "weight_decay" not in opt.stationary_args and wd is not None and not is_zero(wd):
             raise ValueError(
-                f"ImplicitDiff: {opt.name}({args}): this weight decay is no term of the "
-                f"training loss at the weights the run returns (decoupled from the gradient), "
-                f"so its fixed points are no stationary points of the training loss and the "
-                f"implicit function theorem gives a wrong hypergradient. Use "
-                f"an L2 decay added to the gradient (sgd or adam with weight_decay=...), or "
-                f"ForwardMode() / ReverseMode().")
+                f"ImplicitDiff: {opt.name}(weight_decay={wd!r}) decays the weights apart from "
+                f"the gradient (decoupled), so its fixed points are no stationary points of "
+                f"the training loss and the implicit function theorem gives a wrong "
+                f"hypergradient. Use an L2 decay added to the gradient (sgd, adam, rmsprop "
+                f"or adagrad with weight_decay=...), or ForwardMode() / ReverseMode().")
         init = [it.name for it in hps.init_items]
         if init:
             raise ValueError(
