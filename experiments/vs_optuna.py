@@ -515,6 +515,7 @@ def _variants() -> dict[str, Any]:
                                method=hg.ReverseMode(tape=True)),
         "forward": dict(method="forward"),
         "no_leftover": dict(patch={"USE_LEFTOVER": False}),
+        "no_trial_forecast": dict(patch={"TRIAL_FORECAST": False}),
         "no_recheck_first": dict(patch={"RECHECK_FIRST": False}),
         "independent_start": dict(patch={"SHARED_START": ()}),
         "shared_start_all": dict(patch={"SHARED_START": ("schedule", "per_example", "per_tensor",

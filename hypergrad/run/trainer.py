@@ -84,6 +84,12 @@ USE_LEFTOVER = True
 budget: spend the time left after the last hypergradient on plain runs
 (:meth:`Trainer._leftover`)."""
 
+TRIAL_FORECAST = True
+"""The default search forecasts an outer step as its hypergradient and one plain run: the next
+hypergradient is taken only with room for its line search's first trial after it (without, a
+budget that just held one ended on a hypergradient nothing was tried along). Off:
+``vs_optuna.py --suite --variants no_trial_forecast``."""
+
 SHARED_START: tuple[str, ...] = ("schedule", "per_example")
 """The hyperparameter kinds whose entries quasi-random points (the space-filling start,
 restarts, the leftover time) place at one level of the box: every window of a
@@ -756,8 +762,8 @@ class Trainer:
             if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
                 # the next outer step is worth taking only with room for its line search's
                 # first trial: a hypergradient with no trial after it moves nothing
-                last_seconds = hg_seconds + (self._plain_slow()
-                                             if self._plain_seconds is not None else 0.0)
+                last_seconds = hg_seconds + (self._plain_slow() if TRIAL_FORECAST
+                                             and self._plain_seconds is not None else 0.0)
                 # stalled, and no restart point to go on from: the next hypergradient would be
                 # this one again (the same point, the same run), so the descent ends here
                 ended = self.outer.stalled and not self._restart()
