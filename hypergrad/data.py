@@ -18,6 +18,7 @@ hypergradients fit it), one held out for ``select_loss`` (the Trainer chooses it
 from __future__ import annotations
 
 import contextlib
+import operator
 import random
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -55,6 +56,16 @@ def _check_tensors(who: str, tensors: tuple[Any, ...]) -> None:
                         f"one row per example: {fix}.")
 
 
+def _int_seed(api: str, seed: Any) -> int:
+    """``seed`` as a Python int (NumPy integers too); a float, str or bool is refused."""
+    try:
+        if not isinstance(seed, bool):
+            return operator.index(seed)
+    except TypeError:
+        pass
+    raise TypeError(f"{api}: seed={seed!r} must be an int (e.g. seed=0).")
+
+
 class MiniBatches:
     """Callable ``t -> (*tensors[idx], idx)``: shuffled epochs drawn from ``seed``.
 
@@ -88,8 +99,7 @@ class MiniBatches:
                 f"MiniBatches: batch_size={batch_size} is larger than the {n} examples; use "
                 f"batch_size <= {n}."
             )
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"MiniBatches: seed={seed!r} must be an int (e.g. seed=0).")
+        seed = _int_seed("MiniBatches", seed)
         if not isinstance(shuffle, bool):
             raise TypeError(f"MiniBatches: shuffle={shuffle!r} must be True or False.")
         self.tensors = tensors
@@ -412,8 +422,7 @@ def split_validation(*tensors: Tensor, share: float = 0.5, seed: int = 0,
             and not bool(torch.isfinite(stratify).all())):
         raise ValueError("split_validation: stratify holds NaN or infinite labels (their rows "
                          "would never be held out); give every row a finite class label.")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"split_validation: seed={seed!r} must be an int (e.g. seed=0).")
+    seed = _int_seed("split_validation", seed)
     g = torch.Generator().manual_seed(seed)
     groups = ([torch.arange(n)] if stratify is None else
               [torch.nonzero(stratify.cpu() == c).flatten() for c in stratify.cpu().unique()])

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,9 +196,12 @@ class Array(HyperParameter):
         if shape is None:
             _check_init(f"Array({name!r})", init)
             shape = tuple(torch.as_tensor(init).shape)
-        dims = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else None
-        if dims is None or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
-                                   for d in dims):
+        try:  # any sequence of integers (a list, a ListConfig, NumPy ints)
+            dims: tuple[int, ...] | None = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            dims = None
+        if (dims is None or any(isinstance(d, bool) for d in shape)
+                or not all(d >= 1 for d in dims)):
             raise ValueError(f"Array({name!r}): shape={shape!r} must be a tuple of ints >= 1 "
                              f"(e.g. shape=(30,)), or left out for the init's shape.")
         self.name, self.init, self.transform = name, init, transform

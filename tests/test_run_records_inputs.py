@@ -253,6 +253,16 @@ def test_array_refuses_a_shape_that_is_no_tuple_of_positive_ints(shape: Any) -> 
         hg.Array("a", 0.1, shape)
 
 
+def test_shapes_and_seeds_as_other_integer_types_are_taken() -> None:
+    from omegaconf import OmegaConf
+
+    assert hg.Array("l2", 0.1, OmegaConf.create({"s": [30]}).s).shape() == (30,)
+    assert hg.Array("a", 0.1, (np.int64(3), 2)).shape() == (3, 2)
+    x = torch.arange(16.0)[:, None]
+    assert torch.equal(MiniBatches(x, batch_size=4, seed=np.int64(3)).indices(5),
+                       MiniBatches(x, batch_size=4, seed=3).indices(5))
+
+
 def test_counts_given_as_bools_and_params_as_one_string_are_refused() -> None:
     with pytest.raises(ValueError, match=r"windows=True must be an int"):
         hg.Schedule("lr", 0.1, windows=True)
