@@ -299,8 +299,8 @@ class Stream:
             raise ValueError("Stream: the DataLoader has in_order=False: its batches come in "
                              "the order its workers finish them, which no seed fixes. Use "
                              "in_order=True (the default).")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"Stream: seed={seed!r} must be an int or None.")
+        if seed is not None:
+            seed = _int_seed("Stream", seed)
         self.source = batches
         self.seed: int | None = seed
         self.passes = 0

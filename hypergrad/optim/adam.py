@@ -18,7 +18,6 @@ from .base import (
     fma,
     inv_twice,
     is_zero,
-    l2_penalty,
     owned,
     register,
     safe_sqrt,
@@ -134,11 +133,6 @@ class Adam(Optimizer):
             c.add_term(zn, dc2, lambda: -step_den * root / c2**2)
             new_zp[k], new_zm[k], new_zv[k] = zn, zm, zv
         return new_zp, AdamState(new_zm, new_zv)
-
-    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
-        """L2 ``weight_decay`` (added to the gradient) is ``sum wd ||w||^2 / 2``; AdamW's
-        decoupled decay is no term of an objective."""
-        return None if self.decoupled else l2_penalty(self, "weight_decay", params, hp)
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:

@@ -281,8 +281,14 @@ class Optimizer(abc.ABC):
     def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
         """The term the update adds to the objective it minimises, as a function of the
         parameters (``None``: nothing). A fixed point of the update is a stationary point of
-        ``L_train + penalty``."""
-        return None
+        ``L_train + penalty``. By default the L2 term ``sum wd ||w||^2 / 2`` of each of
+        :attr:`stationary_args` (weight decays added to the gradient: SGD, Adam, RMSprop,
+        Adagrad); override for another kind of term."""
+        terms = [t for arg in self.stationary_args
+                 if (t := l2_penalty(self, arg, params, hp)) is not None]
+        if not terms:
+            return None
+        return terms[0] if len(terms) == 1 else torch.stack(terms).sum()
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:

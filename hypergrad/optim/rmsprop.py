@@ -18,7 +18,6 @@ from .base import (
     fma,
     inv_twice,
     is_zero,
-    l2_penalty,
     l2_tangent,
     register,
     safe_sqrt,
@@ -139,10 +138,6 @@ class RMSprop(Optimizer):
                 c.add_direct(zw, lr, q, -1.0)
             zp_new[k] = zw
         return zp_new, RMSpropState(zsq, zbuf, zgavg)
-
-    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
-        """The L2 ``weight_decay`` (added to the gradient) is ``sum wd ||w||^2 / 2``."""
-        return l2_penalty(self, "weight_decay", params, hp)
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:

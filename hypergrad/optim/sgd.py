@@ -17,7 +17,6 @@ from .base import (
     const_zero,
     fma,
     is_zero,
-    l2_penalty,
     owned,
     register,
 )
@@ -182,10 +181,6 @@ class SGD(Optimizer):
             ctx.add_direct(zw, lr, s_primal, -1.0)
             new_zp[k] = zw
         return new_zp, SGDState(new_zb)
-
-    def penalty(self, params: Params, hp: Mapping[str, Any]) -> Tensor | None:
-        """``weight_decay`` is an L2 term: ``sum wd ||w||^2 / 2``."""
-        return l2_penalty(self, "weight_decay", params, hp)
 
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:
