@@ -762,8 +762,7 @@ class Trainer:
             if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
                 # the next outer step is worth taking only with room for its line search's
                 # first trial: a hypergradient with no trial after it moves nothing
-                last_seconds = hg_seconds + (self._plain_slow() if TRIAL_FORECAST
-                                             and self._plain_seconds is not None else 0.0)
+                last_seconds = hg_seconds + (self._plain_slow() if TRIAL_FORECAST else 0.0)
                 # stalled, and no restart point to go on from: the next hypergradient would be
                 # this one again (the same point, the same run), so the descent ends here
                 ended = self.outer.stalled and not self._restart()
@@ -829,7 +828,7 @@ class Trainer:
             init = next((e["val_loss"] for e in self.evaluations
                          if torch.equal(e["lam"], self.initial_lam)), None)
             first = self.history[0]["val_loss"]
-            start = ("initial " + f"{first:.4g}" if init is None or init == first else
+            start = (f"initial {first:.4g}" if init is None or init == first else
                      f"initial {init:.4g}, the descent's start {first:.4g}")
             self.message(f"validation loss: {start}, best {best_val:.4g} (outer step "
                          f"{best_step}), last {float(value):.4g} (outer step {self.outer_step})")
