@@ -62,6 +62,21 @@ def test_checkpointed_where_reverse_does_not_fit() -> None:
     assert choose_method(p, memory_budget=rev * 1.01)[0] == "reverse"  # fits: cheaper
 
 
+def test_auto_estimates_the_reverse_mode_it_was_given() -> None:
+    """AutoMode(reverse=ReverseMode(tape=True)) holds every step's graph: its own estimate (not
+    plain reverse mode's) decides whether it fits."""
+    p = _problem()
+    tape = hg.ReverseMode(tape=True)
+    rev, tp = estimate_memory(p, "reverse").total, estimate_memory(p, tape).total
+    assert rev < tp
+    budget = rev * 1.01  # plain reverse would fit, the tape does not
+    method, why = AutoMode(reverse=tape).resolve(p, memory_budget=budget)
+    assert method.estimate_memory(p).total <= budget
+    assert why.startswith("chose checkpointed: ") and "reverse mode would not fit" in why
+    assert AutoMode(reverse=tape).resolve(p, memory_budget=tp * 1.01)[0] is tape
+    assert choose_method(p, memory_budget=budget, reverse=tape)[0] == "checkpointed"
+
+
 def test_forward_wins_ties_and_cheap_k() -> None:
     """K = 2: forward costs 5 gradients per step, as checkpointed reverse: forward is kept."""
     p = _problem("per_tensor_wd", steps=400)  # K = 4 parameter tensors

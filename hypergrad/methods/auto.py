@@ -80,7 +80,8 @@ class AutoMode(Method, name="auto"):
     def resolve(self, problem: InnerProblem, mode: str = "offline",
                 memory_budget: float | None = None) -> tuple[Method, str]:
         mb = self.memory_budget if self.memory_budget is not None else memory_budget
-        name, why = choose_method(problem, mode, mb, self.forward, self.checkpointed)
+        name, why = choose_method(problem, mode, mb, self.forward, self.checkpointed,
+                                  self.reverse)
         chosen = {"forward": self.forward, "reverse": self.reverse,
                   "checkpointed": self.checkpointed}[name]
         return chosen, f"chose {name}: {why}"
@@ -102,12 +103,14 @@ class AutoMode(Method, name="auto"):
 def choose_method(problem: InnerProblem, mode: str = "offline",
                   memory_budget: float | None = None,
                   forward: ForwardMode | None = None,
-                  checkpointed: ReverseMode | None = None) -> tuple[str, str]:
+                  checkpointed: ReverseMode | None = None,
+                  reverse: ReverseMode | None = None) -> tuple[str, str]:
     """Pick ``"forward"``, ``"reverse"`` or ``"checkpointed"`` (reverse mode with
     ``checkpoint="sqrt"``); returns the name and the reason in words.
 
     The rule: online tuning needs forward mode. Offline, the memory estimates
-    (:func:`estimate_memory`, ``forward``'s HVP strategy, ``checkpointed``'s interval) are
+    (:func:`estimate_memory`: ``forward``'s HVP strategy, ``reverse``'s and ``checkpointed``'s
+    own settings, e.g. ``ReverseMode(tape=True)``'s every graph held) are
     compared with ``memory_budget`` (bytes; ``None``: the device's available memory); a method
     that does not fit is never picked, and among those that fit the cheapest per inner step
     wins: forward ``1 + 2K`` gradients, reverse 4, checkpointed reverse 5 (ties to forward,
@@ -126,7 +129,7 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
                 f"method=auto: online tuning needs forward mode, which needs about {fwd} > "
                 f"memory budget {gib(room)}. Options: {options(problem, fwd, None, mode)}.")
         return "forward", "online tuning needs hypergradients during training (forward mode)"
-    rev = ReverseMode().estimate_memory(problem, sizes)
+    rev = (reverse if reverse is not None else ReverseMode()).estimate_memory(problem, sizes)
     ck_method = checkpointed if checkpointed is not None else ReverseMode(checkpoint="sqrt")
     ckpt = ck_method.estimate_memory(problem, sizes)
     ests = {"forward": fwd, "reverse": rev, "checkpointed": ckpt}
