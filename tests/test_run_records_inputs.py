@@ -304,3 +304,33 @@ def test_results_json_round_trip_of_numpy_values() -> None:
 
     out = json.loads(dumps({"a": np.float64(0.5), "b": np.int64(2), "c": Path("x")}))
     assert out == {"a": 0.5, "b": 2, "c": "x"}
+
+
+class _Rewrites(hg.Callback):
+    """A user's callback that edits the record it logs."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+        self.seen.append(record["val_loss"])
+        record["val_loss"] = 0.0
+        record["hyperparams"]["lr"] = -1.0
+
+
+def test_a_callback_that_edits_its_record_changes_no_history(tmp_path: Path) -> None:
+    """Callbacks got the very dict the history held: one that rewrote it changed the result's
+    history, the next callback's record and the checkpoints written after it."""
+    def fit(*extra: Any, folder: Any = None) -> hg.TrainResult:
+        return hg.Trainer(small(), hg.ForwardMode(), mode=hg.Offline(outer_steps=3),
+                          folder=folder, callbacks=[*quiet(), *extra]).fit()
+
+    plain = fit()
+    first, second = _Rewrites(), _Rewrites()
+    edited = fit(first, second, folder=hg.RunFolder(tmp_path / "run"))
+    want = [h["val_loss"] for h in plain.history]
+    assert [h["val_loss"] for h in edited.history] == want
+    assert [h["hyperparams"] for h in edited.history] == [h["hyperparams"] for h in plain.history]
+    assert first.seen == want and second.seen == want
+    kept = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert [h["val_loss"] for h in kept["history"]] == want

@@ -2,7 +2,7 @@
 
 A :class:`Callback` gets the Trainer and an event: ``on_fit_start``, ``on_inner_step`` (every
 inner step the Trainer itself runs: the hypergradient's inner run offline, the run online),
-``on_outer_step`` (the record written to ``metrics.jsonl``), ``on_message`` (a line of text),
+``on_outer_step`` (a copy of the record written to ``metrics.jsonl``), ``on_message`` (a line of text),
 ``on_fit_end`` (the :class:`~hypergrad.TrainResult`). Only the process that writes (rank 0
 under torchrun) calls them. :func:`default_callbacks` gives :class:`Log` (messages to ``print``)
 and :class:`Progress`; a list passed to the Trainer is added to them, and replaces the default
@@ -30,7 +30,7 @@ class Callback:
         """After inner step ``step`` (1-based) of ``total``."""
 
     def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
-        """After an outer step, with its record (as in ``metrics.jsonl``)."""
+        """After an outer step, with a copy of its record (as in ``metrics.jsonl``)."""
 
     def on_message(self, trainer: Any, text: str) -> None:
         """A message for the user."""

@@ -22,6 +22,7 @@ checkpoint is :meth:`Trainer.state_dict`.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
@@ -359,6 +360,13 @@ class Trainer:
     def _emit(self, event: str, *args: Any) -> None:
         for cb in self.callbacks:
             getattr(cb, event)(self, *args)
+
+    def _emit_record(self, rec: dict[str, Any]) -> None:
+        """``on_outer_step`` with a copy of the record for each callback: one that edits what it
+        is given (rounds it for its log, pops a key) changes neither the history, the result and
+        the checkpoints nor what the next callback sees."""
+        for cb in self.callbacks:
+            cb.on_outer_step(self, copy.deepcopy(rec))
 
     @property
     def inner_step(self) -> int:
@@ -966,7 +974,7 @@ class Trainer:
             ck = self.state_dict()  # on every rank: a split run's columns are gathered
             if self.strategy.is_writer:
                 self.folder.write(ck, rec)
-        self._emit("on_outer_step", rec)
+        self._emit_record(rec)
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint: ``lam``, the outer optimizer, the history, the guards' tracker, the
