@@ -2,8 +2,8 @@
 
 A :class:`Callback` gets the Trainer and an event: ``on_fit_start``, ``on_inner_step`` (every
 inner step the Trainer itself runs: the hypergradient's inner run offline, the run online),
-``on_outer_step`` (a copy of the record written to ``metrics.jsonl``), ``on_message`` (a line of text),
-``on_fit_end`` (the :class:`~hypergrad.TrainResult`). Only the process that writes (rank 0
+``on_outer_step`` (a copy of the record written to ``metrics.jsonl``), ``on_message`` (a line
+of text), ``on_fit_end`` (the :class:`~hypergrad.TrainResult`). Only the process that writes (rank 0
 under torchrun) calls them. :func:`default_callbacks` gives :class:`Log` (messages to ``print``)
 and :class:`Progress`; a list passed to the Trainer is added to them, and replaces the default
 of its own type (``Log(None)`` silences the messages).
