@@ -6,6 +6,7 @@ active, inactive, and active at some steps only."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from torch.func import jvp
 import hypergrad as hg
 from hypergrad.data import MiniBatches
 from hypergrad.optim import ClipGradNorm, clip_grad_norm
-from hypergrad.optim.clip import clip_coefficient, clip_tangent, global_norm
+from hypergrad.optim.clip import CLIP_EPS, clip_coefficient, clip_tangent, global_norm
 from hypergrad.tasks import digits_data, mlp
 from hypergrad.testing import hypergradcheck, rel_err
 
@@ -92,6 +93,19 @@ def test_equals_torch_clip_grad_norm(name: str, max_norm: float) -> None:
         assert active == steps
 
 
+def _at_threshold(g: dict[str, torch.Tensor]) -> float:
+    """The ``c`` with ``c / (||g|| + eps) == 1`` exactly, as torch computes it: the clip's one
+    point where the two sides' derivatives differ (autograd's clamp takes the active one)."""
+    n = global_norm(g) + CLIP_EPS
+    c = float(n)
+    for _ in range(20):
+        r = float(c / n)
+        if r == 1.0:
+            return c
+        c = math.nextafter(c, math.inf if r < 1 else -math.inf)
+    raise AssertionError("no float c gives c / (||g|| + eps) == 1")
+
+
 def test_clip_tangent_is_jvp_of_the_clip() -> None:
     """The closed form G' = s G + g (ds/dg . G) is the jvp of g -> clip(g), column by column,
     where the clip is active; G unchanged where it is not."""
@@ -100,7 +114,7 @@ def test_clip_tangent_is_jvp_of_the_clip() -> None:
     G = {"a": torch.randn(6, 3, 4, dtype=torch.float64),
          "b": torch.randn(6, 5, dtype=torch.float64)}
     n = float(global_norm(g))
-    for c in (0.3 * n, 2 * n):
+    for c in (0.3 * n, 2 * n, _at_threshold(g)):
         new_g, new_G = clip_tangent(g, G, c)
 
         def clip(gg: dict[str, torch.Tensor], c: float = c) -> dict[str, torch.Tensor]:
@@ -112,7 +126,7 @@ def test_clip_tangent_is_jvp_of_the_clip() -> None:
             for k in g:
                 assert torch.allclose(new_g[k], val[k], rtol=1e-14, atol=0)
                 assert torch.allclose(new_G[k][j], tan[k], rtol=1e-12, atol=1e-14)
-        if c > n:
+        if c == 2 * n:
             assert new_G is G and new_g is g
         else:
             assert float(global_norm(new_g)) == pytest.approx(c, rel=1e-5)

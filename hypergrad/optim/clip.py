@@ -13,7 +13,7 @@ data-parallel run clips the all-reduced gradient (its ranks sum ``g`` and ``G`` 
 update). Only forward mode's closed-form tangent needs a rule, and that rule is the clip's
 alone, applied before the wrapped optimizer's own closed form (no optimizer module changes):
 
-    s = c / (||g|| + eps)  where s < 1 (the clip is active), else 1
+    s = c / (||g|| + eps)  where s <= 1 (the clip is active; at 1 as autograd takes it), else 1
     G' = s G + g (ds/dg . G),   ds/dg . G = -c (g . G) / (||g|| (||g|| + eps)^2)
 
 per tangent column (``g . G`` summed over every parameter). Where the clip is inactive,
@@ -62,10 +62,14 @@ def clip_tangent(grads: Params, G: Params, max_norm: float, eps: float = CLIP_EP
                  ) -> tuple[Params, Params]:
     """The clipped gradient and its tangent ``(g', G')`` for all K columns of ``G`` (leading
     axis K), in closed form (see the module docstring). Where the clip is inactive both come
-    back unchanged (the same tensors)."""
-    coef, norm = clip_coefficient(grads, max_norm, eps)
-    if not bool(coef < 1.0):
+    back unchanged (the same tensors). At the threshold itself (``c / (||g|| + eps) == 1``) the
+    clip counts as active, as autograd's ``clamp`` takes it, so reverse mode and forward mode's
+    ``jvp`` rule agree there too."""
+    norm = global_norm(grads)
+    ratio = max_norm / (norm + eps)
+    if bool(ratio > 1.0):
         return grads, G
+    coef = torch.clamp(ratio, max=1.0)
     n = norm
     dot: Tensor | None = None  # (K,): g . G per column
     for k, g in grads.items():
