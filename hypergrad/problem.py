@@ -665,10 +665,12 @@ class InnerProblem:
                 return self._call("val_loss", self.val_loss, model, hpv)
 
         try:
-            run_train(leaves, probe)
+            loss = run_train(leaves, probe)
             run_val(probe)
         finally:
             changed = _restore(fm.module, snapshot)
+        if fm.padded:
+            fm.check_padding(leaves, _grads_of(loss, leaves))
         if changed:
             raise ValueError(
                 f"InnerProblem: running the model changed its own tensors {changed} (restored "
@@ -1190,6 +1192,14 @@ def _nudged(x: Tensor) -> Tensor:
     x = x.detach()
     ramp = torch.linspace(1.0, 2.0, x.numel(), dtype=x.dtype, device=x.device).reshape(x.shape)
     return x + 1e-3 * (x.abs() + 1e-3) * ramp
+
+
+def _grads_of(loss: Any, leaves: dict[str, Tensor]) -> dict[str, Tensor | None]:
+    """The gradient of a probe pass's ``loss`` at ``leaves`` (empty where it has none)."""
+    if not isinstance(loss, Tensor) or not loss.requires_grad or loss.numel() != 1:
+        return {}
+    grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
+    return dict(zip(leaves, grads))
 
 
 def _reaches(x: Tensor, leaves: dict[str, Tensor]) -> bool:
