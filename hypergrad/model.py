@@ -116,6 +116,9 @@ class FunctionalModel:
         }
         self.wn = [m for m in module.modules() if isinstance(m, _WeightNorm)]
         self.rnn = [m for m in module.modules() if isinstance(m, nn.RNNBase)]
+        self.sparse = [m for m in module.modules() if isinstance(m, nn.Embedding) and m.sparse]
+        """Embeddings with ``sparse=True``: run dense here (the same values; the optimizers
+        and every transform take dense gradients)."""
         names = {id(p): k for k, p in params.items() if p.requires_grad}
         self.padded = {name: (names[id(m.weight)], m.padding_idx)
                        for name, m in module.named_modules()
@@ -296,7 +299,8 @@ class ModelFn:
     @contextlib.contextmanager
     def _patched(self) -> Iterator[None]:
         """BatchNorm and spectral normalisation out of place (their state as outputs), weight
-        normalisation written out (torch's fused kernel has no forward-mode derivative)."""
+        normalisation written out (torch's fused kernel has no forward-mode derivative),
+        sparse embeddings dense."""
         fm = self._fm
         patched: list[nn.Module] = []
         try:
@@ -311,10 +315,14 @@ class ModelFn:
                 patched.append(wn)
             for r in fm.rnn:
                 r.flatten_parameters = _Flatten(r)  # type: ignore[method-assign]
+            for e in fm.sparse:
+                e.sparse = False
             yield
         finally:
             for m in patched:
                 del m.forward
+            for e in fm.sparse:
+                e.sparse = True
             for r in fm.rnn:
                 r.__dict__.pop("flatten_parameters", None)
 
@@ -575,6 +583,25 @@ def _refuse_unsupported(module: nn.Module) -> None:
                 f"register_parametrization(emb, 'weight', RowNorm({m.max_norm})) with "
                 f"RowNorm.forward(w) = w * (max_norm / w.norm(dim=1, keepdim=True))"
                 f".clamp(max=1) (docs/troubleshooting_engine.md), or a penalty in train_loss."
+            )
+        trains = isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.weight.requires_grad
+        if trains and isinstance(m, nn.EmbeddingBag):
+            raise ValueError(
+                f"InnerProblem: {where} is nn.EmbeddingBag, whose backward "
+                f"(_embedding_bag_backward) has no derivative in torch {torch.__version__}, and "
+                f"every hypergradient method differentiates the training gradient. Use "
+                f"nn.Embedding and reduce its output: for 2-D input x, emb(x).sum(1) "
+                f"(mode='sum'), emb(x).mean(1) (mode='mean') or emb(x).amax(1) (mode='max'); "
+                f"or freeze it: emb.weight.requires_grad_(False)."
+            )
+        if trains and m.scale_grad_by_freq:
+            raise ValueError(
+                f"InnerProblem: {where} is {type(m).__name__}(scale_grad_by_freq=True), whose "
+                f"gradient divides each row's by how often the mini-batch looks it up: not the "
+                f"loss's gradient (its Jacobian is not symmetric), so every method differs from "
+                f"finite differences (0.4 % on a small model, measured). Use "
+                f"scale_grad_by_freq=False (to weigh rare tokens more, weigh them in "
+                f"train_loss)."
             )
         for hook in m._forward_pre_hooks.values():
             if isinstance(hook, (SpectralNorm, WeightNorm)):
