@@ -136,16 +136,24 @@ def init(timeout: float | None = None, backend: str | None = None, *,
 def launch(timeout: float | None = None, backend: str | None = None) -> Iterator[bool]:
     """``with launch() as several:`` starts the process group (:func:`init`; ``several``: whether
     this process is one of several) and, when the block ends, meets the other ranks and destroys
-    the group, so that every rank exits with status 0 after a successful run. Outside a
-    multi-process launch it does nothing. A group that was running before is left running."""
+    the group, so that every rank exits with status 0 after a successful run; a block that
+    raises destroys the group without meeting them (its error is raised, the others' next
+    collective fails). Outside a multi-process launch it does nothing. A group that was running
+    before is left running."""
     started = not (dist.is_available() and dist.is_initialized())
     several = init(timeout, backend)
+    failed = True
     try:
         yield several
+        failed = False
     finally:
         if started and dist.is_available() and dist.is_initialized():
-            with contextlib.suppress(Exception):  # a peer already gone: nothing to meet
-                barrier("meeting at the end of the run")
+            # after an error the others are not at the end: a barrier would meet one of their
+            # collectives (gloo aborts the process on the sizes' mismatch, and this rank's error
+            # is never printed); the group destroyed, their collective fails instead
+            if not failed:
+                with contextlib.suppress(Exception):  # a peer already gone: nothing to meet
+                    barrier("meeting at the end of the run")
             dist.destroy_process_group()
             for forget in ON_DESTROY:
                 forget()

@@ -1,0 +1,143 @@
+"""A review of the ranks (hypergrad.distributed) against one process, in float64: the defects it
+found, each with the test that reproduced it. Multi-process cases start two ranks of this file
+the way torchrun starts them (``python tests/test_review_distributed.py CASE OUT``).
+
+- data parallelism refuses a BatchNorm without running statistics (``track_running_stats=False``
+  normalises each shard by its own statistics: the hypergradient was 45% off, silently);
+- more column ranks than columns (K = 1 on 2 ranks): the rank that holds none gathers zeros
+  (it failed in ``hypergradient_at``);
+- a rank that raises inside ``launch()`` shows its error (its end-of-run barrier met the other
+  rank's collective and gloo aborted the process before the traceback was printed);
+- (expected to fail until the Trainer agrees its time decisions across ranks) ranks whose plain
+  runs take different times decide the time budget apart.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ranks(*args: str, timeout: float = 120.0) -> list[tuple[int | None, str]]:
+    """Two ranks of this file with torchrun's environment; each rank's (status, output)."""
+    from fixtures import rank_env
+
+    port, procs = str(_free_port()), []
+    for r in range(2):
+        env = {**os.environ, **rank_env(2), "RANK": str(r), "LOCAL_RANK": str(r),
+               "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        procs.append(subprocess.Popen([sys.executable, str(HERE), *args], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    t0 = time.perf_counter()
+    while any(p.poll() is None for p in procs) and time.perf_counter() - t0 < timeout:
+        time.sleep(0.05)
+    out = []
+    for p in procs:
+        rc = p.poll()
+        if rc is None:
+            p.kill()
+        out.append((rc, p.communicate()[0]))
+    return out
+
+
+def one_lr_problem(steps: int = 4):  # type: ignore[no-untyped-def]
+    """K = 1 (a learning rate) on tests/dist_worker.py's MLP and batches of 7."""
+    import dist_worker
+
+    import hypergrad as hg
+
+    (model, batches), val_loss = dist_worker._data()
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(m(batch[0]), batch[1])
+
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")])
+    return hg.InnerProblem(model, train_loss, hg.optim.sgd(lr="lr", momentum=0.9), hps, batches,
+                           steps, val_loss)
+
+
+
+
+def test_a_rank_that_raises_shows_its_error_and_the_other_stops(tmp_path: Path) -> None:
+    (rc0, text0), (rc1, text1) = _ranks("raise", str(tmp_path))
+    assert rc1 == 1 and "ValueError: rank 1's own error" in text1, text1[-3000:]
+    assert rc0 == 1 and "DistributedError" in text0, text0[-3000:]
+
+
+
+# -- the ranks ---------------------------------------------------------------------------------
+
+def _one_column(out: Path) -> None:
+    from hypergrad import distributed as hd
+
+    p = one_lr_problem()
+    method = hd.column_parallel()
+    lam = p.init_raw()
+    hg_ = method.hypergradient(p, lam)
+    torch.save({"held": method.columns(p), "value": hg_.objective, "grad": hg_.grad},
+               out / f"rank{hd.rank()}.pt")
+
+
+def _raise(out: Path) -> None:
+    from hypergrad import distributed as hd
+    from hypergrad.distributed.mesh import all_sum
+
+    if hd.rank() == 1:
+        raise ValueError("rank 1's own error")
+    all_sum([torch.ones(3, dtype=torch.float64)], torch.distributed.group.WORLD, "a sum")
+
+
+def _budget(out: Path) -> None:
+    import dist_worker
+
+    import hypergrad as hg
+    from hypergrad import distributed as hd
+
+    p = dist_worker.mixed(steps=6)
+    loss, slow = p.train_loss, hd.rank() == 1
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        if slow:  # a slower node
+            time.sleep(0.02)
+        return loss(m, batch, hp)
+
+    p.train_loss = train_loss
+    res = hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=30, start=4),
+                     guards=hg.Guards(time_budget=2.0), strategy=hd.Ranks(),
+                     callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    torch.save({"lam": res.lam, "history": [h["val_loss"] for h in res.history],
+                "evaluations": [e["val_loss"] for e in res.evaluations]},
+               out / f"rank{hd.rank()}.pt")
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    torch.set_num_threads(1)
+    from hypergrad import distributed as hd
+
+    case, out = sys.argv[1], Path(sys.argv[2])
+    with hd.launch(timeout=30.0):
+        {"one_column": _one_column, "raise": _raise, "budget": _budget}[case](out)
+
+
+if __name__ == "__main__":
+    main()
