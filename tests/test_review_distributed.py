@@ -76,6 +76,21 @@ def one_lr_problem(steps: int = 4):  # type: ignore[no-untyped-def]
 
 
 
+def test_more_column_ranks_than_columns_equals_one_process(tmp_path: Path) -> None:
+    import hypergrad as hg
+
+    runs = _ranks("one_column", str(tmp_path))
+    for r, (rc, text) in enumerate(runs):
+        assert rc == 0, f"rank {r} ended with {rc}:\n{text[-3000:]}"
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert sorted(len(g["held"]) for g in got) == [0, 1]
+    p = one_lr_problem()
+    ref = hg.ForwardMode().hypergradient(p, p.init_raw())
+    for g in got:
+        assert torch.equal(g["value"], got[0]["value"])  # the guards see one value
+        err = float((g["grad"] - ref.grad).abs().max() / ref.grad.abs().max())
+        assert err <= 1e-12, err
+
 
 def test_a_rank_that_raises_shows_its_error_and_the_other_stops(tmp_path: Path) -> None:
     (rc0, text0), (rc1, text1) = _ranks("raise", str(tmp_path))

@@ -157,7 +157,12 @@ class ParallelForward(OnlineMethod):
         """``(E, dE/dlam)``: each rank's rows for its columns, gathered (one all-reduce over
         disjoint rows: exact)."""
         held = self.columns(problem)
-        value, hg = self.runner.hypergradient_at(problem, fs, lam, columns=held)
+        if held == []:  # more column ranks than columns: this rank holds none, its rows are 0
+            s = fs.state
+            value = problem.objective(s.params, s.buffers, lam).detach()
+            hg = torch.zeros_like(lam)
+        else:
+            value, hg = self.runner.hypergradient_at(problem, fs, lam, columns=held)
         if held is not None:
             (hg,) = all_sum([hg], self.mesh.column_group, "gathering the hypergradient")
         return value, hg
