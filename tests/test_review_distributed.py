@@ -21,8 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve()
@@ -74,6 +76,30 @@ def one_lr_problem(steps: int = 4):  # type: ignore[no-untyped-def]
     return hg.InnerProblem(model, train_loss, hg.optim.sgd(lr="lr", momentum=0.9), hps, batches,
                            steps, val_loss)
 
+
+def test_data_parallel_refuses_a_batchnorm_without_running_statistics() -> None:
+    import hypergrad as hg
+    from hypergrad.data import MiniBatches
+    from hypergrad.distributed.shard import check_data_parallel
+
+    g = torch.Generator().manual_seed(0)
+    x, xv = (torch.randn(n, 6, generator=g, dtype=torch.float64) for n in (16, 8))
+    y, yv = (torch.randint(0, 3, (n,), generator=g) for n in (16, 8))
+
+    def problem(bn: nn.Module) -> hg.InnerProblem:
+        model = nn.Sequential(nn.Linear(6, 4), bn, nn.Tanh(), nn.Linear(4, 3)).double()
+        return hg.InnerProblem(
+            model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+            hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]),
+            MiniBatches(x, y, batch_size=8, seed=0), 2,
+            lambda m, hp: F.cross_entropy(m(xv), yv))
+
+    # normalised by each shard's batch statistics: another function than the whole batch's
+    with pytest.raises(ValueError, match=r"BatchNorm running statistics or batch statistics "
+                                         r"\(this one has \['1'\]\)"):
+        check_data_parallel(problem(nn.BatchNorm1d(4, track_running_stats=False)))
+    frozen = nn.BatchNorm1d(4).eval()  # fixed statistics, example by example: allowed
+    check_data_parallel(problem(frozen))
 
 
 def test_more_column_ranks_than_columns_equals_one_process(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ its first axis: sizes differ by at most one) and its training loss is weighted b
 The gradient and the tangent products are linear in the loss, so one all-reduce (sum) gives
 exactly the full batch's values, whatever the shard sizes.
 
-Data parallelism refuses models with BatchNorm running statistics and losses that draw random
-numbers (dropout): a shard's batch statistics and dropout masks differ from the full batch's, so
-the result would be another function than the single-process step.
+Data parallelism refuses models with a BatchNorm that trains (running statistics or not) and
+losses that draw random numbers (dropout): a shard's batch statistics and dropout masks differ
+from the full batch's, so the result would be another function than the single-process step.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..problem import InnerProblem, InnerState, is_plain
@@ -107,12 +108,18 @@ class ShardedProblem(InnerProblem):
 
 def check_data_parallel(problem: InnerProblem) -> None:
     """Refuse what data parallelism would change: BatchNorm statistics, random draws."""
-    if problem.fmodel.initial_buffers():
+    fm = problem.fmodel
+    # a BatchNorm that trains normalises by its batch's statistics, running statistics or not
+    # (track_running_stats=False has none); one the user put in eval mode uses fixed ones
+    batch_norms = sorted(name for name, m in fm.module.named_modules()
+                         if isinstance(m, _BatchNorm) and fm.train_modes[name])
+    if fm.initial_buffers() or batch_norms:
         raise ValueError(
             f"hypergrad.distributed: data parallelism needs a model without BatchNorm running "
-            f"statistics (this one has {sorted(problem.fmodel.initial_buffers())}): each rank "
-            f"would normalise its shard by the shard's own batch statistics, another function "
-            f"than the single-process step. Use column_parallel(...), or GroupNorm/LayerNorm.")
+            f"statistics or batch statistics (this one has "
+            f"{batch_norms or sorted(fm.initial_buffers())}): each rank would normalise its "
+            f"shard by the shard's own batch statistics, another function than the "
+            f"single-process step. Use column_parallel(...), or GroupNorm/LayerNorm.")
     if problem.draws is None:
         problem.check(problem.init_raw())
     if problem.draws:
