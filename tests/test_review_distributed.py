@@ -124,6 +124,18 @@ def test_a_rank_that_raises_shows_its_error_and_the_other_stops(tmp_path: Path) 
     assert rc0 == 1 and "DistributedError" in text0, text0[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.xfail(reason="the Trainer decides the time budget on each rank's own clock "
+                          "(trainer.py: _now, _plain, the start's points); the fix is there",
+                   strict=False)
+def test_ranks_of_different_speed_agree_on_a_time_budget(tmp_path: Path) -> None:
+    runs = _ranks("budget", str(tmp_path), timeout=200.0)
+    for r, (rc, text) in enumerate(runs):
+        assert rc == 0, f"rank {r} ended with {rc}:\n{text[-3000:]}"
+    a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert a["evaluations"] == b["evaluations"] and a["history"] == b["history"]
+    assert torch.equal(a["lam"], b["lam"])
+
 
 # -- the ranks ---------------------------------------------------------------------------------
 
