@@ -14,7 +14,7 @@ from ..methods.reverse import ReverseMode
 from ..run.files import load_checkpoint
 from ..run.strategy import Strategy
 from .parallel import ParallelForward, ParallelReverse
-from .process import barrier, init, is_writer, world_size
+from .process import barrier, broadcast_object, init, is_writer, world_size
 
 __all__ = ["Ranks"]
 
@@ -95,6 +95,14 @@ class Ranks(Strategy):
         if is_writer() or not resume:
             return None
         return load_checkpoint(path, device)
+
+    def now(self, seconds: float) -> float:
+        """Rank 0's clock reading on every rank: each rank's own clock (its CPU time, or a wall
+        clock read a moment apart) would decide a time budget, the start's points and a line
+        search's trials apart, and the ranks' collectives would stop pairing."""
+        if world_size() == 1:
+            return seconds
+        return float(broadcast_object(float(seconds), "agreeing on the clock"))
 
     def __repr__(self) -> str:
         return (f"Ranks(data_parallel={self.data_parallel}, timeout={self.timeout}, "

@@ -57,5 +57,10 @@ class Strategy:
         """On a process that does not write: the checkpoint the writer opened (``None`` here)."""
         return None
 
+    def now(self, seconds: float) -> float:
+        """The clock reading every process decides by (a time budget, a line search's room):
+        this process's own."""
+        return seconds
+
     def __repr__(self) -> str:
         return "Strategy()"

@@ -296,8 +296,10 @@ class Trainer:
 
     def _now(self) -> float:
         """Seconds on the guards' clock: ``time.perf_counter`` (``Guards(clock="wall")``) or
-        ``time.process_time`` (``"cpu"``)."""
-        return time.process_time() if self.guards.clock_name == "cpu" else time.perf_counter()
+        ``time.process_time`` (``"cpu"``); across ranks, rank 0's (:meth:`Strategy.now
+        <hypergrad.run.strategy.Strategy.now>`: every rank decides the budget alike)."""
+        return self.strategy.now(
+            time.process_time() if self.guards.clock_name == "cpu" else time.perf_counter())
 
     # -- set-up ----------------------------------------------------------------------------------
     def _resolve(self, method: Method) -> Method:
