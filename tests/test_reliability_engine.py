@@ -462,7 +462,9 @@ def test_the_troubleshooting_page_names_every_message_of_this_change() -> None:
                   "uses the hook-based", "renormalises the rows", "keep 8 to 11 bits",
                   "passes hyperparameter 'scale' to numpy", "changed its own tensors",
                   "state that hypergrad updates itself", "initial parameter 'bias'",
-                  "is nan at the initial weights"):
+                  "is nan at the initial weights", "whose backward (_embedding_bag_backward)",
+                  "whose gradient divides each row's by how often",
+                  "leaves out the row's lookups although forward reads them"):
         assert words in text, words
 
 
