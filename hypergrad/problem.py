@@ -725,17 +725,24 @@ class InnerProblem:
                     and self._read_by_a_loss(k, old, leaves, run_train, run_val)):
                 who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), [k])
                 leaf = k.rpartition(".")[2]
+                owner = k.rpartition(".")[0]
+                fix = (f"Write the update out of place without no_grad or detach (hypergrad runs "
+                       f"forward functionally and keeps no graph across steps), e.g. self.{leaf} "
+                       f"= (1 - m) * self.{leaf} + m * mean, or use nn.BatchNorm1d/2d, whose "
+                       f"statistics hypergrad carries exactly.")
+                if isinstance(fm.module.get_submodule(owner) if owner else fm.module,
+                              nn.modules.instancenorm._InstanceNorm):
+                    fix = ("Build it with track_running_stats=False (each example is then "
+                           "normalised by its own statistics in training and evaluation "
+                           "alike), or use nn.BatchNorm1d/2d, whose running statistics "
+                           "hypergrad carries exactly.")
                 raise ValueError(
                     f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
                     f"updates its buffer {k!r} from values that depend on the weights without "
                     f"autograd (under torch.no_grad(), or through .detach() / .data), and a "
                     f"loss reads it: how the hyperparameters move it is lost, so every "
                     f"hypergradient through it would be wrong (finite differences would "
-                    f"disagree). Write the update out of place "
-                    f"without no_grad or detach (hypergrad runs forward functionally and keeps "
-                    f"no graph across steps), e.g. self.{leaf} = (1 - m) * self.{leaf} + m * "
-                    f"mean, or use nn.BatchNorm1d/2d, whose statistics hypergrad carries "
-                    f"exactly."
+                    f"disagree). {fix}"
                 )
             track[k] = old.dtype
         fm.track(track)

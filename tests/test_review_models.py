@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -109,3 +111,28 @@ def test_a_sparse_embedding_trains_as_a_dense_one() -> None:
     torch.testing.assert_close(rep.grad, hg.ForwardMode().hypergradient(a, lam).grad,
                                rtol=1e-12, atol=0)
     assert sparse.emb.sparse  # the module is left as it was
+
+
+def test_instance_norm_with_running_statistics_names_its_own_fix() -> None:
+    """InstanceNorm(track_running_stats=True) updates its statistics under no_grad: refused (as
+    any such buffer), with the fix that fits a built-in module; without them it runs."""
+    def problem(track: bool) -> hg.InnerProblem:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv1d(2, 3, 3), nn.InstanceNorm1d(3, track_running_stats=track),
+                          nn.Flatten(), nn.Linear(18, 2)).double()
+        x, y = torch.randn(8, 2, 8, dtype=torch.float64), torch.randint(0, 2, (8,))
+
+        def loss(m: nn.Module, b: Any, hp: Any) -> torch.Tensor:
+            return F.cross_entropy(m(b[0]), b[1])
+
+        return hg.InnerProblem(m, loss, hg.optim.sgd(lr="lr"),
+                               hg.HyperParams([hg.Scalar("lr", 0.1)]), [(x, y)], 3,
+                               lambda m, hp: loss(m, (x, y), hp))
+
+    p = problem(True)
+    with pytest.raises(ValueError, match=r"InstanceNorm1d.*Build it with track_running_stats="
+                                         r"False"):
+        p.check(p.init_raw())
+    q = problem(False)
+    q.check(q.init_raw())
+    assert torch.isfinite(hg.ForwardMode().hypergradient(q, q.init_raw()).grad).all()
