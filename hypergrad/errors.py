@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
-    "CheckpointWarning", "PrecisionWarning",
+    "CheckpointWarning", "PrecisionWarning", "DetachedValueWarning",
     "CheckpointError", "ConfigError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
     "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
 ]
@@ -57,6 +57,14 @@ class PrecisionWarning(HypergradWarning):
     hypergradient of a run sums many of them (docs/benchmarks.md, "Precision"); also central
     finite differences of a problem in float32 (their rounding error is machine epsilon over
     the step)."""
+
+
+class DetachedValueWarning(HypergradWarning):
+    """A loss reads a value computed from the model's weights and then cut from the autograd
+    graph (``.detach()``, ``.data``, an operation under ``torch.no_grad()``), e.g. a
+    stop-gradient target: every method differentiates the loss as if that value were a
+    constant, so hypergradients miss how it moves with the weights (only finite differences see
+    it)."""
 
 
 class CheckpointError(RuntimeError):

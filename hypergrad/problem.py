@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from .errors import PrecisionWarning
+from .errors import DetachedValueWarning, PrecisionWarning
 from .hyperparams import HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
@@ -747,6 +747,62 @@ class InnerProblem:
             track[k] = old.dtype
         fm.track(track)
         fm.probed = True
+        self._warn_detached(lam)
+
+    def _warn_detached(self, lam: Tensor) -> None:
+        """Warn (:class:`~hypergrad.errors.DetachedValueWarning`) when a loss's value reads a
+        value computed from the weights and cut from the autograd graph (a stop-gradient target,
+        ``x / x.norm().detach()``): no method's derivative sees how it moves. A pass of each
+        loss at the initial weights (the training loss on the first batch) follows the cuts
+        (:class:`_DetachFinder`); where one reaches the loss's value, a central difference of
+        the loss along a random direction confirms that its gradient misses something (a custom
+        ``autograd.Function``, whose forward runs under no_grad, passes it)."""
+        fm = self.fmodel
+        lam = lam.detach()
+        for which in ("train_loss", "val_loss"):
+            train = which == "train_loss"
+
+            def loss(params: dict[str, Tensor], mode: Any = None, train: bool = train,
+                     which: str = which) -> Any:
+                with (torch.enable_grad(), step_rng(self.seed, 0 if train else VALIDATION_STEP,
+                                                    self.device), _quiet(),
+                      mode if mode is not None else contextlib.nullcontext()):
+                    hp = HPValues(self.hyperparams.values(lam, 0 if train else None,
+                                                          self.steps), which)
+                    model = ModelFn(fm, params, fm.initial_buffers(),
+                                    train or self.val_mode == "train",
+                                    0 if train else self.steps)
+                    return (self.train_loss(model, self.first_batch(), hp) if train
+                            else self.val_loss(model, hp))
+
+            params = {k: v.detach().clone().requires_grad_() for k, v in
+                      fm.initial_params().items()}
+            finder = _DetachFinder(params.values())
+            try:
+                how = finder.cut_of(loss(params, finder))
+                if how is None:
+                    continue
+                off = _directional_mismatch(loss, params)
+            except Exception:  # noqa: BLE001 - the losses' own checks report their errors
+                continue
+            if off < (1e-4 if fm.dtype == torch.float64 else 1e-2):
+                continue
+            what = ("training as if that value were a constant: the derivative of each step's "
+                    "update misses how it moves" if train else
+                    "the validation loss as if that value were a constant: its gradient misses "
+                    "how it moves")
+            warnings.warn(
+                f"InnerProblem: {which}'s value reads {how} of a value computed from the "
+                f"model's weights (its gradient is {off:.1%} off a central difference along a "
+                f"random direction at the initial weights). Every method (forward, reverse, "
+                f"implicit, online) differentiates {what} with the weights, so hypergradients "
+                f"are off by that part; only FiniteDifference sees it (22 % off on a small MLP "
+                f"with a stop-gradient target, measured). If the value should be "
+                f"differentiated, drop the cut; if it is a stop-gradient on purpose, read the "
+                f"hypergradients as approximate and measure how far with "
+                f"hypergrad.testing.hypergradcheck (finite differences beside the methods), or "
+                f"silence this with warnings.filterwarnings('ignore', category=hypergrad."
+                f"errors.DetachedValueWarning).", DetachedValueWarning, stacklevel=4)
 
     def _depends_on_weights(self, k: str, leaves: dict[str, Tensor],
                             run_train: Callable[[dict[str, Tensor], ModelProbe], Any]) -> bool:
@@ -1304,6 +1360,84 @@ class _CutFinder(TorchFunctionMode):
     def _cut(self, groups: set[str], how: str) -> None:
         for g in groups:
             self.cuts.setdefault(g, how)
+
+
+def _directional_mismatch(loss: Callable[[dict[str, Tensor]], Any],
+                          params: dict[str, Tensor]) -> float:
+    """``|D - g.v| / max(|D|, |g.v|)``: autograd's directional derivative ``g.v`` of
+    ``loss`` at ``params`` against the central difference ``D`` along a random unit direction
+    ``v`` (a fixed generator; step 1e-5 in float64, 1e-2 otherwise)."""
+    gen = torch.Generator().manual_seed(0)
+    v = {k: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x) for k, x in
+         params.items()}
+    norm = float(sum(float(d.double().pow(2).sum()) for d in v.values())) ** 0.5
+    v = {k: d / norm for k, d in v.items()}
+    value = loss(params)
+    grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
+    gv = sum(float((g.double() * v[k].double()).sum()) for k, g in zip(params, grads)
+             if g is not None)
+    h = 1e-5 if next(iter(params.values())).dtype == torch.float64 else 1e-2
+    with torch.no_grad():
+        up = float(loss({k: x.detach() + h * v[k] for k, x in params.items()}))
+        down = float(loss({k: x.detach() - h * v[k] for k, x in params.items()}))
+    fd = (up - down) / (2 * h)
+    return abs(fd - gv) / max(abs(fd), abs(gv), 1e-12)
+
+
+class _DetachFinder(TorchFunctionMode):
+    """Follows the floating tensors computed from the weights through one run of a loss: a value
+    cut from the autograd graph (``.detach()``, ``.data``, an operation under
+    ``torch.no_grad()``) and every floating tensor computed from it are marked with the first
+    cut. Integer and boolean results (``argmax``, comparisons) are not followed: they are
+    piecewise constant in the weights, so a derivative through them is zero anyway. Values
+    leaving torch (``.item()``, ``float()``) cannot be followed and are not reported."""
+
+    def __init__(self, leaves: Iterable[Tensor]) -> None:
+        super().__init__()
+        self.live: dict[int, Tensor] = {id(x): x for x in leaves}
+        self.cut: dict[int, tuple[Tensor, str, bool]] = {}
+        """id -> (the tensor, the first cut upstream, whether it is that cut's own output)"""
+
+    def _cut_of(self, x: Tensor) -> str | None:
+        got = self.cut.get(id(x))
+        if got is None or got[0] is not x:
+            return None
+        # a cut's own output that requires grad by now was returned by a custom
+        # autograd.Function, whose forward runs under no_grad: it is connected after all
+        return None if got[2] and x.requires_grad else got[1]
+
+    def cut_of(self, x: Any) -> str | None:
+        """The first cut a loss value ``x`` reads that the loss's gradient misses (``None``:
+        none; also where the value does not depend on the weights at all, which the losses'
+        own checks refuse)."""
+        if not isinstance(x, Tensor) or not x.requires_grad:
+            return None
+        return self._cut_of(x)
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
+        out = func(*args, **kwargs)
+        fname = getattr(func, "__name__", "")
+        if fname == "__get__":  # a property: name it by the attribute
+            fname = "." + getattr(getattr(func, "__self__", None), "__name__", "?")
+        upstream = next((c for c in map(self._cut_of, inputs) if c is not None), None)
+        live = any(self.live.get(id(x)) is x for x in inputs)
+        if upstream is None and not live:
+            return out
+        for x in tree_flatten(out)[0]:
+            if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
+                continue
+            if upstream is not None:
+                self.cut[id(x)] = (x, upstream, False)
+            elif fname in ("detach", "detach_", ".data"):
+                self.cut[id(x)] = (x, _CUTTERS[fname], True)
+            elif x.requires_grad:
+                self.live[id(x)] = x
+            elif not torch.is_grad_enabled():
+                self.cut[id(x)] = (x, f"{fname} under torch.no_grad()", True)
+        return out
 
 
 def tf32_flags(device: torch.device, dtype: torch.dtype, model: nn.Module) -> list[str]:

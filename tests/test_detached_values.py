@@ -1,0 +1,121 @@
+"""A loss that reads a value computed from the weights and cut from the autograd graph (a
+stop-gradient target, a norm taken under ``torch.no_grad()``): every method differentiates it
+as if that value were a constant, so they agree with each other and not with finite
+differences. The problem warns (DetachedValueWarning) instead of answering silently; cuts
+through integers (argmax pseudo-labels) and cut values the loss does not read do not warn."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hypergrad as hg
+from hypergrad.errors import DetachedValueWarning
+
+Loss = Callable[..., torch.Tensor]
+
+
+def _problem(train: Loss | None = None, val: Loss | None = None,
+             dtype: torch.dtype = torch.float64) -> hg.InnerProblem:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).to(dtype)
+    x, y = torch.randn(16, 4, dtype=dtype), torch.randint(0, 3, (16,))
+    xv, yv = torch.randn(16, 4, dtype=dtype), torch.randint(0, 3, (16,))
+
+    def plain(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1])
+
+    def plain_val(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(xv), yv)
+
+    hps = hg.HyperParams([hg.Scalar("lr", 0.3, transform="log"), hg.Scalar("momentum", 0.5)])
+    return hg.InnerProblem(m, train or plain, hg.optim.sgd(lr="lr", momentum="momentum"), hps,
+                           [(x, y)], 20, (lambda m, hp: val(m, xv, yv)) if val else plain_val)
+
+
+def _target(m: Any, b: Any, hp: Any) -> torch.Tensor:
+    """Cross-entropy plus a stop-gradient target (as in self-distillation)."""
+    out = m(b[0])
+    return F.cross_entropy(out, b[1]) + 0.5 * ((out - out.detach().roll(1, 0)) ** 2).mean()
+
+
+def _checked(p: hg.InnerProblem) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        p.check(p.init_raw())
+    return [w for w in got if issubclass(w.category, DetachedValueWarning)]
+
+
+def test_a_stop_gradient_target_warns_and_is_what_finite_differences_see() -> None:
+    p = _problem(_target)
+    got = _checked(p)
+    assert len(got) == 1 and "train_loss's value reads .detach()" in str(got[0].message)
+    lam = p.init_raw()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DetachedValueWarning)
+        fwd = hg.ForwardMode().hypergradient(p, lam).grad
+        rev = hg.ReverseMode().hypergradient(p, lam).grad
+        fd = hg.FiniteDifference().hypergradient(p, lam).grad
+    assert torch.allclose(fwd, rev, rtol=1e-10)  # the methods agree with each other ...
+    assert float((fwd - fd).norm() / fd.norm()) > 0.05  # ... not with the training they tune
+
+
+def test_a_norm_under_no_grad_in_the_validation_loss_warns() -> None:
+    def val(m: Any, xv: torch.Tensor, yv: torch.Tensor) -> torch.Tensor:
+        out = m(xv)
+        with torch.no_grad():
+            scale = out.norm()
+        return F.cross_entropy(out / scale, yv)
+
+    got = _checked(_problem(val=val))
+    assert len(got) == 1 and "val_loss's value reads" in str(got[0].message)
+    assert "under torch.no_grad()" in str(got[0].message)
+
+
+def _pseudo_labels(m: Any, b: Any, hp: Any) -> torch.Tensor:
+    out = m(b[0])
+    return F.cross_entropy(out, out.detach().argmax(1))  # integer targets: a zero derivative
+
+
+def _logged(m: Any, b: Any, hp: Any) -> torch.Tensor:
+    out = m(b[0])
+    _ = out.detach().abs().mean()  # read for a log, not by the loss
+    return F.cross_entropy(out, b[1])
+
+
+def _detached_data(m: Any, b: Any, hp: Any) -> torch.Tensor:
+    return F.cross_entropy(m(b[0].detach() * 1.0), b[1])  # the data, not the weights
+
+
+class _Cube(torch.autograd.Function):
+    """A custom autograd Function: its forward runs under no_grad, its output is connected."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+
+def _custom_function(m: Any, b: Any, hp: Any) -> torch.Tensor:
+    return F.cross_entropy(_Cube.apply(m(b[0])), b[1])
+
+
+@pytest.mark.parametrize("loss", [_pseudo_labels, _logged, _detached_data, _custom_function])
+def test_cuts_the_loss_does_not_read_through_the_weights_do_not_warn(loss: Loss) -> None:
+    assert _checked(_problem(loss)) == []
+
+
+def test_in_float32_the_cut_warns_and_a_custom_function_does_not() -> None:
+    assert len(_checked(_problem(_target, dtype=torch.float32))) == 1
+    assert _checked(_problem(_custom_function, dtype=torch.float32)) == []
