@@ -800,8 +800,8 @@ class InnerProblem:
                 f"with a stop-gradient target, measured). If the value should be "
                 f"differentiated, drop the cut; if it is a stop-gradient on purpose, read the "
                 f"hypergradients as approximate and measure how far with "
-                f"hypergrad.testing.hypergradcheck (finite differences beside the methods), or "
-                f"silence this with warnings.filterwarnings('ignore', category=hypergrad."
+                f"hypergrad.testing.hypergradcheck(problem, raise_exception=False) (finite "
+                f"differences beside the methods, in float64), or silence this with warnings.filterwarnings('ignore', category=hypergrad."
                 f"errors.DetachedValueWarning).", DetachedValueWarning, stacklevel=4)
 
     def _depends_on_weights(self, k: str, leaves: dict[str, Tensor],
