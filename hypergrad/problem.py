@@ -801,8 +801,9 @@ class InnerProblem:
                 f"differentiated, drop the cut; if it is a stop-gradient on purpose, read the "
                 f"hypergradients as approximate and measure how far with "
                 f"hypergrad.testing.hypergradcheck(problem, raise_exception=False) (finite "
-                f"differences beside the methods, in float64), or silence this with warnings.filterwarnings('ignore', category=hypergrad."
-                f"errors.DetachedValueWarning).", DetachedValueWarning, stacklevel=4)
+                f"differences beside the methods, in float64), or silence this with "
+                f"warnings.filterwarnings('ignore', category=hypergrad.errors."
+                f"DetachedValueWarning).", DetachedValueWarning, stacklevel=4)
 
     def _depends_on_weights(self, k: str, leaves: dict[str, Tensor],
                             run_train: Callable[[dict[str, Tensor], ModelProbe], Any]) -> bool:
