@@ -115,8 +115,14 @@ def stdlib_corpus(train_chars: int = 1_000_000, val_chars: int = 100_000,
 
 def text_corpus(path: str | Path, fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)
                 ) -> Corpus:
-    """Any text file, cut into three contiguous parts (train, validation, test)."""
-    text = Path(path).expanduser().read_text(encoding="utf-8", errors="replace")
+    """Any text file (UTF-8), cut into three contiguous parts (train, validation, test)."""
+    data = Path(path).expanduser().read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:  # replacing them would merge every such character in one
+        raise ValueError(f"text_corpus: {path} is not UTF-8 (byte {err.start} is "
+                         f"{data[err.start:err.start + 1]!r}); re-encode it, e.g. `iconv -f "
+                         f"latin1 -t utf-8 {path} > text.txt`.") from None
     if len(text) < 1000:
         raise ValueError(f"text_corpus: {path} has {len(text)} characters; give at least a few "
                          f"thousand.")
@@ -345,6 +351,12 @@ def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
     vocab = CharVocab(text.train)
     train_ids = vocab.encode(text.train).to(dev)  # the batches are drawn there
     val_ids, test_ids = vocab.encode(text.val).to(dev), vocab.encode(text.test).to(dev)
+    for part, ids in (("validation", val_ids), ("test", test_ids)):
+        if ids.numel() <= context:
+            raise ValueError(f"charlm_task: the {part} text of {text.source} has {ids.numel()} "
+                             f"characters, fewer than context + 1 = {context + 1} (one window); "
+                             f"give a longer text (corpus='stdlib': larger val_chars and "
+                             f"test_chars) or a smaller context.")
     xv, yv = windows(val_ids, context, val_windows)
     ev_val = windows(val_ids, context, eval_windows)
     ev_test = windows(test_ids, context, eval_windows)
