@@ -37,3 +37,17 @@ def test_charlm_text_too_short_for_one_validation_window(tmp_path: Path) -> None
         _charlm(f, context=64)
     assert _charlm(f, context=32).problem.steps == 2  # 60 characters: one window of 32
 
+
+@pytest.mark.parametrize("builder,n_train,n_val", [("ridge_diabetes_task", 300, 142),
+                                                   ("breast_cancer_task", 450, 119),
+                                                   ("breast_cancer_task", 300, 0)])
+def test_bundled_split_sizes_leave_every_split_an_example(builder: str, n_train: int,
+                                                          n_val: int) -> None:
+    from hypergrad.tasks import bundled
+
+    hps = hg.HyperParams([hg.Scalar("l2", 0.01, transform="log")])
+    # n_train + n_val = the dataset's size used to give test_mse / test_loss NaN silently
+    with pytest.raises(ValueError, match=rf"n_train={n_train}, n_val={n_val}"):
+        getattr(bundled, builder)(hps, hg.optim.sgd(lr=0.1), bundled.linear_factory(False),
+                                  steps=2, n_train=n_train, n_val=n_val)
+

@@ -38,6 +38,14 @@ def _data_seed(seed: int, data_seed: int | None) -> int:
     return seed if data_seed is None else int(data_seed)
 
 
+def _check_split(api: str, n_train: int, n_val: int, n: int) -> None:
+    """Train, validation and test (the rest) each need an example: an empty split's metrics are
+    NaN."""
+    if min(n_train, n_val) < 1 or n_train + n_val >= n:
+        raise ValueError(f"{api}: n_train={n_train}, n_val={n_val} must be >= 1 and sum to less "
+                         f"than {n} (the dataset's size), leaving the test split an example.")
+
+
 def dtype_of(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
@@ -272,6 +280,7 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
 
     dt, dev = dtype_of(dtype), device_of(device)
     x, y = load_diabetes(return_X_y=True)
+    _check_split("ridge_diabetes_task", n_train, n_val, len(y))
     perm = np.random.default_rng(seed).permutation(len(y))
     x, y = _standardized(x[perm], n_train), y[perm]
     y = (y - y[:n_train].mean()) / y[:n_train].std()
@@ -365,6 +374,7 @@ def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
 
     dt, dev = dtype_of(dtype), device_of(device)
     x, y = load_breast_cancer(return_X_y=True)
+    _check_split("breast_cancer_task", n_train, n_val, len(y))
     perm = np.random.default_rng(_data_seed(seed, data_seed)).permutation(len(y))
     x, y = _standardized(x[perm], n_train), y[perm]
     xt = torch.as_tensor(x, dtype=dt, device=dev)
