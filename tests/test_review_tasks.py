@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import hypergrad as hg
 
@@ -51,3 +53,60 @@ def test_bundled_split_sizes_leave_every_split_an_example(builder: str, n_train:
         getattr(bundled, builder)(hps, hg.optim.sgd(lr=0.1), bundled.linear_factory(False),
                                   steps=2, n_train=n_train, n_val=n_val)
 
+
+def _sparse_hps(groups: int = 2, fgroups: int = 2) -> hg.HyperParams:
+    return hg.HyperParams([hg.Array("res_w", 0.5, shape=(groups,), transform="logit"),
+                           hg.Array("l2", 1e-3, shape=(fgroups,), transform="log")])
+
+
+def _save(tmp_path: Path, rows: int, y: np.ndarray | None = None) -> str:
+    a = sp.random(rows, 8, density=0.3, format="csr", random_state=0) if rows else \
+        sp.csr_matrix((0, 8))
+    sp.save_npz(tmp_path / "a.npz", a)
+    np.save(tmp_path / "a_y.npy", np.ones(rows) if y is None else y)
+    return str(tmp_path / "a.npz")
+
+
+@pytest.mark.parametrize("rows,val_fraction,n_tr", [(40, 0.0, 40), (40, 0.01, 40),
+                                                    (40, 1.0, 0), (0, 0.2, 0)])
+def test_sparse_regression_split_leaves_rows_on_both_sides(tmp_path: Path, rows: int,
+                                                           val_fraction: float,
+                                                           n_tr: int) -> None:
+    from hypergrad.tasks.sparse_regression import sparse_regression_task
+
+    path = _save(tmp_path, rows)
+    # used to fail at InnerProblem's check with "train_loss / val_loss is nan"
+    with pytest.raises(ValueError, match=rf"val_fraction={val_fraction} .* {n_tr} training "
+                                         rf"and {rows - n_tr} validation rows"):
+        sparse_regression_task(_sparse_hps(), hg.optim.sgd(lr=0.1), data_path=path,
+                               val_fraction=val_fraction, groups=2, feature_groups=2)
+
+
+def test_sparse_regression_string_targets(tmp_path: Path) -> None:
+    from hypergrad.tasks.sparse_regression import sparse_regression_task
+
+    path = _save(tmp_path, 40, np.array(["1.0"] * 40))
+    with pytest.raises(ValueError, match=r"a_y.npy holds <U3 targets"):
+        sparse_regression_task(_sparse_hps(), hg.optim.sgd(lr=0.1), data_path=path,
+                               groups=2, feature_groups=2)
+
+
+def test_sparse_regression_hyperparameter_shapes_match_groups(tmp_path: Path) -> None:
+    from hypergrad.tasks.sparse_regression import sparse_regression_task
+
+    path = _save(tmp_path, 40)
+    # used to be "IndexError: index 2 is out of bounds for dimension 0 with size 2" in the loss
+    with pytest.raises(ValueError, match=r"'res_w' has shape \(2,\) but groups=5"):
+        sparse_regression_task(_sparse_hps(2, 2), hg.optim.sgd(lr=0.1), data_path=path,
+                               groups=5, feature_groups=2)
+    with pytest.raises(ValueError, match=r"'l2' has shape \(2,\) but feature_groups=3"):
+        sparse_regression_task(_sparse_hps(2, 2), hg.optim.sgd(lr=0.1), data_path=path,
+                               groups=2, feature_groups=3)
+
+
+def test_sparse_regression_generated_without_validation_rows() -> None:
+    from hypergrad.tasks.sparse_regression import sparse_regression_task
+
+    with pytest.raises(ValueError, match=r"m=100 training and m_val=0 validation rows"):
+        sparse_regression_task(_sparse_hps(4, 2), hg.optim.sgd(lr=0.1), m=100, m_val=0, n=20,
+                               groups=4, corrupted=1, feature_groups=2)

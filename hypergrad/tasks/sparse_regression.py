@@ -82,6 +82,9 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
     if data_path is None and not 0 <= corrupted < groups:
         raise ValueError(f"sparse_regression_task: corrupted={corrupted} must be in "
                          f"[0, groups={groups}).")
+    if data_path is None and min(m, m_val) < 1:
+        raise ValueError(f"sparse_regression_task: m={m} training and m_val={m_val} validation "
+                         f"rows; each needs at least one.")
     if data_path is None:
         op_all, y_all, _ = generate_sparse_regression(m + m_val, n, density, seed=seed, dtype=dt)
         m_tr = m
@@ -89,6 +92,19 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
         op_all, y_all = _load(data_path, dt)
         m_tr = int(round(op_all.shape[0] * (1 - val_fraction)))
         corrupted = 0
+        if not 1 <= m_tr < op_all.shape[0]:  # an empty split's loss is NaN
+            raise ValueError(f"sparse_regression_task: val_fraction={val_fraction} of the "
+                             f"{op_all.shape[0]} rows of {data_path} leaves {m_tr} training "
+                             f"and {op_all.shape[0] - m_tr} validation rows; each needs at "
+                             f"least one (a val_fraction further inside (0, 1), more rows).")
+    for name, size, arg in ((weights, groups, "groups"), (l2, feature_groups, "feature_groups")):
+        item = hyperparams.by_name.get(name)
+        if item is None or item.shape() != (size,):
+            got = "is not defined" if item is None else f"has shape {item.shape()}"
+            raise ValueError(f"sparse_regression_task: the hyperparameter {name!r} {got} but "
+                             f"{arg}={size}: one value per group (hypergrad-run: "
+                             f"hyperparams.items.{name}.shape=[${{task.{arg}}}]); defined are "
+                             f"{hyperparams.names}.")
     rows_csr = op_all.to_sparse_csr()
     a_tr = SparseOperator(_row_slice(rows_csr, 0, m_tr), device=dev)
     a_val = SparseOperator(_row_slice(rows_csr, m_tr, op_all.shape[0]), device=dev)
@@ -167,7 +183,11 @@ def _load(path: str, dtype: torch.dtype) -> tuple[SparseOperator, Tensor]:
         if not y_path.exists():
             raise FileNotFoundError(f"sparse_regression_task: targets for {p} are expected in "
                                     f"{y_path} (numpy .npy of shape ({op.shape[0]},)).")
-        y = torch.as_tensor(np.load(y_path), dtype=dtype)
+        arr = np.load(y_path)
+        if arr.dtype.kind not in "biuf":
+            raise ValueError(f"sparse_regression_task: {y_path} holds {arr.dtype} targets; "
+                             f"save numbers: np.save(path, y.astype(float)).")
+        y = torch.as_tensor(arr, dtype=dtype)
         if y.shape != (op.shape[0],):
             raise ValueError(f"sparse_regression_task: {y_path} has shape {tuple(y.shape)}, "
                              f"expected ({op.shape[0]},) (one target per row of A).")
