@@ -110,3 +110,15 @@ def test_sparse_regression_generated_without_validation_rows() -> None:
     with pytest.raises(ValueError, match=r"m=100 training and m_val=0 validation rows"):
         sparse_regression_task(_sparse_hps(4, 2), hg.optim.sgd(lr=0.1), m=100, m_val=0, n=20,
                                groups=4, corrupted=1, feature_groups=2)
+
+
+def test_stdlib_corpus_of_few_files_leaves_no_split_empty(tmp_path: Path) -> None:
+    from hypergrad.tasks.charlm import stdlib_corpus
+
+    for i in range(5):
+        (tmp_path / f"m{i}.py").write_text(f"def f(x):\n    return x * {i}\n" * 50)
+    # 5 files at fractions (0.8, 0.1, 0.1) used to give 4 / 0 / 1 files: an empty validation text
+    with pytest.raises(ValueError, match=r"of the 5 .py files under .* leave \['val'\] without"):
+        stdlib_corpus(root=tmp_path)
+    c = stdlib_corpus(root=tmp_path, fractions=(0.6, 0.2, 0.2))
+    assert [len(c.files[k]) for k in ("train", "val", "test")] == [3, 1, 1]

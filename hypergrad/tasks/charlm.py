@@ -106,6 +106,12 @@ def stdlib_corpus(train_chars: int = 1_000_000, val_chars: int = 100_000,
     n_va = int(round(fractions[1] * len(order)))
     splits = {"train": order[:n_tr], "val": order[n_tr:n_tr + n_va],
               "test": order[n_tr + n_va:]}
+    empty = [name for name, part in splits.items() if not part]
+    if empty:
+        raise ValueError(f"stdlib_corpus: fractions={tuple(fractions)} of the {len(files)} .py "
+                         f"files under {base} leave {empty} without a file; give more files or "
+                         f"other fractions, or a text file instead (corpus='file', "
+                         f"text_file=...).")
     texts, used = {}, {}
     for name, limit in (("train", train_chars), ("val", val_chars), ("test", test_chars)):
         texts[name], used[name] = _take(splits[name], limit, base)
