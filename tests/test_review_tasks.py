@@ -122,3 +122,16 @@ def test_stdlib_corpus_of_few_files_leaves_no_split_empty(tmp_path: Path) -> Non
         stdlib_corpus(root=tmp_path)
     c = stdlib_corpus(root=tmp_path, fractions=(0.6, 0.2, 0.2))
     assert [len(c.files[k]) for k in ("train", "val", "test")] == [3, 1, 1]
+
+
+def test_transformer_classifier_sequence_longer_than_max_len() -> None:
+    import torch
+
+    from hypergrad.tasks.models import TransformerClassifier
+
+    m = TransformerClassifier(d_model=8, nhead=2, layers=1, dim_feedforward=8, vocab=10,
+                              max_len=32)
+    # used to be "The size of tensor a (40) must match the size of tensor b (32)"
+    with pytest.raises(ValueError, match=r"length 40 are longer than max_len=32; .*max_len=40"):
+        m(torch.zeros(2, 40, dtype=torch.long))
+    assert m(torch.zeros(2, 32, dtype=torch.long)).shape == (2, 10)

@@ -107,6 +107,10 @@ class TransformerClassifier(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.embed(x)
+        if h.shape[1] > self.pos.shape[0]:
+            raise ValueError(f"TransformerClassifier: sequences of length {h.shape[1]} are "
+                             f"longer than max_len={self.pos.shape[0]}; build it with "
+                             f"max_len={h.shape[1]} or more.")
         h = h + self.pos[: h.shape[1]]
         return self.head(self.norm(self.encoder(h).mean(1)))
 
