@@ -930,7 +930,8 @@ class InnerProblem:
                 f"InnerProblem: {which} is {float(out)} at {where}, with finite weights"
                 f"{' and a finite mini-batch 0' if which == 'train_loss' else ''} and "
                 f"hyperparameters {self.hyperparams.describe(lam)}: the loss itself or data it "
-                f"loads produces it (log(0), 0/0, a hyperparameter outside the loss's domain); "
+                f"loads produces it (log(0), 0/0, a hyperparameter outside the loss's domain, "
+                f"a mean over an empty split: a validation set or mini-batch of 0 examples); "
                 f"no tensor it closes over holds a NaN or inf. Fix the loss or the data first."
             )
 
