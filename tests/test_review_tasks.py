@@ -135,3 +135,15 @@ def test_transformer_classifier_sequence_longer_than_max_len() -> None:
     with pytest.raises(ValueError, match=r"length 40 are longer than max_len=32; .*max_len=40"):
         m(torch.zeros(2, 40, dtype=torch.long))
     assert m(torch.zeros(2, 32, dtype=torch.long)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16"])
+def test_text_corpus_refuses_utf16(tmp_path: Path, encoding: str) -> None:
+    """UTF-16 text of ASCII characters without a byte-order mark is valid UTF-8 with a NUL after
+    every character: it loaded silently (half the training characters NUL)."""
+    from hypergrad.tasks.charlm import text_corpus
+
+    f = tmp_path / "u16.txt"
+    f.write_bytes(("the quick brown fox. " * 200).encode(encoding))
+    with pytest.raises(ValueError, match=r"UTF-16.*iconv -f utf-16 -t utf-8"):
+        text_corpus(f)

@@ -123,6 +123,11 @@ def text_corpus(path: str | Path, fractions: tuple[float, float, float] = (0.9, 
                 ) -> Corpus:
     """Any text file (UTF-8), cut into three contiguous parts (train, validation, test)."""
     data = Path(path).expanduser().read_bytes()
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data:
+        # UTF-16 text of ASCII characters is valid UTF-8 with a NUL after each character
+        raise ValueError(f"text_corpus: {path} holds NUL bytes or a UTF-16 byte-order mark: it "
+                         f"is UTF-16 (or binary), not UTF-8 text; re-encode it, e.g. `iconv -f "
+                         f"utf-16 -t utf-8 {path} > text.txt`.")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:  # replacing them would merge every such character in one
