@@ -102,6 +102,51 @@ def test_data_parallel_refuses_a_batchnorm_without_running_statistics() -> None:
     check_data_parallel(problem(frozen))
 
 
+class _RunAvg(nn.Module):
+    """A user's running average of the batch, written out of place (hypergrad carries it as
+    training state): each shard would average its own examples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("avg", torch.zeros(4, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.avg = 0.9 * self.avg + 0.1 * x.mean(0)
+        return x - self.avg
+
+
+def test_data_parallel_refuses_state_forward_updates_from_the_batch() -> None:
+    """Such buffers become state at the problem's probe, which data parallelism's check ran only
+    after looking at the buffers: a problem not yet checked was accepted."""
+    import hypergrad as hg
+    from hypergrad.data import MiniBatches
+    from hypergrad.distributed.shard import check_data_parallel
+
+    g = torch.Generator().manual_seed(0)
+    x, xv = (torch.randn(n, 6, generator=g, dtype=torch.float64) for n in (16, 8))
+    y, yv = (torch.randint(0, 3, (n,), generator=g) for n in (16, 8))
+    model = nn.Sequential(nn.Linear(6, 4), _RunAvg(), nn.Tanh(), nn.Linear(4, 3)).double()
+    p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]),
+                        MiniBatches(x, y, batch_size=8, seed=0), 2,
+                        lambda m, hp: F.cross_entropy(m(xv), yv))
+    with pytest.raises(ValueError, match=r"this one has \['1.avg'\]"):
+        check_data_parallel(p)
+
+
+def test_data_parallel_keeps_spectral_norm_and_equals_one_process(tmp_path: Path) -> None:
+    """spectral_norm's vectors follow the weights alone (every rank updates them alike): data
+    parallelism refused them as BatchNorm statistics; allowed, it equals one process."""
+    runs = _ranks("spectral", str(tmp_path))
+    for r, (rc, text) in enumerate(runs):
+        assert rc == 0, f"rank {r} ended with {rc}:\n{text[-3000:]}"
+    for r in range(2):
+        got = torch.load(tmp_path / f"rank{r}.pt")
+        err = float((got["grad"] - got["ref"]).norm() / got["ref"].norm())
+        assert err <= 1e-12, err
+
+
 def test_more_column_ranks_than_columns_equals_one_process(tmp_path: Path) -> None:
     import hypergrad as hg
 
@@ -182,6 +227,26 @@ def _budget(out: Path) -> None:
                out / f"rank{hd.rank()}.pt")
 
 
+def _spectral(out: Path) -> None:
+    import dist_worker
+
+    import hypergrad as hg
+    from hypergrad import distributed as hd
+
+    (model, batches), val_loss = dist_worker._data()
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.nn.utils.parametrizations.spectral_norm(nn.Linear(16, 8)),
+                          nn.Tanh(), nn.Linear(8, 4)).double()
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
+                          hg.PerTensor("wd", 1e-2, transform="log")])
+    p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr", momentum=0.9, weight_decay="wd"), hps, batches, 4,
+                        val_loss)
+    got = hd.data_parallel(hg.ForwardMode()).hypergradient(p, p.init_raw())
+    ref = hg.ReverseMode().hypergradient(p, p.init_raw())  # one process, the whole batches
+    torch.save({"grad": got.grad, "ref": ref.grad}, out / f"rank{hd.rank()}.pt")
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     torch.set_num_threads(1)
@@ -189,7 +254,8 @@ def main() -> None:
 
     case, out = sys.argv[1], Path(sys.argv[2])
     with hd.launch(timeout=30.0):
-        {"one_column": _one_column, "raise": _raise, "budget": _budget}[case](out)
+        {"one_column": _one_column, "raise": _raise, "budget": _budget,
+         "spectral": _spectral}[case](out)
 
 
 if __name__ == "__main__":

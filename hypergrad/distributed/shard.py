@@ -107,21 +107,26 @@ class ShardedProblem(InnerProblem):
 
 
 def check_data_parallel(problem: InnerProblem) -> None:
-    """Refuse what data parallelism would change: BatchNorm statistics, random draws."""
+    """Refuse what data parallelism would change: BatchNorm statistics (and other state forward
+    updates from the batch), random draws; spectral_norm's vectors, which follow the weights
+    alone, are kept."""
     fm = problem.fmodel
+    if problem.draws is None:  # the probe: random draws, and the buffers forward updates
+        problem.check(problem.init_raw())
     # a BatchNorm that trains normalises by its batch's statistics, running statistics or not
-    # (track_running_stats=False has none); one the user put in eval mode uses fixed ones
+    # (track_running_stats=False has none); one the user put in eval mode uses fixed ones.
+    # spectral_norm's vectors follow the weights alone: every rank updates them alike
     batch_norms = sorted(name for name, m in fm.module.named_modules()
                          if isinstance(m, _BatchNorm) and fm.train_modes[name])
-    if fm.initial_buffers() or batch_norms:
+    weights_only = {f"{n}.{b}" if n else b for n in fm.sn for b in ("_u", "_v")}
+    if set(fm.initial_buffers()) - weights_only or batch_norms:
         raise ValueError(
             f"hypergrad.distributed: data parallelism needs a model without BatchNorm running "
             f"statistics or batch statistics (this one has "
-            f"{batch_norms or sorted(fm.initial_buffers())}): each rank would normalise its "
-            f"shard by the shard's own batch statistics, another function than the "
-            f"single-process step. Use column_parallel(...), or GroupNorm/LayerNorm.")
-    if problem.draws is None:
-        problem.check(problem.init_raw())
+            f"{batch_norms or sorted(set(fm.initial_buffers()) - weights_only)}): each rank "
+            f"would normalise its shard by the shard's own batch statistics (or update such "
+            f"state from its shard), another function than the single-process step. Use "
+            f"column_parallel(...), or GroupNorm/LayerNorm.")
     if problem.draws:
         raise ValueError(
             "hypergrad.distributed: data parallelism needs a training loss that draws no random "
