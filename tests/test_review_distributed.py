@@ -137,7 +137,9 @@ def test_data_parallel_refuses_state_forward_updates_from_the_batch() -> None:
 
 def test_data_parallel_keeps_spectral_norm_and_equals_one_process(tmp_path: Path) -> None:
     """spectral_norm's vectors follow the weights alone (every rank updates them alike): data
-    parallelism refused them as BatchNorm statistics; allowed, it equals one process."""
+    parallelism refused them as BatchNorm statistics; forward mode across the ranks keeps them
+    and equals one process; reverse mode (1.5 % off when allowed) refuses them, naming forward
+    mode."""
     runs = _ranks("spectral", str(tmp_path))
     for r, (rc, text) in enumerate(runs):
         assert rc == 0, f"rank {r} ended with {rc}:\n{text[-3000:]}"
@@ -145,6 +147,7 @@ def test_data_parallel_keeps_spectral_norm_and_equals_one_process(tmp_path: Path
         got = torch.load(tmp_path / f"rank{r}.pt")
         err = float((got["grad"] - got["ref"]).norm() / got["ref"].norm())
         assert err <= 1e-12, err
+        assert "data_parallel(ForwardMode()) keeps them" in got["refused"], got["refused"]
 
 
 def test_more_column_ranks_than_columns_equals_one_process(tmp_path: Path) -> None:
@@ -243,8 +246,14 @@ def _spectral(out: Path) -> None:
                         hg.optim.sgd(lr="lr", momentum=0.9, weight_decay="wd"), hps, batches, 4,
                         val_loss)
     got = hd.data_parallel(hg.ForwardMode()).hypergradient(p, p.init_raw())
+    try:  # reverse mode's summed adjoints would count the vectors' part once per rank
+        hd.data_parallel(hg.ReverseMode()).hypergradient(p, p.init_raw())
+        refused = ""
+    except ValueError as err:
+        refused = str(err)
     ref = hg.ReverseMode().hypergradient(p, p.init_raw())  # one process, the whole batches
-    torch.save({"grad": got.grad, "ref": ref.grad}, out / f"rank{hd.rank()}.pt")
+    torch.save({"grad": got.grad, "ref": ref.grad, "refused": refused},
+               out / f"rank{hd.rank()}.pt")
 
 
 def main() -> None:

@@ -125,7 +125,7 @@ class ParallelForward(OnlineMethod):
         self.mesh = mesh(data, columns)
         self.reduction = check_reduction("ParallelForward", reduction)
         self.runner = forward.with_hvp(SummedHVP(forward.hvp, self.mesh.data_group))
-        self._shards = Shards(self.mesh, self.reduction)
+        self._shards = Shards(self.mesh, self.reduction, weight_state=True)
         self._assignments: weakref.WeakKeyDictionary[InnerProblem, list[list[int]]] = (
             weakref.WeakKeyDictionary())
 
