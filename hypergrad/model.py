@@ -128,7 +128,9 @@ class FunctionalModel:
         name, padding row); :meth:`check_padding` refuses those whose padding row moves."""
         self.state_buffer_names = [f"{_pre(n)}{b}" for n in self.bn
                                    for b in ("running_mean", "running_var")]
-        self.state_buffer_names += [f"{_pre(n)}{b}" for n in self.sn for b in ("_u", "_v")]
+        self.sn_buffer_names = [f"{_pre(n)}{b}" for n in self.sn for b in ("_u", "_v")]
+        """spectral_norm's vectors: state that follows the weights alone."""
+        self.state_buffer_names += self.sn_buffer_names
         self.counter_names = [f"{_pre(n)}num_batches_tracked" for n in self.bn]
         self.generic: dict[str, torch.dtype] = {}
         """Buffers the model's forward writes itself, name -> their own dtype (:meth:`track`)."""

@@ -1317,6 +1317,15 @@ _CUTTERS = {
 }
 
 
+def _op_name(func: Any) -> str:
+    """A torch function's name as :data:`_CUTTERS` keys it (a property by its attribute:
+    ``.data``)."""
+    fname = getattr(func, "__name__", "")
+    if fname == "__get__":
+        fname = "." + getattr(getattr(func, "__self__", None), "__name__", "?")
+    return str(fname)
+
+
 class _CutFinder(TorchFunctionMode):
     """Follows the tensors derived from each hyperparameter group through one run of a loss
     and records, per group, the first operation that cut them from the autograd graph."""
@@ -1340,9 +1349,7 @@ class _CutFinder(TorchFunctionMode):
             tag = self.tags.get(id(x))
             if tag is not None and tag[0] is x:
                 groups |= tag[1]
-        fname = getattr(func, "__name__", "")
-        if fname == "__get__":  # a property: name it by the attribute
-            fname = "." + getattr(getattr(func, "__self__", None), "__name__", "?")
+        fname = _op_name(func)
         if groups and fname in _CUTTERS:
             self._cut(groups, _CUTTERS[fname])
         out = func(*args, **kwargs)
@@ -1421,9 +1428,7 @@ class _DetachFinder(TorchFunctionMode):
         kwargs = kwargs or {}
         inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
         out = func(*args, **kwargs)
-        fname = getattr(func, "__name__", "")
-        if fname == "__get__":  # a property: name it by the attribute
-            fname = "." + getattr(getattr(func, "__self__", None), "__name__", "?")
+        fname = _op_name(func)
         upstream = next((c for c in map(self._cut_of, inputs) if c is not None), None)
         live = any(self.live.get(id(x)) is x for x in inputs)
         if upstream is None and not live:

@@ -119,8 +119,7 @@ def check_data_parallel(problem: InnerProblem, weight_state: bool = False) -> No
     # spectral_norm's vectors follow the weights alone: every rank updates them alike
     batch_norms = sorted(name for name, m in fm.module.named_modules()
                          if isinstance(m, _BatchNorm) and fm.train_modes[name])
-    weights_only = ({f"{n}.{b}" if n else b for n in fm.sn for b in ("_u", "_v")}
-                    if weight_state else set())
+    weights_only = set(fm.sn_buffer_names) if weight_state else set()
     if set(fm.initial_buffers()) - weights_only or batch_norms:
         raise ValueError(
             f"hypergrad.distributed: data parallelism needs a model without BatchNorm running "

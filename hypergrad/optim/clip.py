@@ -69,7 +69,7 @@ def clip_tangent(grads: Params, G: Params, max_norm: float, eps: float = CLIP_EP
     ratio = max_norm / (norm + eps)
     if bool(ratio > 1.0):
         return grads, G
-    coef = torch.clamp(ratio, max=1.0)
+    coef = ratio  # <= 1: clip_coefficient's clamp would leave it as it is
     n = norm
     dot: Tensor | None = None  # (K,): g . G per column
     for k, g in grads.items():
