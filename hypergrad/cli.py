@@ -31,11 +31,13 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from . import distributed
 from .config import CONFIG_DIR, build, check_keys, global_groups, register_configs
 from .errors import (
+    CheckpointError,
     ConfigError,
     HypergradWarning,
     MemoryBudgetError,
@@ -266,15 +268,24 @@ def _shared_run_dir(run_dir: Path) -> Path:
     return shared
 
 
-USAGE_ERRORS = (ConfigError, RunDirError, ResumeMismatchError, MemoryBudgetError)
-"""What the command answers with its message alone and exit status 2 (the user's settings are
-the cause; a traceback into hypergrad's code would only hide the message)."""
+USAGE_ERRORS = (ConfigError, RunDirError, ResumeMismatchError, MemoryBudgetError,
+                CheckpointError)
+"""What the command answers with its message alone and exit status 2 (the user's settings or
+its run folder are the cause; a traceback into hypergrad's code would only hide the message)."""
+
+
+def _multirun() -> bool:
+    with contextlib.suppress(ValueError):  # no Hydra config: called outside a Hydra job
+        return bool(HydraConfig.get().mode == RunMode.MULTIRUN)
+    return False
 
 
 def _refuse(err: Exception) -> None:
     """Print a usage error without a traceback (to stderr, and to the run's log file, so the
     folder says why the run stopped) and exit with status 2; ``HYDRA_FULL_ERROR=1`` re-raises
-    it for Hydra's full traceback."""
+    it for Hydra's full traceback. In a ``--multirun`` job it is printed and re-raised: Hydra
+    marks that job failed and runs the sweep's other jobs (an exit would end the sweep, kill
+    the jobs running beside it and stop an Optuna study at its first refused trial)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
     msg = str(err) if str(err).startswith("hypergrad-run") else f"hypergrad-run: {err}"
@@ -282,6 +293,9 @@ def _refuse(err: Exception) -> None:
     for h in logging.getLogger().handlers:
         if isinstance(h, logging.FileHandler):
             h.handle(record)
+    if _multirun():
+        print(msg, file=sys.stderr)
+        raise err.with_traceback(None) from None
     print(f"{msg}\n(HYDRA_FULL_ERROR=1 shows where it was raised)", file=sys.stderr)
     sys.exit(2)
 

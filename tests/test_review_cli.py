@@ -1,0 +1,56 @@
+"""`hypergrad-run` as a user meets it, found by review (2026-11-27): a refused job of a
+``--multirun`` sweep fails alone (it ended the whole sweep), and resuming a folder without a
+checkpoint is answered as a usage error (a traceback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+import hypergrad.cli as cli
+from hypergrad.config import CONFIG_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "hypergrad.cli"]
+FAST = ["debug=fast", "report.plots=false", "callbacks.progress=false"]
+ENV = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {
+    "OMP_NUM_THREADS": "1"}
+
+
+def _compose(*overrides: str) -> DictConfig:
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, env=ENV,
+                          timeout=300)
+
+
+def test_a_refused_job_of_a_sweep_fails_alone(tmp_path: Path) -> None:
+    """The refusal exited the process (status 2): the sweep's later jobs never ran (joblib:
+    the jobs beside it were killed mid-run, run.lock left), and an Optuna study stopped at its
+    first refused trial."""
+    out = _cli("--multirun", "guards.backtrack=0.5,1.5", *FAST, "report.retrain=false",
+               f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode != 0  # the sweep still says a job failed
+    assert "backtrack=0.5 must be a number >= 1" in out.stderr
+    assert not (tmp_path / "0" / "results.json").exists()
+    assert "backtrack=0.5 must be" in (tmp_path / "0" / "cli.log").read_text()
+    assert json.loads((tmp_path / "1" / "results.json").read_text())["outer_steps"] == 2
+
+
+def test_resuming_a_folder_without_a_checkpoint_is_a_usage_error(tmp_path: Path) -> None:
+    """A run with mode.outer_steps=0 (an Optuna trial's) writes no checkpoint; resuming its
+    folder ended in CheckpointError's traceback (status 1)."""
+    cli.run(_compose(*FAST, "mode.outer_steps=0", "report.retrain=false"), tmp_path)
+    out = _cli(*FAST, "folder.resume=true", "report.retrain=false", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "no checkpoint" in out.stderr and "folder.overwrite=true" in out.stderr
