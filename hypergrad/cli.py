@@ -133,6 +133,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     import torch
+    import yaml  # type: ignore[import-untyped]
 
     from . import ForwardMode, ReverseMode
     from .measure import measure
@@ -219,7 +220,14 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     # report.retrain=false or report.plots=false): a model trained at other values, old plots
     clear_run_dir(run_dir, ("model_learned.pt",), ("learned_*.pt",
                                                    *(PLOTS if not cfg.report.plots else ())))
-    results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
+    if result.diverged and result.best_val_loss is None:
+        # no point had a finite validation loss: result.lam is the start, which diverged; a
+        # learned.yaml of it would hand torch.optim settings that diverge as if learned
+        write_text_atomic(run_dir / "learned.yaml", yaml.safe_dump({"not_written": (
+            f"nothing was learned, the run diverged from its start: {result.message}")}))
+        results["learned_files"] = ["learned.yaml"]
+    else:
+        results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
         last = (None if last_step is None or result.last_val_loss is None
@@ -359,12 +367,16 @@ def _job(cfg: DictConfig) -> float:
 def objective(results: dict[str, Any]) -> float:
     """What a sweeper minimises: the retrained learned point's validation loss; without
     retraining, or from a task whose ``evaluate`` reports none, the best evaluated one (with
-    ``mode.outer_steps=0``: the loss of one training at the given values)."""
+    ``mode.outer_steps=0``: the loss of one training at the given values). A run whose loss is
+    not finite (it diverged) gives ``inf``, the worst value, never NaN: Optuna fails a trial
+    that returns NaN (hydra-optuna-sweeper then stops the whole sweep) and learns nothing from
+    it, while ``inf`` tells the sampler that region diverges."""
     learned = [r for r in results["table"] if r["hyperparameters"] == "learned"]
     val = learned[0].get("val_loss") if learned else None
     if val is None:
         val = results["learned_val_loss"]
-    return float(val) if val is not None else math.nan
+    val = float(val) if val is not None else math.nan
+    return val if math.isfinite(val) else math.inf
 
 
 def main() -> None:

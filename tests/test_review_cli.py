@@ -1,15 +1,19 @@
 """`hypergrad-run` as a user meets it, found by review (2026-11-27): a refused job of a
-``--multirun`` sweep fails alone (it ended the whole sweep), and resuming a folder without a
-checkpoint is answered as a usage error (a traceback)."""
+``--multirun`` sweep fails alone (it ended the whole sweep), a diverged run gives sweepers
+``inf`` (NaN stopped an Optuna study), resuming a folder without a checkpoint is answered as a
+usage error (a traceback), and a run that diverged from its start writes no learned.yaml of the
+values that diverged."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import yaml  # type: ignore[import-untyped]
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -44,6 +48,22 @@ def test_a_refused_job_of_a_sweep_fails_alone(tmp_path: Path) -> None:
     assert not (tmp_path / "0" / "results.json").exists()
     assert "backtrack=0.5 must be" in (tmp_path / "0" / "cli.log").read_text()
     assert json.loads((tmp_path / "1" / "results.json").read_text())["outer_steps"] == 2
+
+
+def test_a_diverged_run_gives_sweepers_inf_and_no_learned_settings(tmp_path: Path) -> None:
+    """NaN went to the sweeper: optuna 2.10 (hydra-optuna-sweeper's pin) refuses NaN in tell()
+    and the sweeper's own FAIL path then raised, ending the study; learned.yaml held the start's
+    diverging values as torch.optim settings."""
+    results = cli.run(_compose(*FAST, "experiment=ridge_diabetes", "inner_optimizer.lr=1e40",
+                               "mode.outer_steps=0", "report.retrain=false"), tmp_path)
+    assert results["diverged"] and results["learned_val_loss"] is None
+    assert cli.objective(results) == math.inf
+    settings = yaml.safe_load((tmp_path / "learned.yaml").read_text())
+    assert set(settings) == {"not_written"} and "diverged" in settings["not_written"]
+    assert not (tmp_path / "model_learned.pt").exists()
+    rows = [{"hyperparameters": "learned", "val_loss": math.nan}]
+    assert cli.objective({"table": rows, "learned_val_loss": 0.5}) == math.inf
+    assert cli.objective({"table": [], "learned_val_loss": 0.5}) == 0.5
 
 
 def test_resuming_a_folder_without_a_checkpoint_is_a_usage_error(tmp_path: Path) -> None:
