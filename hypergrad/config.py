@@ -514,6 +514,8 @@ def build(cfg: DictConfig, folder: Any = None,
     from .run import Log, RunFolder, Trainer
     from .task import Task
 
+    if cfg.seed < 0:  # numpy's generators (the data split, the batch order) take none
+        raise ConfigError(f"seed={cfg.seed}: a seed must be an int >= 0; pass seed=0, 1, ...")
     torch.manual_seed(cfg.seed)
     hps = instantiate(cfg.hyperparams, _convert_="all")
     opt = instantiate(cfg.inner_optimizer, _convert_="all")

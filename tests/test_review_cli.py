@@ -13,12 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml  # type: ignore[import-untyped]
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import hypergrad.cli as cli
-from hypergrad.config import CONFIG_DIR
+from hypergrad.config import CONFIG_DIR, build
+from hypergrad.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "hypergrad.cli"]
@@ -74,3 +76,10 @@ def test_resuming_a_folder_without_a_checkpoint_is_a_usage_error(tmp_path: Path)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert "no checkpoint" in out.stderr and "folder.overwrite=true" in out.stderr
+
+
+def test_a_negative_seed_is_refused_naming_it() -> None:
+    """seed=-1 ended in numpy's "expected non-negative integer", naming neither the key nor
+    the value."""
+    with pytest.raises(ConfigError, match=r"seed=-1: a seed must be an int >= 0"):
+        build(_compose(*FAST, "seed=-1"))
