@@ -214,6 +214,8 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
         "last_val_loss": result.last_val_loss, "table": rows,
         "extra": extra, "compare_methods": compare, "diverged": result.diverged,
         "message": result.message,
+        # stopped before mode.outer_steps by guards.time_budget (resume to go on)
+        "out_of_time": result.out_of_time,
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     # what this run does not write again must not stay from an earlier one (a resume with

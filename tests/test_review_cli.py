@@ -83,3 +83,12 @@ def test_a_negative_seed_is_refused_naming_it() -> None:
     the value."""
     with pytest.raises(ConfigError, match=r"seed=-1: a seed must be an int >= 0"):
         build(_compose(*FAST, "seed=-1"))
+
+
+def test_results_say_a_run_was_stopped_by_its_time_budget(tmp_path: Path) -> None:
+    """results.json of a run cut short by guards.time_budget looked like a finished one (the
+    reason was in cli.log alone)."""
+    cli.run(_compose(*FAST, "report.retrain=false", "mode.outer_steps=100000",
+                     "guards.time_budget=0.5"), tmp_path)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["out_of_time"] is True and 0 < on_disk["outer_steps"] < 100000
