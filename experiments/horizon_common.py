@@ -5,13 +5,12 @@
   unit it was in.
 - Budgets are **process CPU seconds** of a single-threaded process (``time.process_time`` with
   ``torch.set_num_threads(1)``): another process's load on a shared machine does not change
-  them. On a quiet machine CPU time and wall clock are the same. :func:`cpu_clock_trainer`
-  makes the Trainer's ``Guards(time_budget=...)`` read that clock too.
+  them. On a quiet machine CPU time and wall clock are the same. The forward contenders'
+  Trainer reads that clock too (``Guards(clock="cpu")``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -19,8 +18,7 @@ import platform
 import statistics
 import sys
 import time
-import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +52,6 @@ def cpu() -> float:
     return time.process_time()
 
 
-@contextlib.contextmanager
-def cpu_clock_trainer() -> Iterator[None]:
-    """Inside, the Trainer's clock (its ``time_budget``, ``seconds`` and ``elapsed``) is this
-    process's CPU time instead of the wall clock."""
-    from hypergrad.run import trainer as trainer_module
-
-    saved = trainer_module.time
-    trainer_module.time = types.SimpleNamespace(perf_counter=time.process_time)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        trainer_module.time = saved
-
-
 def fit_forward(problem: Any, budget: float, bounds: dict[str, tuple[float, float]],
                 defaults: bool, mode: Any = None) -> Any:
     """Forward-mode tuning of ``problem`` within ``budget`` CPU seconds in the box ``bounds``:
@@ -83,11 +67,10 @@ def fit_forward(problem: Any, budget: float, bounds: dict[str, tuple[float, floa
         outer=functools.partial(hg.SignDescent, lr=0.5, precondition=schedule_smoothing(
             problem.hyperparams.items, SIGN_SMOOTH)),
         mode=hg.Offline(outer_steps=10**6))
-    with cpu_clock_trainer():
-        return hg.Trainer(problem, hg.ForwardMode(),
-                          guards=hg.Guards(time_budget=budget, bounds=bounds,
-                                           backtrack=None if defaults else 1.5),
-                          callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw).fit()
+    return hg.Trainer(problem, hg.ForwardMode(),
+                      guards=hg.Guards(time_budget=budget, bounds=bounds,
+                                       backtrack=None if defaults else 1.5, clock="cpu"),
+                      callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw).fit()
 
 
 def forward_info(res: Any) -> dict[str, Any]:

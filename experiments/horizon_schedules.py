@@ -273,13 +273,15 @@ def _values(hps: hg.HyperParams, lam: Tensor) -> dict[str, Any]:
     return hps.describe(lam)
 
 
-def tune_forward(st: Study, seed: int, defaults: bool = False) -> dict[str, Any]:
+def tune_forward(st: Study, seed: int, defaults: bool = False,
+                 mode: hg.Offline | None = None) -> dict[str, Any]:
     """Forward mode over the full horizon: FDS-style sign steps with backtracking, or
-    (``defaults``) the Trainer's default outer loop in the same box."""
+    (``defaults``) the Trainer's default outer loop in the same box (``mode`` in place of its
+    default mode: a development variant's search settings)."""
     hps = st.hyperparams(schedule=True)
     p = st.problem(seed, hps)
     t0 = cpu()
-    res = fit_forward(p, st.budget - (cpu() - t0), st.bounds, defaults)
+    res = fit_forward(p, st.budget - (cpu() - t0), st.bounds, defaults, mode=mode)
     used = cpu() - t0
     v = _values(hps, res.lam)
     spec = {"kind": "windows", "lr": list(v["lr"]), "momentum": float(v["momentum"]),

@@ -1,5 +1,6 @@
-"""Development check of the space-filling start's layout (``hypergrad.run.trainer.SHARED_START``)
-on a schedule problem outside the suite's evaluation half: the long-horizon study's teacher MLP
+"""Development check of the space-filling start's layout (``SearchSettings.shared_start``,
+``hypergrad.run.SearchSettings``) on a schedule problem outside the suite's evaluation half:
+the long-horizon study's teacher MLP
 (:mod:`horizon_schedules`) at a shorter horizon, development tuning seeds (not the study's),
 the Trainer's defaults (``forward_defaults``) with one level per schedule (``shared``, the
 default) or a level per window (``independent``); each result retrained on 3 fresh seeds.
@@ -14,12 +15,12 @@ hypergradient and each plain run) the mean over two batch orders (the problem's 
 variant 2), at twice the cost; the re-check in variant 1 as before.
 
 ``--variant smooth --smooth L``: the default QuasiNewton's schedule coupling
-(``hypergrad.run.trainer.SMOOTH_SCHEDULE``) at length ``L`` (a share of the windows; the
+(``SearchSettings.smooth_schedule``) at length ``L`` (a share of the windows; the
 default since it was measured here is 0.2); ``--variant no_smooth``: every window on its own,
 as the defaults were before (the ``shared`` runs committed before it were made so).
 
 ``--variant no_recheck_first``: the re-check compares the best points only, not also the point
-the first hypergradient was taken at (``hypergrad.run.trainer.RECHECK_FIRST``, on by default
+the first hypergradient was taken at (``SearchSettings.recheck_first``, on by default
 since it was weighed here and on the suite's development half; the committed
 ``start_dev_t5000_recheck_first.json`` is the default now).
 """
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import horizon_common as hc  # noqa: E402
 import horizon_schedules as hs  # noqa: E402
 
+import hypergrad as hg  # noqa: E402
 from hypergrad.run import trainer as trainer_module  # noqa: E402
 
 
@@ -103,24 +105,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="JSON file")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    search: dict[str, Any] = {}  # the defaults' search settings for this variant
     if args.variant == "independent":
-        trainer_module.SHARED_START = ()
+        search["shared_start"] = ()
     if args.variant == "resample":
         _resample_per_outer_step()
     if args.variant == "average2":
         _average_two_orders()
     if args.variant == "smooth":
-        trainer_module.SMOOTH_SCHEDULE = args.smooth
+        search["smooth_schedule"] = args.smooth
         hc.SIGN_SMOOTH = args.smooth
     if args.variant == "no_recheck_first":
-        trainer_module.RECHECK_FIRST = False
+        search["recheck_first"] = False
     if args.variant == "no_smooth":
-        trainer_module.SMOOTH_SCHEDULE = None
+        search["smooth_schedule"] = None
+    mode = hg.Offline.default(search=search)
     st = hs.Study("teacher", T=args.T, budget=args.budget)
     rows = []
     for seed in args.seeds:
         got = (hs.tune_recipe(st, seed) if args.contender == "recipe" else
-               hs.tune_forward(st, seed, defaults=args.contender == "defaults"))
+               hs.tune_forward(st, seed, defaults=args.contender == "defaults", mode=mode))
         rt = [st.train(s, got["spec"]) for s in (200, 201, 202)]
         lr = (hs.spec_curve(got["spec"], st.T, points=st.windows)["lr"]
               if args.contender == "recipe" else got["spec"]["lr"])
@@ -131,8 +135,9 @@ def main(argv: list[str] | None = None) -> None:
                      "plain_runs": got["info"].get("plain_runs", got["evals"])})
         print(f"seed {seed}: val {got['val']:.4f} test {test:.4f}", flush=True)
     summary = {"variant": args.variant, "contender": args.contender,
-               "smooth_schedule": (trainer_module.SMOOTH_SCHEDULE if args.contender == "defaults"
+               "smooth_schedule": (mode.search.smooth_schedule if args.contender == "defaults"
                                    else hc.SIGN_SMOOTH),
+               "search": mode.search.changed(),
                "T": args.T, "budget_cpu_s": args.budget,
                "seeds": args.seeds, "mean_test": statistics.mean(r["test"] for r in rows),
                "mean_val": statistics.mean(r["val"] for r in rows)}

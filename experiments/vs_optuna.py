@@ -514,15 +514,15 @@ def _variants() -> dict[str, Any]:
         "surrogate_tape": dict(box_outer=lambda box: functools.partial(Surrogate, box=box),
                                method=hg.ReverseMode(tape=True)),
         "forward": dict(method="forward"),
-        "no_leftover": dict(patch={"USE_LEFTOVER": False}),
-        "no_trial_forecast": dict(patch={"TRIAL_FORECAST": False}),
-        "no_recheck_first": dict(patch={"RECHECK_FIRST": False}),
-        "independent_start": dict(patch={"SHARED_START": ()}),
-        "shared_start_all": dict(patch={"SHARED_START": ("schedule", "per_example", "per_tensor",
-                                                         "array")}),
-        "no_smooth": dict(patch={"SMOOTH_SCHEDULE": None}),
-        "smooth_0.3": dict(patch={"SMOOTH_SCHEDULE": 0.3}),
-        "smooth_0.1": dict(patch={"SMOOTH_SCHEDULE": 0.1}),
+        "no_leftover": dict(search={"leftover": False}),
+        "no_trial_forecast": dict(search={"trial_forecast": False}),
+        "no_recheck_first": dict(search={"recheck_first": False}),
+        "independent_start": dict(search={"shared_start": ()}),
+        "shared_start_all": dict(search={"shared_start": ("schedule", "per_example", "per_tensor",
+                                                           "array")}),
+        "no_smooth": dict(search={"smooth_schedule": None}),
+        "smooth_0.3": dict(search={"smooth_schedule": 0.3}),
+        "smooth_0.1": dict(search={"smooth_schedule": 0.1}),
         "reinit": dict(suite_patch={"MODEL_FACTORY": True}),
         "tape": dict(method=hg.ReverseMode(tape=True)),
         "select_50": dict(suite_patch={"SELECT_SHARE": 0.5}),
@@ -561,17 +561,16 @@ def suite_run(tuner: str, name: str, seed: int, budget: float) -> Run:
             kw["method"] = ZerothOrder(space, seed=seed)
         backtrack = kw.pop("backtrack", None)
         box_outer = kw.pop("box_outer", None)
-        import hypergrad.run.trainer as trainer_module
-
-        with _settings(trainer_module, kw.pop("patch", {})):  # the Trainer's module settings
-            trainer = hg.Trainer(p, guards=hg.Guards(bounds=task.bounds, time_budget=budget,
-                                                     backtrack=backtrack, clock="cpu"),
-                                 callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw)
-            if box_outer is not None:
-                trainer.outer = box_outer(trainer.box)([trainer.lam])
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", HypergradWarning)
-                return run_trainer(trainer, space, tuner, seed, budget, clock=CLOCK)
+        if "search" in kw:  # the default mode with other search settings
+            kw["mode"] = hg.Offline.default(search=kw.pop("search"))
+        trainer = hg.Trainer(p, guards=hg.Guards(bounds=task.bounds, time_budget=budget,
+                                                 backtrack=backtrack, clock="cpu"),
+                             callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw)
+        if box_outer is not None:
+            trainer.outer = box_outer(trainer.box)([trainer.lam])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", HypergradWarning)
+            return run_trainer(trainer, space, tuner, seed, budget, clock=CLOCK)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -14,6 +14,7 @@ import torch
 from fixtures import lr_momentum, unit_clock
 
 import hypergrad as hg
+from hypergrad.run import SearchSettings
 from hypergrad.run.outer import QuasiNewton, search_box
 from hypergrad.testing import digits_case
 
@@ -115,18 +116,16 @@ def test_the_best_points_are_rechecked_and_the_lowest_mean_returned() -> None:
     assert res.values == p.hyperparams.describe(res.lam)
 
 
-def test_the_recheck_also_judges_the_point_the_descent_started_from(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """RECHECK_FIRST: the re-check compares the best points with the point the first
-    hypergradient was taken at (the space-filling start's best), trained in the other order
-    too, so a descent that only fits the tuning run's batch order is judged against its start;
-    the point travels in the checkpoint. Off: the best points only."""
-    from hypergrad.run import trainer as trainer_module
+def test_the_recheck_also_judges_the_point_the_descent_started_from(tmp_path: Any) -> None:
+    """``SearchSettings.recheck_first``: the re-check compares the best points with the point
+    the first hypergradient was taken at (the space-filling start's best), trained in the other
+    order too, so a descent that only fits the tuning run's batch order is judged against its
+    start; the point travels in the checkpoint. Off: the best points only."""
 
-    def run(folder: Any = None) -> tuple[Any, Any]:
+    def run(folder: Any = None, **search: Any) -> tuple[Any, Any]:
         tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
                         callbacks=quiet(), folder=folder,
-                        mode=hg.Offline(outer_steps=4, start=4, recheck=3))
+                        mode=hg.Offline(outer_steps=4, start=4, recheck=3, search=search))
         return tr, tr.fit()
 
     tr, res = run(tmp_path)
@@ -145,8 +144,7 @@ def test_the_recheck_also_judges_the_point_the_descent_started_from(
                       callbacks=quiet(), folder=hg.RunFolder(tmp_path, resume=True),
                       mode=hg.Offline(outer_steps=4, start=4, recheck=3))
     assert back._first_point is not None and torch.equal(back._first_point[1], start["lam"])
-    monkeypatch.setattr(trainer_module, "RECHECK_FIRST", False)
-    _, off = run()
+    _, off = run(recheck_first=False)
     assert [r["val_loss"] for r in off.rechecked] == pytest.approx(every[:3])
 
 
@@ -436,15 +434,12 @@ def test_a_model_factory_with_batchnorm_gives_its_running_statistics_too() -> No
     assert math.isfinite(v1)
 
 
-def test_quasi_random_points_draw_one_level_per_schedule_and_example_weights(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quasi_random_points_draw_one_level_per_schedule_and_example_weights() -> None:
     """The space-filling start, restarts and the leftover time place every window of a
     schedule (and every example's weight) at one quasi-random level of the box: a constant
-    schedule; scalars and per-tensor entries each at their own. With ``SHARED_START = ()``
-    every entry draws its own."""
+    schedule; scalars and per-tensor entries each at their own. With
+    ``SearchSettings(shared_start=())`` every entry draws its own."""
     from fixtures import mixed_problem
-
-    from hypergrad.run import trainer as trainer_module
 
     p = mixed_problem("momentum", steps=6, windows=4)
     sl = p.hyperparams.slices
@@ -465,11 +460,12 @@ def test_quasi_random_points_draw_one_level_per_schedule_and_example_weights(
     starts = [e["lam"] for e in res.evaluations if e["kind"] == "start"][1:]
     assert len(starts) == 6 and all(torch.equal(a, b) for a, b in zip(starts, pts))
 
-    monkeypatch.setattr(trainer_module, "SHARED_START", ())
-    u = (tr._space_filling(1, 0)[0] - lo) / (hi - lo)
+    own = hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0), "wd": (1e-5, 1e-1)}),
+                     callbacks=quiet(), mode=hg.Offline(outer_steps=1, start=6,
+                                                        search={"shared_start": []}))
+    u = (own._space_filling(1, 0)[0] - lo) / (hi - lo)
     assert float(u[sl["lr"]].max() - u[sl["lr"]].min()) > 1e-3  # per entry again
 
-    monkeypatch.setattr(trainer_module, "SHARED_START", ("schedule", "per_example"))
     q = digits_case("sgd", "per_example", **SMALL)
     x = hg.Trainer(q, guards=hg.Guards(bounds={"ex_w": (0.05, 0.95)}),
                    callbacks=quiet())._space_filling(2, 0)
@@ -543,21 +539,23 @@ def test_a_preconditioned_line_search_descends_along_the_smoothed_gradient() -> 
     assert values[-1] < 1e-3 * values[0]  # L-BFGS with H0 = gamma P still converges
 
 
-def test_the_default_quasi_newton_couples_schedule_windows_only_where_there_are_some(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from hypergrad.run import trainer as trainer_module
+def test_the_default_quasi_newton_couples_schedule_windows_only_where_there_are_some() -> None:
     from hypergrad.run.outer import schedule_smoothing
 
     sched = digits_case("momentum", "schedule", windows=5, **SMALL)
     tr = hg.Trainer(sched, callbacks=quiet())
     assert isinstance(tr.outer, QuasiNewton) and tr.outer.precondition is not None
-    want = schedule_smoothing(sched.hyperparams.items, trainer_module.SMOOTH_SCHEDULE)
+    want = schedule_smoothing(sched.hyperparams.items, 0.2)
     assert want is not None and torch.equal(tr.outer.precondition, want)
-    assert trainer_module.SMOOTH_SCHEDULE == 0.2
+    assert SearchSettings().smooth_schedule == 0.2 and tr.search == SearchSettings()
+    wider = hg.Trainer(sched, callbacks=quiet(), mode=hg.Offline.default(
+        search=SearchSettings(smooth_schedule=0.4)))
+    assert torch.equal(wider.outer.precondition,  # type: ignore[attr-defined]
+                       schedule_smoothing(sched.hyperparams.items, 0.4))
     plain = hg.Trainer(lr_momentum(), callbacks=quiet())  # scalars: nothing to couple
     assert isinstance(plain.outer, QuasiNewton) and plain.outer.precondition is None
-    monkeypatch.setattr(trainer_module, "SMOOTH_SCHEDULE", None)
-    off = hg.Trainer(sched, callbacks=quiet())
+    off = hg.Trainer(sched, callbacks=quiet(),
+                     mode=hg.Offline.default(search={"smooth_schedule": None}))
     assert isinstance(off.outer, QuasiNewton) and off.outer.precondition is None
     with pytest.raises(ValueError, match=r"precondition of shape \(5, 5\) needs one"):
         QuasiNewton([torch.zeros(3)], precondition=torch.eye(5))
@@ -569,11 +567,10 @@ def test_a_users_quasi_newton_gets_the_defaults_coupling_unless_it_brings_its_ow
     fills the box; a matrix given (the identity: no coupling) is kept."""
     import functools
 
-    from hypergrad.run import trainer as trainer_module
     from hypergrad.run.outer import schedule_smoothing
 
     sched = digits_case("momentum", "schedule", windows=5, **SMALL)
-    want = schedule_smoothing(sched.hyperparams.items, trainer_module.SMOOTH_SCHEDULE)
+    want = schedule_smoothing(sched.hyperparams.items, SearchSettings().smooth_schedule)
     tr = hg.Trainer(sched, outer=functools.partial(QuasiNewton, step=0.3), callbacks=quiet())
     assert isinstance(tr.outer, QuasiNewton) and tr.outer.defaults["step"] == 0.3
     assert want is not None and torch.equal(tr.outer.precondition, want)
@@ -650,3 +647,59 @@ def test_a_point_without_a_usable_hypergradient_sends_the_search_back_to_its_bes
     calls.clear()
     calls.append(0.0)  # no uphill step: the first hypergradient is at the unstable point
     assert at_best.fit().diverged  # nothing evaluated better to go back to
+
+
+def test_search_settings_are_checked_and_enter_the_runs_fingerprint(tmp_path: Any) -> None:
+    """``Offline(search=...)``: each setting checked (naming it and the fix); a changed one is
+    in the mode's settings (absent at the defaults: older checkpoints resume), so a run
+    resumed with another search is refused, naming the key."""
+    with pytest.raises(ValueError, match=r"shared_start names unknown kinds \['window'\]"):
+        SearchSettings(shared_start=("window",))
+    with pytest.raises(TypeError, match="shared_start='schedule' must be a list"):
+        SearchSettings(shared_start="schedule")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="smooth_schedule=0 must be a positive share"):
+        SearchSettings(smooth_schedule=0)
+    with pytest.raises(TypeError, match="leftover=1 must be True or False"):
+        SearchSettings(leftover=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"unknown settings \['recheck_frist'\]"):
+        hg.Offline(search={"recheck_frist": False})
+    assert hg.Offline.default().settings() == {"mode": "offline", "mode.start": "auto",
+                                               "mode.recheck": "auto"}
+    mode = hg.Offline(outer_steps=2, search={"shared_start": ["schedule"],
+                                             "trial_forecast": False})
+    assert mode.search == SearchSettings(shared_start=("schedule",), trial_forecast=False)
+    assert mode.settings()["mode.search.shared_start"] == ["schedule"]
+    assert mode.settings()["mode.search.trial_forecast"] is False
+    assert repr(mode) == ("Offline(outer_steps=2, search=SearchSettings(trial_forecast=False, "
+                          "shared_start=('schedule',)))")
+
+    def trainer(resume: bool, **search: Any) -> Any:
+        return hg.Trainer(lr_momentum(), callbacks=quiet(),
+                          folder=hg.RunFolder(tmp_path, resume=resume),
+                          mode=hg.Offline(outer_steps=1, search=search))
+
+    trainer(False, recheck_first=False).fit()
+    with pytest.raises(Exception, match="mode.search.recheck_first"):
+        trainer(True)
+    assert trainer(True, recheck_first=False).outer_step == 1
+
+
+def test_search_settings_from_a_hydra_config() -> None:
+    """``hypergrad-run mode.search={...}``: the mapping becomes the mode's settings; an unknown
+    setting is refused by name."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from hypergrad.config import CONFIG_DIR, register_configs
+
+    register_configs()
+
+    def mode(override: str) -> Any:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return instantiate(compose("config", overrides=[override]).mode)
+
+    got = mode("mode.search={smooth_schedule:null,shared_start:[schedule]}")
+    assert got.search == SearchSettings(smooth_schedule=None, shared_start=("schedule",))
+    with pytest.raises(InstantiationException, match=r"unknown settings \['bogus'\]"):
+        mode("mode.search={bogus:1}")

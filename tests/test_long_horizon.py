@@ -230,8 +230,7 @@ def test_long_horizon_reruns_chosen_lm_contenders_only(tmp_path: Path) -> None:
 def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
     """``experiments/start_dev.py``: each variant (the start's layout, a new batch order per
     outer step, two orders per evaluation, the schedule coupling) runs the Trainer's defaults
-    on the teacher task and writes one row per seed; the Trainer is patched in its own process
-    only."""
+    on the teacher task and writes one row per seed, with the search settings it changed."""
     smooth = {"shared": 0.2, "no_smooth": None, "smooth": 0.3}
     for variant in ("shared", "independent", "resample", "average2", "no_smooth", "smooth"):
         out = tmp_path / f"{variant}.json"
@@ -243,6 +242,9 @@ def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
         payload = json.loads(out.read_text())
         assert payload["summary"]["variant"] == variant and len(payload["rows"]) == 1
         assert payload["summary"]["smooth_schedule"] == smooth.get(variant, 0.2)
+        assert payload["summary"]["search"] == (
+            {"shared_start": []} if variant == "independent" else
+            {"smooth_schedule": smooth[variant]} if variant in ("no_smooth", "smooth") else {})
         row = payload["rows"][0]
         assert row["hypergradients"] >= 1 and row["test"] > 0 and len(row["lr"]) == 10
     out = tmp_path / "sign.json"  # the study's sign-step contender, its windows coupled
@@ -263,10 +265,6 @@ def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
     row = payload["rows"][0]
     assert payload["summary"]["contender"] == "recipe" and row["hypergradients"] == 0
     assert len(row["lr"]) == 10 and row["lr"][1] > row["lr"][-1] and row["plain_runs"] >= 1
-    from hypergrad.run import trainer as trainer_module
-
-    assert trainer_module.SHARED_START == ("schedule", "per_example")  # untouched here
-    assert trainer_module.SMOOTH_SCHEDULE == 0.2
 
 
 def test_seed_fit_trains_as_the_study_does() -> None:

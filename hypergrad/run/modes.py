@@ -3,11 +3,14 @@ step) or :class:`Online` (every ``interval`` inner steps of one run)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..problem import InnerProblem
 
-__all__ = ["Offline", "Online", "Mode"]
+__all__ = ["Offline", "Online", "Mode", "SearchSettings"]
 
 
 def _count(api: str, name: str, value: Any, low: int) -> int:
@@ -45,6 +48,118 @@ returned (when the problem's runs can vary: :attr:`InnerProblem.varies
 <hypergrad.InnerProblem.varies>`)."""
 
 
+def _kinds() -> set[str]:
+    """The hyperparameter kinds (``kind`` of every class in :mod:`hypergrad.hyperparams`)."""
+    from .. import hyperparams
+
+    return {k for obj in vars(hyperparams).values() if isinstance(obj, type)
+            and isinstance(k := getattr(obj, "kind", None), str) and k != "base"}
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """The default search's settings that are not the mode's counts (``Offline(search=...)``).
+    Each default was weighed on the suite's development half or the long-horizon study's
+    development seeds (docs/benchmarks.md); change one to compare, not to tune a problem.
+
+    Args:
+        recheck_first: the re-check (``Offline(recheck=...)``) always compares the point the
+            first hypergradient was taken at (where the descent started: the space-filling
+            start's best, or the initial point) with the best points found after it, so that a
+            descent whose points fit the tuning run's batch order is judged against its start in
+            another order. ``False``: the best points only.
+        leftover: with a :class:`~hypergrad.run.outer.SearchOptimizer` (the defaults) and a
+            time budget, spend the time left when no hypergradient fits any more on plain
+            runs: a line search from the best point along its hypergradient where none started
+            there yet, then quasi-random points.
+        trial_forecast: forecast an outer step as its hypergradient and one plain run: the next
+            hypergradient is taken only with room for its line search's first trial after it
+            (without, a budget that just held one ended on a hypergradient nothing was tried
+            along; weighed neutral on results: 1.001x and 0.9995x, 83 of 90 seeds identical).
+        shared_start: the hyperparameter kinds whose entries quasi-random points (the
+            space-filling start, restarts, the leftover time) place at one level of the box:
+            every window of a :class:`~hypergrad.Schedule` (a constant schedule) and every
+            example's weight of a :class:`~hypergrad.PerExample` (a uniform weighting); every
+            other entry draws its own. Drawn per window, nearly every point is a jagged
+            schedule, and drawn per example a random weighting of the training set; the descent
+            from the best point moves the entries apart. Per-feature and per-tensor penalties
+            keep their own draws: which entries to penalise is what they tune. Measured (shared
+            / per entry, mean test loss): the long-horizon teacher schedule (10 windows, T =
+            1000, development seeds 10-15, ``experiments/start_dev.py``) 0.774 / 0.799, better
+            at 5 of 6 seeds; the suite's development half, 10 seeds: digits_hypercleaning 1.645
+            / 1.729, diabetes_adamw_k14 0.538 / 0.532 (within its noise); per-feature penalties
+            shared too lost (cancer_per_feature_l2_adam 0.079 / 0.065,
+            synth_sparse_per_feature_l2 0.161 / 0.140).
+        smooth_schedule: the default :class:`~hypergrad.run.outer.QuasiNewton`'s coupling of a
+            schedule's windows: the length scale of
+            :func:`~hypergrad.run.outer.schedule_smoothing`'s kernel as a share of the windows
+            (0.2: two windows of a 10-window schedule); ``None``: every window on its own.
+            Measured with the defaults, coupled / not (mean test loss): the teacher schedule at
+            T = 5000, development seeds 10-12, 0.693 / 0.706, better at every seed (length 0.3:
+            0.695); at T = 1000, seeds 10-15, 0.771 / 0.774; diabetes_adamw_k14 (10 seeds)
+            0.537 / 0.539.
+
+    Example:
+        >>> SearchSettings(recheck_first=False)
+        SearchSettings(recheck_first=False)
+        >>> Offline(outer_steps=None, start="auto", search={"smooth_schedule": None})
+        Offline(outer_steps=None, start='auto', search=SearchSettings(smooth_schedule=None))
+    """
+
+    recheck_first: bool = True
+    leftover: bool = True
+    trial_forecast: bool = True
+    shared_start: tuple[str, ...] = ("schedule", "per_example")
+    smooth_schedule: float | None = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("recheck_first", "leftover", "trial_forecast"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"SearchSettings: {name}={getattr(self, name)!r} must be True or "
+                                f"False.")
+        shared = self.shared_start
+        if isinstance(shared, str) or not all(isinstance(k, str) for k in shared):
+            raise TypeError(f"SearchSettings: shared_start={shared!r} must be a list of "
+                            f"hyperparameter kinds, e.g. ['schedule', 'per_example'].")
+        unknown = sorted(set(shared) - _kinds())
+        if unknown:
+            raise ValueError(f"SearchSettings: shared_start names unknown kinds {unknown}; the "
+                             f"kinds are {sorted(_kinds())}.")
+        object.__setattr__(self, "shared_start", tuple(shared))
+        s = self.smooth_schedule
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
+                              or not s > 0 or s == float("inf")):
+            raise ValueError(f"SearchSettings: smooth_schedule={s!r} must be a positive share "
+                             f"of the windows (0.2: two of ten) or None (windows uncoupled).")
+
+    @classmethod
+    def of(cls, value: SearchSettings | Mapping[str, Any] | None) -> SearchSettings:
+        """``value`` as settings: ``None`` the defaults, a mapping of fields (a config's)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(map(str, value)) - names)
+            if unknown:
+                raise ValueError(f"Offline: search has unknown settings {unknown}; the settings "
+                                 f"are {sorted(names)}.")
+            return cls(**{str(k): v for k, v in value.items()})
+        raise TypeError(f"Offline: search={value!r} must be a SearchSettings, a mapping of its "
+                        f"fields, or None (the defaults).")
+
+    def changed(self) -> dict[str, Any]:
+        """The settings that differ from the defaults (lists for tuples: JSON-like)."""
+        base = SearchSettings()
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(base, f.name)}
+
+    def __repr__(self) -> str:
+        return (f"SearchSettings("
+                f"{', '.join(f'{k}={getattr(self, k)!r}' for k in self.changed())})")
+
+
 class Offline(Mode):
     """Forward-mode HO (Franceschi et al. 2017): every outer step trains ``T`` inner steps from
     the initial state, takes ``dE/dlam`` at step ``T`` (any :class:`~hypergrad.Method`) and
@@ -58,13 +173,13 @@ class Offline(Mode):
             hypergradient: about a fifth of the cost) at the initial point and at ``start``
             quasi-random points of the search box (a scrambled Sobol sequence seeded by the
             problem's seed; a schedule's windows at one level:
-            :data:`hypergrad.run.trainer.SHARED_START`); tuning descends from the best of them.
+            ``search.shared_start``); tuning descends from the best of them.
             ``"auto"``: 15% of the time budget (2 to 8 points), or 4 points without a budget.
             ``0`` (default here): start at the initial point. The Trainer's default mode
             (``mode=None``) is :meth:`Offline.default`.
         recheck: before returning, ``recheck`` distinct points evaluated (the best ones and
             the point the first hypergradient was taken at, where the descent started:
-            :data:`hypergrad.run.trainer.RECHECK_FIRST`) are trained
+            ``search.recheck_first``) are trained
             again in another draw of the run's randomness (another mini-batch order and other
             dropout draws: :meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), and
             the one with the lowest mean validation loss over both runs is returned. One
@@ -74,6 +189,8 @@ class Offline(Mode):
             3 points where the problem's runs can vary (:attr:`InnerProblem.varies
             <hypergrad.InnerProblem.varies>`), else none; ``0`` (default here): return the best
             point of one run.
+        search: the default search's other settings (:class:`SearchSettings`, or a mapping of
+            its fields; ``None``: the defaults), for comparisons; in the run's fingerprint.
 
     Example:
         >>> Offline(outer_steps=20)
@@ -85,7 +202,8 @@ class Offline(Mode):
     name = "offline"
 
     def __init__(self, outer_steps: int | None = 10, start: int | str = 0,
-                 recheck: int | str = 0) -> None:
+                 recheck: int | str = 0,
+                 search: SearchSettings | Mapping[str, Any] | None = None) -> None:
         self.outer_steps = (None if outer_steps is None
                             else _count("Offline", "outer_steps", outer_steps, 0))
         if start != "auto":
@@ -94,13 +212,15 @@ class Offline(Mode):
         if recheck != "auto":
             recheck = _count("Offline", "recheck", recheck, 0)
         self.recheck = recheck
+        self.search = SearchSettings.of(search)
 
     @classmethod
-    def default(cls) -> Offline:
+    def default(cls, search: SearchSettings | Mapping[str, Any] | None = None) -> Offline:
         """The Trainer's default mode: ``Offline(outer_steps=None, start="auto",
         recheck="auto")``: the time budget (else 10 outer steps) ends it, after a
-        space-filling start; the best points are re-checked in another batch order."""
-        return cls(outer_steps=None, start="auto", recheck="auto")
+        space-filling start; the best points are re-checked in another batch order.
+        ``search``: other search settings (:class:`SearchSettings`), for comparisons."""
+        return cls(outer_steps=None, start="auto", recheck="auto", search=search)
 
     def recheck_points(self, problem: InnerProblem) -> int:
         """How many of the best points to re-check before returning one (0: none)."""
@@ -130,6 +250,8 @@ class Offline(Mode):
             out["mode.start"] = self.start
         if self.recheck != 0:
             out["mode.recheck"] = self.recheck
+        for k, v in self.search.changed().items():  # absent at the defaults (older checkpoints)
+            out[f"mode.search.{k}"] = v
         return out
 
     def __repr__(self) -> str:
@@ -138,6 +260,8 @@ class Offline(Mode):
             args.append(f"start={self.start!r}")
         if self.recheck != 0:
             args.append(f"recheck={self.recheck!r}")
+        if self.search.changed():
+            args.append(f"search={self.search!r}")
         return f"Offline({', '.join(args)})"
 
 

@@ -80,7 +80,8 @@ development half (four runs of 10 seeds) it was better at K = 30 and 50 in every
 
 def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
     """A preconditioner for :class:`QuasiNewton` (the Trainer fills it into one given without
-    a preconditioner, with ``length`` = :data:`hypergrad.run.trainer.SMOOTH_SCHEDULE`) and
+    a preconditioner, with ``length`` = ``Offline(search=...)``'s
+    :attr:`~hypergrad.run.modes.SearchSettings.smooth_schedule`) and
     :class:`SignDescent` over the raw hyperparameters of ``items``
     (``problem.hyperparams.items``, in their order) that couples the windows of each schedule:
     within a :class:`~hypergrad.Schedule` of ``n >= 3`` windows, a Gaussian kernel over the

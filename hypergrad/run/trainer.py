@@ -51,7 +51,7 @@ from .folder import (
     set_rng_state,
 )
 from .guards import MAX_BACKTRACKS, Guards, Tracker, divergence, outer_gradient, worse
-from .modes import Mode, Offline, Online
+from .modes import Mode, Offline, Online, SearchSettings
 from .outer import (
     OuterOptimizerFactory,
     QuasiNewton,
@@ -72,48 +72,6 @@ RECHECK_APART = 0.02
 """Points the re-check compares differ by at least this share of the search box in some
 coordinate (the line search's smallest step): neighbours from one line search score alike in
 any batch order."""
-
-RECHECK_FIRST = True
-"""The re-check always compares the point the first hypergradient was taken at (where the
-descent started: the space-filling start's best, or the initial point) with the best points
-found after it, so that a descent whose points fit the tuning run's batch order is judged
-against its start in another order (weighed on the suite's development half:
-docs/benchmarks.md). ``False``: the best points only, as before."""
-
-USE_LEFTOVER = True
-"""Offline with a :class:`~hypergrad.run.outer.SearchOptimizer` (the defaults) and a time
-budget: spend the time left after the last hypergradient on plain runs
-(:meth:`Trainer._leftover`)."""
-
-TRIAL_FORECAST = True
-"""The default search forecasts an outer step as its hypergradient and one plain run: the next
-hypergradient is taken only with room for its line search's first trial after it (without, a
-budget that just held one ended on a hypergradient nothing was tried along). Off:
-``vs_optuna.py --suite --variants no_trial_forecast``."""
-
-SHARED_START: tuple[str, ...] = ("schedule", "per_example")
-"""The hyperparameter kinds whose entries quasi-random points (the space-filling start,
-restarts, the leftover time) place at one level of the box: every window of a
-:class:`~hypergrad.Schedule` (a constant schedule) and every example's weight of a
-:class:`~hypergrad.PerExample` (a uniform weighting); every other entry draws its own. Drawn
-per window, nearly every point is a jagged schedule, and drawn per example a random weighting
-of the training set; the descent from the best point moves the entries apart. Per-feature and
-per-tensor penalties keep their own draws: which entries to penalise is what they tune.
-Measured (shared / per entry, mean test loss): the long-horizon study's teacher schedule
-(10 windows, T = 1000, development seeds 10-15, ``experiments/start_dev.py``) 0.774 / 0.799,
-better at 5 of 6 seeds, and smooth decaying schedules instead of jagged ones; the suite's
-development half, 10 seeds: digits_hypercleaning 1.645 / 1.729, diabetes_adamw_k14 0.538 /
-0.532 (within its noise); the per-feature penalties shared too lost (cancer_per_feature_l2_adam
-0.079 / 0.065, synth_sparse_per_feature_l2 0.161 / 0.140), so they stay per entry."""
-
-SMOOTH_SCHEDULE: float | None = 0.2
-"""The default :class:`~hypergrad.run.outer.QuasiNewton`'s coupling of a schedule's windows:
-the length scale of :func:`~hypergrad.run.outer.schedule_smoothing`'s kernel as a share of the
-windows (0.2: two windows of a 10-window schedule); ``None``: every window on its own.
-Measured with the defaults, coupled / not (mean test loss): the long-horizon study's teacher
-schedule at T = 5000, development seeds 10-12 (``experiments/start_dev.py``), 0.693 / 0.706,
-better at every seed (length 0.3: 0.695); at T = 1000, seeds 10-15, 0.771 / 0.774;
-diabetes_adamw_k14 (the development half's schedule problem, 10 seeds) 0.537 / 0.539."""
 
 
 @dataclass
@@ -245,6 +203,9 @@ class Trainer:
                 "Trainer: Guards(time_budget=..., backtrack=...) are for offline tuning (whole "
                 "inner runs per outer step); online tuning is one run of `steps` inner steps.")
         p = self.problem
+        self.search = (self.mode.search if isinstance(self.mode, Offline)
+                       else SearchSettings())
+        """The default search's settings (``Offline(search=...)``)."""
         self.lam = p.init_raw().requires_grad_(False)
         p.check(self.lam)  # losses, shapes and bindings, before anything costly
         self.method = self.strategy.setup(self._resolve(create(method)))
@@ -262,7 +223,8 @@ class Trainer:
             if self.outer.box is None:  # outer=functools.partial(QuasiNewton, step=0.3): the box
                 self.outer.box = self.box
             if isinstance(self.outer, QuasiNewton) and self.outer.precondition is None:
-                self.outer.precondition = schedule_smoothing(p.hyperparams.items, SMOOTH_SCHEDULE)
+                self.outer.precondition = schedule_smoothing(p.hyperparams.items,
+                                                             self.search.smooth_schedule)
             if isinstance(self.outer, Surrogate) and self.outer.seed is None:
                 self.outer.seed_with(p.seed)  # every training seed draws its own candidates
         self.evaluations: list[dict[str, Any]] = []
@@ -575,7 +537,7 @@ class Trainer:
     def _space_filling(self, n: int, skip: int) -> list[Tensor]:
         """Points ``skip .. skip + n - 1`` of a scrambled Sobol sequence in the search box
         (seeded by the problem's seed), one dimension per hyperparameter of the kinds in
-        :data:`SHARED_START` (:meth:`_draw_columns`), else per entry."""
+        ``search.shared_start`` (:meth:`_draw_columns`), else per entry."""
         lo, hi = self.box
         cols = self._draw_columns()
         dims = int(cols.max()) + 1
@@ -591,11 +553,11 @@ class Trainer:
 
     def _draw_columns(self) -> Tensor:
         """For each raw entry, the Sobol dimension that places it in the box: the entries of a
-        hyperparameter of a kind in :data:`SHARED_START` share one."""
+        hyperparameter of a kind in ``search.shared_start`` share one."""
         cols: list[int] = []
         dims = 0
         for it in self.problem.hyperparams.items:
-            shared = it.kind in SHARED_START
+            shared = it.kind in self.search.shared_start
             cols += [dims] * it.numel if shared else list(range(dims, dims + it.numel))
             dims = cols[-1] + 1
         return torch.tensor(cols, dtype=torch.long)
@@ -743,7 +705,7 @@ class Trainer:
                 self.message(f"time_budget={budget:g} s: stopped after outer step "
                              f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
                              f"take about {last_seconds:.1f} s)")
-                if USE_LEFTOVER and isinstance(self.outer, SearchOptimizer):
+                if self.search.leftover and isinstance(self.outer, SearchOptimizer):
                     self._leftover()
                 break
             lam_used = self.lam.detach().clone()
@@ -772,7 +734,8 @@ class Trainer:
             if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
                 # the next outer step is worth taking only with room for its line search's
                 # first trial: a hypergradient with no trial after it moves nothing
-                last_seconds = hg_seconds + (self._plain_slow() if TRIAL_FORECAST else 0.0)
+                last_seconds = hg_seconds + (self._plain_slow() if self.search.trial_forecast
+                                               else 0.0)
                 # stalled, and no restart point to go on from: the next hypergradient would be
                 # this one again (the same point, the same run), so the descent ends here
                 ended = self.outer.stalled and not self._restart()
@@ -784,7 +747,7 @@ class Trainer:
                 self.message(f"outer step {self.outer_step - 1}: the line search found nothing "
                              f"better and no restart point is near the best: the descent "
                              f"ends here")
-                if budget is not None and USE_LEFTOVER:
+                if budget is not None and self.search.leftover:
                     self._leftover()  # plain runs until the budget's end
                     out_of_time = True
                 break
@@ -852,7 +815,7 @@ class Trainer:
         """Train the best points (:meth:`_candidates`) again in another batch order
         (:meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), best first, each at
         least :data:`RECHECK_APART` of the box from the others in some coordinate, the last of
-        them the point the first hypergradient was taken at (:data:`RECHECK_FIRST`), while the
+        them the point the first hypergradient was taken at (``search.recheck_first``), while the
         time budget allows. Returns them and the one with the lowest mean of both losses (the
         held-out ``select_loss`` where the problem has one, else the validation loss);
         ``([], None)`` when fewer than two were re-checked (nothing to choose)."""
@@ -863,7 +826,7 @@ class Trainer:
         picked: list[tuple[float, Tensor, int, float | None]] = []
         cands = self._candidates()
         first = None
-        if RECHECK_FIRST and self._first_point is not None:  # where the descent started
+        if self.search.recheck_first and self._first_point is not None:  # where the descent started
             v0, x0, k0 = self._first_point  # (beyond the tracker's best 32 in a long run)
             first = next((c for c in cands if torch.equal(c[1], x0)),
                          None if self.selections else (v0, x0, k0, None))
