@@ -110,7 +110,8 @@ def check_data_parallel(problem: InnerProblem, weight_state: bool = False) -> No
     """Refuse what data parallelism would change: BatchNorm statistics (and other state forward
     updates from the batch), random draws. ``weight_state``: keep spectral_norm's vectors,
     which follow the weights alone (data-parallel forward mode carries them exactly; reverse
-    mode's summed adjoints do not: 1.5 % off one process, measured)."""
+    mode's summed adjoints do not: 1.5 % off one process, measured); without it they are
+    refused for that reason, naming forward mode."""
     fm = problem.fmodel
     if problem.draws is None:  # the probe: random draws, and the buffers forward updates
         problem.check(problem.init_raw())
@@ -120,7 +121,18 @@ def check_data_parallel(problem: InnerProblem, weight_state: bool = False) -> No
     batch_norms = sorted(name for name, m in fm.module.named_modules()
                          if isinstance(m, _BatchNorm) and fm.train_modes[name])
     weights_only = set(fm.sn_buffer_names) if weight_state else set()
-    if set(fm.initial_buffers()) - weights_only or batch_norms:
+    state = sorted(set(fm.initial_buffers()) - weights_only)
+    if state and not batch_norms and set(state) <= set(fm.sn_buffer_names):
+        # not batch statistics: every rank updates them alike, but reverse mode's summed
+        # adjoints would count their part once per rank
+        raise ValueError(
+            f"hypergrad.distributed: data-parallel reverse mode cannot carry spectral_norm's "
+            f"vectors ({state}): they follow the weights alone, but its adjoints, summed over "
+            f"the ranks, would count their part once per rank (another hypergradient than one "
+            f"process's). Use forward mode: data_parallel(ForwardMode()) keeps them, exact to "
+            f"1e-12 (a Trainer under Ranks(): method='forward'); or reverse mode in one "
+            f"process.")
+    if state or batch_norms:
         raise ValueError(
             f"hypergrad.distributed: data parallelism needs a model without BatchNorm running "
             f"statistics or batch statistics (this one has "
