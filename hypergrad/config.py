@@ -373,9 +373,36 @@ def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
     if bad:
         lines = "; ".join(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else "")
                           for k, near in bad)
+        left = _left_from_option(cfg, [k for k, _ in bad])
+        if left:  # model._target_=mine over model=mlp: mlp's settings stay, mine takes none
+            node, target, keys = left
+            raise ConfigError(
+                f"hypergrad-run: {node}._target_={target} does not take {', '.join(keys)}: they "
+                f"are settings of the {node} option whose _target_ it replaced, and a command "
+                f"line cannot remove them. Give your {node} a config file of its own: "
+                f"conf/{node}/mine.yaml holding `_target_: {target}` and its settings, then "
+                f"`hypergrad-run --config-dir conf {node}=mine` (docs/own-model.md).")
         raise ConfigError(f"hypergrad-run: the config has keys that name no setting: {lines}. "
                          f"Check the spelling (hypergrad-run --help lists the groups; "
                          f"--cfg job prints the composed config).")
+
+
+def _left_from_option(cfg: DictConfig, keys: Sequence[str]
+                      ) -> tuple[str, str, list[str]] | None:
+    """``(node, its _target_, keys)`` where unknown ``keys`` are fields of the schema the node's
+    option extends, whose ``_target_`` was replaced by one that does not take them."""
+    for key in keys:
+        node_key = key.rpartition(".")[0]
+        node = OmegaConf.select(cfg, node_key) if node_key else None
+        kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        fields = getattr(kind, "__dataclass_fields__", {})
+        if "_target_" not in fields or node is None or (
+                node._target_ == fields["_target_"].default):
+            continue
+        left = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == node_key]
+        if all(k in fields for k in left):
+            return node_key, str(node._target_), left
+    return None
 
 
 def register_configs() -> None:

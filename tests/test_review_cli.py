@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import hypergrad.cli as cli
-from hypergrad.config import CONFIG_DIR, build
+from hypergrad.config import CONFIG_DIR, build, check_keys
 from hypergrad.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,3 +92,16 @@ def test_results_say_a_run_was_stopped_by_its_time_budget(tmp_path: Path) -> Non
                      "guards.time_budget=0.5"), tmp_path)
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["out_of_time"] is True and 0 < on_disk["outer_steps"] < 100000
+
+
+def test_an_own_model_target_over_a_bundled_option_says_how_to_give_it_a_file() -> None:
+    """model._target_=mine over model=mlp was refused as a misspelling ('model.hidden' names
+    no setting. Check the spelling), though the user typed none and no command line can remove
+    mlp's keys (its schema refuses deletion)."""
+    cfg = _compose(*FAST, "model._target_=hypergrad.tasks.bundled.linear_factory")
+    with pytest.raises(ConfigError, match=r"model._target_=hypergrad.tasks.bundled."
+                                          r"linear_factory does not take hidden, activation, "
+                                          r"batchnorm: .*--config-dir conf model=mine"):
+        check_keys(cfg)
+    with pytest.raises(ConfigError, match=r"'model.hiden' \(did you mean model.hidden\?\)"):
+        check_keys(_compose(*FAST, "+model.hiden=3"))  # a typo stays one
