@@ -138,7 +138,15 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     from . import ForwardMode, ReverseMode
     from .measure import measure
     from .report import plot_run, summary, table, write_learned
-    from .run.files import PLOTS, clear_run_dir, dumps, write_text_atomic
+    from .run.files import (
+        PLOTS,
+        RECORD_FILES,
+        TRAINER_FILES,
+        clear_run_dir,
+        dumps,
+        used_files,
+        write_text_atomic,
+    )
 
     run_dir = folder.path
     with _settings_refused():
@@ -146,8 +154,12 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     if not distributed.is_writer():  # under torchrun: tune with rank 0, which alone reports
         return {"table": [], "learned_val_loss": trainer.fit().best_val_loss}
     _overwrite(folder)
-    # a resume keeps the first config (also one from a checkpoint inside outer step 0)
-    cfg_path = _write_config(cfg, run_dir, resumed=bool(cfg.folder.resume))
+    # a resume keeps the first config (also one from a checkpoint inside outer step 0); one
+    # that starts afresh (killed before its first checkpoint) writes its own: the first
+    # config_resolved.yaml described a run that left nothing
+    resumed = bool(cfg.folder.resume) and bool(used_files(run_dir, (*TRAINER_FILES,
+                                                                     *RECORD_FILES)))
+    cfg_path = _write_config(cfg, run_dir, resumed=resumed)
     p = task.problem
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
              f"method={type(trainer.method).__name__} mode={trainer.mode!r} -> {run_dir} "

@@ -105,3 +105,15 @@ def test_an_own_model_target_over_a_bundled_option_says_how_to_give_it_a_file() 
         check_keys(cfg)
     with pytest.raises(ConfigError, match=r"'model.hiden' \(did you mean model.hidden\?\)"):
         check_keys(_compose(*FAST, "+model.hiden=3"))  # a typo stays one
+
+
+def test_a_resume_that_starts_afresh_records_its_own_config(tmp_path: Path) -> None:
+    """A run killed before its first checkpoint leaves config_resolved.yaml alone; resumed with
+    other settings (it starts afresh: nothing to resume), the folder kept the killed run's
+    config_resolved.yaml (task.steps=3000) beside results of the new one (T = 12)."""
+    (tmp_path / "config_resolved.yaml").write_text("task:\n  steps: 3000\n")
+    results = cli.run(_compose(*FAST, "report.retrain=false", "folder.resume=true"), tmp_path)
+    assert results["T"] == 12
+    written = yaml.safe_load((tmp_path / "config_resolved.yaml").read_text())
+    assert written["task"]["steps"] == 12
+    assert not (tmp_path / "config_resolved.resume-1.yaml").exists()
