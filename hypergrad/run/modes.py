@@ -60,7 +60,8 @@ def _kinds() -> set[str]:
 class SearchSettings:
     """The default search's settings that are not the mode's counts (``Offline(search=...)``).
     Each default was weighed on the suite's development half or the long-horizon study's
-    development seeds (docs/benchmarks.md); change one to compare, not to tune a problem.
+    development seeds (docs/benchmarks_history.md); change one to compare, not to tune a
+    problem.
 
     Args:
         recheck_first: the re-check (``Offline(recheck=...)``) always compares the point the
