@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
-    "CheckpointWarning", "PrecisionWarning", "DetachedValueWarning",
+    "CheckpointWarning", "PrecisionWarning", "DetachedValueWarning", "UnseededRandomnessWarning",
     "CheckpointError", "ConfigError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
     "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
 ]
@@ -65,6 +65,13 @@ class DetachedValueWarning(HypergradWarning):
     stop-gradient target: every method differentiates the loss as if that value were a
     constant, so hypergradients miss how it moves with the weights (only finite differences see
     it)."""
+
+
+class UnseededRandomnessWarning(HypergradWarning):
+    """A loss returns another value when evaluated again at the same weights, batch and step:
+    it draws randomness hypergrad does not seed per step (Python's ``random``, NumPy, a
+    ``torch.Generator`` of its own). Every method evaluates a step a different number of times,
+    so forward mode, reverse mode and finite differences differentiate different functions."""
 
 
 class CheckpointError(RuntimeError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from .errors import DetachedValueWarning, PrecisionWarning
+from .errors import DetachedValueWarning, PrecisionWarning, UnseededRandomnessWarning
 from .hyperparams import HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
@@ -747,7 +748,93 @@ class InnerProblem:
             track[k] = old.dtype
         fm.track(track)
         fm.probed = True
+        self._check_module_reads(lam)
+        self._warn_unseeded(lam)
         self._warn_detached(lam)
+
+    def _loss_at_start(self, which: str, params: dict[str, Tensor], mode: Any = None, *,
+                       lam: Tensor) -> Any:
+        """``which`` (``"train_loss"`` on the first batch at step 0, or ``"val_loss"``) at
+        ``params`` and the initial buffers, under its step's random stream (and ``mode``, a
+        torch function mode, if given)."""
+        fm = self.fmodel
+        train = which == "train_loss"
+        with (torch.enable_grad(), step_rng(self.seed, 0 if train else VALIDATION_STEP,
+                                            self.device), _quiet(),
+              mode if mode is not None else contextlib.nullcontext()):
+            hp = HPValues(self.hyperparams.values(lam, 0 if train else None, self.steps), which)
+            model = ModelFn(fm, params, fm.initial_buffers(), train or self.val_mode == "train",
+                            0 if train else self.steps)
+            return (self.train_loss(model, self.first_batch(), hp) if train
+                    else self.val_loss(model, hp))
+
+    def _check_module_reads(self, lam: Tensor) -> None:
+        """Refuse a loss that reads the trainable parameters of the module given to the problem
+        (``model.parameters()`` of a module the loss closed over) instead of the model it
+        receives: hypergrad trains copies, so those are the initial values, constants to every
+        method: a weight penalty on them neither trains nor has a hypergradient (exactly 0,
+        silently, before this check)."""
+        fm = self.fmodel
+        named: dict[str, Tensor] = dict(fm.module.named_parameters())
+        own = {id(named[k]): (named[k], k) for k in fm.param_names if k in named}
+        if not own:
+            return
+        params = {k: v.detach().clone() for k, v in fm.initial_params().items()}
+        for which in ("train_loss", "val_loss"):
+            finder = _OwnParameterReads(own)
+            try:
+                with torch.no_grad():
+                    self._loss_at_start(which, params, finder, lam=lam.detach())
+            except Exception:  # noqa: BLE001 - the losses' own checks report their errors
+                continue
+            if not finder.read:
+                continue
+            raise ValueError(
+                f"InnerProblem: {which} reads the trainable parameters {finder.read} of the "
+                f"module given to InnerProblem themselves, not the copies hypergrad trains: a "
+                f"loss that closed over the module (model.parameters(), model.<layer>.weight) "
+                f"or a forward that keeps a reference outside the registered parameters (in a "
+                f"list or dict attribute) reads their initial values, constants to every "
+                f"method, so a penalty on them neither trains the model nor has a "
+                f"hypergradient (exactly 0). Read the trained weights from the model argument, "
+                f"m.params (name -> tensor), e.g. sum(w.pow(2).sum() for w in "
+                f"m.params.values()), and in forward as attributes (self.<layer>.weight), which "
+                f"the functional call replaces; to anchor to the initial weights on purpose, "
+                f"copy them once outside the loss (w0 = {{k: v.detach().clone() for k, v in "
+                f"model.named_parameters()}}).")
+
+    def _warn_unseeded(self, lam: Tensor) -> None:
+        """Warn (:class:`~hypergrad.errors.UnseededRandomnessWarning`) when a loss evaluated twice
+        at the initial weights, the same batch and step gives two values: it draws randomness
+        that :func:`~hypergrad.rng.step_rng` does not fix (NumPy, Python's ``random``, a
+        generator of its own), so each method's evaluations of a step see other draws and the
+        methods differentiate different functions (forward and reverse mode 8 % apart on a small
+        MLP with NumPy input noise, measured)."""
+        fm = self.fmodel
+        lam = lam.detach()
+        params = {k: v.detach().clone() for k, v in fm.initial_params().items()}
+        tol = {torch.float64: 1e-9, torch.float32: 1e-5}.get(fm.dtype, 1e-2)
+        for which in ("train_loss", "val_loss"):
+            try:
+                with torch.no_grad():
+                    a, b = (self._loss_at_start(which, params, lam=lam) for _ in range(2))
+                a, b = float(a), float(b)
+            except Exception:  # noqa: BLE001 - the losses' own checks report their errors
+                continue
+            if not (math.isfinite(a) and math.isfinite(b)) or abs(a - b) <= tol * max(
+                    abs(a), abs(b), 1e-30):
+                continue
+            warnings.warn(
+                f"InnerProblem: {which} gave {a:.10g} and then {b:.10g} at the same weights, "
+                f"batch and step: it draws randomness that hypergrad does not seed per step "
+                f"(Python's random, NumPy, a torch.Generator of your own; torch's default "
+                f"generator is seeded per step, hypergrad.rng). Every method evaluates a step a "
+                f"different number of times, so forward mode, reverse mode and finite "
+                f"differences would differentiate different functions (8 % apart on a small "
+                f"MLP with NumPy input noise, measured), and no run repeats. Draw it with "
+                f"torch's default generator (torch.rand / torch.randn without generator=, "
+                f"nn.Dropout), or in the batch source, which every method reads alike.",
+                UnseededRandomnessWarning, stacklevel=4)
 
     def _warn_detached(self, lam: Tensor) -> None:
         """Warn (:class:`~hypergrad.errors.DetachedValueWarning`) when a loss's value reads a
@@ -761,20 +848,7 @@ class InnerProblem:
         lam = lam.detach()
         for which in ("train_loss", "val_loss"):
             train = which == "train_loss"
-
-            def loss(params: dict[str, Tensor], mode: Any = None, train: bool = train,
-                     which: str = which) -> Any:
-                with (torch.enable_grad(), step_rng(self.seed, 0 if train else VALIDATION_STEP,
-                                                    self.device), _quiet(),
-                      mode if mode is not None else contextlib.nullcontext()):
-                    hp = HPValues(self.hyperparams.values(lam, 0 if train else None,
-                                                          self.steps), which)
-                    model = ModelFn(fm, params, fm.initial_buffers(),
-                                    train or self.val_mode == "train",
-                                    0 if train else self.steps)
-                    return (self.train_loss(model, self.first_batch(), hp) if train
-                            else self.val_loss(model, hp))
-
+            loss = functools.partial(self._loss_at_start, which, lam=lam)
             params = {k: v.detach().clone().requires_grad_() for k, v in
                       fm.initial_params().items()}
             finder = _DetachFinder(params.values())
@@ -1391,6 +1465,25 @@ def _directional_mismatch(loss: Callable[[dict[str, Tensor]], Any],
         down = float(loss({k: x.detach() - h * v[k] for k, x in params.items()}))
     fd = (up - down) / (2 * h)
     return abs(fd - gv) / max(abs(fd), abs(gv), 1e-12)
+
+
+class _OwnParameterReads(TorchFunctionMode):
+    """Records the names of the given tensors (``{id: (tensor, name)}``: a module's own
+    parameters) that an operation reads, in the order first read."""
+
+    def __init__(self, own: dict[int, tuple[Tensor, str]]) -> None:
+        super().__init__()
+        self.own = own
+        self.read: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        for x in tree_flatten((args, kwargs))[0]:
+            got = self.own.get(id(x)) if isinstance(x, Tensor) else None
+            if got is not None and got[0] is x and got[1] not in self.read:
+                self.read.append(got[1])
+        return func(*args, **kwargs)
 
 
 class _DetachFinder(TorchFunctionMode):

@@ -17,9 +17,10 @@ What a user's own random ops get: anything drawn from torch's default generator 
 torch ops) draws from step ``t``'s stream: the same numbers in every method and evaluation of
 that step, different numbers at different steps, and a different sequence for another run seed.
 Draws from another source (Python's ``random``, NumPy, a ``torch.Generator`` of your own) are not
-controlled: they make the step function change between evaluations and the methods disagree.
-Draw such randomness outside the step (e.g. in the batch source, which every method reads the
-same way) or use torch's default generator.
+controlled: they make the step function change between evaluations and the methods disagree
+(the problem's probe warns: :class:`~hypergrad.errors.UnseededRandomnessWarning`). Draw such
+randomness outside the step (e.g. in the batch source, which every method reads the same way)
+or use torch's default generator.
 
 The kernels of the passes that differentiate the gradient are :mod:`hypergrad.kernels`.
 """
