@@ -140,6 +140,8 @@ class FunctionalModel:
         self.counters0 = {k: int(module.get_buffer(k)) for k in self.counter_names}
         self.probed = False
         """Whether a probe pass has found the buffers forward writes (``InnerProblem.check``)."""
+        self.refused: ValueError | None = None
+        """What the probe refused (raised again by later checks: the probe runs once)."""
         self._reader: _Reader | None = None
         self.fresh: dict[str, Tensor] | None = None
         """Other initial weights (and running statistics) training starts from instead of the

@@ -643,6 +643,8 @@ class InnerProblem:
         changes their shape. The user's module is left as it was."""
         fm = self.fmodel
         if fm.probed:
+            if fm.refused is not None:
+                raise fm.refused
             return
         self._check_data()
         lam = lam.detach()
@@ -748,7 +750,12 @@ class InnerProblem:
             track[k] = old.dtype
         fm.track(track)
         fm.probed = True
-        self._check_module_reads(lam)
+        try:
+            self._check_module_reads(lam)
+            self._check_transforms(lam)
+        except ValueError as err:  # kept: a second check() refuses again
+            fm.refused = err
+            raise
         self._warn_unseeded(lam)
         self._warn_detached(lam)
 
@@ -802,6 +809,35 @@ class InnerProblem:
                 f"the functional call replaces; to anchor to the initial weights on purpose, "
                 f"copy them once outside the loss (w0 = {{k: v.detach().clone() for k, v in "
                 f"model.named_parameters()}}).")
+
+    def _check_transforms(self, lam: Tensor) -> None:
+        """Refuse, before anything costly, a training loss that torch.func's transforms cannot
+        differentiate (every exact method takes the step's derivatives with them): activation
+        checkpointing (``torch.utils.checkpoint``: saved-tensor hooks, or a reentrant
+        autograd.Function without ``setup_context``), which otherwise failed at the first
+        hypergradient with torch's own message. One ``torch.func.grad`` of the training loss
+        at the initial weights; its other errors are left to the methods."""
+        params = {k: v.detach().clone() for k, v in self.fmodel.initial_params().items()}
+        lam = lam.detach()
+        try:
+            with self.cells():  # recurrent layers as the methods' passes run them
+                torch.func.grad(lambda p: self._loss_at_start("train_loss", p, lam=lam))(params)
+        except RuntimeError as err:
+            said = str(err)
+            if "saved tensor hooks" not in said and "setup_context" not in said:
+                return
+            raise ValueError(
+                f"InnerProblem: train_loss runs code that torch.func's transforms cannot "
+                f"differentiate through, and every exact method (forward, reverse, implicit, "
+                f"online) takes each step's derivatives with them. Torch says: "
+                f"{said.splitlines()[0]} The usual cause is activation checkpointing "
+                f"(torch.utils.checkpoint.checkpoint: saved-tensor hooks, or with "
+                f"use_reentrant=True an autograd.Function without setup_context): run the model "
+                f"without it while tuning (forward mode keeps no activations across steps: its "
+                f"memory is the tangent, parameters x K; hypergrad.methods.estimate_memory("
+                f"problem, method) gives each method's), or give your own autograd.Function a "
+                f"setup_context staticmethod (torch's 'Extending torch.func with "
+                f"autograd.Function'). FiniteDifference runs, approximately.") from err
 
     def _warn_unseeded(self, lam: Tensor) -> None:
         """Warn (:class:`~hypergrad.errors.UnseededRandomnessWarning`) when a loss evaluated twice

@@ -101,3 +101,14 @@ def test_a_forward_reading_a_parameter_through_a_kept_reference_is_refused() -> 
                         lambda m, hp: F.cross_entropy(m(x), y))
     with pytest.raises(ValueError, match=r"\['a.weight'\].*a list or dict attribute"):
         p.check(p.init_raw())
+
+
+def test_a_refusal_is_raised_again_by_a_second_check() -> None:
+    """The probe runs once per problem: a second ``check`` (a notebook's retry) refuses
+    again instead of going on without the probe."""
+    p, _ = _problem(lambda m, model: sum(w.pow(2).sum() for w in model.parameters()))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="reads the trainable parameters"):
+            p.check(p.init_raw())
+    with pytest.raises(ValueError, match="reads the trainable parameters"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())

@@ -1,0 +1,97 @@
+"""Activation checkpointing (``torch.utils.checkpoint``) inside the model: torch.func's
+transforms, which every exact method uses for a step's derivatives, cannot run through it
+(saved-tensor hooks; with ``use_reentrant=True`` an autograd.Function without
+``setup_context``). It passed the problem's check and failed at the first hypergradient with
+torch's message alone; now the check refuses it naming the cause and the fix. The same for a
+custom autograd.Function without ``setup_context``; one with it stays exact."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import hypergrad as hg
+from hypergrad.data import MiniBatches
+from hypergrad.testing import hypergradcheck
+
+
+class _OldCube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+
+class _Cube(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x * x * x
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+    @staticmethod
+    def jvp(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * t
+
+
+class _Net(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.a = nn.Sequential(nn.Linear(5, 8), nn.Tanh())
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "plain":
+            return self.b(self.a(x))
+        if self.how in ("old_function", "function"):
+            cube = _OldCube if self.how == "old_function" else _Cube
+            return self.b(cube.apply(self.a(x)))
+        return self.b(checkpoint(self.a, x, use_reentrant=self.how == "reentrant"))
+
+
+def _problem(how: str) -> hg.InnerProblem:
+    torch.manual_seed(0)
+    x = torch.randn(32, 5, dtype=torch.float64)
+    y = (x[:, 0] > 0).long()
+    return hg.InnerProblem(_Net(how).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                           hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                           MiniBatches(x, y, batch_size=16, seed=0), 4,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
+@pytest.mark.parametrize("how", ["hooks", "reentrant", "old_function"])
+def test_activation_checkpointing_is_refused_at_the_check(how: str) -> None:
+    p = _problem(how)
+    # torch's reentrant checkpoint warns that no input requires grad (its own remark)
+    with pytest.warns(UserWarning) if how == "reentrant" else contextlib.nullcontext():
+        with pytest.raises(ValueError, match=r"torch.utils.checkpoint.*FiniteDifference runs"):
+            p.check(p.init_raw())
+
+
+@pytest.mark.parametrize("how", ["plain", "function"])
+def test_without_it_the_same_model_is_exact(how: str) -> None:
+    assert hypergradcheck(_problem(how)).ok
+
