@@ -270,7 +270,8 @@ class Tracker:
             return (self.last_good, self.last_good_step, self.best[0],
                     f"kept the last good hyperparameters, of outer step {self.last_good_step}")
         return self.lam0, 0, math.nan, ("the initial hyperparameters already diverge: returned "
-                                        "them; start from a smaller learning rate")
+                                        "them; start from values that train without diverging "
+                                        "(a smaller learning rate, a milder penalty)")
 
     def warn_at_end(self, last_lam: Tensor | None, diverged: bool, offline: bool,
                     history: list[dict[str, Any]], best_step: int | None,
