@@ -15,6 +15,12 @@
 from __future__ import annotations
 
 import functools
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -317,3 +323,63 @@ def rank_env(nprocs: int) -> dict[str, str]:
     if torch.cuda.device_count() >= nprocs:
         return {}
     return {"CUDA_VISIBLE_DEVICES": "", "HYPERGRAD_TEST_DEVICE": "cpu"}
+
+
+
+def free_port() -> int:
+    """A free TCP port on this machine (for a process group's MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(script: Path, n: int, *args: str, timeout: float = 120.0
+              ) -> list[tuple[int | None, str]]:
+    """``n`` ranks of ``script`` (``python script *args``) with torchrun's environment; waits
+    up to ``timeout`` seconds (then kills what still runs); each rank's (status, output)."""
+    port, procs = str(free_port()), []
+    root = Path(__file__).resolve().parents[1]
+    for r in range(n):
+        env = {**os.environ, **rank_env(n), "RANK": str(r), "LOCAL_RANK": str(r),
+               "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        procs.append(subprocess.Popen([sys.executable, str(script), *args], cwd=root, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    t0 = time.perf_counter()
+    while any(p.poll() is None for p in procs) and time.perf_counter() - t0 < timeout:
+        time.sleep(0.05)
+    out = []
+    for p in procs:
+        rc = p.poll()
+        if rc is None:
+            p.kill()
+        out.append((rc, p.communicate()[0]))
+    return out
+
+
+class Cube(torch.autograd.Function):
+    """``x ** 3`` as a custom autograd Function written for torch.func (``setup_context``, a
+    vmap rule, a jvp): its forward runs under no_grad, its output is connected."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x * x * x
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+    @staticmethod
+    def jvp(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * t

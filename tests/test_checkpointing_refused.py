@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import Cube
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -33,29 +34,6 @@ class _OldCube(torch.autograd.Function):
         return 3 * x * x * g
 
 
-class _Cube(torch.autograd.Function):
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return x * x * x
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        ctx.save_for_backward(inputs[0])
-        ctx.save_for_forward(inputs[0])
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 3 * x * x * g
-
-    @staticmethod
-    def jvp(ctx: Any, t: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 3 * x * x * t
-
-
 class _Net(nn.Module):
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -67,7 +45,7 @@ class _Net(nn.Module):
         if self.how == "plain":
             return self.b(self.a(x))
         if self.how in ("old_function", "function"):
-            cube = _OldCube if self.how == "old_function" else _Cube
+            cube = _OldCube if self.how == "old_function" else Cube
             return self.b(cube.apply(self.a(x)))
         return self.b(checkpoint(self.a, x, use_reentrant=self.how == "reentrant"))
 

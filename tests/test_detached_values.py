@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import Cube
 from torch import nn
 
 import hypergrad as hg
@@ -93,28 +94,8 @@ def _detached_data(m: Any, b: Any, hp: Any) -> torch.Tensor:
     return F.cross_entropy(m(b[0].detach() * 1.0), b[1])  # the data, not the weights
 
 
-class _Cube(torch.autograd.Function):
-    """A custom autograd Function: its forward runs under no_grad, its output is connected
-    (with ``setup_context``, as torch.func needs: one without is refused by the check)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return x * x * x
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        ctx.save_for_backward(inputs[0])
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        return 3 * x * x * g
-
-
-def _custom_function(m: Any, b: Any, hp: Any) -> torch.Tensor:
-    return F.cross_entropy(_Cube.apply(m(b[0])), b[1])
+def _custom_function(m: Any, b: Any, hp: Any) -> torch.Tensor:  # fixtures.Cube: setup_context
+    return F.cross_entropy(Cube.apply(m(b[0])), b[1])
 
 
 @pytest.mark.parametrize("loss", [_pseudo_labels, _logged, _detached_data, _custom_function])

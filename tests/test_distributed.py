@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any
 import dist_worker
 import pytest
 import torch
-from fixtures import model_problem, rank_env
+from fixtures import free_port, model_problem, rank_env
 
 import hypergrad as hg
 from hypergrad import distributed as hd
@@ -36,18 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch(*args: str, nprocs: int = 2, timeout: float = 120.0, env: dict[str, str] | None = None,
            kill_after_first: bool = False) -> list[tuple[int | None, str, float]]:
     """Start ``nprocs`` ranks of the worker as torchrun would (its environment variables); wait
     for all (``kill_after_first``: kill the others once one has ended, as torchrun does);
     returns each rank's ``(return code, output, seconds)``."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     t0 = time.perf_counter()
     for r in range(nprocs):
@@ -252,7 +245,7 @@ def test_the_docs_torchrun_example_ends_with_status_0_on_every_rank(tmp_path: Pa
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for _ in range(2):
         out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                              f"--master_port={_free_port()}", "tune.py"], cwd=tmp_path, env=env,
+                              f"--master_port={free_port()}", "tune.py"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         assert float(out.stdout.strip().splitlines()[-1]) < 1e-12

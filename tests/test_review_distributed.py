@@ -14,9 +14,6 @@ the way torchrun starts them (``python tests/test_review_distributed.py CASE OUT
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,35 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ranks(*args: str, timeout: float = 120.0) -> list[tuple[int | None, str]]:
     """Two ranks of this file with torchrun's environment; each rank's (status, output)."""
-    from fixtures import rank_env
+    from fixtures import run_ranks
 
-    port, procs = str(_free_port()), []
-    for r in range(2):
-        env = {**os.environ, **rank_env(2), "RANK": str(r), "LOCAL_RANK": str(r),
-               "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        procs.append(subprocess.Popen([sys.executable, str(HERE), *args], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    t0 = time.perf_counter()
-    while any(p.poll() is None for p in procs) and time.perf_counter() - t0 < timeout:
-        time.sleep(0.05)
-    out = []
-    for p in procs:
-        rc = p.poll()
-        if rc is None:
-            p.kill()
-        out.append((rc, p.communicate()[0]))
-    return out
+    return run_ranks(HERE, 2, *args, timeout=timeout)
 
 
 def one_lr_problem(steps: int = 4):  # type: ignore[no-untyped-def]

@@ -23,10 +23,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,35 +42,11 @@ KILL = (1, 3)  # (outer step, inner step): after the inner checkpoint at step 2
 REFUSED = "data-parallel reverse mode cannot carry spectral_norm's vectors"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ranks(n: int, *args: str, timeout: float = 180.0) -> list[tuple[int | None, str]]:
     """``n`` ranks of this file with torchrun's environment; each rank's (status, output)."""
-    from fixtures import rank_env
+    from fixtures import run_ranks
 
-    port, procs = str(_free_port()), []
-    for r in range(n):
-        env = {**os.environ, **rank_env(n), "RANK": str(r), "LOCAL_RANK": str(r),
-               "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        procs.append(subprocess.Popen([sys.executable, str(HERE), *args], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    t0 = time.perf_counter()
-    while any(p.poll() is None for p in procs) and time.perf_counter() - t0 < timeout:
-        time.sleep(0.05)
-    out = []
-    for p in procs:
-        rc = p.poll()
-        if rc is None:
-            p.kill()
-        out.append((rc, p.communicate()[0]))
-    return out
+    return run_ranks(HERE, n, *args, timeout=timeout)
 
 
 def spectral_problem(steps: int = 6) -> Any:
