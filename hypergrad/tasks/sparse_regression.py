@@ -46,6 +46,13 @@ def generate_sparse_regression(m: int, n: int, density: float, noise: float = 0.
     """A reproducible problem: sparse ``A`` (``m x n``, about ``density * m * n`` non-zeros with
     N(0, 1/density) values, so ``A^T A / m ~ I``), ``x*`` ~ N(0, 1/n) (so ``A x*`` has unit
     variance), ``y = A x* + noise * N(0, 1)``. Returns ``(A, y, x*)``."""
+    api = "generate_sparse_regression"
+    for name, size in (("m", m), ("n", n)):
+        _check_size(api, name, size)
+    if not 0 < density <= 1:  # NaN too
+        raise ValueError(f"{api}: density={density} must be in (0, 1]: the expected share of "
+                         f"non-zero entries of A (e.g. 0.005); 0 makes A zero and every "
+                         f"hypergradient zero.")
     rng = np.random.default_rng(seed)
     nnz = int(round(m * n * density))
     rows = rng.integers(0, m, nnz)
@@ -72,7 +79,9 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
     the training rows get N(0, corruption^2) noise added to y) or, with ``data_path``, loaded
     from a scipy ``.npz`` (targets in a sibling ``<name>_y.npy``) or an svmlight file; then the
     last ``val_fraction`` of rows are validation and nothing is marked corrupted.
-    ``mask_fraction`` of training residuals get mask 0 (the seed's ``RF_mask``). ``model`` is
+    ``mask_fraction`` (in ``[0, 1)``) of training residuals get mask 0 (the seed's ``RF_mask``).
+    Every group must hold something: ``groups`` <= the training rows, ``feature_groups`` <= the
+    columns (an empty group's hypergradient is zero: refused). ``model`` is
     unused (the model is :class:`SparseLinear`). ``device``: where the operators, targets and
     the model live (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"auto"``: :func:`~hypergrad.tasks.
     bundled.device_of`); the data is generated or loaded on the CPU and moved there.
@@ -86,6 +95,13 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
         raise ValueError(f"sparse_regression_task: m={m} training and m_val={m_val} validation "
                          f"rows; each needs at least one.")
     if data_path is None:
+        for name, size in (("m", m), ("m_val", m_val), ("n", n)):
+            _check_size("sparse_regression_task", name, size)
+    if not 0 <= mask_fraction < 1:
+        raise ValueError(f"sparse_regression_task: mask_fraction={mask_fraction} must be in "
+                         f"[0, 1): the share of training residuals masked out (1 masks them all: "
+                         f"the data term vanishes and every hypergradient is zero).")
+    if data_path is None:
         op_all, y_all, _ = generate_sparse_regression(m + m_val, n, density, seed=seed, dtype=dt)
         m_tr = m
     else:
@@ -97,6 +113,17 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
                              f"{op_all.shape[0]} rows of {data_path} leaves {m_tr} training "
                              f"and {op_all.shape[0] - m_tr} validation rows; each needs at "
                              f"least one (a val_fraction further inside (0, 1), more rows).")
+    # group g holds the rows (features) i with i * groups // size == g: none once groups > size
+    for arg, count, size, what in (("groups", groups, m_tr, "training rows"),
+                                   ("feature_groups", feature_groups, op_all.shape[1],
+                                    "features")):
+        if count > size:
+            empty = sorted(set(range(count)) - set((np.arange(size) * count // size).tolist()))
+            raise ValueError(f"sparse_regression_task: {arg}={count} for {size} {what}: groups "
+                             f"{empty[:8]}{' ...' if len(empty) > 8 else ''} would hold none, "
+                             f"so their hypergradients stay zero and tuning would report their "
+                             f"initial values as learned. Use {arg} <= {size} (and the "
+                             f"hyperparameter's shape with it), or more {what}.")
     for name, size, arg in ((weights, groups, "groups"), (l2, feature_groups, "feature_groups")):
         item = hyperparams.by_name.get(name)
         if item is None or item.shape() != (size,):
@@ -163,6 +190,13 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
         refs["oracle (corrupted groups weight 0)"] = lam_with(
             problem, problem.init_raw(), weights, clean_w.clamp_min(1e-3))
     return Task(problem, evaluate, refs, extra, name="sparse_regression")
+
+
+def _check_size(api: str, name: str, size: Any) -> None:
+    ok_type = isinstance(size, (int, np.integer)) and not isinstance(size, bool)
+    if not ok_type or size < 1:
+        raise (ValueError if ok_type else TypeError)(
+            f"{api}: {name}={size!r} must be an int >= 1 (a number of rows or columns of A).")
 
 
 def _row_slice(a: Tensor, start: int, stop: int) -> Tensor:

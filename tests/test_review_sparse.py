@@ -1,0 +1,76 @@
+"""Review of the sparse inner problems (``hypergrad.sparse``, the weighted sparse least-squares
+task): arguments of ``sparse_regression_task`` / ``generate_sparse_regression`` that built a
+problem whose hypergradients are zero by construction, or failed with numpy's words."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import hypergrad as hg
+from hypergrad.tasks.sparse_regression import generate_sparse_regression, sparse_regression_task
+
+
+def _hps(groups: int, fgroups: int) -> hg.HyperParams:
+    return hg.HyperParams([hg.Array("res_w", 0.5, shape=(groups,), transform="logit"),
+                           hg.Array("l2", 1e-2, shape=(fgroups,), transform="log")])
+
+
+def _task(**kw):  # type: ignore[no-untyped-def]
+    args = dict(steps=2, m=40, m_val=10, n=12, density=0.2, groups=4, corrupted=1,
+                feature_groups=3, mask_fraction=0.0, dtype="float64")
+    args.update(kw)
+    return sparse_regression_task(_hps(args["groups"], args["feature_groups"]),
+                                  hg.optim.sgd(lr=0.1), **args)
+
+
+def test_groups_without_rows_or_features_are_refused(tmp_path: Path) -> None:
+    """More residual groups than training rows (or feature groups than columns) left groups
+    with nothing in them: their hypergradients were exactly 0 (m=8, groups=10: the weights of
+    groups 4 and 9), and tuning reported their untouched values as learned."""
+    with pytest.raises(ValueError, match=r"groups=10 .*8 training rows.*\[4, 9\].*groups <= 8"):
+        _task(m=8, groups=10)
+    with pytest.raises(ValueError, match=r"feature_groups=8 .*5 features.*feature_groups <= 5"):
+        _task(n=5, feature_groups=8)
+    a = sp.random(6, 4, density=0.5, format="csr", random_state=0)
+    sp.save_npz(tmp_path / "A.npz", a)
+    np.save(tmp_path / "A_y.npy", np.ones(6))
+    with pytest.raises(ValueError, match=r"groups=4 .*3 training rows"):
+        sparse_regression_task(_hps(4, 2), hg.optim.sgd(lr=0.1), groups=4, feature_groups=2,
+                               data_path=str(tmp_path / "A.npz"), val_fraction=0.5)
+    # as many groups as rows (and features) is fine: one each
+    task = _task(m=8, groups=8, n=5, feature_groups=5)
+    assert task.problem.num_hyperparams == 13
+
+
+@pytest.mark.parametrize("density", [-0.1, 0.0, 1.5, float("nan")])
+def test_density_outside_0_1_is_refused(density: float) -> None:
+    """-0.1 failed with numpy's 'negative dimensions are not allowed'; 0 built A = 0 (every
+    hypergradient 0); 1.5 drew 1.5 m n entries (duplicates summed, values scaled wrongly)."""
+    with pytest.raises(ValueError, match=r"density=.* must be in \(0, 1\]"):
+        generate_sparse_regression(20, 5, density)
+    with pytest.raises(ValueError, match=r"density="):
+        _task(density=density)
+
+
+@pytest.mark.parametrize("kw", [dict(n=0), dict(m=0), dict(m=1.5)])
+def test_generator_sizes(kw: dict) -> None:
+    args = dict(m=20, n=5, density=0.5)
+    args.update(kw)
+    name = next(iter(kw))
+    with pytest.raises((ValueError, TypeError), match=rf"{name}={kw[name]} must be an int >= 1"):
+        generate_sparse_regression(**args)
+    if name == "n":  # n=0 built a problem with no coefficients: every hypergradient 0
+        with pytest.raises(ValueError, match=r"n=0 must be an int >= 1"):
+            _task(n=0)
+
+
+@pytest.mark.parametrize("frac", [1.0, 1.5, -0.2])
+def test_mask_fraction_outside_0_1_is_refused(frac: float) -> None:
+    """mask_fraction=1 masked every training residual: the data term vanished and every
+    hypergradient was exactly 0; a negative value silently meant 0."""
+    with pytest.raises(ValueError, match=rf"mask_fraction={frac} must be in \[0, 1\)"):
+        _task(mask_fraction=frac)
