@@ -74,3 +74,26 @@ def test_mask_fraction_outside_0_1_is_refused(frac: float) -> None:
     hypergradient was exactly 0; a negative value silently meant 0."""
     with pytest.raises(ValueError, match=rf"mask_fraction={frac} must be in \[0, 1\)"):
         _task(mask_fraction=frac)
+
+
+@pytest.mark.parametrize("frac,err,match", [
+    (float("nan"), ValueError, r"val_fraction=nan must be inside \(0, 1\)"),
+    (-0.5, ValueError, r"val_fraction=-0.5 must be inside \(0, 1\)"),
+    ("0.2", TypeError, r"val_fraction must be a number, got str '0.2'")])
+def test_val_fraction_not_a_fraction(tmp_path: Path, frac: object, err: type,
+                                     match: str) -> None:
+    """NaN failed with Python's 'cannot convert float NaN to integer', a string with
+    "unsupported operand type(s) for -: 'int' and 'str'": neither named val_fraction."""
+    sp.save_npz(tmp_path / "a.npz", sp.random(40, 8, density=0.3, format="csr", random_state=0))
+    np.save(tmp_path / "a_y.npy", np.ones(40))
+    with pytest.raises(err, match=match):
+        sparse_regression_task(_hps(2, 2), hg.optim.sgd(lr=0.1), groups=2, feature_groups=2,
+                               data_path=str(tmp_path / "a.npz"), val_fraction=frac)
+
+
+@pytest.mark.parametrize("kw", [dict(density="0.1"), dict(mask_fraction=None)])
+def test_fractions_must_be_numbers(kw: dict) -> None:
+    """A string density failed with "'<' not supported between instances of 'int' and 'str'"."""
+    name = next(iter(kw))
+    with pytest.raises(TypeError, match=rf"{name} must be a number, got"):
+        _task(**kw)

@@ -49,6 +49,7 @@ def generate_sparse_regression(m: int, n: int, density: float, noise: float = 0.
     api = "generate_sparse_regression"
     for name, size in (("m", m), ("n", n)):
         _check_size(api, name, size)
+    _check_real(api, "density", density)
     if not 0 < density <= 1:  # NaN too
         raise ValueError(f"{api}: density={density} must be in (0, 1]: the expected share of "
                          f"non-zero entries of A (e.g. 0.005); 0 makes A zero and every "
@@ -97,6 +98,7 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
     if data_path is None:
         for name, size in (("m", m), ("m_val", m_val), ("n", n)):
             _check_size("sparse_regression_task", name, size)
+    _check_real("sparse_regression_task", "mask_fraction", mask_fraction)
     if not 0 <= mask_fraction < 1:
         raise ValueError(f"sparse_regression_task: mask_fraction={mask_fraction} must be in "
                          f"[0, 1): the share of training residuals masked out (1 masks them all: "
@@ -105,6 +107,11 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
         op_all, y_all, _ = generate_sparse_regression(m + m_val, n, density, seed=seed, dtype=dt)
         m_tr = m
     else:
+        _check_real("sparse_regression_task", "val_fraction", val_fraction)
+        if not 0 <= val_fraction <= 1:  # NaN too
+            raise ValueError(f"sparse_regression_task: val_fraction={val_fraction} must be "
+                             f"inside (0, 1): the share of the rows of {data_path} held out "
+                             f"for validation (e.g. 0.2).")
         op_all, y_all = _load(data_path, dt)
         m_tr = int(round(op_all.shape[0] * (1 - val_fraction)))
         corrupted = 0
@@ -197,6 +204,12 @@ def _check_size(api: str, name: str, size: Any) -> None:
     if not ok_type or size < 1:
         raise (ValueError if ok_type else TypeError)(
             f"{api}: {name}={size!r} must be an int >= 1 (a number of rows or columns of A).")
+
+
+def _check_real(api: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{api}: {name} must be a number, got {type(value).__name__} "
+                        f"{value!r}.")
 
 
 def _row_slice(a: Tensor, start: int, stop: int) -> Tensor:
