@@ -209,7 +209,8 @@ def test_the_box_fills_missing_bounds_around_the_initial_value() -> None:
     assert (float(lo[2]), float(hi[2])) == pytest.approx((-0.5, 1.5))
 
 
-def test_a_time_budget_stops_the_default_search_and_the_start_takes_a_share() -> None:
+@pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # a loaded machine's
+def test_a_time_budget_stops_the_default_search_and_the_start_takes_a_share() -> None:  # 3 s
     p = digits_case("momentum", "schedule", **{**SMALL, "steps": 12})
     t0 = time.process_time()  # CPU time: the test holds on a loaded machine too
     tr = hg.Trainer(p, guards=hg.Guards(time_budget=3.0, clock="cpu"), callbacks=quiet())
@@ -703,3 +704,14 @@ def test_search_settings_from_a_hydra_config() -> None:
     assert got.search == SearchSettings(smooth_schedule=None, shared_start=("schedule",))
     with pytest.raises(InstantiationException, match=r"unknown settings \['bogus'\]"):
         mode("mode.search={bogus:1}")
+
+
+def test_a_budget_too_short_to_tune_warns() -> None:
+    """A time budget that holds one hypergradient at most and returns the initial point says
+    so (only ``TrainResult.out_of_time`` did)."""
+    p = lr_momentum()
+    with pytest.warns(hg.errors.TuningWarning, match=r"time_budget=0.0001 s ended tuning "
+                                                     r"after 1 hypergradient"):
+        res = hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=1e-4),
+                         callbacks=quiet()).fit()
+    assert res.out_of_time and torch.equal(res.lam, p.init_raw())

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import BoundsWarning
+from ..errors import BoundsWarning, TuningWarning
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
 from ..methods.memory import check_memory, out_of_memory
 from ..problem import InnerProblem, InnerState
@@ -241,6 +241,7 @@ class Trainer:
         self._starts_used = 0  # quasi-random points used by the start and restarts
         self._searched: list[Tensor] = []  # the points line searches started from
         self._recoveries = 0  # outer steps in a row whose point gave no usable hypergradient
+        self._budget_cut = False  # the time budget stopped the outer steps (not a stall)
         self._first_point: tuple[float, Tensor, int] | None = None  # the first hypergradient's
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
@@ -371,8 +372,24 @@ class Trainer:
         self.tracker.warn_at_end(res.last_lam, res.diverged, not self.mode.online,
                                  self.history, res.best_step, res.best_val_loss,
                                  res.last_val_loss, searched=bool(self.evaluations))
+        self._warn_budget(res)
         self._emit("on_fit_end", res)
         return res
+
+    def _warn_budget(self, res: TrainResult) -> None:
+        """Warn when the time budget stopped the outer steps before they could tune: at most
+        one hypergradient, and the initial hyperparameters returned (else only
+        ``TrainResult.out_of_time`` said so; a descent that ended itself does not warn)."""
+        budget = self.guards.time_budget
+        if (budget is None or not self._budget_cut or res.diverged or len(self.history) > 1
+                or not torch.equal(res.lam, self.initial_lam)):
+            return
+        warnings.warn(TuningWarning(
+            f"Trainer: time_budget={budget:g} s ended tuning after {len(self.history)} "
+            f"hypergradient(s) and {len(self.evaluations)} plain run(s): nothing better "
+            f"than the initial hyperparameters was found, and they are returned. Give the "
+            f"budget room for several outer steps (the defaults spend 15 % of it on a "
+            f"space-filling start)."), stacklevel=3)
 
     def close(self) -> None:
         """Release the run folder's lock without fitting (``fit`` releases it when it ends)."""
@@ -693,7 +710,7 @@ class Trainer:
         assert isinstance(self.mode, Offline)
         budget = self.guards.time_budget
         last_seconds: float | None = None  # of the previous outer step of this fit() call
-        out_of_time = False
+        out_of_time = self._budget_cut = False
         if self.outer_step == 0 and self.mode.start != 0 and not any(
                 e["kind"] == "start" for e in self.evaluations):  # not again on a resume
             self._start()
@@ -701,7 +718,7 @@ class Trainer:
             t0 = self._now()
             if (budget is not None and last_seconds is not None
                     and t0 - self._fit_start + last_seconds > budget - self._reserve()):
-                out_of_time = True
+                out_of_time = self._budget_cut = True
                 self.message(f"time_budget={budget:g} s: stopped after outer step "
                              f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
                              f"take about {last_seconds:.1f} s)")
