@@ -42,6 +42,9 @@ _INT32_MAX = 2**31 - 1
 # that other devices take)
 _SCIPY_TRANSPOSE = True
 _FLOATS = (torch.float32, torch.float64)
+# unsigned index types beyond uint8: torch has almost no kernels for them (comparisons, min)
+_WIDE_UNSIGNED = tuple(getattr(torch, f"uint{b}") for b in (16, 32, 64)
+                       if hasattr(torch, f"uint{b}"))
 
 
 @contextlib.contextmanager
@@ -125,8 +128,10 @@ def _as_1d(api: str, name: str, a: Any, *, integer: bool) -> Tensor:
                             f"{type(a).__name__} ({e}).") from None
     if t.dim() != 1:
         raise ValueError(f"{api}: {name} must be 1-D, got shape {tuple(t.shape)}.")
-    if integer and t.numel() == 0:
-        t = t.long()  # [] arrives as float64
+    if integer and (t.numel() == 0 or t.dtype in _WIDE_UNSIGNED):
+        # [] arrives as float64; uint64 values past int64's range wrap to negative indices,
+        # which the range checks report
+        t = t.long()
     if integer and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
         raise TypeError(f"{api}: {name} must hold integers, got dtype {t.dtype}; convert with "
                         f".astype(np.int64) / .long().")
@@ -537,6 +542,8 @@ class SparseOperator:
         index_dtype: ``torch.int32``, ``torch.int64`` or ``None`` (int32 whenever it fits).
         device: where to store the operator (default: where ``A`` is).
         validate: check the index structure and that all values are finite (one O(nnz) pass).
+            ``validate=False`` is for arrays known to be valid: an index out of range then
+            corrupts memory (the transpose and the kernels write and read by it).
 
     The operator may share memory with its inputs (e.g. numpy arrays given to
     :meth:`from_csr`); do not modify them in place afterwards. Duplicate entries are summed.
@@ -691,8 +698,9 @@ class SparseOperator:
         if x.dim() not in (1, 2) or x.shape[axis if x.dim() == 2 else 0] != n:
             raise ValueError(f"{api}: x has shape {tuple(x.shape)}, expected {expected}.")
         if x.dtype != self.dtype:
+            other = f" or use op.to(dtype={x.dtype})" if x.dtype in _FLOATS else ""
             raise TypeError(f"{api}: x has dtype {x.dtype}, but the operator holds {self.dtype}; "
-                            f"convert with x.to({self.dtype}) or use op.to(dtype={x.dtype}).")
+                            f"convert with x.to({self.dtype}){other}.")
         if x.device != self.device:
             raise ValueError(f"{api}: x is on {x.device} but the operator is on {self.device}; "
                              f"move one of them (x.to(op.device) or op.to(x.device)).")

@@ -97,3 +97,35 @@ def test_fractions_must_be_numbers(kw: dict) -> None:
     name = next(iter(kw))
     with pytest.raises(TypeError, match=rf"{name} must be a number, got"):
         _task(**kw)
+
+
+@pytest.mark.parametrize("dt", [np.uint16, np.uint32, np.uint64])
+def test_unsigned_index_arrays(dt: type) -> None:
+    """numpy uint16/32/64 index arrays failed with torch's '"min_all" not implemented for
+    'UInt32'' (from_coo) or '"lt_cpu" not implemented' (from_csr)."""
+    import torch
+
+    from hypergrad.sparse import SparseOperator
+
+    dense = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]], dtype=torch.float64)
+    vals = np.array([1.0, 2.0, 3.0])
+    op = SparseOperator.from_coo(np.array([0, 1, 1], dt), np.array([1, 0, 2], dt), vals, (2, 3))
+    assert torch.equal(op.to_dense(), dense)
+    op = SparseOperator.from_csr(np.array([0, 1, 3], dt), np.array([1, 0, 2], dt), vals, (2, 3))
+    assert torch.equal(op.to_dense(), dense) and torch.equal(op.T.to_dense(), dense.T)
+    if dt is np.uint64:  # past int64's range: reported as out of range, not wrapped silently
+        with pytest.raises(ValueError, match=r"row index -1 at entry 0 is outside \[0, 2\)"):
+            SparseOperator.from_coo(np.array([2**64 - 1], dt), np.array([0], dt), [1.0], (2, 3))
+
+
+def test_matmul_dtype_message_offers_only_supported_fixes() -> None:
+    """An integer x was told to 'use op.to(dtype=torch.int64)', which op.to refuses."""
+    import torch
+
+    from hypergrad.sparse import SparseOperator
+
+    op = SparseOperator.from_coo([0], [1], [1.0], (2, 3), dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"x\.to\(torch\.float64\)\.$"):
+        op @ torch.zeros(3, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"or use op\.to\(dtype=torch\.float32\)"):
+        op @ torch.zeros(3, dtype=torch.float32)
