@@ -383,3 +383,19 @@ class Cube(torch.autograd.Function):
     def jvp(ctx: Any, t: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
         return 3 * x * x * t
+
+
+def sparse_hps(groups: int = 4, fgroups: int = 3) -> hg.HyperParams:
+    """The sparse regression task's hyperparameters: a weight per residual group, an L2 per
+    feature group."""
+    return hg.HyperParams([hg.Array("res_w", 0.5, shape=(groups,), transform="logit"),
+                           hg.Array("l2", 1e-2, shape=(fgroups,), transform="log")])
+
+
+def sparse_task(optimizer: Any, **args: Any) -> Any:
+    """``sparse_regression_task`` with :func:`sparse_hps` shaped by its ``groups`` and
+    ``feature_groups``."""
+    from hypergrad.tasks.sparse_regression import sparse_regression_task
+
+    return sparse_regression_task(sparse_hps(args["groups"], args["feature_groups"]),
+                                  optimizer, **args)

@@ -9,22 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from fixtures import sparse_hps, sparse_task
 
 import hypergrad as hg
 from hypergrad.tasks.sparse_regression import generate_sparse_regression, sparse_regression_task
-
-
-def _hps(groups: int, fgroups: int) -> hg.HyperParams:
-    return hg.HyperParams([hg.Array("res_w", 0.5, shape=(groups,), transform="logit"),
-                           hg.Array("l2", 1e-2, shape=(fgroups,), transform="log")])
 
 
 def _task(**kw):  # type: ignore[no-untyped-def]
     args = dict(steps=2, m=40, m_val=10, n=12, density=0.2, groups=4, corrupted=1,
                 feature_groups=3, mask_fraction=0.0, dtype="float64")
     args.update(kw)
-    return sparse_regression_task(_hps(args["groups"], args["feature_groups"]),
-                                  hg.optim.sgd(lr=0.1), **args)
+    return sparse_task(hg.optim.sgd(lr=0.1), **args)
 
 
 def test_groups_without_rows_or_features_are_refused(tmp_path: Path) -> None:
@@ -39,7 +34,7 @@ def test_groups_without_rows_or_features_are_refused(tmp_path: Path) -> None:
     sp.save_npz(tmp_path / "A.npz", a)
     np.save(tmp_path / "A_y.npy", np.ones(6))
     with pytest.raises(ValueError, match=r"groups=4 .*3 training rows"):
-        sparse_regression_task(_hps(4, 2), hg.optim.sgd(lr=0.1), groups=4, feature_groups=2,
+        sparse_regression_task(sparse_hps(4, 2), hg.optim.sgd(lr=0.1), groups=4, feature_groups=2,
                                data_path=str(tmp_path / "A.npz"), val_fraction=0.5)
     # as many groups as rows (and features) is fine: one each
     task = _task(m=8, groups=8, n=5, feature_groups=5)
@@ -87,7 +82,7 @@ def test_val_fraction_not_a_fraction(tmp_path: Path, frac: object, err: type,
     sp.save_npz(tmp_path / "a.npz", sp.random(40, 8, density=0.3, format="csr", random_state=0))
     np.save(tmp_path / "a_y.npy", np.ones(40))
     with pytest.raises(err, match=match):
-        sparse_regression_task(_hps(2, 2), hg.optim.sgd(lr=0.1), groups=2, feature_groups=2,
+        sparse_regression_task(sparse_hps(2, 2), hg.optim.sgd(lr=0.1), groups=2, feature_groups=2,
                                data_path=str(tmp_path / "a.npz"), val_fraction=frac)
 
 

@@ -9,23 +9,18 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from fixtures import sparse_hps, sparse_task
 
 import hypergrad as hg
 from hypergrad.tasks.sparse_regression import generate_sparse_regression, sparse_regression_task
 from hypergrad.testing import hypergradcheck
 
 
-def _hps(groups: int = 4, fgroups: int = 3) -> hg.HyperParams:
-    return hg.HyperParams([hg.Array("res_w", 0.5, shape=(groups,), transform="logit"),
-                           hg.Array("l2", 1e-2, shape=(fgroups,), transform="log")])
-
-
 def _task(**kw):  # type: ignore[no-untyped-def]
     args = dict(steps=6, m=120, m_val=40, n=30, density=0.1, groups=4, corrupted=1,
                 feature_groups=3, mask_fraction=0.2, dtype="float64")
     args.update(kw)
-    return sparse_regression_task(_hps(args["groups"], args["feature_groups"]),
-                                  hg.optim.sgd(lr=0.5, momentum=0.5), **args)
+    return sparse_task(hg.optim.sgd(lr=0.5, momentum=0.5), **args)
 
 
 def test_forward_reverse_fd_and_strategies_agree() -> None:
@@ -54,9 +49,9 @@ def test_the_task_builds_on_the_device_asked_for() -> None:
 
 
 def test_adam_inner_optimizer() -> None:
-    task = sparse_regression_task(_hps(), hg.optim.adam(lr=0.05), steps=5, m=100, m_val=30, n=20,
-                                  density=0.1, groups=4, corrupted=1, feature_groups=3,
-                                  dtype="float64")
+    task = sparse_regression_task(sparse_hps(), hg.optim.adam(lr=0.05), steps=5, m=100,
+                                  m_val=30, n=20, density=0.1, groups=4, corrupted=1,
+                                  feature_groups=3, dtype="float64")
     hypergradcheck(task.problem)
 
 
@@ -74,7 +69,7 @@ def test_loads_user_matrix_from_npz_and_svmlight(tmp_path: Path) -> None:
     y = a @ rng.standard_normal(12)
     sp.save_npz(tmp_path / "A.npz", a)
     np.save(tmp_path / "A_y.npy", y)
-    task = sparse_regression_task(_hps(2, 2), hg.optim.sgd(lr=0.3), steps=4, groups=2,
+    task = sparse_regression_task(sparse_hps(2, 2), hg.optim.sgd(lr=0.3), steps=4, groups=2,
                                   feature_groups=2, dtype="float64",
                                   data_path=str(tmp_path / "A.npz"), val_fraction=0.25)
     assert task.problem.fmodel.module.op.shape == (45, 12)
@@ -82,7 +77,7 @@ def test_loads_user_matrix_from_npz_and_svmlight(tmp_path: Path) -> None:
     from sklearn.datasets import dump_svmlight_file
 
     dump_svmlight_file(a, y, str(tmp_path / "a.svm"))
-    task = sparse_regression_task(_hps(2, 2), hg.optim.sgd(lr=0.3), steps=4, groups=2,
+    task = sparse_regression_task(sparse_hps(2, 2), hg.optim.sgd(lr=0.3), steps=4, groups=2,
                                   feature_groups=2, dtype="float64",
                                   data_path=str(tmp_path / "a.svm"))
     assert task.problem.fmodel.module.op.shape[0] == 48
@@ -91,7 +86,7 @@ def test_loads_user_matrix_from_npz_and_svmlight(tmp_path: Path) -> None:
 def test_missing_targets_file(tmp_path: Path) -> None:
     sp.save_npz(tmp_path / "B.npz", sp.random(10, 4, density=0.5, format="csr"))
     with pytest.raises(FileNotFoundError, match=r"B_y.npy"):
-        sparse_regression_task(_hps(2, 2), hg.optim.sgd(lr=0.3), data_path=str(tmp_path / "B.npz"),
-                               groups=2, feature_groups=2)
+        sparse_regression_task(sparse_hps(2, 2), hg.optim.sgd(lr=0.3),
+                               data_path=str(tmp_path / "B.npz"), groups=2, feature_groups=2)
     with pytest.raises(ValueError, match=r"corrupted=4 must be in \[0, groups=4\)"):
         _task(corrupted=4)
