@@ -217,7 +217,9 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
         "name": cfg.name, "task": task.name, "K": p.num_hyperparams, "T": p.steps,
         "method": result.method, "mode": trainer.mode.name,
         "outer_steps": len(result.history),
-        "fit_seconds": fit["seconds"], "fit_peak_extra_mib": fit["peak_extra_bytes"] / 2**20,
+        # this invocation's tuning; a resumed run's whole tuning (guards.clock) is elapsed
+        "fit_seconds": fit["seconds"], "elapsed": result.elapsed,
+        "fit_peak_extra_mib": fit["peak_extra_bytes"] / 2**20,
         # the learned point: the best evaluated (offline), its outer step and validation loss
         "learned": result.values, "learned_named": hps.named(result.values, horizon),
         "learned_step": result.best_step, "learned_val_loss": result.best_val_loss,
@@ -260,7 +262,9 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
     for k, v in compare.items():
         log.info(f"{k}: {v['seconds']:.2f} s, peak extra memory {v['peak_extra_mib']:.2f} MiB, "
                  f"relative difference to forward {v['rel_diff_to_forward']:.2e}")
-    log.info(f"tuning took {fit['seconds']:.1f} s, peak extra memory "
+    so_far = (f" (the run's tuning so far: {result.elapsed:.1f} s over its invocations)"
+              if resumed else "")
+    log.info(f"tuning took {fit['seconds']:.1f} s{so_far}, peak extra memory "
              f"{fit['peak_extra_bytes'] / 2**20:.1f} MiB ({result.method} mode)")
     where = "" if result.best_step is None else f" (outer step {result.best_step})"
     log.info(f"learned hyperparameters{where}: {summary(hps, result.values, horizon)}")

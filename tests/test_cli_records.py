@@ -114,3 +114,18 @@ def test_misspelt_report_keys_and_keys_under_global_groups_are_refused() -> None
     with pytest.raises(ConfigError, match=r"'experiment.outer_steps' \(did you mean "
                                           r"mode.outer_steps"):
         check_keys(cfg, [])
+
+
+def test_a_resumed_runs_records_keep_the_runs_clock(tmp_path: Path) -> None:
+    """metrics.jsonl's elapsed restarted at 0 in the resumed invocation (its curve went back in
+    time) and results.json said only how long that invocation took."""
+    import json
+
+    first = cli.run(_compose(*FAST, "report.retrain=false", "mode.outer_steps=2"), tmp_path)
+    more = cli.run(_compose(*FAST, "report.retrain=false", "mode.outer_steps=3",
+                            "folder.resume=true"), tmp_path)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    elapsed = [json.loads(line)["elapsed"] for line in lines]
+    assert len(elapsed) == 3 and elapsed == sorted(elapsed)
+    assert first["elapsed"] <= elapsed[2] <= more["elapsed"]
+    assert more["fit_seconds"] < more["elapsed"]  # this invocation's, and the run's

@@ -11,6 +11,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -552,7 +553,10 @@ def test_time_budget_stops_before_an_outer_step_that_would_not_fit(
     more = _trainer(method=_Slow(clock, 0.5), outer_steps=3, time_budget=5.0, run_dir=tmp_path,
                     resume=True).fit()
     assert len(more.history) == 3 and not more.out_of_time
-    assert more.history[2]["elapsed"] == 0.5
+    # but the records' clock is the run's: they go on from the checkpoint's 1.0 s (they
+    # restarted at 0 before, so a resumed run's metrics.jsonl went back in time)
+    assert [h["elapsed"] for h in more.history] == [0.5, 1.0, 1.5]
+    assert res.elapsed == 1.0 and more.elapsed == 1.5
 
 
 def test_time_budget_is_validated_and_offline_only() -> None:
@@ -611,3 +615,24 @@ def test_backtrack_says_what_it_did_to_an_outer_optimizer_without_a_learning_rat
     tr.fit()
     said = [line for line in logs if "back to the best hyperparameters" in line]
     assert said and "Jump's state reset" in said[0] and "halved to ," not in said[0], logs
+
+
+def test_a_point_whose_inner_training_diverges_is_not_returned_silently() -> None:
+    """Inner lr = 5 on a full-batch ridge problem: every point's training diverges (validation
+    losses of 1e44-1e46, finite), the guards compare each with the best seen, so the run
+    returned a 'best' of 2.6e44 without a word."""
+    from hypergrad.tasks.ridge import ridge_problem
+
+    g = torch.Generator().manual_seed(0)
+    x, xv = (torch.randn(n, 5, generator=g, dtype=torch.float64) for n in (40, 20))
+    w = torch.randn(5, generator=g, dtype=torch.float64)
+    for lr, diverges in ((0.05, False), (5.0, True)):
+        p = ridge_problem(x, x @ w, xv, xv @ w, l2=0.1, lr=lr, steps=30)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            res = hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=3)).fit()
+        said = [str(s.message) for s in seen if "inner training diverges" in str(s.message)]
+        assert bool(said) == diverges, (lr, said)
+        if diverges:
+            assert res.best_val_loss is not None and res.best_val_loss > 1e40
+            assert "smaller learning rate" in said[0] and "untrained model's" in said[0]

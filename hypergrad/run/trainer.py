@@ -96,7 +96,9 @@ class TrainResult:
     the chosen point's loss in the problem's own order). With the problem's ``select_loss``
     (offline), ``lam`` is the point with the lowest held-out ``select_loss`` (re-checked: the
     lowest mean of it in both orders, ``"select_loss"`` and ``"variant_select_loss"`` in
-    ``rechecked``), ``best_select_loss`` its value.
+    ``rechecked``), ``best_select_loss`` its value. ``elapsed``: the run's seconds on the
+    guards' clock, over every ``fit()`` call that led to it (a resumed run counts its earlier
+    calls up to their last checkpoint), as the records' ``elapsed``.
     """
 
     lam: Tensor
@@ -116,6 +118,7 @@ class TrainResult:
     evaluations: list[dict[str, Any]] = field(default_factory=list, repr=False)
     rechecked: list[dict[str, Any]] = field(default_factory=list, repr=False)
     best_select_loss: float | None = None
+    elapsed: float = 0.0
 
     def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
         """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
@@ -253,6 +256,7 @@ class Trainer:
         self._backtracks = 0  # in a row
         self._compile_said = False
         self._fit_start = self._now()
+        self._elapsed_before = 0.0  # the run's seconds before this fit() call (its records)
         self._fingerprint: dict[str, Any] = {}
         if self.folder is not None:
             self._open_folder(self.folder)
@@ -263,6 +267,12 @@ class Trainer:
         <hypergrad.run.strategy.Strategy.now>`: every rank decides the budget alike)."""
         return self.strategy.now(
             time.process_time() if self.guards.clock_name == "cpu" else time.perf_counter())
+
+    def _elapsed(self) -> float:
+        """Seconds of this run on the guards' clock: those of the earlier fit() calls up to
+        their last record (a resumed run's records go on from the checkpoint's) and this
+        call's."""
+        return self._elapsed_before + self._now() - self._fit_start
 
     # -- set-up ----------------------------------------------------------------------------------
     def _resolve(self, method: Method) -> Method:
@@ -346,6 +356,10 @@ class Trainer:
         self._rechecks = (self.mode.recheck_points(self.problem)
                           if isinstance(self.mode, Offline) else 0)
         self._fit_start = self._now()
+        # the records' elapsed go on from the run's last record (a resume, a second fit()):
+        # the time budget is per call, the records' clock is the run's
+        self._elapsed_before = max((float(r.get("elapsed", 0.0)) for r in
+                                    (*self.history, *self.evaluations)), default=0.0)
         self._plain_recent = []
         if self.folder is not None and self.strategy.is_writer:
             self.folder.lock.acquire()
@@ -369,12 +383,39 @@ class Trainer:
                     cb.on_fit_end(self, None)
         res.problem = self.problem
         res.evaluations = list(self.evaluations)
+        res.elapsed = self._elapsed()
         self.tracker.warn_at_end(res.last_lam, res.diverged, not self.mode.online,
                                  self.history, res.best_step, res.best_val_loss,
                                  res.last_val_loss, searched=bool(self.evaluations))
         self._warn_budget(res)
+        self._warn_untrained(res)
         self._emit("on_fit_end", res)
         return res
+
+    def _warn_untrained(self, res: TrainResult) -> None:
+        """Warn when the point returned trains to a validation loss far above the untrained
+        model's (its initial weights, at that point): the inner training diverges there, and
+        the outer loop only compared diverged runs with each other (a ridge problem at inner
+        lr=5 returned a "best" validation loss of 2.6e44 without a word: the divergence guard
+        measures against the best point seen, and every point was diverged)."""
+        best = res.best_val_loss
+        if self.mode.online or best is None or not math.isfinite(best):
+            return
+        p = self.problem
+        with torch.no_grad():
+            s0 = p.initial_state(res.lam)
+            untrained = float(p.objective(s0.params, s0.buffers, res.lam))
+        factor = self.guards.divergence_factor or 10.0
+        if not math.isfinite(untrained) or best <= untrained + (factor - 1) * max(
+                abs(untrained), 1e-8):
+            return
+        warnings.warn(TuningWarning(
+            f"Trainer: the inner training diverges: the hyperparameters returned train to a "
+            f"validation loss of {best:.4g}, above {factor:g} times the untrained model's "
+            f"{untrained:.4g} (its initial weights at the same hyperparameters), so they are "
+            f"not a tuned point. Make the inner training stable first: a smaller learning rate "
+            f"(its initial value, or the upper bound in Guards(bounds=...) if it is tuned), or "
+            f"gradient clipping (the inner optimizer's clip_grad_norm=1.0)."), stacklevel=3)
 
     def _warn_budget(self, res: TrainResult) -> None:
         """Warn when the time budget stopped the outer steps before they could tune: at most
@@ -541,7 +582,7 @@ class Trainer:
             return None
         value, sel = self._timed_value(lam, 0)
         self._note(lam, value, sel)
-        self.evaluations.append({"elapsed": self._now() - self._fit_start,
+        self.evaluations.append({"elapsed": self._elapsed(),
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
                                  "outer_step": self.outer_step})
         if isinstance(self.outer, SearchOptimizer):  # a surrogate model keeps it
@@ -940,7 +981,7 @@ class Trainer:
         rec: dict[str, Any] = {"outer_step": self.outer_step, "val_loss": float(value),
                                "hypergrad_norm": float(grad.detach().double().norm()),
                                "seconds": seconds,
-                               "elapsed": self._now() - self._fit_start,
+                               "elapsed": self._elapsed(),
                                "hyperparams": self.problem.hyperparams.describe(lam_used)}
         if inner_step is not None:
             rec["inner_step"] = inner_step
