@@ -25,6 +25,13 @@ MANY = 12
 """More values than this in one hyperparameter: plotted as min / mean / max, summarised in logs."""
 
 
+def _cell(v: float, width: int) -> str:
+    """A value in fixed point, or in scientific notation where fixed point would not fit its
+    column (a diverged run's 7.5e55 took 60 characters and ran into the next column)."""
+    text = f"{v:>{width}.4f}"
+    return text if len(text) <= width else f"{v:>{width}.4g}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """Fixed-width text table of evaluation rows (first column: the hyperparameters' label)."""
     if not rows:
@@ -36,7 +43,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         mark = "  <- best of grid" if r.get("best_of_grid") else ""
         lines.append(f"{r['hyperparameters']:<{w}}"
-                     + "".join(f"{r[k]:>{cw[k]}.4f}" for k in keys) + mark)
+                     + "".join(_cell(r[k], cw[k]) for k in keys) + mark)
     return "\n".join(lines)
 
 

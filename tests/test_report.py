@@ -114,3 +114,13 @@ def test_the_plots_mark_the_learned_point_the_backtracks_and_the_schedule() -> N
     finally:
         for f in figs.values():
             plt.close(f)
+
+
+def test_the_table_keeps_its_columns_for_a_diverged_runs_losses() -> None:
+    """A diverged run's 7.5e55 was printed in fixed point: 60 characters that ran into the next
+    column, which then read as part of the same number."""
+    text = report.table([{"hyperparameters": "initial", "val_mse": 7.4879e55, "test_mse": 0.5},
+                         {"hyperparameters": "learned", "val_mse": 0.25, "test_mse": 0.5}])
+    head, first, second = text.splitlines()
+    assert len(first) == len(second) == len(head)
+    assert first.split() == ["initial", "7.488e+55", "0.5000"]
