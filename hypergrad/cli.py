@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,13 +126,33 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                            fingerprint=config_fingerprint(cfg),
                            inner_every=cfg.folder.get("inner_every"))
     if not distributed.is_writer():  # under torchrun, rank 0 locks, prepares and writes
-        return _run(cfg, folder)
-    with folder.lock:
+        return _run(cfg, folder, [])
+    with folder.lock, _kept_warnings() as said:
         _prepare_run_dir(folder)
-        return _run(cfg, folder)
+        return _run(cfg, folder, said)
 
 
-def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
+@contextlib.contextmanager
+def _kept_warnings() -> Iterator[list[str]]:
+    """hypergrad's warnings during a run, for results.json's ``warnings``: Python writes them
+    to stderr only, which cli.log and a sweep's launcher (joblib) do not keep, so a run that
+    had warned (tuning did not help, a divergence, unseeded randomness) left no trace of it.
+    Each is still shown as before (and seen by filters and recorders)."""
+    said: list[str] = []
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def keep(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+            if issubclass(category, HypergradWarning):
+                said.append(f"{category.__name__}: {message}")
+            shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = keep
+        yield said
+
+
+def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     import torch
     import yaml  # type: ignore[import-untyped]
 
@@ -244,6 +265,7 @@ def _run(cfg: DictConfig, folder: RunFolder) -> dict[str, Any]:
         results["learned_files"] = ["learned.yaml"]
     else:
         results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
+    results["warnings"] = list(said)  # those of the run so far (the plots' come after)
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
         last = (None if last_step is None or result.last_val_loss is None

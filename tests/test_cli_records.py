@@ -129,3 +129,19 @@ def test_a_resumed_runs_records_keep_the_runs_clock(tmp_path: Path) -> None:
     assert len(elapsed) == 3 and elapsed == sorted(elapsed)
     assert first["elapsed"] <= elapsed[2] <= more["elapsed"]
     assert more["fit_seconds"] < more["elapsed"]  # this invocation's, and the run's
+
+
+def test_a_runs_warnings_are_kept_in_results_json(tmp_path: Path) -> None:
+    """Python wrote them to stderr only (not to cli.log, lost under a joblib sweep): a run whose
+    inner training diverged (inner lr = 50: validation losses of 3e55) left results.json and
+    learned.yaml looking like any other."""
+    from hypergrad.errors import TuningWarning
+
+    with pytest.warns(TuningWarning, match="inner training diverges"):
+        results = cli.run(_compose(*FAST, "experiment=ridge_diabetes", "inner_optimizer.lr=50"),
+                          tmp_path)
+    said = [w for w in results["warnings"] if "inner training diverges" in w]
+    assert len(said) == 1 and said[0].startswith("TuningWarning: ")
+    import json
+
+    assert json.loads((tmp_path / "results.json").read_text())["warnings"] == results["warnings"]
