@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Optimizer", "TangentContext", "Params", "Arg", "safe_sqrt", "fma", "owned",
-           "is_zero", "const_zero", "inv_twice", "l2_penalty", "l2_tangent", "register",
+           "is_zero", "const_zero", "flag", "inv_twice", "l2_penalty", "l2_tangent", "register",
            "registered", "create", "ENTRY_POINTS"]
 
 Params = dict[str, Tensor]
@@ -95,6 +95,14 @@ def is_zero(a: Any) -> bool:
 def const_zero(a: Any) -> bool:
     """Whether a value read at a step is the number 0 (a hyperparameter's tensor never is)."""
     return isinstance(a, (int, float)) and a == 0
+
+
+def flag(api: str, key: str, value: Any) -> bool:
+    """A boolean option (``nesterov``, ``centered``) as a bool; anything but True/False (or
+    1/0) is refused: ``bool("false")`` is True."""
+    if not isinstance(value, (bool, int)) or value not in (0, 1):
+        raise TypeError(f"{api}: {key}={value!r} must be True or False, e.g. {key}=True.")
+    return bool(value)
 
 
 def fma(a: Tensor, b: Tensor, s: Any, inplace: bool) -> Tensor:

@@ -15,6 +15,7 @@ from .base import (
     Params,
     TangentContext,
     const_zero,
+    flag,
     fma,
     is_zero,
     owned,
@@ -185,8 +186,15 @@ class SGD(Optimizer):
     def to_torch(self, params: list[Tensor], hp: Mapping[str, Any] | None = None
                  ) -> torch.optim.Optimizer:
         a, v = self.args, self._value
+        dampening = v(a["dampening"], hp)
+        if a["nesterov"] and dampening != 0:
+            raise NotImplementedError(
+                f"sgd.to_torch: nesterov=True with dampening={a['dampening']!r} "
+                f"(= {dampening:g}) has no torch.optim twin: torch.optim.SGD refuses Nesterov "
+                f"momentum with dampening. Tune with dampening=0 to train the result in "
+                f"torch.optim.SGD.")
         return torch.optim.SGD(params, lr=v(a["lr"], hp), momentum=v(a["momentum"], hp),
-                               dampening=v(a["dampening"], hp), nesterov=a["nesterov"],
+                               dampening=dampening, nesterov=a["nesterov"],
                                weight_decay=v(a["weight_decay"], hp))
 
 
@@ -203,6 +211,7 @@ def sgd(lr: Arg, momentum: Arg = 0.0, dampening: Arg = 0.0, nesterov: bool = Fal
         >>> sorted(opt.bound_names())
         ['lr', 'wd']
     """
+    nesterov = flag("sgd", "nesterov", nesterov)
     if nesterov and is_zero(momentum):
         raise ValueError("sgd: nesterov=True needs a momentum (a number > 0 or a hyperparameter).")
     return with_clip(SGD(lr=lr, momentum=momentum, dampening=dampening,
