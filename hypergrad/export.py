@@ -28,13 +28,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .hyperparams import TRANSFORMS, HyperParams, PerTensor, Schedule
+from .hyperparams import TRANSFORMS, HyperParams, InitScale, PerTensor, Schedule
+from .optim.clip import CLIP_EPS, ClipGradNorm
 from .problem import InnerProblem, InnerState
 
 __all__ = ["learned_settings", "learned_optimizer", "optimizer_from_settings", "transformed_values",
            "trained_state_dict"]
 
 SCHEDULER = "torch.optim.lr_scheduler.LambdaLR"
+INIT_WEIGHTS = "the learned initial weights of"
 
 
 def transformed_values(hps: HyperParams, lam: Tensor) -> dict[str, Tensor]:
@@ -53,8 +55,11 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     ``param_groups`` entry per parameter with its per-tensor values), the schedule (``windows``
     as ``[start, end, factor]`` fractions of training; ``None`` without one), the loss's own
     hyperparameters (``loss``: numbers, or the name of a tensor file for vectors) and
-    ``steps`` (the horizon they were learned on). See the module docstring for what a schedule
-    assumes."""
+    ``steps`` (the horizon they were learned on); where they apply, ``clip_grad_norm`` (the
+    optimizer clipped its gradient to that global norm) and ``init`` (learned initial values:
+    ``{name: {param: scale}}`` of an :class:`~hypergrad.InitScale`, a sentence for an
+    :class:`~hypergrad.InitWeights`). See the module docstring for what a schedule assumes.
+    What ``torch.optim`` cannot hold raises ``NotImplementedError`` with the reason."""
     hps, opt = problem.hyperparams, problem.optimizer
     values = transformed_values(hps, lam)
     bound = opt.bound_names()  # hyperparameter name -> argument
@@ -72,7 +77,15 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         # parameters, and initial weights are not the optimizer's)
         hp_p = {k: (v[name] if isinstance(v, dict) else v) for k, v in hp0.items()
                 if k in bound}
-        single = opt.to_torch([torch.zeros(1)], hp_p)
+        try:
+            single = opt.to_torch([torch.zeros(1)], hp_p)
+        except ValueError as err:  # torch.optim refuses the values (a negative weight decay)
+            got = ", ".join(f"{bound[k]}={float(v):.6g}" for k, v in hp_p.items())
+            raise NotImplementedError(
+                f"learned_settings: torch.optim cannot hold what {opt!r} learned for parameter "
+                f"{name!r} ({got}): {err}. A hyperparameter with transform='identity' can leave "
+                f"the range torch.optim accepts: give it transform='log' (or 'logit'); the "
+                f"learned values are in results.json.") from err
         group = {k: (tuple(float(x) for x in v) if isinstance(v, tuple) else
                      _number(v) if isinstance(v, Tensor) else v)
                  for k, v in single.param_groups[0].items()
@@ -109,7 +122,7 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
             continue
         v = values[it.name]
         loss[it.name] = float(v) if v.numel() == 1 else f"learned_{it.name}.pt"
-    return {
+    out: dict[str, Any] = {
         "optimizer": {"class": (f"torch.optim.{cls.__name__}"
                                 if getattr(torch.optim, cls.__name__, None) is cls
                                 else f"{cls.__module__}.{cls.__qualname__}"),
@@ -119,6 +132,37 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         "loss": loss,
         "steps": problem.steps,
     }
+    if isinstance(opt, ClipGradNorm):
+        if opt.eps != CLIP_EPS:
+            raise NotImplementedError(
+                f"learned_settings: {opt!r} adds eps={opt.eps:g} to the gradient's norm; "
+                f"torch.nn.utils.clip_grad_norm_ adds {CLIP_EPS:g}: build the clip with "
+                f"clip_grad_norm(optimizer, max_norm) to export it.")
+        out["clip_grad_norm"] = opt.max_norm
+    init = _learned_init(hps, values)
+    if init:
+        out["init"] = init
+    return out
+
+
+def _learned_init(hps: HyperParams, values: Mapping[str, Tensor]) -> dict[str, Any]:
+    """``{name: {param: scale}}`` of the :class:`~hypergrad.InitScale` hyperparameters (the
+    initial weights training started from are ``scale * w_0``); an
+    :class:`~hypergrad.InitWeights` (the initial weights themselves, too many numbers for the
+    settings) as a sentence saying where they are."""
+    out: dict[str, Any] = {}
+    for it in hps.items:
+        if not it.initializes:
+            continue
+        params = list(getattr(it, "params", None) or [])
+        if isinstance(it, InitScale):
+            v = values[it.name].reshape(-1)
+            out[it.name] = {p: float(v[i]) for i, p in enumerate(params)}
+        else:
+            out[it.name] = (f"{INIT_WEIGHTS} {params} ({type(it).__name__}): not held here; "
+                            f"TrainResult.learned_optimizer(model) loads them, or "
+                            f"problem.initial_state(lam).params holds them")
+    return out
 
 
 def _import(path: str) -> Any:
@@ -138,15 +182,26 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     horizon it was learned on). Call ``scheduler.step()`` after every ``optimizer.step()``;
     ``scheduler`` is ``None`` without a schedule. A schedule-free optimizer (one with
     ``train()`` / ``eval()``, ``adamw_schedulefree``'s twin) comes back in train mode: call its
-    ``eval()`` before evaluating or saving the model, as hypergrad's last step did."""
+    ``eval()`` before evaluating or saving the model, as hypergrad's last step did.
+
+    What hypergrad's run did beyond the optimizer's step comes with it, so that plain training
+    follows the same trajectory: a ``clip_grad_norm`` (the optimizer was clipped) becomes a step
+    pre-hook that clips the gradients of the optimizer's parameters with
+    ``torch.nn.utils.clip_grad_norm_`` before every step (do not clip them again); learned
+    initial scales (``init``, from :class:`~hypergrad.InitScale`) multiply the named parameters
+    of ``params`` **in place** here, as training started from ``scale * w_0``: pass the model
+    at its initial weights (a fresh copy), once."""
     o = settings["optimizer"]
-    named: dict[str, Tensor]
-    if isinstance(params, nn.Module):
-        named = {k: p for k, p in params.named_parameters() if p.requires_grad}
-    elif isinstance(params, Mapping):
-        named = dict(params)
-    else:
-        named = {str(i): p for i, p in enumerate(params)}
+    init = settings.get("init") or {}
+    named = _named(params, "optimizer_from_settings", init)
+    weights = sorted(k for k, v in init.items() if isinstance(v, str))
+    if weights:
+        raise ValueError(
+            f"optimizer_from_settings: the initial weights were learned too ({weights}: "
+            f"{init[weights[0]]}); start your model from them and pass the settings without "
+            f"'init' ({{k: v for k, v in settings.items() if k != 'init'}}), or use "
+            f"TrainResult.learned_optimizer(model), which loads them.")
+    _scale_initial_weights(init, named)
     in_groups = {n for g in o["param_groups"] for n in g["params"]}
     missing = sorted(in_groups - set(named))
     if missing:
@@ -162,6 +217,9 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     optimizer = _import(o["class"])(groups, **defaults)
     if callable(getattr(optimizer, "train", None)):  # schedule-free: steps need train mode
         optimizer.train()
+    clip = settings.get("clip_grad_norm")
+    if clip is not None:
+        _clip_before_each_step(optimizer, float(clip))
     sched = settings.get("schedule")
     if not sched:
         return optimizer, None
@@ -179,26 +237,99 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def _named(params: Mapping[str, Tensor] | nn.Module | Iterable[Tensor], api: str,
+           init: Mapping[str, Any]) -> dict[str, Tensor]:
+    """``params`` by name (the trainable parameters of a module; an iterable by position,
+    refused where learned initial values must find their parameters by name)."""
+    if isinstance(params, nn.Module):
+        return {k: p for k, p in params.named_parameters() if p.requires_grad}
+    if isinstance(params, Mapping):
+        return dict(params)
+    if init:
+        raise ValueError(
+            f"{api}: the learned hyperparameters include initial values ({sorted(init)}), "
+            f"applied to parameters by name; pass the model (or {{name: tensor}}), not an "
+            f"iterable of tensors.")
+    return {str(i): p for i, p in enumerate(params)}
+
+
+def _scale_initial_weights(init: Mapping[str, Mapping[str, float]],
+                           named: Mapping[str, Tensor]) -> None:
+    """``w *= scale`` in place for each learned initial scale, by parameter name, in the
+    order hypergrad applied them."""
+    for hp_name, per_param in init.items():
+        missing = sorted(set(per_param) - set(named))
+        if missing:
+            raise ValueError(f"optimizer_from_settings: the learned initial scales {hp_name!r} "
+                             f"name parameters {missing}, which params does not have; pass "
+                             f"the model the hyperparameters were learned for.")
+    with torch.no_grad():
+        for per_param in init.values():
+            for p, v in per_param.items():
+                named[p].mul_(float(v))
+
+
+def _clip_before_each_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
+    """Clip the gradients of ``optimizer``'s parameters to the global norm ``max_norm`` before
+    each of its steps, as hypergrad's clipped optimizer (:mod:`hypergrad.optim.clip`) did."""
+    def clip(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        grads = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        if grads:
+            torch.nn.utils.clip_grad_norm_(grads, max_norm)
+
+    optimizer.register_step_pre_hook(clip)
+
+
 def learned_optimizer(problem: InnerProblem, lam: Tensor,
                       params: Mapping[str, Tensor] | nn.Module | Iterable[Tensor],
                       steps: int | None = None) -> tuple[torch.optim.Optimizer, Any]:
     """``(optimizer, scheduler)`` of ``torch.optim`` at the hyperparameters ``lam`` (raw) of
-    ``problem``, for ``params`` (see :func:`optimizer_from_settings`)."""
-    return optimizer_from_settings(learned_settings(problem, lam), params, steps)
+    ``problem``, for ``params`` (see :func:`optimizer_from_settings`). Learned initial values
+    are applied to the named parameters in place, in the problem's order: an
+    :class:`~hypergrad.InitScale` multiplies them, an :class:`~hypergrad.InitWeights` is copied
+    into them (pass the model at its initial weights, once)."""
+    settings = learned_settings(problem, lam)
+    init = settings.pop("init", None) or {}
+    named = _named(params, "learned_optimizer", init)
+    if init:
+        missing = sorted({p for it in problem.hyperparams.init_items
+                          for p in getattr(it, "params", None) or []} - set(named))
+        if missing:
+            raise ValueError(f"learned_optimizer: the learned initial values name parameters "
+                             f"{missing}, which params does not have; pass the model the "
+                             f"hyperparameters were learned for.")
+        values = problem.hyperparams.values(lam.detach())
+        with torch.no_grad():
+            for it in problem.hyperparams.init_items:
+                for p, v in values[it.name].items():
+                    if isinstance(it, InitScale):
+                        named[p].mul_(v)
+                    else:
+                        named[p].copy_(v)
+    return optimizer_from_settings(settings, named, steps)
 
 
 def trained_state_dict(problem: InnerProblem, state: InnerState) -> dict[str, Tensor]:
     """The module's ``state_dict`` with the trained parameters and running statistics of
     ``state`` (counters advanced by the horizon), the user's module left as it is."""
     fm = problem.fmodel
+    # a tensor shared under several names (tied weights: an output layer reading the
+    # embedding's) is trained under its first name; its other names in the state_dict are the
+    # same tensor, and load_state_dict would write the last one read over it
+    first: dict[int, str] = {}
+    alias: dict[str, str] = {}
+    for key, t in [*fm.module.named_parameters(remove_duplicate=False),
+                   *fm.module.named_buffers(remove_duplicate=False)]:
+        alias[key] = first.setdefault(id(t), key)
     out: dict[str, Tensor] = {}
-    for key, value in fm.module.state_dict().items():
+    for name, value in fm.module.state_dict().items():
+        key = alias.get(name, name)
         if key in state.params:
-            out[key] = state.params[key].detach().clone()
+            out[name] = state.params[key].detach().clone()
         elif key in state.buffers:
-            out[key] = state.buffers[key].detach().clone()
+            out[name] = state.buffers[key].detach().clone()
         elif key in fm.counters0:
-            out[key] = torch.tensor(fm.counters0[key] + problem.steps, dtype=value.dtype)
+            out[name] = torch.tensor(fm.counters0[key] + problem.steps, dtype=value.dtype)
         else:
-            out[key] = value.detach().clone()
+            out[name] = value.detach().clone()
     return out

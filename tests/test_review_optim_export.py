@@ -1,0 +1,256 @@
+"""Review of the inner optimizers and of the export (hypergrad.optim, hypergrad.export): plain
+torch.optim built from the learned settings follows hypergrad's own inner run in float64 where the
+run clipped its gradients, started from learned initial scales or trained tied weights; what
+torch.optim cannot hold is refused with a reason, never a bare torch error; options that are not
+booleans are refused; and the optimizers equal torch.optim on settings the grid of
+tests/test_optim.py leaves out (betas near 1 or 0, a tiny or large eps, alpha = 0, a large
+lr_decay)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+import hypergrad as hg
+from hypergrad.data import MiniBatches
+from hypergrad.export import (
+    learned_optimizer,
+    learned_settings,
+    optimizer_from_settings,
+    trained_state_dict,
+)
+from hypergrad.report import write_learned
+
+F64 = torch.float64
+
+
+def _problem(opt: hg.optim.Optimizer, items: list[Any], model: nn.Module | None = None,
+             steps: int = 7) -> tuple[hg.InnerProblem, nn.Module]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 6, generator=g, dtype=F64)
+    y = torch.randint(0, 3, (40,), generator=g)
+    torch.manual_seed(0)
+    if model is None:
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+    def train_loss(m: Any, batch: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(batch[0]), batch[1])
+
+    problem = hg.InnerProblem(model, train_loss, opt, hg.HyperParams(items),
+                              MiniBatches(x, y, batch_size=8, seed=0), steps,
+                              lambda m, hp: F.cross_entropy(m(x), y))
+    return problem, model
+
+
+def _lam(problem: hg.InnerProblem) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return problem.init_raw() + 0.3 * torch.randn(problem.num_hyperparams, generator=g,
+                                                  dtype=F64)
+
+
+def _plain_torch(problem: hg.InnerProblem, model: nn.Module, settings: dict[str, Any]
+                 ) -> nn.Module:
+    """What a user does with the settings: a fresh copy, torch.optim, LambdaLR, no extras."""
+    net = copy.deepcopy(model)
+    opt, sched = optimizer_from_settings(settings, net)
+    for t in range(problem.steps):
+        x, y, _ = problem.batch(t)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+    if hasattr(opt, "eval"):  # schedule-free: the averaged point, as hypergrad's last step
+        opt.eval()
+    return net
+
+
+def _assert_same(net: nn.Module, state: hg.InnerState) -> None:
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(p.detach(), state.params[name], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam", "adamw_schedulefree"])
+def test_clipping_is_exported_and_plain_torch_follows_the_run(opt: str, tmp_path: Path) -> None:
+    """learned_settings dropped clip_grad_norm: plain torch from learned.yaml ran unclipped,
+    1.6e-2 away from hypergrad's run (Adam, clip 0.05) without a word. Now the settings hold it
+    and the optimizer clips before each step (a step pre-hook)."""
+    factory = {"sgd": lambda: hg.optim.sgd(lr="lr", momentum=0.9, clip_grad_norm=0.05),
+               "adam": lambda: hg.optim.adam(lr="lr", clip_grad_norm=0.05),
+               "adamw_schedulefree": lambda: hg.optim.adamw_schedulefree(
+                   lr="lr", warmup_steps=2, clip_grad_norm=0.05)}[opt]
+    problem, model = _problem(factory(), [hg.Schedule("lr", 0.02, windows=3, transform="log")])
+    lam = _lam(problem)
+    state = problem.run(lam)
+    write_learned(tmp_path, problem, lam, None)
+    settings = yaml.safe_load((tmp_path / "learned.yaml").read_text())
+    assert settings["clip_grad_norm"] == 0.05
+    _assert_same(_plain_torch(problem, model, settings), state)
+
+
+def test_an_unclipped_optimizer_has_no_clip() -> None:
+    problem, _ = _problem(hg.optim.adam(lr="lr"), [hg.Scalar("lr", 0.01, transform="log")])
+    assert "clip_grad_norm" not in learned_settings(problem, problem.init_raw())
+
+
+def test_learned_initial_scales_are_exported() -> None:
+    """learned_settings skipped InitScale: plain torch started from the model's own weights,
+    not the learned scale * w_0, and ended 6.6e-2 away from hypergrad's run. Now the settings
+    hold the scales (``init``) and optimizer_from_settings applies them to the named
+    parameters."""
+    problem, model = _problem(hg.optim.sgd(lr="lr"), [
+        hg.Scalar("lr", 0.1, transform="log"), hg.InitScale("init", 1.0)])
+    lam = _lam(problem)
+    state = problem.run(lam)
+    settings = learned_settings(problem, lam)
+    scales = settings["init"]["init"]
+    assert set(scales) == set(problem.fmodel.param_names)
+    assert scales["0.weight"] == pytest.approx(float(
+        problem.hyperparams.values(lam)["init"]["0.weight"]))
+    _assert_same(_plain_torch(problem, model, settings), state)
+    with pytest.raises(ValueError, match="initial values.*by name; pass the model"):
+        optimizer_from_settings(settings, list(copy.deepcopy(model).parameters()))
+
+
+def test_learned_initial_weights_are_named_and_loaded_in_process(tmp_path: Path) -> None:
+    """An InitWeights was skipped without a word: plain torch started from the module's own
+    weights. Now the settings name it, optimizer_from_settings refuses settings it cannot
+    follow (with the way out), and learned_optimizer, which holds the problem, loads them."""
+    problem, model = _problem(hg.optim.sgd(lr="lr"), [
+        hg.Scalar("lr", 0.1, transform="log"), hg.InitWeights("w0", params=["2.bias"])])
+    lam = _lam(problem)
+    state = problem.run(lam)
+    settings = learned_settings(problem, lam)
+    assert "2.bias" in settings["init"]["w0"]
+    write_learned(tmp_path, problem, lam, None)
+    on_disk = yaml.safe_load((tmp_path / "learned.yaml").read_text())
+    assert on_disk["init"] == settings["init"]
+    with pytest.raises(ValueError, match=r"initial weights were learned too \(\['w0'\]"):
+        optimizer_from_settings(on_disk, copy.deepcopy(model))
+    net = copy.deepcopy(model)
+    opt, _ = learned_optimizer(problem, lam, net)
+    for t in range(problem.steps):
+        x, y, _ = problem.batch(t)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    _assert_same(net, state)
+
+
+class _Tied(nn.Module):
+    """Two layers sharing one weight (as an output layer tied to an embedding)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.out = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def test_tied_weights_state_dict_holds_the_trained_weight() -> None:
+    """trained_state_dict wrote the shared weight's second name ('b.weight') with the initial
+    value: load_state_dict then put the untrained weight back (4.4e-3 off the run)."""
+    torch.manual_seed(0)
+    model = _Tied().double()
+    problem, _ = _problem(hg.optim.sgd(lr="lr", momentum=0.9),
+                          [hg.PerTensor("lr", 0.1, transform="log")], model=model)
+    lam = _lam(problem)
+    state = problem.run(lam)
+    sd = trained_state_dict(problem, state)
+    assert torch.equal(sd["b.weight"], state.params["a.weight"])
+    fresh = copy.deepcopy(model)
+    fresh.load_state_dict(sd)
+    for name, p in fresh.named_parameters():
+        assert torch.equal(p, state.params[name])
+    _assert_same(_plain_torch(problem, model, learned_settings(problem, lam)), state)
+
+
+def test_what_torch_optim_refuses_is_not_implemented(tmp_path: Path) -> None:
+    """torch.optim's own ValueError escaped learned_settings (so write_learned, at the end of a
+    hypergrad-run, raised after the tuning): Nesterov with dampening, and a weight decay that an
+    identity transform let go negative."""
+    problem, _ = _problem(hg.optim.sgd(lr="lr", momentum=0.9, dampening=0.1, nesterov=True),
+                          [hg.Scalar("lr", 0.1, transform="log")])
+    with pytest.raises(NotImplementedError, match="nesterov=True with dampening=0.1"):
+        learned_settings(problem, problem.init_raw())
+    assert write_learned(tmp_path, problem, problem.init_raw(), None) == ["learned.yaml"]
+    assert "dampening" in yaml.safe_load((tmp_path / "learned.yaml").read_text())["not_written"]
+    problem, _ = _problem(hg.optim.sgd(lr=0.1, weight_decay="wd"), [hg.Scalar("wd", 1e-3)])
+    lam = torch.tensor([-0.01], dtype=F64)
+    with pytest.raises(NotImplementedError, match=r"weight_decay=-0.01.*transform='log'"):
+        learned_settings(problem, lam)
+
+
+@pytest.mark.parametrize("factory,key", [(hg.optim.rmsprop, "centered"),
+                                         (hg.optim.sgd, "nesterov")])
+@pytest.mark.parametrize("value", ["false", None, 2])
+def test_boolean_options_take_booleans(factory: Any, key: str, value: Any) -> None:
+    """centered='false' built a centered RMSprop (bool('false') is True)."""
+    with pytest.raises(TypeError, match=f"{key}={value!r} must be True or False"):
+        factory(lr=0.1, momentum=0.9, **{key: value})
+
+
+GRID = [
+    ("sgd", dict(lr=0.1, momentum=0.9, dampening=0.9)),
+    ("sgd", dict(lr=0.1, momentum=0.99, nesterov=True, weight_decay=0.3)),
+    ("adam", dict(lr=0.01, betas=(0.0, 0.0))),
+    ("adam", dict(lr=0.01, betas=(0.9999, 0.99999), eps=1e-16)),
+    ("adam", dict(lr=0.5, betas=(0.5, 0.5), eps=10.0, weight_decay=0.9)),
+    ("adamw", dict(lr=0.01, betas=(0.99999, 0.999999), eps=1e-300, weight_decay=0.0)),
+    ("rmsprop", dict(lr=0.01, alpha=0.0)),
+    ("rmsprop", dict(lr=0.01, alpha=0.3, centered=True, momentum=0.9, eps=1e-3)),
+    ("rmsprop", dict(lr=0.01, alpha=0.999999, centered=True, eps=1e-16)),
+    ("adagrad", dict(lr=0.1, lr_decay=10.0, eps=1e-300)),
+    ("adagrad", dict(lr=0.1, initial_accumulator_value=5.0, weight_decay=0.5)),
+]
+
+
+@pytest.mark.parametrize("name,kw", GRID, ids=[f"{n}-{i}" for i, (n, _) in enumerate(GRID)])
+def test_edge_settings_match_torch_optim(name: str, kw: dict[str, Any]) -> None:
+    """Settings at the edges of their ranges, gradients over five orders of magnitude and zero
+    gradients, a 0-d parameter."""
+    shapes = {"a": (3, 4), "b": (4,), "c": ()}
+    torch.manual_seed(0)
+    params = {k: torch.randn(s, dtype=F64) for k, s in shapes.items()}
+    tparams = [params[k].clone().requires_grad_() for k in shapes]
+    pure = getattr(hg.optim, name)(**kw)
+    topt = pure.to_torch(tparams)
+    state = pure.init(params)
+    for step in range(15):
+        grads = {k: torch.randn(s, dtype=F64) * 10.0 ** (step % 5 - 2) for k, s in shapes.items()}
+        if step in (3, 4):
+            grads["b"] = torch.zeros_like(grads["b"])
+        for p, k in zip(tparams, shapes):
+            p.grad = grads[k].clone()
+        topt.step()
+        params, state = pure.update(grads, state, params, {}, step)
+        for p, k in zip(tparams, shapes):
+            torch.testing.assert_close(params[k], p.detach(), rtol=1e-12, atol=1e-15)
+
+
+def test_learned_optimizer_in_process_matches_the_yaml() -> None:
+    """learned_optimizer (in process) and optimizer_from_settings (from learned.yaml) give the same
+    clipped, scaled training."""
+    problem, model = _problem(hg.optim.adam(lr="lr", weight_decay="wd", clip_grad_norm=0.1), [
+        hg.Scalar("lr", 0.01, transform="log"), hg.PerTensor("wd", 1e-2, transform="log"),
+        hg.InitScale("init", 1.0, params=["0.weight"])])
+    lam = _lam(problem)
+    state = problem.run(lam)
+    net = copy.deepcopy(model)
+    opt, sched = learned_optimizer(problem, lam, net)
+    assert sched is None
+    for t in range(problem.steps):
+        x, y, _ = problem.batch(t)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    _assert_same(net, state)
