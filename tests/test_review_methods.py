@@ -3,6 +3,7 @@ found and fixed, each test failing before its fix."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 
 import hypergrad as hg
 from hypergrad.data import MiniBatches
-from hypergrad.testing import rel_err
+from hypergrad.errors import InnerNotConvergedWarning, SolverNotConvergedWarning
+from hypergrad.testing import l2_mlp_case, rel_err
 
 
 def _adam_mlp(hps: list[Any], optimizer: Any, steps: int = 12) -> hg.InnerProblem:
@@ -46,3 +48,59 @@ def test_finite_differences_of_a_small_untransformed_value_stay_in_its_domain() 
     assert fd.steps_for(torch.tensor([0.0, 0.5], dtype=torch.float64),
                         hg.HyperParams([hg.Scalar("a", 0.0), hg.Scalar("b", 0.5)])).tolist() == [
         1e-5, 1e-5]
+
+
+# -- implicit differentiation: what its warnings tell to do ---------------------------------------
+
+def _warned(fn: Any) -> tuple[Any, list[warnings.WarningMessage]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, caught
+
+
+def test_implicit_on_mini_batches_names_loss_steps() -> None:
+    """Mini-batch training with the default loss_steps=None: the objective is the last batch
+    only (48 of 64 per-example hypergradients exactly 0, 100 % off reverse mode). The warning
+    said to train longer; it now names loss_steps, with the horizon filled in."""
+    from torch import nn
+
+    from hypergrad.tasks import digits_data
+
+    data = digits_data(64, 64, 1, seed=0, dtype=torch.float64)
+    torch.manual_seed(0)
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y, i = batch
+        ce = F.cross_entropy(m(x), y, reduction="none")
+        return (hp["w"][i] * ce).mean() + 0.05 * (m.params["weight"] ** 2).sum()
+
+    problem = hg.InnerProblem(
+        nn.Linear(64, 10).double(), train_loss, hg.optim.sgd(lr=0.5, momentum=0.9),
+        hg.HyperParams([hg.PerExample("w", 0.8, n=64, transform="logit")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=16, shuffle=False), 40,
+        lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    r, caught = _warned(lambda: hg.ImplicitDiff().hypergradient(problem, problem.init_raw()))
+    said = [str(w.message) for w in caught if w.category is InnerNotConvergedWarning]
+    assert len(said) == 1 and "loss_steps=None" in said[0], said
+    assert "ImplicitDiff(loss_steps=range(40 - n, 40))" in said[0]
+    assert int((r.grad == 0).sum()) == 48
+    # full-batch training (one batch every step) is not told about loss_steps
+    full = hg.InnerProblem(problem.fmodel.module, train_loss, problem.optimizer,
+                           problem.hyperparams, [problem.batch(0)], 5, problem.val_loss)
+    _, caught = _warned(lambda: hg.ImplicitDiff().hypergradient(full, full.init_raw()))
+    said = [str(w.message) for w in caught if w.category is InnerNotConvergedWarning]
+    assert len(said) == 1 and "loss_steps" not in said[0]
+
+
+def test_implicit_at_a_saddle_says_the_hessian_is_indefinite() -> None:
+    """An L2 MLP whose w_T has negative curvature: CG stops on it and the hypergradient was
+    returned 96 % off forward mode with 'Raise maxiter, use CG()' (it was CG); now the warning
+    says that the Hessian is not positive definite and what to do."""
+    problem = l2_mlp_case(300, l2=1e-3)
+    r, caught = _warned(lambda: hg.ImplicitDiff(hg.methods.CG(maxiter=300)).hypergradient(
+        problem, problem.init_raw()))
+    said = [str(w.message) for w in caught if w.category is SolverNotConvergedWarning]
+    assert r.info is not None and "breakdown" in r.info
+    assert len(said) == 1 and "non-positive curvature" in said[0]
+    assert "not positive definite" in said[0] and "Raise maxiter" not in said[0]

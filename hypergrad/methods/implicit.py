@@ -56,6 +56,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.func import grad, grad_and_value, vjp
+from torch.utils._pytree import tree_flatten
 
 from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning
 from ..hvp import VmapVJP
@@ -296,6 +297,24 @@ SOLVERS: dict[str, type[LinearSolver]] = {CG.name: CG, Neumann.name: Neumann,
 """The solvers by name (for configs)."""
 
 
+def _batches_change(problem: InnerProblem) -> bool:
+    """Whether the last two steps read different mini-batches (a stream: a loader's batches,
+    taken to change; a sequence or a callable: compared)."""
+    if problem.steps < 2:
+        return False
+    if problem.stream is not None:
+        return True
+    a, b = (tree_flatten(problem.batch(t))[0] for t in (problem.steps - 2, problem.steps - 1))
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, Tensor) or isinstance(y, Tensor):
+            return (isinstance(x, Tensor) and isinstance(y, Tensor) and x.shape == y.shape
+                    and bool(torch.equal(x, y)))
+        return bool(x is y or x == y)
+
+    return len(a) != len(b) or not all(same(x, y) for x, y in zip(a, b))
+
+
 def _flat(d: dict[str, Tensor]) -> Tensor:
     return torch.cat([v.reshape(-1) for v in d.values()])
 
@@ -438,13 +457,20 @@ class ImplicitDiff(Method, name="implicit"):
         gn, gn0 = float(_flat(gw).norm()), float(_flat(g0).norm())
         ratio = gn / gn0 if gn0 > 0 else (0.0 if gn == 0 else math.inf)
         if ratio > self.grad_tol:
+            batches = ""
+            if self.loss_steps is None and _batches_change(problem):
+                batches = (f" The training objective is the last step's mini-batch only "
+                           f"(loss_steps=None) and the batches change from step to step: for "
+                           f"mini-batch training give the steps of one epoch, e.g. "
+                           f"ImplicitDiff(loss_steps=range({problem.steps} - n, "
+                           f"{problem.steps})) with n batches per epoch.")
             warnings.warn(
                 f"ImplicitDiff: the inner problem is not near a stationary point: "
                 f"||grad_w L(w_T)|| = {gn:.3g} is {ratio:.3g} of its value at w_0 ({gn0:.3g}), "
                 f"above grad_tol={self.grad_tol:g}. Implicit hypergradients assume an optimum "
-                f"and can be wrong, even in sign. Train longer (more steps, a larger learning "
-                f"rate), or use ForwardMode() / ReverseMode(), which differentiate the steps "
-                f"actually run.", InnerNotConvergedWarning, stacklevel=2)
+                f"and can be wrong, even in sign.{batches} Train longer (more steps, a larger "
+                f"learning rate), or use ForwardMode() / ReverseMode(), which differentiate the "
+                f"steps actually run.", InnerNotConvergedWarning, stacklevel=2)
 
         def hvp(v: Tensor) -> Tensor:
             with problem.second_order():
@@ -458,12 +484,16 @@ class ImplicitDiff(Method, name="implicit"):
         if self.warm_start:
             self._last[problem] = v.detach()
         if not info["converged"]:
+            fix = ("Raise maxiter, use CG(), or check that the inner problem converged."
+                   if "breakdown" not in info else
+                   f"{info['breakdown']}: the Hessian of the training loss at w_T is not "
+                   f"positive definite, so w_T is no minimum (a saddle, or not converged) and "
+                   f"H v = grad_w E has no meaningful solution there. Train to a minimum (more "
+                   f"steps, an L2 term), or use ForwardMode() / ReverseMode().")
             warnings.warn(
                 f"ImplicitDiff: {self.solver!r} stopped at relative residual "
                 f"{info['residual']:.3g} > tol={self.solver.tol:g} after {info['iterations']} "
-                f"iterations{'; ' + info['breakdown'] if 'breakdown' in info else ''}. Raise "
-                f"maxiter, use CG(), or check that the inner problem converged.",
-                SolverNotConvergedWarning, stacklevel=2)
+                f"iterations; {fix}", SolverNotConvergedWarning, stacklevel=2)
         with problem.second_order():
             cross = vjp_fn(_unflat(v, w))[1]
         info.update(grad_norm=gn, grad_norm_ratio=ratio)
