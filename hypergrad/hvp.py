@@ -517,9 +517,10 @@ def _autograd_hvp(strategy: HVPStrategy, f: LossFn, params: Dict, buffers: Dict,
                 retain_graph=True, allow_unused=True, is_grads_batched=batched)
         part = {}
         for (name, v), o in zip(wrt.items(), outs):
-            if o is None:
-                o = torch.zeros((n, *v.shape), dtype=v.dtype, device=v.device)
-            part[name] = o.detach() if batched else o.detach().unsqueeze(0)
+            if o is None:  # a parameter the training loss does not read: already (n, *shape)
+                part[name] = torch.zeros((n, *v.shape), dtype=v.dtype, device=v.device)
+            else:
+                part[name] = o.detach() if batched else o.detach().unsqueeze(0)
         return part
 
     both = _by_chunks(chunk_of, k, chunk)

@@ -219,3 +219,40 @@ def test_loop_baseline_equals_batched() -> None:
     a = hg.ForwardMode(hg.hvp.ColumnLoop()).hypergradient(problem, lam).grad
     b = hg.ForwardMode(hg.hvp.VmapVJP()).hypergradient(problem, lam).grad
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+
+
+class _UnusedLayer(torch.nn.Module):
+    """A model with a layer the training loss never reads (an unused head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.extra = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_parameter_the_loss_never_reads_gets_a_zero_product_of_its_shape(
+        opt: str, k: int) -> None:
+    """The per-column path (ColumnLoop at every K, VmapVJP at K = 1) gave such a parameter a
+    product of shape (K, 1, *shape): AdamW's tangent failed ('output with shape [1, 3, 6]
+    doesn't match the broadcast shape [1, 1, 3, 6]'), SGD's broadcast it on."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.testing import hypergradcheck
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (40,), generator=g)
+    names = ["lr", "wd"][:k]
+    factory = hg.optim.sgd if opt == "sgd" else hg.optim.adamw
+    torch.manual_seed(0)
+    p = hg.InnerProblem(
+        _UnusedLayer().double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        factory(lr="lr", weight_decay="wd" if k == 2 else 0.1),
+        hg.HyperParams([hg.Scalar(n, 0.05, transform="log") for n in names]),
+        MiniBatches(x, y, batch_size=8, seed=0), 4, lambda m, hp: F.cross_entropy(m(x), y))
+    hypergradcheck(p)  # every strategy against reverse mode and finite differences
