@@ -104,3 +104,37 @@ def test_implicit_at_a_saddle_says_the_hessian_is_indefinite() -> None:
     assert r.info is not None and "breakdown" in r.info
     assert len(said) == 1 and "non-positive curvature" in said[0]
     assert "not positive definite" in said[0] and "Raise maxiter" not in said[0]
+
+
+def test_implicit_in_float32_says_when_the_residual_is_rounding() -> None:
+    """A float32 problem cannot bring CG's residual to the default tol=1e-10: every call warned
+    'Raise maxiter, use CG()' (it was CG, at 3.6e-7, its hypergradient 2e-7 off float64's). The
+    warning now says that this is float32's rounding level and which tol to give."""
+    from torch import nn
+
+    from hypergrad.tasks import digits_data
+
+    def problem(dtype: torch.dtype) -> hg.InnerProblem:
+        data = digits_data(64, 64, 1, seed=0, dtype=dtype)
+        torch.manual_seed(0)
+
+        def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+            return (F.cross_entropy(m(batch[0]), batch[1])
+                    + hp["l2"] * (m.params["weight"] ** 2).sum())
+
+        return hg.InnerProblem(
+            nn.Linear(64, 10).to(dtype), train_loss, hg.optim.sgd(lr=0.5, momentum=0.9),
+            hg.HyperParams([hg.Scalar("l2", 0.05, transform="log")]),
+            [(data.x_train, data.y_train)], 300,
+            lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+
+    p64, p32 = problem(torch.float64), problem(torch.float32)
+    want = hg.ImplicitDiff().hypergradient(p64, p64.init_raw()).grad
+    r, caught = _warned(lambda: hg.ImplicitDiff().hypergradient(p32, p32.init_raw()))
+    said = [str(w.message) for w in caught if w.category is SolverNotConvergedWarning]
+    assert len(said) == 1 and "torch.float32's rounding level" in said[0], said
+    assert "CG(tol=1e-5)" in said[0] and "Raise maxiter" not in said[0]
+    assert rel_err(r.grad.double(), want) < 1e-4
+    _, caught = _warned(lambda: hg.ImplicitDiff(hg.methods.CG(tol=1e-5)).hypergradient(
+        p32, p32.init_raw()))
+    assert not [w for w in caught if w.category is SolverNotConvergedWarning]
