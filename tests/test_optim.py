@@ -34,24 +34,46 @@ def _pure(name: str, kw: dict) -> hg.optim.Optimizer:
     return getattr(hg.optim, name)(**kw)  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("name,kw", GRID, ids=[f"{n}-{i}" for i, (n, _) in enumerate(GRID)])
-def test_matches_torch_optim(name: str, kw: dict, f64: torch.dtype) -> None:
-    shapes = {"a": (3, 4), "b": (4,)}
+EDGE_GRID = [  # settings at the edges of their ranges (the optimizer review, 2026-11-27)
+    ("sgd", dict(lr=0.1, momentum=0.9, dampening=0.9)),
+    ("sgd", dict(lr=0.1, momentum=0.99, nesterov=True, weight_decay=0.3)),
+    ("adam", dict(lr=0.01, betas=(0.0, 0.0))),
+    ("adam", dict(lr=0.01, betas=(0.9999, 0.99999), eps=1e-16)),
+    ("adam", dict(lr=0.5, betas=(0.5, 0.5), eps=10.0, weight_decay=0.9)),
+    ("adamw", dict(lr=0.01, betas=(0.99999, 0.999999), eps=1e-300, weight_decay=0.0)),
+    ("rmsprop", dict(lr=0.01, alpha=0.0)),
+    ("rmsprop", dict(lr=0.01, alpha=0.3, centered=True, momentum=0.9, eps=1e-3)),
+    ("rmsprop", dict(lr=0.01, alpha=0.999999, centered=True, eps=1e-16)),
+    ("adagrad", dict(lr=0.1, lr_decay=10.0, eps=1e-300)),
+    ("adagrad", dict(lr=0.1, initial_accumulator_value=5.0, weight_decay=0.5)),
+]
+
+
+@pytest.mark.parametrize("name,kw,edge", [(n, kw, False) for n, kw in GRID]
+                         + [(n, kw, True) for n, kw in EDGE_GRID],
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(GRID)]
+                         + [f"edge-{n}-{i}" for i, (n, _) in enumerate(EDGE_GRID)])
+def test_matches_torch_optim(name: str, kw: dict, edge: bool, f64: torch.dtype) -> None:
+    """Step for step; at the edge settings also gradients over five orders of magnitude, zero
+    gradients two steps in a row and a 0-d parameter."""
+    shapes = {"a": (3, 4), "b": (4,), **({"c": ()} if edge else {})}
     params = {k: torch.randn(s, dtype=f64) for k, s in shapes.items()}
     tparams = [params[k].clone().requires_grad_() for k in shapes]
     pure = _pure(name, kw)
     topt = pure.to_torch(tparams)
     state = pure.init(params)
-    for step in range(12):
-        grads = {k: torch.randn(s, dtype=f64) for k, s in shapes.items()}
-        if step == 3:  # a zero gradient, as for a dead unit
+    for step in range(15 if edge else 12):
+        scale = 10.0 ** (step % 5 - 2) if edge else 1.0
+        grads = {k: torch.randn(s, dtype=f64) * scale for k, s in shapes.items()}
+        if step == 3 or (edge and step == 4):  # a zero gradient, as for a dead unit
             grads["b"] = torch.zeros_like(grads["b"])
         for p, k in zip(tparams, shapes):
             p.grad = grads[k].clone()
         topt.step()
         params, state = pure.update(grads, state, params, {}, step)
         for p, k in zip(tparams, shapes):
-            torch.testing.assert_close(params[k], p.detach(), rtol=1e-13, atol=1e-15)
+            torch.testing.assert_close(params[k], p.detach(), rtol=1e-12 if edge else 1e-13,
+                                       atol=1e-15)
 
 
 def test_hyperparameter_bound_arguments_match_constants(f64: torch.dtype) -> None:
