@@ -122,3 +122,20 @@ def test_marthe_arguments() -> None:
     for bad in (-0.1, 1.5, True, "0.5"):
         with pytest.raises(ValueError, match=r"MARTHE: mu=.* must be a number in \[0, 1\]"):
             hg.MARTHE(bad)  # type: ignore[arg-type]
+
+
+def test_online_tuning_refuses_initialisation_hyperparameters() -> None:
+    """One online run leaves its initial weights before the first update: an InitScale moved
+    online (to 2.2 from 1.0) was returned though the run trained at 1.0 throughout, and HD
+    gave it exactly 0 (a ZeroHypergradientWarning blaming the losses)."""
+    base = digits_case("momentum", "lr", **SMALL)
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log"),
+                          hg.InitScale("scale", 0.8, params=["2.weight"])])
+    problem = hg.InnerProblem(base.fmodel.module, base.train_loss,
+                              hg.optim.sgd(lr="lr", momentum=0.5), hps, base.batch, 6,
+                              base.val_loss)
+    for method in ("forward", "hd"):
+        with pytest.raises(ValueError, match=r"Online: \['scale'\] set the initial weights.*"
+                                             r"mode=hg.Offline"):
+            hg.Trainer(problem, method, mode=hg.Online(interval=3))
+    hg.Trainer(problem, "forward", mode=hg.Offline(outer_steps=1))  # offline they are tuned

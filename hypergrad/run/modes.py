@@ -292,6 +292,14 @@ class Online(Mode):
         if self.interval > problem.steps:
             raise ValueError(f"Online: interval={self.interval} must be in [1, steps="
                              f"{problem.steps}] (the inner run's length).")
+        init = [h.name for h in problem.hyperparams.init_items]
+        if init:  # the run left its initial weights before the first update
+            raise ValueError(
+                f"Online: {init} set the initial weights, which one online run has left behind "
+                f"at its first update: their updates would never reach the run (the run "
+                f"trained from the initial values, the values returned were never trained "
+                f"with; HD's hypergradient for them is exactly 0). Tune them offline "
+                f"(mode=hg.Offline(...)), or drop them from the online run's hyperparameters.")
 
     def settings(self) -> dict[str, Any]:
         return {"mode": self.name, "mode.interval": self.interval,
