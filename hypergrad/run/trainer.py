@@ -589,7 +589,11 @@ class Trainer:
             self.outer.observe(lam, value)
         if not math.isfinite(value):
             return math.inf
-        self.tracker.track(torch.tensor(value), lam, None, self.outer_step, first=False)
+        # in float64: a float32 tensor rounded the loss to 7 digits, so a plain run's point
+        # tied with (or beat) a lower loss evaluated elsewhere, and best_val_loss was a number
+        # no evaluation gave
+        self.tracker.track(torch.tensor(value, dtype=torch.float64), lam, None, self.outer_step,
+                           first=False)
         return value
 
     def _space_filling(self, n: int, skip: int) -> list[Tensor]:

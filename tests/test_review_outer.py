@@ -1,0 +1,58 @@
+"""The Trainer's outer loop, reviewed for silent wrong answers: what it returns and reports
+agrees with what it evaluated (tests that failed before their fixes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import hypergrad as hg
+
+
+def _quiet(logs: list[str] | None = None) -> list[Any]:
+    return [hg.run.Log(None if logs is None else logs.append), hg.run.Progress(False)]
+
+
+def _regression(steps: int = 50) -> hg.InnerProblem:
+    """Least squares by full-batch GD on a learnable learning rate (float64, K = 1): the
+    validation loss falls with the learning rate up to a plateau, then training diverges."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g, dtype=torch.float64)
+    y = x @ torch.randn(4, generator=g, dtype=torch.float64)
+    y = y + 0.1 * torch.randn(32, generator=g, dtype=torch.float64)
+    xv = torch.randn(16, 4, generator=g, dtype=torch.float64)
+    yv = xv.sum(1)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+
+    def loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return ((m(b[0])[:, 0] - b[1]) ** 2).mean()
+
+    return hg.InnerProblem(model, loss, hg.optim.sgd(lr="lr"),
+                           hg.HyperParams([hg.Scalar("lr", 0.01, transform="log")]),
+                           [(x, y)], steps, lambda m, hp: ((m(xv)[:, 0] - yv) ** 2).mean())
+
+
+def _every_loss(res: hg.TrainResult) -> list[tuple[float, torch.Tensor | None]]:
+    """Every validation loss the run measured, with its point: hypergradients, plain runs and
+    the final evaluation of the last point."""
+    out: list[tuple[float, torch.Tensor | None]] = [(h["val_loss"], None)
+                                                    for h in res.history]  # lam: raw
+    out += [(e["val_loss"], e["lam"]) for e in res.evaluations]
+    assert res.last_lam is not None and res.last_val_loss is not None
+    out.append((res.last_val_loss, res.last_lam))
+    return out
+
+
+def test_the_best_point_is_chosen_on_the_losses_as_measured_in_float64() -> None:
+    """A plain run's loss was tracked as a float32 tensor: rounded to 7 digits, the line
+    search's point at lr 0.33 (5.665445392113831) tied with a lower loss at lr 0.48
+    (5.665445392087481), won as the first of equals, and best_val_loss was 5.665445327758789,
+    a number no run gave."""
+    res = hg.Trainer(_regression(), "forward", mode=hg.Offline(outer_steps=3),
+                     callbacks=_quiet()).fit()
+    losses = _every_loss(res)
+    best = min(v for v, _ in losses)
+    assert res.best_val_loss == best
+    assert any(x is not None and torch.equal(x, res.lam) for v, x in losses if v == best)
