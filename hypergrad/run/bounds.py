@@ -9,6 +9,7 @@ transform (a learning rate's bound must be > 0), so a typo fails before any trai
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -21,7 +22,10 @@ __all__ = ["Bounds"]
 
 class Bounds:
     """``{name: (low, high)}`` in value space (either end may be ``None``: unbounded), for the
-    hyperparameters ``hps`` in ``dtype``.
+    hyperparameters ``hps`` in ``dtype``. One pair bounds every entry of its hyperparameter
+    (each window of a schedule, each tensor of a per-tensor value). An infinite end on its own
+    side (``low=-inf``, ``high=inf``, or a number that rounds to one in ``dtype``) is no bound,
+    as ``None``: the search box then fills that side around the initial value.
 
     Example:
         >>> import hypergrad as hg
@@ -48,19 +52,35 @@ class Bounds:
             transform = hps.by_name[name].transform
             inverse, valid, domain = TRANSFORMS[transform][1:]
             raw: list[Tensor | None] = []
-            for v in lohi:
+            for side, v in zip(("low", "high"), lohi):
                 if v is None:
                     raw.append(None)
                     continue
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
                     raise ValueError(f"{api}: bounds[{name!r}]={list(lohi)!r} has {v!r}; bounds "
                                      f"are numbers (or None for no bound).")
-                t = torch.tensor(float(v), dtype=dtype)
+                try:
+                    f = float(v)
+                except OverflowError:  # an int beyond float64: an infinite end
+                    f = math.inf if v > 0 else -math.inf
+                t = torch.tensor(f, dtype=dtype)
                 if not valid(t):
                     raise ValueError(f"{api}: bounds[{name!r}] value {v} is outside the domain "
                                      f"of transform={transform!r} ({domain})"
-                                     f"{rounded_onto_edge(v, dtype, valid)}.")
-                raw.append(inverse(t))
+                                     f"{rounded_onto_edge(v, dtype, valid)}; give a bound in "
+                                     f"that domain, or None for no {side} bound.")
+                r = inverse(t)
+                if bool(torch.isinf(r)):
+                    # an infinite end became an infinite edge of the search box: its start
+                    # drew points at inf and NaN. On its own side it bounds nothing; on the
+                    # other side it leaves no finite value in between
+                    if (side == "low") == bool(r < 0):
+                        raw.append(None)
+                        continue
+                    raise ValueError(f"{api}: bounds[{name!r}] {side}={v} is infinite in {dtype}"
+                                     f", so no finite value lies inside the bounds; give a "
+                                     f"finite {side} bound.")
+                raw.append(r)
             lo, hi = lohi
             if lo is not None and hi is not None and lo > hi:
                 raise ValueError(f"{api}: bounds[{name!r}]=({lo}, {hi}) has low > high; give "
