@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,7 +139,10 @@ class HyperParameter:
     def init_raw(self, dtype: torch.dtype, device: torch.device | str | None = None) -> Tensor:
         """The raw (unconstrained) initial value, shape :meth:`shape`."""
         api = f"{type(self).__name__}({self.name!r})"
-        v = torch.as_tensor(self.init, dtype=dtype, device=device)
+        # detached: an init read off a tensor that requires grad (a model's weight) would
+        # otherwise put that tensor's graph into lam, which must be a leaf
+        init = self.init.detach() if isinstance(self.init, Tensor) else self.init
+        v = torch.as_tensor(init, dtype=dtype, device=device)
         if v.ndim == 0:
             v = v.expand(self.shape()).clone()
         if tuple(v.shape) != self.shape():
@@ -236,6 +240,10 @@ class Schedule(HyperParameter):
         return (self.windows,)
 
     def window(self, step: int, horizon: int) -> int:
+        """The window step ``step`` of ``horizon`` reads (a step past the horizon: the last)."""
+        if step < 0:  # -1 would read the last window, as Python indexes
+            raise ValueError(f"Schedule({self.name!r}): step={step} must be >= 0 (the 0-based "
+                             f"inner step).")
         return min(step * self.windows // horizon, self.windows - 1)
 
     def steps(self, horizon: int) -> list[tuple[int, int]]:
@@ -286,11 +294,8 @@ class PerTensor(HyperParameter):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.params, str) or (self.params is not None and not all(
-                isinstance(p, str) for p in self.params)):
-            raise TypeError(f"PerTensor({self.name!r}): params={self.params!r} must be a list "
-                            f"of parameter names (params=[{self.params!r}] for one), or None "
-                            f"for every trainable parameter.")
+        _check_params(f"PerTensor({self.name!r})", self.params)
+        self.default = _check_default(f"PerTensor({self.name!r})", self.default)
 
     def shape(self) -> tuple[int, ...]:
         if self.params is None:
@@ -340,6 +345,37 @@ class _PerTensorValue(dict):
         return self.default
 
 
+def _check_params(api: str, params: Any) -> None:
+    """``params`` is ``None`` (every trainable parameter) or a non-empty list of names: an empty
+    list would tune nothing (its kind adds no raw value, and an optimizer argument bound to it
+    would read only the default), a string would be read letter by letter."""
+    if isinstance(params, str) or (params is not None and not all(
+            isinstance(p, str) for p in params)):
+        raise TypeError(f"{api}: params={params!r} must be a list of parameter names "
+                        f"(params=[{params!r}] for one), or None for every trainable parameter.")
+    if params is not None and len(params) == 0:
+        raise ValueError(f"{api}: params=[] lists no parameter, so it would tune nothing; list "
+                         f"at least one parameter name, or pass params=None for every trainable "
+                         f"parameter.")
+
+
+def _check_default(api: str, default: Any) -> float | None:
+    """``PerTensor(default=...)``: ``None`` or a finite number (a 0-d tensor is read as one),
+    the value the unlisted parameters read (a NaN would make every loss NaN)."""
+    if default is None:
+        return None
+    if isinstance(default, Tensor) and default.numel() == 1 and default.dtype != torch.bool:
+        default = default.item()
+    what = ("the constant value of the parameters not in params, e.g. default=0.0 (or None "
+            "when params lists every trainable parameter)")
+    if isinstance(default, bool) or not isinstance(default, numbers.Real):
+        raise TypeError(f"{api}: default={default!r} ({type(default).__name__}) must be a "
+                        f"number, {what}.")
+    if not math.isfinite(float(default)):
+        raise ValueError(f"{api}: default={default!r} must be a finite number, {what}.")
+    return float(default)
+
+
 def _bind_names(api: str, listed: Sequence[str] | None, param_names: Sequence[str]
                 ) -> list[str]:
     """``listed`` checked against the model's trainable parameters (``None``: all of them)."""
@@ -375,6 +411,10 @@ class InitScale(HyperParameter):
     params: Sequence[str] | None = None
     kind: str = field(init=False, default="init_scale")
     initializes = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_params(f"InitScale({self.name!r})", self.params)
 
     def shape(self) -> tuple[int, ...]:
         if self.params is None:
@@ -425,6 +465,7 @@ class InitWeights(HyperParameter):
                  init: float | Sequence[float] | Tensor | None = None,
                  transform: str = "identity") -> None:
         self.name, self.transform = name, transform
+        _check_params(f"InitWeights({name!r})", params)
         self.params = None if params is None else list(params)
         self.init = 0.0 if init is None else init  # validated now, replaced when bound
         self._init_given = init is not None
@@ -476,6 +517,24 @@ class InitWeights(HyperParameter):
                    ) -> dict[str, Tensor]:
         """``params`` with the listed tensors replaced by ``value[p]``."""
         return {k: value[k].to(v.dtype) if k in value else v for k, v in params.items()}
+
+
+def _check_step(step: Any, horizon: Any, schedules: Sequence[Schedule]) -> None:
+    """A step read with a schedule names its horizon, and both are in range: without the
+    horizon every step read the last window (the old default horizon of 1), and a negative
+    step read the last window too (Python's negative index)."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise ValueError(f"HyperParams.values: step={step!r} must be an int >= 0 (the 0-based "
+                         f"inner step), or None for the whole schedules.")
+    if horizon is not None and (isinstance(horizon, bool)
+                                or not isinstance(horizon, numbers.Integral) or horizon < 1):
+        raise ValueError(f"HyperParams.values: horizon={horizon!r} must be an int >= 1, the "
+                         f"number of inner steps T (problem.steps).")
+    if horizon is None and schedules:
+        names = [it.name for it in schedules]
+        raise ValueError(f"HyperParams.values: step={step} without horizon; the schedules "
+                         f"{names} read window step * windows // horizon, so pass the horizon: "
+                         f"values(lam, step={step}, horizon=problem.steps).")
 
 
 class HPValues(Mapping[str, Any]):
@@ -549,8 +608,25 @@ class HyperParams:
     def bind(self, param_names: Sequence[str],
              params: Mapping[str, Tensor] | None = None) -> HyperParams:
         """Resolve parameter lists (:class:`PerTensor`, :class:`InitScale`) and initial values
-        (:class:`InitWeights`) against a model's trainable parameters."""
-        return HyperParams([it.bind(param_names, params) for it in self.items])
+        (:class:`InitWeights`) against a model's trainable parameters.
+
+        A parameter tensor may be set by one initialisation kind only: they apply in order, so
+        an :class:`InitWeights` after an :class:`InitScale` of the same tensor would discard the
+        scale (its hypergradient exactly 0, its value reported as learned), and two kinds on one
+        tensor tune one number twice."""
+        bound = HyperParams([it.bind(param_names, params) for it in self.items])
+        owner: dict[str, str] = {}
+        for it in bound.init_items:
+            for p in getattr(it, "params", None) or []:
+                if p in owner:
+                    raise ValueError(
+                        f"HyperParams: parameter {p!r} is set by two initialisation "
+                        f"hyperparameters, {owner[p]!r} and {it.name!r}; they apply in order, so "
+                        f"the later one overrides or rescales the earlier (an InitWeights after "
+                        f"an InitScale discards the scale: its hypergradient is 0). List each "
+                        f"parameter in one of them: params=[...].")
+                owner[p] = it.name
+        return bound
 
     @property
     def init_items(self) -> list[HyperParameter]:
@@ -623,20 +699,32 @@ class HyperParams:
                             f"float64 ({_HALF_WHY}): lam.float(), or start from "
                             f"problem.init_raw().")
 
-    def values(self, lam: Tensor, step: int | None = None, horizon: int = 1) -> dict[str, Any]:
+    def values(self, lam: Tensor, step: int | None = None, horizon: int | None = None
+               ) -> dict[str, Any]:
         """What training reads: name -> transformed value at ``step`` of ``horizon``.
 
         Scalars and schedules give 0-d tensors (the whole schedule when ``step`` is None),
-        per-tensor kinds a ``dict`` param name -> 0-d tensor, the others tensors.
+        per-tensor kinds a ``dict`` param name -> 0-d tensor, the others tensors. A schedule's
+        value at a step depends on the horizon (step ``t`` reads window
+        ``t * windows // horizon``), so a ``step`` needs its ``horizon`` (``problem.steps``)
+        where a :class:`Schedule` is present.
+
+        Example:
+            >>> hp = HyperParams([Schedule("lr", [0.1, 0.2], windows=2)])
+            >>> float(hp.values(hp.init_raw(torch.float64), step=3, horizon=4)["lr"])
+            0.2
         """
         return self.values_from(self.split(lam), step, horizon)
 
     def values_from(self, raw: Mapping[str, Tensor], step: int | None = None,
-                    horizon: int = 1) -> dict[str, Any]:
+                    horizon: int | None = None) -> dict[str, Any]:
         """:meth:`values` from the raw slices by name (each of its hyperparameter's shape):
         ``InnerProblem.check`` gives each group a leaf of its own, to see which losses'
         autograd graphs reach which group."""
-        return {it.name: it.value(raw[it.name], step, horizon) for it in self.items}
+        if step is not None:
+            _check_step(step, horizon, [it for it in self.items if isinstance(it, Schedule)])
+        return {it.name: it.value(raw[it.name], step, 1 if horizon is None else horizon)
+                for it in self.items}
 
     def named(self, values: Mapping[str, Any], horizon: int) -> dict[str, float]:
         """``{label: value}`` of described values (:meth:`describe`, or a Trainer record's
@@ -645,7 +733,10 @@ class HyperParams:
         (``wd[fc1.weight]``), vectors by index (``cw[2]``)."""
         out: dict[str, float] = {}
         for it in self.items:
-            flat = [float(x) for x in torch.as_tensor(values[it.name]).reshape(-1).tolist()]
+            # float64: a record's values are Python floats (float64); the default dtype
+            # rounded them to float32 digits, and 1e-50 to 0
+            flat = [float(x) for x in torch.as_tensor(values[it.name], dtype=torch.float64)
+                    .reshape(-1).tolist()]
             params = getattr(it, "params", None) or []
             if isinstance(it, Schedule):
                 for w, ((a, b), x) in enumerate(zip(it.steps(horizon), flat)):
