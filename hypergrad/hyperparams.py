@@ -344,6 +344,14 @@ class _PerTensorValue(dict):
             raise KeyError(key)
         return self.default
 
+    def get(self, key: str, fallback: Any = None) -> Any:  # type: ignore[override]
+        """As ``[key]``: a parameter not listed reads the default (``dict.get`` skips
+        ``__missing__``, so ``hp["wd"].get(name, 0.0)`` in a loss read 0.0 where the optimizer
+        read the default); ``fallback`` only without a default."""
+        if key in self or self.default is None:
+            return super().get(key, fallback)
+        return self.default
+
 
 def _check_params(api: str, params: Any) -> None:
     """``params`` is ``None`` (every trainable parameter) or a non-empty list of names: an empty

@@ -145,6 +145,16 @@ def test_a_per_tensor_default_given_as_a_tensor_reads_as_a_number() -> None:
     assert wd.default == pytest.approx(0.01) and isinstance(wd.default, float)
 
 
+def test_a_per_tensor_value_read_with_get_gives_the_default() -> None:
+    """``hp["wd"].get("b", 0.0)`` skipped the default (``dict.get`` does not call
+    ``__missing__``): a penalty written in the loss read 0.0 where the optimizer read 0.5."""
+    wd = hg.PerTensor("wd", 0.1, params=["a"], default=0.5).bind(["a", "b"])
+    v = wd.value(torch.zeros(1), 0, 1)
+    assert v.get("b", 0.0) == v["b"] == 0.5 and float(v.get("a", 0.0)) == 0.0
+    no_default = hg.PerTensor("wd", 0.1, params=["a", "b"]).bind(["a", "b"])
+    assert no_default.value(torch.zeros(2), 0, 1).get("c", 7.0) == 7.0
+
+
 def test_an_init_that_requires_grad_gives_a_leaf_lam(f64: torch.dtype) -> None:
     """An init read off a tensor that requires grad (a model's weight, a learned tensor) put its
     graph into ``lam``: the Trainer failed with torch's "only change requires_grad flags of leaf
