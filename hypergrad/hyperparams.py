@@ -310,14 +310,7 @@ class PerTensor(HyperParameter):
         names = list(param_names)
         if self.params is None:
             return PerTensor(self.name, self.init, self.transform, names, self.default)
-        unknown = [p for p in self.params if p not in names]
-        if unknown:
-            raise ValueError(
-                f"PerTensor({self.name!r}): params {unknown} are not trainable parameters of the "
-                f"model; choose from {names}."
-            )
-        if len(set(self.params)) != len(self.params):
-            raise ValueError(f"PerTensor({self.name!r}): params={list(self.params)} has repeats.")
+        _bind_names(f"PerTensor({self.name!r})", self.params, names)
         if len(self.params) < len(names) and self.default is None:
             missing = [p for p in names if p not in self.params]
             raise ValueError(
@@ -393,7 +386,9 @@ def _bind_names(api: str, listed: Sequence[str] | None, param_names: Sequence[st
     unknown = [p for p in listed if p not in names]
     if unknown:
         raise ValueError(f"{api}: params {unknown} are not trainable parameters of the model; "
-                         f"choose from {names}.")
+                         f"choose from {names} (a frozen parameter or a buffer is not trained; "
+                         f"a tied parameter is listed once, under its first name in "
+                         f"model.named_parameters()).")
     if len(set(listed)) != len(listed):
         raise ValueError(f"{api}: params={list(listed)} has repeats.")
     return list(listed)

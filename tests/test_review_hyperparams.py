@@ -107,6 +107,33 @@ def test_two_initialisation_kinds_on_one_tensor_are_refused() -> None:
     assert p.num_hyperparams == 1 + 1 + 10
 
 
+def test_a_tied_or_frozen_parameter_in_params_is_named_with_why() -> None:
+    """Checked correct (not silent: refused), the message now says why a tied alias, a frozen
+    parameter or a buffer is not in the list."""
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc, self.dec = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+            self.dec.weight = self.enc.weight
+            self.frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.dec(torch.tanh(self.enc(x))) + self.frozen(x)
+
+    x = torch.randn(8, 4, dtype=torch.float64)
+    for name in ("dec.weight", "frozen.weight"):
+        for item in (hg.PerTensor("wd", 1e-3, "log", params=[name], default=0.0),
+                     hg.InitScale("s", 1.0, params=[name])):
+            with pytest.raises(ValueError, match=r"are not trainable parameters of the model; "
+                                                 r"choose from \['enc.weight', 'enc.bias', "
+                                                 r"'dec.bias'\] \(a frozen parameter .* a tied "
+                                                 r"parameter is listed once"):
+                hg.InnerProblem(Tied().double(), lambda m, b, hp: m(b).pow(2).mean(),
+                                hg.optim.sgd(lr=0.1, weight_decay="wd" if item.name == "wd"
+                                             else 0.0),
+                                hg.HyperParams([item]), [x], 2, lambda m, hp: m(x).pow(2).mean())
+
+
 @pytest.mark.parametrize("make", [
     lambda: hg.PerTensor("wd", 1e-3, "log", params=[], default=0.0),
     lambda: hg.InitScale("s", 1.0, params=[]),
