@@ -59,6 +59,19 @@ def test_an_infinite_bound_is_no_bound_and_the_search_stays_finite() -> None:
         Bounds(hps, torch.float64, {"lr": (0.0, 1.0)})
 
 
+def test_a_bound_per_window_is_refused_with_why() -> None:
+    """Checked correct (refused, not applied to one window): one (low, high) pair bounds every
+    window of a schedule; lists per entry are named as not supported."""
+    hps = hg.HyperParams([hg.Schedule("lr", 0.1, "log", 4)])
+    with pytest.raises(ValueError, match=r"bounds are numbers \(or None for no bound\) \(one "
+                                         r"pair bounds every entry of the hyperparameter"):
+        Bounds(hps, torch.float64, {"lr": ([1e-4] * 4, [1.0] * 4)})
+    b = Bounds(hps, torch.float64, {"lr": (1e-3, 0.05)})
+    lam = torch.log(torch.tensor([1e-5, 0.01, 0.02, 1.0], dtype=torch.float64))
+    b.project(lam)
+    assert lam.exp().tolist() == pytest.approx([1e-3, 0.01, 0.02, 0.05])
+
+
 # -- values, described values --------------------------------------------------------------------
 def test_a_step_of_a_schedule_needs_its_horizon_and_is_not_negative(f64: torch.dtype) -> None:
     """``values(lam, step=3)`` read every step at the default horizon 1, so any step gave the

@@ -57,8 +57,12 @@ class Bounds:
                     raw.append(None)
                     continue
                 if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
+                    per_entry = (" (one pair bounds every entry of the hyperparameter: per-entry "
+                                 "bounds are not supported)"
+                                 if isinstance(v, (Sequence, Tensor)) and not isinstance(v, str)
+                                 else "")
                     raise ValueError(f"{api}: bounds[{name!r}]={list(lohi)!r} has {v!r}; bounds "
-                                     f"are numbers (or None for no bound).")
+                                     f"are numbers (or None for no bound){per_entry}.")
                 try:
                     f = float(v)
                 except OverflowError:  # an int beyond float64: an infinite end
