@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 import hypergrad as hg
@@ -56,3 +57,19 @@ def test_the_best_point_is_chosen_on_the_losses_as_measured_in_float64() -> None
     best = min(v for v, _ in losses)
     assert res.best_val_loss == best
     assert any(x is not None and torch.equal(x, res.lam) for v, x in losses if v == best)
+
+
+@pytest.mark.parametrize("outer_steps", [1, 2, 3])
+def test_best_step_is_the_outer_step_whose_point_is_returned(outer_steps: int) -> None:
+    """The line search during outer step k finds the point of outer step k + 1 (after k + 1
+    updates), but its plain runs were tracked as outer step k: with one outer step the run
+    returned lr 0.158 as best_step 0, 'the initial hyperparameters' (0.01), and history[best_step]
+    (the report's star, results.json's learned_step) was another point than the one returned."""
+    res = hg.Trainer(_regression(), "forward", mode=hg.Offline(outer_steps=outer_steps),
+                     callbacks=_quiet()).fit()
+    assert res.best_step is not None and res.best_val_loss is not None
+    assert res.best_val_loss < res.history[0]["val_loss"]  # the descent improved ...
+    assert res.best_step == outer_steps  # ... and each step's line search found a better point
+    where = (res.history[res.best_step] if res.best_step < len(res.history)
+             else {"hyperparams": res.last_values, "val_loss": res.last_val_loss})
+    assert where["hyperparams"] == res.values and where["val_loss"] == res.best_val_loss

@@ -232,8 +232,9 @@ class Trainer:
                 self.outer.seed_with(p.seed)  # every training seed draws its own candidates
         self.evaluations: list[dict[str, Any]] = []
         """Every point evaluated by a plain inner run (space-filling start, line search,
-        restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}``; the points with a
-        hypergradient are in ``history``."""
+        restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}`` (the outer step
+        during which it ran: a line search's points are those of the next one, the result's
+        ``best_step``); the points with a hypergradient are in ``history``."""
         self.selections: list[dict[str, Any]] = []
         """Offline with the problem's ``select_loss``: every finite evaluation (hypergradient,
         plain run, final evaluation) as ``{"lam", "val_loss", "select_loss", "outer_step"}``;
@@ -246,6 +247,7 @@ class Trainer:
         self._recoveries = 0  # outer steps in a row whose point gave no usable hypergradient
         self._budget_cut = False  # the time budget stopped the outer steps (not a stall)
         self._first_point: tuple[float, Tensor, int] | None = None  # the first hypergradient's
+        self._ahead = 0  # 1 while an outer step's update runs: its plain runs' points follow it
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
         self.tracker = Tracker(p.hyperparams, self.lam)
@@ -553,11 +555,14 @@ class Trainer:
         v = float(sel)
         return v if math.isfinite(v) else math.inf
 
-    def _note(self, lam: Tensor, value: float, sel: float | None) -> None:
-        """Keep an evaluation for the choice by ``select_loss`` (:attr:`selections`)."""
+    def _note(self, lam: Tensor, value: float, sel: float | None,
+              step: int | None = None) -> None:
+        """Keep an evaluation for the choice by ``select_loss`` (:attr:`selections`), of outer
+        step ``step`` (default: the current one)."""
         if sel is not None:
             self.selections.append({"lam": lam.detach().clone(), "val_loss": value,
-                                    "select_loss": sel, "outer_step": self.outer_step})
+                                    "select_loss": sel,
+                                    "outer_step": self.outer_step if step is None else step})
 
     def _candidates(self) -> list[tuple[float, Tensor, int, float | None]]:
         """The points the end of the run chooses among, best first, as ``(validation loss,
@@ -581,7 +586,10 @@ class Trainer:
                 and now + self._plain_slow() > budget - self._reserve()):
             return None
         value, sel = self._timed_value(lam, 0)
-        self._note(lam, value, sel)
+        # the outer step of the point: a line search (or restart) during outer step k finds
+        # the point of step k + 1, after k + 1 updates (best_step, history[best_step])
+        step = self.outer_step + self._ahead
+        self._note(lam, value, sel, step)
         self.evaluations.append({"elapsed": self._elapsed(),
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
                                  "outer_step": self.outer_step})
@@ -592,7 +600,7 @@ class Trainer:
         # in float64: a float32 tensor rounded the loss to 7 digits, so a plain run's point
         # tied with (or beat) a lower loss evaluated elsewhere, and best_val_loss was a number
         # no evaluation gave
-        self.tracker.track(torch.tensor(value, dtype=torch.float64), lam, None, self.outer_step,
+        self.tracker.track(torch.tensor(value, dtype=torch.float64), lam, None, step,
                            first=False)
         return value
 
@@ -780,15 +788,21 @@ class Trainer:
             value, grad = hg.objective, hg.grad
             bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
             backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
-            if bad is not None and backtracked:
-                self._back(bad)
-            else:
-                why = self._step(value, grad, lam_used)
-                if why is not None and self._recover(why, lam_used):
-                    last_seconds = hg_seconds
-                    continue
-                if why is not None:
-                    return self._diverged(why, lam_used, value)
+            why: str | None = None
+            self._ahead = 1  # the update's plain runs lead to the next outer step's point
+            try:
+                if bad is not None and backtracked:
+                    self._back(bad)
+                else:
+                    why = self._step(value, grad, lam_used)
+            finally:
+                self._ahead = 0
+            if why is not None and self._recover(why, lam_used):
+                last_seconds = hg_seconds
+                continue
+            if why is not None:
+                return self._diverged(why, lam_used, value)
+            if not backtracked:
                 self._backtracks = 0
                 self._recoveries = 0
             last_seconds = max(self._now() - t0 - once, 0.0)
@@ -800,7 +814,11 @@ class Trainer:
                                                else 0.0)
                 # stalled, and no restart point to go on from: the next hypergradient would be
                 # this one again (the same point, the same run), so the descent ends here
-                ended = self.outer.stalled and not self._restart()
+                self._ahead = 1
+                try:
+                    ended = self.outer.stalled and not self._restart()
+                finally:
+                    self._ahead = 0
             self._note(lam_used, float(value), self._select_value(hg.state, lam_used,
                                                                   float(value)))
             self._record(value, grad, lam_used, hg.state, last_seconds,
