@@ -241,7 +241,7 @@ class Schedule(HyperParameter):
 
     def window(self, step: int, horizon: int) -> int:
         """The window step ``step`` of ``horizon`` reads (a step past the horizon: the last)."""
-        if step < 0:  # -1 would read the last window, as Python indexes
+        if isinstance(step, int) and step < 0:  # -1 would read the last window, as Python does
             raise ValueError(f"Schedule({self.name!r}): step={step} must be >= 0 (the 0-based "
                              f"inner step).")
         return min(step * self.windows // horizon, self.windows - 1)
@@ -526,11 +526,11 @@ def _check_step(step: Any, horizon: Any, schedules: Sequence[Schedule]) -> None:
     """A step read with a schedule names its horizon, and both are in range: without the
     horizon every step read the last window (the old default horizon of 1), and a negative
     step read the last window too (Python's negative index)."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+    # only plain ints are compared: under torch.compile a step may be traced as a symbolic int
+    if isinstance(step, bool) or (isinstance(step, numbers.Integral) and step < 0):
         raise ValueError(f"HyperParams.values: step={step!r} must be an int >= 0 (the 0-based "
                          f"inner step), or None for the whole schedules.")
-    if horizon is not None and (isinstance(horizon, bool)
-                                or not isinstance(horizon, numbers.Integral) or horizon < 1):
+    if isinstance(horizon, bool) or (isinstance(horizon, numbers.Integral) and horizon < 1):
         raise ValueError(f"HyperParams.values: horizon={horizon!r} must be an int >= 1, the "
                          f"number of inner steps T (problem.steps).")
     if horizon is None and schedules:
