@@ -23,6 +23,7 @@ checkpoint is :meth:`Trainer.state_dict`.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import time
 import warnings
@@ -138,6 +139,32 @@ def _part(name: str, value: Any, cls: type, example: str) -> None:
                         f"{type(value).__name__} {value!r}.")
 
 
+def _check_outer(opt: Any, lam: Tensor) -> None:
+    """Refuse an outer optimizer the loop cannot drive: not an optimizer, one over other
+    tensors than ``lam`` (the hyperparameters would never move, and only a warning at the end
+    would blame the bounds or the step size), or one whose ``step`` needs a closure
+    (``torch.optim.LBFGS``: it re-evaluates the objective several times per step, outside the
+    guards; the loop calls ``step()`` once per hypergradient)."""
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"Trainer: outer(params) must return a torch.optim.Optimizer, got "
+                        f"{type(opt).__name__}; e.g. outer=functools.partial(torch.optim.Adam, "
+                        f"lr=0.05).")
+    if not any(q is lam for g in opt.param_groups for q in g["params"]):
+        raise ValueError(f"Trainer: outer(params) returned an optimizer ({type(opt).__name__}) "
+                         f"over other tensors than the params it was given (the raw "
+                         f"hyperparameters), so they would never move; build it from them: "
+                         f"outer=lambda params: {type(opt).__name__}(params, ...).")
+    closure = inspect.signature(type(opt).step).parameters.get("closure")
+    if (not isinstance(opt, SearchOptimizer) and closure is not None
+            and closure.default is inspect.Parameter.empty):
+        raise NotImplementedError(
+            f"Trainer: outer={type(opt).__name__} needs a closure that re-evaluates the "
+            f"objective within each step, which the Trainer does not give (one hypergradient "
+            f"per outer step, checked by the guards). For L-BFGS directions with a line search "
+            f"of plain inner runs use the default, QuasiNewton (outer=None, or "
+            f"outer=functools.partial(hypergrad.run.QuasiNewton)).")
+
+
 class Trainer:
     """Tune a problem's hyperparameters by gradient descent on the validation objective ``E``.
 
@@ -217,11 +244,15 @@ class Trainer:
         self.box = search_box(p.hyperparams, self.bounds.raw, self.lam)
         """The search box in raw coordinates ``(low, high)``: the bounds, and where a bound is
         missing a box around the initial value (:func:`~hypergrad.run.outer.search_box`)."""
+        if isinstance(outer, torch.optim.Optimizer):
+            raise TypeError(f"Trainer: outer must be a factory params -> optimizer (the Trainer "
+                            f"makes the optimizer over its raw hyperparameters), got the "
+                            f"optimizer {type(outer).__name__}(...) itself; pass e.g. "
+                            f"outer=functools.partial(torch.optim.{type(outer).__name__}, "
+                            f"lr=0.05).")
         self.outer = (default_outer([self.lam], self.box, online=self.mode.online)
                       if outer is None else outer([self.lam]))
-        if not isinstance(self.outer, torch.optim.Optimizer):
-            raise TypeError("Trainer: outer(params) must return a torch.optim.Optimizer, e.g. "
-                            "outer=functools.partial(torch.optim.Adam, lr=0.05).")
+        _check_outer(self.outer, self.lam)
         if isinstance(self.outer, SearchOptimizer):  # what the default or a user's leaves out
             if self.outer.box is None:  # outer=functools.partial(QuasiNewton, step=0.3): the box
                 self.outer.box = self.box
