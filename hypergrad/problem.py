@@ -1170,6 +1170,13 @@ def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | N
                 f"{n_examples} examples; PerExample needs one value per training example: "
                 f"n={n_examples}."
             )
+        if idx is not None and idx.numel() and int(idx.min()) < 0:
+            raise ValueError(
+                f"InnerProblem: PerExample({it.name!r}): the first mini-batch's example indices "
+                f"include {int(idx.min())}; a negative index reads weight n + index (Python's "
+                f"indexing), another example's, without an error. Give each example its index "
+                f"in [0, {it.n}) (the last element of a batch, as MiniBatches does), and leave "
+                f"padding out of the batch.")
         if idx is not None and idx.numel() and int(idx.max()) >= it.n:
             raise ValueError(
                 f"InnerProblem: PerExample({it.name!r}) has n={it.n}, but the first mini-batch "

@@ -216,6 +216,22 @@ def test_per_example_size_must_match_the_data(n: int) -> None:
         hg.ReverseMode().hypergradient(q, q.init_raw())
 
 
+
+def test_a_negative_example_index_is_refused() -> None:
+    """-1 (a data pipeline's padding) read weight n - 1, another example's: that example got
+    the padded one's hypergradient, without an error (found by the hyperparameter review)."""
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    q = hg.InnerProblem(nn.Linear(4, 3).double(),
+                        lambda m, b, hp: (hp["w"][b[2]] * F.cross_entropy(
+                            m(b[0]), b[1], reduction="none")).mean(),
+                        hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=8)]),
+                        [(x[:4], y[:4], torch.tensor([-1, 1, 2, 3]))], 2,
+                        lambda m, hp: F.cross_entropy(m(x), y))
+    with pytest.raises(ValueError, match=r"indices include -1; a negative index reads weight "
+                                         r"n \+ index.*\[0, 8\)"):
+        hg.ForwardMode().hypergradient(q, q.init_raw())
+
+
 def test_a_batch_source_shorter_than_the_horizon() -> None:
     x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
     gen = ((x, y) for _ in range(3))
