@@ -146,9 +146,12 @@ class HyperParameter:
         if v.ndim == 0:
             v = v.expand(self.shape()).clone()
         if tuple(v.shape) != self.shape():
+            hint = (f" (a value per window: Schedule({self.name!r}, init=..., "
+                    f"windows={v.shape[0]}))" if isinstance(self, Schedule) and v.ndim == 1
+                    else "")
             raise ValueError(
                 f"{api}: init has shape {tuple(v.shape)}, expected a number or shape "
-                f"{self.shape()}."
+                f"{self.shape()}{hint}."
             )
         _, inverse, valid, domain = TRANSFORMS[self.transform]
         if not torch.isfinite(v).all() or not valid(v):

@@ -98,6 +98,9 @@ def test_non_float_dtype() -> None:
 def test_shape_mismatches() -> None:
     with pytest.raises(ValueError, match=r"init has shape \(2,\), expected a number or shape"):
         hg.HyperParams([hg.Array("t", [1.0, 2.0], shape=(3,))]).init_raw()
+    with pytest.raises(ValueError, match=r"expected a number or shape \(1,\) \(a value per "
+                                         r"window: Schedule\('lr', init=..., windows=3\)\)"):
+        hg.HyperParams([hg.Schedule("lr", [0.1, 0.2, 0.3])]).init_raw()
     with pytest.raises(ValueError, match=r"params \['nope'\] are not trainable parameters"):
         _problem(hps=[hg.Scalar("lr", 0.1), hg.PerTensor("wd", 0.1, params=["nope"])])
     with pytest.raises(ValueError, match=r"parameters \['bias'\] have no value.*default="):
