@@ -3,6 +3,7 @@ agrees with what it evaluated (tests that failed before their fixes)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ def _quiet(logs: list[str] | None = None) -> list[Any]:
     return [hg.run.Log(None if logs is None else logs.append), hg.run.Progress(False)]
 
 
-def _regression(steps: int = 50) -> hg.InnerProblem:
+def _regression(steps: int = 50, select_loss: Any = None) -> hg.InnerProblem:
     """Least squares by full-batch GD on a learnable learning rate (float64, K = 1): the
     validation loss falls with the learning rate up to a plateau, then training diverges."""
     g = torch.Generator().manual_seed(0)
@@ -32,7 +33,8 @@ def _regression(steps: int = 50) -> hg.InnerProblem:
 
     return hg.InnerProblem(model, loss, hg.optim.sgd(lr="lr"),
                            hg.HyperParams([hg.Scalar("lr", 0.01, transform="log")]),
-                           [(x, y)], steps, lambda m, hp: ((m(xv)[:, 0] - yv) ** 2).mean())
+                           [(x, y)], steps, lambda m, hp: ((m(xv)[:, 0] - yv) ** 2).mean(),
+                           select_loss=select_loss)
 
 
 def _every_loss(res: hg.TrainResult) -> list[tuple[float, torch.Tensor | None]]:
@@ -73,3 +75,43 @@ def test_best_step_is_the_outer_step_whose_point_is_returned(outer_steps: int) -
     where = (res.history[res.best_step] if res.best_step < len(res.history)
              else {"hyperparams": res.last_values, "val_loss": res.last_val_loss})
     assert where["hyperparams"] == res.values and where["val_loss"] == res.best_val_loss
+
+
+def test_an_outer_optimizer_the_loop_cannot_drive_is_refused_with_the_fix() -> None:
+    """LBFGS failed after the first hypergradient (a full inner run spent) with torch's bare
+    'step() missing 1 required positional argument: closure'; an optimizer over other tensors
+    than the params given never moved the hyperparameters, and the end's warning blamed the
+    bounds or the step size; an optimizer instead of a factory: "'Adam' object is not
+    callable"."""
+    p = _regression(steps=5)
+
+    def build(outer: Any) -> hg.Trainer:
+        return hg.Trainer(p, "forward", outer, hg.Offline(outer_steps=2), callbacks=_quiet())
+
+    with pytest.raises(NotImplementedError, match=r"outer=LBFGS needs a closure.*QuasiNewton"):
+        build(functools.partial(torch.optim.LBFGS, lr=0.1))
+    with pytest.raises(ValueError, match=r"over other tensors than the params it was given"):
+        build(lambda ps: torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=0.1))
+    with pytest.raises(TypeError, match=r"must be a factory.*outer=functools.partial\(torch.optim"
+                                        r".Adam, lr=0.05\)"):
+        build(torch.optim.Adam([torch.zeros(1, requires_grad=True)]))
+    with pytest.raises(TypeError, match=r"must return a torch.optim.Optimizer, got list"):
+        build(lambda ps: ps)
+    res = build(functools.partial(torch.optim.SGD, lr=0.5, momentum=0.9)).fit()  # still fine
+    assert res.values["lr"] != pytest.approx(0.01)
+
+
+def test_the_line_search_does_not_train_the_same_point_again_at_a_bound() -> None:
+    """The initial learning rate on its upper bound, the hypergradient pointing above it: every
+    trial of the line search (and of its retry) was projected back onto the initial point and
+    trained it again, 8 plain runs of one point before the search could stall and restart."""
+    p = _regression()
+    tr = hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=1),
+                    guards=hg.Guards(bounds={"lr": (1e-4, 0.01)}), callbacks=_quiet())
+    res = tr.fit()
+    assert res.history[0]["hyperparams"]["lr"] == pytest.approx(0.01)
+    at_start = [e for e in res.evaluations if e["kind"] == "line search"
+                and torch.equal(e["lam"], tr.initial_lam)]
+    assert at_start == []
+    assert [e["kind"] for e in res.evaluations] == ["restart"] * 3  # stalled at once
+

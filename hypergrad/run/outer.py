@@ -190,6 +190,15 @@ class SearchOptimizer(torch.optim.Optimizer):
         lo, hi = self.box
         return torch.minimum(torch.maximum(x, lo.to(x)), hi.to(x))
 
+    def _feasible(self, x: Tensor, d: Tensor) -> Tensor:
+        """``d`` without the coordinates that would leave the box from ``x``'s bound
+        (projected, such a step moves them nowhere: a line search along it trained the same
+        point again and again)."""
+        if self.box is None:
+            return d
+        lo, hi = self.box
+        return d.masked_fill(((x <= lo.to(x)) & (d < 0)) | ((x >= hi.to(x)) & (d > 0)), 0.0)
+
 
 class QuasiNewton(SearchOptimizer):
     """The Trainer's default outer optimizer: L-BFGS directions built from the hypergradients, a
@@ -277,10 +286,10 @@ class QuasiNewton(SearchOptimizer):
         st["x"], st["g"] = x0, g.clone()
         st.setdefault("scale", group["step"])
         for attempt in range(2):
-            d = self._direction(g, st, use_memory=attempt == 0)
+            d = self._feasible(x0, self._direction(g, st, use_memory=attempt == 0))
             top = float(d.abs().max())
-            if top == 0.0:
-                break
+            if top == 0.0:  # every coordinate it moves is on the bound it points out of
+                continue
             if top < group["min_step"]:  # no shorter step than the noise floor
                 d = d * (group["min_step"] / top)
             if closure is None or value is None:
