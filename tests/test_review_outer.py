@@ -115,3 +115,22 @@ def test_the_line_search_does_not_train_the_same_point_again_at_a_bound() -> Non
     assert at_start == []
     assert [e["kind"] for e in res.evaluations] == ["restart"] * 3  # stalled at once
 
+
+def test_after_a_divergence_the_point_returned_is_still_chosen_by_the_select_loss() -> None:
+    """With a held-out select_loss the result is the evaluated point with the lowest one; a run
+    that stopped as diverged fell back to the lowest validation loss instead (lr 0.39 where
+    lr 0.57 had the lower select_loss) and best_select_loss was None, without a word."""
+    g = torch.Generator().manual_seed(5)
+    xs = torch.randn(16, 4, generator=g, dtype=torch.float64)
+    ys = xs.sum(1) + 2 * xs[:, 0]
+    p = _regression(select_loss=lambda m, hp: ((m(xs)[:, 0] - ys) ** 2).mean())
+    tr = hg.Trainer(p, "forward", functools.partial(torch.optim.SGD, lr=2.0, momentum=0.5),
+                    hg.Offline(outer_steps=6), callbacks=_quiet())
+    res = tr.fit()
+    assert res.diverged
+    chosen = min(tr.selections, key=lambda r: r["select_loss"])
+    assert res.best_select_loss == chosen["select_loss"]
+    assert torch.equal(res.lam, chosen["lam"]) and res.best_step == chosen["outer_step"]
+    assert res.best_val_loss == chosen["val_loss"] > min(r["val_loss"] for r in tr.selections)
+    assert "lowest held-out select_loss" in res.message
+

@@ -1012,6 +1012,11 @@ class Trainer:
             bad_lam, last_val = self.lam.detach().clone(), math.nan
         bad = hps.describe(bad_lam)
         keep, keep_step, keep_val, kept = self.tracker.fallback(not self.mode.online)
+        sel: float | None = None
+        if not self.mode.online and self.selections:  # chosen as a finished run chooses
+            keep_val, keep, keep_step, sel = self._candidates()[0]
+            kept = (f"returned the evaluated point with the lowest held-out select_loss "
+                    f"({sel:.4g}), of outer step {keep_step} (validation loss {keep_val:.4g})")
         with torch.no_grad():
             self.lam.copy_(keep)
         msg = (f"stopped at outer step {self.outer_step}: {why}, with "
@@ -1025,7 +1030,7 @@ class Trainer:
                            self.method.name, diverged=True, message=msg, state=None,
                            last_lam=bad_lam, last_values=bad, best_step=keep_step,
                            best_val_loss=None if math.isnan(keep_val) else keep_val,
-                           last_val_loss=last_val)
+                           last_val_loss=last_val, best_select_loss=sel)
 
     # -- records and checkpoints -----------------------------------------------------------------
     def _record(self, value: Tensor, grad: Tensor, lam_used: Tensor, state: InnerState,
