@@ -134,3 +134,16 @@ def test_after_a_divergence_the_point_returned_is_still_chosen_by_the_select_los
     assert res.best_val_loss == chosen["val_loss"] > min(r["val_loss"] for r in tr.selections)
     assert "lowest held-out select_loss" in res.message
 
+
+def test_the_surrogate_does_not_spend_plain_runs_on_points_it_evaluated() -> None:
+    """Where the loss falls toward the box's edge, the surrogate's local candidates clamped
+    onto the edge were the point evaluated there, and expected improvement chose it again: 6
+    of 12 plain runs trained the initial point (on its bound) once more, for the same loss."""
+    tr = hg.Trainer(_regression(), "forward", functools.partial(hg.run.Surrogate),
+                    hg.Offline(outer_steps=4), hg.Guards(bounds={"lr": (1e-4, 0.01)}),
+                    callbacks=_quiet())
+    res = tr.fit()
+    seen = [tr.initial_lam] + [e["lam"] for e in res.evaluations]
+    assert len(res.evaluations) >= 8
+    assert all(not torch.equal(x, y) for i, x in enumerate(seen) for y in seen[:i])
+

@@ -221,6 +221,10 @@ class Surrogate(SearchOptimizer):
              else torch.zeros(0, u.shape[1], dtype=torch.float64))
         gp = GradientGP().fit(u, f, gi, g)
         cand = self._candidates()
+        # not a point evaluated already (a local candidate clamped onto the box's edge): one
+        # training seed gives it the same loss again, a plain run spent for nothing
+        new = ~(cand[:, None, :] == u[None]).all(-1).any(-1)
+        cand = cand[new] if bool(new.any()) else cand
         mu, sd = gp.predict(cand)
         ei = expected_improvement(mu, sd, gp.warp(float(f[torch.isfinite(f)].min())))
         return cand[int(torch.argmax(ei))]
