@@ -147,3 +147,30 @@ def test_the_surrogate_does_not_spend_plain_runs_on_points_it_evaluated() -> Non
     assert len(res.evaluations) >= 8
     assert all(not torch.equal(x, y) for i, x in enumerate(seen) for y in seen[:i])
 
+
+def test_a_divergence_stop_at_a_best_of_zero_or_below_says_the_factor_has_no_scale() -> None:
+    """A log-likelihood-like objective is defined up to an additive constant. Shifted to +10
+    the run took its 12 outer steps; shifted so that its best was -0.004, the margin
+    9 * |best| = 0.037 stopped it as 'diverged' at the next step's 0.84 (a=1.68, on its way to
+    1.06), and the message said only 'exceeds divergence_factor=10 times the best'."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g, dtype=torch.float64)
+    y = x.sum(1)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+
+    def fit(c: float) -> hg.TrainResult:
+        def val(m: Any, hp: Any) -> torch.Tensor:
+            return 1e-3 * ((m(x)[:, 0] - y) ** 2).mean() + 2 * (hp["a"] - 1) ** 2 + c
+
+        p = hg.InnerProblem(model, lambda m, b, hp: ((m(b[0])[:, 0] - b[1]) ** 2).mean(),
+                            hg.optim.sgd(lr=0.05), hg.HyperParams([hg.Scalar("a", 0.0)]),
+                            [(x, y)], 10, val)
+        return hg.Trainer(p, "forward", functools.partial(torch.optim.SGD, lr=0.2, momentum=0.9),
+                          hg.Offline(outer_steps=12), callbacks=_quiet()).fit()
+
+    assert not fit(10.0).diverged
+    near_zero = fit(-0.085)
+    assert near_zero.diverged and len(near_zero.history) == 2
+    assert "gives the factor no scale" in near_zero.message
+    assert "Guards(divergence_factor=None)" in near_zero.message

@@ -60,7 +60,10 @@ class Guards:
     Args:
         divergence_factor: a validation loss above ``best + (factor - 1) * |best|`` (for
             positive losses: ``factor`` times the best seen) counts as divergence; ``None``
-            turns this check off (non-finite values always stop the run).
+            turns this check off (non-finite values always stop the run). For a loss that can
+            be zero or negative (a log-likelihood) the margin depends on an additive constant:
+            near a best of 0 any rise stops the run (its message says so); add a constant that
+            keeps the loss positive, or turn the check off.
         backtrack: offline: an outer step whose validation loss is not finite or above
             ``best + (backtrack - 1) * |best|``, or whose hypergradient is not finite, is not
             used: ``lam`` goes back to the best hyperparameters evaluated, the outer optimizer's
@@ -147,8 +150,15 @@ def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
         if bad:
             return f"{bad} of the {grad.numel()} hypergradient entries are not finite"
     if best is not None and factor is not None and _above(v, best[0], factor):
+        # at a best of 0 or below the margin (factor - 1) |best| says nothing of divergence:
+        # the same objective shifted by a constant stopped at another step, or went on
+        hint = ("" if best[0] > 0 else
+                f"; a validation loss that can be zero or negative (a log-likelihood) gives the "
+                f"factor no scale, the margin being (factor - 1) * |best| = "
+                f"{(factor - 1) * abs(best[0]):.3g}: add a constant that keeps it positive, "
+                f"or give Guards(divergence_factor=None)")
         return (f"the validation loss {v:.4g} exceeds divergence_factor={factor:g} times the "
-                f"best seen ({best[0]:.4g}, outer step {best[2]})")
+                f"best seen ({best[0]:.4g}, outer step {best[2]}){hint}")
     return None
 
 
