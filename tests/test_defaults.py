@@ -207,6 +207,13 @@ def test_the_box_fills_missing_bounds_around_the_initial_value() -> None:
     assert float(hi[0]) == 0.0  # the bound given wins
     assert (float(lo[1]), float(hi[1])) == (-6.0, 6.0)
     assert (float(lo[2]), float(hi[2])) == pytest.approx((-0.5, 1.5))
+    # a logit bound beyond [-6, 6] on one side: the other side reaches past it (the box was
+    # [6.9, 6.9] for momentum >= 0.999, found by the hyperparameter review)
+    m = torch.tensor(math.log(0.999 / 0.001), dtype=torch.float64)
+    lo, hi = search_box(hps, {"m": (m, None)}, torch.tensor([lam[0], m, lam[2]]))
+    assert float(lo[1]) == float(m) and float(hi[1]) == pytest.approx(float(m) + 12.0)
+    lo, hi = search_box(hps, {"m": (None, -m)}, torch.tensor([lam[0], -m, lam[2]]))
+    assert float(hi[1]) == -float(m) and float(lo[1]) == pytest.approx(-float(m) - 12.0)
 
 
 @pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # a loaded machine's

@@ -393,21 +393,29 @@ def search_box(hps: Any, raw_bounds: dict[str, tuple[Tensor | None, Tensor | Non
     (``Guards(bounds=...)``), and where a bound is missing the box around the initial value
     that ``experiments/tuners.py`` gives the black-box tuners too: raw ``init +- log(100)``
     for ``log`` transforms (values from init / 100 to init * 100), ``[-6, 6]`` (or wider, to
-    hold the initial value) for ``logit``, ``init +- 1`` for ``identity``."""
+    hold the initial value) for ``logit``, ``init +- 1`` for ``identity``; a side filled so
+    reaches at least that box's width past a bound given on the other side."""
     lo = torch.empty_like(lam0)
     hi = torch.empty_like(lam0)
     for item in hps.items:
         sl = hps.slices[item.name]
         x = lam0[sl]
         if item.transform == "log":
-            d_lo, d_hi = x.min() - LOG_RANGE, x.max() + LOG_RANGE
+            d_lo, d_hi, width = x.min() - LOG_RANGE, x.max() + LOG_RANGE, 2 * LOG_RANGE
         elif item.transform == "logit":
-            d_lo, d_hi = torch.clamp(x.min(), max=-6.0), torch.clamp(x.max(), min=6.0)
+            d_lo, d_hi, width = (torch.clamp(x.min(), max=-6.0), torch.clamp(x.max(), min=6.0),
+                                 12.0)
         else:
-            d_lo, d_hi = x.min() - 1.0, x.max() + 1.0
+            d_lo, d_hi, width = x.min() - 1.0, x.max() + 1.0, 2.0
         b_lo, b_hi = raw_bounds.get(item.name, (None, None))
+        # a side filled by default reaches past the bound given on the other side: a logit's
+        # [-6, 6] with low=0.999 (raw 6.9) was the box [6.9, 6.9], and the value never moved
         lo[sl] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
         hi[sl] = d_hi if b_hi is None else b_hi.to(hi)
+        if b_hi is None and b_lo is not None:
+            hi[sl] = torch.maximum(hi[sl], lo[sl] + width)
+        if b_lo is None and b_hi is not None:
+            lo[sl] = torch.minimum(lo[sl], hi[sl] - width)
     return lo, hi
 
 
