@@ -211,9 +211,9 @@ def test_the_box_fills_missing_bounds_around_the_initial_value() -> None:
     # [6.9, 6.9] for momentum >= 0.999, found by the hyperparameter review)
     m = torch.tensor(math.log(0.999 / 0.001), dtype=torch.float64)
     lo, hi = search_box(hps, {"m": (m, None)}, torch.tensor([lam[0], m, lam[2]]))
-    assert float(lo[1]) == float(m) and float(hi[1]) == pytest.approx(float(m) + 12.0)
+    assert float(lo[1]) == float(m) and float(hi[1]) == pytest.approx(float(m) + 6.0)
     lo, hi = search_box(hps, {"m": (None, -m)}, torch.tensor([lam[0], -m, lam[2]]))
-    assert float(hi[1]) == -float(m) and float(lo[1]) == pytest.approx(-float(m) - 12.0)
+    assert float(hi[1]) == -float(m) and float(lo[1]) == pytest.approx(-float(m) - 6.0)
 
 
 @pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # a loaded machine's
