@@ -174,3 +174,20 @@ def test_a_divergence_stop_at_a_best_of_zero_or_below_says_the_factor_has_no_sca
     assert near_zero.diverged and len(near_zero.history) == 2
     assert "gives the factor no scale" in near_zero.message
     assert "Guards(divergence_factor=None)" in near_zero.message
+
+
+def test_a_second_fit_counts_the_first_calls_end_in_elapsed() -> None:
+    """TrainResult.elapsed is the run's seconds over every fit() call; a second fit() of the
+    same Trainer went on from the first call's last record, so the first call's end (its final
+    evaluation) was dropped: 11 s, then 11 s again after one more second (a fake clock)."""
+    from fixtures import unit_clock
+
+    tr = hg.Trainer(_regression(steps=5), "reverse",
+                    functools.partial(torch.optim.Adam, lr=0.1), hg.Offline(outer_steps=2),
+                    callbacks=_quiet())
+    clock = unit_clock(tr)  # a hypergradient 5 s, a plain run 1 s
+    first = tr.fit()
+    assert first.elapsed == clock[0] == 11.0  # two hypergradients, the final evaluation
+    second = tr.fit()  # no outer step left: the final evaluation again
+    assert second.elapsed == clock[0] == 12.0
+

@@ -290,6 +290,7 @@ class Trainer:
         self._compile_said = False
         self._fit_start = self._now()
         self._elapsed_before = 0.0  # the run's seconds before this fit() call (its records)
+        self._elapsed_done = 0.0  # the run's seconds at the end of this Trainer's last fit()
         self._fingerprint: dict[str, Any] = {}
         if self.folder is not None:
             self._open_folder(self.folder)
@@ -393,6 +394,9 @@ class Trainer:
         # the time budget is per call, the records' clock is the run's
         self._elapsed_before = max((float(r.get("elapsed", 0.0)) for r in
                                     (*self.history, *self.evaluations)), default=0.0)
+        # a second fit() of this Trainer: the first call's end (the final evaluation and the
+        # re-checks, after its last record) counts too
+        self._elapsed_before = max(self._elapsed_before, self._elapsed_done)
         self._plain_recent = []
         if self.folder is not None and self.strategy.is_writer:
             self.folder.lock.acquire()
@@ -416,7 +420,7 @@ class Trainer:
                     cb.on_fit_end(self, None)
         res.problem = self.problem
         res.evaluations = list(self.evaluations)
-        res.elapsed = self._elapsed()
+        res.elapsed = self._elapsed_done = self._elapsed()
         self.tracker.warn_at_end(res.last_lam, res.diverged, not self.mode.online,
                                  self.history, res.best_step, res.best_val_loss,
                                  res.last_val_loss, searched=bool(self.evaluations))
