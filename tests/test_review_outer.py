@@ -191,3 +191,28 @@ def test_a_second_fit_counts_the_first_calls_end_in_elapsed() -> None:
     second = tr.fit()  # no outer step left: the final evaluation again
     assert second.elapsed == clock[0] == 12.0
 
+
+def test_a_zero_hypergradient_sends_the_default_search_elsewhere_not_round_again() -> None:
+    """The initial point on a plateau of the validation loss (a penalty flat below 0.5): every
+    hypergradient exactly zero, and QuasiNewton returned without stalling, so the Trainer took
+    the same hypergradient at the same point 5 times (a whole budget spent so) and then advised
+    'Try a smaller outer learning rate'. A zero hypergradient now stalls the search: it
+    restarts at quasi-random points."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g, dtype=torch.float64)
+    y = x.sum(1)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+
+    def val(m: Any, hp: Any) -> torch.Tensor:
+        return 0 * ((m(x)[:, 0] - y) ** 2).mean() + torch.relu(hp["a"] - 0.5) ** 2
+
+    p = hg.InnerProblem(model, lambda m, b, hp: ((m(b[0])[:, 0] - b[1]) ** 2).mean(),
+                        hg.optim.sgd(lr=0.05), hg.HyperParams([hg.Scalar("a", 0.0)]),
+                        [(x, y)], 5, val)
+    with pytest.warns(hg.errors.ZeroHypergradientWarning, match="exactly zero"):
+        res = hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=3),
+                         callbacks=_quiet()).fit()
+    points = [h["hyperparams"]["a"] for h in res.history]
+    assert len(set(points)) == len(points) == 3  # each hypergradient at another point
+    assert {e["kind"] for e in res.evaluations} == {"restart"}

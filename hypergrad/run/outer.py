@@ -271,7 +271,8 @@ class QuasiNewton(SearchOptimizer):
         x0 = p.detach().clone()
         g = p.grad.detach() * w  # the gradient in box units
         self.trials, self.improved, self.stalled = 0, False, False
-        if not bool(g.any()):  # nothing to follow (every hyperparameter's is exactly zero)
+        if not bool(g.any()):  # nothing to follow (every hyperparameter's is exactly zero):
+            self.stalled = True  # a plateau; the next hypergradient here would be this one
             return
         value = self.value
         if "s" in st and value is not None:
