@@ -395,7 +395,7 @@ def search_box(hps: Any, raw_bounds: dict[str, tuple[Tensor | None, Tensor | Non
     that ``experiments/tuners.py`` gives the black-box tuners too: raw ``init +- log(100)``
     for ``log`` transforms (values from init / 100 to init * 100), ``[-6, 6]`` (or wider, to
     hold the initial value) for ``logit``, ``init +- 1`` for ``identity``; a side filled so
-    reaches at least that box's width past a bound given on the other side."""
+    reaches at least half that box's width past a bound given on the other side."""
     lo = torch.empty_like(lam0)
     hi = torch.empty_like(lam0)
     for item in hps.items:
@@ -414,9 +414,9 @@ def search_box(hps: Any, raw_bounds: dict[str, tuple[Tensor | None, Tensor | Non
         lo[sl] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
         hi[sl] = d_hi if b_hi is None else b_hi.to(hi)
         if b_hi is None and b_lo is not None:
-            hi[sl] = torch.maximum(hi[sl], lo[sl] + width)
+            hi[sl] = torch.maximum(hi[sl], lo[sl] + width / 2)
         if b_lo is None and b_hi is not None:
-            lo[sl] = torch.minimum(lo[sl], hi[sl] - width)
+            lo[sl] = torch.minimum(lo[sl], hi[sl] - width / 2)
     return lo, hi
 
 
