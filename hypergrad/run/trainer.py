@@ -22,12 +22,13 @@ checkpoint is :meth:`Trainer.state_dict`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,16 @@ class Trainer:
         return self.strategy.now(
             time.process_time() if self.guards.clock_name == "cpu" else time.perf_counter())
 
+    @contextlib.contextmanager
+    def _next_step_points(self) -> Iterator[None]:
+        """Inside, the plain runs of an outer step's update (its line search, a restart) count
+        as the next outer step's points: after ``k + 1`` updates (``best_step``)."""
+        self._ahead = 1
+        try:
+            yield
+        finally:
+            self._ahead = 0
+
     def _elapsed(self) -> float:
         """Seconds of this run on the guards' clock: those of the earlier fit() calls up to
         their last record (a resumed run's records go on from the checkpoint's) and this
@@ -392,11 +403,10 @@ class Trainer:
         self._fit_start = self._now()
         # the records' elapsed go on from the run's last record (a resume, a second fit()):
         # the time budget is per call, the records' clock is the run's
-        self._elapsed_before = max((float(r.get("elapsed", 0.0)) for r in
-                                    (*self.history, *self.evaluations)), default=0.0)
-        # a second fit() of this Trainer: the first call's end (the final evaluation and the
-        # re-checks, after its last record) counts too
-        self._elapsed_before = max(self._elapsed_before, self._elapsed_done)
+        # (on a second fit() of this Trainer, from the first call's end: its final evaluation
+        # and re-checks come after its last record)
+        self._elapsed_before = max([self._elapsed_done, *(float(r.get("elapsed", 0.0)) for r in
+                                                          (*self.history, *self.evaluations))])
         self._plain_recent = []
         if self.folder is not None and self.strategy.is_writer:
             self.folder.lock.acquire()
@@ -443,6 +453,7 @@ class Trainer:
             s0 = p.initial_state(res.lam)
             untrained = float(p.objective(s0.params, s0.buffers, res.lam))
         factor = self.guards.divergence_factor or 10.0
+        # guards._above's margin, floored: an untrained loss of exactly 0 gives no scale
         if not math.isfinite(untrained) or best <= untrained + (factor - 1) * max(
                 abs(untrained), 1e-8):
             return
@@ -824,14 +835,11 @@ class Trainer:
             bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
             backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
             why: str | None = None
-            self._ahead = 1  # the update's plain runs lead to the next outer step's point
-            try:
+            with self._next_step_points():
                 if bad is not None and backtracked:
                     self._back(bad)
                 else:
                     why = self._step(value, grad, lam_used)
-            finally:
-                self._ahead = 0
             if why is not None and self._recover(why, lam_used):
                 last_seconds = hg_seconds
                 continue
@@ -849,11 +857,8 @@ class Trainer:
                                                else 0.0)
                 # stalled, and no restart point to go on from: the next hypergradient would be
                 # this one again (the same point, the same run), so the descent ends here
-                self._ahead = 1
-                try:
+                with self._next_step_points():
                     ended = self.outer.stalled and not self._restart()
-                finally:
-                    self._ahead = 0
             self._note(lam_used, float(value), self._select_value(hg.state, lam_used,
                                                                   float(value)))
             self._record(value, grad, lam_used, hg.state, last_seconds,
