@@ -126,9 +126,10 @@ def test_a_resumed_runs_records_keep_the_runs_clock(tmp_path: Path) -> None:
                             "folder.resume=true"), tmp_path)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     elapsed = [json.loads(line)["elapsed"] for line in lines]
-    assert len(elapsed) == 3 and elapsed == sorted(elapsed)
-    assert first["elapsed"] <= elapsed[2] <= more["elapsed"]
-    assert more["fit_seconds"] < more["elapsed"]  # this invocation's, and the run's
+    assert len(elapsed) == 3 and elapsed[1] < elapsed[2] <= more["elapsed"]
+    # the first invocation's end (its final evaluation) came after its last record, which the
+    # resumed run goes on from: first["elapsed"] may exceed elapsed[2]
+    assert elapsed[1] <= first["elapsed"]
 
 
 def test_a_runs_warnings_are_kept_in_results_json(tmp_path: Path) -> None:
