@@ -4,6 +4,7 @@ agrees with what it evaluated (tests that failed before their fixes)."""
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import pytest
@@ -216,3 +217,59 @@ def test_a_zero_hypergradient_sends_the_default_search_elsewhere_not_round_again
     points = [h["hyperparams"]["a"] for h in res.history]
     assert len(set(points)) == len(points) == 3  # each hypergradient at another point
     assert {e["kind"] for e in res.evaluations} == {"restart"}
+
+
+def _noisy_stream_problem() -> hg.InnerProblem:
+    """Least squares on noisy labels by SGD on batches of 2, reshuffled at every inner run: a
+    point's validation loss differs from one measurement to the next."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 4, dtype=torch.float64, generator=g)
+    y = x.sum(1) + 3.0 * torch.randn(256, dtype=torch.float64, generator=g)
+    xv = torch.randn(64, 4, dtype=torch.float64, generator=g)
+    yv = xv.sum(1)
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=2,
+                                         shuffle=True)
+    return hg.InnerProblem(torch.nn.Linear(4, 1).double(),
+                           lambda m, b, hp: ((m(b[0])[:, 0] - b[1]) ** 2).mean(),
+                           hg.optim.sgd(lr="lr"),
+                           hg.HyperParams([hg.Scalar("lr", 0.01, transform="log")]), loader, 20,
+                           lambda m, hp: ((m(xv)[:, 0] - yv) ** 2).mean())
+
+
+def test_backtracking_at_the_best_point_itself_uses_its_hypergradient() -> None:
+    """With Guards(backtrack) on batches redrawn per run, the best point's loss measured again
+    is above its lucky first measurement: the Trainer went 'back' to that same point and took
+    its hypergradient again, 10 times in a row (outer steps 2-11 all at lr 0.0208), before
+    the search went on. There is nothing to go back to: the hypergradient is used."""
+    res = hg.Trainer(_noisy_stream_problem(), "forward", mode=hg.Offline(outer_steps=20),
+                     guards=hg.Guards(backtrack=1.0), callbacks=_quiet()).fit()
+    points = [h["hyperparams"]["lr"] for h in res.history]
+    assert len(points) >= 3
+    assert all(a != b for a, b in zip(points, points[1:])), points
+
+
+def test_a_backtrack_searches_from_the_best_points_loss(monkeypatch: Any) -> None:
+    """After a backtrack the default search's line search started from the best point but
+    compared its trials with the loss of the point backtracked from (1.97 against the best's
+    0.50): any trial below that, worse than the best, was accepted as an improvement."""
+    seen: list[tuple[float, float]] = []
+    search = hg.run.QuasiNewton._search
+    back = hg.Trainer._back
+
+    def logged_back(self: Any, why: str) -> None:
+        seen.append((math.nan, self.tracker.best[0]))
+        back(self, why)
+
+    def logged_search(self: Any, *args: Any) -> Any:
+        if seen and math.isnan(seen[-1][0]):
+            seen[-1] = (args[4], seen[-1][1])  # the reference value of the search after it
+        return search(self, *args)
+
+    monkeypatch.setattr(hg.Trainer, "_back", logged_back)
+    monkeypatch.setattr(hg.run.QuasiNewton, "_search", logged_search)
+    hg.Trainer(_noisy_stream_problem(), "forward", mode=hg.Offline(outer_steps=20),
+               guards=hg.Guards(backtrack=1.0), callbacks=_quiet()).fit()
+    searched = [(v, b) for v, b in seen if not math.isnan(v)]
+    assert searched
+    assert all(v == b for v, b in searched), searched

@@ -794,6 +794,8 @@ class Trainer:
         with torch.no_grad():
             self.lam.copy_(best[1])
         lrs = shrink_lr(self.outer, 0.5)
+        if isinstance(self.outer, SearchOptimizer):  # its line search starts from the best
+            self.outer.value = best[0]
         if best_grad is not None:
             self._update(best_grad.clone())
         # an optimizer without a learning rate (QuasiNewton: its line search sets the step)
@@ -833,6 +835,13 @@ class Trainer:
             hg_seconds = max(self._now() - t0 - once, 0.0)
             value, grad = hg.objective, hg.grad
             bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
+            best = self.tracker.best
+            if (bad is not None and best is not None and torch.equal(best[1], lam_used)
+                    and math.isfinite(float(value)) and bool(torch.isfinite(grad).all())):
+                # at the best point itself (its loss measured again on other batches: above
+                # the lucky first measurement) there is nothing to go back to: its
+                # hypergradient is used, not thrown away for the same point again
+                bad = None
             backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
             why: str | None = None
             with self._next_step_points():
