@@ -13,7 +13,7 @@ import inspect
 import math
 import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -1089,6 +1089,7 @@ def _batch_source(batches: Any, seed: int) -> _Batches:
         if batches.seed is None:
             batches.seed = seed
         return _Batches(batches.batch, stream=batches)
+    _refuse_data_as_batches(batches)
     if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
         mb = isinstance(batches, MiniBatches)
         return _Batches(batches, getattr(batches, "n", None) if mb else None,
@@ -1100,10 +1101,44 @@ def _batch_source(batches: Any, seed: int) -> _Batches:
     if isinstance(batches, Iterable):
         stream = Stream(batches, seed)
         return _Batches(stream.batch, stream=stream)
+    dataset = hasattr(batches, "__getitem__") and hasattr(batches, "__len__")
     raise TypeError(
         f"InnerProblem: batches must be a sequence, a callable t -> batch or an iterable, got "
-        f"{type(batches).__name__}."
+        f"{type(batches).__name__}"
+        + (f": a data set of examples, not of mini-batches; wrap it in a "
+           f"torch.utils.data.DataLoader({type(batches).__name__.lower()}, batch_size=..., "
+           f"shuffle=True)." if dataset else ".")
     )
+
+
+_MAKE_BATCHES = ("hypergrad.data.MiniBatches(x, y, batch_size=...) (shuffled mini-batches, the "
+                 "example indices last), [(x, y)] (the whole data set at every step), or a "
+                 "DataLoader")
+
+
+def _refuse_data_as_batches(batches: Any) -> None:
+    """Refuse the data set itself given as ``batches``, which would be read as one mini-batch
+    per step without an error: a tuple or list of tensors of one data set (``(x, y)``: step 0
+    would train on ``x`` alone, step 1 on ``y``), or a dict (its keys would be the batches)."""
+    if isinstance(batches, Mapping):
+        keys = list(batches)[:4]
+        raise TypeError(
+            f"InnerProblem: batches is a {type(batches).__name__} with keys {keys}: iterating "
+            f"it gives its keys, not mini-batches. A dict is one mini-batch: pass [batch] for "
+            f"the same batch at every step, a list of dict batches, or a callable t -> batch.")
+    if (isinstance(batches, (tuple, list)) and len(batches) >= 2
+            and all(isinstance(b, Tensor) and b.ndim >= 1 for b in batches)):
+        rows = {b.shape[0] for b in batches}
+        kinds = {(b.dtype, b.ndim) for b in batches}
+        if len(rows) == 1 and len(kinds) > 1:
+            desc = ", ".join(f"{str(b.dtype).replace('torch.', '')} {tuple(b.shape)}"
+                             for b in batches[:4])
+            raise TypeError(
+                f"InnerProblem: batches is a {type(batches).__name__} of {len(batches)} tensors "
+                f"with {rows.pop()} rows each but other dtypes or dimensions ({desc}): the "
+                f"columns of one data set, e.g. (x, y). A sequence holds one mini-batch per "
+                f"step (step t reads batches[t % len]), so step 0 would train on tensor 0 "
+                f"alone and step 1 on tensor 1. Pass {_MAKE_BATCHES}.")
 
 
 def is_plain(state: InnerState, lam: Tensor) -> bool:

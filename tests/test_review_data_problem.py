@@ -1,0 +1,75 @@
+"""Review of how users' data and inner problems are built (hypergrad.data, hypergrad.problem):
+each test reproduces a silent wrong answer or an unhelpful crash found by the review, and
+fails without its fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import hypergrad as hg
+
+D = torch.float64
+
+
+def _problem(batches: Any, steps: int = 3, model: nn.Module | None = None,
+             train_loss: Any = None, val_loss: Any = None) -> hg.InnerProblem:
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = model if model is not None else nn.Linear(3, 2).double()
+    xv = torch.randn(10, 3, dtype=D, generator=torch.Generator().manual_seed(1))
+    yv = torch.arange(10) % 2
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1])
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(xv), yv)
+
+    return hg.InnerProblem(model, train_loss or tl, hg.optim.sgd(lr="lr"),
+                           hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]),
+                           batches, steps, val_loss or vl)
+
+
+def _data(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 3, dtype=D, generator=g), torch.arange(n) % 2
+
+
+@pytest.mark.parametrize("wrap", [tuple, list])
+def test_the_data_sets_columns_as_batches_are_refused(wrap: Any) -> None:
+    # batches=(x, y) was read as two mini-batches, x at step 0 and y at step 1: the loss
+    # crashed with torch's "expected target dtype to be Long or Byte, but got Double"
+    x, y = _data()
+    with pytest.raises(TypeError, match=r"batches is a (tuple|list) of 2 tensors with 8 rows "
+                                        r"each.*\(x, y\).*MiniBatches\(x, y, batch_size"):
+        _problem(wrap((x, y)))
+
+
+def test_a_list_of_single_tensor_batches_stays_allowed() -> None:
+    x, _ = _data()
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return m(b).pow(2).mean()
+
+    p = _problem([x[:4], x[4:]], train_loss=tl)
+    p.run(p.init_raw())
+
+
+def test_a_dict_as_batches_is_refused() -> None:
+    # a dict was read as a stream of its keys: IndexError: string index out of range
+    x, y = _data()
+    with pytest.raises(TypeError, match=r"batches is a dict with keys \['x', 'y'\].*\[batch\]"):
+        _problem({"x": x, "y": y})
+
+
+def test_a_map_style_dataset_names_the_dataloader() -> None:
+    x, y = _data()
+    with pytest.raises(TypeError, match=r"got TensorDataset: a data set of examples.*DataLoader"
+                                        r"\(tensordataset, batch_size"):
+        _problem(TensorDataset(x, y))
