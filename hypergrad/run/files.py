@@ -8,7 +8,8 @@
 - :func:`load_checkpoint` loads with ``weights_only=True``; an unreadable ``checkpoint.pt``
   (truncated, empty, garbage) is named in a :class:`~hypergrad.errors.CheckpointWarning` and
   the previous one is used; if neither is readable, a :class:`~hypergrad.errors.CheckpointError`
-  names both files.
+  names both files. A run that resumes from the previous one sets the unreadable file aside
+  (:data:`UNREADABLE`), so its next checkpoint's rotation cannot move it over the previous one.
 - A fingerprint (a flat ``{key: JSON-like value}``) describes what defines a run; resuming
   compares it with the checkpoint's (:func:`fingerprint_diff`).
 - :class:`RunLock`: ``run.lock`` created with ``O_EXCL`` keeps two processes out of one folder;
@@ -47,14 +48,18 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import CheckpointError, CheckpointWarning, RunDirError
 
-__all__ = ["CHECKPOINT", "PREVIOUS", "METRICS", "LOCK", "TRAINER_FILES", "RECORD_FILES",
-           "RECORD_PATTERNS", "PLOTS", "save_checkpoint",
+__all__ = ["CHECKPOINT", "PREVIOUS", "UNREADABLE", "METRICS", "LOCK", "TRAINER_FILES",
+           "RECORD_FILES", "RECORD_PATTERNS", "PLOTS", "save_checkpoint",
            "load_checkpoint", "fingerprint_diff", "digest", "json_safe", "dumps",
            "write_text_atomic", "write_bytes_atomic", "append_line", "RunLock", "used_files",
            "clear_run_dir"]
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
+UNREADABLE = "checkpoint.unreadable.pt"
+"""Where an unreadable ``checkpoint.pt`` goes when a run resumes from ``checkpoint.prev.pt``:
+kept for a look, and out of the way of the next checkpoint's rotation (which would otherwise
+move it over the readable previous one)."""
 METRICS = "metrics.jsonl"
 LOCK = "run.lock"
 TRAINER_FILES = (CHECKPOINT, PREVIOUS, METRICS)
@@ -64,9 +69,10 @@ RECORD_FILES = ("results.json", "learned.yaml", "model_learned.pt")
 :func:`hypergrad.report.write_learned` write them): a folder holding one holds a run too."""
 PLOTS = ("val_curve.png", "hyperparams.png", "schedule.png")
 """The plots of a run (:func:`hypergrad.report.plot_run`)."""
-RECORD_PATTERNS = ("config_resolved*.yaml", *PLOTS, "learned_*.pt", "tb/events.out.tfevents.*")
-"""What else an overwrite removes: the resolved configs, plots, per-variant models and
-TensorBoard's event files of the run it discards."""
+RECORD_PATTERNS = ("config_resolved*.yaml", UNREADABLE, *PLOTS, "learned_*.pt",
+                   "tb/events.out.tfevents.*")
+"""What else an overwrite removes: the resolved configs, an unreadable checkpoint set aside,
+plots, per-variant models and TensorBoard's event files of the run it discards."""
 _TMP_PREFIX = ".tmp-"
 
 

@@ -31,11 +31,13 @@ from ..errors import CheckpointError, CheckpointWarning, ResumeMismatchError, Ru
 from ..hyperparams import TRANSFORMS
 from ..problem import InnerProblem
 from .files import (
+    CHECKPOINT,
     LOCK,
     METRICS,
     RECORD_FILES,
     RECORD_PATTERNS,
     TRAINER_FILES,
+    UNREADABLE,
     RunLock,
     append_line,
     clear_run_dir,
@@ -183,6 +185,12 @@ class RunFolder:
             raise CheckpointError(
                 f"Trainer: cannot resume from {self.path}: it has {', '.join(used)} but no "
                 f"checkpoint. Start afresh with overwrite=True (folder.overwrite=true).")
+        bad = self.path / CHECKPOINT
+        if got[1].name != CHECKPOINT and bad.exists():
+            # out of the next checkpoint's way: its rotation would move it over the previous
+            # one, the only readable checkpoint until that write is complete
+            os.replace(bad, self.path / UNREADABLE)
+            log(f"the unreadable {CHECKPOINT} is kept as {UNREADABLE}")
         return got
 
     def _check_writable(self) -> None:

@@ -1,0 +1,62 @@
+"""A review of the run's records (run folder, checkpoints, resume, callbacks, reports): what a
+kill, a corrupt file, a reused process id or a float rounded on another machine could lose or
+get wrong. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hypergrad as hg
+import hypergrad.run.files as files
+from hypergrad.errors import CheckpointWarning
+from hypergrad.run import Log, Progress
+from hypergrad.testing import digits_case
+
+SMALL = dict(steps=6, n_train=24, batch_size=8, hidden=8, n_val=32)
+
+
+def _trainer(folder: Any, steps: int, *extra: hg.Callback, method: Any = "forward",
+             log: Any = None) -> hg.Trainer:
+    return hg.Trainer(digits_case("momentum", "lr", **SMALL), method,
+                      functools.partial(torch.optim.Adam, lr=0.05), hg.Offline(steps),
+                      hg.Guards(), folder, [Log(log), Progress(False), *extra])
+
+
+class _Killed(BaseException):
+    """What the checkpoint fault's SIGKILL is in these tests: the write stops where it is."""
+
+
+def _kill(monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    def die() -> None:
+        raise _Killed
+
+    monkeypatch.setenv("HYPERGRAD_TEST_CHECKPOINT_FAULT", fault)
+    monkeypatch.setattr(files, "_die", die)
+
+
+def test_a_resume_from_the_previous_checkpoint_survives_a_kill_in_its_first_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # checkpoint.pt unreadable: the run resumes from checkpoint.prev.pt; its next checkpoint's
+    # rotation moved the unreadable file over checkpoint.prev.pt, and a kill before the new one
+    # was in place left no readable checkpoint: the whole run was lost (CheckpointError)
+    straight = _trainer(None, 5).fit()
+    _trainer(tmp_path, 3).fit()
+    (tmp_path / "checkpoint.pt").write_bytes(b"garbage")
+    _kill(monkeypatch, "step=3,kill-after-rotate")
+    with pytest.warns(CheckpointWarning, match="checkpoint.pt is unreadable"):
+        tr = _trainer(hg.RunFolder(tmp_path, resume=True), 5)
+    with pytest.raises(_Killed):
+        tr.fit()
+    monkeypatch.delenv("HYPERGRAD_TEST_CHECKPOINT_FAULT")
+    with pytest.warns(CheckpointWarning, match="checkpoint.pt is missing"):
+        res = _trainer(hg.RunFolder(tmp_path, resume=True), 5).fit()
+    assert torch.equal(res.lam, straight.lam)
+    assert (tmp_path / "checkpoint.unreadable.pt").read_bytes() == b"garbage"
+    hg.Trainer(digits_case("momentum", "lr", **SMALL), mode=hg.Offline(1),
+               folder=hg.RunFolder(tmp_path, overwrite=True), callbacks=[Log(None)]).close()
+    assert not (tmp_path / "checkpoint.unreadable.pt").exists()  # an overwrite removes it
