@@ -1076,6 +1076,12 @@ def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
             f"InnerProblem: {name} returned a tensor of shape {tuple(loss.shape)}; it must be a "
             f"scalar: reduce it, e.g. loss.mean()."
         )
+    if loss.ndim and name != "select_loss":  # select_loss is never differentiated
+        raise ValueError(
+            f"InnerProblem: {name} returned a tensor of shape {tuple(loss.shape)}; it must be a "
+            f"0-d scalar: torch.func.grad, which every method differentiates it with, takes no "
+            f"other shape. Return loss.squeeze() (or loss.sum())."
+        )
     if not loss.dtype.is_floating_point:
         raise TypeError(f"InnerProblem: {name} returned dtype {loss.dtype}; return a float loss.")
 

@@ -73,3 +73,22 @@ def test_a_map_style_dataset_names_the_dataloader() -> None:
     with pytest.raises(TypeError, match=r"got TensorDataset: a data set of examples.*DataLoader"
                                         r"\(tensordataset, batch_size"):
         _problem(TensorDataset(x, y))
+
+
+@pytest.mark.parametrize("which", ["train_loss", "val_loss"])
+def test_a_loss_of_shape_one_is_refused_by_the_check(which: str) -> None:
+    # a loss of shape (1,) passed check() and plain runs, then every hypergradient failed
+    # with torch.func's "Expected f(*args) to return a scalar Tensor, got tensor with 1 dims"
+    x, y = _data()
+    xv, yv = _data(10)
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1]).reshape(1)
+
+    def vl(m: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(xv), yv).reshape(1)
+
+    p = _problem([(x, y)], **{which: tl if which == "train_loss" else vl})
+    with pytest.raises(ValueError, match=rf"{which} returned a tensor of shape \(1,\); it must "
+                                         rf"be a 0-d scalar.*squeeze"):
+        p.check(p.init_raw())
