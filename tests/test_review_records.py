@@ -5,6 +5,10 @@ get wrong. Each test failed before its fix."""
 from __future__ import annotations
 
 import functools
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,7 @@ import torch
 
 import hypergrad as hg
 import hypergrad.run.files as files
-from hypergrad.errors import CheckpointWarning
+from hypergrad.errors import CheckpointWarning, RunDirError
 from hypergrad.run import Log, Progress
 from hypergrad.testing import digits_case
 
@@ -60,3 +64,42 @@ def test_a_resume_from_the_previous_checkpoint_survives_a_kill_in_its_first_writ
     hg.Trainer(digits_case("momentum", "lr", **SMALL), mode=hg.Offline(1),
                folder=hg.RunFolder(tmp_path, overwrite=True), callbacks=[Log(None)]).close()
     assert not (tmp_path / "checkpoint.unreadable.pt").exists()  # an overwrite removes it
+
+
+def test_a_lock_of_an_earlier_process_with_this_process_id_is_taken_over(
+        tmp_path: Path) -> None:
+    # a restarted container's process has the id of the one killed (pid 1 again), on the same
+    # host name: its own id in the lock read as a live holder, and the refusal said to kill it
+    _trainer(tmp_path, 1).fit()
+    (tmp_path / "run.lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    logs: list[str] = []
+    res = _trainer(hg.RunFolder(tmp_path, resume=True), 2, log=logs.append).fit()
+    assert len(res.history) == 2
+    assert any(f"locked by a run that died (process {os.getpid()} on" in x for x in logs), logs
+    assert not (tmp_path / "run.lock").exists()
+
+
+def _start(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19]
+
+
+def test_a_lock_whose_process_id_a_later_process_has_is_taken_over(tmp_path: Path) -> None:
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = _start(later.pid)
+        assert started
+        host = socket.gethostname()
+        (tmp_path / "run.lock").write_text(f"{later.pid} {host} {started}\n")  # its own lock
+        with pytest.raises(RunDirError, match=rf"in use by another run \(process {later.pid}"):
+            _trainer(tmp_path, 1)
+        # the lock of a killed process whose id the later one got: another start
+        (tmp_path / "run.lock").write_text(f"{later.pid} {host} {int(started) - 1}\n")
+        tr = _trainer(tmp_path, 1)
+        assert tr.folder is not None and tr.folder.lock.taken_over.startswith(
+            f"process {later.pid}")
+        lock = (tmp_path / "run.lock").read_text().split()
+        assert lock == [str(os.getpid()), host, _start(os.getpid())]
+        tr.fit()
+    finally:
+        later.kill()
+        later.wait()

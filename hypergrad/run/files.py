@@ -13,7 +13,8 @@
 - A fingerprint (a flat ``{key: JSON-like value}``) describes what defines a run; resuming
   compares it with the checkpoint's (:func:`fingerprint_diff`).
 - :class:`RunLock`: ``run.lock`` created with ``O_EXCL`` keeps two processes out of one folder;
-  a lock left by a dead process (same host) is taken over.
+  a lock left by a dead process (same host) is taken over, as is one whose process id a later
+  process has (the holder's start is in the lock), this one included (a restarted container).
 - :func:`dumps`: JSON with NaN and infinities written as ``null`` (strict parsers reject the bare
   ``NaN`` tokens Python writes by default).
 
@@ -422,6 +423,16 @@ _HELD: dict[str, RunLock] = {}
 """The locks this process holds, by lock file: each belongs to one run (one RunLock object)."""
 
 
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``; empty where
+    unknown): a process id reused by a later process shows by another start."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -440,8 +451,9 @@ class RunLock:
     """``run_dir/run.lock`` (pid and host inside) for the lifetime of a run. The lock belongs to
     the run that took it (this object; acquiring it again is a no-op): another run asking for
     the same folder, in another process or in this one, gets a :class:`RunDirError`. A lock
-    whose process is dead (same host) is taken over, and :attr:`taken_over` says whose it was;
-    temporary files a killed writer left are removed then."""
+    whose process is dead (same host; a process of the lock's id but another start, or this
+    process, which holds no such lock, is a later one) is taken over, and :attr:`taken_over`
+    says whose it was; temporary files a killed writer left are removed then."""
 
     def __init__(self, run_dir: str | os.PathLike[str], who: str = "Trainer") -> None:
         self.run_dir = Path(run_dir)
@@ -470,7 +482,7 @@ class RunLock:
                 f"({_HELD[key].who}); a folder holds one run at a time. Let that run finish (or "
                 f"close it: trainer.close()), or use another folder.")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        me = f"{os.getpid()} {socket.gethostname()}\n"
+        me = f"{os.getpid()} {socket.gethostname()} {_started(os.getpid())}".strip() + "\n"
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -487,21 +499,28 @@ class RunLock:
             return self
         raise self._busy()
 
-    def _owner(self) -> tuple[int | None, str, float]:
+    def _owner(self) -> tuple[int | None, str, float, str]:
+        """The lock's process id, host, age in seconds and the process's start (if recorded)."""
         try:
             text = self.path.read_text().split()
             age = time.time() - self.path.stat().st_mtime
         except OSError:
-            return None, "", 0.0
+            return None, "", 0.0, ""
         pid = int(text[0]) if text and text[0].isdigit() else None
-        return pid, text[1] if len(text) > 1 else "", age
+        return pid, text[1] if len(text) > 1 else "", age, text[2] if len(text) > 2 else ""
 
     def _take_over_stale(self) -> bool:
-        pid, host, age = self._owner()
+        pid, host, age, start = self._owner()
         if pid is None:
             if age < 10:  # being written by its owner right now
                 return False
-        elif host != socket.gethostname() or _alive(pid):
+        elif host != socket.gethostname():
+            return False
+        elif (pid != os.getpid() and _alive(pid)
+              and (not start or _started(pid) in ("", start))):
+            # held by a live process: not this one (it holds no lock on the folder, acquire
+            # checked: one before it with the same id left it, as a restarted container's pid 1
+            # does), nor a later process that got a dead holder's id (another start)
             return False
         stale = self.path.with_name(f"{LOCK}.stale-{os.getpid()}")
         try:
@@ -514,7 +533,7 @@ class RunLock:
         return True
 
     def _busy(self) -> RunDirError:
-        pid, host, _ = self._owner()
+        pid, host, _, _ = self._owner()
         here = host == socket.gethostname()
         how = (f"if process {pid} is gone (e.g. a node that died), delete {self.path} and run "
                f"again" if not here else
@@ -532,7 +551,7 @@ class RunLock:
         key = self.key
         if _HELD.get(key) is self:
             del _HELD[key]
-        pid, _, _ = self._owner()
+        pid, _, _, _ = self._owner()
         if pid == os.getpid():
             self.path.unlink(missing_ok=True)
 
