@@ -403,7 +403,9 @@ class InitScale(HyperParameter):
     initialisation scale): training starts from ``w_0[p] = scale[p] * w_0(model)[p]``.
 
     ``params``: parameter names (as in ``model.named_parameters()``); ``None``: every trainable
-    parameter, resolved when the problem is built. Unlisted parameters start unscaled. Forward
+    parameter whose initial weights are not all zero (a zero-initialised bias, as BatchNorm's
+    and LayerNorm's, scales to itself), resolved when the problem is built; a listed tensor
+    that starts at zero is refused. Unlisted parameters start unscaled. Forward
     mode starts from ``Z_0 = d s_0 / d lam`` (``w_0(model)[p]`` in column ``p``), reverse mode
     adds ``a_0^T d s_0 / d lam``.
 
@@ -434,6 +436,19 @@ class InitScale(HyperParameter):
     def bind(self, param_names: Sequence[str],
              params: Mapping[str, Tensor] | None = None) -> InitScale:
         names = _bind_names(f"InitScale({self.name!r})", self.params, param_names)
+        if params is not None:
+            zero = [p for p in names if p in params and not bool(params[p].any())]
+            if zero and self.params is not None:
+                raise ValueError(
+                    f"InitScale({self.name!r}): params {zero} start at exactly zero, and a "
+                    f"scale of zeros is zeros: its hypergradient would be exactly 0 and it "
+                    f"would never move. Remove them from params, or give them non-zero "
+                    f"initial weights (InitWeights tunes a tensor's initial values).")
+            names = [p for p in names if p not in zero]  # params=None: the scalable ones
+            if not names:
+                raise ValueError(
+                    f"InitScale({self.name!r}): every trainable parameter starts at exactly "
+                    f"zero, so there is nothing to scale; use InitWeights.")
         return InitScale(self.name, self.init, self.transform, names)
 
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:

@@ -237,3 +237,29 @@ def test_every_kind_and_transform_in_one_problem_agrees_with_reverse_and_finite_
     ], hg.optim.sgd(lr="lr", momentum="mom", weight_decay="wd"), train_loss, steps=4)
     report = hypergradcheck(p, strategies=[])
     assert report.max("fwd_vs_rev") < 1e-12 and report.max("fwd_vs_fd") < 1e-5
+
+
+def test_an_init_scale_of_a_tensor_that_starts_at_zero_is_refused_or_left_out() -> None:
+    """A zero-initialised tensor (a BatchNorm or LayerNorm bias) scales to itself: InitScale
+    over every parameter gave it a dimension whose hypergradient is exactly 0 at every step
+    (no warning: the zero-hypergradient warning is per hyperparameter, and the others move),
+    and the default search spent a dimension of its box on it. Listed, it is refused with the
+    fix; with params=None it is left out."""
+    base = digits_case("momentum", "lr", steps=4, **TINY)
+    model = base.fmodel.module
+    with torch.no_grad():
+        model[2].bias.zero_()
+
+    def build(scale: Any) -> hg.InnerProblem:
+        return hg.InnerProblem(model, base.train_loss, hg.optim.sgd(lr="lr", momentum=0.9),
+                               hg.HyperParams([hg.Scalar("lr", 0.1, "log"), scale]),
+                               base.batch, 4, base.val_loss)
+
+    with pytest.raises(ValueError, match=r"InitScale\('s'\): params \['2.bias'\] start at "
+                                         r"exactly zero.*InitWeights"):
+        build(hg.InitScale("s", 1.0, params=["0.weight", "2.bias"]))
+    p = build(hg.InitScale("s", 1.0))
+    scale = p.hyperparams.by_name["s"]
+    assert scale.params == ["0.weight", "0.bias", "2.weight"]
+    got = hg.ForwardMode().hypergradient(p, p.hyperparams.init_raw(torch.float64))
+    assert bool(got.grad[p.hyperparams.slices["s"]].ne(0).all())
