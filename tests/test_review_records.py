@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -103,3 +104,23 @@ def test_a_lock_whose_process_id_a_later_process_has_is_taken_over(tmp_path: Pat
     finally:
         later.kill()
         later.wait()
+
+
+class _NumpyInfo(hg.ReverseMode):
+    """A method that reports NumPy numbers about itself (as a user's solver may)."""
+
+    def hypergradient(self, problem: hg.InnerProblem, lam: torch.Tensor) -> Any:
+        out = super().hypergradient(problem, lam)
+        return out._replace(info={"cond": np.float64(3.5), "iters": np.int64(4),
+                                  "ok": np.bool_(True), "eigs": np.array([1.0, 2.0])})
+
+
+def test_numpy_numbers_in_a_record_leave_the_checkpoints_readable(tmp_path: Path) -> None:
+    # torch.load(weights_only=True) refuses NumPy objects: every checkpoint of the run was
+    # unreadable, found only on resume (CheckpointError: both files 'not a hypergrad checkpoint')
+    _trainer(tmp_path, 2, method=_NumpyInfo()).fit()
+    res = _trainer(hg.RunFolder(tmp_path, resume=True), 3, method=_NumpyInfo()).fit()
+    assert len(res.history) == 3
+    info = res.history[0]["info"]
+    assert info["cond"] == 3.5 and type(info["cond"]) is float and info["ok"] is True
+    assert torch.equal(info["eigs"], torch.tensor([1.0, 2.0], dtype=torch.float64))

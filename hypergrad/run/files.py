@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
@@ -153,6 +154,31 @@ def _no_space(path: Path, what: str, err: BaseException) -> OSError:
                    f"({type(err).__name__}: {err})")
 
 
+def _loadable(obj: Any) -> Any:
+    """``obj`` with NumPy numbers and arrays as Python numbers and tensors: ``torch.load`` with
+    ``weights_only=True`` refuses them, so one in a record (a method's ``info``) made every
+    checkpoint of the run unreadable. Containers are copied only where something changed."""
+    if isinstance(obj, Tensor) or type(obj) in (float, int, str, bool) or obj is None:
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if isinstance(obj, dict):
+        new = {k: _loadable(v) for k, v in obj.items()}
+        if all(new[k] is v for k, v in obj.items()):
+            return obj
+        out = obj.copy()
+        out.update(new)
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [_loadable(v) for v in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
+
+
 def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
     """Write ``ck`` to ``run_dir/checkpoint.pt`` safely against kills (see the module
     docstring); the previous checkpoint becomes ``checkpoint.prev.pt``. Returns the path."""
@@ -168,7 +194,7 @@ def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), _MODE)
             writer = _Writer(fh, kill_after)
-            torch.save(dict(ck), writer)  # type: ignore[arg-type]  # a file-like object
+            torch.save(_loadable(dict(ck)), writer)  # type: ignore[arg-type]  # a file-like object
             fh.flush()
             os.fsync(fh.fileno())
         if "kill-before-rename" in fault:
