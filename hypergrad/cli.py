@@ -77,14 +77,20 @@ def _settings_refused() -> Any:
     except USAGE_ERRORS:  # already a usage error of its own class
         raise
     except (ValueError, TypeError) as err:
-        tb = err.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        here = Path(__file__).resolve().parent
-        if tb is None or here not in Path(tb.tb_frame.f_code.co_filename).resolve().parents:
+        if not _raised_by_hypergrad(err):
             raise
         refused = ConfigError(str(err))
         raise refused from err
+
+
+def _raised_by_hypergrad(err: BaseException) -> bool:
+    """Whether ``err`` was raised in hypergrad's own code (its innermost frame is in the
+    package): one of its checks of a setting, not a failure in a user's code."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    here = Path(__file__).resolve().parent
+    return tb is not None and here in Path(tb.tb_frame.f_code.co_filename).resolve().parents
 
 
 def _overwrite(folder: RunFolder) -> None:
@@ -367,16 +373,18 @@ def _refused_setting(err: InstantiationException) -> ConfigError | None:
     """A setting hypergrad's own classes refuse while Hydra instantiates them (a ``ValueError``
     or ``TypeError`` naming the argument, its value and the fix): as a :class:`ConfigError`
     naming the config key, without Hydra's wrapping (``Error in call to target ...:
-    ValueError('...')``). Errors from other targets (a task builder of your own) are left to
-    Hydra."""
+    ValueError('...')``), also when a task builder of your own called the class. Errors raised
+    in your own code are left to Hydra, with their traceback."""
     cause = err.__cause__
     text = str(err)
     target = re.search(r"target '([^']+)'", text)
-    if not isinstance(cause, (ValueError, TypeError)) or target is None or not (
-            target.group(1).startswith("hypergrad.")):
+    ours = target is not None and target.group(1).startswith("hypergrad.")  # its signature
+    if not isinstance(cause, (ValueError, TypeError)) or not (
+            ours or _raised_by_hypergrad(cause)):
         return None
     key = re.search(r"^full_key: (\S+)", text, re.MULTILINE)
-    where = f"{key.group(1)} ({target.group(1)})" if key else target.group(1)
+    what = target.group(1) if target else "instantiation"
+    where = f"{key.group(1)} ({what})" if key else what
     refused = ConfigError(f"hypergrad-run: {where}: {cause}")
     refused.__cause__ = cause
     return refused

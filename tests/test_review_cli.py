@@ -117,3 +117,33 @@ def test_a_resume_that_starts_afresh_records_its_own_config(tmp_path: Path) -> N
     written = yaml.safe_load((tmp_path / "config_resolved.yaml").read_text())
     assert written["task"]["steps"] == 12
     assert not (tmp_path / "config_resolved.resume-1.yaml").exists()
+
+
+def test_a_refusal_inside_your_own_task_builder_is_a_usage_error(tmp_path: Path) -> None:
+    """A task builder of your own that passes a setting hypergrad refuses (steps=-3 to
+    InnerProblem) got Hydra's 'Error in call to target my_task.build' and exit status 1, as if
+    the builder had failed; hypergrad's own refusal is a usage error (status 2) naming the key,
+    the builder and the fix, wherever it is called from. An error of the builder's own code
+    keeps Hydra's answer."""
+    (tmp_path / "my_task.py").write_text(
+        "import torch\nimport hypergrad as hg\n\n\n"
+        "def build(hyperparams, optimizer, model, steps=5, fail=False):\n"
+        "    if fail:\n"
+        "        raise ValueError('my own builder failed')\n"
+        "    x = torch.randn(16, 3)\n"
+        "    y = x.sum(1)\n"
+        "    return hg.InnerProblem(torch.nn.Linear(3, 1),\n"
+        "                           lambda m, b, hp: ((m(b[0])[:, 0] - b[1]) ** 2).mean(),\n"
+        "                           optimizer, hyperparams, [(x, y)], steps,\n"
+        "                           lambda m, hp: ((m(x)[:, 0] - y) ** 2).mean())\n")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, "task=custom", "task._target_=my_task.build", *FAST, *args,
+                               f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True,
+                              text=True, cwd=tmp_path, env=ENV, timeout=300)
+
+    out = run("++task.steps=-3")
+    assert out.returncode == 2, out.stderr
+    assert "hypergrad-run: task (my_task.build): InnerProblem: steps=-3 must be" in out.stderr
+    out = run("+task.fail=true")
+    assert out.returncode == 1 and "my own builder failed" in out.stderr, out.stderr
