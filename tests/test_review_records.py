@@ -124,3 +124,26 @@ def test_numpy_numbers_in_a_record_leave_the_checkpoints_readable(tmp_path: Path
     info = res.history[0]["info"]
     assert info["cond"] == 3.5 and type(info["cond"]) is float and info["ok"] is True
     assert torch.equal(info["eigs"], torch.tensor([1.0, 2.0], dtype=torch.float64))
+
+
+def _tb_steps(run_dir: Path, tag: str = "val_loss") -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_tensorboard_holds_one_point_per_step_after_a_resume_that_repeats_one(
+        tmp_path: Path) -> None:
+    # resumed from checkpoint.prev.pt, the run repeats outer step 2: TensorBoard had two points
+    # at step 2 (the killed run's and the resumed run's; with another outer lr, two values)
+    pytest.importorskip("tensorboard")
+    _trainer(tmp_path, 3, hg.run.TensorBoard()).fit()
+    assert _tb_steps(tmp_path) == [0, 1, 2]
+    (tmp_path / "checkpoint.pt").write_bytes(b"garbage")
+    with pytest.warns(CheckpointWarning, match="checkpoint.pt is unreadable"):
+        tr = _trainer(hg.RunFolder(tmp_path, resume=True), 4, hg.run.TensorBoard())
+    tr.fit()
+    assert _tb_steps(tmp_path) == [0, 1, 2, 3]
+    assert _tb_steps(tmp_path, "hypergrad_norm") == [0, 1, 2, 3]

@@ -138,7 +138,8 @@ class TensorBoard(Callback):
     validation loss, the hypergradient's norm, the seconds, the task's metrics and every
     hyperparameter's value under its name (``hyperparams/lr[steps 0-59]``, per tensor by the
     parameter's name; a vector of more than ``max_values`` values as its min, mean and max);
-    at the end, the learned point in the HParams view with its validation loss."""
+    at the end, the learned point in the HParams view with its validation loss. A resumed run
+    hides the points of the run before it from its first repeated step on (``purge_step``)."""
 
     def __init__(self, max_values: int = 64) -> None:
         try:
@@ -154,7 +155,11 @@ class TensorBoard(Callback):
         if trainer.folder is None:
             raise ValueError("TensorBoard: the Trainer has no run folder to write to; pass "
                              "folder=RunFolder(...).")
-        self.writer = self._writer_class(str(trainer.folder.path / "tb"))
+        # a resumed run repeats what its checkpoint did not hold (after checkpoint.prev.pt, an
+        # outer step): TensorBoard drops the killed run's points from the next one on
+        last = trainer.history[-1] if trainer.history else None
+        purge = 0 if last is None else int(last.get("inner_step", last["outer_step"])) + 1
+        self.writer = self._writer_class(str(trainer.folder.path / "tb"), purge_step=purge)
 
     def _named(self, trainer: Any, values: dict[str, Any]) -> dict[str, float]:
         from ..hyperparams import HyperParams
