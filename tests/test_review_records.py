@@ -18,7 +18,7 @@ import torch
 
 import hypergrad as hg
 import hypergrad.run.files as files
-from hypergrad.errors import CheckpointWarning, RunDirError
+from hypergrad.errors import CheckpointWarning, ResumeMismatchError, RunDirError
 from hypergrad.run import Log, Progress
 from hypergrad.testing import digits_case
 
@@ -147,3 +147,27 @@ def test_tensorboard_holds_one_point_per_step_after_a_resume_that_repeats_one(
     tr.fit()
     assert _tb_steps(tmp_path) == [0, 1, 2, 3]
     assert _tb_steps(tmp_path, "hypergrad_norm") == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("units,refused", [(1, False), (3, True)])
+def test_a_fingerprint_rounded_either_way_on_another_machine_resumes(
+        tmp_path: Path, units: int, refused: bool) -> None:
+    # val_loss_at_start is stored to 6 significant digits: on a machine whose last bits of the
+    # loss differ (threads, another GPU) it may round the other way, one unit in the 6th digit,
+    # and the resume was refused ('problem.val_loss_at_start: 2.36228 -> 2.36227')
+    _trainer(tmp_path, 2).fit()
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    fp = ck["fingerprint"]
+    start = fp["problem.val_loss_at_start"]
+    fp["problem.val_loss_at_start"] = float(f"{start + units * 1e-5:.6g}")
+    init = fp["problem.initial_values"]
+    init["lr"] = [v * (1 + 1e-15) for v in init["lr"]]  # exp(log(x)) in another library
+    torch.save(ck, tmp_path / "checkpoint.pt")
+    if refused:
+        with pytest.raises(ResumeMismatchError, match=r"problem.val_loss_at_start: [\d.]+ -> "):
+            _trainer(hg.RunFolder(tmp_path, resume=True), 3)
+    else:
+        assert len(_trainer(hg.RunFolder(tmp_path, resume=True), 3).fit().history) == 3
+    assert files.fingerprint_diff({"x": [2.34568, "a"]}, {"x": [2.34567, "a"]}) == []
+    assert files.fingerprint_diff({"x": 0.5, "n": 3}, {"x": 0.8, "n": 4}) == ["n: 3 -> 4",
+                                                                            "x: 0.5 -> 0.8"]

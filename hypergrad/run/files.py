@@ -367,7 +367,8 @@ and ``select_loss``, in the fingerprint since 2026-11-27)."""
 
 def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``"key: old -> new"`` for every key whose value differs (missing keys count, except a
-    key of :data:`ADDED_KEYS` at its earlier meaning)."""
+    key of :data:`ADDED_KEYS` at its earlier meaning; numbers differ by more than the rounding
+    of :func:`_sig`, see :func:`_same`)."""
     out = []
     for key in sorted(set(old) | set(new)):
         absent = ADDED_KEYS.get(key, "<absent>")
@@ -377,9 +378,25 @@ def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
         # inf or NumPy number compares equal to what it is stored as now)
         a = json_safe(_plain(old.get(key, absent)))
         b = json_safe(_plain(new.get(key, "<absent>")))
-        if a != b:
+        if not _same(a, b):
             out.append(f"{key}: {_short(a)} -> {_short(b)}")
     return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` of plain JSON values, numbers that are not both ints equal to one unit in the
+    6th significant digit: a loss or a sum of the fingerprint rounded to 6 digits (:func:`_sig`)
+    on two machines whose last bits differ (threads, another GPU) rounds either way."""
+    num = (int, float)
+    if (isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool)
+            and not isinstance(b, bool) and not (isinstance(a, int) and isinstance(b, int))):
+        big = max(abs(a), abs(b))
+        return a == b or abs(a - b) <= 1.000001 * 10.0 ** (math.floor(math.log10(big)) - 5)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def _short(v: Any) -> str:
