@@ -25,25 +25,33 @@ MANY = 12
 """More values than this in one hyperparameter: plotted as min / mean / max, summarised in logs."""
 
 
-def _cell(v: float, width: int) -> str:
+def _cell(v: Any, width: int) -> str:
     """A value in fixed point, or in scientific notation where fixed point would not fit its
-    column (a diverged run's 7.5e55 took 60 characters and ran into the next column)."""
-    text = f"{v:>{width}.4f}"
-    return text if len(text) <= width else f"{v:>{width}.4g}"
+    column (a diverged run's 7.5e55 took 60 characters and ran into the next column); a row
+    without the column's value (``None``) shows ``-``, a value that is no number as text."""
+    if v is None:
+        return f"{'-':>{width}}"
+    if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
+        return f"{str(v):>{width}}"
+    text = f"{float(v):>{width}.4f}"
+    return text if len(text) <= width else f"{float(v):>{width}.4g}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Fixed-width text table of evaluation rows (first column: the hyperparameters' label)."""
+    """Fixed-width text table of evaluation rows (first column: the hyperparameters' label);
+    the columns are every row's keys (a task's ``evaluate`` may report a metric for some
+    points only: ``-`` where a row has none)."""
     if not rows:
         return ""
-    keys = [k for k in rows[0] if k not in ("hyperparameters", "best_of_grid")]
+    keys = list(dict.fromkeys(k for r in rows for k in r
+                              if k not in ("hyperparameters", "best_of_grid")))
     w = max(len("hyperparameters"), *(len(r["hyperparameters"]) for r in rows)) + 2
     cw = {k: max(12, len(k) + 2) for k in keys}
     lines = [f"{'hyperparameters':<{w}}" + "".join(f"{k:>{cw[k]}}" for k in keys)]
     for r in rows:
         mark = "  <- best of grid" if r.get("best_of_grid") else ""
         lines.append(f"{r['hyperparameters']:<{w}}"
-                     + "".join(_cell(r[k], cw[k]) for k in keys) + mark)
+                     + "".join(_cell(r.get(k), cw[k]) for k in keys) + mark)
     return "\n".join(lines)
 
 

@@ -171,3 +171,19 @@ def test_a_fingerprint_rounded_either_way_on_another_machine_resumes(
     assert files.fingerprint_diff({"x": [2.34568, "a"]}, {"x": [2.34567, "a"]}) == []
     assert files.fingerprint_diff({"x": 0.5, "n": 3}, {"x": 0.8, "n": 4}) == ["n: 3 -> 4",
                                                                             "x: 0.5 -> 0.8"]
+
+
+def test_the_report_table_shows_every_rows_metrics() -> None:
+    # the columns were the first row's keys: a metric the task's evaluate gave for the learned
+    # point only was dropped without a word, one only the first row had raised KeyError (after
+    # results.json, before the table and the learned values were logged), None a TypeError
+    from hypergrad.report import table
+
+    text = table([{"hyperparameters": "initial", "val_loss": 2.0, "f1": 0.25},
+                  {"hyperparameters": "learned", "val_loss": 1.5, "test_acc": 0.875},
+                  {"hyperparameters": "last", "val_loss": None}])
+    head, initial, learned, last = text.splitlines()
+    assert head.split() == ["hyperparameters", "val_loss", "f1", "test_acc"]
+    assert initial.split() == ["initial", "2.0000", "0.2500", "-"]
+    assert learned.split() == ["learned", "1.5000", "-", "0.8750"]
+    assert last.split() == ["last", "-", "-", "-"]
