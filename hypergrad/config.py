@@ -65,14 +65,25 @@ def _conf_type(tp: Any) -> Any:
         return tp
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
+        # a config cannot hold a tensor: ``float | Tensor`` (torch.optim's lr) is a float there,
+        # so ``outer_optimizer.lr=abc`` fails at composition, not inside torch
+        args = tuple(a for a in args if not _is_tensor(a))
         rest = [a for a in args if a is not type(None)]
         if len(rest) == 1 and len(args) == 2:
             inner = _conf_type(rest[0])
             return Any if inner is Any else Optional[inner]
+        if len(rest) == 1 and len(args) == 1:
+            return _conf_type(rest[0])
         return Any
     if origin in (list, Sequence) and len(args) == 1 and args[0] in _PLAIN:
         return list[args[0]]  # type: ignore[valid-type]
     return Any
+
+
+def _is_tensor(tp: Any) -> bool:
+    import torch
+
+    return tp is torch.Tensor
 
 
 def _public_path(obj: Any) -> str:
@@ -287,7 +298,7 @@ def _known(target: Any) -> set[str] | None:
     try:
         obj = _import(target) if isinstance(target, str) else target
         params = inspect.signature(obj).parameters.values()
-    except (ImportError, AttributeError, TypeError, ValueError):
+    except Exception:  # a user's module that fails while importing: build's _locate says why
         return None
     if any(p.kind == p.VAR_KEYWORD for p in params):
         return None
@@ -371,8 +382,17 @@ def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
     (:func:`unknown_keys`), with the nearest known names."""
     bad = unknown_keys(cfg, groups)
     if bad:
-        lines = "; ".join(f"{k!r}" + (f" (did you mean {', '.join(near)}?)" if near else "")
-                          for k, near in bad)
+        by = _set_by_preset([k for k, _ in bad])
+
+        def why(key: str, near: list[str]) -> str:
+            if key in by:  # debug=fast's task.steps over a builder of yours without steps
+                node, _, leaf = key.rpartition(".")
+                target = OmegaConf.select(cfg, f"{node}._target_", default=None)
+                return (f" (set by {by[key]}, but {node}._target_={target} takes no {leaf!r}: "
+                        f"give it that argument, or leave {by[key]} out)")
+            return f" (did you mean {', '.join(near)}?)" if near else ""
+
+        lines = "; ".join(f"{k!r}{why(k, near)}" for k, near in bad)
         left = _left_from_option(cfg, [k for k, _ in bad])
         if left:  # model._target_=mine over model=mlp: mlp's settings stay, mine takes none
             node, target, keys = left
@@ -385,6 +405,28 @@ def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
         raise ConfigError(f"hypergrad-run: the config has keys that name no setting: {lines}. "
                          f"Check the spelling (hypergrad-run --help lists the groups; "
                          f"--cfg job prints the composed config).")
+
+
+def _set_by_preset(keys: Sequence[str]) -> dict[str, str]:
+    """``{key: "debug=fast"}`` for the ``keys`` that a preset chosen in the Hydra job running
+    (an option of :func:`global_groups`: ``experiment``, ``debug``, ``sweep``) sets."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    out: dict[str, str] = {}
+    choices = HydraConfig.get().runtime.choices
+    for group in sorted(global_groups()):
+        option = choices.get(group)
+        path = CONFIG_DIR / group / f"{option}.yaml"
+        if not isinstance(option, str) or not path.is_file():
+            continue
+        tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        assert isinstance(tree, dict)
+        flat = _flatten({k: v for k, v in tree.items() if k not in ("defaults", "hydra")}, "",
+                        {})
+        out.update({k: f"{group}={option}" for k in keys if k in flat})
+    return out
 
 
 def _left_from_option(cfg: DictConfig, keys: Sequence[str]
@@ -486,12 +528,12 @@ def _check_task(cfg: DictConfig, task: Any) -> None:
             f"data there.", HypergradWarning, stacklevel=3)
 
 
-def _locate_builder(target: str) -> None:
-    """Where a task's ``_target_`` does not resolve, say why (Hydra's own message, "Error
-    locating target", hides the cause): no part of it is an importable module, its module
-    fails while importing (its own error), or a name is missing (the nearest there). As
-    Hydra does, the longest importable prefix is the module and the rest attributes
-    (``pkg.module.Class.method``)."""
+def _locate(key: str, target: str) -> None:
+    """Where the ``_target_`` of the node ``key`` (``task``, ``model``, ...) does not resolve,
+    say why (Hydra's own message, "Error locating target", hides the cause): no part of it is
+    an importable module, its module fails while importing (its own error), or a name is
+    missing (the nearest there). As Hydra does, the longest importable prefix is the module
+    and the rest attributes (``pkg.module.Class.method``)."""
     import difflib
 
     parts = target.split(".")
@@ -504,14 +546,14 @@ def _locate_builder(target: str) -> None:
         except ModuleNotFoundError as err:
             if err.name is not None and (name == err.name or name.startswith(err.name + ".")):
                 continue  # this prefix is no module: a shorter one may be
-            raise ConfigError(f"task._target_={target}: importing {name} failed: "
+            raise ConfigError(f"{key}._target_={target}: importing {name} failed: "
                              f"{err}") from err
         except Exception as err:  # the user's module fails while importing: its own error
-            raise ConfigError(f"task._target_={target}: importing {name} failed: "
+            raise ConfigError(f"{key}._target_={target}: importing {name} failed: "
                              f"{type(err).__name__}: {err}") from err
     if module is None:
         raise ConfigError(
-            f"task._target_={target}: no module {parts[0]!r} is importable from "
+            f"{key}._target_={target}: no module {parts[0]!r} is importable from "
             f"{Path.cwd()}: run hypergrad-run from the folder that holds {parts[0]}.py (it is "
             f"importable), or install the package; a target is module.function.")
     obj: Any = module
@@ -522,17 +564,53 @@ def _locate_builder(target: str) -> None:
             near = difflib.get_close_matches(attr, names, n=3)
             hint = f"; did you mean {' or '.join(repr(m) for m in near)}?" if near else ""
             shown = ", ".join(sorted(names)[:12]) + (", ..." if len(names) > 12 else "")
-            raise ConfigError(f"task._target_={target}: {where} has no {attr!r}{hint} (its "
+            raise ConfigError(f"{key}._target_={target}: {where} has no {attr!r}{hint} (its "
                              f"callables: {shown or 'none'}).")
         obj = getattr(obj, attr)
 
 
-def build(cfg: DictConfig, folder: Any = None,
-          log: Callable[[str], Any] | None = None) -> tuple[Any, Any]:
+def _locate_targets(cfg: DictConfig) -> None:
+    """:func:`_locate` every ``_target_`` of the config (a model, a hyperparameter kind, a
+    method of a user's own as well as the task), before anything is built."""
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(tree, dict)
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            target = node.get("_target_")
+            if isinstance(target, str) and target != "???" and "${" not in target:
+                _locate(key, target)
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}.{i}")
+
+    walk({k: v for k, v in tree.items() if k != "hydra"}, "")
+
+
+def _chosen_groups() -> list[str] | None:
+    """The config groups chosen in the Hydra job running (a user's own, ``+augment=strong``,
+    included) whose options write under their own name; ``None`` outside a Hydra job (the
+    compose API)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    top = global_groups()
+    return [g for g in HydraConfig.get().runtime.choices
+            if "/" not in g and not g.startswith("hydra") and g not in top]
+
+
+def build(cfg: DictConfig, folder: Any = None, log: Callable[[str], Any] | None = None,
+          groups: Sequence[str] | None = None) -> tuple[Any, Any]:
     """Instantiate a composed config: returns ``(task, trainer)``. ``folder``: the run folder
     (a :class:`~hypergrad.RunFolder`, or a path that ``cfg.folder`` and the config's
     fingerprint complete; ``None``: nothing written); ``log``: where the Trainer's messages go
-    (default: the ``hypergrad`` logger)."""
+    (default: the ``hypergrad`` logger). A key that names no setting (``+trainer.outer_steps=5``,
+    ``+report.plot=false``) is refused (:func:`check_keys`), as ``hypergrad-run`` refuses it;
+    ``groups``: config groups of your own chosen in ``cfg`` (their keys are yours; default:
+    those the Hydra job running chose, none with the compose API)."""
     import logging
 
     import torch
@@ -543,6 +621,15 @@ def build(cfg: DictConfig, folder: Any = None,
 
     if cfg.seed < 0:  # numpy's generators (the data split, the batch order) take none
         raise ConfigError(f"seed={cfg.seed}: a seed must be an int >= 0; pass seed=0, 1, ...")
+    _locate_targets(cfg)
+    chosen = _chosen_groups() if groups is None else list(groups)
+    try:
+        check_keys(cfg, chosen or ())
+    except ConfigError as err:
+        if chosen is None:  # the compose API: a group of the user's own is not known here
+            raise ConfigError(f"{err} A config group of your own: build(cfg, "
+                              f"groups=['<its name>']).") from None
+        raise
     torch.manual_seed(cfg.seed)
     hps = instantiate(cfg.hyperparams, _convert_="all")
     opt = instantiate(cfg.inner_optimizer, _convert_="all")
@@ -553,7 +640,6 @@ def build(cfg: DictConfig, folder: Any = None,
             "the command line, e.g. `hypergrad-run task=custom task._target_=my_task.build "
             "+task.data=my_data.npz` (the folder you run from is importable; the builder's "
             "contract: docs/own-model.md).")
-    _locate_builder(str(cfg.task._target_))
     task = instantiate(cfg.task, hyperparams=hps, optimizer=opt, model=model, _convert_="all")
     if isinstance(task, InnerProblem):  # a bare problem: no metrics beyond its val_loss
         task = Task(task)

@@ -13,9 +13,10 @@ from ..problem import InnerProblem
 __all__ = ["Offline", "Online", "Mode", "SearchSettings"]
 
 
-def _count(api: str, name: str, value: Any, low: int) -> int:
+def _count(api: str, name: str, value: Any, low: int, auto: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{api}: {name}={value!r} must be an int >= {low}.")
+        also = ' or "auto"' if auto else ""
+        raise ValueError(f"{api}: {name}={value!r} must be an int >= {low}{also}.")
     return value
 
 
@@ -208,10 +209,10 @@ class Offline(Mode):
         self.outer_steps = (None if outer_steps is None
                             else _count("Offline", "outer_steps", outer_steps, 0))
         if start != "auto":
-            start = _count("Offline", "start", start, 0)
+            start = _count("Offline", "start", start, 0, auto=True)
         self.start = start
         if recheck != "auto":
-            recheck = _count("Offline", "recheck", recheck, 0)
+            recheck = _count("Offline", "recheck", recheck, 0, auto=True)
         self.recheck = recheck
         self.search = SearchSettings.of(search)
 
@@ -286,6 +287,9 @@ class Online(Mode):
 
     def __init__(self, interval: int = 10, reset_tangents: bool = False) -> None:
         self.interval = _count("Online", "interval", interval, 1)
+        if not isinstance(reset_tangents, int) or reset_tangents not in (0, 1):
+            # bool("false") is True: a string would truncate where the caller said not to
+            raise TypeError(f"Online: reset_tangents={reset_tangents!r} must be True or False.")
         self.reset_tangents = bool(reset_tangents)
 
     def check(self, problem: InnerProblem) -> None:
