@@ -5,6 +5,7 @@ get wrong. Each test failed before its fix."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import subprocess
@@ -187,3 +188,15 @@ def test_the_report_table_shows_every_rows_metrics() -> None:
     assert initial.split() == ["initial", "2.0000", "0.2500", "-"]
     assert learned.split() == ["learned", "1.5000", "-", "0.8750"]
     assert last.split() == ["last", "-", "-", "-"]
+
+
+def test_a_half_line_of_metrics_is_not_counted_and_a_resume_rewrites_it(tmp_path: Path) -> None:
+    _trainer(tmp_path, 2).fit()
+    metrics = tmp_path / "metrics.jsonl"
+    whole = metrics.read_text()
+    metrics.write_text(whole + whole.splitlines()[-1][:30])  # a kill in the middle of a line
+    with pytest.raises(RunDirError, match=r"; 2 outer steps in metrics.jsonl"):  # said 3
+        _trainer(tmp_path, 3)
+    res = _trainer(hg.RunFolder(tmp_path, resume=True), 3).fit()
+    assert [json.loads(x) for x in metrics.read_text().splitlines()] == json.loads(
+        files.dumps(res.history))

@@ -172,7 +172,8 @@ class RunFolder:
         if not self.resume:
             steps = ""
             if (self.path / METRICS).exists():
-                n = len((self.path / METRICS).read_text().splitlines())
+                # complete lines: a kill can leave half a line (a resume rewrites the file)
+                n = (self.path / METRICS).read_bytes().count(b"\n")
                 steps = f"; {n} outer steps in {METRICS}"
             raise RunDirError(
                 f"Trainer: the run folder {str(self.path)!r} already holds a run "
