@@ -200,3 +200,32 @@ def test_a_half_line_of_metrics_is_not_counted_and_a_resume_rewrites_it(tmp_path
     res = _trainer(hg.RunFolder(tmp_path, resume=True), 3).fit()
     assert [json.loads(x) for x in metrics.read_text().splitlines()] == json.loads(
         files.dumps(res.history))
+
+
+def test_two_processes_taking_over_one_stale_lock_do_not_both_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # both read the dead process's lock; the other process moved it away and made its own;
+    # this one then moved the other's live lock away (deleted it) and took the folder too
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / "run.lock"
+    lock.write_text(f"{dead.pid} {socket.gethostname()}\n")
+    other = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from hypergrad.run.files import RunLock\n"
+        "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"),
+        str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    alive = files._alive
+
+    def between_look_and_move(pid: int) -> bool:  # the other process takes over right here
+        if pid == dead.pid and other.stdout is not None:
+            assert other.stdout.readline() == "held\n"
+        return alive(pid)
+
+    monkeypatch.setattr(files, "_alive", between_look_and_move)
+    try:
+        with pytest.raises(RunDirError, match=rf"in use by another run \(process {other.pid}"):
+            files.RunLock(tmp_path).acquire()
+        assert lock.read_text().split()[0] == str(other.pid)  # its lock is in place
+    finally:
+        other.kill()
+        other.communicate()

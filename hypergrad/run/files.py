@@ -542,18 +542,21 @@ class RunLock:
             return self
         raise self._busy()
 
-    def _owner(self) -> tuple[int | None, str, float, str]:
-        """The lock's process id, host, age in seconds and the process's start (if recorded)."""
+    def _owner(self) -> tuple[int | None, str, float, str, str]:
+        """The lock's process id, host, age in seconds, the process's start (if recorded) and
+        the lock's text."""
         try:
-            text = self.path.read_text().split()
+            raw = self.path.read_text()
             age = time.time() - self.path.stat().st_mtime
         except OSError:
-            return None, "", 0.0, ""
+            return None, "", 0.0, "", ""
+        text = raw.split()
         pid = int(text[0]) if text and text[0].isdigit() else None
-        return pid, text[1] if len(text) > 1 else "", age, text[2] if len(text) > 2 else ""
+        return (pid, text[1] if len(text) > 1 else "", age, text[2] if len(text) > 2 else "",
+                raw)
 
     def _take_over_stale(self) -> bool:
-        pid, host, age, start = self._owner()
+        pid, host, age, start, raw = self._owner()
         if pid is None:
             if age < 10:  # being written by its owner right now
                 return False
@@ -570,13 +573,25 @@ class RunLock:
             os.replace(self.path, stale)
         except FileNotFoundError:
             return True  # someone else removed it: try again
+        try:
+            moved = stale.read_text()
+        except OSError:  # pragma: no cover - removed by hand in between
+            moved = raw
+        if moved != raw:  # another process took the stale lock over between the look and the
+            # move: this moved its live lock; back in place (unless a third took the folder)
+            try:
+                os.link(stale, self.path)
+            except OSError:  # pragma: no cover
+                pass
+            stale.unlink(missing_ok=True)
+            return True  # try again: refused now
         stale.unlink(missing_ok=True)
         self.taken_over = (f"process {pid} on {host}" if pid is not None else
                            "an unreadable lock file")
         return True
 
     def _busy(self) -> RunDirError:
-        pid, host, _, _ = self._owner()
+        pid, host, _, _, _ = self._owner()
         here = host == socket.gethostname()
         how = (f"if process {pid} is gone (e.g. a node that died), delete {self.path} and run "
                f"again" if not here else
@@ -594,7 +609,7 @@ class RunLock:
         key = self.key
         if _HELD.get(key) is self:
             del _HELD[key]
-        pid, _, _, _ = self._owner()
+        pid, _, _, _, _ = self._owner()
         if pid == os.getpid():
             self.path.unlink(missing_ok=True)
 
