@@ -141,6 +141,7 @@ class InnerProblem:
                             f"(not a model).")
         self.model_factory = model_factory
         self.fmodel = FunctionalModel(model)
+        _refuse_eval_model(model)
         self.recurrent = has_recurrent(model)
         self._precision_checked = False
         """Whether the model has an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` (its differentiated
@@ -1065,6 +1066,40 @@ class InnerProblem:
                 f"report them as learned. Use windows <= steps, e.g. Schedule({it.name!r}, "
                 f"..., windows={T}), or more steps."
             )
+
+
+def _mode_dependent(m: nn.Module) -> bool:
+    """Whether ``m`` computes something else in train mode than in eval mode (torch's layers:
+    dropout, normalisation with running statistics)."""
+    if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)):
+        return bool(m.track_running_stats)
+    if isinstance(m, nn.modules.dropout._DropoutNd):
+        return bool(m.p > 0)
+    if isinstance(m, nn.MultiheadAttention):
+        return bool(m.dropout > 0)
+    if isinstance(m, nn.RNNBase):
+        return bool(m.dropout > 0 and m.num_layers > 1)
+    return False
+
+
+def _refuse_eval_model(model: nn.Module) -> None:
+    """Refuse a model given entirely in eval mode (``model.eval()`` after evaluating it) that
+    has dropout or running statistics: training keeps each submodule's mode, so it would train
+    with dropout off and the statistics frozen, without a word."""
+    if model.training or any(m.training for m in model.modules()):
+        return
+    found = [name for name, m in model.named_modules() if _mode_dependent(m)]
+    if not found:
+        return
+    kinds = sorted({type(model.get_submodule(n)).__name__ for n in found})
+    raise ValueError(
+        f"InnerProblem: the model is in eval mode (model.training=False, every submodule too) "
+        f"and has {', '.join(kinds)} ({found[0]!r}{' and more' if found[1:] else ''}). "
+        f"Training runs each submodule in the mode it had when the problem was built, so it "
+        f"would train with dropout off and BatchNorm statistics frozen, unlike a torch loop "
+        f"that calls model.train(). Call model.train() before building the problem; to freeze "
+        f"some layers on purpose, put only those in eval mode (e.g. model.bn.eval()), or "
+        f"model.eval(); model.training = True to keep every submodule in eval mode.")
 
 
 def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:

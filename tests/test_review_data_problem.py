@@ -155,3 +155,36 @@ def test_a_source_drawing_from_the_global_generators_repeats_its_passes() -> Non
     p = _problem(DataLoader(_Augmented(own=False), batch_size=8, shuffle=True), steps=4)
     report = hypergradcheck(p)  # no warning (warnings are errors here), and it passes
     assert report.ok
+
+
+def _bn_net() -> nn.Module:
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Tanh(),
+                             nn.Linear(8, 2)).double()
+
+
+def test_a_model_given_in_eval_mode_is_refused() -> None:
+    # model.eval() before building: training ran BatchNorm on its frozen running statistics,
+    # validation loss 1.3297 after 5 steps against 1.3474 for a torch loop in train mode
+    x, y = _data()
+    net = _bn_net().eval()
+    with pytest.raises(ValueError, match=r"the model is in eval mode.*BatchNorm1d \('1'\).*"
+                                         r"Call model.train\(\)"):
+        _problem([(x, y)], model=net)
+    _problem([(x, y)], model=_bn_net())  # train mode
+    net = _bn_net()
+    net[1].eval()  # one layer frozen on purpose
+    _problem([(x, y)], model=net)
+    _problem([(x, y)], model=nn.Linear(3, 2).double().eval())  # nothing depends on the mode
+
+
+def test_a_model_given_in_eval_mode_trains_as_its_author_said() -> None:
+    # the way out the message names: every submodule in eval mode, on purpose
+    x, y = _data()
+    net = _bn_net().eval()
+    net.training = True
+    p = _problem([(x, y)], model=net, steps=2)
+    s = p.run(p.init_raw())
+    assert torch.equal(s.buffers.get("1.running_mean", net[1].running_mean),
+                       net[1].running_mean)  # frozen statistics
