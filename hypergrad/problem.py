@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import math
+import os
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -1160,7 +1161,14 @@ _MAKE_BATCHES = ("hypergrad.data.MiniBatches(x, y, batch_size=...) (shuffled min
 def _refuse_data_as_batches(batches: Any) -> None:
     """Refuse the data set itself given as ``batches``, which would be read as one mini-batch
     per step without an error: a tuple or list of tensors of one data set (``(x, y)``: step 0
-    would train on ``x`` alone, step 1 on ``y``), or a dict (its keys would be the batches)."""
+    would train on ``x`` alone, step 1 on ``y``), a dict (its keys would be the batches), or
+    a file name (its characters would)."""
+    if isinstance(batches, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"InnerProblem: batches is {type(batches).__name__} {str(batches)!r}: a file name "
+            f"is not read (a string would be read one character per step). Load the data "
+            f"first (e.g. d = numpy.load(path); x = torch.as_tensor(d['x'])) and pass "
+            f"{_MAKE_BATCHES}.")
     if isinstance(batches, Mapping):
         keys = list(batches)[:4]
         raise TypeError(

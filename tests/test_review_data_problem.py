@@ -4,6 +4,7 @@ fails without its fix."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -188,3 +189,11 @@ def test_a_model_given_in_eval_mode_trains_as_its_author_said() -> None:
     s = p.run(p.init_raw())
     assert torch.equal(s.buffers.get("1.running_mean", net[1].running_mean),
                        net[1].running_mean)  # frozen statistics
+
+
+@pytest.mark.parametrize("name", ["my_data.npz", Path("my_data.npz")])
+def test_a_file_name_as_batches_is_refused(name: Any) -> None:
+    # a str was read as a stream of its characters: IndexError: string index out of range
+    with pytest.raises(TypeError, match=r"batches is (str|PosixPath|WindowsPath) 'my_data.npz'"
+                                        r": a file name is not read.*numpy.load.*MiniBatches"):
+        _problem(name)
