@@ -41,7 +41,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -476,6 +476,29 @@ def _started(pid: int) -> str:
         return ""
 
 
+def _pid_space() -> str:
+    """This process's pid namespace (``pid:[4026531836]``; ``-`` where unknown): two containers
+    may share a host name and a folder, and their process ids mean nothing to each other."""
+    try:
+        return os.readlink("/proc/self/ns/pid").replace(" ", "")
+    except OSError:
+        return "-"
+
+
+class _Owner(NamedTuple):
+    pid: int | None
+    host: str
+    age: float  # seconds since the lock was written
+    start: str  # when the process started ("" where not recorded: earlier locks)
+    space: str  # its pid namespace ("" where not recorded)
+    text: str
+
+    def here(self) -> bool:
+        """On this host, in this pid namespace (or not recorded): its pid is one of ours."""
+        return (self.host == socket.gethostname()
+                and self.space in ("", "-", _pid_space()))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -525,7 +548,8 @@ class RunLock:
                 f"({_HELD[key].who}); a folder holds one run at a time. Let that run finish (or "
                 f"close it: trainer.close()), or use another folder.")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        me = f"{os.getpid()} {socket.gethostname()} {_started(os.getpid())}".strip() + "\n"
+        me = (f"{os.getpid()} {socket.gethostname()} {_started(os.getpid()) or '-'} "
+              f"{_pid_space()}\n")
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -542,31 +566,29 @@ class RunLock:
             return self
         raise self._busy()
 
-    def _owner(self) -> tuple[int | None, str, float, str, str]:
-        """The lock's process id, host, age in seconds, the process's start (if recorded) and
-        the lock's text."""
+    def _owner(self) -> _Owner:
         try:
             raw = self.path.read_text()
             age = time.time() - self.path.stat().st_mtime
         except OSError:
-            return None, "", 0.0, "", ""
-        text = raw.split()
-        pid = int(text[0]) if text and text[0].isdigit() else None
-        return (pid, text[1] if len(text) > 1 else "", age, text[2] if len(text) > 2 else "",
-                raw)
+            return _Owner(None, "", 0.0, "", "", "")
+        text = raw.split() + [""] * 4
+        pid = int(text[0]) if text[0].isdigit() else None
+        return _Owner(pid, text[1], age, text[2].strip("-"), text[3], raw)
 
     def _take_over_stale(self) -> bool:
-        pid, host, age, start, raw = self._owner()
+        owner = self._owner()
+        pid, host, start, raw = owner.pid, owner.host, owner.start, owner.text
         if pid is None:
-            if age < 10:  # being written by its owner right now
+            if owner.age < 10:  # being written by its owner right now
                 return False
-        elif host != socket.gethostname():
+        elif not owner.here():  # another host or container: whether it lives cannot be seen
             return False
         elif (pid != os.getpid() and _alive(pid)
               and (not start or _started(pid) in ("", start))):
             # held by a live process: not this one (it holds no lock on the folder, acquire
-            # checked: one before it with the same id left it, as a restarted container's pid 1
-            # does), nor a later process that got a dead holder's id (another start)
+            # checked: one before it with the same id left it), nor a later process that got a
+            # dead holder's id (another start)
             return False
         stale = self.path.with_name(f"{LOCK}.stale-{os.getpid()}")
         try:
@@ -591,10 +613,12 @@ class RunLock:
         return True
 
     def _busy(self) -> RunDirError:
-        pid, host, _, _, _ = self._owner()
-        here = host == socket.gethostname()
-        how = (f"if process {pid} is gone (e.g. a node that died), delete {self.path} and run "
-               f"again" if not here else
+        owner = self._owner()
+        pid, host = owner.pid, owner.host
+        here = owner.here()
+        space = "" if host != socket.gethostname() else " (another container: pid namespace)"
+        how = (f"if process {pid}{space} is gone (e.g. a node or container that died), delete "
+               f"{self.path} and run again" if not here else
                f"wait for it to finish, or stop it (kill {pid}); a lock left by a process that "
                f"has died is taken over by itself")
         return RunDirError(
@@ -609,8 +633,8 @@ class RunLock:
         key = self.key
         if _HELD.get(key) is self:
             del _HELD[key]
-        pid, _, _, _, _ = self._owner()
-        if pid == os.getpid():
+        owner = self._owner()
+        if owner.pid == os.getpid() and owner.here():
             self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> RunLock:
