@@ -489,11 +489,41 @@ def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _check_resolves(cfg: DictConfig) -> None:
+    """Resolve every interpolation of the config (its ``hydra`` node aside); one that names a
+    key the config does not hold (``${task.n_train}`` of ``hyperparams=example_weights`` over
+    a task of your own) is a :class:`~hypergrad.errors.ConfigError` naming both keys."""
+    import re
+
+    from omegaconf.errors import InterpolationResolutionError
+
+    for key in cfg:
+        if key == "hydra":
+            continue
+        try:
+            node = cfg._get_node(key)
+            if OmegaConf.is_config(node):
+                OmegaConf.to_container(node, resolve=True)  # type: ignore[arg-type]
+            else:
+                cfg[key]  # noqa: B018 - resolves it
+        except InterpolationResolutionError as err:
+            where = str(err.full_key or key)
+            tree = OmegaConf.to_container(cfg, resolve=False)
+            value = _flatten(tree, "", {}).get(where, "")
+            cause = str(err.msg or err).splitlines()[0]
+            named = re.search(r"Interpolation key '([^']+)' not found", cause)
+            add = f", or add the key it names (+{named.group(1)}=...)" if named else ""
+            raise ConfigError(
+                f"hypergrad-run: {where}={value} does not resolve: {cause}. Give {where} a value "
+                f"of its own ({where}=...){add}.") from None
+
+
 def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
     """``{"config.<dotted key>": value}`` of the resolved config, without
     :data:`SAFE_CONFIG_KEYS`: what the checkpoint of a ``hypergrad-run`` run must match."""
     from fnmatch import fnmatchcase
 
+    _check_resolves(cfg)
     tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     flat = _flatten(tree, "", {})
     return {f"config.{k}": v for k, v in flat.items()
@@ -621,6 +651,7 @@ def build(cfg: DictConfig, folder: Any = None, log: Callable[[str], Any] | None 
 
     if cfg.seed < 0:  # numpy's generators (the data split, the batch order) take none
         raise ConfigError(f"seed={cfg.seed}: a seed must be an int >= 0; pass seed=0, 1, ...")
+    _check_resolves(cfg)
     _locate_targets(cfg)
     chosen = _chosen_groups() if groups is None else list(groups)
     try:
@@ -660,6 +691,17 @@ def build(cfg: DictConfig, folder: Any = None, log: Callable[[str], Any] | None 
                            fingerprint=config_fingerprint(cfg),
                            inner_every=cfg.folder.get("inner_every"))
     say = log if log is not None else logging.getLogger("hypergrad").info
-    trainer = Trainer(task, method, outer, mode, guards, folder,
-                      [Log(say, prefix=""), *callbacks], strategy)
+    try:
+        trainer = Trainer(task, method, outer, mode, guards, folder,
+                          [Log(say, prefix=""), *callbacks], strategy)
+    except NotImplementedError as err:  # settings the Trainer cannot run together (an online
+        tb = err.__traceback__  # mode with reverse mode): hypergrad-run's usage error
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        here = Path(__file__).resolve().parent
+        if tb is None or here not in Path(tb.tb_frame.f_code.co_filename).resolve().parents:
+            raise  # from a user's own code
+        raise ConfigError(f"hypergrad-run: mode={mode.name} method="
+                          f"{getattr(method, 'name', type(method).__name__)}: "
+                          f"{err}") from err
     return task, trainer

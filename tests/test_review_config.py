@@ -5,6 +5,7 @@ through :func:`hypergrad.config.build` alike."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,48 @@ def test_a_key_a_preset_sets_that_a_users_builder_does_not_take_names_the_preset
     assert out.returncode == 2, out.stderr
     assert ("'task.steps' (set by debug=fast, but task._target_=review_nosteps_task.build takes "
             "no 'steps': give it that argument, or leave debug=fast out)") in out.stderr, out.stderr
+
+
+def test_an_interpolation_naming_no_key_is_refused_naming_both(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hyperparams=example_weights reads ${task.n_train}; over a task of the user's that has no
+    n_train, hypergrad-run answered with a traceback (InterpolationKeyError from the config's
+    fingerprint) and build() with Hydra's instantiation error."""
+    (tmp_path / "review_own_task.py").write_text(
+        "from hypergrad.tasks.bundled import hypercleaning_task\n"
+        "def build(hyperparams, optimizer, model, steps=4, seed=0):\n"
+        "    return hypercleaning_task(hyperparams, optimizer, model, steps=steps, n_train=40,\n"
+        "                              n_val=20, seed=seed)\n")
+    sys.modules.pop("review_own_task", None)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    over = ["task=custom", "task._target_=review_own_task.build", "hyperparams=example_weights",
+            "inner_optimizer.lr=0.5",
+            "debug=fast"]
+    with pytest.raises(ConfigError, match=re.escape(
+            "hyperparams.items.weights.n=${task.n_train} does not resolve: Interpolation key "
+            "'task.n_train' not found. Give hyperparams.items.weights.n a value of its own "
+            "(hyperparams.items.weights.n=...), or add the key it names (+task.n_train=...).")):
+        build(_compose(over))
+    task, _ = build(_compose([*over, "hyperparams.items.weights.n=40"]))
+    assert task.problem.num_hyperparams == 40
+    out = _cli([*over, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("hypergrad-run: hyperparams.items.weights.n=${task.n_train} "
+                                 "does not resolve"), out.stderr
+
+
+def test_an_online_mode_with_a_method_that_cannot_run_online_is_a_usage_error(
+        tmp_path: Path) -> None:
+    """The Trainer's NotImplementedError (online reverse mode, online backtracking) came out of
+    hypergrad-run as a traceback ("Error executing job"), its message at the end."""
+    over = ["experiment=online_digits", "debug=fast_online", "method=reverse"]
+    with pytest.raises(ConfigError, match=r"mode=online method=reverse: Trainer: online tuning "
+                                          r"needs hypergradients during training"):
+        build(_compose(over))
+    with pytest.raises(ConfigError, match=r"mode=online method=forward: .*for offline tuning"):
+        build(_compose(["experiment=online_digits", "debug=fast_online",
+                        "guards.backtrack=1.5"]))
+    out = _cli([*over, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("hypergrad-run: mode=online method=reverse: Trainer: online "
+                                 "tuning needs"), out.stderr
