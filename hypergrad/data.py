@@ -112,18 +112,18 @@ class MiniBatches:
         self.seed = seed
         self.shuffle = shuffle
         self.per_epoch = n // batch_size
-        self._perm: tuple[int, Tensor] | None = None
+        self._perm: tuple[tuple[int, int], Tensor] | None = None
 
     def indices(self, t: int) -> Tensor:
         epoch, i = divmod(t, self.per_epoch)
         if not self.shuffle:
             perm = torch.arange(self.n)
-        elif self._perm is not None and self._perm[0] == epoch:
+        elif self._perm is not None and self._perm[0] == (self.seed, epoch):
             perm = self._perm[1]
-        else:
+        else:  # the cache follows the seed too: a seed set afterwards draws its own orders
             g = torch.Generator().manual_seed(step_seed(self.seed, _SHUFFLES - epoch))
             perm = torch.randperm(self.n, generator=g)
-            self._perm = (epoch, perm)
+            self._perm = ((self.seed, epoch), perm)
         return perm[i * self.batch_size:(i + 1) * self.batch_size]
 
     def __call__(self, t: int) -> tuple[Tensor, ...]:

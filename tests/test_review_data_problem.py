@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import hypergrad as hg
+from hypergrad.data import MiniBatches
 from hypergrad.errors import UnseededRandomnessWarning
 from hypergrad.testing import hypergradcheck
 
@@ -197,3 +198,16 @@ def test_a_file_name_as_batches_is_refused(name: Any) -> None:
     with pytest.raises(TypeError, match=r"batches is (str|PosixPath|WindowsPath) 'my_data.npz'"
                                         r": a file name is not read.*numpy.load.*MiniBatches"):
         _problem(name)
+
+
+def test_minibatches_read_the_seed_they_have_now() -> None:
+    # the epoch's cached order ignored a seed set afterwards: step 0 read seed 0's batch
+    # [8, 4, 1, 0, 2] after mb.seed = 1 (seed 1's is [5, 3, 8, 0, 2]) while the next epochs
+    # followed seed 1 (the seed attribute is what InnerProblem.variant moves)
+    x = torch.arange(10.0).unsqueeze(1)
+    mb = MiniBatches(x, batch_size=5, seed=0)
+    mb(0)
+    mb.seed = 1
+    fresh = MiniBatches(x, batch_size=5, seed=1)
+    for t in range(4):
+        assert torch.equal(mb(t)[-1], fresh(t)[-1]), t
