@@ -191,6 +191,22 @@ def _generators(source: Any) -> list[torch.Generator]:
     return found
 
 
+def _why_empty(source: Any) -> str:
+    """Why a DataLoader yields nothing, where its settings say (else ``""``)."""
+    try:
+        n = len(source.dataset)
+    except (AttributeError, TypeError):
+        return ""
+    if n == 0:
+        return " The DataLoader's dataset has 0 examples."
+    bs = getattr(source, "batch_size", None)
+    if getattr(source, "drop_last", False) and isinstance(bs, int) and bs > n:
+        return (f" The DataLoader has drop_last=True and batch_size={bs}, but its dataset has "
+                f"{n} examples, so its only batch is dropped: use batch_size <= {n} or "
+                f"drop_last=False.")
+    return ""
+
+
 class _Pass:
     """One pass over a stream's source: its seed, the iterator, the index of the next batch
     it yields, the last batch read and the batches kept (steps ``>= keep_from``)."""
@@ -250,7 +266,8 @@ class _Pass:
 
     def _empty(self) -> ValueError:
         if self.pos == 0 and self.stream.reads == 0:
-            return ValueError("InnerProblem: batches yielded no mini-batch; give at least one.")
+            return ValueError(f"InnerProblem: batches yielded no mini-batch; give at least "
+                              f"one.{_why_empty(self.stream.source)}")
         return ValueError(
             f"InnerProblem: batches ran out after {self.pos} mini-batches of this pass and "
             f"iterating it again gave none ({type(self.stream.source).__name__} is used up "

@@ -211,3 +211,13 @@ def test_minibatches_read_the_seed_they_have_now() -> None:
     fresh = MiniBatches(x, batch_size=5, seed=1)
     for t in range(4):
         assert torch.equal(mb(t)[-1], fresh(t)[-1]), t
+
+
+def test_a_dataloader_that_drops_its_only_batch_says_so() -> None:
+    # the message was "batches yielded no mini-batch; give at least one." alone
+    x, y = _data(6)
+    p = _problem(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, drop_last=True))
+    with pytest.raises(ValueError, match=r"yielded no mini-batch.*drop_last=True and "
+                                         r"batch_size=8, but its dataset has 6 examples.*use "
+                                         r"batch_size <= 6 or drop_last=False"):
+        p.run(p.init_raw())
