@@ -157,6 +157,8 @@ class InnerProblem:
         self.seed = seed
         self.steps = steps
         self._batch = _batch_source(batches, seed)
+        if self._batch.stream is not None:
+            _refuse_single_example_batch(self._batch.stream.source, self.fmodel)
         self._check_binding()
         self._checked_dtype: torch.dtype | None = None
         self._data_checked = False
@@ -1067,6 +1069,33 @@ class InnerProblem:
                 f"report them as learned. Use windows <= steps, e.g. Schedule({it.name!r}, "
                 f"..., windows={T}), or more steps."
             )
+
+
+def _refuse_single_example_batch(source: Any, fm: FunctionalModel) -> None:
+    """Refuse a DataLoader whose last batch of an epoch holds one example for a model with a
+    BatchNorm that normalises by batch statistics: torch's BatchNorm fails on it at the end
+    of the first epoch, after a whole epoch of work ('Expected more than 1 value per channel
+    when training')."""
+    try:
+        n = len(source.sampler)  # the examples of an epoch (a subset sampler's too)
+    except (AttributeError, TypeError):
+        return
+    bs = getattr(source, "batch_size", None)
+    if (not isinstance(bs, int) or getattr(source, "drop_last", True)
+            or getattr(source, "batch_sampler", None) is None or n % bs != 1 or n == 1):
+        return
+    bn = [k for k, m in fm.module.named_modules()
+          if isinstance(m, nn.modules.batchnorm._BatchNorm)
+          and (fm.train_modes[k] or not m.track_running_stats)]  # batch statistics
+    if not bn:
+        return
+    name = bn[0]
+    raise ValueError(
+        f"InnerProblem: the DataLoader's last batch of every epoch holds 1 example ({n} "
+        f"examples, batch_size={bs}, drop_last=False), and the model's BatchNorm {name!r} "
+        f"trains on batch statistics, which one example does not have: torch fails there "
+        f"('Expected more than 1 value per channel when training') at the end of the first "
+        f"epoch. Use drop_last=True, or another batch_size.")
 
 
 def _mode_dependent(m: nn.Module) -> bool:

@@ -221,3 +221,28 @@ def test_a_dataloader_that_drops_its_only_batch_says_so() -> None:
                                          r"batch_size=8, but its dataset has 6 examples.*use "
                                          r"batch_size <= 6 or drop_last=False"):
         p.run(p.init_raw())
+
+
+def test_a_dataloader_ending_each_epoch_on_one_example_is_refused_for_batchnorm() -> None:
+    # 9 examples in batches of 4: step 2 read a batch of 1 and torch's BatchNorm failed there,
+    # after a whole epoch: "Expected more than 1 value per channel when training"
+    x, y = _data(9)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
+    with pytest.raises(ValueError, match=r"last batch of every epoch holds 1 example \(9 "
+                                         r"examples, batch_size=4, drop_last=False\).*"
+                                         r"BatchNorm '1'.*drop_last=True"):
+        _problem(DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True), model=net)
+    p = _problem(DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True, drop_last=True),
+                 model=net, steps=4)
+    p.run(p.init_raw())
+    _problem(DataLoader(TensorDataset(x, y), batch_size=4))  # no BatchNorm: nothing to fail
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, track_running_stats=False),
+                        nn.Linear(4, 2)).double()
+    with pytest.raises(ValueError, match=r"last batch of every epoch holds 1 example"):
+        _problem(DataLoader(TensorDataset(x, y), batch_size=4), model=net)
+    net[1].eval()  # no running statistics: batch statistics in eval mode too
+    with pytest.raises(ValueError, match=r"last batch of every epoch holds 1 example"):
+        _problem(DataLoader(TensorDataset(x, y), batch_size=4), model=net)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
+    net[1].eval()  # frozen running statistics: one example is fine
+    _problem(DataLoader(TensorDataset(x, y), batch_size=4), model=net)
