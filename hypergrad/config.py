@@ -619,6 +619,24 @@ def _locate_targets(cfg: DictConfig) -> None:
     walk({k: v for k, v in tree.items() if k != "hydra"}, "")
 
 
+def _check_items(cfg: DictConfig) -> None:
+    """Every item under ``hyperparams.items`` names its kind (a ``_target_``, from the option's
+    defaults list); one without reached ``HyperParams`` as a plain dict, refused without the
+    item's name or the fix."""
+    items = OmegaConf.select(cfg, "hyperparams.items", default=None)
+    if not isinstance(items, DictConfig):
+        return
+    kinds = sorted(targets()["hyperparams/kind"])
+    for key in items:
+        name, node = str(key), items._get_node(key)
+        if isinstance(node, DictConfig) and "_target_" not in node:
+            raise ConfigError(
+                f"hyperparams.items.{name} has no kind: choose one in the hyperparams option's "
+                f"defaults list, `- kind@items.{name}: scalar` (kinds: {', '.join(kinds)}), or on "
+                f"the command line, +hyperparams/kind@hyperparams.items.{name}=scalar "
+                f"(docs/configs.md#hyperparameters-in-a-config).")
+
+
 def _chosen_groups() -> list[str] | None:
     """The config groups chosen in the Hydra job running (a user's own, ``+augment=strong``,
     included) whose options write under their own name; ``None`` outside a Hydra job (the
@@ -662,6 +680,7 @@ def build(cfg: DictConfig, folder: Any = None, log: Callable[[str], Any] | None 
                               f"groups=['<its name>']).") from None
         raise
     torch.manual_seed(cfg.seed)
+    _check_items(cfg)
     hps = instantiate(cfg.hyperparams, _convert_="all")
     opt = instantiate(cfg.inner_optimizer, _convert_="all")
     model = instantiate(cfg.model, _convert_="all")

@@ -194,3 +194,20 @@ def test_an_online_mode_with_a_method_that_cannot_run_online_is_a_usage_error(
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith("hypergrad-run: mode=online method=reverse: Trainer: online "
                                  "tuning needs"), out.stderr
+
+
+def test_a_hyperparameter_without_a_kind_is_named_with_the_fix(tmp_path: Path) -> None:
+    """An item of a user's hyperparams option whose kind the defaults list does not choose
+    reached HyperParams as a dict: "expected hypergrad hyperparameters ..., got dict: {'init':
+    0.1, ...}", naming neither the item nor how to give it a kind."""
+    (tmp_path / "hyperparams").mkdir()
+    (tmp_path / "hyperparams" / "nokind.yaml").write_text(
+        "defaults:\n  - schema_hyperparams\n  - _self_\nitems:\n"
+        "  lr: {init: 0.1, transform: log}\n")
+    with pytest.raises(ConfigError, match=re.escape(
+            "hyperparams.items.lr has no kind: choose one in the hyperparams option's defaults "
+            "list, `- kind@items.lr: scalar`")):
+        build(_compose(["hyperparams=nokind", "debug=fast"], tmp_path))
+    _, trainer = build(_compose(["hyperparams=nokind", "debug=fast",
+                                 "+hyperparams/kind@hyperparams.items.lr=scalar"], tmp_path))
+    assert trainer.problem.hyperparams.names == ["lr"]
