@@ -241,3 +241,23 @@ def test_two_processes_taking_over_one_stale_lock_do_not_both_run(
     finally:
         other.kill()
         other.communicate()
+
+
+def test_a_relative_run_folder_stays_where_it_was_when_the_working_folder_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a notebook makes the Trainer, then %cd elsewhere and fit(): the lock stayed in the first
+    # folder (and the process could not use it again), the records went to the second,
+    # unchecked for a run already there
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    tr = _trainer("run", 2)
+    assert repr(tr.folder) == "RunFolder('run')"
+    monkeypatch.chdir(second)
+    tr.fit()
+    assert sorted(p.name for p in (first / "run").iterdir()) == [
+        "checkpoint.prev.pt", "checkpoint.pt", "metrics.jsonl"]
+    assert not list(second.iterdir())
+    monkeypatch.chdir(first)
+    assert len(_trainer(hg.RunFolder("run", resume=True), 3).fit().history) == 3

@@ -109,7 +109,8 @@ class RunFolder:
     """Where a run's records go, and when it may continue from them.
 
     Args:
-        path: the folder (created if missing; ``~`` is expanded).
+        path: the folder (created if missing; ``~`` is expanded; a relative path is taken
+            from the working folder when the RunFolder is made).
         resume: continue from the folder's checkpoint if there is one. The checkpoint's
             fingerprint must match this run (see :data:`SAFE_TO_CHANGE` for what may differ);
             the outer optimizer's hyperparameters given now replace the checkpoint's.
@@ -146,7 +147,10 @@ class RunFolder:
             raise ValueError(f"RunFolder: inner_every={inner_every!r} must be an int >= 1 (inner "
                              f"steps between checkpoints within an inner run) or None.")
         self.inner_every = inner_every
-        self.path = Path(path).expanduser()
+        self._shown = Path(path).expanduser()
+        # absolute now: a change of the working folder during the run (a notebook's %cd) put
+        # the records in another folder than the lock and the check of a run already there
+        self.path = self._shown.absolute()
         self.resume, self.overwrite = bool(resume), bool(overwrite)
         self.extra = dict(fingerprint or {})
         self.lock = RunLock(self.path)
@@ -244,7 +248,7 @@ class RunFolder:
         flags = "".join(f", {k}=True" for k in ("resume", "overwrite") if getattr(self, k))
         if self.inner_every is not None:
             flags += f", inner_every={self.inner_every}"
-        return f"RunFolder({str(self.path)!r}{flags})"
+        return f"RunFolder({str(self._shown)!r}{flags})"
 
 
 def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: int) -> None:
