@@ -27,13 +27,17 @@ from .hyperparams import HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
-from .rng import VALIDATION_STEP, step_rng
+from .rng import VALIDATION_STEP, step_rng, step_seed
 from .rnn import RecurrentMode, has_recurrent
 
 if TYPE_CHECKING:
     from .data import Stream
 
 __all__ = ["InnerState", "InnerProblem", "TrainLoss", "ValLoss", "is_plain"]
+
+_BATCH_DRAWS = -9_000_001
+"""The stream of a callable batch source's draws from torch's default generators, apart from
+the steps' streams (:mod:`hypergrad.rng`)."""
 
 VARIANT_STRIDE = 1_000_003
 """How far :meth:`InnerProblem.variant` moves the seeds (a prime, past any epoch count, so a
@@ -189,8 +193,18 @@ class InnerProblem:
 
     def batch(self, t: int) -> Any:
         """The mini-batch of step ``t`` (of the current inner run's pass, for a
-        :class:`~hypergrad.data.Stream`)."""
-        return self._batch(t)
+        :class:`~hypergrad.data.Stream`). A callable of your own runs with torch's default
+        generators at a state fixed by ``(seed, t)`` (a stream of its own, apart from the
+        step's draws; the caller's state restored), so a source that samples with
+        ``torch.randint`` gives step ``t`` one batch in every evaluation and method."""
+        if not self._batch.own:
+            return self._batch(t)
+        with step_rng(step_seed(self.seed, _BATCH_DRAWS), t, self.device,
+                      watch=not self._batch.draws) as rng:
+            b = self._batch(t)
+            if rng is not None and rng.drew():
+                self._batch.draws = True
+        return b
 
     # -- inner runs and their batches --------------------------------------------------------------
     @property
@@ -241,7 +255,7 @@ class InnerProblem:
         from .data import MiniBatches
 
         src = self._seeded_source()
-        return (bool(self.draws) or self._batch.stream is not None
+        return (bool(self.draws) or self._batch.stream is not None or self._batch.draws
                 or self.model_factory is not None
                 or (src is not None and (not isinstance(src, MiniBatches) or src.shuffle)))
 
@@ -310,7 +324,7 @@ class InnerProblem:
         stream, batch 0 of a pass with a fixed seed of its own (the same whatever runs have
         read, for the checks, memory estimates and a run folder's fingerprint)."""
         stream = self._batch.stream
-        return self._batch.checked(stream.first_batch(), 0) if stream else self._batch(0)
+        return self._batch.checked(stream.first_batch(), 0) if stream else self.batch(0)
 
     def second_order(self) -> contextlib.AbstractContextManager[None]:
         """The context of the passes that differentiate this problem's gradient (HVPs, step
@@ -849,12 +863,31 @@ class InnerProblem:
         that :func:`~hypergrad.rng.step_rng` does not fix (NumPy, Python's ``random``, a
         generator of its own), so each method's evaluations of a step see other draws and the
         methods differentiate different functions (forward and reverse mode 8 % apart on a small
-        MLP with NumPy input noise, measured)."""
+        MLP with NumPy input noise, measured). Likewise a callable batch source whose step 0,
+        read twice, gives two batches."""
+        losses = ["train_loss", "val_loss"]
+        if self._batch.own:
+            from .data import _fingerprint
+
+            first, again = (_fingerprint(self.batch(0)) for _ in range(2))
+            if first is not None and again is not None and first != again:
+                losses.remove("train_loss")  # its two values would differ for that reason
+                warnings.warn(
+                    "InnerProblem: batches gave two mini-batches for step 0 when read twice: "
+                    "the callable draws randomness that hypergrad does not seed per step "
+                    "(Python's random, NumPy, a generator of its own; torch's default "
+                    "generator is seeded per step), or keeps state that reading changes. "
+                    "Every method reads a step's batch a different number of times (reverse "
+                    "mode again on its way back), so they would differentiate different "
+                    "functions. Draw with torch's default generator (torch.randint without "
+                    "generator=), or from a torch.Generator seeded by t, e.g. "
+                    "torch.Generator().manual_seed(seed * 1_000_003 + t); or use "
+                    "hypergrad.data.MiniBatches.", UnseededRandomnessWarning, stacklevel=4)
         fm = self.fmodel
         lam = lam.detach()
         params = {k: v.detach().clone() for k, v in fm.initial_params().items()}
         tol = {torch.float64: 1e-9, torch.float32: 1e-5}.get(fm.dtype, 1e-2)
-        for which in ("train_loss", "val_loss"):
+        for which in losses:
             try:
                 with torch.no_grad():
                     a, b = (self._loss_at_start(which, params, lam=lam) for _ in range(2))
@@ -1164,7 +1197,7 @@ def _batch_source(batches: Any, seed: int) -> _Batches:
     if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
         mb = isinstance(batches, MiniBatches)
         return _Batches(batches, getattr(batches, "n", None) if mb else None,
-                        batches if mb else None)
+                        batches if mb else None, own=not mb)
     if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
         if len(batches) == 0:
             raise ValueError("InnerProblem: batches is empty; give at least one mini-batch.")
@@ -1239,11 +1272,16 @@ class _Batches:
     :class:`~hypergrad.data.Stream` of an iterable source."""
 
     def __init__(self, fetch: Callable[[int], Any], n_examples: int | None = None,
-                 data: Any = None, stream: Stream | None = None) -> None:
+                 data: Any = None, stream: Stream | None = None, own: bool = False) -> None:
         self._fetch = fetch
         self.n_examples = n_examples
         self.data = data
         self.stream = stream
+        self.own = own
+        """A callable of the user's (not a MiniBatches): read under seeded generators
+        (:meth:`InnerProblem.batch`)."""
+        self.draws = False
+        """Whether that callable was seen drawing from torch's default generator."""
 
     def __call__(self, t: int) -> Any:
         return self.checked(self._fetch(t), t)

@@ -246,3 +246,41 @@ def test_a_dataloader_ending_each_epoch_on_one_example_is_refused_for_batchnorm(
     net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
     net[1].eval()  # frozen running statistics: one example is fine
     _problem(DataLoader(TensorDataset(x, y), batch_size=4), model=net)
+
+
+def _sampled(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A callable batch source drawing its examples from torch's default generator."""
+    x, y = _data(32)
+    idx = torch.randint(0, 32, (8,))
+    return x[idx], y[idx]
+
+
+def test_a_callable_drawing_from_torch_gives_one_batch_per_step() -> None:
+    # the callable ran unseeded at every evaluation of a step: batch(0) twice gave two batches,
+    # and reverse mode (which evaluates steps again) was 13x off forward mode
+    p = _problem(_sampled, steps=4)
+    assert torch.equal(p.batch(0)[0], p.batch(0)[0])
+    assert not torch.equal(p.batch(0)[0], p.batch(1)[0])
+    before = torch.random.get_rng_state()
+    p.batch(2)
+    assert torch.equal(torch.random.get_rng_state(), before)  # the caller's stream untouched
+    report = hypergradcheck(p)
+    assert report.ok
+    assert p.varies  # a variant draws other batches
+    with p.variant(1):
+        other = p.batch(0)[0]
+    assert not torch.equal(other, p.batch(0)[0])
+
+
+def test_a_callable_drawing_from_numpy_is_warned_about() -> None:
+    x, y = _data(32)
+    rng = np.random.default_rng(0)
+
+    def sampled(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(rng.integers(0, 32, 8))
+        return x[idx], y[idx]
+
+    p = _problem(sampled, steps=2)
+    with pytest.warns(UnseededRandomnessWarning, match=r"batches gave two mini-batches for "
+                                                       r"step 0"):
+        p.check(p.init_raw())
