@@ -138,7 +138,7 @@ _PASSES = -7_000_001  # the stream of pass seeds, apart from the steps' streams 
 _PROBE = -1  # the pass the checks read (first_batch), never a run's
 
 
-def _fingerprint(batch: Any) -> tuple[Any, ...] | None:
+def batch_fingerprint(batch: Any) -> tuple[Any, ...] | None:
     """A summary of a mini-batch that tells two reads of it apart: each tensor's shape, dtype
     and two sums; other leaves as they are. ``None`` where it cannot be taken (tensors without
     data)."""
@@ -357,14 +357,14 @@ class Stream:
         self._last_iter: Callable[[], Any] | None = None  # a weak reference
         self._zero: tuple[int, tuple[Any, ...] | None] | None = None
         """The seed of the last pass that read its batch 0, and that batch's
-        :func:`_fingerprint` (:meth:`_check_repeat`)."""
+        :func:`batch_fingerprint` (:meth:`_check_repeat`)."""
         self._warned = False
 
     def _check_repeat(self, seed: int, batch: Any) -> None:
         """Batch 0 of a pass read again from its seed (a fixed pass, a replay, the checks'
         pass) must be the batch read before: warn once where it is not (the source draws
         randomness that the pass's seed does not fix)."""
-        fp = _fingerprint(batch)
+        fp = batch_fingerprint(batch)
         if self._zero is None or self._zero[0] != seed:
             self._zero = (seed, fp)
             return

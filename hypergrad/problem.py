@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
@@ -71,7 +72,8 @@ class InnerProblem:
             hyperparameter names.
         hyperparams: the :class:`~hypergrad.HyperParams` to differentiate.
         batches: the mini-batch of each step: a sequence (step ``t`` reads ``batches[t % len]``)
-            or a callable ``t -> batch`` (:class:`~hypergrad.data.MiniBatches`), the same batch
+            or a callable ``t -> batch`` (:class:`~hypergrad.data.MiniBatches`, or yours: it
+            runs with torch's default generator seeded by ``(seed, t)``), the same batch
             at step ``t`` in every run; or an iterable that starts a fresh pass on each
             ``iter()`` (a ``torch.utils.data.DataLoader``, wrapped in a
             :class:`~hypergrad.data.Stream`): read lazily, one pass per inner run
@@ -867,9 +869,9 @@ class InnerProblem:
         read twice, gives two batches."""
         losses = ["train_loss", "val_loss"]
         if self._batch.own:
-            from .data import _fingerprint
+            from .data import batch_fingerprint
 
-            first, again = (_fingerprint(self.batch(0)) for _ in range(2))
+            first, again = (batch_fingerprint(self.batch(0)) for _ in range(2))
             if first is not None and again is not None and first != again:
                 losses.remove("train_loss")  # its two values would differ for that reason
                 warnings.warn(
@@ -1238,18 +1240,21 @@ def _refuse_data_as_batches(batches: Any) -> None:
             f"it gives its keys, not mini-batches. A dict is one mini-batch: pass [batch] for "
             f"the same batch at every step, a list of dict batches, or a callable t -> batch.")
     if (isinstance(batches, (tuple, list)) and len(batches) >= 2
-            and all(isinstance(b, Tensor) and b.ndim >= 1 for b in batches)):
+            and all(isinstance(b, (Tensor, np.ndarray)) and b.ndim >= 1 for b in batches)):
         rows = {b.shape[0] for b in batches}
-        kinds = {(b.dtype, b.ndim) for b in batches}
+        kinds = {(str(b.dtype), b.ndim) for b in batches}
         if len(rows) == 1 and len(kinds) > 1:
             desc = ", ".join(f"{str(b.dtype).replace('torch.', '')} {tuple(b.shape)}"
                              for b in batches[:4])
+            arrays = any(isinstance(b, np.ndarray) for b in batches)
             raise TypeError(
-                f"InnerProblem: batches is a {type(batches).__name__} of {len(batches)} tensors "
-                f"with {rows.pop()} rows each but other dtypes or dimensions ({desc}): the "
-                f"columns of one data set, e.g. (x, y). A sequence holds one mini-batch per "
-                f"step (step t reads batches[t % len]), so step 0 would train on tensor 0 "
-                f"alone and step 1 on tensor 1. Pass {_MAKE_BATCHES}.")
+                f"InnerProblem: batches is a {type(batches).__name__} of {len(batches)} "
+                f"{'arrays' if arrays else 'tensors'} with {rows.pop()} rows each but other "
+                f"dtypes or dimensions ({desc}): the columns of one data set, e.g. (x, y). A "
+                f"sequence holds one mini-batch per step (step t reads batches[t % len]), so "
+                f"step 0 would train on {'array' if arrays else 'tensor'} 0 alone and step 1 "
+                f"on {'array' if arrays else 'tensor'} 1. Pass {_MAKE_BATCHES}"
+                + (" (NumPy arrays converted first: torch.as_tensor(a))." if arrays else "."))
 
 
 def is_plain(state: InnerState, lam: Tensor) -> bool:

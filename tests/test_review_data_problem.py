@@ -56,6 +56,15 @@ def test_the_data_sets_columns_as_batches_are_refused(wrap: Any) -> None:
         _problem(wrap((x, y)))
 
 
+def test_the_data_sets_numpy_columns_as_batches_are_refused() -> None:
+    # (x, y) of NumPy arrays: "linear(): argument 'input' (position 1) must be Tensor, not
+    # numpy.ndarray", from the loss at step 0, which was x alone
+    x, y = _data()
+    with pytest.raises(TypeError, match=r"batches is a tuple of 2 arrays with 8 rows each.*"
+                                        r"torch.as_tensor"):
+        _problem((x.numpy(), y.numpy()))
+
+
 def test_a_list_of_single_tensor_batches_stays_allowed() -> None:
     x, _ = _data()
 
