@@ -261,3 +261,17 @@ def test_a_relative_run_folder_stays_where_it_was_when_the_working_folder_change
     assert not list(second.iterdir())
     monkeypatch.chdir(first)
     assert len(_trainer(hg.RunFolder("run", resume=True), 3).fit().history) == 3
+
+
+def test_one_run_folder_given_to_two_trainers_is_refused(tmp_path: Path) -> None:
+    # the second Trainer's open() found the lock held (by the same RunFolder object: a no-op)
+    # and the folder still empty: both ran, metrics.jsonl held outer steps 0, 1, 0, 1, 2
+    folder = hg.RunFolder(tmp_path)
+    first = _trainer(folder, 2)
+    with pytest.raises(RunDirError, match=r"in use by another Trainer.*its own RunFolder"):
+        _trainer(folder, 3)
+    first.fit()
+    steps = [json.loads(x)["outer_step"] for x in (tmp_path / "metrics.jsonl").read_text()
+             .splitlines()]
+    assert steps == [0, 1]
+    assert len(_trainer(hg.RunFolder(tmp_path, resume=True), 3).fit().history) == 3

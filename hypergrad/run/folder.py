@@ -154,12 +154,19 @@ class RunFolder:
         self.resume, self.overwrite = bool(resume), bool(overwrite)
         self.extra = dict(fingerprint or {})
         self.lock = RunLock(self.path)
+        self._open = False  # a Trainer uses it (open() until close())
 
     def open(self, device: torch.device, log: Log) -> tuple[dict[str, Any], Path] | None:
         """Take the lock; return the checkpoint to resume from (and its path), or ``None`` for a
         fresh run. A folder that holds a run is refused unless ``resume`` or ``overwrite``
         (which empties it)."""
+        if self._open:  # one RunFolder given to two Trainers: both wrote into one folder
+            raise RunDirError(
+                f"Trainer: {self!r} is in use by another Trainer (it holds the folder's lock); "
+                f"a folder holds one run at a time. Give each Trainer its own RunFolder (another "
+                f"path), or close the other first (trainer.close()).")
         self.lock.acquire()
+        self._open = True
         if self.lock.taken_over:
             log(f"{self.path} was locked by a run that died "
                 f"({self.lock.taken_over}): its lock was taken over")
@@ -242,6 +249,7 @@ class RunFolder:
 
     def close(self) -> None:
         """Give the lock back."""
+        self._open = False
         self.lock.release()
 
     def __repr__(self) -> str:
