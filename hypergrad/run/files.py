@@ -13,8 +13,9 @@
 - A fingerprint (a flat ``{key: JSON-like value}``) describes what defines a run; resuming
   compares it with the checkpoint's (:func:`fingerprint_diff`).
 - :class:`RunLock`: ``run.lock`` created with ``O_EXCL`` keeps two processes out of one folder;
-  a lock left by a dead process (same host) is taken over, as is one whose process id a later
-  process has (the holder's start is in the lock), this one included (a restarted container).
+  a lock left by a dead process (same host and pid namespace) is taken over, as is one whose
+  process id a later process has (the holder's start is in the lock), this one included. A lock
+  of another host or pid namespace (another container) is refused with how to recover.
 - :func:`dumps`: JSON with NaN and infinities written as ``null`` (strict parsers reject the bare
   ``NaN`` tokens Python writes by default).
 
