@@ -570,9 +570,25 @@ class InnerProblem:
     # -- the checks' parts ------------------------------------------------------------------------
     def _call(self, which: str, fn: Callable[..., Any], *args: Any) -> Any:
         """A loss called by a check: torch's dtype error of a model and data in different
-        dtypes becomes one that names both and the fix."""
+        dtypes becomes one that names both and the fix; so does a training loss that unpacks
+        a :class:`~hypergrad.data.MiniBatches` batch without its example indices."""
         try:
             return fn(*args)
+        except ValueError as err:
+            from .data import MiniBatches
+
+            unpack = _UNPACK.match(str(err))
+            if (which != "train_loss" or unpack is None
+                    or not isinstance(self._batch.data, MiniBatches)):
+                raise
+            n = len(self._batch.data.tensors)
+            names = ", ".join(["x", "y", "z"][:n] if n <= 3 else [f"x{i}" for i in range(n)])
+            raise ValueError(
+                f"InnerProblem: train_loss unpacks the mini-batch into {unpack[1]} values "
+                f"({str(err)}), but a MiniBatches batch is its {n} tensor"
+                f"{'s' if n > 1 else ''} and then the example indices: {n + 1} values. Unpack "
+                f"them too, e.g. {names}, idx = batch (or {names}, _ = batch)."
+            ) from err
         except RuntimeError as err:
             if not _DTYPE_ERROR.search(str(err)):
                 raise
@@ -1369,6 +1385,7 @@ def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
 
 
 # -- helpers of the checks ------------------------------------------------------------------------
+_UNPACK = re.compile(r"too many values to unpack \(expected (\d+)")
 _DTYPE_ERROR = re.compile(r"dtype|scalar type|type \(\w+\) and|Double|Float|Half|BFloat16")
 _TO = {torch.float32: ".float()", torch.float64: ".double()"}
 

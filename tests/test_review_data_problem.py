@@ -293,3 +293,18 @@ def test_a_callable_drawing_from_numpy_is_warned_about() -> None:
     with pytest.warns(UnseededRandomnessWarning, match=r"batches gave two mini-batches for "
                                                        r"step 0"):
         p.check(p.init_raw())
+
+
+def test_a_loss_unpacking_minibatches_without_the_indices_is_told_so() -> None:
+    # x, y = batch on a MiniBatches batch (x, y, idx): "too many values to unpack (expected 2)"
+    x, y = _data()
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        xb, yb = b
+        return F.cross_entropy(m(xb), yb)
+
+    p = _problem(MiniBatches(x, y, batch_size=4), train_loss=tl)
+    with pytest.raises(ValueError, match=r"train_loss unpacks the mini-batch into 2 values.*"
+                                         r"its 2 tensors and then the example indices: 3 "
+                                         r"values.*x, y, idx = batch"):
+        p.check(p.init_raw())
