@@ -247,6 +247,10 @@ class Config:
     device: str = "cpu"  # the bundled tasks' device: cpu, cuda, cuda:N, auto (tasks.device_of)
 
 
+GROUPS = ("task", "model", "hyperparams", "inner_optimizer", "outer_optimizer", "method", "mode",
+          "guards", "folder", "callbacks", "distributed")
+"""The config groups :func:`build` instantiates."""
+
 REGISTRIES = ("method", "inner_optimizer")
 """Groups whose options include every registered name (a method or optimizer registered by an
 entry point or an import is ``method=<name>`` without a YAML file)."""
@@ -489,15 +493,16 @@ def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_resolves(cfg: DictConfig) -> None:
-    """Resolve every interpolation of the config (its ``hydra`` node aside); one that names a
-    key the config does not hold (``${task.n_train}`` of ``hyperparams=example_weights`` over
-    a task of your own) is a :class:`~hypergrad.errors.ConfigError` naming both keys."""
+def _check_resolves(cfg: DictConfig, keys: Sequence[str] | None = None) -> None:
+    """Resolve every interpolation of the config's top-level ``keys`` (default: all but
+    ``hydra``); one that names a key the config does not hold (``${task.n_train}`` of
+    ``hyperparams=example_weights`` over a task of your own) is a
+    :class:`~hypergrad.errors.ConfigError` naming both keys."""
     import re
 
     from omegaconf.errors import InterpolationResolutionError
 
-    for key in cfg:
+    for key in cfg if keys is None else [k for k in keys if k in cfg]:
         if key == "hydra":
             continue
         try:
@@ -669,7 +674,7 @@ def build(cfg: DictConfig, folder: Any = None, log: Callable[[str], Any] | None 
 
     if cfg.seed < 0:  # numpy's generators (the data split, the batch order) take none
         raise ConfigError(f"seed={cfg.seed}: a seed must be an int >= 0; pass seed=0, 1, ...")
-    _check_resolves(cfg)
+    _check_resolves(cfg, [*GROUPS, "seed", "device"])  # what is built here
     _locate_targets(cfg)
     chosen = _chosen_groups() if groups is None else list(groups)
     try:

@@ -173,6 +173,7 @@ def test_an_interpolation_naming_no_key_is_refused_naming_both(
         build(_compose(over))
     task, _ = build(_compose([*over, "hyperparams.items.weights.n=40"]))
     assert task.problem.num_hyperparams == 40
+    build(_compose(["debug=fast", "name=${hydra:job.name}"]))  # build() reads no name: fine
     out = _cli([*over, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith("hypergrad-run: hyperparams.items.weights.n=${task.n_train} "
