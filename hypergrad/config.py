@@ -389,9 +389,9 @@ def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
         by = _set_by_preset([k for k, _ in bad])
 
         def why(key: str, near: list[str]) -> str:
-            if key in by:  # debug=fast's task.steps over a builder of yours without steps
-                node, _, leaf = key.rpartition(".")
-                target = OmegaConf.select(cfg, f"{node}._target_", default=None)
+            node, _, leaf = key.rpartition(".")
+            target = OmegaConf.select(cfg, f"{node}._target_", default=None) if node else None
+            if key in by and target is not None:  # debug=fast's task.steps, a builder of yours
                 return (f" (set by {by[key]}, but {node}._target_={target} takes no {leaf!r}: "
                         f"give it that argument, or leave {by[key]} out)")
             return f" (did you mean {', '.join(near)}?)" if near else ""
