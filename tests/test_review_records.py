@@ -275,3 +275,45 @@ def test_one_run_folder_given_to_two_trainers_is_refused(tmp_path: Path) -> None
              .splitlines()]
     assert steps == [0, 1]
     assert len(_trainer(hg.RunFolder(tmp_path, resume=True), 3).fit().history) == 3
+
+
+def test_the_second_trainers_refusal_leaves_the_first_its_lock(tmp_path: Path) -> None:
+    # the refusal above closed the folder in the second Trainer's clean-up, which released the
+    # lock the first Trainer held: another process could take the folder before its fit()
+    folder = hg.RunFolder(tmp_path)
+    _trainer(folder, 2)
+    with pytest.raises(RunDirError, match=r"in use by another Trainer"):
+        _trainer(folder, 3)
+    assert folder.lock.held
+    other = subprocess.run(
+        [sys.executable, "-c", "import sys, hypergrad as hg; from hypergrad.run.folder import "
+         "RunLock; RunLock(__import__('pathlib').Path(sys.argv[1])).acquire()", str(tmp_path)],
+        capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and "RunDirError" in other.stderr, other.stderr
+
+
+def test_a_failing_callback_keeps_no_record_from_the_others_nor_hides_the_error(
+        tmp_path: Path) -> None:
+    # A raising at outer step 1 stopped B from getting it (TensorBoard never had that step, not
+    # even after a resume), and B's on_fit_end raising on the way out replaced A's error
+    class A(hg.Callback):
+        def on_outer_step(self, trainer: Any, rec: dict[str, Any]) -> None:
+            if rec["outer_step"] == 1:
+                raise RuntimeError("A failed")
+
+    class B(hg.Callback):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def on_outer_step(self, trainer: Any, rec: dict[str, Any]) -> None:
+            self.steps.append(rec["outer_step"])
+
+        def on_fit_end(self, trainer: Any, result: Any) -> None:
+            raise ValueError("B cleanup failed")
+
+    b = B()
+    with pytest.raises(RuntimeError, match="A failed") as got:
+        _trainer(tmp_path, 3, A(), b).fit()
+    assert b.steps == [0, 1]
+    assert any("B.on_fit_end raised ValueError: B cleanup failed" in n
+               for n in getattr(got.value, "__notes__", []))

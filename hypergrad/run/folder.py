@@ -167,6 +167,13 @@ class RunFolder:
                 f"path), or close the other first (trainer.close()).")
         self.lock.acquire()
         self._open = True
+        try:
+            return self._opened(device, log)
+        except BaseException:  # refused: the lock back, so the folder can be used again
+            self.close()
+            raise
+
+    def _opened(self, device: torch.device, log: Log) -> tuple[dict[str, Any], Path] | None:
         if self.lock.taken_over:
             log(f"{self.path} was locked by a run that died "
                 f"({self.lock.taken_over}): its lock was taken over")

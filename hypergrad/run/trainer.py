@@ -28,7 +28,7 @@ import inspect
 import math
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +164,19 @@ def _check_outer(opt: Any, lam: Tensor) -> None:
             f"per outer step, checked by the guards). For L-BFGS directions with a line search "
             f"of plain inner runs use the default, QuasiNewton (outer=None, or "
             f"outer=functools.partial(hypergrad.run.QuasiNewton)).")
+
+
+def _each(callbacks: list[Callback], call: Callable[[Callback], Any]) -> None:
+    """``call`` every callback, also after one raised (a record one of them failed on still
+    reaches TensorBoard and the others); then the first error is raised."""
+    first: BaseException | None = None
+    for cb in callbacks:
+        try:
+            call(cb)
+        except Exception as err:  # noqa: BLE001 - raised below, after the others
+            first = first or err
+    if first is not None:
+        raise first
 
 
 class Trainer:
@@ -360,10 +373,12 @@ class Trainer:
 
     def _open_folder(self, folder: RunFolder) -> None:
         p = self.problem
+        self._fingerprint = problem_fingerprint(
+            p, self.settings(), {**folder.extra, **self.strategy.fingerprint(self.method)})
+        # open() gives the lock back when it refuses (a folder that another Trainer holds
+        # included: closing it here released that Trainer's lock)
+        got = folder.open(p.device, self.message) if self.strategy.is_writer else None
         try:
-            self._fingerprint = problem_fingerprint(
-                p, self.settings(), {**folder.extra, **self.strategy.fingerprint(self.method)})
-            got = folder.open(p.device, self.message) if self.strategy.is_writer else None
             got = self.strategy.follow(folder.path, folder.resume, p.device) or got
             if got is not None:
                 self.load_state_dict(*got)
@@ -378,15 +393,13 @@ class Trainer:
             cb.on_message(self, text)
 
     def _emit(self, event: str, *args: Any) -> None:
-        for cb in self.callbacks:
-            getattr(cb, event)(self, *args)
+        _each(self.callbacks, lambda cb: getattr(cb, event)(self, *args))
 
     def _emit_record(self, rec: dict[str, Any]) -> None:
         """``on_outer_step`` with a copy of the record for each callback: one that edits what it
         is given (rounds it for its log, pops a key) changes neither the history, the result and
         the checkpoints nor what the next callback sees."""
-        for cb in self.callbacks:
-            cb.on_outer_step(self, copy.deepcopy(rec))
+        _each(self.callbacks, lambda cb: cb.on_outer_step(self, copy.deepcopy(rec)))
 
     @property
     def inner_step(self) -> int:
@@ -423,11 +436,18 @@ class Trainer:
                 if oom is None:
                     raise
                 raise oom from None  # not the allocator's raw error; the records stay
-        finally:
+        except BaseException as err:
             self.close()
-            if res is None:  # an exception: the callbacks still close what they opened
-                for cb in self.callbacks:
+            # the callbacks still close what they opened; one that fails doing so does not
+            # hide the error that stopped the run
+            for cb in self.callbacks:
+                try:
                     cb.on_fit_end(self, None)
+                except Exception as late:  # noqa: BLE001 - kept as a note of the first
+                    err.add_note(f"then {type(cb).__name__}.on_fit_end raised "
+                                 f"{type(late).__name__}: {late}")
+            raise
+        self.close()
         res.problem = self.problem
         res.evaluations = list(self.evaluations)
         res.elapsed = self._elapsed_done = self._elapsed()
