@@ -308,3 +308,32 @@ def test_a_loss_unpacking_minibatches_without_the_indices_is_told_so() -> None:
                                          r"its 2 tensors and then the example indices: 3 "
                                          r"values.*x, y, idx = batch"):
         p.check(p.init_raw())
+
+
+class _Reusing:
+    """A loader that copies every batch into one pair of preallocated tensors."""
+
+    def __init__(self) -> None:
+        self.x, self.y = _data(32)
+
+    def __iter__(self) -> Any:
+        bx = torch.empty(8, 3, dtype=D)
+        by = torch.empty(8, dtype=torch.long)
+        perm = torch.randperm(32)
+        for i in range(4):
+            idx = perm[i * 8:(i + 1) * 8]
+            bx.copy_(self.x[idx])
+            by.copy_(self.y[idx])
+            yield bx, by
+
+
+def test_a_source_reusing_its_buffers_is_refused() -> None:
+    # reverse mode replayed its kept batches, all overwritten by the last one read: on one
+    # fixed pass reverse mode gave -0.0232 and forward mode 0.0085, without an error
+    p = _problem(_Reusing(), steps=6)
+    with pytest.raises(ValueError, match=r"batches \(_Reusing\) changed in place after it was "
+                                         r"read \(its tensor 0, shape \(8, 3\)\).*yield "
+                                         r"x.clone\(\)"), p.fixed_pass():
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+        hg.ReverseMode().hypergradient(p, p.init_raw())
+
