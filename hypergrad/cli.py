@@ -58,12 +58,30 @@ def _prepare_run_dir(folder: RunFolder) -> None:
     from .errors import RunDirError
     from .run.files import RECORD_FILES, TRAINER_FILES, used_files
 
+    path = folder.path.resolve()
+    if path in _SWEEP_FOLDERS:  # an earlier job of this sweep's: overwrite or resume is wrong
+        raise RunDirError(
+            f"hypergrad-run: this job of the sweep would write into {folder.path}, where an "
+            f"earlier job of the same sweep wrote its run (hydra.sweep.subdir names one folder "
+            f"for both). Give each job its own folder: hydra.sweep.subdir=${{hydra.job.num}} "
+            f"(the default) or one that names the swept values "
+            f"(${{hydra.job.override_dirname}}).")
     used = used_files(folder.path, (*TRAINER_FILES, *RECORD_FILES))
     if used and not folder.resume and not folder.overwrite:
+        other = ("hydra.sweep.dir=... or hydra.sweep.subdir=..." if _multirun()
+                 else "hydra.run.dir=...")
         raise RunDirError(
             f"hypergrad-run: the run folder {folder.path} already holds a run "
             f"({', '.join(used)}). Continue it with folder.resume=true, discard it with "
-            f"folder.overwrite=true, or choose another folder with hydra.run.dir=...")
+            f"folder.overwrite=true, or choose another folder with {other}")
+    if _multirun():
+        _SWEEP_FOLDERS.add(path)
+
+
+_SWEEP_FOLDERS: set[Path] = set()
+"""The run folders jobs of this process's ``--multirun`` sweep used (Hydra's basic launcher
+runs them one after another in one process): a later job whose ``hydra.sweep.subdir`` names the
+same folder is refused (with ``folder.overwrite=true`` it deleted the earlier job's run)."""
 
 
 @contextlib.contextmanager

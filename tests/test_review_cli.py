@@ -147,3 +147,22 @@ def test_a_refusal_inside_your_own_task_builder_is_a_usage_error(tmp_path: Path)
     assert "hypergrad-run: task (my_task.build): InnerProblem: steps=-3 must be" in out.stderr
     out = run("+task.fail=true")
     assert out.returncode == 1 and "my own builder failed" in out.stderr, out.stderr
+
+
+def test_a_sweep_whose_jobs_share_one_folder_keeps_the_first_jobs_run(tmp_path: Path) -> None:
+    """``-m seed=0,1 folder.overwrite=true hydra.sweep.subdir=one``: job #1 deleted job #0's
+    run (an INFO line said so) and the sweep exited 0 with seed 1's run alone. The second job
+    is refused naming the subdir's fix; without overwrite the refusal named hydra.run.dir,
+    which a sweep ignores."""
+    out = _cli("--multirun", "seed=0,1", "folder.overwrite=true", *FAST, "report.retrain=false",
+               f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=one")
+    assert out.returncode != 0
+    assert "an earlier job of the same sweep wrote its run" in out.stderr
+    assert "hydra.sweep.subdir=${hydra.job.num}" in out.stderr
+    assert (tmp_path / "one" / "results.json").exists()
+    assert yaml.safe_load((tmp_path / "one" / "config_resolved.yaml").read_text())["seed"] == 0
+    folder = tmp_path / "again"
+    assert _cli(*FAST, "report.retrain=false", f"hydra.run.dir={folder / '0'}").returncode == 0
+    out = _cli("--multirun", "seed=0,1", *FAST, "report.retrain=false",
+               f"hydra.sweep.dir={folder}")
+    assert "choose another folder with hydra.sweep.dir=... or hydra.sweep.subdir=" in out.stderr
