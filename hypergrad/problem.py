@@ -703,11 +703,24 @@ class InnerProblem:
                                 probe=pr)
                 return self._call("val_loss", self.val_loss, model, hpv)
 
+        batch0 = [(x, x._version, x.detach().clone()) for x in tree_flatten(
+            self.first_batch())[0] if isinstance(x, Tensor) and not x.is_inference()]
         try:
             loss = run_train(leaves, probe)
             run_val(probe)
         finally:
             changed = _restore(fm.module, snapshot)
+            written = _restore_batch(batch0)
+        if written:
+            i, x = written
+            raise ValueError(
+                f"InnerProblem: train_loss writes the mini-batch in place (tensor {i} of "
+                f"mini-batch 0, shape {tuple(x.shape)}; restored now), e.g. x.div_(255) or "
+                f"x[...] = ...: each evaluation of a step (every method evaluates a step "
+                f"several times, and so do the checks) would see data the one before changed, "
+                f"plain runs would change your data set run after run, and torch.func's "
+                f"transforms refuse it ('attempted to call in-place operation ... that would "
+                f"mutate a captured Tensor'). Transform the batch out of place: x = x / 255.")
         if fm.padded:
             fm.check_padding(leaves, _grads_of(loss, leaves))
         if changed:
@@ -1587,6 +1600,18 @@ def _restore(module: nn.Module, snapshot: dict[str, Tensor]) -> list[str]:
                 if x.shape == old.shape:
                     x.copy_(old)
     return changed
+
+
+def _restore_batch(batch: list[tuple[Tensor, int, Tensor]]) -> tuple[int, Tensor] | None:
+    """Put back every tensor of a batch whose version counter moved since ``(tensor, version,
+    copy)`` was taken; the index and tensor of the first, or ``None``."""
+    first = None
+    with torch.no_grad():
+        for i, (x, version, copy) in enumerate(batch):
+            if x._version != version:
+                first = first or (i, x)
+                x.copy_(copy)
+    return first
 
 
 @contextlib.contextmanager

@@ -337,3 +337,22 @@ def test_a_source_reusing_its_buffers_is_refused() -> None:
         hg.ForwardMode().hypergradient(p, p.init_raw())
         hg.ReverseMode().hypergradient(p, p.init_raw())
 
+
+def test_a_loss_writing_the_batch_in_place_is_refused_and_the_data_restored() -> None:
+    # x.div_(100) in train_loss: the checks divided batch 0 again at every evaluation (the
+    # data set changed run after run), then the first hypergradient failed in torch.func
+    x, y = _data()
+    x100 = x * 100
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        xb = b[0]
+        xb.div_(100)
+        return F.cross_entropy(m(xb), b[1])
+
+    batch = (x100.clone(), y)
+    p = _problem([batch], train_loss=tl)
+    with pytest.raises(ValueError, match=r"train_loss writes the mini-batch in place \(tensor "
+                                         r"0 of mini-batch 0, shape \(8, 3\); restored now\)"
+                                         r".*x = x / 255"):
+        p.check(p.init_raw())
+    assert torch.equal(batch[0], x100)
