@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -67,8 +68,29 @@ TRANSFORMS = {
 }
 
 
+def _holds_bool(x: Any) -> bool:
+    """Whether ``x`` is a bool, or a (nested) list or tensor / array of bools: ``True`` is an
+    int to Python and ``torch.as_tensor``, so it passed as a number (1.0)."""
+    if isinstance(x, (bool, np.bool_)):
+        return True
+    if isinstance(x, Tensor):
+        return x.dtype == torch.bool
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.bool_
+    if isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
+        return any(_holds_bool(e) for e in x)
+    return False
+
+
 def _check_init(api: str, init: Any) -> None:
-    """``init`` must be a number, a (nested) list of numbers or a floating/integer tensor."""
+    """``init`` must be a number, a (nested) list of numbers or a floating/integer tensor (not
+    a bool: ``init=True`` was read as 1.0)."""
+    if _holds_bool(init):
+        what = "is a bool" if isinstance(init, (bool, np.bool_)) else "holds bools"
+        raise TypeError(
+            f"{api}: init={init!r} {what} (read as 1.0 or 0.0); init must be a number, a "
+            f"list of numbers or a tensor, in value space (after the transform), e.g. init=0.1."
+        )
     bad = isinstance(init, (str, bytes)) or init is None
     if not bad:
         try:
