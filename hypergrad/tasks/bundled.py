@@ -9,6 +9,7 @@ results.
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 
 from ..data import MiniBatches
 from ..errors import HypergradWarning
-from ..hyperparams import HyperParams, PerExample
+from ..hyperparams import Array, HyperParams, PerExample, Scalar, Schedule
 from ..optim import SGD, Optimizer
 from ..problem import InnerProblem, InnerState
 from ..task import Task
@@ -143,14 +144,40 @@ def lam_with(problem: InnerProblem, lam: Tensor, name: str, value: Any) -> Tenso
     return out
 
 
-def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None) -> dict[str, Tensor]:
-    refs = {}
+def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None,
+          api: str = "digits_task") -> dict[str, Tensor]:
+    """The references ``grid {name}={v}``: ``lam`` at its initial value with ``name`` set to
+    each ``v``. A value that is not a number is refused (a bare number was iterated over, and
+    ``True`` read as 1.0), and so is one outside the transform's domain (its reference was NaN,
+    ranked best of the grid)."""
+    from ..hyperparams import TRANSFORMS, rounded_onto_edge
+
+    refs: dict[str, Tensor] = {}
     for name, values in (grid or {}).items():
         if name not in problem.hyperparams.by_name:
             raise ValueError(f"grid: {name!r} is not a hyperparameter; defined are "
                              f"{problem.hyperparams.names}.")
+        eg = ([values] if isinstance(values, numbers.Real) and not isinstance(values, bool)
+              else [0.01, 0.1])
+        fix = (f"give a list of numbers, the values of {name!r} to compare: "
+               f"grid={{{name!r}: {eg}}} (hypergrad-run: task.grid.{name}="
+               f"[{','.join(map(str, eg))}])")
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise ValueError(f"{api}: grid[{name!r}]={values!r} is not a list; {fix}.")
+        lam0 = problem.init_raw()
+        transform = problem.hyperparams.by_name[name].transform
+        _, _, valid, domain = TRANSFORMS[transform]
         for v in values:
-            refs[f"grid {name}={v:g}"] = lam_with(problem, problem.init_raw(), name, v)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ValueError(f"{api}: grid[{name!r}]={list(values)!r} has {v!r} "
+                                 f"({type(v).__name__}), not a number; {fix}.")
+            t = torch.tensor(float(v), dtype=lam0.dtype)
+            if not bool(torch.isfinite(t)) or not valid(t):
+                raise ValueError(f"{api}: grid[{name!r}] value {v!r} is outside the domain of "
+                                 f"transform={transform!r} of {name!r} ({domain})"
+                                 f"{rounded_onto_edge(v, lam0.dtype, valid)}; give values in "
+                                 f"that domain.")
+            refs[f"grid {name}={v:g}"] = lam_with(problem, lam0, name, v)
     return refs
 
 
@@ -269,6 +296,34 @@ def _standardized(x: np.ndarray, n_train: int) -> np.ndarray:
     return (x - mu) / sd
 
 
+def _check_l2(api: str, hyperparams: HyperParams, l2_name: str, n_features: int) -> bool:
+    """The L2 coefficient the training loss reads, ``hp[l2_name]``: a hyperparameter of one
+    value (a scalar, a schedule), or an array of one value per feature, shape
+    ``(n_features,)``. Whether it is per feature. A per-feature array of another size crashed
+    inside the loss (size 15 vs 30), or was summed into a training loss of that shape."""
+    item = hyperparams.by_name.get(l2_name)
+    if item is None:
+        raise ValueError(f"{api}: l2_name={l2_name!r} is not a hyperparameter; defined are "
+                         f"{hyperparams.names}; the training loss reads the L2 coefficient "
+                         f"hp[{l2_name!r}]: add it (hypergrad-run: hyperparams=l2 for one "
+                         f"coefficient, or hyperparams=l2_per_feature "
+                         f"hyperparams.items.l2.shape=[{n_features}] for one per feature), or "
+                         f"name another with l2_name=...")
+    if isinstance(item, (Scalar, Schedule)):
+        return False
+    shape = item.shape() if isinstance(item, Array) else None
+    if shape is None or shape not in ((), (1,), (n_features,)):
+        what = (f"has shape {shape}" if shape is not None
+                else f"is a {item.kind} hyperparameter")
+        raise ValueError(f"{api}: hyperparameter {l2_name!r} {what}, but the data has "
+                         f"{n_features} features: the L2 coefficient is one number or one per "
+                         f"feature, shape ({n_features},); use "
+                         f"Array({l2_name!r}, init, shape=({n_features},)) (hypergrad-run: "
+                         f"hyperparams.items.{l2_name}.shape=[{n_features}]), or one "
+                         f"coefficient (hypergrad-run: hyperparams=l2).")
+    return shape == (n_features,) and n_features > 1
+
+
 def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                         steps: int = 3000, n_train: int = 250, n_val: int = 100,
                         seed: int = 0, dtype: str = "float64", l2_name: str = "l2",
@@ -288,6 +343,7 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
     xtr, ytr = xt[:n_train], yt[:n_train]
     xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
     xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
+    per_feature = _check_l2("ridge_diabetes_task", hyperparams, l2_name, x.shape[1])
     net = model(x.shape[1], 1).to(device=dev, dtype=dt)
     with torch.no_grad():
         for p in net.parameters():
@@ -296,6 +352,9 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
         xb, yb = batch
         r = m(xb)[:, 0] - yb
+        if per_feature:  # one coefficient per feature: weight is (1, n_features)
+            w = m.params["weight"]
+            return 0.5 * (r * r).mean() + 0.5 * (hp[l2_name] * w * w).sum()
         return 0.5 * (r * r).mean() + 0.5 * hp[l2_name] * (m.params["weight"] ** 2).sum()
 
     def val_loss(m: Any, hp: Any) -> Tensor:
@@ -358,6 +417,8 @@ def _ridge_closed_form_unavailable(problem: InnerProblem, optimizer: Optimizer,
         return "the closed form needs a constant learning rate (inner_optimizer.lr=<number>)"
     if problem.hyperparams.names != [l2_name]:
         return f"the closed form has one hyperparameter, {l2_name!r}"
+    if problem.hyperparams.by_name[l2_name].numel != 1:
+        return f"the closed form is for one L2 coefficient, not one per feature ({l2_name!r})"
     return ""
 
 
@@ -382,6 +443,7 @@ def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     xtr, ytr = xt[:n_train], yt[:n_train]
     xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
     xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
+    _check_l2("breast_cancer_task", hyperparams, l2_name, x.shape[1])
     torch.manual_seed(seed)
     net = model(x.shape[1], 1).to(device=dev, dtype=dt)
 
