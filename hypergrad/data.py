@@ -207,6 +207,17 @@ def _why_empty(source: Any) -> str:
     return ""
 
 
+def _epoch_samplers(source: Any) -> list[Any]:
+    """The samplers of a DataLoader that shuffle by an epoch set from outside
+    (``set_epoch``, as ``DistributedSampler``): without it, every pass has one order."""
+    found: list[Any] = []
+    for smp in (getattr(source, "sampler", None),
+                getattr(getattr(source, "batch_sampler", None), "sampler", None)):
+        if callable(getattr(smp, "set_epoch", None)) and not any(smp is f for f in found):
+            found.append(smp)
+    return found
+
+
 class _Pass:
     """One pass over a stream's source: its seed, the iterator, the index of the next batch
     it yields, the last batch read and the batches kept (steps ``>= keep_from``)."""
@@ -248,6 +259,8 @@ class _Pass:
                 with _seeded(s):
                     for g in _generators(src):
                         g.manual_seed(s ^ 0x5DEECE66D)
+                    for sampler in _epoch_samplers(src):  # DistributedSampler: seed + epoch
+                        sampler.set_epoch(s & 0x7FFFFFFF)
                     self.it = iter(src)
                 self.stream._check_fresh(self.it)
                 self.in_epoch = 0
@@ -299,8 +312,10 @@ class Stream:
       ``iter()`` draws from: the source's own ``generator`` and its sampler's (the shuffle, and
       the workers' base seed that a DataLoader draws from it per iterator), and torch's global
       CPU generator (the sampler's and the base seed's source when no generator is given);
-      reading each batch runs under torch's, Python's and NumPy's global generators seeded
-      from the pass and the step (augmentation in the main process, ``num_workers=0``). Workers
+      a sampler's epoch (``set_epoch``, as ``DistributedSampler``, whose shuffle follows it) is
+      set from the same seed; reading each batch runs under torch's, Python's and NumPy's
+      global generators seeded from the pass and the step (augmentation in the main process,
+      ``num_workers=0``). Workers
       seed themselves from the base seed (``base_seed + worker_id``; then ``worker_init_fn``).
       The caller's global generator states are restored after each read. So a pass is a
       deterministic function of its seed, and the stream's random state is its seed and pass

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 import hypergrad as hg
 from hypergrad.data import MiniBatches
@@ -356,3 +357,23 @@ def test_a_loss_writing_the_batch_in_place_is_refused_and_the_data_restored() ->
                                          r".*x = x / 255"):
         p.check(p.init_raw())
     assert torch.equal(batch[0], x100)
+
+
+def test_a_distributed_sampler_shuffles_each_pass() -> None:
+    # DistributedSampler shuffles by seed + epoch, and nothing set its epoch: every inner run
+    # read the same order (shuffling per run, as a DataLoader with shuffle=True has, lost)
+    x, y = _data(32)
+    ds = TensorDataset(x, y)
+    sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True)
+    p = _problem(DataLoader(ds, batch_size=8, sampler=sampler), steps=4)
+    runs = []
+    for _ in range(2):
+        p.begin_run()
+        runs.append(torch.cat([p.batch(t)[0] for t in range(4)]))
+    assert not torch.equal(runs[0], runs[1])
+    with p.fixed_pass():  # a pass read again is the same pass
+        again = []
+        for _ in range(2):
+            p.begin_run()
+            again.append(torch.cat([p.batch(t)[0] for t in range(4)]))
+    assert torch.equal(again[0], again[1])
