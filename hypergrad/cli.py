@@ -101,6 +101,24 @@ def _settings_refused() -> Any:
         raise refused from err
 
 
+def _mark_best_of_grid(rows: list[dict[str, Any]]) -> None:
+    """Mark the grid row of the lowest validation loss ``best_of_grid``. A grid point that
+    diverged (its loss NaN, infinite or missing) is never the best: ``min()`` over rows whose
+    first loss was NaN returned that row."""
+    grid = [r for r in rows if str(r["hyperparameters"]).startswith("grid ")
+            and _finite(r.get("val_loss"))]
+    if grid:
+        min(grid, key=lambda r: float(r["val_loss"]))["best_of_grid"] = True
+
+
+def _finite(v: Any) -> bool:
+    """Whether ``v`` is a finite real number (``None``, NaN and infinities are not)."""
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
 def _raised_by_hypergrad(err: BaseException) -> bool:
     """Whether ``err`` was raised in hypergrad's own code (its innermost frame is in the
     package): one of its checks of a setting, not a failure in a user's code."""
@@ -227,11 +245,7 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         if trainer.mode.online and result.state is not None:
             rows.insert(1, {"hyperparameters": "online run (its own final state)",
                             **(task.evaluate(result.state) if task.evaluate else {})})
-        grid = [r for r in rows if r["hyperparameters"].startswith("grid ")]
-        key = "val_loss" if grid and "val_loss" in grid[0] else None
-        if grid and key:
-            best = min(grid, key=lambda r: r[key])
-            best["best_of_grid"] = True
+        _mark_best_of_grid(rows)
     extra: dict[str, Any] = {}
     if task.extra is not None:
         try:  # a report step: its failure must not lose the tuning's results

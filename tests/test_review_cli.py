@@ -166,3 +166,19 @@ def test_a_sweep_whose_jobs_share_one_folder_keeps_the_first_jobs_run(tmp_path: 
     out = _cli("--multirun", "seed=0,1", *FAST, "report.retrain=false",
                f"hydra.sweep.dir={folder}")
     assert "choose another folder with hydra.sweep.dir=... or hydra.sweep.subdir=" in out.stderr
+
+
+def test_a_diverged_grid_point_is_never_the_best_of_the_grid() -> None:
+    """The report marked the grid's best with min() over the rows' validation losses: a first
+    grid point whose loss was NaN (it diverged) was returned by min() and marked best."""
+    rows = [{"hyperparameters": "learned", "val_loss": 0.5},
+            {"hyperparameters": "grid lr=1e+30", "val_loss": math.nan},
+            {"hyperparameters": "grid lr=10", "val_loss": math.inf},
+            {"hyperparameters": "grid lr=1", "val_loss": 0.9},
+            {"hyperparameters": "grid lr=0.1", "val_loss": 0.7},
+            {"hyperparameters": "grid lr=0.01"}]
+    cli._mark_best_of_grid(rows)
+    assert [r["hyperparameters"] for r in rows if r.get("best_of_grid")] == ["grid lr=0.1"]
+    nan_only = [{"hyperparameters": "grid lr=1", "val_loss": math.nan}]
+    cli._mark_best_of_grid(nan_only)
+    assert "best_of_grid" not in nan_only[0]
