@@ -267,6 +267,7 @@ class ModelFn:
         self.params = params
         self.buffers = buffers
         self.new_buffers = dict(buffers)
+        self.bn_calls: dict[str, int] = {}  # calls of each momentum=None BatchNorm
         self.train = train
         self.step = step
         self.fused = fused
@@ -366,6 +367,15 @@ class _BNForward:
                 y = y * m.weight.reshape(shape) + m.bias.reshape(shape)
             return y
         if m.momentum is None:  # cumulative moving average, as torch does
+            o.bn_calls[pre] = o.bn_calls.get(pre, 0) + 1
+            if o.bn_calls[pre] > 1:
+                raise ValueError(
+                    f"InnerProblem: the BatchNorm {pre[:-1] or type(m).__name__!r} with "
+                    f"momentum=None (a cumulative average over batches) runs {o.bn_calls[pre]} "
+                    f"times in one training step: its average counts one batch per step (torch "
+                    f"counts one per call), so its running statistics would not be torch's. "
+                    f"Call the model once per step (torch.cat the inputs), or give the "
+                    f"BatchNorm a momentum (momentum=0.1, torch's default).")
             count = o._fm.counters0[pre + "num_batches_tracked"] + o.step + 1
             f = 1.0 / count
         else:
@@ -465,7 +475,7 @@ class ModelProbe:
         self.train_writes: set[str] = set()
         """The names written by a call in training mode."""
         self._versions: dict[str, int] = {}
-        self._before: dict[str, Tensor | None] = {}
+        self._before: dict[str, Tensor] = {}
 
     def inputs(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         """The tensors of one call: trainable parameters as they are (the probe's caller gives
@@ -477,8 +487,9 @@ class ModelProbe:
             else:
                 out[k] = self.override.get(k, v).detach().clone()
         self._versions = {k: v._version for k, v in out.items()}
-        self._before = {k: (v.detach().clone() if k in self.fm.param_names else None)
-                        for k, v in out.items()}
+        # what this call was given (a second call of the model in one loss gets the buffers
+        # the first left: compared with the module's own values, they read as written)
+        self._before = {k: v.detach().clone() for k, v in out.items()}
         return out
 
     def record(self, tensors: dict[str, Tensor], after: dict[str, Tensor], train: bool) -> None:
@@ -486,12 +497,11 @@ class ModelProbe:
             left = after.get(k, given)
             if not isinstance(left, Tensor):
                 continue
+            before = self._before[k]
             if left is given:
-                before = self._before[k]
-                ref = before if before is not None else self._original(k)
-                written = given._version != self._versions[k] or not _same(left, ref)
+                written = given._version != self._versions[k] or not _same(left, before)
             else:
-                written = not _same(left, self._original(k))
+                written = not _same(left, before)
             if written:
                 self.writes[k] = left
                 if train:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -136,3 +137,49 @@ def test_instance_norm_with_running_statistics_names_its_own_fix() -> None:
     q = problem(False)
     q.check(q.init_raw())
     assert torch.isfinite(hg.ForwardMode().hypergradient(q, q.init_raw()).grad).all()
+
+
+def _twice_bn(momentum: float | None) -> tuple[hg.InnerProblem, nn.Module, Any, Any]:
+    """A BatchNorm MLP whose training loss calls the model twice per step (two views of the
+    batch), and an untouched copy for plain torch."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 4, dtype=torch.float64)
+    y = torch.randint(0, 4, (32,))
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8, momentum=momentum), nn.Tanh(),
+                        nn.Linear(8, 4)).double()
+    ref = copy.deepcopy(net)
+
+    def train_loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1]) + F.cross_entropy(m(2 * b[0] + 1), b[1])
+
+    p = hg.InnerProblem(net, train_loss, hg.optim.sgd(lr="lr"),
+                        hg.HyperParams([hg.Scalar("lr", 0.3)]), [(x, y)], 5,
+                        lambda m, hp: F.cross_entropy(m(x), y))
+    return p, ref, train_loss, (x, y)
+
+
+def test_a_loss_calling_a_batchnorm_model_twice_per_step_trains_as_torch_does() -> None:
+    """The check compared each call's running statistics with the module's own, so the second
+    call's (the first call's update) read as a write of the forward: refused with 'the
+    forward of the model writes 1.running_mean, state that hypergrad updates itself', which it
+    does not. Now the statistics follow torch's two updates per step exactly."""
+    p, ref, train_loss, batch = _twice_bn(0.1)
+    state = p.run(p.init_raw())
+    opt = torch.optim.SGD(ref.parameters(), lr=0.3)
+    for _ in range(5):
+        opt.zero_grad()
+        train_loss(ref, batch, None).backward()
+        opt.step()
+    assert torch.equal(state.buffers["1.running_mean"], ref[1].running_mean)
+    assert torch.allclose(state.params["0.weight"].detach(), ref[0].weight.detach(),
+                          rtol=0, atol=1e-14)
+    hypergradcheck(p)
+
+
+def test_a_cumulative_batchnorm_called_twice_per_step_is_refused() -> None:
+    """momentum=None averages over batches counted per step (torch counts per call): twice
+    per step its running statistics were 0.11 off torch's after 5 steps, silently."""
+    p, _, _, _ = _twice_bn(None)
+    with pytest.raises(ValueError, match=r"BatchNorm '1' with momentum=None .* runs 2 times in "
+                                         r"one training step.*torch.cat the inputs"):
+        p.run(p.init_raw())
