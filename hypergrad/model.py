@@ -507,12 +507,6 @@ class ModelProbe:
                 if train:
                     self.train_writes.add(k)
 
-    def _original(self, k: str) -> Tensor:
-        fm = self.fm
-        if k in fm.constants:
-            return fm.constants[k]
-        return _lookup(fm.module, k).detach()
-
 
 def _same(a: Tensor, b: Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and bool(

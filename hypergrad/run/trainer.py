@@ -423,7 +423,6 @@ class Trainer:
         self._plain_recent = []
         if self.folder is not None and self.strategy.is_writer:
             self.folder.lock.acquire()
-        res: TrainResult | None = None
         try:
             self._emit("on_fit_start")
             try:
