@@ -138,10 +138,17 @@ _PASSES = -7_000_001  # the stream of pass seeds, apart from the steps' streams 
 _PROBE = -1  # the pass the checks read (first_batch), never a run's
 
 
+_SAMPLED = 4096
+"""How many entries of a tensor :func:`batch_fingerprint` weights by position."""
+
+
 def batch_fingerprint(batch: Any) -> tuple[Any, ...] | None:
-    """A summary of a mini-batch that tells two reads of it apart: each tensor's shape, dtype
-    and two sums; other leaves as they are. ``None`` where it cannot be taken (tensors without
-    data)."""
+    """A summary of a mini-batch that tells two reads of it apart: each tensor's shape, dtype,
+    sum (accumulated in float64, no copy of the tensor) and a position-weighted sum of at most
+    :data:`_SAMPLED` evenly spaced entries (an order of examples changed); other leaves as they
+    are. ``None`` where it cannot be taken (tensors without data). Taken once per pass of a
+    stream: its memory stays small for a batch of images (a float64 copy and a ramp of a
+    224x224 batch of 256 were 0.9 GB, on every pass)."""
     out: list[Any] = []
     try:
         for x in tree_flatten(batch)[0]:
@@ -149,11 +156,18 @@ def batch_fingerprint(batch: Any) -> tuple[Any, ...] | None:
                 out.append(x if isinstance(x, (int, float, str, bool, type(None))) else
                            type(x).__name__)
                 continue
-            if x.is_complex():
-                x = torch.view_as_real(x)
-            v = x.detach().double().flatten()
-            ramp = torch.arange(1, v.numel() + 1, dtype=v.dtype, device=v.device)
-            out.append((tuple(x.shape), x.dtype, float(v.nansum()), float((v * ramp).nansum())))
+            v = x.detach()
+            if v.is_complex():
+                v = torch.view_as_real(v)
+            if v.dtype == torch.bool:
+                v = v.to(torch.uint8)
+            v = v.flatten()
+            n = v.numel()
+            at = torch.linspace(0, max(n - 1, 0), min(n, _SAMPLED), device=v.device).long()
+            sample = v[at].double()
+            ramp = torch.arange(1, sample.numel() + 1, dtype=sample.dtype, device=v.device)
+            out.append((tuple(x.shape), x.dtype, float(v.nansum(dtype=torch.float64)),
+                        float((sample * ramp).nansum())))
     except Exception:  # noqa: BLE001 - fake or meta tensors: nothing to compare
         return None
     return tuple(out)
