@@ -58,6 +58,12 @@ def _check_tensors(who: str, tensors: tuple[Any, ...]) -> None:
         shape = f" of shape {tuple(t.shape)}" if isinstance(t, Tensor) else ""
         raise TypeError(f"{who}: argument {i} is {type(t).__name__}{shape}, not a tensor with "
                         f"one row per example: {fix}.")
+    devices = [t.device for t in tensors]
+    if len(set(devices)) > 1:  # a batch would mix devices; indexing fails on some
+        where = ", ".join(f"argument {i} on {d}" for i, d in enumerate(devices))
+        raise ValueError(f"{who}: the tensors are on different devices ({where}); move them to "
+                         f"the device the model trains on first, e.g. {who}(x.to(dev), "
+                         f"y.to(dev), ...).")
 
 
 def _int_seed(api: str, seed: Any) -> int:

@@ -377,3 +377,17 @@ def test_a_distributed_sampler_shuffles_each_pass() -> None:
             p.begin_run()
             again.append(torch.cat([p.batch(t)[0] for t in range(4)]))
     assert torch.equal(again[0], again[1])
+
+
+def test_minibatches_refuse_tensors_on_different_devices() -> None:
+    """x on one device and y on another: a CPU index into the other device's tensor fails
+    only at the first batch (or a batch mixes devices, and the loss fails inside torch.func);
+    refused at construction, naming each tensor's device. (A meta tensor stands in for a GPU's
+    on a machine without one.)"""
+    x, y = torch.randn(6, 2), torch.zeros(6, device="meta")
+    with pytest.raises(ValueError, match=r"different devices \(argument 0 on cpu, argument 1 "
+                                         r"on meta\).*MiniBatches\(x.to\(dev\)"):
+        MiniBatches(x, y, batch_size=2)
+    with pytest.raises(ValueError, match="different devices"):
+        hg.data.split_validation(x, y, share=0.5)
+    MiniBatches(x, torch.zeros(6), batch_size=2)  # one device: fine
