@@ -144,8 +144,11 @@ def lm_values(spec: dict[str, Any], t: int, T: int) -> dict[str, Any]:
                 "wd": spec["wd"]}
     warm = int(round(spec["warmup"] * T))
     peak, final = spec["peak"], spec["final"]
+    done = (t - warm) / max(T - warm, 1)  # of the decay (experiments/lm_shapes.py's shapes too)
     lr = (peak * (t + 1) / warm if t < warm else
-          final + 0.5 * (peak - final) * (1 + math.cos(math.pi * (t - warm) / max(T - warm, 1))))
+          final + (peak - final) * (1 - done) if spec["kind"] == "recipe_linear" else
+          peak if spec["kind"] == "recipe_constant" else
+          final + 0.5 * (peak - final) * (1 + math.cos(math.pi * done)))
     return {"lr": lr, "b1": spec["b1"], "b2": spec["b2"], "wd": spec["wd"]}
 
 

@@ -341,3 +341,40 @@ def test_a_schedule_free_result_retrains_as_the_package_at_its_grid_point() -> N
     assert train_torch(st, 0, other, tasks=tasks)["val"] != ref["val"]
     decay = dict(spec, wd={**spec["wd"], groups[0]: 0.5})
     assert train_torch(st, 0, decay, tasks=tasks)["val"] != ref["val"]
+
+
+def test_lm_shapes_schedules_and_its_resumable_records(tmp_path: Path) -> None:
+    """``experiments/lm_shapes.py``: the linear decay warms up to the peak and ends at 0, the
+    constant holds the peak, the stairs hold the linear decay per window (the forward
+    contender's layout); every (shape, peak, seed) is recorded once, a rerun trains nothing new,
+    and the table picks each shape's best peak."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import lm_shapes
+        from horizon_lm import _recipe, lm_study, lm_values
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    st = lm_study(False)
+    T, warm = st.T, int(0.05 * st.T)
+    lin = [lm_values(lm_shapes.spec_of(st, "linear", 0.01), t, T)["lr"] for t in range(T)]
+    assert lin[warm - 1] == pytest.approx(0.01) and lin[warm] == pytest.approx(0.01)
+    assert lin[-1] == pytest.approx(0.01 / (T - warm)) and all(
+        a >= b for a, b in zip(lin[warm:], lin[warm + 1:]))
+    assert lin[warm + (T - warm) // 2] == pytest.approx(0.005)
+    const = [lm_values(lm_shapes.spec_of(st, "constant", 0.01), t, T)["lr"] for t in range(T)]
+    assert const[warm:] == [0.01] * (T - warm) and const[0] == pytest.approx(0.01 / warm)
+    stairs = [lm_values(lm_shapes.spec_of(st, "stairs", 0.01), t, T)["lr"] for t in range(T)]
+    per = T // st.windows
+    assert stairs[0] == 0.005 and stairs[per] == pytest.approx(0.009)
+    assert stairs[-1] == pytest.approx(0.001)
+    cos = [lm_values(lm_shapes.spec_of(st, "cosine", 0.01), t, T)["lr"] for t in range(T)]
+    assert cos == [lm_values(_recipe(st, 0.01), t, T)["lr"] for t in range(T)]
+    assert lm_shapes.spec_of(st, "schedulefree", 0.01) is None
+    out = tmp_path / "shapes.json"
+    args = ["--quick", "--seeds", "100", "--peaks", "0.003", "--shapes", "linear",
+            "schedulefree", "--out", str(out)]
+    assert lm_shapes.main(args) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["shape"], r["seed"]) for r in runs] == [("linear", 100), ("schedulefree", 100)]
+    assert runs[0]["test_bpc"] != runs[1]["test_bpc"]
+    assert lm_shapes.main(args) == 0 and json.loads(out.read_text())["runs"] == runs
