@@ -420,9 +420,7 @@ def _set_by_preset(keys: Sequence[str]) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     choices = HydraConfig.get().runtime.choices
-    top = global_groups()
-    # debug=fast's mode part is the option debug/for_mode=fast_<mode> (config.yaml's defaults)
-    for group in sorted(g for g in choices if g.split("/")[0] in top):
+    for group in sorted(global_groups()):
         option = choices.get(group)
         path = CONFIG_DIR / group / f"{option}.yaml"
         if not isinstance(option, str) or not path.is_file():
@@ -431,8 +429,7 @@ def _set_by_preset(keys: Sequence[str]) -> dict[str, str]:
         assert isinstance(tree, dict)
         flat = _flatten({k: v for k, v in tree.items() if k not in ("defaults", "hydra")}, "",
                         {})
-        parent = group.split("/")[0]
-        out.update({k: f"{parent}={choices.get(parent)}" for k in keys if k in flat})
+        out.update({k: f"{group}={option}" for k in keys if k in flat})
     return out
 
 
