@@ -169,7 +169,8 @@ def batch_fingerprint(batch: Any) -> tuple[Any, ...] | None:
                 v = v.to(torch.uint8)
             v = v.flatten()
             n = v.numel()
-            at = torch.linspace(0, max(n - 1, 0), min(n, _SAMPLED), device=v.device).long()
+            k = min(n, _SAMPLED)  # evenly spaced, in integers: float32 positions round past
+            at = torch.arange(k, device=v.device) * max(n - 1, 0) // max(k - 1, 1)  # 2**24
             sample = v[at].double()
             ramp = torch.arange(1, sample.numel() + 1, dtype=sample.dtype, device=v.device)
             out.append((tuple(x.shape), x.dtype, float(v.nansum(dtype=torch.float64)),

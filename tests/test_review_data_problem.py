@@ -391,3 +391,19 @@ def test_minibatches_refuse_tensors_on_different_devices() -> None:
     with pytest.raises(ValueError, match="different devices"):
         hg.data.split_validation(x, y, share=0.5)
     MiniBatches(x, torch.zeros(6), batch_size=2)  # one device: fine
+
+
+def test_batch_fingerprint_of_a_batch_of_images_tells_orders_apart() -> None:
+    """A batch of 256 3x224x224 uint8 images (38.5M entries, past float32's 2**24 exact
+    integers): the fingerprint is taken (its sampled positions once rounded past the last entry,
+    the IndexError made it None and the checks it serves were off for such batches) and tells an
+    order of examples from another."""
+    from hypergrad.data import batch_fingerprint
+
+    x = torch.zeros(256, 3, 224, 224, dtype=torch.uint8)
+    x[0] = 1
+    swapped = torch.cat([x[1:], x[:1]])
+    a, b = batch_fingerprint((x,)), batch_fingerprint((swapped,))
+    assert a is not None and b is not None
+    assert a[0][2] == b[0][2] == 3 * 224 * 224  # the same sum, another order
+    assert a != b
