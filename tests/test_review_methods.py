@@ -3,6 +3,7 @@ found and fixed, each test failing before its fix."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
@@ -133,8 +134,13 @@ def test_implicit_in_float32_says_when_the_residual_is_rounding() -> None:
     r, caught = _warned(lambda: hg.ImplicitDiff().hypergradient(p32, p32.init_raw()))
     said = [str(w.message) for w in caught if w.category is SolverNotConvergedWarning]
     assert len(said) == 1 and "torch.float32's rounding level" in said[0], said
-    assert "CG(tol=1e-5)" in said[0] and "Raise maxiter" not in said[0]
+    assert "Raise maxiter" not in said[0] and "not positive definite" not in said[0], said
     assert rel_err(r.grad.double(), want) < 1e-4
-    _, caught = _warned(lambda: hg.ImplicitDiff(hg.methods.CG(tol=1e-5)).hypergradient(
+    # the tol it names (a power of ten above the residual reached) is one the solve meets: one
+    # machine's CG reached 3.6e-7 (tol=1e-6 named), another's broke down at 1.4e-4 on a
+    # curvature of -4.9e-9 (the bias shift, singular in exact arithmetic; tol=1e-3 named)
+    tol = float(re.search(r"CG\(tol=([0-9.e+-]+)\)", said[0]).group(1))
+    assert 2 * r.info["residual"] <= tol < 20 * r.info["residual"]
+    _, caught = _warned(lambda: hg.ImplicitDiff(hg.methods.CG(tol=tol)).hypergradient(
         p32, p32.init_raw()))
     assert not [w for w in caught if w.category is SolverNotConvergedWarning]

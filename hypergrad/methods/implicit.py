@@ -134,7 +134,10 @@ class CG(LinearSolver):
     """Conjugate gradients (Hestenes & Stiefel 1952): exact in at most ``D`` iterations for a
     positive definite ``H``, the error shrinking by ``(sqrt(k) - 1) / (sqrt(k) + 1)`` per
     iteration for condition number ``k``. A non-positive curvature ``p^T H p <= 0`` (``H`` not
-    positive definite: ``w_T`` is no minimum) stops it, with ``info["breakdown"]`` set.
+    positive definite: ``w_T`` is no minimum) stops it, with ``info["breakdown"]`` set and
+    ``info["breakdown_rounding"]`` true when that curvature is within the dtype's rounding of zero
+    (below ``1e3 eps`` times the largest curvature seen: ``H`` singular in some direction, which
+    the dtype cannot resolve, rather than indefinite).
     Warm starts from ``x0``.
 
     Example:
@@ -152,13 +155,18 @@ class CG(LinearSolver):
         p = r.clone()
         rs = torch.dot(r, r)
         target = (self.tol * float(b.norm())) ** 2
-        it, breakdown = 0, ""
+        it, breakdown, rounding, lam = 0, "", False, 0.0
         while it < self.maxiter and float(rs) > target:
             hp = hvp(p)
-            php = torch.dot(p, hp)
+            php, pp = torch.dot(p, hp), float(torch.dot(p, p))
             if not float(php) > 0:
                 breakdown = f"non-positive curvature p^T H p = {float(php):.3g}"
+                # within rounding of zero against the largest curvature seen (H singular in a
+                # direction, e.g. softmax's shift of all biases; measured in float32: -4.9e-9
+                # against eps * 0.25 * |p|^2 = 1.4e-7, the hypergradient equal to float64's)
+                rounding = bool(abs(float(php)) <= 1e3 * torch.finfo(b.dtype).eps * lam * pp)
                 break
+            lam = max(lam, float(php) / pp)
             a = rs / php
             x.add_(p, alpha=float(a))
             r.sub_(hp, alpha=float(a))
@@ -169,6 +177,7 @@ class CG(LinearSolver):
         info: dict[str, Any] = {"iterations": it}
         if breakdown:
             info["breakdown"] = breakdown
+            info["breakdown_rounding"] = rounding
         return x, info
 
 
@@ -491,11 +500,24 @@ class ImplicitDiff(Method, name="implicit"):
                    f"H v = grad_w E has no meaningful solution there. Train to a minimum (more "
                    f"steps, an L2 term), or use ForwardMode() / ReverseMode().")
             floor = 1e3 * torch.finfo(rhs.dtype).eps
-            if "breakdown" not in info and info["residual"] <= floor:
+            # a tol above the residual reached, rounded up to a power of ten
+            res = info["residual"]
+            up = 10 ** math.ceil(math.log10(2 * res)) if 0 < res < math.inf else 1e-5
+            tol = f"{type(self.solver).__name__}(tol={up:g})"
+            if info.get("breakdown_rounding"):
+                # measured in float32 (digits, a linear softmax model): CG stopped at 1.4e-4,
+                # the hypergradient equal to float64's to 4 digits
+                fix = (f"{info['breakdown']}, which is zero at {rhs.dtype}'s rounding level "
+                       f"(the Hessian is singular in some direction, e.g. a shift of all of "
+                       f"softmax's biases, and {rhs.dtype} cannot resolve it): the solve is as "
+                       f"accurate as {rhs.dtype} allows. Give a tol above that residual for a "
+                       f"{rhs.dtype} problem, e.g. {tol}, an L2 term on every parameter, or "
+                       f"train in float64.")
+            elif "breakdown" not in info and info["residual"] <= floor:
                 # measured: float32 CG stopped at 3.6e-7 with the hypergradient 2e-7 off float64
                 fix = (f"that is {rhs.dtype}'s rounding level (below {floor:.1g}): the solve is "
                        f"as accurate as {rhs.dtype} allows. Give a tol above it for a "
-                       f"{rhs.dtype} problem, e.g. {type(self.solver).__name__}(tol=1e-5), or "
+                       f"{rhs.dtype} problem, e.g. {tol}, or "
                        f"train in float64.")
             warnings.warn(
                 f"ImplicitDiff: {self.solver!r} stopped at relative residual "
