@@ -237,13 +237,15 @@ def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
 
 
 # -- the contenders
-def tune_forward(st: LMStudy, seed: int, defaults: bool = False) -> dict[str, Any]:
+def tune_forward(st: LMStudy, seed: int, defaults: bool = False,
+                 mode: hg.Offline | None = None) -> dict[str, Any]:
     """Forward mode over the full horizon: the presets' sign steps (``defaults=False``) or the
-    Trainer's default outer loop."""
+    Trainer's default outer loop (``mode`` in place of its default mode: a development
+    variant's search settings, ``experiments/start_dev.py --task charlm``)."""
     t0 = cpu()
     hps = st.hyperparams()
     task = st.task(seed, hps)
-    res = fit_forward(task.problem, st.budget - (cpu() - t0), st.bounds, defaults)
+    res = fit_forward(task.problem, st.budget - (cpu() - t0), st.bounds, defaults, mode=mode)
     used = cpu() - t0
     v = hps.describe(res.lam)
     groups = list(st.groups())

@@ -19,6 +19,9 @@ variant 2), at twice the cost; the re-check in variant 1 as before.
 default since it was measured here is 0.2); ``--variant no_smooth``: every window on its own,
 as the defaults were before (the ``shared`` runs committed before it were made so).
 
+``--variant shapes``: the start's quasi-random schedules warm up and decay below their level
+(``SearchSettings.schedule_shapes``) instead of holding it.
+
 ``--variant no_recheck_first``: the re-check compares the best points only, not also the point
 the first hypergradient was taken at (``SearchSettings.recheck_first``, on by default
 since it was weighed here and on the suite's development half; the committed
@@ -92,7 +95,7 @@ def _average_two_orders() -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=("shared", "independent", "resample", "average2",
-                                          "smooth", "no_smooth", "no_recheck_first"),
+                                          "smooth", "no_smooth", "no_recheck_first", "shapes"),
                     default="shared")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10, 16)))
     ap.add_argument("--T", type=int, default=1000)
@@ -102,6 +105,12 @@ def main(argv: list[str] | None = None) -> None:
                          "its cosine recipe (the grid over the peak; the variant does not apply)")
     ap.add_argument("--smooth", type=float, default=0.2,
                     help="--variant smooth: the schedule kernel's length scale (share of windows)")
+    ap.add_argument("--task", choices=("teacher", "charlm"), default="teacher",
+                    help="the teacher MLP (T from --T) or the language model of "
+                         "horizon_lm.py (its T = 1000; retrained at its seeds 100-102 and "
+                         "judged in test bits per character; --contender defaults only)")
+    ap.add_argument("--quick", action="store_true",
+                    help="--task charlm: the study's smoke size (T = 30, a tiny model)")
     ap.add_argument("--out", default=None, help="JSON file")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -119,7 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         search["recheck_first"] = False
     if args.variant == "no_smooth":
         search["smooth_schedule"] = None
+    if args.variant == "shapes":
+        search["schedule_shapes"] = True
     mode = hg.Offline.default(search=search)
+    if args.task == "charlm":
+        return _charlm(args, mode)
     st = hs.Study("teacher", T=args.T, budget=args.budget)
     rows = []
     for seed in args.seeds:
@@ -143,6 +156,37 @@ def main(argv: list[str] | None = None) -> None:
                "mean_val": statistics.mean(r["val"] for r in rows)}
     print(f"start_dev {args.variant} mean_test={summary['mean_test']:.4f} "
           f"mean_val={summary['mean_val']:.4f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+
+
+def _charlm(args: argparse.Namespace, mode: hg.Offline) -> None:
+    """``--task charlm``: the defaults with ``mode`` on the language model at development seeds
+    (the study tunes at 0-2), each result retrained at the study's seeds 100-102."""
+    import horizon_lm as hl
+
+    if args.contender != "defaults":
+        raise SystemExit("--task charlm: --contender defaults only")
+    st = hl.lm_study(args.quick)
+    st.budget = args.budget
+    tasks: dict[int, hg.Task] = {}
+    rows = []
+    for seed in args.seeds:
+        got = hl.tune_forward(st, seed, defaults=True, mode=mode)
+        rt = hl.retrain(st, got["spec"], [100, 101, 102], tasks)
+        test = statistics.mean(r["test_bpc"] for r in rt)
+        rows.append({"seed": seed, "val": got["val"], "test_bpc": test,
+                     "test_bpc_each": [r["test_bpc"] for r in rt], "lr": got["spec"]["lr"],
+                     "spec": got["spec"], "cpu_s": got["cpu_s"],
+                     "hypergradients": got["info"].get("hypergradients", 0),
+                     "plain_runs": got["info"].get("plain_runs", got["evals"])})
+        print(f"seed {seed}: val {got['val']:.4f} test {test:.4f} bits/char", flush=True)
+        if args.out:  # as it goes: a run can be cut off
+            Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
+    summary = {"task": "charlm", "variant": args.variant, "search": mode.search.changed(),
+               "T": st.T, "budget_cpu_s": args.budget, "seeds": args.seeds,
+               "mean_test_bpc": statistics.mean(r["test_bpc"] for r in rows)}
+    print(f"start_dev charlm {args.variant} mean_test_bpc={summary['mean_test_bpc']:.4f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
 
