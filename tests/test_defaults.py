@@ -481,47 +481,6 @@ def test_quasi_random_points_draw_one_level_per_schedule_and_example_weights() -
     assert all(float(v.max() - v.min()) < 1e-12 for v in x) and float(x[0][0] - x[1][0]) != 0
 
 
-def test_schedule_shapes_give_the_start_warmups_and_decays_below_one_peak() -> None:
-    """``SearchSettings(schedule_shapes=True)``: a quasi-random point's schedule peaks at its
-    drawn level, rises to it over at most 30 % of the windows from 0.25 below (shares of the
-    box) and decays after it by at most 0.5; other entries draw as before; off, the points are
-    constant schedules."""
-    from fixtures import mixed_problem
-
-    from hypergrad.run.modes import schedule_drop
-
-    p = mixed_problem("momentum", steps=10, windows=10)
-    sl = p.hyperparams.slices
-    box = {"lr": (1e-4, 1.0), "wd": (1e-5, 1e-1)}
-    tr = hg.Trainer(p, guards=hg.Guards(bounds=box), callbacks=quiet(),
-                    mode=hg.Offline(outer_steps=1, start=16,
-                                    search={"schedule_shapes": True}))
-    lo, hi = tr.box
-    pts = tr._space_filling(16, 0)
-    assert torch.equal(pts[5], tr._space_filling(11, 5)[0])
-    shapes = 0
-    for x in pts:
-        assert bool(((x >= lo) & (x <= hi)).all())
-        u = ((x - lo) / (hi - lo))[sl["lr"]]
-        peak = int(u.argmax())
-        assert peak <= 3  # after a warmup of at most 3 of 10 windows
-        assert bool((u[:peak + 1].diff() >= 0).all()) and bool((u[peak:].diff() <= 0).all())
-        assert float(u.max() - u[-1]) <= 0.5 + 1e-12 and float(u.max() - u[0]) <= 0.25 + 1e-12
-        shapes += float(u.max() - u.min()) > 0.05
-        assert float(((x - lo) / (hi - lo))[sl["wd"]].std()) > 1e-3  # per tensor, as before
-    assert shapes >= 12  # nearly every point warms up or decays
-    res = tr.fit()  # the start runs at these points
-    starts = [e["lam"] for e in res.evaluations if e["kind"] == "start"][1:]
-    assert len(starts) == 16 and all(torch.equal(a, b) for a, b in zip(starts, pts))
-    # the drop's ends: no warmup and a full decay; a full warmup and none
-    d = schedule_drop(10, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 0.0]))
-    assert float(d[0, 0]) < 0.01 and 0.49 < float(d[0, -1]) <= 0.5
-    assert 0.2 < float(d[1, 0]) <= 0.25 and float(d[1, 3:].abs().max()) == 0.0
-    off = hg.Trainer(p, guards=hg.Guards(bounds=box), callbacks=quiet(),
-                     mode=hg.Offline(outer_steps=1, start=4))._space_filling(4, 0)
-    assert all(float(((x - lo) / (hi - lo))[sl["lr"]].std()) < 1e-12 for x in off)
-
-
 def test_schedule_smoothing_couples_the_windows_of_each_schedule_only() -> None:
     from hypergrad.run.outer import schedule_smoothing
 

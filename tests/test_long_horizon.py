@@ -232,8 +232,7 @@ def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
     outer step, two orders per evaluation, the schedule coupling) runs the Trainer's defaults
     on the teacher task and writes one row per seed, with the search settings it changed."""
     smooth = {"shared": 0.2, "no_smooth": None, "smooth": 0.3}
-    for variant in ("shared", "independent", "resample", "average2", "no_smooth", "smooth",
-                    "shapes"):
+    for variant in ("shared", "independent", "resample", "average2", "no_smooth", "smooth"):
         out = tmp_path / f"{variant}.json"
         got = subprocess.run([sys.executable, str(ROOT / "experiments" / "start_dev.py"),
                               "--variant", variant, "--seeds", "10", "--T", "40", "--budget",
@@ -245,18 +244,17 @@ def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
         assert payload["summary"]["smooth_schedule"] == smooth.get(variant, 0.2)
         assert payload["summary"]["search"] == (
             {"shared_start": []} if variant == "independent" else
-            {"schedule_shapes": True} if variant == "shapes" else
             {"smooth_schedule": smooth[variant]} if variant in ("no_smooth", "smooth") else {})
         row = payload["rows"][0]
         assert row["hypergradients"] >= 1 and row["test"] > 0 and len(row["lr"]) == 10
     out = tmp_path / "charlm.json"  # the language model's development seeds, smoke size
     got = subprocess.run([sys.executable, str(ROOT / "experiments" / "start_dev.py"),
-                          "--task", "charlm", "--quick", "--variant", "shapes", "--seeds", "10",
+                          "--task", "charlm", "--quick", "--variant", "no_smooth", "--seeds", "10",
                           "--budget", "8", "--out", str(out)], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert got.returncode == 0, got.stderr[-3000:]
     payload = json.loads(out.read_text())
-    assert payload["summary"]["search"] == {"schedule_shapes": True}
+    assert payload["summary"]["search"] == {"smooth_schedule": None}
     row = payload["rows"][0]
     assert len(row["test_bpc_each"]) == 3 and row["test_bpc"] > 0 and len(row["lr"]) == 4
     out = tmp_path / "sign.json"  # the study's sign-step contender, its windows coupled

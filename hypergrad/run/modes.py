@@ -4,13 +4,9 @@ step) or :class:`Online` (every ``interval`` inner steps of one run)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import torch
-from torch import Tensor
 
 from ..problem import InnerProblem
 
@@ -61,25 +57,6 @@ def _kinds() -> set[str]:
             and isinstance(k := getattr(obj, "kind", None), str) and k != "base"}
 
 
-def schedule_drop(windows: int, warmup: Tensor, decay: Tensor) -> Tensor:
-    """How far below its level (the peak; shares of the box) each window of a shaped
-    schedule lies (``SearchSettings.schedule_shapes``), one row per point: ``warmup`` and
-    ``decay`` (each in ``[0, 1]``, one per point) set the share of the horizon the warmup takes
-    (``0.3 * warmup``: a linear rise from ``0.25`` below the peak) and the depth of the cosine
-    decay after it (``0.5 * decay`` below the peak at the end). At a window's middle.
-
-    Example:
-        >>> d = schedule_drop(4, torch.tensor([0.0]), torch.tensor([1.0]))
-        >>> [round(float(v), 3) for v in d[0]]
-        [0.019, 0.154, 0.346, 0.481]
-    """
-    x = (torch.arange(windows, dtype=warmup.dtype) + 0.5) / windows
-    share = (0.3 * warmup)[:, None]
-    rise = 0.25 * (1 - x / share.clamp_min(1e-12))
-    fall = 0.5 * decay[:, None] * (1 - torch.cos(math.pi * (x - share) / (1 - share))) / 2
-    return torch.where(x < share, rise, fall)
-
-
 @dataclass(frozen=True)
 class SearchSettings:
     """The default search's settings that are not the mode's counts (``Offline(search=...)``).
@@ -115,15 +92,6 @@ class SearchSettings:
             / 1.729, diabetes_adamw_k14 0.538 / 0.532 (within its noise); per-feature penalties
             shared too lost (cancer_per_feature_l2_adam 0.079 / 0.065,
             synth_sparse_per_feature_l2 0.161 / 0.140).
-        schedule_shapes: quasi-random points give a schedule whose windows share one level
-            (``"schedule"`` in ``shared_start``) a shape as well: the level is the peak, the
-            first windows warm up from a quarter of the box below it (over up to 30 % of the
-            windows) and the rest decay by a cosine to up to half the box below it (two more
-            quasi-random dimensions per schedule: the warmup's share and the decay's depth;
-            in a log box of 4 decades, a tenth of the peak and a hundredth). ``False``:
-            constant schedules. Off by default: being weighed (issue 26: on the language
-            model, the defaults' start drew constant schedules, and the best shapes warm up
-            and decay, ``experiments/lm_shapes.py``).
         smooth_schedule: the default :class:`~hypergrad.run.outer.QuasiNewton`'s coupling of a
             schedule's windows: the length scale of
             :func:`~hypergrad.run.outer.schedule_smoothing`'s kernel as a share of the windows
@@ -145,10 +113,9 @@ class SearchSettings:
     trial_forecast: bool = True
     shared_start: tuple[str, ...] = ("schedule", "per_example")
     smooth_schedule: float | None = 0.2
-    schedule_shapes: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("recheck_first", "leftover", "trial_forecast", "schedule_shapes"):
+        for name in ("recheck_first", "leftover", "trial_forecast"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"SearchSettings: {name}={getattr(self, name)!r} must be True or "
                                 f"False.")

@@ -53,7 +53,7 @@ from .folder import (
     set_rng_state,
 )
 from .guards import MAX_BACKTRACKS, Guards, Tracker, divergence, outer_gradient, worse
-from .modes import Mode, Offline, Online, SearchSettings, schedule_drop
+from .modes import Mode, Offline, Online, SearchSettings
 from .outer import (
     OuterOptimizerFactory,
     QuasiNewton,
@@ -676,32 +676,15 @@ class Trainer:
         lo, hi = self.box
         cols = self._draw_columns()
         dims = int(cols.max()) + 1
-        shaped = self._shaped_schedules()
-        dims += 2 * len(shaped)
         sobol = min(dims, torch.quasirandom.SobolEngine.MAXDIM)  # 21201 at most
         engine = torch.quasirandom.SobolEngine(sobol, scramble=True, seed=self.problem.seed)
-        drawn = engine.draw(skip + n, dtype=torch.float64)
+        u = engine.draw(skip + n, dtype=torch.float64)
         if dims > sobol:  # the dimensions beyond Sobol's: seeded uniform draws
             g = torch.Generator().manual_seed(self.problem.seed)
-            drawn = torch.cat([drawn, torch.rand(skip + n, dims - sobol, generator=g,
-                                                 dtype=torch.float64)], 1)
-        drawn = drawn[skip:]
-        u = drawn[:, cols]
-        first = dims - 2 * len(shaped)  # each shape's two dimensions follow the columns'
-        for i, sl in enumerate(shaped):
-            a, b = drawn[:, first + 2 * i], drawn[:, first + 2 * i + 1]
-            u[:, sl] = (u[:, sl] - schedule_drop(sl.stop - sl.start, a, b)).clamp(0.0, 1.0)
-        return [lo + ui * (hi - lo) for ui in u.to(lo)]
-
-    def _shaped_schedules(self) -> list[slice]:
-        """The raw slices of the schedules that quasi-random points give a shape
-        (``search.schedule_shapes``: schedules of more than one window whose windows share a
-        level)."""
-        if not (self.search.schedule_shapes and "schedule" in self.search.shared_start):
-            return []
-        sl = self.problem.hyperparams.slices
-        return [sl[it.name] for it in self.problem.hyperparams.items
-                if it.kind == "schedule" and it.numel > 1]
+            u = torch.cat([u, torch.rand(skip + n, dims - sobol, generator=g,
+                                         dtype=torch.float64)], 1)
+        u = u[skip:][:, cols].to(lo)
+        return [lo + ui * (hi - lo) for ui in u]
 
     def _draw_columns(self) -> Tensor:
         """For each raw entry, the Sobol dimension that places it in the box: the entries of a
