@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
                                           "smooth", "no_smooth", "no_recheck_first"),
                     default="shared")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10, 16)))
-    ap.add_argument("--T", type=int, default=1000)
+    ap.add_argument("--T", type=int, default=None,
+                    help="--task teacher: inner steps (default 1000)")
     ap.add_argument("--budget", type=float, default=40.0, help="CPU seconds per tuning seed")
     ap.add_argument("--contender", choices=("defaults", "sign", "recipe"), default="defaults",
                     help="the Trainer's defaults, the study's sign-step forward contender, or "
@@ -114,6 +115,13 @@ def main(argv: list[str] | None = None) -> None:
                     help="--task charlm: the study's smoke size (T = 30, a tiny model)")
     ap.add_argument("--out", default=None, help="JSON file")
     args = ap.parse_args(argv)
+    if args.task == "charlm" and args.T is not None:
+        ap.error(f"--T {args.T}: --task charlm runs the language model's own horizon (T = 1000; "
+                 "--quick: 30); leave --T out")
+    if args.task == "teacher" and args.quick:
+        ap.error("--quick is for --task charlm; give the teacher a smaller --T instead")
+    if args.T is None:
+        args.T = 1000
     torch.set_num_threads(1)
     search: dict[str, Any] = {}  # the defaults' search settings for this variant
     if args.variant == "independent":

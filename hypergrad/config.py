@@ -270,9 +270,14 @@ def _hydra_subdir(output_dir: str) -> str:
     return f".hydra.{n}"
 
 
+_PICKED_GROUPS = {"debug/for_mode"}
+"""Groups that config.yaml's defaults choose from other choices, never a user."""
+
+
 def _choices() -> str:
     """``${hg.choices:}``: the groups and the options a user chooses from, for ``--help``
-    (Hydra's own list, without the ``schema_*`` entries the options extend)."""
+    (Hydra's own list, without the ``schema_*`` entries the options extend, and without the
+    groups config.yaml picks itself: ``debug/for_mode``, debug=fast's part for the mode)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
 
@@ -282,7 +287,7 @@ def _choices() -> str:
     def walk(parent: str) -> None:
         for g in loader.list_groups(parent):
             name = f"{parent}/{g}" if parent else g
-            if name == "hydra" or name.startswith("hydra/"):
+            if name == "hydra" or name.startswith("hydra/") or name in _PICKED_GROUPS:
                 continue
             opts = sorted(o for o in loader.get_group_options(name, ObjectType.CONFIG)
                           if not o.startswith("schema_"))

@@ -257,6 +257,12 @@ def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:
     assert payload["summary"]["search"] == {"smooth_schedule": None}
     row = payload["rows"][0]
     assert len(row["test_bpc_each"]) == 3 and row["test_bpc"] > 0 and len(row["lr"]) == 4
+    for wrong, says in ((["--task", "charlm", "--T", "500"], "--T 500: --task charlm runs"),
+                        (["--quick"], "--quick is for --task charlm")):
+        got = subprocess.run([sys.executable, str(ROOT / "experiments" / "start_dev.py"),
+                              *wrong, "--seeds", "10"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)  # refused, not silently ignored
+        assert got.returncode == 2 and says in got.stderr, got.stderr[-2000:]
     out = tmp_path / "sign.json"  # the study's sign-step contender, its windows coupled
     got = subprocess.run([sys.executable, str(ROOT / "experiments" / "start_dev.py"),
                           "--contender", "sign", "--variant", "smooth", "--smooth", "0.3",
