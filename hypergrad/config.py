@@ -456,9 +456,24 @@ def _left_from_option(cfg: DictConfig, keys: Sequence[str]
     return None
 
 
+def _share_the_config_store() -> None:
+    """Make ``copy.deepcopy`` of Hydra's ``ConfigStore`` singleton return the singleton.
+
+    Hydra 1.3 deep-copies its config repository for every group it lists, and with it the
+    ConfigStore its structured-config source holds: every schema stored here. ``--help`` lists
+    about 190 groups and options, and those copies were 8 of its 13 s on a slow 2-core machine
+    (5 s after). The copy is never needed: the source only reads the store, and
+    ``ConfigStore.load`` copies the node it returns. Hydra's own fix (facebookresearch/hydra
+    pull request 2928, after 1.3) has the source fetch the singleton instead of holding it, for
+    the same reason: a copied singleton is a second store that no longer sees registrations."""
+    if "__deepcopy__" not in vars(ConfigStore):
+        ConfigStore.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+
+
 def register_configs() -> None:
     """Store ``base_config`` and every ``<group>/schema_<name>`` of :func:`targets` (and, for
     the registries, ``<group>/<name>``), and the ``hg.key`` resolver."""
+    _share_the_config_store()
     OmegaConf.register_new_resolver("hg.key", _parent_key, replace=True)
     OmegaConf.register_new_resolver("hg.hydra_subdir", _hydra_subdir, replace=True)
     OmegaConf.register_new_resolver("hg.choices", _choices, replace=True)

@@ -450,6 +450,23 @@ def test_the_cli_answers_a_usage_error_with_its_message_alone(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+def test_hydras_repository_copies_share_the_one_config_store() -> None:
+    """Hydra 1.3 deep-copies its config repository for every group ``--help`` lists, and with
+    it the ConfigStore and every schema (8 of --help's 13 s on a slow machine): after
+    register_configs a copy is the singleton itself; composing and listing still work."""
+    import copy
+
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    cs = ConfigStore.instance()
+    assert copy.deepcopy(cs) is cs
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        assert "schema_sgd" in loader.get_group_options("inner_optimizer", ObjectType.CONFIG)
+        assert compose("config", overrides=["inner_optimizer=adam"]).inner_optimizer
+
+
 def test_the_cli_refuses_a_misspelt_override_and_help_lists_only_choices(
         tmp_path: Path) -> None:
     import subprocess
