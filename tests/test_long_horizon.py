@@ -286,10 +286,12 @@ def test_start_dev_refuses_an_option_its_task_ignores(capsys: pytest.CaptureFixt
         import start_dev
     finally:
         sys.path.remove(str(ROOT / "experiments"))
-    for wrong, says in ((["--task", "charlm", "--T", "500"], "--T 500: --task charlm runs"),
-                        (["--quick"], "--quick is for --task charlm")):
+    # smoke sizes and a tiny budget: without the refusals, the run ends in seconds, not raising
+    for wrong, says in ((["--task", "charlm", "--quick", "--T", "500"],
+                         "--T 500: --task charlm runs"),
+                        (["--quick", "--T", "20"], "--quick is for --task charlm")):
         with pytest.raises(SystemExit) as exit_:
-            start_dev.main([*wrong, "--seeds", "10"])
+            start_dev.main([*wrong, "--seeds", "10", "--budget", "0.5"])
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and says in err, err
 
