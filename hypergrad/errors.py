@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
     "CheckpointWarning", "PrecisionWarning", "DetachedValueWarning", "UnseededRandomnessWarning",
+    "UnreadParameterWarning",
     "CheckpointError", "ConfigError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
     "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
 ]
@@ -72,6 +73,14 @@ class UnseededRandomnessWarning(HypergradWarning):
     it draws randomness hypergrad does not seed per step (Python's ``random``, NumPy, a
     ``torch.Generator`` of its own). Every method evaluates a step a different number of times,
     so forward mode, reverse mode and finite differences differentiate different functions."""
+
+
+class UnreadParameterWarning(HypergradWarning):
+    """The training loss does not read a trainable parameter while the inner optimizer has a
+    weight decay: hypergrad updates every parameter, so the decay moves that one at every step
+    (toward 0), where ``torch.optim`` skips a parameter whose ``.grad`` is ``None``. The
+    hypergradients are exact for hypergrad's update; freeze the parameter
+    (``requires_grad_(False)``) to train as torch does."""
 
 
 class CheckpointError(RuntimeError):

@@ -23,11 +23,17 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from .errors import DetachedValueWarning, PrecisionWarning, UnseededRandomnessWarning
+from .errors import (
+    DetachedValueWarning,
+    PrecisionWarning,
+    UnreadParameterWarning,
+    UnseededRandomnessWarning,
+)
 from .hyperparams import HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
+from .optim.base import is_zero
 from .rng import VALIDATION_STEP, step_rng, step_seed
 from .rnn import RecurrentMode, has_recurrent
 
@@ -721,8 +727,9 @@ class InnerProblem:
                 f"plain runs would change your data set run after run, and torch.func's "
                 f"transforms refuse it ('attempted to call in-place operation ... that would "
                 f"mutate a captured Tensor'). Transform the batch out of place: x = x / 255.")
+        grads = _grads_of(loss, leaves)
         if fm.padded:
-            fm.check_padding(leaves, _grads_of(loss, leaves))
+            fm.check_padding(leaves, grads)
         if changed:
             raise ValueError(
                 f"InnerProblem: running the model changed its own tensors {changed} (restored "
@@ -807,6 +814,27 @@ class InnerProblem:
             raise
         self._warn_unseeded(lam)
         self._warn_detached(lam)
+        self._warn_unread(grads)
+
+    def _warn_unread(self, grads: dict[str, Tensor | None]) -> None:
+        """Warn (:class:`~hypergrad.errors.UnreadParameterWarning`) when the training loss on
+        the first mini-batch reads no trainable parameter of some name while the inner optimizer
+        has a weight decay: that parameter decays at every step here and stays as it is under
+        ``torch.optim`` (which skips a parameter whose ``.grad`` is ``None``)."""
+        wd = getattr(self.optimizer, "args", {}).get("weight_decay", 0.0)
+        unread = [k for k, g in grads.items() if g is None]
+        if not unread or not isinstance(wd, (int, float, str)) or is_zero(wd):
+            return
+        first = unread[0]
+        warnings.warn(
+            f"InnerProblem: train_loss reads none of the trainable parameters {unread} (on the "
+            f"first mini-batch), and the inner optimizer has weight_decay={wd!r}: hypergrad "
+            f"updates every parameter, with a zero gradient for these, so the decay moves them "
+            f"(toward 0) at every step, where torch.optim skips a parameter whose .grad is "
+            f"None and leaves it as it was. Hypergradients are exact for hypergrad's update; "
+            f"to train as torch does, freeze them before building the problem "
+            f"(model.get_parameter({first!r}).requires_grad_(False): they become constants), "
+            f"or drop them from the model.", UnreadParameterWarning, stacklevel=4)
 
     def _loss_at_start(self, which: str, params: dict[str, Tensor], mode: Any = None, *,
                        lam: Tensor) -> Any:

@@ -11,6 +11,7 @@ import torch
 from fixtures import SMALL, one_hvp_call, small_cnn_problem
 
 import hypergrad as hg
+from hypergrad.errors import UnreadParameterWarning
 from hypergrad.hvp import DEFAULT_MEMORY_BUDGET, HVPStrategy, saved_bytes
 from hypergrad.testing import digits_case
 
@@ -255,4 +256,49 @@ def test_a_parameter_the_loss_never_reads_gets_a_zero_product_of_its_shape(
         factory(lr="lr", weight_decay="wd" if k == 2 else 0.1),
         hg.HyperParams([hg.Scalar(n, 0.05, transform="log") for n in names]),
         MiniBatches(x, y, batch_size=8, seed=0), 4, lambda m, hp: F.cross_entropy(m(x), y))
-    hypergradcheck(p)  # every strategy against reverse mode and finite differences
+    with pytest.warns(UnreadParameterWarning, match="'extra.weight', 'extra.bias'"):
+        hypergradcheck(p)  # every strategy against reverse mode and finite differences
+
+
+def _unused_head_run(weight_decay: float, freeze: bool) -> tuple[list[str], dict, dict]:
+    """SGD on :class:`_UnusedLayer`: the names of the warnings a plain run gives, and the
+    unused head's weights after 3 steps and before (torch.optim leaves them as they were)."""
+    import warnings
+
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (24,), generator=g)
+    torch.manual_seed(0)
+    model = _UnusedLayer().double()
+    if freeze:
+        model.extra.requires_grad_(False)
+    reference = {k: v.detach().clone() for k, v in model.extra.named_parameters()}
+    p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr", weight_decay=weight_decay),
+                        hg.HyperParams([hg.Scalar("lr", 0.1)]),
+                        MiniBatches(x, y, batch_size=8, seed=0), 3,
+                        lambda m, hp: F.cross_entropy(m(x), y))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        state = p.run(p.init_raw())
+    trained = {k[len("extra."):]: v for k, v in {**state.params, **state.buffers,
+                                                  **p.fmodel.constants}.items()
+               if k.startswith("extra.")}
+    return [w.category.__name__ for w in seen], trained, reference
+
+
+@pytest.mark.parametrize("weight_decay,freeze,warned", [(0.1, False, True), (0.0, False, False),
+                                                        (0.1, True, False)])
+def test_a_parameter_the_loss_never_reads_is_named_when_weight_decay_moves_it(
+        weight_decay: float, freeze: bool, warned: bool) -> None:
+    """torch.optim skips a parameter whose .grad is None; hypergrad updates it with a zero
+    gradient, so weight decay shrinks it: silent before, now a warning naming the parameters
+    and the fix (freezing them, after which the head stays as torch leaves it)."""
+    seen, trained, start = _unused_head_run(weight_decay, freeze)
+    assert ("UnreadParameterWarning" in seen) == warned
+    moved = not torch.equal(trained["weight"], start["weight"])
+    assert moved == (weight_decay > 0 and not freeze)
