@@ -1594,7 +1594,8 @@ def _grads_of(loss: Any, leaves: dict[str, Tensor]) -> dict[str, Tensor | None]:
     """The gradient of a probe pass's ``loss`` at ``leaves`` (empty where it has none)."""
     if not isinstance(loss, Tensor) or not loss.requires_grad or loss.numel() != 1:
         return {}
-    grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
+    with torch.enable_grad():  # the probe may run under the caller's no_grad (a plain run)
+        grads = torch.autograd.grad(loss.sum(), list(leaves.values()), allow_unused=True)
     return dict(zip(leaves, grads))
 
 

@@ -261,8 +261,9 @@ def test_a_parameter_the_loss_never_reads_gets_a_zero_product_of_its_shape(
 
 
 def _unused_head_run(weight_decay: float, freeze: bool) -> tuple[list[str], dict, dict]:
-    """SGD on :class:`_UnusedLayer`: the names of the warnings a plain run gives, and the
-    unused head's weights after 3 steps and before (torch.optim leaves them as they were)."""
+    """SGD on :class:`_UnusedLayer`: the names of the warnings a plain run gives (under
+    no_grad, as the Trainer's: the probe takes its gradient all the same), and the unused
+    head's weights after 3 steps and before (torch.optim leaves them as they were)."""
     import warnings
 
     import torch.nn.functional as F
@@ -282,7 +283,7 @@ def _unused_head_run(weight_decay: float, freeze: bool) -> tuple[list[str], dict
                         hg.HyperParams([hg.Scalar("lr", 0.1)]),
                         MiniBatches(x, y, batch_size=8, seed=0), 3,
                         lambda m, hp: F.cross_entropy(m(x), y))
-    with warnings.catch_warnings(record=True) as seen:
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():  # as a plain run
         warnings.simplefilter("always")
         state = p.run(p.init_raw())
     trained = {k[len("extra."):]: v for k, v in {**state.params, **state.buffers,
