@@ -70,6 +70,19 @@ def test_a_padding_row_that_moves_is_refused() -> None:
         problem.run(problem.init_raw())
 
 
+def test_a_padded_models_first_plain_run_under_no_grad_is_checked_alike() -> None:
+    """The probe's padding check took its gradient under the caller's no_grad: a padded
+    model's first plain run there (``problem.run`` under ``torch.no_grad()``) failed with
+    torch's 'element 0 of tensors does not require grad' instead of checking."""
+    problem = _token_problem(_Tokens(tie=True))
+    with torch.no_grad(), pytest.raises(ValueError, match=r"gradient at 'emb.weight' is non-zero"):
+        problem.run(problem.init_raw())
+    problem = _token_problem(_Tokens(tie=False), weight_decay=0.1)
+    with torch.no_grad():
+        state = problem.run(problem.init_raw())
+    assert all(bool(torch.isfinite(v).all()) for v in state.params.values())
+
+
 def test_a_zero_padding_row_read_nowhere_else_is_exact() -> None:
     problem = _token_problem(_Tokens(tie=False), weight_decay=0.1)
     rep = hypergradcheck(problem, rtol_rev=1e-10)
