@@ -233,6 +233,21 @@ class _UnusedLayer(torch.nn.Module):
         return self.a(x)
 
 
+def _unused_layer_problem(model: torch.nn.Module, optimizer: hg.optim.Optimizer,
+                          hps: hg.HyperParams, n: int, steps: int) -> hg.InnerProblem:
+    """Cross-entropy on ``n`` random examples of 6 features and 3 classes, batches of 8."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (n,), generator=g)
+    return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]), optimizer,
+                           hps, MiniBatches(x, y, batch_size=8, seed=0), steps,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_parameter_the_loss_never_reads_gets_a_zero_product_of_its_shape(
@@ -240,22 +255,14 @@ def test_a_parameter_the_loss_never_reads_gets_a_zero_product_of_its_shape(
     """The per-column path (ColumnLoop at every K, VmapVJP at K = 1) gave such a parameter a
     product of shape (K, 1, *shape): AdamW's tangent failed ('output with shape [1, 3, 6]
     doesn't match the broadcast shape [1, 1, 3, 6]'), SGD's broadcast it on."""
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
     from hypergrad.testing import hypergradcheck
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(40, 6, generator=g, dtype=torch.float64)
-    y = torch.randint(0, 3, (40,), generator=g)
     names = ["lr", "wd"][:k]
     factory = hg.optim.sgd if opt == "sgd" else hg.optim.adamw
     torch.manual_seed(0)
-    p = hg.InnerProblem(
-        _UnusedLayer().double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        factory(lr="lr", weight_decay="wd" if k == 2 else 0.1),
-        hg.HyperParams([hg.Scalar(n, 0.05, transform="log") for n in names]),
-        MiniBatches(x, y, batch_size=8, seed=0), 4, lambda m, hp: F.cross_entropy(m(x), y))
+    p = _unused_layer_problem(
+        _UnusedLayer().double(), factory(lr="lr", weight_decay="wd" if k == 2 else 0.1),
+        hg.HyperParams([hg.Scalar(n, 0.05, transform="log") for n in names]), 40, 4)
     with pytest.warns(UnreadParameterWarning, match="'extra.weight', 'extra.bias'"):
         hypergradcheck(p)  # every strategy against reverse mode and finite differences
 
@@ -266,28 +273,17 @@ def _unused_head_run(weight_decay: float, freeze: bool) -> tuple[list[str], dict
     head's weights after 3 steps and before (torch.optim leaves them as they were)."""
     import warnings
 
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(24, 6, generator=g, dtype=torch.float64)
-    y = torch.randint(0, 3, (24,), generator=g)
     torch.manual_seed(0)
     model = _UnusedLayer().double()
     if freeze:
         model.extra.requires_grad_(False)
     reference = {k: v.detach().clone() for k, v in model.extra.named_parameters()}
-    p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                        hg.optim.sgd(lr="lr", weight_decay=weight_decay),
-                        hg.HyperParams([hg.Scalar("lr", 0.1)]),
-                        MiniBatches(x, y, batch_size=8, seed=0), 3,
-                        lambda m, hp: F.cross_entropy(m(x), y))
+    p = _unused_layer_problem(model, hg.optim.sgd(lr="lr", weight_decay=weight_decay),
+                              hg.HyperParams([hg.Scalar("lr", 0.1)]), 24, 3)
     with warnings.catch_warnings(record=True) as seen, torch.no_grad():  # as a plain run
         warnings.simplefilter("always")
         state = p.run(p.init_raw())
-    trained = {k[len("extra."):]: v for k, v in {**state.params, **state.buffers,
-                                                  **p.fmodel.constants}.items()
+    trained = {k[len("extra."):]: v for k, v in {**state.params, **p.fmodel.constants}.items()
                if k.startswith("extra.")}
     return [w.category.__name__ for w in seen], trained, reference
 
