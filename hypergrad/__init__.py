@@ -8,8 +8,8 @@ one call; unrolled reverse mode and central finite differences are built in as r
 The public names, by what they are for:
 
 - **Hyperparameters**: :class:`HyperParams` of :class:`Scalar`, :class:`Schedule`,
-  :class:`PerTensor`, :class:`PerExample`, :class:`Array`, :class:`InitScale`,
-  :class:`InitWeights`.
+  :class:`PerTensor`, :class:`PerGroup`, :class:`PerExample`, :class:`Array`,
+  :class:`InitScale`, :class:`InitWeights`.
 - **The problem**: :class:`InnerProblem` (model, losses, data, inner optimizer from
   :mod:`hypergrad.optim`, hyperparameters), its :class:`InnerState`, and a :class:`Task` (a
   problem and how to evaluate its result).
@@ -36,6 +36,7 @@ from .hyperparams import (
     InitScale,
     InitWeights,
     PerExample,
+    PerGroup,
     PerTensor,
     Scalar,
     Schedule,
@@ -60,8 +61,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # hyperparameters
-    "HyperParams", "Scalar", "Schedule", "PerTensor", "PerExample", "Array", "InitScale",
-    "InitWeights",
+    "HyperParams", "Scalar", "Schedule", "PerTensor", "PerGroup", "PerExample", "Array",
+    "InitScale", "InitWeights",
     # the problem
     "InnerProblem", "InnerState", "Task",
     # how to differentiate

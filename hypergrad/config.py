@@ -191,7 +191,9 @@ def targets() -> dict[str, dict[str, tuple[Callable[..., Any], dict[str, Any]]]]
         "hyperparams": {"hyperparams": (hp.HyperParams, {})},
         "hyperparams/kind": {
             "scalar": (hp.Scalar, item), "schedule": (hp.Schedule, item),
-            "per_tensor": (hp.PerTensor, item), "per_example": (hp.PerExample, item),
+            "per_tensor": (hp.PerTensor, item),
+            "per_group": (hp.PerGroup, {"defaults": {**item["defaults"], "groups": MISSING}}),
+            "per_example": (hp.PerExample, item),
             "array": (hp.Array, item), "init_scale": (hp.InitScale, item),
             "init_weights": (hp.InitWeights, item)},
         "inner_optimizer": {n: (f, {}) for n, f in optimizers().items()},

@@ -9,6 +9,9 @@ Kinds (``K`` contributions in brackets):
 
 - :class:`Scalar` [1]: one number, e.g. a learning rate or a momentum.
 - :class:`PerTensor` [one per parameter tensor]: e.g. a per-layer weight decay or learning rate.
+- :class:`PerGroup` [one per group]: one value shared by each group of parameter tensors
+  (matched by regular expressions on their names), a constant ``default`` for the rest: one
+  weight decay for the weight matrices and none on biases and norms.
 - :class:`Schedule` [W]: a value per step over the horizon ``T``, piecewise constant on ``W``
   equal windows (FDS-style, Maclaurin et al. 2015; Micaelli & Storkey 2021).
 - :class:`PerExample` [N]: one weight per training example (data hyper-cleaning).
@@ -33,6 +36,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +50,7 @@ __all__ = [
     "HyperParameter",
     "Scalar",
     "PerTensor",
+    "PerGroup",
     "Schedule",
     "PerExample",
     "Array",
@@ -371,6 +376,96 @@ class _PerTensorValue(dict):
         return self.default
 
 
+@dataclass
+class PerGroup(HyperParameter):
+    """One value per *group* of parameter tensors: ``groups`` maps a group's name to a regular
+    expression (``re.search``) on parameter names (as in ``model.named_parameters()``), and each
+    parameter takes the first group whose pattern matches. A parameter that matches none reads
+    the constant ``default`` (required when some do). Training reads a ``dict`` parameter name
+    -> value, as for :class:`PerTensor`, so an optimizer argument bound to it takes per-parameter
+    values (what ``torch.optim``'s parameter groups hold).
+
+    The usual recipe, one tuned weight decay for the weight matrices and none on biases and
+    norms (K = 1)::
+
+        PerGroup("wd", 0.01, "log", groups={"decay": r"weight$"}, default=0.0)
+
+    Every group must match at least one parameter (a typo in a pattern would tune nothing).
+    """
+
+    groups: Mapping[str, str] = field(default_factory=dict)
+    default: float | None = None
+    kind: str = field(init=False, default="per_group")
+    assignment: dict[str, int] | None = field(init=False, default=None, repr=False)
+    """Parameter name -> group index, set by :meth:`bind` (the parameters that read the
+    default are not in it)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        api = f"PerGroup({self.name!r})"
+        example = "e.g. groups={'decay': r'weight$'}"
+        if isinstance(self.groups, (str, bytes)) or not isinstance(self.groups, Mapping):
+            raise TypeError(f"{api}: groups={self.groups!r} must map group names to regular "
+                            f"expressions on parameter names, {example}.")
+        if not self.groups:
+            raise ValueError(f"{api}: groups is empty, so it would tune nothing; map at least "
+                             f"one group name to a regular expression on parameter names, "
+                             f"{example}.")
+        groups = {}
+        for g, pattern in self.groups.items():
+            if not isinstance(g, str) or not isinstance(pattern, str):
+                raise TypeError(f"{api}: groups entry {g!r}: {pattern!r} must map a group name "
+                                f"(a string) to a regular expression (a string), {example}.")
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"{api}: the pattern {pattern!r} of group {g!r} is not a "
+                                 f"regular expression ({err}); {example}.") from None
+            groups[g] = pattern
+        self.groups = groups
+        self.default = _check_default(api, self.default, "that match no group",
+                                      "every trainable parameter matches a group")
+
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.groups),)
+
+    def bind(self, param_names: Sequence[str],
+             params: Mapping[str, Tensor] | None = None) -> PerGroup:
+        api = f"PerGroup({self.name!r})"
+        pats = [re.compile(p) for p in self.groups.values()]
+        assignment, missing = {}, []
+        for n in param_names:
+            hit = next((i for i, p in enumerate(pats) if p.search(n)), None)
+            if hit is None:
+                missing.append(n)
+            else:
+                assignment[n] = hit
+        if missing and self.default is None:
+            raise ValueError(f"{api}: parameters {missing} match no group of "
+                             f"{dict(self.groups)}; add a pattern for them, or pass "
+                             f"default=<constant> (e.g. default=0.0) for the parameters that "
+                             f"match none.")
+        empty = [g for i, g in enumerate(self.groups) if i not in assignment.values()]
+        if empty:
+            won = {g: sorted(n for n, i in assignment.items() if i != k and
+                             re.search(self.groups[g], n))
+                   for k, g in enumerate(self.groups) if g in empty}
+            why = "".join(f"; {g!r} matches only {ns}, taken by an earlier group"
+                          for g, ns in won.items() if ns)
+            raise ValueError(f"{api}: groups {empty} match no parameter of the model "
+                             f"{list(param_names)}{why}; fix or remove their patterns.")
+        out = PerGroup(self.name, self.init, self.transform, dict(self.groups), self.default)
+        out.assignment = assignment
+        return out
+
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
+        if self.assignment is None:
+            raise ValueError(f"PerGroup({self.name!r}) is not bound to a model yet: build an "
+                             f"InnerProblem with it (which binds it to the model's parameters).")
+        v = TRANSFORMS[self.transform][0](raw)
+        return _PerTensorValue({p: v[i] for p, i in self.assignment.items()}, self.default)
+
+
 def _check_params(api: str, params: Any) -> None:
     """``params`` is ``None`` (every trainable parameter) or a non-empty list of names: an empty
     list would tune nothing (its kind adds no raw value, and an optimizer argument bound to it
@@ -385,15 +480,17 @@ def _check_params(api: str, params: Any) -> None:
                          f"parameter.")
 
 
-def _check_default(api: str, default: Any) -> float | None:
-    """``PerTensor(default=...)``: ``None`` or a finite number (a 0-d tensor is read as one),
-    the value the unlisted parameters read (a NaN would make every loss NaN)."""
+def _check_default(api: str, default: Any, rest: str = "not in params",
+                   everyone: str = "params lists every trainable parameter") -> float | None:
+    """``PerTensor(default=...)``, ``PerGroup(default=...)``: ``None`` or a finite number (a
+    0-d tensor is read as one), the value the other parameters (``rest``) read (a NaN would
+    make every loss NaN)."""
     if default is None:
         return None
     if isinstance(default, Tensor) and default.numel() == 1 and default.dtype != torch.bool:
         default = default.item()
-    what = ("the constant value of the parameters not in params, e.g. default=0.0 (or None "
-            "when params lists every trainable parameter)")
+    what = (f"the constant value of the parameters {rest}, e.g. default=0.0 (or None when "
+            f"{everyone})")
     if isinstance(default, bool) or not isinstance(default, numbers.Real):
         raise TypeError(f"{api}: default={default!r} ({type(default).__name__}) must be a "
                         f"number, {what}.")
@@ -773,7 +870,8 @@ class HyperParams:
         """``{label: value}`` of described values (:meth:`describe`, or a Trainer record's
         ``hyperparams``), every entry named: a scalar as ``lr``, a schedule's windows by their
         inner steps (``lr[steps 0-59]``), per-tensor values by the parameter's name
-        (``wd[fc1.weight]``), vectors by index (``cw[2]``)."""
+        (``wd[fc1.weight]``), per-group values by the group's name (``wd[decay]``), vectors by
+        index (``cw[2]``)."""
         out: dict[str, float] = {}
         for it in self.items:
             # float64: a record's values are Python floats (float64); the default dtype
@@ -781,6 +879,8 @@ class HyperParams:
             flat = [float(x) for x in torch.as_tensor(values[it.name], dtype=torch.float64)
                     .reshape(-1).tolist()]
             params = getattr(it, "params", None) or []
+            if isinstance(it, PerGroup) and len(it.groups) == len(flat):
+                params = list(it.groups)
             if isinstance(it, Schedule):
                 for w, ((a, b), x) in enumerate(zip(it.steps(horizon), flat)):
                     # a window no step reads (more windows than steps): by its index, so that

@@ -521,13 +521,13 @@ class InnerProblem:
                 raise ValueError(
                     f"InnerProblem: optimizer argument {arg} is bound to {name!r} of kind "
                     f"{item.kind}, which sets the initial weights; bind optimizer arguments to a "
-                    f"Scalar, a Schedule, a PerTensor or a 0-d Tensor."
+                    f"Scalar, a Schedule, a PerTensor, a PerGroup or a 0-d Tensor."
                 )
             if item.kind in ("per_example",) or (item.kind == "array" and item.shape() != ()):
                 raise ValueError(
                     f"InnerProblem: optimizer argument {arg} is bound to {name!r} of kind "
                     f"{item.kind} with shape {item.shape()}; optimizer arguments take a Scalar, "
-                    f"a Schedule, a PerTensor or a 0-d Tensor."
+                    f"a Schedule, a PerTensor, a PerGroup or a 0-d Tensor."
                 )
 
     def check(self, lam: Tensor) -> None:

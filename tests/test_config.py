@@ -77,7 +77,8 @@ def test_every_group_has_options_and_presets_exist() -> None:
             "marthe", "finite_difference"} <= methods
 
 
-_KIND_EXTRA = {"per_example": ["hyperparams.items.extra.n=3"]}
+_KIND_EXTRA = {"per_example": ["hyperparams.items.extra.n=3"],
+               "per_group": ["hyperparams.items.extra.groups={w: weight}"]}
 """Arguments a kind needs besides ``init`` to instantiate."""
 
 

@@ -9,9 +9,10 @@ standard library's own source files of the running interpreter (or any text file
 - :class:`CharTransformer`: token and position embeddings, ``n_layers`` pre-LayerNorm blocks
   (causal multi-head self-attention through ``F.scaled_dot_product_attention``, a GELU MLP),
   dropout on the embeddings and on each residual branch, a final LayerNorm and a linear head.
-- :class:`PerGroup`: a hyperparameter kind with one value per *group* of parameter tensors
-  (weight decay per layer group: the embeddings, each block, the head, and the LayerNorms and
-  biases), matched by regular expressions on the parameter names.
+- :data:`LAYER_GROUPS`: the model's layer groups for :class:`~hypergrad.PerGroup` (weight
+  decay per layer group: the embeddings, the attention and MLP matrices, the head, and the
+  LayerNorms and biases), matched by regular expressions on the parameter names
+  (``hypergrad.tasks.charlm.PerGroup`` is the core class, kept here for configs that name it).
 - :func:`charlm_task`: the :class:`~hypergrad.Task` of ``hypergrad-run experiment=charlm``:
   random windows of the training text as mini-batches (step ``t`` draws its batch from
   ``(seed, t)``: the same in every run), ``E`` = the validation cross-entropy (nats per
@@ -25,10 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import sys
 import sysconfig
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..hyperparams import TRANSFORMS, HyperParameter, HyperParams
+from ..hyperparams import HyperParams, PerGroup
 from ..optim import Optimizer
 from ..problem import InnerProblem, InnerState
 from ..task import Task
@@ -232,62 +232,14 @@ LAYER_GROUPS = {"embed": r"^(embed|pos)",
                 "mlp": r"\.(fc|out)\.weight$",
                 "head": r"^head\.weight$",
                 "norm_bias": r"(ln|bias)"}
-"""The layer groups of :class:`CharTransformer` for :class:`PerGroup` (the first pattern that
-matches a parameter's name wins): the embeddings, the attention matrices, the MLP matrices,
-the head, and the LayerNorms and biases together."""
+"""The layer groups of :class:`CharTransformer` for :class:`~hypergrad.PerGroup` (the first
+pattern that matches a parameter's name wins): the embeddings, the attention matrices, the MLP
+matrices, the head, and the LayerNorms and biases together."""
 
 
 def layer_groups() -> dict[str, str]:
     """A copy of :data:`LAYER_GROUPS`."""
     return dict(LAYER_GROUPS)
-
-
-@dataclass
-class PerGroup(HyperParameter):
-    """One value per group of parameter tensors: ``groups`` maps a group's name to a regular
-    expression (``re.search``) on parameter names; each parameter takes the first group that
-    matches (every parameter must match one). Training reads a ``dict`` parameter name ->
-    scalar tensor, as for :class:`~hypergrad.PerTensor`. ``PerGroup("wd", 0.1, "log",
-    groups=LAYER_GROUPS)``: weight decay per layer group."""
-
-    groups: Mapping[str, str] = field(default_factory=dict)
-    assignment: dict[str, int] | None = None
-    kind: str = field(init=False, default="per_group")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.groups:
-            raise ValueError(f"PerGroup({self.name!r}): groups must map at least one group name "
-                             f"to a regular expression on parameter names.")
-        self.groups = dict(self.groups)
-
-    def shape(self) -> tuple[int, ...]:
-        return (len(self.groups),)
-
-    def bind(self, param_names: Sequence[str],
-             params: Mapping[str, Tensor] | None = None) -> PerGroup:
-        pats = [re.compile(p) for p in self.groups.values()]
-        assignment, missing = {}, []
-        for n in param_names:
-            hit = next((i for i, p in enumerate(pats) if p.search(n)), None)
-            if hit is None:
-                missing.append(n)
-            else:
-                assignment[n] = hit
-        if missing:
-            raise ValueError(f"PerGroup({self.name!r}): parameters {missing} match no group of "
-                             f"{dict(self.groups)}; add a pattern for them.")
-        empty = [g for i, g in enumerate(self.groups) if i not in assignment.values()]
-        if empty:
-            raise ValueError(f"PerGroup({self.name!r}): groups {empty} match no parameter of the "
-                             f"model {list(param_names)}.")
-        return PerGroup(self.name, self.init, self.transform, dict(self.groups), assignment)
-
-    def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
-        v = TRANSFORMS[self.transform][0](raw)
-        if self.assignment is None:
-            raise ValueError(f"PerGroup({self.name!r}) is not bound to a model yet.")
-        return {p: v[i] for p, i in self.assignment.items()}
 
 
 class CharBatches:
