@@ -76,11 +76,12 @@ class UnseededRandomnessWarning(HypergradWarning):
 
 
 class UnreadParameterWarning(HypergradWarning):
-    """The training loss does not read a trainable parameter while the inner optimizer has a
-    weight decay: hypergrad updates every parameter, so the decay moves that one at every step
-    (toward 0), where ``torch.optim`` skips a parameter whose ``.grad`` is ``None``. The
-    hypergradients are exact for hypergrad's update; freeze the parameter
-    (``requires_grad_(False)``) to train as torch does."""
+    """The training loss does not read a trainable parameter while the inner optimizer moves it
+    with a zero gradient (a weight decay, whatever its argument's name: the check runs one
+    update with zero gradients): hypergrad updates every parameter, so that one moves at every
+    step (toward 0 under a decay), where ``torch.optim`` skips a parameter whose ``.grad`` is
+    ``None``. The hypergradients are exact for hypergrad's update; freeze the parameter
+    (``requires_grad_(False)``) to train as torch does, or give it no decay."""
 
 
 class CheckpointError(RuntimeError):

@@ -33,7 +33,6 @@ from .hyperparams import HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
-from .optim.base import is_zero
 from .rng import VALIDATION_STEP, step_rng, step_seed
 from .rnn import RecurrentMode, has_recurrent
 
@@ -814,27 +813,47 @@ class InnerProblem:
             raise
         self._warn_unseeded(lam)
         self._warn_detached(lam)
-        self._warn_unread(grads)
+        self._warn_unread(grads, lam)
 
-    def _warn_unread(self, grads: dict[str, Tensor | None]) -> None:
+    def _warn_unread(self, grads: dict[str, Tensor | None], lam: Tensor) -> None:
         """Warn (:class:`~hypergrad.errors.UnreadParameterWarning`) when the training loss on
-        the first mini-batch reads no trainable parameter of some name while the inner optimizer
-        has a weight decay: that parameter decays at every step here and stays as it is under
-        ``torch.optim`` (which skips a parameter whose ``.grad`` is ``None``)."""
-        wd = getattr(self.optimizer, "args", {}).get("weight_decay", 0.0)
+        the first mini-batch reads no trainable parameter of some name and the inner optimizer
+        moves that parameter with a zero gradient (a weight decay, under any name): it then
+        moves at every step here and stays as it is under ``torch.optim`` (which skips a
+        parameter whose ``.grad`` is ``None``). Checked by the mechanism, not by argument
+        names: one update with zero gradients from the initial state, at the first, middle and
+        last steps' hyperparameter values (a learning rate warmed up from 0 does not move
+        anything at step 0)."""
         unread = [k for k, g in grads.items() if g is None]
-        if not unread or not isinstance(wd, (int, float, str)) or is_zero(wd):
+        if not unread:
             return
-        first = unread[0]
+        with torch.no_grad():
+            state = self.initial_state(lam)
+            params = {k: v.detach() for k, v in state.params.items()}
+            zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+            moved: list[str] = []
+            for t in sorted({0, self.steps // 2, self.steps - 1}):
+                new, _ = self.update(zeros, self.optimizer.init(params), params, lam, t)
+                moved += [k for k in unread if k not in moved
+                          and not torch.equal(new[k], params[k])]
+        if not moved:
+            return
+        moved = [k for k in unread if k in moved]
+        wd = getattr(self.optimizer, "args", {}).get("weight_decay")
+        how = (f"the inner optimizer (weight_decay={wd!r}) moves them with a zero gradient"
+               if wd is not None else "the inner optimizer moves them with a zero gradient "
+               "(a weight decay under another name, say)")
+        first = moved[0]
         warnings.warn(
-            f"InnerProblem: train_loss reads none of the trainable parameters {unread} (on the "
-            f"first mini-batch), and the inner optimizer has weight_decay={wd!r}: hypergrad "
-            f"updates every parameter, with a zero gradient for these, so the decay moves them "
-            f"(toward 0) at every step, where torch.optim skips a parameter whose .grad is "
-            f"None and leaves it as it was. Hypergradients are exact for hypergrad's update; "
-            f"to train as torch does, freeze them before building the problem "
-            f"(model.get_parameter({first!r}).requires_grad_(False): they become constants), "
-            f"or drop them from the model.", UnreadParameterWarning, stacklevel=4)
+            f"InnerProblem: train_loss reads none of the trainable parameters {moved} (on the "
+            f"first mini-batch), and {how}: hypergrad updates every parameter, with a zero "
+            f"gradient for these, so they move (toward 0 under a decay) at every step, where "
+            f"torch.optim skips a parameter whose .grad is None and leaves it as it was. "
+            f"Hypergradients are exact for hypergrad's update; to train as torch does, freeze "
+            f"them before building the problem (model.get_parameter({first!r})"
+            f".requires_grad_(False): they become constants), give them no decay (a "
+            f"PerGroup(..., default=0.0) whose groups leave them out), or drop them from the "
+            f"model.", UnreadParameterWarning, stacklevel=4)
 
     def _loss_at_start(self, which: str, params: dict[str, Tensor], mode: Any = None, *,
                        lam: Tensor) -> Any:

@@ -5,6 +5,7 @@ business of experiments/benchmarks."""
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -299,3 +300,58 @@ def test_a_parameter_the_loss_never_reads_is_named_when_weight_decay_moves_it(
     assert ("UnreadParameterWarning" in seen) == warned
     moved = not torch.equal(trained["weight"], start["weight"])
     assert moved == (weight_decay > 0 and not freeze)
+
+
+class _NoState(NamedTuple):
+    """:class:`_L2SGD` keeps nothing between steps."""
+
+
+class _L2SGD(hg.optim.Optimizer):
+    """A user's SGD whose L2 decay is named ``l2`` (not ``weight_decay``)."""
+
+    hyper_args = ("lr", "l2")
+    elementwise = True
+
+    def init(self, params: dict) -> _NoState:
+        return _NoState()
+
+    def update(self, grads: dict, state: _NoState, params: dict, hp: Any, step: int
+               ) -> tuple[dict, _NoState]:
+        lr, l2 = self.args["lr"], self.args["l2"]
+        return {k: w - self.read(lr, hp, k) * (grads[k] + self.read(l2, hp, k) * w)
+                for k, w in params.items()}, state
+
+
+@pytest.mark.parametrize("case,warned", [("l2_by_another_name", True),
+                                         ("no_decay_on_the_head", False),
+                                         ("decay_after_a_zero_warmup", True)])
+def test_the_unread_parameter_check_reads_the_update_not_argument_names(
+        case: str, warned: bool) -> None:
+    """The check runs one update with zero gradients: a decay under another name is found
+    (the name check missed it), a PerGroup that gives the unread head no decay is not warned
+    about (the name check warned: weight_decay was a hyperparameter's name), and a learning
+    rate that starts at 0 still shows the decay at the later steps."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = _UnusedLayer().double()
+    start = model.extra.weight.detach().clone()
+    if case == "l2_by_another_name":
+        opt: hg.optim.Optimizer = _L2SGD(lr="lr", l2=0.1)
+        hps = hg.HyperParams([hg.Scalar("lr", 0.1)])
+    elif case == "no_decay_on_the_head":
+        opt = hg.optim.adamw(lr=0.05, weight_decay="wd")
+        hps = hg.HyperParams([hg.PerGroup("wd", 0.1, "log", groups={"used": r"^a\."},
+                                          default=0.0)])
+    else:
+        opt = hg.optim.sgd(lr="lr", weight_decay=0.1)
+        hps = hg.HyperParams([hg.Schedule("lr", [0.0, 0.1], windows=2)])
+    p = _unused_layer_problem(model, opt, hps, 24, 4)
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always")
+        state = p.run(p.init_raw())
+    names = [str(w.message) for w in seen if w.category is UnreadParameterWarning]
+    assert bool(names) == warned, names
+    if warned:
+        assert "'extra.weight', 'extra.bias'" in names[0] and "requires_grad_(False)" in names[0]
+    assert (not torch.equal(state.params["extra.weight"], start)) == warned  # what it says
