@@ -5,6 +5,10 @@ plain ``torch.optim`` parameter groups, through ``learned.yaml``, and as a Hydra
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,3 +160,26 @@ def test_hydra_kind_per_group() -> None:
         lm = compose("config", overrides=["experiment=charlm"])
         item = instantiate(lm.hyperparams, _convert_="all").by_name["wd"]
         assert isinstance(item, hg.PerGroup) and len(item.groups) == 5
+
+
+def test_the_configs_page_command_runs(tmp_path: Path) -> None:
+    """docs/configs.md's per_group command (shortened by debug=fast) runs; learned.yaml decays
+    the weights and not the biases, and the log names the group."""
+    import shlex
+
+    import yaml
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "per_group" in b)
+    args = shlex.split(block.replace("\\\n", " "))
+    assert args[0] == "hypergrad-run"
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    learned = yaml.safe_load((tmp_path / "learned.yaml").read_text())["optimizer"]
+    decay = {g["params"][0]: g.get("weight_decay", learned["defaults"].get("weight_decay"))
+             for g in learned["param_groups"]}
+    assert set(decay) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert decay["0.bias"] == decay["2.bias"] == 0.0 and decay["0.weight"] > 0
+    assert "wd[decay]=" in (tmp_path / "cli.log").read_text()
