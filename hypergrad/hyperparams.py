@@ -199,6 +199,20 @@ class HyperParameter:
         their initial values where a kind needs them); most kinds need nothing."""
         return self
 
+    def binding(self) -> Any:
+        """What its raw values apply to, as plain data (``None``: nothing beyond its shape):
+        the parameter names of a per-tensor kind, a group's parameters, the default of the
+        others. A run's fingerprint holds it, so that a resumed run whose values would apply
+        to other parameters (same K, other ``params``) is refused."""
+        params = getattr(self, "params", None)
+        if params is None:
+            return None
+        out: dict[str, Any] = {"params": list(params)}
+        default = getattr(self, "default", None)
+        if default is not None:
+            out["default"] = default
+        return out
+
 
 @dataclass
 class Scalar(HyperParameter):
@@ -457,6 +471,14 @@ class PerGroup(HyperParameter):
         out = PerGroup(self.name, self.init, self.transform, dict(self.groups), self.default)
         out.assignment = assignment
         return out
+
+    def binding(self) -> Any:
+        """``{"groups": [[name, [params...]], ...] in raw order, "default": ...}`` (bound),
+        the patterns while not bound."""
+        if self.assignment is None:
+            return {"patterns": dict(self.groups), "default": self.default}
+        return {"groups": [[g, sorted(n for n, j in self.assignment.items() if j == i)]
+                           for i, g in enumerate(self.groups)], "default": self.default}
 
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         if self.assignment is None:

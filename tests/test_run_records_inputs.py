@@ -89,12 +89,48 @@ def test_a_resume_with_another_seed_or_select_loss_is_refused(tmp_path: Path) ->
     assert len(fit(small(seed=0, select=True), 2, True).history) == 2
 
 
+def _bound(item: Any) -> hg.InnerProblem:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (32,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+    return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                           hg.optim.sgd(lr=0.1, weight_decay="wd"), hg.HyperParams([item]),
+                           MiniBatches(x, y, batch_size=8, seed=0), 6,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
+@pytest.mark.parametrize("kind", ["per_tensor", "per_group"])
+def test_a_resume_whose_values_apply_to_other_parameters_is_refused(kind: str,
+                                                                    tmp_path: Path) -> None:
+    """The same K, kind and initial value, applied to another tensor: the layout, the initial
+    state and the validation loss at the start are all the same, and the resume went on
+    silently with the first run's values moved onto the other tensor."""
+    def item(first: str) -> Any:
+        if kind == "per_tensor":
+            return hg.PerTensor("wd", 1e-3, "log", params=[f"{first}.weight"], default=0.0)
+        return hg.PerGroup("wd", 1e-3, "log", groups={"w": rf"^{first}\.weight"}, default=0.0)
+
+    def fit(first: str, steps: int, resume: bool) -> hg.TrainResult:
+        return hg.Trainer(_bound(item(first)), "forward", mode=hg.Offline(outer_steps=steps),
+                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
+                          callbacks=quiet()).fit()
+
+    fit("0", 1, False)
+    with pytest.raises(ResumeMismatchError, match=r"problem.bindings: .*'0.weight'.* -> "
+                                                  r".*'2.weight'"):
+        fit("2", 2, True)
+    assert len(fit("0", 2, True).history) == 2  # the same binding resumes
+
+
 def test_a_checkpoint_without_the_new_keys_still_resumes(tmp_path: Path) -> None:
     """Checkpoints written before the seed and select_loss were recorded resume (those keys are
     not compared when absent)."""
     from hypergrad.run.files import fingerprint_diff
 
-    new = {"problem.K": 1, "problem.seed": 3, "problem.select_loss": False}
+    new = {"problem.K": 1, "problem.seed": 3, "problem.select_loss": False,
+           "problem.bindings": {"wd": {"params": ["w"]}}}
     assert fingerprint_diff({"problem.K": 1}, new) == []
     assert fingerprint_diff({"problem.K": 1, "problem.seed": 2}, new) == [
         "problem.seed: 2 -> 3"]

@@ -358,12 +358,14 @@ def _plain(v: Any) -> Any:
 
 NOT_RECORDED = "<not recorded>"
 ADDED_KEYS: dict[str, Any] = {"config.device": "cpu", "config.task.device": "cpu",
-                              "problem.seed": NOT_RECORDED, "problem.select_loss": NOT_RECORDED}
+                              "problem.seed": NOT_RECORDED, "problem.select_loss": NOT_RECORDED,
+                              "problem.bindings": NOT_RECORDED}
 """Fingerprint keys added in a later version, with the value that means what a checkpoint
 written before them did: absent there, that value here is no change (a run started before
 ``device=`` existed resumes on the CPU; on a GPU it is refused, naming the key);
 :data:`NOT_RECORDED`: what it was cannot be known, so it is not compared (the problem's seed
-and ``select_loss``, in the fingerprint since 2026-11-27)."""
+and ``select_loss``, in the fingerprint since 2026-11-27; what per-parameter values apply to,
+since 2026-11-28)."""
 
 
 def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

@@ -60,9 +60,9 @@ SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.memory_bu
                   "an exact method for another (forward, reverse, checkpointed reverse, auto: "
                   "the same hypergradients to rounding) and its HVP strategy and chunking")
 """Trainer settings that may differ when a run is resumed; every other setting, and the
-problem (K and layout, T, dtype, model, optimizer, initial values and state, first batch,
-validation loss at the start, seed, whether it has a ``select_loss``), is in the checkpoint's
-fingerprint and must match. An online
+problem (K and layout, what per-parameter values apply to, T, dtype, model, optimizer, initial
+values and state, first batch, validation loss at the start, seed, whether it has a
+``select_loss``), is in the checkpoint's fingerprint and must match. An online
 run's method must keep its run state's structure (:func:`unpack_run`)."""
 
 Log = Callable[[str], None]
@@ -86,6 +86,9 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
     fp: dict[str, Any] = {
         "problem.K": p.num_hyperparams,
         "problem.layout": [[it.name, it.kind, it.numel, it.transform] for it in hps.items],
+        # what the values apply to: a PerTensor's params, a PerGroup's groups (same K, other
+        # tensors would resume silently)
+        "problem.bindings": {it.name: b for it in hps.items if (b := it.binding()) is not None},
         "problem.steps": p.steps,
         "problem.dtype": str(p.dtype).replace("torch.", ""),
         "problem.model": [[n, list(v.shape)] for n, v in s0.params.items()],
