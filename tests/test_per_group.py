@@ -183,3 +183,15 @@ def test_the_configs_page_command_runs(tmp_path: Path) -> None:
     assert set(decay) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert decay["0.bias"] == decay["2.bias"] == 0.0 and decay["0.weight"] > 0
     assert "wd[decay]=" in (tmp_path / "cli.log").read_text()
+
+
+def test_a_zero_width_box_holds_the_recipe_decay_while_the_rest_is_tuned() -> None:
+    """guide.md: ``Guards(bounds={"wd": (0.1, 0.1)})`` keeps the weights' decay at 0.1 (the
+    biases at the default 0) while the Trainer tunes the learning rate."""
+    p = _problem(hg.PerGroup("wd", 0.1, "log", groups=DECAY, default=0.0))
+    res = hg.Trainer(p, mode=hg.Offline(outer_steps=3),
+                     guards=hg.Guards(bounds={"wd": (0.1, 0.1)}),
+                     callbacks=[hg.run.Log(None)]).fit()
+    values = p.hyperparams.describe(res.lam)
+    assert values["wd"] == [pytest.approx(0.1, rel=1e-12)]
+    assert values["lr"] != pytest.approx(0.05, rel=1e-6)  # the learning rate moved
