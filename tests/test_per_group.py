@@ -195,3 +195,25 @@ def test_a_zero_width_box_holds_the_recipe_decay_while_the_rest_is_tuned() -> No
     values = p.hyperparams.describe(res.lam)
     assert values["wd"] == [pytest.approx(0.1, rel=1e-12)]
     assert values["lr"] != pytest.approx(0.05, rel=1e-6)  # the learning rate moved
+
+
+def test_the_configs_page_quoted_patterns_compose() -> None:
+    """docs/configs.md's quoted override (patterns with ``^`` and ``\\``, which Hydra's grammar
+    refuses unquoted) composes to those regular expressions, which bind as the page says."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from hypergrad.config import CONFIG_DIR, register_configs
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
+    override = re.search(r'`"(\+hyperparams\.items\.wd\.groups=\{first:[^"]*)"`', page)
+    assert override, "the quoted example is gone from docs/configs.md"
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "experiment=digits_schedule", "hyperparams/kind@hyperparams.items.wd=per_group",
+            override.group(1), "hyperparams.items.wd.default=0.0"])
+    wd = instantiate(cfg.hyperparams, _convert_="all").by_name["wd"]
+    assert wd.groups == {"first": r"^0\.weight", "rest": "weight$"}
+    bound = wd.bind(["0.weight", "0.bias", "2.weight", "2.bias"])
+    assert bound.binding()["groups"] == [["first", ["0.weight"]], ["rest", ["2.weight"]]]
