@@ -51,7 +51,7 @@ from horizon_common import (
 )
 
 import hypergrad as hg
-from hypergrad.tasks.charlm import PerGroup, charlm_task, layer_groups
+from hypergrad.tasks.charlm import charlm_task, layer_groups
 
 CONTENDERS = ("forward", "recipe", "schedulefree", "tpe", "forward_defaults",
               "forward_schedulefree")
@@ -93,7 +93,7 @@ class LMStudy:
         """The library's task with schedule-free AdamW (the ``schedulefree`` contender's
         defaults: betas 0.9 / 0.999, weight decay 0.01, 5% warmup) from learning rate ``lr``."""
         hps = hg.HyperParams([hg.Schedule("lr", lr, windows=self.windows, transform="log"),
-                              PerGroup("wd", 0.01, "log", groups=self.groups()),
+                              hg.PerGroup("wd", 0.01, "log", groups=self.groups()),
                               hg.Scalar("b1", 0.9, transform="logit"),
                               hg.Scalar("b2", 0.999, transform="logit")])
         opt = hg.optim.adamw_schedulefree(lr="lr", betas=("b1", "b2"), weight_decay="wd",
@@ -110,7 +110,7 @@ class LMStudy:
     def hyperparams(self) -> hg.HyperParams:
         return hg.HyperParams([hg.Schedule("lr", self.lr0, windows=self.windows,
                                            transform="log"),
-                               PerGroup("wd", 0.01, "log", groups=self.groups()),
+                               hg.PerGroup("wd", 0.01, "log", groups=self.groups()),
                                hg.Scalar("b1", 0.9, transform="logit"),
                                hg.Scalar("b2", 0.999, transform="logit")])
 
@@ -161,7 +161,7 @@ def _recipe(st: LMStudy, peak: float, warmup: float = 0.05, final: float = 0.0,
 # -- plain PyTorch training
 def _param_groups(task: hg.Task) -> dict[str, list[str]]:
     item = task.problem.hyperparams.by_name["wd"]
-    assert isinstance(item, PerGroup) and item.assignment is not None
+    assert isinstance(item, hg.PerGroup) and item.assignment is not None
     names = list(item.groups)
     out: dict[str, list[str]] = {g: [] for g in names}
     for p, i in item.assignment.items():
