@@ -20,6 +20,7 @@ from .hyperparams import (
     HyperParameter,
     HyperParams,
     PerExample,
+    PerGroup,
     PerTensor,
     Scalar,
     Schedule,
@@ -202,7 +203,8 @@ GRID: dict[str, GridOptimizer] = {
 """The optimizers of the exactness grid; a new optimizer adds a row."""
 
 OPTIMIZERS = tuple(GRID)
-KINDS = ("lr", "momentum", "per_tensor_wd", "schedule", "per_example", "loss_param")
+KINDS = ("lr", "momentum", "per_tensor_wd", "per_group_wd", "schedule", "per_example",
+         "loss_param")
 
 
 def grid_cases() -> list[tuple[str, str]]:
@@ -215,7 +217,7 @@ def _optimizer(opt: str, kind: str) -> Optimizer:
     row = GRID[opt]
     args: dict[str, Any] = dict(row.constants)
     args["lr"] = "lr" if kind in ("lr", "schedule") else row.lr0
-    if kind == "per_tensor_wd":
+    if kind in ("per_tensor_wd", "per_group_wd"):
         args["weight_decay"] = "wd"
     if row.momentum is not None:
         args.update(row.momentum("mom" if kind == "momentum" else 0.9))
@@ -230,6 +232,9 @@ def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperPar
         return Scalar("mom", GRID[opt].momentum0, transform="logit")
     if kind == "per_tensor_wd":
         return PerTensor("wd", 1e-2, transform="log")
+    if kind == "per_group_wd":  # the first layer, the other weights; the rest at the default
+        return PerGroup("wd", 1e-2, transform="log", groups={"first": r"^0\.", "rest": "weight$"},
+                        default=1e-3)
     if kind == "schedule":
         return Schedule("lr", lr0, windows=windows, transform="log")
     if kind == "per_example":
