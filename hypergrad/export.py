@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .hyperparams import TRANSFORMS, HyperParams, InitScale, PerGroup, PerTensor, Schedule
+from .hyperparams import TRANSFORMS, HyperParams, InitScale, Schedule
 from .optim.clip import CLIP_EPS, ClipGradNorm
 from .problem import InnerProblem, InnerState
 
@@ -115,7 +115,8 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
             defaults["lr"] = base
         schedule = {"class": SCHEDULER, "windows": [
             [i / w, (i + 1) / w, float(lrs[i]) / base if base else 1.0] for i in range(w)]}
-    per_tensor = {n for n in bound if isinstance(hps.by_name[n], (PerTensor, PerGroup))}
+    # values per parameter (a PerTensor, a PerGroup): every parameter's group is written
+    per_tensor = {n for n in bound if hps.by_name[n].binding() is not None}
     loss: dict[str, Any] = {}
     for it in hps.items:
         if it.name in bound or it.initializes:

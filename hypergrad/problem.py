@@ -831,14 +831,11 @@ class InnerProblem:
             state = self.initial_state(lam)
             params = {k: v.detach() for k, v in state.params.items()}
             zeros = {k: torch.zeros_like(v) for k, v in params.items()}
-            moved: list[str] = []
-            for t in sorted({0, self.steps // 2, self.steps - 1}):
-                new, _ = self.update(zeros, self.optimizer.init(params), params, lam, t)
-                moved += [k for k in unread if k not in moved
-                          and not torch.equal(new[k], params[k])]
+            steps = sorted({0, self.steps // 2, self.steps - 1})
+            after = [self.update(zeros, state.opt, params, lam, t)[0] for t in steps]
+        moved = [k for k in unread if any(not torch.equal(a[k], params[k]) for a in after)]
         if not moved:
             return
-        moved = [k for k in unread if k in moved]
         wd = getattr(self.optimizer, "args", {}).get("weight_decay")
         how = (f"the inner optimizer (weight_decay={wd!r}) moves them with a zero gradient"
                if wd is not None else "the inner optimizer moves them with a zero gradient "
