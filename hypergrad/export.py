@@ -78,7 +78,7 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         hp_p = {k: (v[name] if isinstance(v, dict) else v) for k, v in hp0.items()
                 if k in bound}
         try:
-            single = opt.to_torch([torch.zeros(1)], hp_p)
+            single = opt.at_param(name).to_torch([torch.zeros(1)], hp_p)
         except ValueError as err:  # torch.optim refuses the values (a negative weight decay)
             got = ", ".join(f"{bound[k]}={float(v):.6g}" for k, v in hp_p.items())
             raise NotImplementedError(

@@ -509,6 +509,8 @@ class InnerProblem:
     # -- validation -------------------------------------------------------------------------------
     def _check_binding(self) -> None:
         hps = self.hyperparams
+        for arg, const in self.optimizer.per_param().items():
+            const.check(f"InnerProblem: optimizer argument {arg}", self.fmodel.param_names)
         for name, arg in self.optimizer.bound_names().items():
             if name not in hps.by_name:
                 raise ValueError(

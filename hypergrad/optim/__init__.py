@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from .adagrad import Adagrad, AdagradState, adagrad
 from .adam import Adam, AdamState, AdamW, adam, adamw
-from .base import Optimizer, TangentContext, create, register, registered, safe_sqrt
+from .base import Optimizer, PerParam, TangentContext, create, register, registered, safe_sqrt
 from .clip import ClipGradNorm, clip_grad_norm
 from .rmsprop import RMSprop, RMSpropState, rmsprop
 from .schedulefree import AdamWScheduleFree, ScheduleFreeState, adamw_schedulefree
 from .sgd import SGD, SGDState, sgd
 
-__all__ = ["Optimizer", "TangentContext", "safe_sqrt", "register", "registered", "create",
+__all__ = ["Optimizer", "PerParam", "TangentContext", "safe_sqrt", "register", "registered",
+           "create",
            "SGD", "SGDState", "sgd", "Adam", "AdamW", "AdamState", "adam", "adamw",
            "RMSprop", "RMSpropState", "rmsprop", "Adagrad", "AdagradState", "adagrad",
            "AdamWScheduleFree", "ScheduleFreeState", "adamw_schedulefree",

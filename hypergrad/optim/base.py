@@ -29,19 +29,98 @@ from ``update``. A new optimizer is a new module: subclass :class:`Optimizer`, w
 from __future__ import annotations
 
 import abc
+import copy
 import math
+import numbers
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["Optimizer", "TangentContext", "Params", "Arg", "safe_sqrt", "fma", "owned",
+__all__ = ["Optimizer", "TangentContext", "Params", "Arg", "PerParam", "safe_sqrt", "fma", "owned",
            "is_zero", "const_zero", "flag", "inv_twice", "l2_penalty", "l2_tangent", "register",
            "registered", "create", "ENTRY_POINTS"]
 
 Params = dict[str, Tensor]
-Arg = float | str
+
+
+class PerParam:
+    """A constant optimizer argument that differs between parameter tensors, as
+    ``torch.optim``'s parameter groups hold it: ``{pattern: value}``, each parameter reading the
+    value of the first regular expression that matches its name (``re.search`` on the names of
+    ``model.named_parameters()``). Pass the mapping as the argument, e.g. no weight decay on
+    biases and norms::
+
+        adamw(lr="lr", weight_decay={r"weight$": 0.1, r".*": 0.0})
+
+    It costs no tangent column (a hyperparameter tuned per group is a
+    :class:`~hypergrad.PerGroup`). Every parameter must match a pattern (end with ``".*"`` for
+    the others) and every pattern some parameter; the inner problem checks both."""
+
+    def __init__(self, values: Mapping[str, Any], where: str = "PerParam") -> None:
+        example = "e.g. {r'weight$': 0.1, r'.*': 0.0}"
+        if not isinstance(values, Mapping) or not values:
+            raise ValueError(f"{where}={values!r} must map regular expressions on parameter "
+                             f"names to numbers, {example}.")
+        self.values: dict[str, float] = {}
+        self._patterns: list[tuple[re.Pattern[str], float]] = []
+        for pattern, v in values.items():
+            if not isinstance(pattern, str):
+                raise TypeError(f"{where}: the key {pattern!r} must be a regular expression on "
+                                f"parameter names (a str), {example}.")
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"{where}[{pattern!r}]={v!r} must be a number (a value per "
+                                f"parameter is a constant; tune one with hypergrad.PerGroup), "
+                                f"{example}.")
+            try:
+                compiled = re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"{where}: {pattern!r} is not a regular expression ({err}), "
+                                 f"{example}.") from None
+            self.values[pattern] = float(v)
+            self._patterns.append((compiled, float(v)))
+        self._memo: dict[str, float] = {}
+
+    def match(self, pname: str) -> int | None:
+        """The index of the first pattern that matches ``pname`` (``None``: none)."""
+        return next((i for i, (p, _) in enumerate(self._patterns) if p.search(pname)), None)
+
+    def __getitem__(self, pname: str) -> float:
+        if pname not in self._memo:
+            i = self.match(pname)
+            if i is None:
+                raise KeyError(f"parameter {pname!r} matches no pattern of {self!r}")
+            self._memo[pname] = self._patterns[i][1]
+        return self._memo[pname]
+
+    def check(self, where: str, names: Sequence[str]) -> None:
+        """Refuse parameters that match no pattern and patterns that match no parameter (a typo
+        would set nothing)."""
+        hits = {n: self.match(n) for n in names}
+        missing = [n for n, i in hits.items() if i is None]
+        if missing:
+            raise ValueError(f"{where}={self!r}: parameters {missing} match no pattern; add one "
+                             f"for them (r'.*': <value> last gives every other parameter a "
+                             f"value).")
+        unused = [p for i, p in enumerate(self.values) if i not in hits.values()]
+        if unused:
+            raise ValueError(f"{where}={self!r}: patterns {unused} match no parameter (or only "
+                             f"parameters an earlier pattern took) of the model {list(names)}; "
+                             f"fix or remove them.")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PerParam) and other.values == self.values
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.values.items()))
+
+    def __repr__(self) -> str:
+        return repr(self.values)
+
+
+Arg = float | str | PerParam
 
 
 def safe_sqrt(x: Tensor, eps_root: float = 0.0) -> Tensor:
@@ -88,7 +167,10 @@ def l2_tangent(opt: Optimizer, ctx: TangentContext, arg: str, k: str) -> tuple[T
 
 
 def is_zero(a: Any) -> bool:
-    """Whether an argument is the constant 0 (a hyperparameter's name never is)."""
+    """Whether an argument is the constant 0 for every parameter (a hyperparameter's name
+    never is)."""
+    if isinstance(a, PerParam):
+        return all(v == 0.0 for v in a.values.values())
     return not isinstance(a, str) and float(a) == 0.0
 
 
@@ -183,6 +265,10 @@ def _check_constant(api: str, where: str, value: Any, domain: str, example: str,
     learning rate trains uphill, a momentum of 1 never forgets, NaN poisons every step."""
     if isinstance(value, str):
         return
+    if isinstance(value, PerParam):
+        for pattern, v in value.values.items():
+            _check_constant(api, f"{where}[{pattern!r}]", v, domain, example, key)
+        return
     test, words = DOMAINS[domain]
     if not test(float(value)):
         fix = f", e.g. {key}={example}" if example else ""
@@ -220,11 +306,20 @@ class Optimizer(abc.ABC):
             vals = val if key in self.pair_args else (val,)
             if key in self.pair_args and (not isinstance(val, (tuple, list)) or len(val) != 2):
                 raise ValueError(f"{api}: {key}={val!r} must be a pair, e.g. (0.9, 0.999).")
-            for v in vals:
-                if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            for i, v in enumerate(vals):
+                where = f"{key}[{i}]" if key in self.pair_args else key
+                if isinstance(v, Mapping) and not isinstance(v, PerParam):
+                    v = PerParam(v, f"{api}: {where}")
+                    if key in self.pair_args:
+                        self.args[key] = tuple(v if j == i else x for j, x in enumerate(val))
+                        val = self.args[key]
+                    else:
+                        self.args[key] = v
+                if not isinstance(v, (str, int, float, PerParam)) or isinstance(v, bool):
                     raise TypeError(
-                        f"{api}: {key}={v!r} must be a number or the name of a hyperparameter "
-                        f"(a str), e.g. {key}='lr' or {key}=0.1."
+                        f"{api}: {key}={v!r} must be a number, the name of a hyperparameter "
+                        f"(a str) or a value per parameter ({{pattern: number}}), e.g. "
+                        f"{key}='lr' or {key}=0.1."
                     )
         for key in self.pair_args:
             self.args[key] = tuple(self.args[key])
@@ -254,10 +349,40 @@ class Optimizer(abc.ABC):
                     out[v] = f"{key}[{i}]" if key in self.pair_args else key
         return out
 
+    def per_param(self) -> dict[str, PerParam]:
+        """The arguments with a constant per parameter (:class:`PerParam`), by argument
+        (``betas[0]`` for a pair's entry)."""
+        out = {}
+        for key, val in self.args.items():
+            if key in self.options:
+                continue
+            vals = val if key in self.pair_args else (val,)
+            for i, v in enumerate(vals):
+                if isinstance(v, PerParam):
+                    out[f"{key}[{i}]" if key in self.pair_args else key] = v
+        return out
+
+    def at_param(self, pname: str) -> Optimizer:
+        """This optimizer with every :class:`PerParam` argument set to ``pname``'s value
+        (``self`` when there is none): what one ``torch.optim`` parameter group holds."""
+        if not self.per_param():
+            return self
+
+        def one(v: Any) -> Any:
+            return v[pname] if isinstance(v, PerParam) else v
+
+        out = copy.copy(self)
+        out.args = {k: (v if k in self.options else tuple(one(x) for x in v)
+                        if k in self.pair_args else one(v)) for k, v in self.args.items()}
+        return out
+
     @staticmethod
     def read(arg: Arg, hp: Mapping[str, Any], pname: str) -> Any:
-        """The value of argument ``arg`` for parameter ``pname``: the constant, or the
-        hyperparameter's value (a per-tensor hyperparameter's entry for ``pname``)."""
+        """The value of argument ``arg`` for parameter ``pname``: the constant (a
+        :class:`PerParam`'s value for ``pname``), or the hyperparameter's value (a per-tensor
+        hyperparameter's entry for ``pname``)."""
+        if isinstance(arg, PerParam):
+            return arg[pname]
         if not isinstance(arg, str):
             return arg
         v = hp[arg]
@@ -305,6 +430,11 @@ class Optimizer(abc.ABC):
 
     def _value(self, arg: Arg, hp: Mapping[str, Any] | None) -> float:
         """A constant, or a scalar hyperparameter read from ``hp`` (for :meth:`to_torch`)."""
+        if isinstance(arg, PerParam):
+            raise NotImplementedError(
+                f"{type(self).__name__}.to_torch: {arg!r} is a value per parameter, which "
+                f"needs a parameter group each: build it with at_param(name) per parameter "
+                f"(hypergrad.export.learned_optimizer does).")
         v = (hp or {})[arg] if isinstance(arg, str) else arg
         if isinstance(v, dict):
             raise NotImplementedError(

@@ -124,6 +124,10 @@ class ClipGradNorm(Optimizer):
         inner = self.inner.for_horizon(steps)
         return self if inner is self.inner else ClipGradNorm(inner, self.max_norm, self.eps)
 
+    def at_param(self, pname: str) -> Optimizer:
+        inner = self.inner.at_param(pname)
+        return self if inner is self.inner else ClipGradNorm(inner, self.max_norm, self.eps)
+
     def clip(self, grads: Params) -> Params:
         """``g * min(1, c / (||g|| + eps))``: ``clip_grad_norm_``'s result, differentiable."""
         coef, _ = clip_coefficient(grads, self.max_norm, self.eps)

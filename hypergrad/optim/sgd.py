@@ -13,6 +13,7 @@ from .base import (
     Arg,
     Optimizer,
     Params,
+    PerParam,
     TangentContext,
     const_zero,
     flag,
@@ -41,7 +42,7 @@ def _plain_foreach(params: Params, values: list[Any]) -> bool:
     devices = {p.device for p in params.values()}
     if len(devices) != 1 or next(iter(devices)).type not in FOREACH_DEVICES:
         return False
-    return not any(isinstance(v, dict) for v in values)
+    return not any(isinstance(v, (dict, PerParam)) for v in values)
 
 
 def _axpy(xs: list[Tensor], ys: list[Tensor], s: Any) -> list[Tensor]:
