@@ -5,6 +5,7 @@ schedule-free AdamW's first beta at 0, finite differences in float32."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,7 +74,7 @@ def test_implicit_refuses_a_constant_decoupled_weight_decay() -> None:
     with pytest.raises(ValueError, match=r"adamw\(weight_decay=0.01\) decays the weights apart"):
         hg.ImplicitDiff().hypergradient(p, p.init_raw())
     p, _ = _ridge(hg.optim.adamw(lr=0.05, weight_decay=0.0), 10)
-    hg.ImplicitDiff().check_applicable(p)  # no decay: nothing to refuse
+    hg.ImplicitDiff().check(p)  # no decay: nothing to refuse
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -115,3 +116,33 @@ def test_finite_differences_of_a_float32_problem_warn() -> None:
         p64 = digits_case("sgd", "lr", steps=3, n_train=64)
         got = hg.FiniteDifference().hypergradient(p64, p64.init_raw()).grad
     assert rel_err(got, hg.ReverseMode().hypergradient(p64, p64.init_raw()).grad) < 1e-6
+
+
+def test_the_trainer_refuses_implicit_for_optimizer_hyperparameters_before_training() -> None:
+    """A learning rate is no hyperparameter of the training loss: the Trainer refuses
+    ImplicitDiff when it is built (was: after the first full inner run, from inside fit())."""
+    p = digits_case("sgd", "lr", steps=4, n_train=16, batch_size=8, hidden=4, n_val=16)
+    runs = []
+    real_run = p.run
+    p.run = lambda *a, **k: runs.append(1) or real_run(*a, **k)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match=r"ImplicitDiff: hyperparameters \['lr'\] are read by "
+                                         r"the optimizer"):
+        hg.Trainer(p, method="implicit")
+    assert runs == []
+
+
+def test_the_cli_refuses_implicit_for_the_learning_rate_as_a_usage_error(tmp_path: Path) -> None:
+    """``hypergrad-run method=implicit`` on the default job (the learning rate tuned): the
+    message alone, exit status 2, no results written (was a traceback out of fit())."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", "method=implicit", "debug=fast",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
+                         env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.startswith("hypergrad-run: ImplicitDiff: hyperparameters ['lr']")
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "results.json").exists()

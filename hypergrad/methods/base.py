@@ -318,6 +318,12 @@ class Method(abc.ABC):
         (empty: it was given). A concrete method is itself."""
         return self, ""
 
+    def check(self, problem: InnerProblem) -> None:
+        """Raise (naming the fix) when this method cannot differentiate ``problem`` at all, so
+        that the :class:`~hypergrad.Trainer` refuses it before any training; nothing by
+        default."""
+        return None
+
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate | None:
         """Rough bytes this method needs on ``problem`` (within a factor of about 2); ``None``

@@ -382,9 +382,10 @@ class ImplicitDiff(Method, name="implicit"):
         self._last: weakref.WeakKeyDictionary[InnerProblem, Tensor] = (
             weakref.WeakKeyDictionary())
 
-    def check_applicable(self, problem: InnerProblem) -> None:
+    def check(self, problem: InnerProblem) -> None:
         """Raise where the implicit function theorem does not apply to ``problem``'s
-        hyperparameters or model (see the module docstring)."""
+        hyperparameters or model (see the module docstring); the Trainer asks before any
+        training."""
         hps, opt = problem.hyperparams, problem.optimizer
         bound = opt.bound_names()
         not_loss = {n: a for n, a in bound.items() if a not in opt.stationary_args}
@@ -448,14 +449,14 @@ class ImplicitDiff(Method, name="implicit"):
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
         """Train ``T`` plain steps, then :meth:`at_state`."""
         problem.check(lam)
-        self.check_applicable(problem)
+        self.check(problem)
         return self.at_state(problem, problem.run(lam), lam)
 
     def at_state(self, problem: InnerProblem, state: InnerState, lam: Tensor) -> HyperGradient:
         """The implicit hypergradient at ``state`` (taken as the inner optimum), e.g. a state
         you trained yourself. ``dE/dlam|direct - (d^2 L / dlam dw) H^{-1} grad_w E``."""
         problem.check(lam)
-        self.check_applicable(problem)
+        self.check(problem)
         w, b = state.params, state.buffers
         loss = self.objective(problem, b)
         (dEw, _, dElam), value = grad_and_value(problem.objective, argnums=(0, 1, 2))(w, b, lam)

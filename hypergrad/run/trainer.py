@@ -343,6 +343,7 @@ class Trainer:
                 f"OnlineMethod (ForwardMode, MARTHE or HD); {type(chosen).__name__} gives one "
                 f"only after a whole run. Use method='forward', 'marthe' or 'hd', or "
                 f"mode=Offline().")
+        chosen.check(self.problem)
         if chosen is method:  # a method picked by resolve() was picked to fit
             check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget)
         return chosen
