@@ -187,3 +187,28 @@ def test_the_configs_page_command_runs(tmp_path: Path) -> None:
     decay |= {g["params"][0]: g["weight_decay"] for g in learned["param_groups"]}
     assert decay == {"0.weight": 0.001, "2.weight": 0.001, "0.bias": 0.0, "2.bias": 0.0}
     assert len(learned["param_groups"]) == 2
+
+
+def test_the_configs_page_recipe_file_runs(tmp_path: Path) -> None:
+    """docs/configs.md's optimizer config of your own (a pattern with ``^``, which an override
+    cannot hold) through ``--config-dir``: learned.yaml holds the two momenta."""
+    import shlex
+
+    import yaml
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
+    recipe = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "'^0" in b)
+    (tmp_path / "conf" / "inner_optimizer").mkdir(parents=True)
+    (tmp_path / "conf" / "inner_optimizer" / "recipe.yaml").write_text(recipe)
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S)
+                 if "inner_optimizer=recipe" in b)
+    args = shlex.split(block)
+    assert args[0] == "hypergrad-run"
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
+                          f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    learned = yaml.safe_load((tmp_path / "run" / "learned.yaml").read_text())["optimizer"]
+    momentum = {n: learned["defaults"]["momentum"] for n in ("0.weight", "0.bias")}
+    momentum |= {g["params"][0]: g["momentum"] for g in learned["param_groups"]}
+    assert momentum == {"0.weight": 0.5, "0.bias": 0.5, "2.weight": 0.9, "2.bias": 0.9}
