@@ -33,7 +33,7 @@ import copy
 import math
 import numbers
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -337,30 +337,25 @@ class Optimizer(abc.ABC):
         return type(self).__name__.lower()
 
     # -- binding ---------------------------------------------------------------------------------
-    def bound_names(self) -> dict[str, str]:
-        """Hyperparameter names this optimizer reads, mapped to the argument that reads them."""
-        out = {}
+    def _entries(self) -> Iterator[tuple[str, Any]]:
+        """``(argument, value)`` of every argument but the options, a pair's entries apart
+        (``betas[0]``, ``betas[1]``)."""
         for key, val in self.args.items():
             if key in self.options:
                 continue
-            vals = val if key in self.pair_args else (val,)
-            for i, v in enumerate(vals):
-                if isinstance(v, str):
-                    out[v] = f"{key}[{i}]" if key in self.pair_args else key
-        return out
+            if key in self.pair_args:
+                yield from ((f"{key}[{i}]", v) for i, v in enumerate(val))
+            else:
+                yield key, val
+
+    def bound_names(self) -> dict[str, str]:
+        """Hyperparameter names this optimizer reads, mapped to the argument that reads them."""
+        return {v: arg for arg, v in self._entries() if isinstance(v, str)}
 
     def per_param(self) -> dict[str, PerParam]:
         """The arguments with a constant per parameter (:class:`PerParam`), by argument
         (``betas[0]`` for a pair's entry)."""
-        out = {}
-        for key, val in self.args.items():
-            if key in self.options:
-                continue
-            vals = val if key in self.pair_args else (val,)
-            for i, v in enumerate(vals):
-                if isinstance(v, PerParam):
-                    out[f"{key}[{i}]" if key in self.pair_args else key] = v
-        return out
+        return {arg: v for arg, v in self._entries() if isinstance(v, PerParam)}
 
     def at_param(self, pname: str) -> Optimizer:
         """This optimizer with every :class:`PerParam` argument set to ``pname``'s value
