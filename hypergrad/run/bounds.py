@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,12 +22,25 @@ from ..hyperparams import TRANSFORMS, HyperParams, rounded_onto_edge
 __all__ = ["Bounds"]
 
 
+def entry_labels(item: Any) -> list[str]:
+    """The names of a hyperparameter's entries besides their indices: a PerTensor's (or
+    InitScale's) parameter names, a PerGroup's group names; ``[]`` for the other kinds."""
+    groups = getattr(item, "groups", None)
+    if isinstance(groups, Mapping):
+        return list(groups)
+    params = getattr(item, "params", None)
+    return [str(p) for p in params] if params is not None and not isinstance(params, str) else []
+
+
 class Bounds:
     """``{name: (low, high)}`` in value space (either end may be ``None``: unbounded), for the
     hyperparameters ``hps`` in ``dtype``. One pair bounds every entry of its hyperparameter
-    (each window of a schedule, each tensor of a per-tensor value). An infinite end on its own
-    side (``low=-inf``, ``high=inf``, or a number that rounds to one in ``dtype``) is no bound,
-    as ``None``: the search box then fills that side around the initial value.
+    (each window of a schedule, each tensor of a per-tensor value); ``"name[entry]"`` bounds
+    one entry (by its index, ``"lr[0]"`` for a schedule's first window, or by its name,
+    ``"wd[decay]"`` for a PerGroup's group, ``"wd[fc.weight]"`` for a PerTensor's parameter),
+    in place of the hyperparameter's pair. An infinite end on its own side (``low=-inf``,
+    ``high=inf``, or a number that rounds to one in ``dtype``) is no bound, as ``None``: the
+    search box then fills that side around the initial value.
 
     Example:
         >>> import hypergrad as hg
@@ -42,67 +57,123 @@ class Bounds:
                  api: str = "Trainer") -> None:
         self.hps = hps
         self.raw: dict[str, tuple[Tensor | None, Tensor | None]] = {}
-        for name, lohi in (bounds or {}).items():
-            if name not in hps.by_name:
-                raise ValueError(f"{api}: bounds name {name!r} is not a hyperparameter; defined "
-                                 f"are {hps.names}.")
-            if isinstance(lohi, (str, bytes)) or not isinstance(lohi, Sequence) or len(lohi) != 2:
-                raise ValueError(f"{api}: bounds[{name!r}]={lohi!r} must be (low, high), "
-                                 f"either may be None.")
-            transform = hps.by_name[name].transform
-            inverse, valid, domain = TRANSFORMS[transform][1:]
-            raw: list[Tensor | None] = []
-            for side, v in zip(("low", "high"), lohi):
-                if v is None:
+        """Raw bounds of whole hyperparameters, by name."""
+        self.entries: dict[str, dict[int, tuple[Tensor | None, Tensor | None]]] = {}
+        """Raw bounds of single entries: name -> {index: (low, high)}."""
+        self._keys: dict[str, tuple[str, int | None]] = {}  # as given -> (name, index)
+        for key, lohi in (bounds or {}).items():
+            name, index = self._target(key, api)
+            pair = self._raw_pair(key, hps.by_name[name].transform, lohi, dtype, api)
+            if index is None:
+                self.raw[name] = pair
+            else:
+                self.entries.setdefault(name, {})[index] = pair
+            self._keys[key] = (name, index)
+
+    def _target(self, key: str, api: str) -> tuple[str, int | None]:
+        """``(name, None)`` for a hyperparameter's name, ``(name, index)`` for one entry."""
+        hps = self.hps
+        if key in hps.by_name:
+            return key, None
+        m = re.fullmatch(r"(\w+)\[(.+)\]", str(key))
+        if m is None or m.group(1) not in hps.by_name:
+            raise ValueError(f"{api}: bounds name {key!r} is not a hyperparameter; defined are "
+                             f"{hps.names} (one entry of one: 'name[index]', or "
+                             f"'name[group]' / 'name[parameter]' for a per-group or "
+                             f"per-tensor one).")
+        name, label = m.groups()
+        item = hps.by_name[name]
+        labels = entry_labels(item)
+        if label in labels:
+            return name, labels.index(label)
+        if label.isdigit() and int(label) < item.numel:
+            return name, int(label)
+        named = f" or one of {labels}" if labels else ""
+        raise ValueError(f"{api}: bounds name {key!r}: {name!r} has no entry {label!r}; its "
+                         f"entries are the indices 0-{item.numel - 1}{named}.")
+
+    @staticmethod
+    def _raw_pair(name: str, transform: str, lohi: Sequence[float | None], dtype: torch.dtype,
+                  api: str) -> tuple[Tensor | None, Tensor | None]:
+        """``(low, high)`` of key ``name`` in raw coordinates, checked."""
+        if isinstance(lohi, (str, bytes)) or not isinstance(lohi, Sequence) or len(lohi) != 2:
+            raise ValueError(f"{api}: bounds[{name!r}]={lohi!r} must be (low, high), "
+                             f"either may be None.")
+        inverse, valid, domain = TRANSFORMS[transform][1:]
+        raw: list[Tensor | None] = []
+        for side, v in zip(("low", "high"), lohi):
+            if v is None:
+                raw.append(None)
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
+                per_entry = (f" (one pair bounds every entry of the hyperparameter; bound one "
+                             f"entry with its own key, {name!r}[0] -> '{name}[0]': (low, high))"
+                             if isinstance(v, (Sequence, Tensor)) and not isinstance(v, str)
+                             else "")
+                raise ValueError(f"{api}: bounds[{name!r}]={list(lohi)!r} has {v!r}; bounds "
+                                 f"are numbers (or None for no bound){per_entry}.")
+            try:
+                f = float(v)
+            except OverflowError:  # an int beyond float64: an infinite end
+                f = math.inf if v > 0 else -math.inf
+            t = torch.tensor(f, dtype=dtype)
+            if not valid(t):
+                raise ValueError(f"{api}: bounds[{name!r}] value {v} is outside the domain "
+                                 f"of transform={transform!r} ({domain})"
+                                 f"{rounded_onto_edge(v, dtype, valid)}; give a bound in "
+                                 f"that domain, or None for no {side} bound.")
+            r = inverse(t)
+            if bool(torch.isinf(r)):
+                # an infinite end became an infinite edge of the search box: its start
+                # drew points at inf and NaN. On its own side it bounds nothing; on the
+                # other side it leaves no finite value in between
+                if (side == "low") == bool(r < 0):
                     raw.append(None)
                     continue
-                if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
-                    per_entry = (" (one pair bounds every entry of the hyperparameter: per-entry "
-                                 "bounds are not supported)"
-                                 if isinstance(v, (Sequence, Tensor)) and not isinstance(v, str)
-                                 else "")
-                    raise ValueError(f"{api}: bounds[{name!r}]={list(lohi)!r} has {v!r}; bounds "
-                                     f"are numbers (or None for no bound){per_entry}.")
-                try:
-                    f = float(v)
-                except OverflowError:  # an int beyond float64: an infinite end
-                    f = math.inf if v > 0 else -math.inf
-                t = torch.tensor(f, dtype=dtype)
-                if not valid(t):
-                    raise ValueError(f"{api}: bounds[{name!r}] value {v} is outside the domain "
-                                     f"of transform={transform!r} ({domain})"
-                                     f"{rounded_onto_edge(v, dtype, valid)}; give a bound in "
-                                     f"that domain, or None for no {side} bound.")
-                r = inverse(t)
-                if bool(torch.isinf(r)):
-                    # an infinite end became an infinite edge of the search box: its start
-                    # drew points at inf and NaN. On its own side it bounds nothing; on the
-                    # other side it leaves no finite value in between
-                    if (side == "low") == bool(r < 0):
-                        raw.append(None)
-                        continue
-                    raise ValueError(f"{api}: bounds[{name!r}] {side}={v} is infinite in {dtype}"
-                                     f", so no finite value lies inside the bounds; give a "
-                                     f"finite {side} bound.")
-                raw.append(r)
-            lo, hi = lohi
-            if lo is not None and hi is not None and lo > hi:
-                raise ValueError(f"{api}: bounds[{name!r}]=({lo}, {hi}) has low > high; give "
-                                 f"(low, high) = ({hi}, {lo}).")
-            self.raw[name] = (raw[0], raw[1])
+                raise ValueError(f"{api}: bounds[{name!r}] {side}={v} is infinite in {dtype}"
+                                 f", so no finite value lies inside the bounds; give a "
+                                 f"finite {side} bound.")
+            raw.append(r)
+        lo, hi = lohi
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"{api}: bounds[{name!r}]=({lo}, {hi}) has low > high; give "
+                             f"(low, high) = ({hi}, {lo}).")
+        return raw[0], raw[1]
 
     def project(self, lam: Tensor) -> None:
-        """Clamp ``lam`` (raw, shape ``(K,)``) into the bounds, in place."""
+        """Clamp ``lam`` (raw, shape ``(K,)``) into the bounds, in place (an entry's own bounds
+        after its hyperparameter's: they replace them)."""
         slices = self.hps.slices
+
+        def clamp(x: Tensor, lo: Tensor | None, hi: Tensor | None) -> Tensor:
+            # the bounds live on the CPU: lam's device
+            return x.clamp(None if lo is None else lo.to(lam), None if hi is None else hi.to(lam))
+
         with torch.no_grad():
-            for name, (lo, hi) in self.raw.items():  # the bounds live on the CPU: lam's device
-                lam[slices[name]] = lam[slices[name]].clamp(
-                    None if lo is None else lo.to(lam), None if hi is None else hi.to(lam))
+            for name, (lo, hi) in self.raw.items():
+                lam[slices[name]] = clamp(lam[slices[name]], lo, hi)
+            for name, entries in self.entries.items():
+                start = slices[name].start
+                for i, (lo, hi) in entries.items():
+                    lam[start + i] = clamp(lam[start + i], lo, hi)
+
+    def pairs(self, name: str) -> list[tuple[Tensor | None, Tensor | None]]:
+        """The raw ``(low, high)`` of each entry of hyperparameter ``name`` (``None``: no
+        bound on that side)."""
+        whole = self.raw.get(name, (None, None))
+        own = self.entries.get(name, {})
+        return [own.get(i, whole) for i in range(self.hps.by_name[name].numel)]
 
     def values(self) -> dict[str, list[float | None]]:
-        """The bounds in value space, as given (for fingerprints and messages)."""
+        """The bounds in value space, by the keys given (for fingerprints and messages)."""
         out = {}
-        for name, ends in self.raw.items():
+        for key, (name, index) in self._keys.items():
+            ends = self.raw[name] if index is None else self.entries[name][index]
             fwd = TRANSFORMS[self.hps.by_name[name].transform][0]
-            out[name] = [None if r is None else float(fwd(r)) for r in ends]
+            out[key] = [None if r is None else float(fwd(r)) for r in ends]
         return out
+
+    def of(self, name: str) -> dict[str, list[float | None]]:
+        """:meth:`values` of the keys that bound hyperparameter ``name`` (for messages)."""
+        values = self.values()
+        return {k: values[k] for k, (n, _) in self._keys.items() if n == name}

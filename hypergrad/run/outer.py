@@ -388,14 +388,15 @@ class QuasiNewton(SearchOptimizer):
         return best, best_a
 
 
-def search_box(hps: Any, raw_bounds: dict[str, tuple[Tensor | None, Tensor | None]],
-               lam0: Tensor) -> tuple[Tensor, Tensor]:
+def search_box(hps: Any, raw_bounds: Any, lam0: Tensor) -> tuple[Tensor, Tensor]:
     """The search box in raw coordinates, ``(low, high)`` of shape ``(K,)``: the bounds given
-    (``Guards(bounds=...)``), and where a bound is missing the box around the initial value
-    that ``experiments/tuners.py`` gives the black-box tuners too: raw ``init +- log(100)``
-    for ``log`` transforms (values from init / 100 to init * 100), ``[-6, 6]`` (or wider, to
-    hold the initial value) for ``logit``, ``init +- 1`` for ``identity``; a side filled so
-    reaches at least half that box's width past a bound given on the other side."""
+    (``Guards(bounds=...)``: a :class:`~hypergrad.run.bounds.Bounds`, or ``{name: (raw low,
+    raw high)}``), and where a bound is missing the box around the initial value that
+    ``experiments/tuners.py`` gives the black-box tuners too: raw ``init +- log(100)`` for
+    ``log`` transforms (values from init / 100 to init * 100), ``[-6, 6]`` (or wider, to hold
+    the initial value) for ``logit``, ``init +- 1`` for ``identity``; a side filled so reaches
+    at least half that box's width past a bound given on the other side. Each entry takes its
+    own bounds where it has them (``Guards(bounds={"lr[0]": ...})``)."""
     lo = torch.empty_like(lam0)
     hi = torch.empty_like(lam0)
     for item in hps.items:
@@ -408,15 +409,18 @@ def search_box(hps: Any, raw_bounds: dict[str, tuple[Tensor | None, Tensor | Non
                                  12.0)
         else:
             d_lo, d_hi, width = x.min() - 1.0, x.max() + 1.0, 2.0
-        b_lo, b_hi = raw_bounds.get(item.name, (None, None))
-        # a side filled by default reaches past the bound given on the other side: a logit's
-        # [-6, 6] with low=0.999 (raw 6.9) was the box [6.9, 6.9], and the value never moved
-        lo[sl] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
-        hi[sl] = d_hi if b_hi is None else b_hi.to(hi)
-        if b_hi is None and b_lo is not None:
-            hi[sl] = torch.maximum(hi[sl], lo[sl] + width / 2)
-        if b_lo is None and b_hi is not None:
-            lo[sl] = torch.minimum(lo[sl], hi[sl] - width / 2)
+        pairs = (raw_bounds.pairs(item.name) if hasattr(raw_bounds, "pairs")
+                 else [raw_bounds.get(item.name, (None, None))] * item.numel)
+        for j, (b_lo, b_hi) in zip(range(sl.start, sl.stop), pairs):
+            # a side filled by default reaches past the bound given on the other side: a
+            # logit's [-6, 6] with low=0.999 (raw 6.9) was the box [6.9, 6.9], and the value
+            # never moved
+            lo[j] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
+            hi[j] = d_hi if b_hi is None else b_hi.to(hi)
+            if b_hi is None and b_lo is not None:
+                hi[j] = torch.maximum(hi[j], lo[j] + width / 2)
+            if b_lo is None and b_hi is not None:
+                lo[j] = torch.minimum(lo[j], hi[j] - width / 2)
     return lo, hi
 
 

@@ -255,7 +255,7 @@ class Trainer:
         self.method = self.strategy.setup(self._resolve(create(method)))
         self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds)
         self._start_in_bounds()
-        self.box = search_box(p.hyperparams, self.bounds.raw, self.lam)
+        self.box = search_box(p.hyperparams, self.bounds, self.lam)
         """The search box in raw coordinates ``(low, high)``: the bounds, and where a bound is
         missing a box around the initial value (:func:`~hypergrad.run.outer.search_box`)."""
         if isinstance(outer, torch.optim.Optimizer):
@@ -354,7 +354,7 @@ class Trainer:
         before = hps.describe(self.lam)
         self.bounds.project(self.lam)
         after = hps.describe(self.lam)
-        moved = [f"{n}={before[n]} -> {after[n]} (bounds {self.bounds.values()[n]})"
+        moved = [f"{n}={before[n]} -> {after[n]} (bounds {self.bounds.of(n)})"
                  for n in hps.names if before[n] != after[n]]
         if moved:
             warnings.warn(BoundsWarning(

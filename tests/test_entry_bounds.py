@@ -1,0 +1,125 @@
+"""Bounds on one entry of a hyperparameter (``Guards(bounds={"lr[0]": ...})``): a schedule's
+window, a PerGroup's group, a PerTensor's parameter, by index or by name, in place of the
+hyperparameter's own pair."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hypergrad as hg
+from hypergrad.data import MiniBatches
+from hypergrad.errors import BoundsWarning
+from hypergrad.run.bounds import Bounds
+from hypergrad.run.outer import search_box
+
+
+def _problem(*items: hg.HyperParameter, wd: str = "wd") -> hg.InnerProblem:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (48,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+    return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                           hg.optim.sgd(lr="lr", momentum=0.5, weight_decay=wd),
+                           hg.HyperParams(list(items)), MiniBatches(x, y, batch_size=12, seed=0),
+                           12, lambda m, hp: F.cross_entropy(m(x), y))
+
+
+GROUPS = {"first": r"^0\.weight$", "rest": r"weight$"}
+
+
+def _fit(p: hg.InnerProblem, bounds: dict[str, Any], steps: int = 3) -> dict[str, Any]:
+    res = hg.Trainer(p, mode=hg.Offline(outer_steps=steps), guards=hg.Guards(bounds=bounds),
+                     callbacks=[hg.run.Log(None)]).fit()
+    return p.hyperparams.describe(res.lam)
+
+
+def test_a_group_held_while_the_other_is_tuned() -> None:
+    p = _problem(hg.Scalar("lr", 0.3, "log"),
+                 hg.PerGroup("wd", 0.05, "log", groups=GROUPS, default=0.0))
+    values = _fit(p, {"wd": (1e-4, 0.1), "wd[first]": (0.05, 0.05)})
+    assert values["wd"][0] == pytest.approx(0.05, rel=1e-12)
+    assert values["wd"][1] != pytest.approx(0.05, rel=1e-6) and 1e-4 <= values["wd"][1] <= 0.1
+
+
+def test_a_schedule_window_by_index_and_a_tensor_by_name() -> None:
+    """A warm-up window capped below the rest; one parameter's decay held; initial values
+    outside an entry's bounds are moved onto them, and the warning names the key."""
+    p = _problem(hg.Schedule("lr", 0.3, "log", windows=3),
+                 hg.PerTensor("wd", 1e-3, "log"))
+    with pytest.warns(BoundsWarning, match=r"lr=\[0.3, 0.3, 0.3\] -> \[0.0(1|09+)\d*, 0.3, 0.3\] "
+                                           r"\(bounds \{'lr\[0\]': \[None, 0.0(1|09+)\d*\]\}\)"):
+        values = _fit(p, {"lr[0]": (None, 0.01), "wd[2.bias]": (1e-3, 1e-3)})
+    assert values["lr"][0] <= 0.01 + 1e-15 and max(values["lr"][1:]) > 0.01
+    assert values["wd"][3] == pytest.approx(1e-3, rel=1e-12)  # 2.bias, the fourth tensor
+
+
+def test_an_entry_pair_replaces_the_hyperparameter_pair_in_the_box_and_the_projection() -> None:
+    p = _problem(hg.Schedule("lr", 0.1, "log", windows=3), hg.Scalar("wd", 1e-3, "log"))
+    hps = p.hyperparams
+    b = Bounds(hps, torch.float64, {"lr": (1e-3, 1.0), "lr[1]": (0.5, 2.0)})
+    lam = p.init_raw().clone()
+    b.project(lam)
+    assert hps.describe(lam)["lr"] == pytest.approx([0.1, 0.5, 0.1], rel=1e-12)
+    lo, hi = search_box(hps, b, p.init_raw())
+    got = torch.exp(torch.stack([lo[:3], hi[:3]], 1))
+    torch.testing.assert_close(got, torch.tensor([[1e-3, 1.0], [0.5, 2.0], [1e-3, 1.0]],
+                                                 dtype=torch.float64))
+    # the same box as a mapping of whole hyperparameters for the pairs the entries do not set
+    lo2, hi2 = search_box(hps, {"lr": b.raw["lr"]}, p.init_raw())
+    assert torch.equal(lo2[[0, 2, 3]], lo[[0, 2, 3]]) and torch.equal(hi2[[0, 2, 3]],
+                                                                     hi[[0, 2, 3]])
+    assert b.values() == {"lr": [pytest.approx(1e-3), pytest.approx(1.0)],
+                          "lr[1]": [pytest.approx(0.5), pytest.approx(2.0)]}
+
+
+def test_the_run_fingerprint_holds_entry_bounds() -> None:
+    p = _problem(hg.Scalar("lr", 0.3, "log"),
+                 hg.PerGroup("wd", 0.05, "log", groups=GROUPS, default=0.0))
+    t = hg.Trainer(p, guards=hg.Guards(bounds={"wd[rest]": (1e-4, 0.1)}))
+    assert t.settings()["trainer.bounds"] == {"wd[rest]": [pytest.approx(1e-4),
+                                                           pytest.approx(0.1)]}
+
+
+@pytest.mark.parametrize(("bounds", "match"), [
+    ({"wd[middle]": (0.0, 1.0)}, r"bounds name 'wd\[middle\]': 'wd' has no entry 'middle'; "
+                                 r"its entries are the indices 0-1 or one of \['first', "
+                                 r"'rest'\]"),
+    ({"wd[2]": (0.0, 1.0)}, r"'wd' has no entry '2'"),
+    ({"mom[0]": (0.0, 1.0)}, r"bounds name 'mom\[0\]' is not a hyperparameter; defined are "
+                             r"\['lr', 'wd'\] \(one entry of one: 'name\[index\]'"),
+    ({"wd": [(1e-3, 0.1), (1e-4, 1e-2)]}, r"bound one entry with its own key, 'wd'\[0\] -> "
+                                          r"'wd\[0\]': \(low, high\)"),
+])
+def test_bad_entry_bounds_are_named(bounds: dict[str, Any], match: str) -> None:
+    p = _problem(hg.Scalar("lr", 0.3, "log"),
+                 hg.PerGroup("wd", 0.05, "log", groups=GROUPS, default=0.0))
+    with warnings.catch_warnings(), pytest.raises(ValueError, match=match):
+        hg.Trainer(p, guards=hg.Guards(bounds=bounds))
+
+
+def test_the_configs_page_entry_bound_runs(tmp_path: Path) -> None:
+    """docs/configs.md's command bounding one schedule window through Hydra (``++`` and the
+    brackets escaped): the first window starts at and keeps its own upper bound."""
+    import json
+    import shlex
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
+    line = next(ln for ln in page.splitlines() if "one window's own bound" in ln)
+    args = shlex.split(line.split("  #")[0])
+    assert args[0] == "hypergrad-run"
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lr = json.loads((tmp_path / "results.json").read_text())["learned"]["lr"]
+    assert lr[0] <= 0.05 * (1 + 1e-6) and max(lr[1:]) > 0.05
