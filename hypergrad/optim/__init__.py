@@ -25,8 +25,7 @@ from .schedulefree import AdamWScheduleFree, ScheduleFreeState, adamw_schedulefr
 from .sgd import SGD, SGDState, sgd
 
 __all__ = ["Optimizer", "PerParam", "TangentContext", "safe_sqrt", "register", "registered",
-           "create",
-           "SGD", "SGDState", "sgd", "Adam", "AdamW", "AdamState", "adam", "adamw",
+           "create", "SGD", "SGDState", "sgd", "Adam", "AdamW", "AdamState", "adam", "adamw",
            "RMSprop", "RMSpropState", "rmsprop", "Adagrad", "AdagradState", "adagrad",
            "AdamWScheduleFree", "ScheduleFreeState", "adamw_schedulefree",
            "ClipGradNorm", "clip_grad_norm"]

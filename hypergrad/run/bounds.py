@@ -84,6 +84,8 @@ class Bounds:
         name, label = m.groups()
         item = hps.by_name[name]
         labels = entry_labels(item)
+        if len(labels) != item.numel:  # an InitWeights' entries are elements, not its tensors
+            labels = []
         if label in labels:
             return name, labels.index(label)
         if label.isdigit() and int(label) < item.numel:
@@ -156,13 +158,6 @@ class Bounds:
                 start = slices[name].start
                 for i, (lo, hi) in entries.items():
                     lam[start + i] = clamp(lam[start + i], lo, hi)
-
-    def pairs(self, name: str) -> list[tuple[Tensor | None, Tensor | None]]:
-        """The raw ``(low, high)`` of each entry of hyperparameter ``name`` (``None``: no
-        bound on that side)."""
-        whole = self.raw.get(name, (None, None))
-        own = self.entries.get(name, {})
-        return [own.get(i, whole) for i in range(self.hps.by_name[name].numel)]
 
     def values(self) -> dict[str, list[float | None]]:
         """The bounds in value space, by the keys given (for fingerprints and messages)."""

@@ -409,18 +409,20 @@ def search_box(hps: Any, raw_bounds: Any, lam0: Tensor) -> tuple[Tensor, Tensor]
                                  12.0)
         else:
             d_lo, d_hi, width = x.min() - 1.0, x.max() + 1.0, 2.0
-        pairs = (raw_bounds.pairs(item.name) if hasattr(raw_bounds, "pairs")
-                 else [raw_bounds.get(item.name, (None, None))] * item.numel)
-        for j, (b_lo, b_hi) in zip(range(sl.start, sl.stop), pairs):
+        whole = (raw_bounds.raw if hasattr(raw_bounds, "raw") else raw_bounds).get(
+            item.name, (None, None))
+        own = raw_bounds.entries.get(item.name, {}) if hasattr(raw_bounds, "entries") else {}
+        # the hyperparameter's pair on every entry, then each entry's own in its place
+        for where, (b_lo, b_hi) in [(sl, whole)] + [(sl.start + i, e) for i, e in own.items()]:
             # a side filled by default reaches past the bound given on the other side: a
             # logit's [-6, 6] with low=0.999 (raw 6.9) was the box [6.9, 6.9], and the value
             # never moved
-            lo[j] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
-            hi[j] = d_hi if b_hi is None else b_hi.to(hi)
+            lo[where] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
+            hi[where] = d_hi if b_hi is None else b_hi.to(hi)
             if b_hi is None and b_lo is not None:
-                hi[j] = torch.maximum(hi[j], lo[j] + width / 2)
+                hi[where] = torch.maximum(hi[where], lo[where] + width / 2)
             if b_lo is None and b_hi is not None:
-                lo[j] = torch.minimum(lo[j], hi[j] - width / 2)
+                lo[where] = torch.minimum(lo[where], hi[where] - width / 2)
     return lo, hi
 
 
