@@ -120,7 +120,7 @@ def main() -> None:
         got[label] = res
         rows.append(row(name, label, res, m, ref.grad, "reverse"))
     try:
-        hg.ImplicitDiff().check_applicable(p)
+        hg.ImplicitDiff().check(p)
     except ValueError as err:
         rows.append(row(name, "implicit", None, None, None, "-",
                         "refused: " + str(err).split(". ")[0].split(": ", 1)[1]))

@@ -424,6 +424,8 @@ class ImplicitDiff(Method, name="implicit"):
                              f"the problem has steps={problem.steps}; use steps < "
                              f"{problem.steps}.")
 
+    check_applicable = check  # its name before Method.check (2026-11-28)
+
     def objective(self, problem: InnerProblem, buffers: dict[str, Tensor]
                   ) -> Callable[[dict[str, Tensor], Tensor], Tensor]:
         """The training objective ``L(w, lam)`` whose stationary point the theorem is about:

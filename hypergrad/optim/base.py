@@ -317,9 +317,9 @@ class Optimizer(abc.ABC):
                         self.args[key] = v
                 if not isinstance(v, (str, int, float, PerParam)) or isinstance(v, bool):
                     raise TypeError(
-                        f"{api}: {key}={v!r} must be a number, the name of a hyperparameter "
-                        f"(a str) or a value per parameter ({{pattern: number}}), e.g. "
-                        f"{key}='lr' or {key}=0.1."
+                        f"{api}: {key}={v!r} must be a number or the name of a hyperparameter "
+                        f"(a str), e.g. {key}='lr' or {key}=0.1, or a value per parameter "
+                        f"({{pattern: number}})."
                     )
         for key in self.pair_args:
             self.args[key] = tuple(self.args[key])

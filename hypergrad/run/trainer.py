@@ -354,7 +354,11 @@ class Trainer:
         before = hps.describe(self.lam)
         self.bounds.project(self.lam)
         after = hps.describe(self.lam)
-        moved = [f"{n}={before[n]} -> {after[n]} (bounds {self.bounds.of(n)})"
+        def bounds_of(n: str) -> Any:  # the pair, or the keys of entries bounded apart
+            given = self.bounds.of(n)
+            return given[n] if list(given) == [n] else given
+
+        moved = [f"{n}={before[n]} -> {after[n]} (bounds {bounds_of(n)})"
                  for n in hps.names if before[n] != after[n]]
         if moved:
             warnings.warn(BoundsWarning(
