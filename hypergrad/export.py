@@ -70,6 +70,20 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
             f"learned_settings: schedules of {not_lr}: torch.optim's schedulers set the "
             f"learning rate only; read the learned windows from results.json instead.")
     hp0 = problem.hyperparams.values(lam.detach(), 0, problem.steps)
+    schedule = None
+    if scheduled:
+        item = hps.by_name[scheduled[0]]
+        assert isinstance(item, Schedule)
+        lrs = values[item.name].reshape(-1)
+        w = item.windows
+        # the factors are relative to the optimizer's lr: the first window's, unless it is 0
+        # (a warm-up from 0), where the largest window's is the base (0 / 0 gave NaN); every
+        # group's lr is what it reads in that window (its multiplier times the base)
+        first = int(lrs.abs().argmax()) if float(lrs[0]) == 0 else 0
+        base = float(lrs[first])
+        hp0[item.name] = item.at_window(hps.split(lam.detach())[item.name], first)
+        schedule = {"class": SCHEDULER, "windows": [
+            [i / w, (i + 1) / w, float(lrs[i]) / base if base else 1.0] for i in range(w)]}
     names = list(problem.fmodel.param_names)
     groups, torch_cls, defaults = [], None, None
     for name in names:
@@ -102,20 +116,7 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     defaults = {k: v for k, v in defaults.items()  # the optimizer's settings, not torch's flags
                 if k in sig and (k == "lr" or sig[k].default != v)}
     groups = [{k: v for k, v in g.items() if k == "params" or k in sig} for g in groups]
-    schedule = None
-    if scheduled:
-        item = hps.by_name[scheduled[0]]
-        assert isinstance(item, Schedule)
-        lrs = values[item.name].reshape(-1)
-        w = item.windows
-        # the factors are relative to the optimizer's lr: the first window's, unless it is 0
-        # (a warm-up from 0), where the largest window's is the base (0 / 0 gave NaN)
-        base = float(lrs[0]) if float(lrs[0]) != 0 else float(lrs.abs().max())
-        if base != float(lrs[0]):
-            defaults["lr"] = base
-        schedule = {"class": SCHEDULER, "windows": [
-            [i / w, (i + 1) / w, float(lrs[i]) / base if base else 1.0] for i in range(w)]}
-    # values per parameter (a PerTensor, a PerGroup): every parameter's group is written
+    # values per parameter (a PerTensor, a PerGroup, multipliers): every group is written
     per_tensor = {n for n in bound if hps.by_name[n].binding() is not None}
     loss: dict[str, Any] = {}
     for it in hps.items:

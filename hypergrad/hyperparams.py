@@ -21,6 +21,11 @@ Kinds (``K`` contributions in brackets):
 - :class:`InitWeights` [numel of the listed tensors]: the initial weights themselves (the
   learnable initialisation of MAML-style meta-learning; reverse mode's case, K is large).
 
+A :class:`Scalar` or a :class:`Schedule` bound to an optimizer argument may take fixed
+``multipliers`` per parameter tensor (``{pattern: factor}``): one tuned value, read as
+``factor * value`` by each parameter (a layer-wise learning-rate scale under a tuned schedule),
+at no extra tangent column.
+
 The two initialisation kinds are read by the problem's initial state
 (:meth:`~hypergrad.InnerProblem.initial_state`), not by the losses or the optimizer.
 
@@ -33,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import operator
@@ -214,14 +220,86 @@ class HyperParameter:
         return out
 
 
-@dataclass
-class Scalar(HyperParameter):
-    """One number. ``Scalar("lr", init=0.1, transform="log")``."""
+class _Multiplied:
+    """What :class:`Scalar` and :class:`Schedule` share: fixed ``multipliers`` per parameter
+    tensor, ``{pattern: factor}`` (the first regular expression that ``re.search`` finds in a
+    parameter's name wins; ``".*"`` last for the others). Parameter ``p`` reads
+    ``factor(p) * value``: one tuned number (or window) and a fixed ratio between layers, as a
+    layer-wise learning-rate decay keeps it. Training then reads a ``dict`` parameter name ->
+    value (as for a :class:`PerGroup`); the raw values, their bounds, the reports and ``K``
+    are the unmultiplied value's."""
 
+    name: str
+    multipliers: Mapping[str, float] | None
+    per_param: dict[str, float] | None
+    """Parameter name -> factor, set by :meth:`bind`."""
+
+    def _check_multipliers(self) -> None:
+        if self.multipliers is None:
+            return
+        from .optim.base import PerParam
+
+        api = f"{type(self).__name__}({self.name!r})"
+        const = PerParam(self.multipliers, where=f"{api}: multipliers")
+        bad = {k: v for k, v in const.values.items() if not math.isfinite(v)}
+        if bad:
+            raise ValueError(f"{api}: multipliers {bad} must be finite numbers (a parameter "
+                             f"reads factor * value), e.g. multipliers={{r'^0\\.': 0.1, "
+                             f"r'.*': 1.0}}.")
+        self.multipliers = dict(const.values)
+
+    def bind(self, param_names: Sequence[str],
+             params: Mapping[str, Tensor] | None = None) -> Any:
+        if self.multipliers is None:
+            return self
+        from .optim.base import PerParam
+
+        api = f"{type(self).__name__}({self.name!r})"
+        const = PerParam(self.multipliers, where=f"{api}: multipliers")
+        const.check(f"{api}: multipliers", param_names)
+        out = copy.copy(self)
+        out.per_param = {n: const[n] for n in param_names}
+        return out
+
+    def binding(self) -> Any:
+        """``{"multipliers": {...}}`` (a run's fingerprint holds them), ``None`` without."""
+        return None if self.multipliers is None else {"multipliers": dict(self.multipliers)}
+
+    def _multiply(self, v: Tensor) -> Any:
+        """``v`` as each parameter reads it: ``{param: factor * v}`` (one tensor per distinct
+        factor) with multipliers, ``v`` itself without."""
+        if self.multipliers is None:
+            return v
+        if self.per_param is None:
+            raise ValueError(f"{type(self).__name__}({self.name!r}) has multipliers but is not "
+                             f"bound to a model yet: build an InnerProblem with it (which binds "
+                             f"them to the model's parameters).")
+        by_factor = {m: v * m for m in set(self.per_param.values())}
+        return _PerTensorValue({p: by_factor[m] for p, m in self.per_param.items()}, None)
+
+
+@dataclass
+class Scalar(_Multiplied, HyperParameter):
+    """One number. ``Scalar("lr", init=0.1, transform="log")``.
+
+    ``multipliers={pattern: factor}`` (optional): each parameter tensor reads ``factor *
+    value``, the first pattern that matches its name giving its factor (see
+    :class:`Schedule`); the value stays one tuned number (K = 1)."""
+
+    multipliers: Mapping[str, float] | None = None
     kind: str = field(init=False, default="scalar")
+    per_param: dict[str, float] | None = field(init=False, default=None, repr=False,
+                                               compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_multipliers()
 
     def shape(self) -> tuple[int, ...]:
         return ()
+
+    def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
+        return self._multiply(TRANSFORMS[self.transform][0](raw))
 
 
 @dataclass
@@ -262,18 +340,33 @@ class Array(HyperParameter):
 
 
 @dataclass
-class Schedule(HyperParameter):
+class Schedule(_Multiplied, HyperParameter):
     """A per-step value over the horizon ``T``: ``windows`` equal windows, one value each.
 
     Step ``t`` (0-based) of a horizon ``T`` reads window ``t * windows // T``. Inside the loss
     (``step=None``) the whole vector of ``windows`` values is given.
+
+    ``multipliers={pattern: factor}`` (optional, for an optimizer argument): each parameter
+    tensor reads ``factor * value``, the first regular expression (``re.search``) matching its
+    name giving its factor; every parameter must match one (``".*"`` last for the rest) and
+    every pattern some parameter. One tuned schedule with fixed ratios between layers (a
+    layer-wise learning-rate decay, or 0 to freeze the embeddings), K = ``windows``::
+
+        Schedule("lr", 0.1, "log", windows=10,
+                 multipliers={r"^embed": 0.1, r"^head": 1.0, r".*": 0.5})
+
+    Training then reads ``{param: value}`` (per window inside the loss).
     """
 
     windows: int = 1
+    multipliers: Mapping[str, float] | None = None
     kind: str = field(init=False, default="schedule")
+    per_param: dict[str, float] | None = field(init=False, default=None, repr=False,
+                                               compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_multipliers()
         if (isinstance(self.windows, bool) or not isinstance(self.windows, int)
                 or self.windows < 1):
             raise ValueError(
@@ -299,8 +392,12 @@ class Schedule(HyperParameter):
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         f = TRANSFORMS[self.transform][0]
         if step is None:
-            return f(raw)
-        return f(raw[self.window(step, horizon)])
+            return self._multiply(f(raw))
+        return self.at_window(raw, self.window(step, horizon))
+
+    def at_window(self, raw: Tensor, w: int) -> Any:
+        """What a step in window ``w`` reads (:meth:`value` at such a step)."""
+        return self._multiply(TRANSFORMS[self.transform][0](raw[w]))
 
 
 @dataclass

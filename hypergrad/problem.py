@@ -511,7 +511,15 @@ class InnerProblem:
         hps = self.hyperparams
         for arg, const in self.optimizer.per_param().items():
             const.check(f"InnerProblem: optimizer argument {arg}", self.fmodel.param_names)
-        for name, arg in self.optimizer.bound_names().items():
+        bound = self.optimizer.bound_names()
+        for item in hps.items:
+            if getattr(item, "multipliers", None) is not None and item.name not in bound:
+                raise ValueError(
+                    f"InnerProblem: {type(item).__name__}({item.name!r}) has multipliers per "
+                    f"parameter tensor but no optimizer argument reads it (they scale what each "
+                    f"parameter's update reads); bind it to one, e.g. lr={item.name!r}, or drop "
+                    f"multipliers (a loss reads one value: multiply it there).")
+        for name, arg in bound.items():
             if name not in hps.by_name:
                 raise ValueError(
                     f"InnerProblem: optimizer argument {arg}={name!r} names no hyperparameter; "

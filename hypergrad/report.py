@@ -169,7 +169,8 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
         for ax, it in zip(axes[0], scheds):
             steps = list(range(horizon + 1))
             for label, vec, style in (("initial", lam0, "--"), ("learned", lam, "-")):
-                v = hps.values(vec.detach(), None, horizon)[it.name]
+                # the tuned windows (before any multipliers)
+                v = torch.as_tensor(hps.describe(vec)[it.name]).reshape(-1)
                 ys = [float(v[it.window(min(t, horizon - 1), horizon)]) for t in steps]
                 ax.step(steps, ys, where="post", ls=style, lw=2, label=label)
             ax.set_xlabel("inner step")

@@ -55,6 +55,13 @@ from .clip import clip_grad_norm as with_clip
 __all__ = ["AdamWScheduleFree", "ScheduleFreeState", "adamw_schedulefree"]
 
 
+def _nonzero(wsum: Tensor) -> Tensor:
+    """The averaging weights' sum, 1 where it is 0: no step has had a learning rate above 0, so
+    every weight is 0 and ``c = w / sum`` is 0 (the ``schedulefree`` package's
+    ``weight / weight_sum if weight_sum != 0 else 0``; 0 / 0 gave NaN weights)."""
+    return torch.where(wsum != 0, wsum, torch.ones_like(wsum))
+
+
 class ScheduleFreeState(NamedTuple):
     """``z``, the second moments, and per tensor the running sum of the averaging weights and
     the largest learning rate so far (0-d tensors; the package keeps them per param group)."""
@@ -133,7 +140,7 @@ class AdamWScheduleFree(Optimizer):
                                                                     device=y.device))
             weight = n ** a["r"] * lr_max ** a["weight_lr_power"]
             wsum = state.weight_sum[k] + weight
-            c = weight / wsum
+            c = weight / _nonzero(wsum)  # 0 while every weight is (a learning rate of 0 so far)
             v = b2 * state.exp_avg_sq[k] + (1 - b2) * g * g
             d = g / (safe_sqrt(v / (1 - b2**n)) + read(a["eps"], hp, k))  # finite at v = 0
             wd = read(a["weight_decay"], hp, k)
@@ -190,6 +197,7 @@ class AdamWScheduleFree(Optimizer):
             z_w = z_lm * (n**r * pw * lm ** (pw - 1))
             ws = new_state.weight_sum[k]
             z_ws = zs.weight_sum[k] + z_w  # type: ignore[attr-defined]
+            ws = _nonzero(ws)
             cc = w / ws
             z_c = z_w / ws - z_ws * (w / ws**2)
             # the normalised step d and its tangent

@@ -1,0 +1,229 @@
+"""Fixed multipliers per parameter tensor on one tuned value (``Scalar`` / ``Schedule`` with
+``multipliers={pattern: factor}``): a layer-wise learning-rate scale under a tuned schedule, at
+no extra tangent column. Checked in float64 against reverse mode and central finite
+differences for every optimizer, against the PerGroup it abbreviates (its hypergradient is the
+multiplier-weighted sum of the groups'), against plain ``torch.optim`` parameter groups with
+``LambdaLR`` through ``learned.yaml``, and through Hydra."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hypergrad as hg
+from hypergrad.data import MiniBatches
+from hypergrad.export import learned_settings, optimizer_from_settings
+from hypergrad.testing import hypergradcheck
+
+LAYERS = {r"^0\.": 0.3, r"^1\.": 0.0, r".*": 1.0}  # a smaller rate first, the norm frozen
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(7), nn.Tanh(), nn.Linear(7, 3)).double()
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(48, 5, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (48,), generator=g))
+
+
+def _problem(optimizer: hg.optim.Optimizer, items: list[Any], steps: int = 10
+             ) -> hg.InnerProblem:
+    x, y = _data()
+    return hg.InnerProblem(_model(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                           optimizer, hg.HyperParams(items),
+                           MiniBatches(x, y, batch_size=12, seed=0), steps,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
+def _lr(init: Any = 0.05, **kw: Any) -> hg.Schedule:
+    return hg.Schedule("lr", init, transform=kw.pop("transform", "log"), windows=2,
+                       multipliers=kw.pop("multipliers", LAYERS), **kw)
+
+
+CASES: dict[str, Any] = {
+    "adamw": lambda: (hg.optim.adamw(lr="lr", weight_decay=0.01), [_lr()]),
+    "sgd_momentum": lambda: (hg.optim.sgd(lr="lr", momentum="mom"), [
+        _lr(), hg.Scalar("mom", 0.8, "logit", multipliers={r"^3\.": 0.5, r".*": 1.0})]),
+    "sgd_clipped": lambda: (hg.optim.sgd(lr="lr", momentum=0.9, clip_grad_norm=0.5), [_lr()]),
+    "adam_l2": lambda: (hg.optim.adam(lr="lr", weight_decay="wd"), [
+        _lr(), hg.Scalar("wd", 0.05, "log", multipliers={r"weight$": 1.0, r".*": 0.0})]),
+    "rmsprop": lambda: (hg.optim.rmsprop(lr="lr", momentum=0.5), [_lr()]),
+    "adagrad": lambda: (hg.optim.adagrad(lr="lr"), [_lr()]),
+    "schedulefree": lambda: (hg.optim.adamw_schedulefree(lr="lr"), [_lr()]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_forward_equals_reverse_and_finite_differences(name: str) -> None:
+    opt, items = CASES[name]()
+    p = _problem(opt, items)
+    assert p.num_hyperparams == sum(it.numel for it in items)  # no column per multiplier
+    # off the tie of equal windows (schedule-free's running maximum of the learning rate has
+    # a kink there, where finite differences disagree with any one-sided derivative)
+    g = torch.Generator().manual_seed(3)
+    lam = p.init_raw() + 0.2 * torch.randn(p.num_hyperparams, generator=g, dtype=torch.float64)
+    report = hypergradcheck(p, lam, strategies=())
+    assert report.ok and report.max("fwd_vs_rev") < 1e-9, str(report)
+
+
+def test_the_hypergradient_is_the_multiplier_weighted_sum_of_the_groups() -> None:
+    """``multipliers`` abbreviate a PerGroup held at ``factor * value``: the same trained
+    weights, and ``d/d value = sum_g factor_g * d/d value_g`` (identity transforms)."""
+    lr = hg.Schedule("lr", [0.04, 0.02], windows=2, multipliers=LAYERS)
+    groups = hg.PerGroup("lr", [0.3 * 0.04, 0.0, 0.04], groups={"first": r"^0\.",
+                                                                 "norm": r"^1\.", "rest": ".*"})
+    a = _problem(hg.optim.sgd(lr="lr", momentum=0.9), [lr])
+    # the PerGroup cannot hold a schedule: one window at a time, the other held at its value
+    b = _problem(hg.optim.sgd(lr="lr", momentum=0.9), [groups])
+    one = _problem(hg.optim.sgd(lr="lr", momentum=0.9),
+                   [hg.Schedule("lr", [0.04, 0.04], windows=2, multipliers=LAYERS)])
+    ga = hg.ForwardMode().hypergradient(one, one.init_raw()).grad
+    gb = hg.ForwardMode().hypergradient(b, b.init_raw()).grad
+    torch.testing.assert_close(ga.sum(), 0.3 * gb[0] + 0.0 * gb[1] + 1.0 * gb[2],
+                               rtol=1e-12, atol=1e-15)
+    sa, sb = one.run(one.init_raw()), b.run(b.init_raw())
+    for n in sa.params:
+        torch.testing.assert_close(sa.params[n], sb.params[n], rtol=1e-13, atol=1e-15)
+    assert torch.equal(a.run(a.init_raw()).params["1.weight"], _model()[1].weight)  # frozen
+
+
+@pytest.mark.parametrize(("opt", "init", "transform"), [
+    ("sgd", 0.05, "log"), ("adamw", 0.01, "log"),
+    ("sgd", [0.0, 0.05], "identity"),  # a warm-up from 0: the base is the largest window's
+])
+def test_learned_yaml_trains_as_torch_optim_groups_with_lambdalr(opt: str, init: Any,
+                                                                 transform: str) -> None:
+    """The library's run equals plain torch from ``learned.yaml``: a parameter group per
+    tensor holding ``factor * lr`` and ``LambdaLR`` over the windows."""
+    optimizer = (hg.optim.sgd(lr="lr", momentum=0.9) if opt == "sgd"
+                 else hg.optim.adamw(lr="lr", weight_decay=0.01))
+    p = _problem(optimizer, [_lr(init, transform=transform)], steps=8)
+    lam = p.init_raw() + (0.3 if transform == "log" else 0.0)
+    state = p.run(lam)
+    settings = learned_settings(p, lam)
+    groups = {g["params"][0]: g.get("lr", settings["optimizer"]["defaults"]["lr"])
+              for g in settings["optimizer"]["param_groups"]}
+    base = max(p.hyperparams.describe(lam)["lr"])  # type: ignore[type-var]
+    if transform == "log":
+        base = p.hyperparams.describe(lam)["lr"][0]  # type: ignore[index]
+    assert groups == pytest.approx({"0.weight": 0.3 * base, "0.bias": 0.3 * base,
+                                    "1.weight": 0.0, "1.bias": 0.0, "3.weight": base,
+                                    "3.bias": base}, rel=1e-12)
+    m = _model()
+    torch_opt, scheduler = optimizer_from_settings(settings, m, p.steps)
+    for t in range(p.steps):
+        xb, yb, *_ = p.batch(t)
+        torch_opt.zero_grad()
+        F.cross_entropy(m(xb), yb).backward()
+        torch_opt.step()
+        scheduler.step()
+    for n, w in m.named_parameters():
+        torch.testing.assert_close(w, state.params[n], rtol=1e-12, atol=1e-14)
+
+
+def test_the_loss_reads_a_value_per_parameter_and_reports_stay_unmultiplied() -> None:
+    p = _problem(hg.optim.sgd(lr="lr"), [_lr([0.05, 0.02])])
+    values = p.hyperparams.values(p.init_raw(), 7, p.steps)
+    assert {n: round(float(v), 12) for n, v in values["lr"].items()} == {
+        "0.weight": 0.006, "0.bias": 0.006, "1.weight": 0.0, "1.bias": 0.0, "3.weight": 0.02,
+        "3.bias": 0.02}
+    assert set(p.hyperparams.values(p.init_raw())["lr"]) == set(values["lr"])  # whole windows
+    assert p.hyperparams.describe(p.init_raw())["lr"] == pytest.approx([0.05, 0.02])
+    assert p.num_hyperparams == 2
+
+
+@pytest.mark.parametrize(("multipliers", "error", "match"), [
+    ({}, ValueError, r"Schedule\('lr'\): multipliers=\{\} must map regular expressions"),
+    ({3: 0.1}, TypeError, r"the key 3 must be a regular expression"),
+    ({"^0": "0.1"}, TypeError, r"multipliers\['\^0'\]='0.1' must be a number"),
+    ({"^0(": 0.1}, ValueError, r"'\^0\(' is not a regular expression"),
+    ({"^0": float("nan"), ".*": 1.0}, ValueError, r"multipliers \{'\^0': nan\} must be finite"),
+])
+def test_bad_multipliers_are_named(multipliers: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        _lr(multipliers=multipliers)
+
+
+def test_the_problem_refuses_unmatched_parameters_and_unused_patterns() -> None:
+    with pytest.raises(ValueError, match=r"Schedule\('lr'\): multipliers=\{'\^0\\\\.': 0.3\}: "
+                                         r"parameters \['1.weight', '1.bias', '3.weight', "
+                                         r"'3.bias'\] match no pattern"):
+        _problem(hg.optim.sgd(lr="lr"), [_lr(multipliers={r"^0\.": 0.3})])
+    with pytest.raises(ValueError, match=r"patterns \['\^9'\] match no parameter"):
+        _problem(hg.optim.sgd(lr="lr"), [_lr(multipliers={"^9": 0.3, ".*": 1.0})])
+    with pytest.raises(ValueError, match=r"not bound to a model yet"):
+        item = _lr()
+        item.value(item.init_raw(torch.float64), 0, 10)
+
+
+def test_the_multipliers_are_part_of_the_binding() -> None:
+    """A run's fingerprint holds its hyperparameters' bindings: a resumed run with other
+    multipliers is refused as another problem."""
+    assert _lr().binding() == {"multipliers": LAYERS}
+    assert hg.Schedule("lr", 0.05, windows=2).binding() is None
+    assert _lr() != _lr(multipliers={".*": 1.0})
+
+
+def test_a_frozen_layer_under_schedule_free_equals_the_package() -> None:
+    """Schedule-free AdamW with a multiplier of 0 on one layer: the package's parameter group
+    at ``lr=0`` averages with weight 0 (``weight / weight_sum if weight_sum != 0 else 0``);
+    the library's 0 / 0 gave NaN weights before it did the same."""
+    schedulefree = pytest.importorskip("schedulefree")
+    p = _problem(hg.optim.adamw_schedulefree(lr="lr", warmup_steps=2),
+                 [hg.Scalar("lr", 0.02, "log", multipliers={r"^0\.": 0.0, ".*": 1.0})], steps=6)
+    state = p.run(p.init_raw())
+    m = _model()
+    groups = [{"params": [w for n, w in m.named_parameters() if n.startswith("0.")], "lr": 0.0},
+              {"params": [w for n, w in m.named_parameters() if not n.startswith("0.")]}]
+    ref = schedulefree.AdamWScheduleFree(groups, lr=0.02, warmup_steps=2)
+    ref.train()
+    for t in range(p.steps):
+        xb, yb, *_ = p.batch(t)
+        ref.zero_grad()
+        F.cross_entropy(m(xb), yb).backward()
+        ref.step()
+    ref.eval()
+    for n, w in m.named_parameters():
+        torch.testing.assert_close(w, state.params[n], rtol=1e-12, atol=1e-14)
+    assert torch.equal(state.params["0.weight"], _model()[0].weight)
+
+
+def test_multipliers_on_a_value_no_optimizer_argument_reads_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"Scalar\('l2'\) has multipliers per parameter tensor "
+                                         r"but no optimizer argument reads it"):
+        _problem(hg.optim.sgd(lr="lr"), [hg.Scalar("lr", 0.1, "log"),
+                                         hg.Scalar("l2", 0.1, "log", multipliers={".*": 1.0})])
+
+
+def test_the_configs_page_command_runs(tmp_path: Path) -> None:
+    """docs/configs.md's multipliers command (shortened by debug=fast) runs through Hydra;
+    learned.yaml gives the first layer half the rate of the rest."""
+    import shlex
+
+    import yaml
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "multipliers" in b)
+    args = shlex.split(block.replace("\\\n", " "))
+    assert args[0] == "hypergrad-run"
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    learned = yaml.safe_load((tmp_path / "learned.yaml").read_text())["optimizer"]
+    lr = {n: learned["defaults"]["lr"] for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
+    lr |= {g["params"][0]: g["lr"] for g in learned["param_groups"] if "lr" in g}
+    assert lr["0.weight"] == lr["0.bias"] == pytest.approx(0.5 * lr["2.weight"], rel=1e-6)
+    assert lr["2.bias"] == lr["2.weight"]
+    assert (tmp_path / "schedule.png").exists()
