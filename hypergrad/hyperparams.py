@@ -205,6 +205,16 @@ class HyperParameter:
         their initial values where a kind needs them); most kinds need nothing."""
         return self
 
+    def entry_names(self) -> list[str]:
+        """The names of its raw entries where each has one (a :class:`PerTensor`'s or
+        :class:`InitScale`'s parameters, a :class:`PerGroup`'s groups), in raw order; ``[]``
+        for the kinds named by index (an :class:`InitWeights`' entries are elements of its
+        tensors). Logs, results and ``Guards(bounds={"wd[decay]": ...})`` use them."""
+        params = getattr(self, "params", None)
+        if params is None or isinstance(params, str):
+            return []
+        return [str(p) for p in params]
+
     def binding(self) -> Any:
         """What its raw values apply to, as plain data (``None``: nothing beyond its shape):
         the parameter names of a per-tensor kind, a group's parameters, the default of the
@@ -569,6 +579,9 @@ class PerGroup(HyperParameter):
         out.assignment = assignment
         return out
 
+    def entry_names(self) -> list[str]:
+        return list(self.groups)
+
     def binding(self) -> Any:
         """``{"groups": [[name, [params...]], ...] in raw order, "default": ...}`` (bound),
         the patterns while not bound."""
@@ -737,6 +750,9 @@ class InitWeights(HyperParameter):
 
     __eq__ = object.__eq__  # the dataclass comparison would compare tensors elementwise
     __hash__ = object.__hash__
+
+    def entry_names(self) -> list[str]:
+        return []  # its entries are the elements of its tensors
 
     def shape(self) -> tuple[int, ...]:
         if self.shapes is None:
@@ -997,9 +1013,7 @@ class HyperParams:
             # rounded them to float32 digits, and 1e-50 to 0
             flat = [float(x) for x in torch.as_tensor(values[it.name], dtype=torch.float64)
                     .reshape(-1).tolist()]
-            params = getattr(it, "params", None) or []
-            if isinstance(it, PerGroup) and len(it.groups) == len(flat):
-                params = list(it.groups)
+            params = it.entry_names()
             if isinstance(it, Schedule):
                 for w, ((a, b), x) in enumerate(zip(it.steps(horizon), flat)):
                     # a window no step reads (more windows than steps): by its index, so that

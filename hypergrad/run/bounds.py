@@ -12,7 +12,6 @@ import math
 import numbers
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,16 +19,6 @@ from torch import Tensor
 from ..hyperparams import TRANSFORMS, HyperParams, rounded_onto_edge
 
 __all__ = ["Bounds"]
-
-
-def entry_labels(item: Any) -> list[str]:
-    """The names of a hyperparameter's entries besides their indices: a PerTensor's (or
-    InitScale's) parameter names, a PerGroup's group names; ``[]`` for the other kinds."""
-    groups = getattr(item, "groups", None)
-    if isinstance(groups, Mapping):
-        return list(groups)
-    params = getattr(item, "params", None)
-    return [str(p) for p in params] if params is not None and not isinstance(params, str) else []
 
 
 class Bounds:
@@ -83,9 +72,7 @@ class Bounds:
                              f"per-tensor one).")
         name, label = m.groups()
         item = hps.by_name[name]
-        labels = entry_labels(item)
-        if len(labels) != item.numel:  # an InitWeights' entries are elements, not its tensors
-            labels = []
+        labels = item.entry_names()
         if label in labels:
             return name, labels.index(label)
         if label.isdigit() and int(label) < item.numel:
