@@ -9,7 +9,12 @@
 - :func:`small_cnn_problem`: a convolution, for the compile path;
 - :func:`one_hvp_call`: one HVP strategy call at a state with non-zero tangents;
 - :func:`lr_momentum`: a learning rate and a momentum (K = 2), for the Trainer's outer loops;
-- :func:`unit_clock`: a Trainer on a fake clock (a plain run 1, a hypergradient 5).
+- :func:`unit_clock`: a Trainer on a fake clock (a plain run 1, a hypergradient 5);
+- :func:`layered_problem` and :func:`train_like_torch`: a Linear-LayerNorm-Linear model whose
+  parameters differ by layer and kind (per-parameter and per-group values), and the plain torch
+  loop over the same batches that its runs must equal;
+- :func:`configs_block` and :func:`run_cli`: a command of docs/configs.md, run as the page gives
+  it (shortened by ``debug=fast``).
 """
 
 from __future__ import annotations
@@ -399,3 +404,68 @@ def sparse_task(optimizer: Any, **args: Any) -> Any:
 
     return sparse_regression_task(sparse_hps(args["groups"], args["feature_groups"]),
                                   optimizer, **args)
+
+
+def layered_model() -> nn.Module:
+    """``Linear(5, 7) - LayerNorm - Tanh - Linear(7, 3)`` in float64, seeded: parameters
+    ``0.*``, ``1.*`` (the norm's), ``3.*``, weights and biases."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(7), nn.Tanh(), nn.Linear(7, 3)).double()
+
+
+def layered_problem(optimizer: hg.optim.Optimizer, hps: Any, steps: int = 10
+                    ) -> hg.InnerProblem:
+    """Cross-entropy on 48 generated examples, batches of 12, :func:`layered_model`; ``hps`` a
+    HyperParams or a list of items."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (48,), generator=g)
+    if not isinstance(hps, hg.HyperParams):
+        hps = hg.HyperParams(hps)
+    return hg.InnerProblem(layered_model(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                           optimizer, hps, MiniBatches(x, y, batch_size=12, seed=0), steps,
+                           lambda m, hp: F.cross_entropy(m(x), y))
+
+
+def train_like_torch(problem: hg.InnerProblem, model: nn.Module, optimizer: Any,
+                     scheduler: Any = None) -> nn.Module:
+    """The plain torch loop over ``problem``'s batches (cross-entropy, ``zero_grad``,
+    ``backward``, ``step``, the scheduler's step), the problem's ``steps`` times."""
+    for t in range(problem.steps):
+        xb, yb, *_ = problem.batch(t)
+        optimizer.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    return model
+
+
+def assert_trained_as(model: nn.Module, state: Any) -> None:
+    """``model``'s parameters equal the run's ``state`` (float64: 1e-12)."""
+    for n, w in model.named_parameters():
+        torch.testing.assert_close(w, state.params[n], rtol=1e-12, atol=1e-14)
+
+
+CONFIGS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "configs.md"
+
+
+def configs_block(needle: str, lang: str = "bash") -> str:
+    """The first fenced ``lang`` block of docs/configs.md that holds ``needle``."""
+    import re
+
+    page = CONFIGS_PAGE.read_text()
+    return next(b for b in re.findall(rf"```{lang}\n(.*?)```", page, re.S) if needle in b)
+
+
+def run_cli(command: str, run_dir: Path, cwd: Path | None = None) -> None:
+    """Run a ``hypergrad-run ...`` line of the docs (continuation lines joined) with
+    ``debug=fast`` into ``run_dir``; it must exit 0."""
+    import shlex
+
+    args = shlex.split(command.replace("\\\n", " "))
+    assert args[0] == "hypergrad-run", command
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
+                          f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
+                         timeout=600, cwd=cwd or run_dir)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

@@ -4,8 +4,6 @@ hyperparameter's own pair."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import CONFIGS_PAGE, run_cli
 from torch import nn
 
 import hypergrad as hg
@@ -111,15 +110,9 @@ def test_the_configs_page_entry_bound_runs(tmp_path: Path) -> None:
     """docs/configs.md's command bounding one schedule window through Hydra (``++`` and the
     brackets escaped): the first window starts at and keeps its own upper bound."""
     import json
-    import shlex
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
-    line = next(ln for ln in page.splitlines() if "one window's own bound" in ln)
-    args = shlex.split(line.split("  #")[0])
-    assert args[0] == "hypergrad-run"
-    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    line = next(ln for ln in CONFIGS_PAGE.read_text().splitlines()
+                if "one window's own bound" in ln)
+    run_cli(line.split("  #")[0], tmp_path)
     lr = json.loads((tmp_path / "results.json").read_text())["learned"]["lr"]
     assert lr[0] <= 0.05 * (1 + 1e-6) and max(lr[1:]) > 0.05

@@ -7,43 +7,25 @@ multiplier-weighted sum of the groups'), against plain ``torch.optim`` parameter
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
+from fixtures import (
+    assert_trained_as,
+    configs_block,
+    layered_model,
+    layered_problem,
+    run_cli,
+    train_like_torch,
+)
 
 import hypergrad as hg
-from hypergrad.data import MiniBatches
 from hypergrad.export import learned_settings, optimizer_from_settings
 from hypergrad.testing import hypergradcheck
 
 LAYERS = {r"^0\.": 0.3, r"^1\.": 0.0, r".*": 1.0}  # a smaller rate first, the norm frozen
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(7), nn.Tanh(), nn.Linear(7, 3)).double()
-
-
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return (torch.randn(48, 5, generator=g, dtype=torch.float64),
-            torch.randint(0, 3, (48,), generator=g))
-
-
-def _problem(optimizer: hg.optim.Optimizer, items: list[Any], steps: int = 10
-             ) -> hg.InnerProblem:
-    x, y = _data()
-    return hg.InnerProblem(_model(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                           optimizer, hg.HyperParams(items),
-                           MiniBatches(x, y, batch_size=12, seed=0), steps,
-                           lambda m, hp: F.cross_entropy(m(x), y))
 
 
 def _lr(init: Any = 0.05, **kw: Any) -> hg.Schedule:
@@ -67,7 +49,7 @@ CASES: dict[str, Any] = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_forward_equals_reverse_and_finite_differences(name: str) -> None:
     opt, items = CASES[name]()
-    p = _problem(opt, items)
+    p = layered_problem(opt, items)
     assert p.num_hyperparams == sum(it.numel for it in items)  # no column per multiplier
     # off the tie of equal windows (schedule-free's running maximum of the learning rate has
     # a kink there, where finite differences disagree with any one-sided derivative)
@@ -83,10 +65,10 @@ def test_the_hypergradient_is_the_multiplier_weighted_sum_of_the_groups() -> Non
     lr = hg.Schedule("lr", [0.04, 0.02], windows=2, multipliers=LAYERS)
     groups = hg.PerGroup("lr", [0.3 * 0.04, 0.0, 0.04], groups={"first": r"^0\.",
                                                                  "norm": r"^1\.", "rest": ".*"})
-    a = _problem(hg.optim.sgd(lr="lr", momentum=0.9), [lr])
+    a = layered_problem(hg.optim.sgd(lr="lr", momentum=0.9), [lr])
     # the PerGroup cannot hold a schedule: one window at a time, the other held at its value
-    b = _problem(hg.optim.sgd(lr="lr", momentum=0.9), [groups])
-    one = _problem(hg.optim.sgd(lr="lr", momentum=0.9),
+    b = layered_problem(hg.optim.sgd(lr="lr", momentum=0.9), [groups])
+    one = layered_problem(hg.optim.sgd(lr="lr", momentum=0.9),
                    [hg.Schedule("lr", [0.04, 0.04], windows=2, multipliers=LAYERS)])
     ga = hg.ForwardMode().hypergradient(one, one.init_raw()).grad
     gb = hg.ForwardMode().hypergradient(b, b.init_raw()).grad
@@ -95,7 +77,7 @@ def test_the_hypergradient_is_the_multiplier_weighted_sum_of_the_groups() -> Non
     sa, sb = one.run(one.init_raw()), b.run(b.init_raw())
     for n in sa.params:
         torch.testing.assert_close(sa.params[n], sb.params[n], rtol=1e-13, atol=1e-15)
-    assert torch.equal(a.run(a.init_raw()).params["1.weight"], _model()[1].weight)  # frozen
+    assert torch.equal(a.run(a.init_raw()).params["1.weight"], layered_model()[1].weight)  # frozen
 
 
 @pytest.mark.parametrize(("opt", "init", "transform"), [
@@ -108,7 +90,7 @@ def test_learned_yaml_trains_as_torch_optim_groups_with_lambdalr(opt: str, init:
     tensor holding ``factor * lr`` and ``LambdaLR`` over the windows."""
     optimizer = (hg.optim.sgd(lr="lr", momentum=0.9) if opt == "sgd"
                  else hg.optim.adamw(lr="lr", weight_decay=0.01))
-    p = _problem(optimizer, [_lr(init, transform=transform)], steps=8)
+    p = layered_problem(optimizer, [_lr(init, transform=transform)], steps=8)
     lam = p.init_raw() + (0.3 if transform == "log" else 0.0)
     state = p.run(lam)
     settings = learned_settings(p, lam)
@@ -120,20 +102,13 @@ def test_learned_yaml_trains_as_torch_optim_groups_with_lambdalr(opt: str, init:
     assert groups == pytest.approx({"0.weight": 0.3 * base, "0.bias": 0.3 * base,
                                     "1.weight": 0.0, "1.bias": 0.0, "3.weight": base,
                                     "3.bias": base}, rel=1e-12)
-    m = _model()
+    m = layered_model()
     torch_opt, scheduler = optimizer_from_settings(settings, m, p.steps)
-    for t in range(p.steps):
-        xb, yb, *_ = p.batch(t)
-        torch_opt.zero_grad()
-        F.cross_entropy(m(xb), yb).backward()
-        torch_opt.step()
-        scheduler.step()
-    for n, w in m.named_parameters():
-        torch.testing.assert_close(w, state.params[n], rtol=1e-12, atol=1e-14)
+    assert_trained_as(train_like_torch(p, m, torch_opt, scheduler), state)
 
 
 def test_the_loss_reads_a_value_per_parameter_and_reports_stay_unmultiplied() -> None:
-    p = _problem(hg.optim.sgd(lr="lr"), [_lr([0.05, 0.02])])
+    p = layered_problem(hg.optim.sgd(lr="lr"), [_lr([0.05, 0.02])])
     values = p.hyperparams.values(p.init_raw(), 7, p.steps)
     assert {n: round(float(v), 12) for n, v in values["lr"].items()} == {
         "0.weight": 0.006, "0.bias": 0.006, "1.weight": 0.0, "1.bias": 0.0, "3.weight": 0.02,
@@ -159,9 +134,9 @@ def test_the_problem_refuses_unmatched_parameters_and_unused_patterns() -> None:
     with pytest.raises(ValueError, match=r"Schedule\('lr'\): multipliers=\{'\^0\\\\.': 0.3\}: "
                                          r"parameters \['1.weight', '1.bias', '3.weight', "
                                          r"'3.bias'\] match no pattern"):
-        _problem(hg.optim.sgd(lr="lr"), [_lr(multipliers={r"^0\.": 0.3})])
+        layered_problem(hg.optim.sgd(lr="lr"), [_lr(multipliers={r"^0\.": 0.3})])
     with pytest.raises(ValueError, match=r"patterns \['\^9'\] match no parameter"):
-        _problem(hg.optim.sgd(lr="lr"), [_lr(multipliers={"^9": 0.3, ".*": 1.0})])
+        layered_problem(hg.optim.sgd(lr="lr"), [_lr(multipliers={"^9": 0.3, ".*": 1.0})])
     with pytest.raises(ValueError, match=r"not bound to a model yet"):
         item = _lr()
         item.value(item.init_raw(torch.float64), 0, 10)
@@ -180,47 +155,33 @@ def test_a_frozen_layer_under_schedule_free_equals_the_package() -> None:
     at ``lr=0`` averages with weight 0 (``weight / weight_sum if weight_sum != 0 else 0``);
     the library's 0 / 0 gave NaN weights before it did the same."""
     schedulefree = pytest.importorskip("schedulefree")
-    p = _problem(hg.optim.adamw_schedulefree(lr="lr", warmup_steps=2),
+    p = layered_problem(hg.optim.adamw_schedulefree(lr="lr", warmup_steps=2),
                  [hg.Scalar("lr", 0.02, "log", multipliers={r"^0\.": 0.0, ".*": 1.0})], steps=6)
     state = p.run(p.init_raw())
-    m = _model()
+    m = layered_model()
     groups = [{"params": [w for n, w in m.named_parameters() if n.startswith("0.")], "lr": 0.0},
               {"params": [w for n, w in m.named_parameters() if not n.startswith("0.")]}]
     ref = schedulefree.AdamWScheduleFree(groups, lr=0.02, warmup_steps=2)
     ref.train()
-    for t in range(p.steps):
-        xb, yb, *_ = p.batch(t)
-        ref.zero_grad()
-        F.cross_entropy(m(xb), yb).backward()
-        ref.step()
+    train_like_torch(p, m, ref)
     ref.eval()
-    for n, w in m.named_parameters():
-        torch.testing.assert_close(w, state.params[n], rtol=1e-12, atol=1e-14)
-    assert torch.equal(state.params["0.weight"], _model()[0].weight)
+    assert_trained_as(m, state)
+    assert torch.equal(state.params["0.weight"], layered_model()[0].weight)
 
 
 def test_multipliers_on_a_value_no_optimizer_argument_reads_are_refused() -> None:
     with pytest.raises(ValueError, match=r"Scalar\('l2'\) has multipliers per parameter tensor "
                                          r"but no optimizer argument reads it"):
-        _problem(hg.optim.sgd(lr="lr"), [hg.Scalar("lr", 0.1, "log"),
+        layered_problem(hg.optim.sgd(lr="lr"), [hg.Scalar("lr", 0.1, "log"),
                                          hg.Scalar("l2", 0.1, "log", multipliers={".*": 1.0})])
 
 
 def test_the_configs_page_command_runs(tmp_path: Path) -> None:
     """docs/configs.md's multipliers command (shortened by debug=fast) runs through Hydra;
     learned.yaml gives the first layer half the rate of the rest."""
-    import shlex
-
     import yaml
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "multipliers" in b)
-    args = shlex.split(block.replace("\\\n", " "))
-    assert args[0] == "hypergrad-run"
-    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    run_cli(configs_block("multipliers"), tmp_path)
     learned = yaml.safe_load((tmp_path / "learned.yaml").read_text())["optimizer"]
     lr = {n: learned["defaults"]["lr"] for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
     lr |= {g["params"][0]: g["lr"] for g in learned["param_groups"] if "lr" in g}

@@ -6,43 +6,31 @@ plain ``torch.optim`` parameter groups, through ``learned.yaml``, and as a Hydra
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
+from fixtures import (
+    assert_trained_as,
+    configs_block,
+    layered_model,
+    layered_problem,
+    run_cli,
+    train_like_torch,
+)
 
 import hypergrad as hg
-from hypergrad.data import MiniBatches
 from hypergrad.export import learned_settings, optimizer_from_settings
 from hypergrad.testing import hypergradcheck
 
 DECAY = {"decay": r"weight$"}
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(7), nn.Tanh(), nn.Linear(7, 3)).double()
-
-
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return (torch.randn(48, 5, generator=g, dtype=torch.float64),
-            torch.randint(0, 3, (48,), generator=g))
-
-
 def _problem(wd: hg.PerGroup, opt: str = "adamw", steps: int = 10) -> hg.InnerProblem:
-    x, y = _data()
-    hps = hg.HyperParams([hg.Scalar("lr", 0.05, transform="log"), wd])
     optimizer = (hg.optim.adamw(lr="lr", weight_decay="wd") if opt == "adamw"
                  else hg.optim.sgd(lr="lr", momentum=0.9, weight_decay="wd"))
-    return hg.InnerProblem(_model(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                           optimizer, hps, MiniBatches(x, y, batch_size=12, seed=0), steps,
-                           lambda m, hp: F.cross_entropy(m(x), y))
+    return layered_problem(optimizer, [hg.Scalar("lr", 0.05, transform="log"), wd], steps)
 
 
 @pytest.mark.parametrize("opt", ["adamw", "sgd"])
@@ -75,7 +63,7 @@ def test_trains_as_torch_optim_parameter_groups_and_exports_them() -> None:
     p = _problem(hg.PerGroup("wd", 0.3, "log", groups=DECAY, default=0.0), steps=8)
     lam = p.init_raw()
     state = p.run(lam)
-    m = _model()
+    m = layered_model()
     names = dict(m.named_parameters())
     weights = [w for n, w in names.items() if n.endswith("weight")]
     rest = [w for n, w in names.items() if not n.endswith("weight")]
@@ -85,16 +73,10 @@ def test_trains_as_torch_optim_parameter_groups_and_exports_them() -> None:
     groups = {g["params"][0]: g.get("weight_decay", settings["optimizer"]["defaults"].get(
         "weight_decay")) for g in settings["optimizer"]["param_groups"]}
     assert groups == {n: (pytest.approx(0.3) if n.endswith("weight") else 0.0) for n in names}
-    m2 = _model()
+    m2 = layered_model()
     exported, _ = optimizer_from_settings(settings, m2, p.steps)
     for model, opt in ((m, torch_opt), (m2, exported)):
-        for t in range(p.steps):
-            xb, yb, *_ = p.batch(t)
-            opt.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            opt.step()
-        for n, w in model.named_parameters():
-            torch.testing.assert_close(w, state.params[n], rtol=1e-12, atol=1e-14)
+        assert_trained_as(train_like_torch(p, model, opt), state)
 
 
 def test_the_trainer_tunes_it_and_leaves_the_rest() -> None:
@@ -165,18 +147,9 @@ def test_hydra_kind_per_group() -> None:
 def test_the_configs_page_command_runs(tmp_path: Path) -> None:
     """docs/configs.md's per_group command (shortened by debug=fast) runs; learned.yaml decays
     the weights and not the biases, and the log names the group."""
-    import shlex
-
     import yaml
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "per_group" in b)
-    args = shlex.split(block.replace("\\\n", " "))
-    assert args[0] == "hypergrad-run"
-    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    run_cli(configs_block("per_group"), tmp_path)
     learned = yaml.safe_load((tmp_path / "learned.yaml").read_text())["optimizer"]
     decay = {g["params"][0]: g.get("weight_decay", learned["defaults"].get("weight_decay"))
              for g in learned["param_groups"]}

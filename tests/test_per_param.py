@@ -5,19 +5,21 @@ against plain ``torch.optim`` parameter groups and through ``learned.yaml``."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
+from fixtures import (
+    assert_trained_as,
+    configs_block,
+    layered_model,
+    layered_problem,
+    run_cli,
+    train_like_torch,
+)
 
 import hypergrad as hg
-from hypergrad.data import MiniBatches
 from hypergrad.export import learned_settings, optimizer_from_settings
 from hypergrad.optim import PerParam
 from hypergrad.testing import hypergradcheck
@@ -25,23 +27,9 @@ from hypergrad.testing import hypergradcheck
 RECIPE = {r"weight$": 0.3, r".*": 0.0}
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(7), nn.Tanh(), nn.Linear(7, 3)).double()
-
-
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return (torch.randn(48, 5, generator=g, dtype=torch.float64),
-            torch.randint(0, 3, (48,), generator=g))
-
-
 def _problem(optimizer: hg.optim.Optimizer, steps: int = 10) -> hg.InnerProblem:
-    x, y = _data()
-    hps = hg.HyperParams([hg.Schedule("lr", 0.05, transform="log", windows=2)])
-    return hg.InnerProblem(_model(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                           optimizer, hps, MiniBatches(x, y, batch_size=12, seed=0), steps,
-                           lambda m, hp: F.cross_entropy(m(x), y))
+    return layered_problem(optimizer, [hg.Schedule("lr", 0.05, transform="log", windows=2)],
+                           steps)
 
 
 OPTIMIZERS = {
@@ -78,7 +66,7 @@ def test_trains_as_torch_optim_parameter_groups_and_exports_them(name: str) -> N
     lam = p.init_raw()
     hp0 = p.hyperparams.values(lam, 0, p.steps)
     state = p.run(lam.detach())
-    m = _model()
+    m = layered_model()
     # one torch.optim parameter group per tensor, each holding that tensor's constants
     twins = {n: opt.at_param(n).to_torch([w], hp0) for n, w in m.named_parameters()}
     torch_opt = type(twins["0.weight"])([t.param_groups[0] for t in twins.values()])
@@ -90,32 +78,19 @@ def test_trains_as_torch_optim_parameter_groups_and_exports_them(name: str) -> N
     assert {n: g.get("weight_decay", 0.0) for n, g in written.items()} == {
         n: v for n, v in decay.items() if n in written}
     assert any(n.endswith("bias") for n in written)  # the groups that differ are written
-    m2 = _model()
+    m2 = layered_model()
     exported, _ = optimizer_from_settings(settings, m2, p.steps)
     for model, o in ((m, torch_opt), (m2, exported)):
-        for t in range(p.steps):
-            xb, yb, *_ = p.batch(t)
-            o.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            o.step()
-        for n, w in model.named_parameters():
-            torch.testing.assert_close(w, state.params[n], rtol=1e-12, atol=1e-14)
+        assert_trained_as(train_like_torch(p, model, o), state)
 
 
 def test_the_same_run_as_a_per_group_hyperparameter_held_fixed() -> None:
     """A PerGroup weight decay at the same values gives the same trained weights (and its
     hypergradient for the learning rate is the same): the constant is that, minus a column."""
-    x, y = _data()
     lr = hg.Schedule("lr", 0.05, transform="log", windows=2)
     wd = hg.PerGroup("wd", 0.3, "log", groups={"decay": r"weight$"}, default=0.0)
-
-    def problem(opt: Any, hps: list[Any]) -> hg.InnerProblem:
-        return hg.InnerProblem(_model(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]), opt,
-                               hg.HyperParams(hps), MiniBatches(x, y, batch_size=12, seed=0), 10,
-                               lambda m, hp: F.cross_entropy(m(x), y))
-
-    a = problem(hg.optim.adamw(lr="lr", weight_decay=RECIPE), [lr])
-    b = problem(hg.optim.adamw(lr="lr", weight_decay="wd"), [lr, wd])
+    a = layered_problem(hg.optim.adamw(lr="lr", weight_decay=RECIPE), [lr])
+    b = layered_problem(hg.optim.adamw(lr="lr", weight_decay="wd"), [lr, wd])
     ga = hg.ForwardMode().hypergradient(a, a.init_raw()).grad
     gb = hg.ForwardMode().hypergradient(b, b.init_raw()).grad
     torch.testing.assert_close(ga, gb[:2], rtol=1e-12, atol=1e-15)
@@ -169,19 +144,9 @@ def test_a_clipped_optimizer_resolves_its_inner_constants() -> None:
 def test_the_configs_page_command_runs(tmp_path: Path) -> None:
     """docs/configs.md's constant-per-parameter command (shortened by debug=fast) runs through
     Hydra; learned.yaml decays the weights and not the biases."""
-    import shlex
-
     import yaml
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S)
-                 if "inner_optimizer.weight_decay" in b)
-    args = shlex.split(block.replace("\\\n", " "))
-    assert args[0] == "hypergrad-run"
-    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
-                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    run_cli(configs_block("inner_optimizer.weight_decay"), tmp_path)
     learned = yaml.safe_load((tmp_path / "learned.yaml").read_text())["optimizer"]
     decay = {n: learned["defaults"]["weight_decay"] for n in ("0.weight", "2.weight")}
     decay |= {g["params"][0]: g["weight_decay"] for g in learned["param_groups"]}
@@ -192,22 +157,12 @@ def test_the_configs_page_command_runs(tmp_path: Path) -> None:
 def test_the_configs_page_recipe_file_runs(tmp_path: Path) -> None:
     """docs/configs.md's optimizer config of your own (a pattern with ``^``, which an override
     cannot hold) through ``--config-dir``: learned.yaml holds the two momenta."""
-    import shlex
-
     import yaml
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "configs.md").read_text()
-    recipe = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "'^0" in b)
     (tmp_path / "conf" / "inner_optimizer").mkdir(parents=True)
-    (tmp_path / "conf" / "inner_optimizer" / "recipe.yaml").write_text(recipe)
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S)
-                 if "inner_optimizer=recipe" in b)
-    args = shlex.split(block)
-    assert args[0] == "hypergrad-run"
-    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", *args[1:], "debug=fast",
-                          f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    (tmp_path / "conf" / "inner_optimizer" / "recipe.yaml").write_text(
+        configs_block("'^0", "yaml"))
+    run_cli(configs_block("inner_optimizer=recipe"), tmp_path / "run", cwd=tmp_path)
     learned = yaml.safe_load((tmp_path / "run" / "learned.yaml").read_text())["optimizer"]
     momentum = {n: learned["defaults"]["momentum"] for n in ("0.weight", "0.bias")}
     momentum |= {g["params"][0]: g["momentum"] for g in learned["param_groups"]}
