@@ -70,20 +70,29 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
             f"learned_settings: schedules of {not_lr}: torch.optim's schedulers set the "
             f"learning rate only; read the learned windows from results.json instead.")
     hp0 = problem.hyperparams.values(lam.detach(), 0, problem.steps)
-    schedule = None
+    schedule: dict[str, Any] | None = None
     if scheduled:
         item = hps.by_name[scheduled[0]]
         assert isinstance(item, Schedule)
-        lrs = values[item.name].reshape(-1)
         w = item.windows
+        rows = values[item.name].reshape(-1, w)  # one row, or one per group
         # the factors are relative to the optimizer's lr: the first window's, unless it is 0
         # (a warm-up from 0), where the largest window's is the base (0 / 0 gave NaN); every
-        # group's lr is what it reads in that window (its multiplier times the base)
-        first = int(lrs.abs().argmax()) if float(lrs[0]) == 0 else 0
-        base = float(lrs[first])
-        hp0[item.name] = item.at_window(hps.split(lam.detach())[item.name], first)
-        schedule = {"class": SCHEDULER, "windows": [
-            [i / w, (i + 1) / w, float(lrs[i]) / base if base else 1.0] for i in range(w)]}
+        # parameter group's lr is what it reads in that window (its multiplier times the base)
+        firsts = [int(r.abs().argmax()) if float(r[0]) == 0 else 0 for r in rows]
+        factors = [[float(r[i]) / float(r[f]) if float(r[f]) else 1.0 for i in range(w)]
+                   for r, f in zip(rows, firsts)]
+        if item.groups is None:
+            hp0[item.name] = item.at_window(hps.split(lam.detach())[item.name], firsts[0])
+            schedule = {"class": SCHEDULER, "windows": [
+                [i / w, (i + 1) / w, factors[0][i]] for i in range(w)]}
+        else:  # a schedule per group: each parameter's own factors (the others: constant)
+            assert item.assignment is not None
+            hp0[item.name] = item.grouped_value(
+                {p: rows[g, firsts[g]] for p, g in item.assignment.items()})
+            schedule = {"class": SCHEDULER,
+                        "windows": [[i / w, (i + 1) / w, 1.0] for i in range(w)],
+                        "factors": {p: list(factors[g]) for p, g in item.assignment.items()}}
     names = list(problem.fmodel.param_names)
     groups, torch_cls, defaults = [], None, None
     for name in names:
@@ -230,13 +239,26 @@ def optimizer_from_settings(settings: Mapping[str, Any],
         raise ValueError(f"optimizer_from_settings: steps={total!r} must be an int >= 1 (the "
                          f"training steps the schedule is stretched over), or None for the "
                          f"horizon it was learned on ({settings['steps']}).")
-    factors = [float(w[2]) for w in sched["windows"]]
-    n = len(factors)
+    shared = [float(w[2]) for w in sched["windows"]]
+    own = sched.get("factors") or {}  # a schedule per group: by parameter name
 
-    def factor(t: int) -> float:
-        return factors[min(t * n // total, n - 1)]
+    def stretched(factors: list[float]) -> Any:
+        n = len(factors)
+        return lambda t: factors[min(t * n // total, n - 1)]
 
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    if not own:
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, stretched(shared))
+    names = [g["params"] for g in o["param_groups"]] + ([[n for n in named if n not in
+                                                           in_groups]] if rest else [])
+    lambdas = []
+    for group in names:
+        kinds = {tuple(own.get(n, shared)) for n in group}
+        if len(kinds) > 1:
+            raise ValueError(f"optimizer_from_settings: parameter group {group} holds "
+                             f"parameters with different schedules ({sorted(kinds)}); give "
+                             f"each its own group, as learned_settings writes them.")
+        lambdas.append(stretched(list(kinds.pop())))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
 
 
 def _named(params: Mapping[str, Tensor] | nn.Module | Iterable[Tensor], api: str,

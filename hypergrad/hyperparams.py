@@ -178,10 +178,14 @@ class HyperParameter:
         v = torch.as_tensor(init, dtype=dtype, device=device)
         if v.ndim == 0:
             v = v.expand(self.shape()).clone()
+        v = self._expand_init(v)
         if tuple(v.shape) != self.shape():
             hint = (f" (a value per window: Schedule({self.name!r}, init=..., "
                     f"windows={v.shape[0]}))" if isinstance(self, Schedule) and v.ndim == 1
-                    else "")
+                    and self.groups is None else "")
+            if isinstance(self, Schedule) and self.groups is not None:
+                hint = (f" ({self.windows} values, one per window, that every group starts "
+                        f"from, or a row of them per group)")
             raise ValueError(
                 f"{api}: init has shape {tuple(v.shape)}, expected a number or shape "
                 f"{self.shape()}{hint}."
@@ -195,9 +199,22 @@ class HyperParameter:
             )
         return inverse(v)
 
+    def _expand_init(self, v: Tensor) -> Tensor:
+        """An init of another shape that this kind spreads to its own (as is: none)."""
+        return v
+
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         """Map this hyperparameter's raw slice to what training reads at ``step``."""
         return TRANSFORMS[self.transform][0](raw)
+
+    def first_reads(self, horizon: int) -> list[int]:
+        """For each raw entry (flattened), the first inner step that reads it (``horizon``:
+        none does). Every entry is read from step 0 but a schedule's later windows."""
+        return [0] * self.numel
+
+    def read_at(self, step: int, horizon: int) -> list[int] | None:
+        """The raw entries (flattened offsets) that inner step ``step`` reads; ``None``: all."""
+        return None
 
     def bind(self, param_names: Sequence[str],
              params: Mapping[str, Tensor] | None = None) -> HyperParameter:
@@ -356,6 +373,14 @@ class Schedule(_Multiplied, HyperParameter):
     Step ``t`` (0-based) of a horizon ``T`` reads window ``t * windows // T``. Inside the loss
     (``step=None``) the whole vector of ``windows`` values is given.
 
+    ``groups={name: pattern}`` (optional, for an optimizer argument): a schedule per group of
+    parameter tensors (a per-layer learning-rate schedule, as Maclaurin et al. 2015 learned
+    them), K = ``len(groups) * windows``, the raw values laid out group by group
+    (``lr[g * windows + w]``). Each parameter takes the first group whose regular expression
+    (``re.search``) matches its name, as in :class:`PerGroup`; those that match none read the
+    constant ``default`` (required when some do). ``init`` is a number, ``windows`` values
+    (every group starts from them) or one row per group. Training reads ``{param: value}``.
+
     ``multipliers={pattern: factor}`` (optional, for an optimizer argument): each parameter
     tensor reads ``factor * value``, the first regular expression (``re.search``) matching its
     name giving its factor; every parameter must match one (``".*"`` last for the rest) and
@@ -370,21 +395,56 @@ class Schedule(_Multiplied, HyperParameter):
 
     windows: int = 1
     multipliers: Mapping[str, float] | None = None
+    groups: Mapping[str, str] | None = None
+    default: float | None = None
     kind: str = field(init=False, default="schedule")
     per_param: dict[str, float] | None = field(init=False, default=None, repr=False,
                                                compare=False)
+    assignment: dict[str, int] | None = field(init=False, default=None, repr=False,
+                                              compare=False)
+    """With ``groups``: parameter name -> group index, set by :meth:`bind`."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_multipliers()
+        api = f"Schedule({self.name!r})"
         if (isinstance(self.windows, bool) or not isinstance(self.windows, int)
                 or self.windows < 1):
-            raise ValueError(
-                f"Schedule({self.name!r}): windows={self.windows!r} must be an int >= 1."
-            )
+            raise ValueError(f"{api}: windows={self.windows!r} must be an int >= 1.")
+        if self.groups is not None:
+            self.groups = _check_groups(api, self.groups)
+            if self.multipliers is not None:
+                raise ValueError(f"{api}: takes groups (a schedule per group) or multipliers "
+                                 f"(one schedule, fixed ratios), not both.")
+            self.default = _check_default(api, self.default, "that match no group",
+                                          "every trainable parameter matches a group")
+        elif self.default is not None:
+            raise ValueError(f"{api}: default={self.default!r} is the value of the parameters "
+                             f"that match no group; it needs groups={{name: pattern}}.")
+        self._check_multipliers()
 
     def shape(self) -> tuple[int, ...]:
+        if self.groups is not None:
+            return (len(self.groups), self.windows)
         return (self.windows,)
+
+    def _expand_init(self, v: Tensor) -> Tensor:
+        if self.groups is not None and tuple(v.shape) == (self.windows,):
+            return v.expand(self.shape()).clone()  # every group starts from the same windows
+        return v
+
+    def bind(self, param_names: Sequence[str],
+             params: Mapping[str, Tensor] | None = None) -> Any:
+        if self.groups is None:
+            return super().bind(param_names, params)
+        out = copy.copy(self)
+        out.assignment = _assign_groups(f"Schedule({self.name!r})", self.groups, self.default,
+                                        param_names)
+        return out
+
+    def binding(self) -> Any:
+        if self.groups is None:
+            return super().binding()
+        return _group_binding(self.groups, self.default, self.assignment)
 
     def window(self, step: int, horizon: int) -> int:
         """The window step ``step`` of ``horizon`` reads (a step past the horizon: the last)."""
@@ -399,15 +459,45 @@ class Schedule(_Multiplied, HyperParameter):
                   for w in range(self.windows)]
         return [(a, b - 1) for a, b in zip(starts, [*starts[1:], horizon])]
 
+    def first_reads(self, horizon: int) -> list[int]:
+        first = [_first_step(self, w, horizon) for w in range(self.windows)]
+        return first * (len(self.groups) if self.groups is not None else 1)
+
+    def read_at(self, step: int, horizon: int) -> list[int] | None:
+        w = self.window(step, horizon)
+        return [g * self.windows + w for g in range(len(self.groups or [None]))]
+
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         f = TRANSFORMS[self.transform][0]
         if step is None:
-            return self._multiply(f(raw))
+            return self._grouped(f(raw)) if self.groups is not None else self._multiply(f(raw))
         return self.at_window(raw, self.window(step, horizon))
 
     def at_window(self, raw: Tensor, w: int) -> Any:
         """What a step in window ``w`` reads (:meth:`value` at such a step)."""
-        return self._multiply(TRANSFORMS[self.transform][0](raw[w]))
+        v = TRANSFORMS[self.transform][0](raw[..., w])
+        return self._grouped(v) if self.groups is not None else self._multiply(v)
+
+    def _grouped(self, v: Tensor) -> Any:
+        """``{param: v[its group]}`` (one tensor per group), the default for the others."""
+        if self.assignment is None:
+            raise ValueError(f"Schedule({self.name!r}) has groups but is not bound to a model "
+                             f"yet: build an InnerProblem with it (which binds them to the "
+                             f"model's parameters).")
+        rows = list(v.unbind(0))
+        return self.grouped_value({p: rows[g] for p, g in self.assignment.items()})
+
+    def grouped_value(self, values: Mapping[str, Tensor]) -> Any:
+        """``{param: value}`` as training reads it: the parameters of no group read
+        ``default``."""
+        return _PerTensorValue(values, self.default)
+
+
+def _first_step(item: Schedule, w: int, horizon: int) -> int:
+    """The first step that reads window ``w`` of ``item`` (``horizon`` if none does). Windows
+    do not decrease with the step, so it is the first step whose window is at least ``w``."""
+    t = -(-w * horizon // item.windows)  # ceil(w T / W)
+    return t if t < horizon and item.window(t, horizon) == w else horizon
 
 
 @dataclass
@@ -524,26 +614,7 @@ class PerGroup(HyperParameter):
     def __post_init__(self) -> None:
         super().__post_init__()
         api = f"PerGroup({self.name!r})"
-        example = "e.g. groups={'decay': r'weight$'}"
-        if isinstance(self.groups, (str, bytes)) or not isinstance(self.groups, Mapping):
-            raise TypeError(f"{api}: groups={self.groups!r} must map group names to regular "
-                            f"expressions on parameter names, {example}.")
-        if not self.groups:
-            raise ValueError(f"{api}: groups is empty, so it would tune nothing; map at least "
-                             f"one group name to a regular expression on parameter names, "
-                             f"{example}.")
-        groups = {}
-        for g, pattern in self.groups.items():
-            if not isinstance(g, str) or not isinstance(pattern, str):
-                raise TypeError(f"{api}: groups entry {g!r}: {pattern!r} must map a group name "
-                                f"(a string) to a regular expression (a string), {example}.")
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                raise ValueError(f"{api}: the pattern {pattern!r} of group {g!r} is not a "
-                                 f"regular expression ({err}); {example}.") from None
-            groups[g] = pattern
-        self.groups = groups
+        self.groups = _check_groups(api, self.groups)
         self.default = _check_default(api, self.default, "that match no group",
                                       "every trainable parameter matches a group")
 
@@ -552,31 +623,9 @@ class PerGroup(HyperParameter):
 
     def bind(self, param_names: Sequence[str],
              params: Mapping[str, Tensor] | None = None) -> PerGroup:
-        api = f"PerGroup({self.name!r})"
-        pats = [re.compile(p) for p in self.groups.values()]
-        assignment, missing = {}, []
-        for n in param_names:
-            hit = next((i for i, p in enumerate(pats) if p.search(n)), None)
-            if hit is None:
-                missing.append(n)
-            else:
-                assignment[n] = hit
-        if missing and self.default is None:
-            raise ValueError(f"{api}: parameters {missing} match no group of "
-                             f"{dict(self.groups)}; add a pattern for them, or pass "
-                             f"default=<constant> (e.g. default=0.0) for the parameters that "
-                             f"match none.")
-        empty = [g for i, g in enumerate(self.groups) if i not in assignment.values()]
-        if empty:
-            won = {g: sorted(n for n, i in assignment.items() if i != k and
-                             re.search(self.groups[g], n))
-                   for k, g in enumerate(self.groups) if g in empty}
-            why = "".join(f"; {g!r} matches only {ns}, taken by an earlier group"
-                          for g, ns in won.items() if ns)
-            raise ValueError(f"{api}: groups {empty} match no parameter of the model "
-                             f"{list(param_names)}{why}; fix or remove their patterns.")
         out = PerGroup(self.name, self.init, self.transform, dict(self.groups), self.default)
-        out.assignment = assignment
+        out.assignment = _assign_groups(f"PerGroup({self.name!r})", self.groups, self.default,
+                                        param_names)
         return out
 
     def entry_names(self) -> list[str]:
@@ -585,10 +634,7 @@ class PerGroup(HyperParameter):
     def binding(self) -> Any:
         """``{"groups": [[name, [params...]], ...] in raw order, "default": ...}`` (bound),
         the patterns while not bound."""
-        if self.assignment is None:
-            return {"patterns": dict(self.groups), "default": self.default}
-        return {"groups": [[g, sorted(n for n, j in self.assignment.items() if j == i)]
-                           for i, g in enumerate(self.groups)], "default": self.default}
+        return _group_binding(self.groups, self.default, self.assignment)
 
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         if self.assignment is None:
@@ -596,6 +642,69 @@ class PerGroup(HyperParameter):
                              f"InnerProblem with it (which binds it to the model's parameters).")
         v = TRANSFORMS[self.transform][0](raw)
         return _PerTensorValue({p: v[i] for p, i in self.assignment.items()}, self.default)
+
+
+def _check_groups(api: str, groups: Any) -> dict[str, str]:
+    """``groups``: a non-empty mapping group name -> regular expression on parameter names."""
+    example = "e.g. groups={'decay': r'weight$'}"
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Mapping):
+        raise TypeError(f"{api}: groups={groups!r} must map group names to regular "
+                        f"expressions on parameter names, {example}.")
+    if not groups:
+        raise ValueError(f"{api}: groups is empty, so it would tune nothing; map at least "
+                         f"one group name to a regular expression on parameter names, "
+                         f"{example}.")
+    out = {}
+    for g, pattern in groups.items():
+        if not isinstance(g, str) or not isinstance(pattern, str):
+            raise TypeError(f"{api}: groups entry {g!r}: {pattern!r} must map a group name "
+                            f"(a string) to a regular expression (a string), {example}.")
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ValueError(f"{api}: the pattern {pattern!r} of group {g!r} is not a "
+                             f"regular expression ({err}); {example}.") from None
+        out[g] = pattern
+    return out
+
+
+def _assign_groups(api: str, groups: Mapping[str, str], default: float | None,
+                   param_names: Sequence[str]) -> dict[str, int]:
+    """Parameter name -> index of the first group whose pattern matches it (those that match
+    none read ``default``, which must then be given); every group must match a parameter."""
+    pats = [re.compile(p) for p in groups.values()]
+    assignment, missing = {}, []
+    for n in param_names:
+        hit = next((i for i, p in enumerate(pats) if p.search(n)), None)
+        if hit is None:
+            missing.append(n)
+        else:
+            assignment[n] = hit
+    if missing and default is None:
+        raise ValueError(f"{api}: parameters {missing} match no group of "
+                         f"{dict(groups)}; add a pattern for them, or pass "
+                         f"default=<constant> (e.g. default=0.0) for the parameters that "
+                         f"match none.")
+    empty = [g for i, g in enumerate(groups) if i not in assignment.values()]
+    if empty:
+        won = {g: sorted(n for n, i in assignment.items() if i != k and
+                         re.search(groups[g], n))
+               for k, g in enumerate(groups) if g in empty}
+        why = "".join(f"; {g!r} matches only {ns}, taken by an earlier group"
+                      for g, ns in won.items() if ns)
+        raise ValueError(f"{api}: groups {empty} match no parameter of the model "
+                         f"{list(param_names)}{why}; fix or remove their patterns.")
+    return assignment
+
+
+def _group_binding(groups: Mapping[str, str], default: float | None,
+                   assignment: Mapping[str, int] | None) -> Any:
+    """A grouped kind's binding: ``{"groups": [[name, [params...]], ...] in raw order,
+    "default": ...}`` when bound, the patterns while not."""
+    if assignment is None:
+        return {"patterns": dict(groups), "default": default}
+    return {"groups": [[g, sorted(n for n, j in assignment.items() if j == i)]
+                       for i, g in enumerate(groups)], "default": default}
 
 
 def _check_params(api: str, params: Any) -> None:
@@ -1015,11 +1124,14 @@ class HyperParams:
                     .reshape(-1).tolist()]
             params = it.entry_names()
             if isinstance(it, Schedule):
-                for w, ((a, b), x) in enumerate(zip(it.steps(horizon), flat)):
-                    # a window no step reads (more windows than steps): by its index, so that
-                    # no two windows share a label (one's value was dropped)
-                    span = f"steps {a}-{b}" if a <= b else f"window {w}: no step"
-                    out[f"{it.name}[{span}]"] = x
+                groups = [f"{g}, " for g in it.groups] if it.groups is not None else [""]
+                for gi, g in enumerate(groups):
+                    row = flat[gi * it.windows:(gi + 1) * it.windows]
+                    for w, ((a, b), x) in enumerate(zip(it.steps(horizon), row)):
+                        # a window no step reads (more windows than steps): by its index, so
+                        # that no two windows share a label (one's value was dropped)
+                        span = f"steps {a}-{b}" if a <= b else f"window {w}: no step"
+                        out[f"{it.name}[{g}{span}]"] = x
             elif len(params) == len(flat) > 0:
                 for name, x in zip(params, flat):
                     out[f"{it.name}[{name}]"] = x

@@ -168,11 +168,15 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
         fig, axes = plt.subplots(1, len(scheds), figsize=(6 * len(scheds), 3.6), squeeze=False)
         for ax, it in zip(axes[0], scheds):
             steps = list(range(horizon + 1))
+            groups = list(it.groups) if it.groups is not None else [""]
             for label, vec, style in (("initial", lam0, "--"), ("learned", lam, "-")):
-                # the tuned windows (before any multipliers)
-                v = torch.as_tensor(hps.describe(vec)[it.name]).reshape(-1)
-                ys = [float(v[it.window(min(t, horizon - 1), horizon)]) for t in steps]
-                ax.step(steps, ys, where="post", ls=style, lw=2, label=label)
+                # the tuned windows (before any multipliers), a row per group
+                rows = torch.as_tensor(hps.describe(vec)[it.name]).reshape(len(groups), -1)
+                for gi, (g, v) in enumerate(zip(groups, rows)):
+                    ys = [float(v[it.window(min(t, horizon - 1), horizon)]) for t in steps]
+                    name = f"{label} {g}" if g else label
+                    ax.step(steps, ys, where="post", ls=style, lw=2, label=name,
+                            color=f"C{gi}" if g else None)
             ax.set_xlabel("inner step")
             ax.set_ylabel(it.name)
             ax.set_title(f"{it.name}: {it.windows} windows over T = {horizon} steps")

@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ..footprint import mark as _fp_mark
 from ..hvp import HVPStrategy, VmapVJP
-from ..hyperparams import Schedule
+from ..hyperparams import HyperParameter
 from ..problem import InnerProblem, InnerState
 from ..tangent import AutoTangent, TangentRule, UpdateStep
 from .base import MemoryEstimate, OnlineMethod, Sizes, gib
@@ -73,17 +73,15 @@ class ColumnPlan:
         self.horizon = horizon
         self.first_read = [0] * self.k
         for item, sl in zip(hps.items, hps.slices.values()):
-            if isinstance(item, Schedule):
-                self.first_read[sl] = [_first_step(item, w, horizon)
-                                       for w in range(item.windows)]
+            self.first_read[sl] = item.first_reads(horizon)
         self._opt_static: list[int] = []
-        self._opt_sched: list[tuple[Schedule, int]] = []
+        self._opt_by_step: list[tuple[HyperParameter, int]] = []  # read in part, by step
         for name in problem.optimizer.bound_names():
             item, sl = hps.by_name[name], hps.slices[name]
-            if isinstance(item, Schedule):
-                self._opt_sched.append((item, sl.start))
-            else:
+            if item.read_at(0, horizon) is None:
                 self._opt_static.extend(range(sl.start, sl.stop))
+            else:
+                self._opt_by_step.append((item, sl.start))
         self.has_late = any(f > 0 for f in self.first_read)
 
     def not_started(self, t: int) -> list[int]:
@@ -102,15 +100,9 @@ class ColumnPlan:
 
     def optimizer_columns(self, t: int) -> list[int]:
         cols = set(self._opt_static)
-        cols.update(start + item.window(t, self.horizon) for item, start in self._opt_sched)
+        for item, start in self._opt_by_step:
+            cols.update(start + c for c in item.read_at(t, self.horizon) or [])
         return sorted(cols)
-
-
-def _first_step(item: Schedule, w: int, horizon: int) -> int:
-    """The first step that reads window ``w`` (``horizon`` if none does). Windows do not
-    decrease with the step, so it is the first step whose window is at least ``w``."""
-    t = -(-w * horizon // item.windows)  # ceil(w T / W)
-    return t if t < horizon and item.window(t, horizon) == w else horizon
 
 
 def _zero_columns(z: InnerState, cols: list[int]) -> bool:

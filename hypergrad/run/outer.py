@@ -94,13 +94,15 @@ def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
     out = torch.eye(k, dtype=torch.float64)
     coupled, at = False, 0
     for it in items:
-        n = it.numel
+        n = getattr(it, "windows", it.numel)  # a schedule per group: each group's windows
         if length is not None and it.kind == "schedule" and n >= 3:
             i = torch.arange(n, dtype=torch.float64)
             block = torch.exp(-(i[:, None] - i[None, :]) ** 2 / (2 * (length * n) ** 2))
-            out[at:at + n, at:at + n] = block / torch.linalg.eigvalsh(block)[-1]
+            block = block / torch.linalg.eigvalsh(block)[-1]
+            for row in range(at, at + it.numel, n):
+                out[row:row + n, row:row + n] = block
             coupled = True
-        at += n
+        at += it.numel
     return out if coupled else None
 
 
