@@ -203,8 +203,8 @@ GRID: dict[str, GridOptimizer] = {
 """The optimizers of the exactness grid; a new optimizer adds a row."""
 
 OPTIMIZERS = tuple(GRID)
-KINDS = ("lr", "momentum", "per_tensor_wd", "per_group_wd", "schedule", "per_example",
-         "loss_param")
+KINDS = ("lr", "momentum", "per_tensor_wd", "per_group_wd", "schedule", "group_schedule",
+         "scaled_schedule", "per_example", "loss_param")
 
 
 def grid_cases() -> list[tuple[str, str]]:
@@ -216,7 +216,8 @@ def grid_cases() -> list[tuple[str, str]]:
 def _optimizer(opt: str, kind: str) -> Optimizer:
     row = GRID[opt]
     args: dict[str, Any] = dict(row.constants)
-    args["lr"] = "lr" if kind in ("lr", "schedule") else row.lr0
+    args["lr"] = "lr" if kind in ("lr", "schedule", "group_schedule", "scaled_schedule") \
+        else row.lr0
     if kind in ("per_tensor_wd", "per_group_wd"):
         args["weight_decay"] = "wd"
     if row.momentum is not None:
@@ -237,6 +238,12 @@ def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperPar
                         default=1e-3)
     if kind == "schedule":
         return Schedule("lr", lr0, windows=windows, transform="log")
+    if kind == "group_schedule":  # a schedule for the first layer, one for the rest
+        return Schedule("lr", lr0, windows=windows, transform="log",
+                        groups={"first": r"^0\.", "rest": ".*"})
+    if kind == "scaled_schedule":  # one schedule, the first layer at half the rate
+        return Schedule("lr", lr0, windows=windows, transform="log",
+                        multipliers={r"^0\.": 0.5, ".*": 1.0})
     if kind == "per_example":
         return PerExample("ex_w", n=n_train, init=0.5, transform="logit")
     return Array("smooth", 0.1, transform="logit")
