@@ -232,6 +232,12 @@ class HyperParameter:
             return []
         return [str(p) for p in params]
 
+    def entries_of(self, label: str) -> list[int] | None:
+        """The raw entries (flattened offsets) that ``label`` names: an entry's name
+        (:meth:`entry_names`), or a group's whole row of a grouped schedule; ``None``: none."""
+        names = self.entry_names()
+        return [names.index(label)] if label in names else None
+
     def binding(self) -> Any:
         """What its raw values apply to, as plain data (``None``: nothing beyond its shape):
         the parameter names of a per-tensor kind, a group's parameters, the default of the
@@ -445,6 +451,12 @@ class Schedule(_Multiplied, HyperParameter):
         if self.groups is None:
             return super().binding()
         return _group_binding(self.groups, self.default, self.assignment)
+
+    def entries_of(self, label: str) -> list[int] | None:
+        if self.groups is None or label not in self.groups:
+            return None
+        g = list(self.groups).index(label)
+        return list(range(g * self.windows, (g + 1) * self.windows))
 
     def window(self, step: int, horizon: int) -> int:
         """The window step ``step`` of ``horizon`` reads (a step past the horizon: the last)."""

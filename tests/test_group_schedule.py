@@ -172,3 +172,19 @@ def test_the_configs_page_command_runs(tmp_path: Path) -> None:
     assert set(factors) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     learned = json.loads((tmp_path / "results.json").read_text())["learned"]["lr"]
     assert len(learned) == 2 and len(learned[0]) == 5
+
+
+def test_a_group_s_windows_are_bounded_by_its_name() -> None:
+    """``Guards(bounds={"lr[last]": (v, v)})`` holds every window of one group while the other
+    group's schedule is tuned; a window is bounded by its flat index."""
+    start = [[0.03, 0.02, 0.01], [0.02, 0.02, 0.02]]  # inside the bounds
+    p = layered_problem(hg.optim.sgd(lr="lr", momentum=0.9), [_lr(start)], steps=9)
+    res = hg.Trainer(p, mode=hg.Offline(outer_steps=3),
+                     guards=hg.Guards(bounds={"lr[last]": (0.02, 0.02), "lr[0]": (None, 0.04)}),
+                     callbacks=[hg.run.Log(None)]).fit()
+    first, last = p.hyperparams.describe(res.lam)["lr"]  # type: ignore[misc]
+    assert last == pytest.approx([0.02] * 3, rel=1e-12)
+    assert first[0] <= 0.04 * (1 + 1e-9) and first != pytest.approx(start[0])
+    with pytest.raises(ValueError, match=r"'lr' has no entry 'middle'; its entries are the "
+                                         r"indices 0-5 or one of \['first', 'last'\]"):
+        hg.Trainer(p, guards=hg.Guards(bounds={"lr[middle]": (0.01, 0.1)}))

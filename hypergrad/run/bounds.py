@@ -26,8 +26,9 @@ class Bounds:
     hyperparameters ``hps`` in ``dtype``. One pair bounds every entry of its hyperparameter
     (each window of a schedule, each tensor of a per-tensor value); ``"name[entry]"`` bounds
     one entry (by its index, ``"lr[0]"`` for a schedule's first window, or by its name,
-    ``"wd[decay]"`` for a PerGroup's group, ``"wd[fc.weight]"`` for a PerTensor's parameter),
-    in place of the hyperparameter's pair. An infinite end on its own side (``low=-inf``,
+    ``"wd[decay]"`` for a PerGroup's group, ``"wd[fc.weight]"`` for a PerTensor's parameter;
+    ``"lr[out]"`` bounds every window of group ``out`` of a schedule per group), in place of
+    the hyperparameter's pair. An infinite end on its own side (``low=-inf``,
     ``high=inf``, or a number that rounds to one in ``dtype``) is no bound, as ``None``: the
     search box then fills that side around the initial value.
 
@@ -49,18 +50,19 @@ class Bounds:
         """Raw bounds of whole hyperparameters, by name."""
         self.entries: dict[str, dict[int, tuple[Tensor | None, Tensor | None]]] = {}
         """Raw bounds of single entries: name -> {index: (low, high)}."""
-        self._keys: dict[str, tuple[str, int | None]] = {}  # as given -> (name, index)
+        self._keys: dict[str, tuple[str, list[int] | None]] = {}  # as given -> (name, indices)
         for key, lohi in (bounds or {}).items():
-            name, index = self._target(key, api)
+            name, indices = self._target(key, api)
             pair = self._raw_pair(key, hps.by_name[name].transform, lohi, dtype, api)
-            if index is None:
+            if indices is None:
                 self.raw[name] = pair
             else:
-                self.entries.setdefault(name, {})[index] = pair
-            self._keys[key] = (name, index)
+                self.entries.setdefault(name, {}).update({i: pair for i in indices})
+            self._keys[key] = (name, indices)
 
-    def _target(self, key: str, api: str) -> tuple[str, int | None]:
-        """``(name, None)`` for a hyperparameter's name, ``(name, index)`` for one entry."""
+    def _target(self, key: str, api: str) -> tuple[str, list[int] | None]:
+        """``(name, None)`` for a hyperparameter's name, ``(name, [index])`` for one entry,
+        ``(name, [indices])`` for a grouped schedule's group (its row of windows)."""
         hps = self.hps
         if key in hps.by_name:
             return key, None
@@ -72,11 +74,12 @@ class Bounds:
                              f"per-tensor one).")
         name, label = m.groups()
         item = hps.by_name[name]
-        labels = item.entry_names()
-        if label in labels:
-            return name, labels.index(label)
+        found = item.entries_of(label)
+        if found is not None:
+            return name, found
         if label.isdigit() and int(label) < item.numel:
-            return name, int(label)
+            return name, [int(label)]
+        labels = item.entry_names() or list(getattr(item, "groups", None) or [])
         named = f" or one of {labels}" if labels else ""
         raise ValueError(f"{api}: bounds name {key!r}: {name!r} has no entry {label!r}; its "
                          f"entries are the indices 0-{item.numel - 1}{named}.")
@@ -149,8 +152,8 @@ class Bounds:
     def values(self) -> dict[str, list[float | None]]:
         """The bounds in value space, by the keys given (for fingerprints and messages)."""
         out = {}
-        for key, (name, index) in self._keys.items():
-            ends = self.raw[name] if index is None else self.entries[name][index]
+        for key, (name, indices) in self._keys.items():
+            ends = self.raw[name] if indices is None else self.entries[name][indices[0]]
             fwd = TRANSFORMS[self.hps.by_name[name].transform][0]
             out[key] = [None if r is None else float(fwd(r)) for r in ends]
         return out
