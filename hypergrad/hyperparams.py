@@ -232,6 +232,11 @@ class HyperParameter:
             return []
         return [str(p) for p in params]
 
+    def entry_labels(self) -> list[str]:
+        """The labels :meth:`entries_of` takes (beside an entry's index): :meth:`entry_names`,
+        or a grouped schedule's groups."""
+        return self.entry_names()
+
     def entries_of(self, label: str) -> list[int] | None:
         """The raw entries (flattened offsets) that ``label`` names: an entry's name
         (:meth:`entry_names`), or a group's whole row of a grouped schedule; ``None``: none."""
@@ -451,6 +456,9 @@ class Schedule(_Multiplied, HyperParameter):
         if self.groups is None:
             return super().binding()
         return _group_binding(self.groups, self.default, self.assignment)
+
+    def entry_labels(self) -> list[str]:
+        return [] if self.groups is None else list(self.groups)
 
     def entries_of(self, label: str) -> list[int] | None:
         if self.groups is None or label not in self.groups:

@@ -81,6 +81,19 @@ def test_an_entry_pair_replaces_the_hyperparameter_pair_in_the_box_and_the_proje
                           "lr[1]": [pytest.approx(0.5), pytest.approx(2.0)]}
 
 
+def test_overlapping_entry_keys_each_report_their_own_pair() -> None:
+    """``"wd[first]"`` and ``"wd[0]"`` bound the same entry (the later key's pair applies);
+    the fingerprint and messages still show each key with the pair it was given."""
+    p = _problem(hg.Scalar("lr", 0.3, "log"),
+                 hg.PerGroup("wd", 0.05, "log", groups=GROUPS, default=0.0))
+    b = Bounds(p.hyperparams, torch.float64, {"wd[first]": (1e-4, 0.1), "wd[0]": (0.01, 0.02)})
+    assert b.values() == {"wd[first]": [pytest.approx(1e-4), pytest.approx(0.1)],
+                          "wd[0]": [pytest.approx(0.01), pytest.approx(0.02)]}
+    lam = p.init_raw().clone()
+    b.project(lam)
+    assert p.hyperparams.describe(lam)["wd"][0] == pytest.approx(0.02, rel=1e-12)
+
+
 def test_the_run_fingerprint_holds_entry_bounds() -> None:
     p = _problem(hg.Scalar("lr", 0.3, "log"),
                  hg.PerGroup("wd", 0.05, "log", groups=GROUPS, default=0.0))

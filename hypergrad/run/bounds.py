@@ -50,7 +50,8 @@ class Bounds:
         """Raw bounds of whole hyperparameters, by name."""
         self.entries: dict[str, dict[int, tuple[Tensor | None, Tensor | None]]] = {}
         """Raw bounds of single entries: name -> {index: (low, high)}."""
-        self._keys: dict[str, tuple[str, list[int] | None]] = {}  # as given -> (name, indices)
+        self._keys: dict[str, tuple[str, list[int] | None, tuple[Tensor | None, Tensor | None]]]
+        self._keys = {}  # as given -> (name, indices, its raw pair)
         for key, lohi in (bounds or {}).items():
             name, indices = self._target(key, api)
             pair = self._raw_pair(key, hps.by_name[name].transform, lohi, dtype, api)
@@ -58,7 +59,7 @@ class Bounds:
                 self.raw[name] = pair
             else:
                 self.entries.setdefault(name, {}).update({i: pair for i in indices})
-            self._keys[key] = (name, indices)
+            self._keys[key] = (name, indices, pair)
 
     def _target(self, key: str, api: str) -> tuple[str, list[int] | None]:
         """``(name, None)`` for a hyperparameter's name, ``(name, [index])`` for one entry,
@@ -79,7 +80,7 @@ class Bounds:
             return name, found
         if label.isdigit() and int(label) < item.numel:
             return name, [int(label)]
-        labels = item.entry_names() or list(getattr(item, "groups", None) or [])
+        labels = item.entry_labels()
         named = f" or one of {labels}" if labels else ""
         raise ValueError(f"{api}: bounds name {key!r}: {name!r} has no entry {label!r}; its "
                          f"entries are the indices 0-{item.numel - 1}{named}.")
@@ -152,8 +153,7 @@ class Bounds:
     def values(self) -> dict[str, list[float | None]]:
         """The bounds in value space, by the keys given (for fingerprints and messages)."""
         out = {}
-        for key, (name, indices) in self._keys.items():
-            ends = self.raw[name] if indices is None else self.entries[name][indices[0]]
+        for key, (name, _, ends) in self._keys.items():
             fwd = TRANSFORMS[self.hps.by_name[name].transform][0]
             out[key] = [None if r is None else float(fwd(r)) for r in ends]
         return out
@@ -161,4 +161,4 @@ class Bounds:
     def of(self, name: str) -> dict[str, list[float | None]]:
         """:meth:`values` of the keys that bound hyperparameter ``name`` (for messages)."""
         values = self.values()
-        return {k: values[k] for k, (n, _) in self._keys.items() if n == name}
+        return {k: values[k] for k, (n, *_) in self._keys.items() if n == name}
