@@ -38,10 +38,11 @@ $(SUBMITIT)/.installed: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/hypergrad-run experiment=digits_schedule
 
+# pytest runs one worker per core (pytest-xdist); tests/conftest.py gives each worker one thread
 test: $(STAMP) $(SWEEPER)/.installed $(SUBMITIT)/.installed
 	$(VENV)/bin/ruff check hypergrad tests experiments
 	$(VENV)/bin/mypy
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 exactness: $(STAMP)
 	$(PY) experiments/exactness.py --json exactness.json

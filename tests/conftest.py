@@ -13,6 +13,12 @@ import hypergrad.methods.forward as _forward  # noqa: E402
 
 _forward.AUTO_COMPILE_AFTER_S = float("inf")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest worker per core (pytest -n auto): each, and the processes its
+    # tests start, computes on one thread, so the workers do not fight over the cores
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
