@@ -401,6 +401,10 @@ def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
             if key in by and target is not None:  # debug=fast's task.steps, a builder of yours
                 return (f" (set by {by[key]}, but {node}._target_={target} takes no {leaf!r}: "
                         f"give it that argument, or leave {by[key]} out)")
+            other = _options_taking(target, leaf, node) if target is not None else []
+            if other:  # groups on a scalar: a setting of another option of its group
+                return (f" (a setting of {', '.join(o for o, _ in other)}, not of "
+                        f"{node}._target_={target}: choose that option, e.g. {other[0][1]})")
             return f" (did you mean {', '.join(near)}?)" if near else ""
 
         lines = "; ".join(f"{k!r}{why(k, near)}" for k, near in bad)
@@ -416,6 +420,23 @@ def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
         raise ConfigError(f"hypergrad-run: the config has keys that name no setting: {lines}. "
                          f"Check the spelling (hypergrad-run --help lists the groups; "
                          f"--cfg job prints the composed config).")
+
+
+def _options_taking(target: Any, leaf: str, node: str) -> list[tuple[str, str]]:
+    """``[(option, command)]``: the other options of the config group whose option has
+    ``_target_`` ``target`` that take the argument ``leaf``, each with the override that
+    chooses it for ``node`` (``hyperparams/kind@hyperparams.items.wd=per_group``)."""
+    try:
+        cls = _import(target) if isinstance(target, str) else target
+    except Exception:  # a user's module that fails while importing: build's _locate says why
+        return []
+    for group, entries in targets().items():
+        if not any(t is cls for t, _ in entries.values()):
+            continue
+        at = "" if node == group.replace("/", ".") else f"@{node}"
+        return [(f"{group}={name}", f"{group}{at}={name}") for name, (t, _) in entries.items()
+                if t is not cls and leaf in (_known(t) or ())]
+    return []
 
 
 def _set_by_preset(keys: Sequence[str]) -> dict[str, str]:

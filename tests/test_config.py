@@ -384,6 +384,31 @@ def test_a_key_that_names_no_setting_is_refused_with_the_nearest(override: str, 
     check_keys(_compose(["experiment=digits_schedule"]))  # the preset itself is clean
 
 
+@pytest.mark.parametrize(("override", "fix"), [
+    ("+hyperparams.items.momentum.groups={a: .*}",
+     r"'hyperparams.items.momentum.groups' \(a setting of hyperparams/kind=schedule, "
+     r"hyperparams/kind=per_group, not of hyperparams.items.momentum._target_=hypergrad.Scalar: "
+     r"choose that option, e.g. hyperparams/kind@hyperparams.items.momentum=schedule\)"),
+    ("+method.truncate=5", r"'method.truncate' \(a setting of method=reverse, not of "
+                           r"method._target_=hypergrad.ForwardMode: choose that option, e.g. "
+                           r"method=reverse\)"),
+])
+def test_a_setting_of_another_option_names_the_option_that_takes_it(override: str,
+                                                                     fix: str) -> None:
+    """``groups`` on a scalar item, ``truncate`` on forward mode: the refusal names the
+    options of the same group that take the key and the override that chooses one (it said
+    only that the key names no setting)."""
+    from hypergrad.config import check_keys
+
+    cfg = _compose(["experiment=digits_schedule", override])
+    with pytest.raises(ValueError, match=fix):
+        check_keys(cfg)
+    # chosen as the message says, the key is a setting
+    chosen = fix.rsplit("e.g. ", 1)[1].replace("\\)", "")
+    check_keys(_compose(["experiment=digits_schedule", chosen, override.lstrip("+")]))
+
+
+
 def test_a_key_in_a_users_config_file_and_a_users_own_group(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hypergrad.config import check_keys
