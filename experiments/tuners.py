@@ -103,10 +103,18 @@ class SearchSpace:
                                  f"raw ({r_lo}, {r_hi}) under transform={it.transform!r}: a "
                                  f"sampler needs a finite box.")
             vb[it.name] = (v_lo, v_hi)
-            n = it.numel
+            n, base = it.numel, it.base_numel
             names += [it.name] if it.shape() == () else [f"{it.name}[{i}]" for i in range(n)]
-            low += [r_lo] * n
-            high += [r_hi] * n
+            low += [r_lo] * base
+            high += [r_hi] * base
+            # a schedule's tuned scales (factors, not in the windows' units): the box around
+            # their initial values, as the Trainer fills it, bounded by their own keys
+            for label in it.entry_labels()[:n - base]:
+                f = init[it.entries_of(label)]
+                s_lo, s_hi = _default_box(it.transform, f)
+                vb[f"{it.name}[{label}]"] = (s_lo, s_hi)
+                low.append(math.log(s_lo))
+                high.append(math.log(s_hi))
         return cls(names, torch.tensor(low, dtype=dtype), torch.tensor(high, dtype=dtype), vb)
 
     @property

@@ -75,7 +75,9 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         item = hps.by_name[scheduled[0]]
         assert isinstance(item, Schedule)
         w = item.windows
-        rows = values[item.name].reshape(-1, w)  # one row, or one per group
+        # one row, or one per group (a schedule's tuned scales, after its windows, are read
+        # per parameter by at_window below, as multipliers are)
+        rows = values[item.name][:item.base_numel].reshape(-1, w)
         # the factors are relative to the optimizer's lr: the first window's, unless it is 0
         # (a warm-up from 0), where the largest window's is the base (0 / 0 gave NaN); every
         # parameter group's lr is what it reads in that window (its multiplier times the base)

@@ -24,7 +24,9 @@ Kinds (``K`` contributions in brackets):
 A :class:`Scalar` or a :class:`Schedule` bound to an optimizer argument may take fixed
 ``multipliers`` per parameter tensor (``{pattern: factor}``): one tuned value, read as
 ``factor * value`` by each parameter (a layer-wise learning-rate scale under a tuned schedule),
-at no extra tangent column.
+at no extra tangent column. A :class:`Schedule` may instead tune one factor per group of
+tensors (``scales={name: pattern}``) [windows + groups], or be a schedule per group
+(``groups={name: pattern}``) [groups x windows].
 
 The two initialisation kinds are read by the problem's initial state
 (:meth:`~hypergrad.InnerProblem.initial_state`), not by the losses or the optimizer.
@@ -175,17 +177,20 @@ class HyperParameter:
         # detached: an init read off a tensor that requires grad (a model's weight) would
         # otherwise put that tensor's graph into lam, which must be a leaf
         init = self.init.detach() if isinstance(self.init, Tensor) else self.init
-        v = torch.as_tensor(init, dtype=dtype, device=device)
+        v = self._expand_init(torch.as_tensor(init, dtype=dtype, device=device))
         if v.ndim == 0:
             v = v.expand(self.shape()).clone()
-        v = self._expand_init(v)
         if tuple(v.shape) != self.shape():
             hint = (f" (a value per window: Schedule({self.name!r}, init=..., "
                     f"windows={v.shape[0]}))" if isinstance(self, Schedule) and v.ndim == 1
-                    and self.groups is None else "")
+                    and self.groups is None and self.scales is None else "")
             if isinstance(self, Schedule) and self.groups is not None:
                 hint = (f" ({self.windows} values, one per window, that every group starts "
                         f"from, or a row of them per group)")
+            if isinstance(self, Schedule) and self.scales is not None:
+                hint = (f" ({self.windows} values, one per window, the scales starting at 1, "
+                        f"or {self.numel}: the windows, then a scale per group of "
+                        f"{list(self.scales)})")
             raise ValueError(
                 f"{api}: init has shape {tuple(v.shape)}, expected a number or shape "
                 f"{self.shape()}{hint}."
@@ -200,8 +205,17 @@ class HyperParameter:
         return inverse(v)
 
     def _expand_init(self, v: Tensor) -> Tensor:
-        """An init of another shape that this kind spreads to its own (as is: none)."""
+        """An init of another shape that this kind spreads to its own (as is: none; a number
+        is spread to every entry after this)."""
         return v
+
+    @property
+    def base_numel(self) -> int:
+        """How many leading raw entries are the hyperparameter's values proper: what a bound
+        by its name (``Guards(bounds={"lr": ...})``), the search box filled around its initial
+        value and the start's shared level apply to. The rest (a schedule's tuned ``scales``)
+        are factors with a box, bounds (``"lr[group]"``) and start draws of their own."""
+        return self.numel
 
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         """Map this hyperparameter's raw slice to what training reads at ``step``."""
@@ -402,18 +416,37 @@ class Schedule(_Multiplied, HyperParameter):
                  multipliers={r"^embed": 0.1, r"^head": 1.0, r".*": 0.5})
 
     Training then reads ``{param: value}`` (per window inside the loss).
+
+    ``scales={name: pattern}`` (optional, for an optimizer argument, ``transform="log"``): one
+    tuned schedule and a tuned factor per group of parameter tensors, matched as ``groups``
+    are: a parameter of group ``g`` reads ``scale[g] * value`` (a per-layer learning rate
+    under a shared learning-rate schedule, as FDS shares hyperparameters over steps and
+    layers), those of no group the schedule itself. K = ``windows + len(scales)``, against
+    ``len(groups) * windows`` for a schedule per group; the raw values are the windows, then
+    the log of each scale (``lr[windows + g]``). The scales start at 1 (``init``: a number or
+    the windows' values; or all K values, the scales' last). ``Guards(bounds={"lr": ...})``
+    bounds the windows, ``"lr[group]"`` a group's scale (whose search box is otherwise 1/100
+    to 100)::
+
+        Schedule("lr", 0.1, "log", windows=10,
+                 scales={"embed": r"^embed", "body": r"^blocks", "head": r"^head"})
+
+    When every parameter is in a group, one direction of the K changes nothing (every scale up
+    by a factor, every window down by it); it costs nothing but is never tuned.
     """
 
     windows: int = 1
     multipliers: Mapping[str, float] | None = None
     groups: Mapping[str, str] | None = None
     default: float | None = None
+    scales: Mapping[str, str] | None = None
     kind: str = field(init=False, default="schedule")
     per_param: dict[str, float] | None = field(init=False, default=None, repr=False,
                                                compare=False)
     assignment: dict[str, int] | None = field(init=False, default=None, repr=False,
                                               compare=False)
-    """With ``groups``: parameter name -> group index, set by :meth:`bind`."""
+    """With ``groups`` or ``scales``: parameter name -> group index, set by :meth:`bind` (with
+    ``scales``, ``-1`` for a parameter of no group)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -430,37 +463,72 @@ class Schedule(_Multiplied, HyperParameter):
                                           "every trainable parameter matches a group")
         elif self.default is not None:
             raise ValueError(f"{api}: default={self.default!r} is the value of the parameters "
-                             f"that match no group; it needs groups={{name: pattern}}.")
+                             f"that match no group; it needs groups={{name: pattern}} (with "
+                             f"scales, the parameters of no group read the schedule itself).")
+        if self.scales is not None:
+            self.scales = _check_groups(f"{api}: scales", self.scales)
+            other = ("groups (a schedule per group)" if self.groups is not None else
+                     "multipliers (fixed factors)" if self.multipliers is not None else None)
+            if other is not None:
+                raise ValueError(f"{api}: takes scales (one schedule, a tuned factor per "
+                                 f"group) or {other}, not both.")
+            if self.transform != "log":
+                raise ValueError(f"{api}: scales multiply the schedule by tuned positive "
+                                 f"factors, which needs transform='log' (got "
+                                 f"{self.transform!r}): the windows and the scales are then "
+                                 f"added in log space.")
         self._check_multipliers()
 
     def shape(self) -> tuple[int, ...]:
         if self.groups is not None:
             return (len(self.groups), self.windows)
+        if self.scales is not None:
+            return (self.windows + len(self.scales),)
         return (self.windows,)
+
+    @property
+    def base_numel(self) -> int:
+        return self.windows if self.scales is not None else self.numel
 
     def _expand_init(self, v: Tensor) -> Tensor:
         if self.groups is not None and tuple(v.shape) == (self.windows,):
             return v.expand(self.shape()).clone()  # every group starts from the same windows
+        if self.scales is not None and v.ndim <= 1 and v.numel() in (1, self.windows) \
+                and tuple(v.shape) != self.shape():
+            # the windows' values, the scales at 1
+            return torch.cat([v.reshape(-1).expand(self.windows),
+                              v.new_ones(len(self.scales))])
         return v
 
     def bind(self, param_names: Sequence[str],
              params: Mapping[str, Tensor] | None = None) -> Any:
-        if self.groups is None:
+        if self.groups is None and self.scales is None:
             return super().bind(param_names, params)
         out = copy.copy(self)
-        out.assignment = _assign_groups(f"Schedule({self.name!r})", self.groups, self.default,
-                                        param_names)
+        api = f"Schedule({self.name!r})"
+        if self.scales is not None:  # the parameters of no group read the schedule itself
+            found = _assign_groups(f"{api}: scales", self.scales, 1.0, param_names)
+            out.assignment = {n: found.get(n, -1) for n in param_names}
+        else:
+            assert self.groups is not None
+            out.assignment = _assign_groups(api, self.groups, self.default, param_names)
         return out
 
     def binding(self) -> Any:
+        if self.scales is not None:
+            bound = (None if self.assignment is None else
+                     {n: g for n, g in self.assignment.items() if g >= 0})
+            return {"scales": _group_binding(self.scales, None, bound)}
         if self.groups is None:
             return super().binding()
         return _group_binding(self.groups, self.default, self.assignment)
 
     def entry_labels(self) -> list[str]:
-        return [] if self.groups is None else list(self.groups)
+        return list(self.groups if self.groups is not None else self.scales or [])
 
     def entries_of(self, label: str) -> list[int] | None:
+        if self.scales is not None and label in self.scales:
+            return [self.windows + list(self.scales).index(label)]
         if self.groups is None or label not in self.groups:
             return None
         g = list(self.groups).index(label)
@@ -481,22 +549,42 @@ class Schedule(_Multiplied, HyperParameter):
 
     def first_reads(self, horizon: int) -> list[int]:
         first = [_first_step(self, w, horizon) for w in range(self.windows)]
+        if self.scales is not None:  # every step reads the scales
+            return first + [0] * len(self.scales)
         return first * (len(self.groups) if self.groups is not None else 1)
 
     def read_at(self, step: int, horizon: int) -> list[int] | None:
         w = self.window(step, horizon)
+        if self.scales is not None:
+            return [w, *range(self.windows, self.numel)]
         return [g * self.windows + w for g in range(len(self.groups or [None]))]
 
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:
         f = TRANSFORMS[self.transform][0]
         if step is None:
+            if self.scales is not None:  # every window, scaled per parameter
+                return self._scaled(f(raw[:self.windows]), f(raw[self.windows:]))
             return self._grouped(f(raw)) if self.groups is not None else self._multiply(f(raw))
         return self.at_window(raw, self.window(step, horizon))
 
     def at_window(self, raw: Tensor, w: int) -> Any:
         """What a step in window ``w`` reads (:meth:`value` at such a step)."""
-        v = TRANSFORMS[self.transform][0](raw[..., w])
+        f = TRANSFORMS[self.transform][0]
+        if self.scales is not None:
+            return self._scaled(f(raw[w]), f(raw[self.windows:]))
+        v = f(raw[..., w])
         return self._grouped(v) if self.groups is not None else self._multiply(v)
+
+    def _scaled(self, v: Tensor, scale: Tensor) -> Any:
+        """``{param: scale[its group] * v}`` (one tensor per group), ``v`` for the parameters
+        of no group."""
+        if self.assignment is None:
+            raise ValueError(f"Schedule({self.name!r}) has scales but is not bound to a model "
+                             f"yet: build an InnerProblem with it (which binds them to the "
+                             f"model's parameters).")
+        by_group = [v * s for s in scale.unbind(0)]
+        return _PerTensorValue({p: v if g < 0 else by_group[g]
+                                for p, g in self.assignment.items()}, None)
 
     def _grouped(self, v: Tensor) -> Any:
         """``{param: v[its group]}`` (one tensor per group), the default for the others."""
@@ -1133,9 +1221,9 @@ class HyperParams:
     def named(self, values: Mapping[str, Any], horizon: int) -> dict[str, float]:
         """``{label: value}`` of described values (:meth:`describe`, or a Trainer record's
         ``hyperparams``), every entry named: a scalar as ``lr``, a schedule's windows by their
-        inner steps (``lr[steps 0-59]``), per-tensor values by the parameter's name
-        (``wd[fc1.weight]``), per-group values by the group's name (``wd[decay]``), vectors by
-        index (``cw[2]``)."""
+        inner steps (``lr[steps 0-59]``) and its scales by their groups (``lr[head]``),
+        per-tensor values by the parameter's name (``wd[fc1.weight]``), per-group values by the
+        group's name (``wd[decay]``), vectors by index (``cw[2]``)."""
         out: dict[str, float] = {}
         for it in self.items:
             # float64: a record's values are Python floats (float64); the default dtype
@@ -1152,6 +1240,8 @@ class HyperParams:
                         # that no two windows share a label (one's value was dropped)
                         span = f"steps {a}-{b}" if a <= b else f"window {w}: no step"
                         out[f"{it.name}[{g}{span}]"] = x
+                for g, x in zip(it.scales or [], flat[it.windows:]):  # tuned factors
+                    out[f"{it.name}[{g}]"] = x
             elif len(params) == len(flat) > 0:
                 for name, x in zip(params, flat):
                     out[f"{it.name}[{name}]"] = x

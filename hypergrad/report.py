@@ -171,7 +171,8 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
             groups = list(it.groups) if it.groups is not None else [""]
             for label, vec, style in (("initial", lam0, "--"), ("learned", lam, "-")):
                 # the tuned windows (before any multipliers), a row per group
-                rows = torch.as_tensor(hps.describe(vec)[it.name]).reshape(len(groups), -1)
+                rows = torch.as_tensor(hps.describe(vec)[it.name])[:it.base_numel].reshape(
+                    len(groups), -1)
                 for gi, (g, v) in enumerate(zip(groups, rows)):
                     ys = [float(v[it.window(min(t, horizon - 1), horizon)]) for t in steps]
                     name = f"{label} {g}" if g else label
@@ -179,7 +180,13 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
                             color=f"C{gi}" if g else None)
             ax.set_xlabel("inner step")
             ax.set_ylabel(it.name)
-            ax.set_title(f"{it.name}: {it.windows} windows over T = {horizon} steps")
+            title = f"{it.name}: {it.windows} windows over T = {horizon} steps"
+            if it.scales is not None:  # the learned factors per group
+                got = hps.describe(lam)[it.name]
+                assert isinstance(got, list)
+                title += "\nlearned scales " + ", ".join(
+                    f"{g} {v:.3g}" for g, v in zip(it.scales, got[it.windows:]))
+            ax.set_title(title, fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend()
         fig.tight_layout()

@@ -204,7 +204,7 @@ GRID: dict[str, GridOptimizer] = {
 
 OPTIMIZERS = tuple(GRID)
 KINDS = ("lr", "momentum", "per_tensor_wd", "per_group_wd", "schedule", "group_schedule",
-         "scaled_schedule", "per_example", "loss_param")
+         "scaled_schedule", "tuned_scales", "per_example", "loss_param")
 
 
 def grid_cases() -> list[tuple[str, str]]:
@@ -216,8 +216,8 @@ def grid_cases() -> list[tuple[str, str]]:
 def _optimizer(opt: str, kind: str) -> Optimizer:
     row = GRID[opt]
     args: dict[str, Any] = dict(row.constants)
-    args["lr"] = "lr" if kind in ("lr", "schedule", "group_schedule", "scaled_schedule") \
-        else row.lr0
+    args["lr"] = "lr" if kind in ("lr", "schedule", "group_schedule", "scaled_schedule",
+                                  "tuned_scales") else row.lr0
     if kind in ("per_tensor_wd", "per_group_wd"):
         args["weight_decay"] = "wd"
     if row.momentum is not None:
@@ -244,6 +244,9 @@ def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperPar
     if kind == "scaled_schedule":  # one schedule, the first layer at half the rate
         return Schedule("lr", lr0, windows=windows, transform="log",
                         multipliers={r"^0\.": 0.5, ".*": 1.0})
+    if kind == "tuned_scales":  # one schedule, a tuned factor on the first layer's rate
+        return Schedule("lr", [lr0] * windows + [0.7], windows=windows, transform="log",
+                        scales={"first": r"^0\."})
     if kind == "per_example":
         return PerExample("ex_w", n=n_train, init=0.5, transform="logit")
     return Array("smooth", 0.1, transform="logit")

@@ -24,7 +24,8 @@ __all__ = ["Bounds"]
 class Bounds:
     """``{name: (low, high)}`` in value space (either end may be ``None``: unbounded), for the
     hyperparameters ``hps`` in ``dtype``. One pair bounds every entry of its hyperparameter
-    (each window of a schedule, each tensor of a per-tensor value); ``"name[entry]"`` bounds
+    (each window of a schedule, each tensor of a per-tensor value; not a schedule's tuned
+    ``scales``, which are factors: ``"lr[group]"`` bounds one); ``"name[entry]"`` bounds
     one entry (by its index, ``"lr[0]"`` for a schedule's first window, or by its name,
     ``"wd[decay]"`` for a PerGroup's group, ``"wd[fc.weight]"`` for a PerTensor's parameter;
     ``"lr[out]"`` bounds every window of group ``out`` of a schedule per group), in place of
@@ -144,7 +145,10 @@ class Bounds:
 
         with torch.no_grad():
             for name, (lo, hi) in self.raw.items():
-                lam[slices[name]] = clamp(lam[slices[name]], lo, hi)
+                # the hyperparameter's own entries (a schedule's windows, not its scales)
+                sl = slices[name]
+                own = slice(sl.start, sl.start + self.hps.by_name[name].base_numel)
+                lam[own] = clamp(lam[own], lo, hi)
             for name, entries in self.entries.items():
                 start = slices[name].start
                 for i, (lo, hi) in entries.items():

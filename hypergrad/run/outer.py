@@ -99,7 +99,7 @@ def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
             i = torch.arange(n, dtype=torch.float64)
             block = torch.exp(-(i[:, None] - i[None, :]) ** 2 / (2 * (length * n) ** 2))
             block = block / torch.linalg.eigvalsh(block)[-1]
-            for row in range(at, at + it.numel, n):
+            for row in range(at, at + it.base_numel, n):  # not a schedule's scales
                 out[row:row + n, row:row + n] = block
             coupled = True
         at += it.numel
@@ -398,33 +398,43 @@ def search_box(hps: Any, raw_bounds: Any, lam0: Tensor) -> tuple[Tensor, Tensor]
     ``log`` transforms (values from init / 100 to init * 100), ``[-6, 6]`` (or wider, to hold
     the initial value) for ``logit``, ``init +- 1`` for ``identity``; a side filled so reaches
     at least half that box's width past a bound given on the other side. Each entry takes its
-    own bounds where it has them (``Guards(bounds={"lr[0]": ...})``)."""
+    own bounds where it has them (``Guards(bounds={"lr[0]": ...})``). A schedule's tuned
+    ``scales`` are filled around their own initial values (1/100 to 100 of the schedule), never
+    by the windows' pair."""
     lo = torch.empty_like(lam0)
     hi = torch.empty_like(lam0)
     for item in hps.items:
         sl = hps.slices[item.name]
-        x = lam0[sl]
-        if item.transform == "log":
-            d_lo, d_hi, width = x.min() - LOG_RANGE, x.max() + LOG_RANGE, 2 * LOG_RANGE
-        elif item.transform == "logit":
-            d_lo, d_hi, width = (torch.clamp(x.min(), max=-6.0), torch.clamp(x.max(), min=6.0),
-                                 12.0)
-        else:
-            d_lo, d_hi, width = x.min() - 1.0, x.max() + 1.0, 2.0
         whole = (raw_bounds.raw if hasattr(raw_bounds, "raw") else raw_bounds).get(
             item.name, (None, None))
         own = raw_bounds.entries.get(item.name, {}) if hasattr(raw_bounds, "entries") else {}
-        # the hyperparameter's pair on every entry, then each entry's own in its place
-        for where, (b_lo, b_hi) in [(sl, whole)] + [(sl.start + i, e) for i, e in own.items()]:
-            # a side filled by default reaches past the bound given on the other side: a
-            # logit's [-6, 6] with low=0.999 (raw 6.9) was the box [6.9, 6.9], and the value
-            # never moved
-            lo[where] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
-            hi[where] = d_hi if b_hi is None else b_hi.to(hi)
-            if b_hi is None and b_lo is not None:
-                hi[where] = torch.maximum(hi[where], lo[where] + width / 2)
-            if b_lo is None and b_hi is not None:
-                lo[where] = torch.minimum(lo[where], hi[where] - width / 2)
+        # the hyperparameter's own entries, then a schedule's scales (factors around 1: a box
+        # of their own, not the windows' bounds), each filled around its initial values; the
+        # hyperparameter's pair on its own entries, then each entry's own in its place
+        mid = sl.start + item.base_numel
+        for part, pair in ((slice(sl.start, mid), whole), (slice(mid, sl.stop), (None, None))):
+            if part.start == part.stop:
+                continue
+            x = lam0[part]
+            if item.transform == "log":
+                d_lo, d_hi, width = x.min() - LOG_RANGE, x.max() + LOG_RANGE, 2 * LOG_RANGE
+            elif item.transform == "logit":
+                d_lo, d_hi, width = (torch.clamp(x.min(), max=-6.0),
+                                     torch.clamp(x.max(), min=6.0), 12.0)
+            else:
+                d_lo, d_hi, width = x.min() - 1.0, x.max() + 1.0, 2.0
+            entries = [(sl.start + i, e) for i, e in own.items()
+                       if part.start <= sl.start + i < part.stop]
+            for where, (b_lo, b_hi) in [(part, pair)] + entries:
+                # a side filled by default reaches past the bound given on the other side: a
+                # logit's [-6, 6] with low=0.999 (raw 6.9) was the box [6.9, 6.9], and the
+                # value never moved
+                lo[where] = d_lo if b_lo is None else b_lo.to(lo)  # the bounds live on the CPU
+                hi[where] = d_hi if b_hi is None else b_hi.to(hi)
+                if b_hi is None and b_lo is not None:
+                    hi[where] = torch.maximum(hi[where], lo[where] + width / 2)
+                if b_lo is None and b_hi is not None:
+                    lo[where] = torch.minimum(lo[where], hi[where] - width / 2)
     return lo, hi
 
 

@@ -698,7 +698,9 @@ class Trainer:
         dims = 0
         for it in self.problem.hyperparams.items:
             shared = it.kind in self.search.shared_start
-            cols += [dims] * it.numel if shared else list(range(dims, dims + it.numel))
+            n = it.base_numel if shared else 0  # at one level (not a schedule's scales)
+            rest = dims + (n > 0)
+            cols += [dims] * n + list(range(rest, rest + it.numel - n))
             dims = cols[-1] + 1
         return torch.tensor(cols, dtype=torch.long)
 
