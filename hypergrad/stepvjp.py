@@ -6,8 +6,9 @@ the adjoint ``a = (a_w, a_b, a_o)`` of ``s_{t+1}``, reverse mode needs ``a^T d s
 and ``a^T d s_{t+1} / d lam`` (Franceschi et al. 2017, eq. 7-8). Two ways, equal to rounding
 (tested):
 
-- :class:`DoubleBackward` (the default): ``torch.func.vjp`` of the whole step, i.e. a backward
-  pass through the graph of the gradient (reverse-over-reverse).
+- :class:`DoubleBackward` (the default): a backward pass through the graph of the step's
+  gradient (reverse-over-reverse), on autograd directly where the loss draws no random numbers,
+  else by ``torch.func.vjp`` of the whole step.
 - :class:`MixedMode` (MixFlow-MG, Kemaev et al., ICML 2025): split the step. The update's own
   VJP (first order, elementwise) gives ``a_w``, ``a_o`` and the cotangent of the gradient
   ``u = (dU/dg)^T a``; then, by the symmetry of the joint Hessian of ``L`` in ``(w, b, lam)``,
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.func import grad, jvp, vjp
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from .problem import InnerProblem, InnerState
 
@@ -62,13 +63,43 @@ class StepVJP(abc.ABC):
 
 
 class DoubleBackward(StepVJP):
-    """``torch.func.vjp`` of the whole step (reverse-over-reverse): the graph of the step's
-    gradient is built, then differentiated backwards."""
+    """Reverse-over-reverse: the graph of the step's gradient is built, then differentiated
+    backwards.
+
+    Where the loss draws no random numbers (``problem.draws is False``: no dropout) both passes
+    run on autograd directly: the gradient by ``torch.autograd.grad(..., create_graph=True)``,
+    the update on it, then one ``torch.autograd.grad`` of the new state with the adjoint. Where
+    it draws, ``torch.func.vjp`` of the whole step (:meth:`~hypergrad.InnerProblem.step`), so
+    that its random draws are laid out as in every other differentiated pass (see
+    :meth:`~hypergrad.InnerProblem.gradient`); also for a problem class that overrides ``step``
+    or its gradient. Both routes compute the same operations (bitwise equal on the suite's
+    problems, tested to rounding); the direct one skips ``torch.func``'s wrappers, whose Python
+    took a third of a small model's step VJP (docs/benchmarks.md, "Reverse mode on autograd's
+    tape"). ``direct=False`` always takes ``torch.func.vjp`` (the route before 2026-11-28).
+
+    Example:
+        >>> DoubleBackward(), DoubleBackward(direct=False)
+        (DoubleBackward(), DoubleBackward(direct=False))
+    """
 
     name = "double_backward"
 
+    def __init__(self, direct: bool = True) -> None:
+        if not isinstance(direct, bool):
+            raise TypeError(f"DoubleBackward: direct={direct!r} must be True (autograd directly "
+                            f"where the loss draws nothing) or False (torch.func.vjp always).")
+        self.direct = direct
+
+    def __repr__(self) -> str:
+        return "DoubleBackward()" if self.direct else "DoubleBackward(direct=False)"
+
     def __call__(self, problem: InnerProblem, state: InnerState, lam: Tensor, t: int,
                  adj: InnerState) -> tuple[InnerState, Tensor]:
+        if self.direct and problem.draws is False and _plain_step(problem):
+            got = self._direct(problem, state, lam, t, adj)
+            if got is not None:
+                return got
+
         def step(s: Any, lm: Tensor) -> Any:
             return problem.step(s, lm, t)
 
@@ -76,6 +107,60 @@ class DoubleBackward(StepVJP):
             _, vjp_fn = vjp(step, state, lam)  # type: ignore[misc]
             adj_prev, dlam = vjp_fn(adj)
         return adj_prev, dlam
+
+    @staticmethod
+    def _direct(problem: InnerProblem, state: InnerState, lam: Tensor, t: int,
+                adj: InnerState, batch: Any = None) -> tuple[InnerState, Tensor] | None:
+        """The step's VJP on autograd, without function transforms (``None``: the new state is
+        not laid out as the adjoint, which ``torch.func.vjp`` then checks and explains);
+        ``batch``: step ``t``'s (default ``problem.batch(t)``; the memory count's own)."""
+        leaves, spec = tree_flatten(state)
+        ins = [v.detach().requires_grad_() if isinstance(v, Tensor) and v.is_floating_point()
+               else v for v in leaves]
+        lm = lam.detach().requires_grad_()
+        with torch.enable_grad(), problem.second_order():
+            s = tree_unflatten(ins, spec)
+            loss, new_b = problem.train_objective(s.params, s.buffers, lm, t,
+                                                  problem.batch(t) if batch is None else batch)
+            w = list(s.params.values())
+            gw = torch.autograd.grad(loss, w, create_graph=True, allow_unused=True)
+            g = {k: torch.zeros_like(v) if d is None else d
+                 for (k, v), d in zip(s.params.items(), gw)}
+            params, opt = problem.update(g, s.opt, s.params, lm, t)
+            outs, out_spec = tree_flatten(InnerState(params, new_b, opt))
+            cots, adj_spec = tree_flatten(adj)
+            if out_spec != adj_spec:
+                return None
+            pairs = [(o, a) for o, a in zip(outs, cots)
+                     if isinstance(o, Tensor) and o.requires_grad]
+            wrt = [x for x in ins if isinstance(x, Tensor) and x.requires_grad]
+            got = (torch.autograd.grad([o for o, _ in pairs], [*wrt, lm], [a for _, a in pairs],
+                                       allow_unused=True) if pairs else [None] * (len(wrt) + 1))
+        it = iter(got[:-1])
+        prev = []
+        for x in ins:
+            if isinstance(x, Tensor) and x.requires_grad:
+                d = next(it)
+                prev.append(torch.zeros_like(x) if d is None else d)
+            else:  # an integer buffer (BatchNorm's count) has no adjoint
+                prev.append(torch.zeros_like(x) if isinstance(x, Tensor) else x)
+        dlam = torch.zeros_like(lam) if got[-1] is None else got[-1]
+        return tree_unflatten(prev, spec), dlam
+
+
+def direct_route(problem: InnerProblem) -> bool:
+    """Whether a memory count of :class:`DoubleBackward` counts its direct route: the
+    problem's own step and a loss not known to draw random numbers (before any real evaluation
+    ``draws`` is ``None``, and the count takes the direct route, which holds a few percent
+    more)."""
+    return problem.draws is not True and _plain_step(problem)
+
+
+def _plain_step(problem: InnerProblem) -> bool:
+    """Whether the problem's step is :class:`~hypergrad.InnerProblem`'s own (its gradient of
+    ``train_objective``, then ``update``), which :meth:`DoubleBackward._direct` rebuilds."""
+    cls = type(problem)
+    return cls.step is InnerProblem.step and cls._gradient is InnerProblem._gradient
 
 
 class MixedMode(StepVJP):

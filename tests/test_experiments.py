@@ -124,10 +124,12 @@ def test_bench_tape_times_both_reverse_modes_with_the_same_hypergradient(tmp_pat
                   "wine_per_tensor_lr", "--json", str(tmp_path / "t.json"))
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"tape_vs_reverse median=\S+ max=\S+ \(problems 1\); tape in plain "
-                        r"runs \S+-\S+", last), last
+                        r"runs \S+-\S+; reverse direct/torch.func median=\S+ max=\S+",
+                        last), last
     (row,) = json.loads((tmp_path / "t.json").read_text())["rows"]
     assert row["problem"] == "wine_per_tensor_lr" and row["rel_diff"] < 1e-5
     assert row["tape_x_plain"] > 1 and row["reverse_x_plain"] > 1
+    assert row["reverse_func_x_plain"] > 1 and row["direct_vs_func"] > 0
 
 
 def test_profile_plain_profiles_both_steps() -> None:

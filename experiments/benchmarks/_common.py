@@ -145,7 +145,7 @@ def make_problem(name: str, k: int, *, steps: int = 100, n: int = 4 * BATCH,
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"make_problem: optimizer={optimizer!r}; choose from {OPTIMIZERS}.")
     opt = (hg.optim.sgd(lr="lr", momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
-           else getattr(hg, optimizer)(lr="lr", weight_decay=5e-4))
+           else getattr(hg.optim, optimizer)(lr="lr", weight_decay=5e-4))
     return hg.InnerProblem(model, train_loss, opt, hps, batches, steps, val_loss)
 
 

@@ -6,7 +6,9 @@ One step VJP of reverse mode at a state a few steps into training, with a random
 one call, :func:`hypergrad.measure.measure`), for each model (the benchmark MLP 64-256-256-10,
 the CNNs on 8x8 and 28x28 inputs, the MLP with BatchNorm) and optimizer (SGD with momentum and
 weight decay, Adam), float32, batch 128. Both strategies give the same VJP to rounding
-(tests/test_reverse.py).
+(tests/test_reverse.py). Double backward twice: by its direct route on autograd (the default
+since 2026-11-28, where the loss draws no random numbers) and by ``torch.func.vjp`` of the step
+(``DoubleBackward(direct=False)``, the route before; tests/test_step_vjp_routes.py).
 
     python experiments/benchmarks/bench_stepvjp.py          # full run (~3-5 min on 2 shared cores)
     python experiments/benchmarks/bench_stepvjp.py --quick  # mlp only
@@ -29,7 +31,9 @@ import hypergrad as hg  # noqa: E402
 from hypergrad.measure import measure  # noqa: E402
 from hypergrad.stepvjp import DoubleBackward, MixedMode  # noqa: E402
 
-STRATEGIES = {"double_backward": DoubleBackward, "mixed": MixedMode}
+STRATEGIES: dict[str, Any] = {"double_backward": DoubleBackward,
+                              "double_func": lambda: DoubleBackward(direct=False),
+                              "mixed": MixedMode}
 
 
 def bn_problem(optimizer: str) -> hg.InnerProblem:
@@ -93,6 +97,9 @@ def main() -> None:
                 row[f"{name}_ms"] = 1e3 * times[name]
                 row[f"{name}_mib"] = mem / 2**20
             row["mixed_x_double"] = times["mixed"] / times["double_backward"]
+            row["direct_x_func"] = times["double_backward"] / times["double_func"]
+            row["mem_direct_x_func"] = row["double_backward_mib"] / max(row["double_func_mib"],
+                                                                        1e-9)
             row["mem_mixed_x_double"] = row["mixed_mib"] / max(row["double_backward_mib"], 1e-9)
             rows.append(row)
             print(C.table([row], COLS).splitlines()[1], flush=True)
@@ -101,16 +108,22 @@ def main() -> None:
     line = (f"stepvjp time mixed/double min={min(r['mixed_x_double'] for r in rows):.2f} "
             f"max={max(r['mixed_x_double'] for r in rows):.2f}; memory mixed/double "
             f"min={min(r['mem_mixed_x_double'] for r in rows):.2f} "
-            f"max={max(r['mem_mixed_x_double'] for r in rows):.2f}")
+            f"max={max(r['mem_mixed_x_double'] for r in rows):.2f}; double backward "
+            f"direct/torch.func time min={min(r['direct_x_func'] for r in rows):.2f} "
+            f"max={max(r['direct_x_func'] for r in rows):.2f} memory "
+            f"min={min(r['mem_direct_x_func'] for r in rows):.2f} "
+            f"max={max(r['mem_direct_x_func'] for r in rows):.2f}")
     C.finish("bench_stepvjp", {"machine": mach, "rows": rows, "quick": args.quick}, args.json,
              line)
 
 
 COLS = [("optimizer", "optimizer", ""), ("model", "model", ""),
         ("plain_ms", "plain step ms", ".2f"),
-        ("double_backward_ms", "double ms", ".2f"), ("mixed_ms", "mixed ms", ".2f"),
+        ("double_backward_ms", "double ms", ".2f"), ("double_func_ms", "double func ms", ".2f"),
+        ("direct_x_func", "direct/func", ".2f"), ("mixed_ms", "mixed ms", ".2f"),
         ("mixed_x_double", "time mixed/double", ".2f"),
-        ("double_backward_mib", "double MiB", ".2f"), ("mixed_mib", "mixed MiB", ".2f"),
+        ("double_backward_mib", "double MiB", ".2f"), ("double_func_mib", "func MiB", ".2f"),
+        ("mem_direct_x_func", "mem direct/func", ".2f"), ("mixed_mib", "mixed MiB", ".2f"),
         ("mem_mixed_x_double", "mem mixed/double", ".2f")]
 
 

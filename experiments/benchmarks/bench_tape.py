@@ -1,7 +1,9 @@
 """Reverse mode on autograd's tape against reverse mode's stored-states sweep.
 
 ``ReverseMode()`` runs the inner steps plainly, keeps every state, then takes each step's VJP
-by recomputing the step under ``torch.func.vjp`` (the step runs twice). ``ReverseMode(tape=True)``
+by recomputing the step (the step runs twice): on autograd directly where the loss draws no
+random numbers (since 2026-11-28), ``torch.func.vjp`` of the step with
+``DoubleBackward(direct=False)`` (timed too: the route before). ``ReverseMode(tape=True)``
 records the run once on autograd's tape, every step's gradient with its graph, and takes
 ``dE/dlam`` in one backward pass (memory: the whole run's graph). Both give the same
 hypergradient. On the suite's small problems (experiments/suite.py, K <= 15, where the Trainer's
@@ -27,6 +29,7 @@ import _common as C  # noqa: E402
 import torch  # noqa: E402
 
 import hypergrad as hg  # noqa: E402
+from hypergrad.stepvjp import DoubleBackward  # noqa: E402
 
 QUICK = ("digits_adam_schedule", "wine_per_tensor_lr")
 
@@ -59,36 +62,45 @@ def main() -> None:
         lam = p.init_raw()
         tape, rev, fwd = (hg.ReverseMode(tape=True), hg.ReverseMode(),
                           hg.ForwardMode(compile=False))
+        func = hg.ReverseMode(step_vjp=DoubleBackward(direct=False))
 
         def plain() -> None:
             with torch.no_grad():
                 p.run(lam)
 
         fns = {"plain": plain, "reverse": lambda: rev.hypergradient(p, lam),
+               "reverse_func": lambda: func.hypergradient(p, lam),
                "tape": lambda: tape.hypergradient(p, lam),
                "forward": lambda: fwd.hypergradient(p, lam)}
         times = C.interleaved_times(fns, repeats, 1)
         g_tape, g_rev = tape.hypergradient(p, lam).grad, rev.hypergradient(p, lam).grad
+        g_func = func.hypergradient(p, lam).grad
         rows.append({"problem": name, "K": p.num_hyperparams, "T": p.steps,
                      "plain_s": times["plain"],
                      **{f"{k}_x_plain": times[k] / times["plain"]
-                        for k in ("reverse", "tape", "forward")},
+                        for k in ("reverse", "reverse_func", "tape", "forward")},
                      "tape_vs_reverse": times["tape"] / times["reverse"],
-                     "rel_diff": hg.testing.rel_err(g_tape, g_rev)})
+                     "direct_vs_func": times["reverse"] / times["reverse_func"],
+                     "rel_diff": max(hg.testing.rel_err(g_tape, g_rev),
+                                     hg.testing.rel_err(g_func, g_rev))})
         print(C.table(rows[-1:], COLS).splitlines()[1], flush=True)
     print()
     print(C.table(rows, COLS))
     r = sorted(x["tape_vs_reverse"] for x in rows)
     xs = [x["tape_x_plain"] for x in rows]
+    d = sorted(x["direct_vs_func"] for x in rows)
     line = (f"tape_vs_reverse median={r[len(r) // 2]:.2f} max={r[-1]:.2f} "
-            f"(problems {len(rows)}); tape in plain runs {min(xs):.2f}-{max(xs):.2f}")
+            f"(problems {len(rows)}); tape in plain runs {min(xs):.2f}-{max(xs):.2f}; "
+            f"reverse direct/torch.func median={d[len(d) // 2]:.2f} max={d[-1]:.2f}")
     C.finish("bench_tape", {"machine": mach, "rows": rows, "quick": args.quick}, args.json, line)
 
 
 COLS = [("problem", "problem", ""), ("K", "K", "d"), ("T", "T", "d"),
         ("plain_s", "plain s", ".3f"), ("reverse_x_plain", "reverse x plain", ".2f"),
+        ("reverse_func_x_plain", "torch.func route x plain", ".2f"),
         ("tape_x_plain", "tape x plain", ".2f"), ("forward_x_plain", "forward x plain", ".2f"),
-        ("tape_vs_reverse", "tape/reverse", ".2f"), ("rel_diff", "rel diff", ".1e")]
+        ("tape_vs_reverse", "tape/reverse", ".2f"), ("direct_vs_func", "direct/func", ".2f"),
+        ("rel_diff", "rel diff", ".1e")]
 
 
 if __name__ == "__main__":

@@ -246,6 +246,6 @@ class ReverseMode(Method, name="reverse"):
             args.append(f"truncate={self.truncate!r}")
         if self.checkpoint is not None:
             args.append(f"checkpoint={self.checkpoint!r}")
-        if not isinstance(self.step_vjp, DoubleBackward):
+        if repr(self.step_vjp) != repr(DoubleBackward()):
             args.append(f"step_vjp={self.step_vjp!r}")
         return f"ReverseMode({', '.join(args)})"
