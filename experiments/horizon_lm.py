@@ -17,6 +17,10 @@ T inner steps. Contenders, each with the same budget of process CPU seconds per 
 - ``schedulefree``: schedule-free AdamW (Defazio et al. 2024, ``schedulefree.AdamWScheduleFree``,
   its defaults and a 5% warmup), its learning rate from the same grid;
 - ``tpe``: Optuna's TPE over the recipe's parameters (peak lr, warmup, final lr, weight decay);
+- ``forward_scales``: ``forward_defaults`` with one more freedom, a tuned factor of the
+  learning rate per layer group under the one schedule (``Schedule(..., scales=LAYER_GROUPS)``:
+  K = 22 instead of 17), each factor in :data:`SCALE_BOX`; ``tpe_scales``: TPE over the
+  recipe's parameters and the same factors in the same box (the black-box counterpart);
 - ``forward_schedulefree``: hypergradients on top of the strongest baseline: the
   ``schedulefree`` contender's grid first (inside the budget), then forward mode through
   schedule-free AdamW itself (:func:`hypergrad.optim.adamw_schedulefree`, validation at its
@@ -54,11 +58,16 @@ import hypergrad as hg
 from hypergrad.tasks.charlm import charlm_task, layer_groups
 
 CONTENDERS = ("forward", "recipe", "schedulefree", "tpe", "forward_defaults",
-              "forward_schedulefree")
+              "forward_schedulefree", "forward_scales", "tpe_scales")
 FORWARD = "forward_defaults"
 """The contender ``lm_forward_vs_recipe`` is computed for (chosen before its results: the
 library's defaults are what a user runs). ``forward_schedulefree`` (added 2026-11-26, before
-any of its results) has its own ratio, ``lm_forward_schedulefree_vs_recipe``."""
+any of its results) has its own ratio, ``lm_forward_schedulefree_vs_recipe``; so does
+``forward_scales`` (added 2026-11-28, before any of its results; ``lm_forward_scales_vs_recipe``,
+and ``lm_forward_scales_vs_tpe_scales`` against TPE over the same learning-rate factors)."""
+SCALE_BOX = (0.1, 10.0)
+"""The search box of each layer group's learning-rate factor (``forward_scales``, ``tpe_scales``:
+the same for both)."""
 
 
 @dataclass
@@ -107,9 +116,12 @@ class LMStudy:
     def groups(self) -> dict[str, str]:
         return layer_groups()
 
-    def hyperparams(self) -> hg.HyperParams:
+    def hyperparams(self, scales: bool = False) -> hg.HyperParams:
+        """The forward contenders' hyperparameters (``scales``: a learning-rate factor per
+        layer group too, ``forward_scales``)."""
         return hg.HyperParams([hg.Schedule("lr", self.lr0, windows=self.windows,
-                                           transform="log"),
+                                           transform="log",
+                                           scales=self.groups() if scales else None),
                                hg.PerGroup("wd", 0.01, "log", groups=self.groups()),
                                hg.Scalar("b1", 0.9, transform="logit"),
                                hg.Scalar("b2", 0.999, transform="logit")])
@@ -117,6 +129,11 @@ class LMStudy:
     @property
     def bounds(self) -> dict[str, tuple[float, float]]:
         return {"lr": (1e-5, 0.1), "wd": (1e-5, 1.0), "b1": (0.5, 0.99), "b2": (0.9, 0.9999)}
+
+    @property
+    def scale_bounds(self) -> dict[str, tuple[float, float]]:
+        """:attr:`bounds` and each layer group's learning-rate factor's (``lr[group]``)."""
+        return {**self.bounds, **{f"lr[{g}]": SCALE_BOX for g in self.groups()}}
 
 
 def _factory(st: LMStudy) -> Any:
@@ -136,12 +153,15 @@ def lm_study(quick: bool) -> LMStudy:
 
 # -- schedules
 def lm_values(spec: dict[str, Any], t: int, T: int) -> dict[str, Any]:
-    """``{"lr", "b1", "b2", "wd": {group: value}}`` at step ``t`` of a result (of
-    ``sf_windows``: the learning rate that the schedule-free optimizer's warmup multiplies)."""
+    """``{"lr", "b1", "b2", "wd": {group: value}, "lr_scale": {group: factor}}`` at step ``t``
+    of a result (of ``sf_windows``: the learning rate that the schedule-free optimizer's warmup
+    multiplies); a layer group's learning rate is ``lr * lr_scale[group]`` (``lr_scale`` is
+    empty unless the spec tunes a factor per layer group: ``forward_scales``)."""
+    scale = dict(spec.get("lr_scale", {}))
     if spec["kind"] in ("windows", "sf_windows"):
         w = len(spec["lr"])
         return {"lr": spec["lr"][min(t * w // T, w - 1)], "b1": spec["b1"], "b2": spec["b2"],
-                "wd": spec["wd"]}
+                "wd": spec["wd"], "lr_scale": scale}
     warm = int(round(spec["warmup"] * T))
     peak, final = spec["peak"], spec["final"]
     done = (t - warm) / max(T - warm, 1)  # of the decay (experiments/lm_shapes.py's shapes too)
@@ -149,7 +169,7 @@ def lm_values(spec: dict[str, Any], t: int, T: int) -> dict[str, Any]:
           final + (peak - final) * (1 - done) if spec["kind"] == "recipe_linear" else
           peak if spec["kind"] == "recipe_constant" else
           final + 0.5 * (peak - final) * (1 + math.cos(math.pi * done)))
-    return {"lr": lr, "b1": spec["b1"], "b2": spec["b2"], "wd": spec["wd"]}
+    return {"lr": lr, "b1": spec["b1"], "b2": spec["b2"], "wd": spec["wd"], "lr_scale": scale}
 
 
 def _recipe(st: LMStudy, peak: float, warmup: float = 0.05, final: float = 0.0,
@@ -208,14 +228,16 @@ def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
         assert spec is not None
         v0 = lm_values(spec, 0, T)
         opt = torch.optim.AdamW(
-            [{"params": [named[n] for n in ps], "name": g, "weight_decay": v0["wd"][g]}
+            [{"params": [named[n] for n in ps], "name": g, "weight_decay": v0["wd"][g],
+              "lr": v0["lr"] * v0["lr_scale"].get(g, 1.0)}
              for g, ps in groups.items()], lr=v0["lr"], betas=(v0["b1"], v0["b2"]))
     params = list(net.parameters())
     for t in range(T):
         if spec is not None:
             v = lm_values(spec, t, T)
             for grp in opt.param_groups:
-                grp["lr"], grp["betas"] = v["lr"], (v["b1"], v["b2"])
+                grp["lr"] = v["lr"] * v["lr_scale"].get(grp["name"], 1.0)
+                grp["betas"] = (v["b1"], v["b2"])
                 grp["weight_decay"] = v["wd"][grp["name"]]
         x, y = p.batch(t)
         logits = net(x)
@@ -237,20 +259,35 @@ def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
 
 
 # -- the contenders
+def windows_spec(st: LMStudy, v: dict[str, Any], scales: bool = False) -> dict[str, Any]:
+    """The spec (:func:`lm_values`) of the forward contenders' values ``v``
+    (``HyperParams.describe``); ``scales``: the schedule's entries are its windows, then the
+    layer groups' learning-rate factors (``lr_scale``)."""
+    groups = list(st.groups())
+    lr = list(v["lr"])
+    spec = {"kind": "windows", "lr": lr[:st.windows], "b1": float(v["b1"]),
+            "b2": float(v["b2"]), "wd": dict(zip(groups, v["wd"], strict=True))}
+    if scales:
+        spec["lr_scale"] = dict(zip(groups, lr[st.windows:], strict=True))
+    elif len(lr) != st.windows:
+        raise ValueError(f"windows_spec: {len(lr)} learning-rate entries for {st.windows} "
+                         "windows; pass scales=True for a schedule with scales")
+    return spec
+
+
 def tune_forward(st: LMStudy, seed: int, defaults: bool = False,
-                 mode: hg.Offline | None = None) -> dict[str, Any]:
+                 mode: hg.Offline | None = None, scales: bool = False) -> dict[str, Any]:
     """Forward mode over the full horizon: the presets' sign steps (``defaults=False``) or the
     Trainer's default outer loop (``mode`` in place of its default mode: a development
-    variant's search settings, ``experiments/start_dev.py --task charlm``)."""
+    variant's search settings, ``experiments/start_dev.py --task charlm``); ``scales``: a
+    learning-rate factor per layer group too (``forward_scales``)."""
     t0 = cpu()
-    hps = st.hyperparams()
+    hps = st.hyperparams(scales)
     task = st.task(seed, hps)
-    res = fit_forward(task.problem, st.budget - (cpu() - t0), st.bounds, defaults, mode=mode)
+    res = fit_forward(task.problem, st.budget - (cpu() - t0),
+                      st.scale_bounds if scales else st.bounds, defaults, mode=mode)
     used = cpu() - t0
-    v = hps.describe(res.lam)
-    groups = list(st.groups())
-    spec = {"kind": "windows", "lr": list(v["lr"]), "b1": float(v["b1"]), "b2": float(v["b2"]),
-            "wd": dict(zip(groups, v["wd"]))}
+    spec = windows_spec(st, hps.describe(res.lam), scales)
     return {"val": res.best_val_loss, "cpu_s": used,
             "evals": len(res.history) + len(res.evaluations) + 1, "spec": spec,
             "info": forward_info(res)}
@@ -306,8 +343,14 @@ def _grid_order(grid: tuple[float, ...]) -> list[float]:
     return [grid[i] for i in order]
 
 
-def tune_tpe(st: LMStudy, seed: int, tasks: dict[int, hg.Task]) -> dict[str, Any]:
+def tune_tpe(st: LMStudy, seed: int, tasks: dict[int, hg.Task], scales: bool = False
+             ) -> dict[str, Any]:
+    """Optuna's TPE over the recipe's parameters (``scales``: and a learning-rate factor per
+    layer group in :data:`SCALE_BOX`, ``tpe_scales``), the first trial at the recipe's
+    defaults."""
     import optuna
+
+    groups = list(st.groups()) if scales else []
 
     def evaluate(tr: Any) -> tuple[float, dict[str, Any]]:
         peak = tr.suggest_float("peak", 1e-4, 0.1, log=True)
@@ -315,11 +358,15 @@ def tune_tpe(st: LMStudy, seed: int, tasks: dict[int, hg.Task]) -> dict[str, Any
         frac = tr.suggest_float("final_frac", 1e-3, 1.0, log=True)
         wd = tr.suggest_float("wd", 1e-5, 1.0, log=True)
         spec = _recipe(st, peak, warm, peak * frac, wd)
+        if groups:
+            spec["lr_scale"] = {g: tr.suggest_float(f"scale_{g}", *SCALE_BOX, log=True)
+                                for g in groups}
         return train_torch(st, seed, spec, tasks=tasks)["val"], spec
 
-    return optuna_within_budget(optuna.samplers.TPESampler(seed=seed),
-                                {"peak": st.lr0, "warmup": 0.05, "final_frac": 1e-3, "wd": 0.01},
-                                st.budget, evaluate, _recipe(st, st.lr0))
+    first: dict[str, float] = {"peak": st.lr0, "warmup": 0.05, "final_frac": 1e-3, "wd": 0.01,
+                               **{f"scale_{g}": 1.0 for g in groups}}
+    return optuna_within_budget(optuna.samplers.TPESampler(seed=seed), first, st.budget,
+                                evaluate, _recipe(st, st.lr0))
 
 
 def retrain(st: LMStudy, spec: dict[str, Any], seeds: list[int],
@@ -353,10 +400,11 @@ def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], No
             unit = f"lm/{c}/{seed}"
             if (contenders is not None and c not in contenders) or records.done(unit):
                 continue
-            if c in ("forward", "forward_defaults"):
-                got = tune_forward(st, seed, defaults=c == "forward_defaults")
-            elif c == "tpe":
-                got = tune_tpe(st, seed, tasks)
+            if c in ("forward", "forward_defaults", "forward_scales"):
+                got = tune_forward(st, seed, defaults=c != "forward",
+                                   scales=c == "forward_scales")
+            elif c in ("tpe", "tpe_scales"):
+                got = tune_tpe(st, seed, tasks, scales=c == "tpe_scales")
             elif c == "forward_schedulefree":
                 got = tune_forward_schedulefree(st, seed, tasks)
             else:
@@ -405,6 +453,14 @@ def summarize(records: Records, quick: bool) -> dict[str, Any]:
         out["lm_forward_schedulefree_vs_recipe"] = ratio_se(
             [by_c["forward_schedulefree"][s]["test_bpc"] for s in seeds],
             [by_c[out["reference"]][s]["test_bpc"] for s in seeds])
+    if "forward_scales" in by_c and "reference" in out and all(
+            s in by_c["forward_scales"] for s in seeds):
+        fs = [by_c["forward_scales"][s]["test_bpc"] for s in seeds]
+        out["lm_forward_scales_vs_recipe"] = ratio_se(
+            fs, [by_c[out["reference"]][s]["test_bpc"] for s in seeds])
+        if "tpe_scales" in by_c and all(s in by_c["tpe_scales"] for s in seeds):
+            out["lm_forward_scales_vs_tpe_scales"] = ratio_se(
+                fs, [by_c["tpe_scales"][s]["test_bpc"] for s in seeds])
     if "forward" in by_c and "reference" in out:  # the sign-step contender, for comparison
         out["lm_forward_sign_vs_recipe"] = ratio_se(
             [by_c["forward"][s]["test_bpc"] for s in seeds],
@@ -424,7 +480,8 @@ def plot(records: Records, quick: bool, path: Any) -> str | None:
     st = lm_study(quick)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {"forward": "C3", "recipe": "C1", "schedulefree": "C2", "tpe": "C4",
-              "forward_defaults": "C5", "forward_schedulefree": "C0"}
+              "forward_defaults": "C5", "forward_schedulefree": "C0", "forward_scales": "C6",
+              "tpe_scales": "C7"}
     seen = set()
     for r in sorted(rows, key=lambda r: (r["contender"], r["seed"])):
         c = r["contender"]

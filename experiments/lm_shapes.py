@@ -68,10 +68,21 @@ def main(argv: list[str] | None = None) -> int:
                     default=[1e-4 * 2**i for i in range(4, 10)])
     ap.add_argument("--seeds", type=int, nargs="+", default=[100, 101, 102])
     ap.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    ap.add_argument("--scales", type=float, nargs="+", default=None, metavar="FACTOR",
+                    help="instead of the shapes: the ``stairs`` shape at each --peaks value with "
+                         "one layer group's learning rate times each FACTOR (the other groups "
+                         "at 1), every group in turn: how far a tuned factor per layer group "
+                         "(``Schedule(..., scales=...)``, the ``forward_scales`` contender) "
+                         "reaches past the windows alone; writes lm_shapes_scales.json")
+    ap.add_argument("--combos", nargs="+", default=[], metavar="G=F,G=F",
+                    help="with --scales: also these combinations of factors (e.g. "
+                         "embed=2,mlp=0.25), one cell each")
     ap.add_argument("--quick", action="store_true", help="the study's smoke size")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "lm_shapes.json"))
     a = ap.parse_args(argv)
     st = lm_study(a.quick)
+    if a.scales is not None:
+        return scale_grid(st, a)
     out = Path(a.out)
     runs: list[dict[str, Any]] = (json.loads(out.read_text())["runs"] if out.exists() else [])
     done = {(r["shape"], r["peak"], r["seed"]) for r in runs}
@@ -93,6 +104,56 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{shape:12s} peak {peak:.4g} seed {seed}: test {got['test_bpc']:.4f} "
                       f"val {got['val_bpc']:.4f} bits/char", flush=True)
     table(runs, a.seeds)
+    return 0
+
+
+def scale_grid(st: LMStudy, a: argparse.Namespace) -> int:
+    """The ``stairs`` shape at each peak, one layer group's learning rate scaled at a time
+    (``--scales``); the table: per (group, factor) the mean test and validation bits per
+    character over the seeds and the ratio to the unscaled shape, paired by seed."""
+    out = Path(a.out).with_name(Path(a.out).stem + "_scales.json")
+    runs: list[dict[str, Any]] = (json.loads(out.read_text())["runs"] if out.exists() else [])
+    done = {(r["peak"], r["group"], r["factor"], r["seed"]) for r in runs}
+    tasks: dict[int, hg.Task] = {}
+    cells: list[tuple[float, str | None, float]] = [
+        (peak, g, f) for peak in a.peaks for g in [None, *st.groups()]
+        for f in ([1.0] if g is None else a.scales)]
+    cells += [(peak, c, 1.0) for peak in a.peaks for c in a.combos]
+    for seed in a.seeds:
+        for peak, g, f in cells:
+            if (peak, g, f, seed) in done:
+                continue
+            t0 = time.process_time()
+            spec = spec_of(st, "stairs", peak)
+            assert spec is not None
+            if g is not None and "=" in g:  # a combination (--combos)
+                spec["lr_scale"] = {k: float(v) for k, v in
+                                    (kv.split("=") for kv in g.split(","))}
+            elif g is not None:
+                spec["lr_scale"] = {g: f}
+            got = train_torch(st, seed, spec, tasks=tasks)
+            runs.append({"peak": peak, "group": g, "factor": f, "seed": seed,
+                         "cpu_s": time.process_time() - t0, **got})
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"T": st.T, "quick": a.quick, "runs": runs}, indent=1))
+            print(f"stairs peak {peak:.4g} {g or '-'} x{f:g} seed {seed}: test "
+                  f"{got['test_bpc']:.4f} val {got['val_bpc']:.4f} bits/char", flush=True)
+    print(f"\n{'peak':>8s} {'group':10s} {'factor':>6s} {'test bpc':>9s} {'val bpc':>9s} "
+          f"{'test / unscaled':>16s}")
+    for peak, g, f in cells:
+        rs = {r["seed"]: r for r in runs if (r["peak"], r["group"], r["factor"]) == (peak, g, f)
+              and r["seed"] in a.seeds}
+        base = {r["seed"]: r for r in runs if (r["peak"], r["group"]) == (peak, None)
+                and r["seed"] in a.seeds}
+        if len(rs) < len(a.seeds) or len(base) < len(a.seeds):
+            continue
+        test = sum(r["test_bpc"] for r in rs.values()) / len(rs)
+        val = sum(r["val_bpc"] for r in rs.values()) / len(rs)
+        ratios = [rs[s]["test_bpc"] / base[s]["test_bpc"] for s in a.seeds]
+        m = sum(ratios) / len(ratios)
+        se = (sum((x - m) ** 2 for x in ratios) / max(len(ratios) - 1, 1) / len(ratios)) ** 0.5
+        print(f"{peak:8.4g} {g or '-':10s} {f:6g} {test:9.4f} {val:9.4f} "
+              f"{m:10.4f} ± {se:.4f}")
     return 0
 
 

@@ -191,6 +191,8 @@ def test_long_horizon_quick(tmp_path: Path) -> None:
         assert f"{key}_se" in s and s[key] is not None and s[key] > 0
     assert s["seeds"] == 1 and s["lm_seeds"] == 1 and s["T_max"] == 100
     assert payload["lm"]["lm_forward_schedulefree_vs_recipe"][0] > 0
+    assert payload["lm"]["lm_forward_scales_vs_recipe"][0] > 0
+    assert payload["lm"]["lm_forward_scales_vs_tpe_scales"][0] > 0
     teacher = payload["schedule"]["teacher"]  # the Trainer's defaults, beside the sign steps
     assert "forward_defaults" in teacher["table"] and teacher["defaults_vs_best"][0] > 0
     for png in payload["plots"]:
@@ -370,6 +372,93 @@ def test_a_schedule_free_result_retrains_as_the_package_at_its_grid_point() -> N
     assert train_torch(st, 0, other, tasks=tasks)["val"] != ref["val"]
     decay = dict(spec, wd={**spec["wd"], groups[0]: 0.5})
     assert train_torch(st, 0, decay, tasks=tasks)["val"] != ref["val"]
+
+
+def test_forward_scales_result_retrains_with_the_library_s_rates_per_layer_group() -> None:
+    """forward_scales' spec (``windows_spec``) gives every parameter at every step the learning
+    rate and weight decay the library's hyperparameters give it (window times its group's
+    factor); the plain PyTorch retraining reads the factors: all at 1 is the run without them,
+    one group's factor changes it."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        from horizon_lm import _param_groups, lm_study, lm_values, train_torch, windows_spec
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    st = lm_study(True)
+    task = st.task(0, st.hyperparams(scales=True))
+    hps = task.problem.hyperparams  # bound to the model
+    k = task.problem.num_hyperparams
+    assert k == st.windows + 2 * len(st.groups()) + 2
+    g = torch.Generator().manual_seed(0)
+    lam = task.problem.init_raw() + 0.5 * torch.randn(k, generator=g)
+    spec = windows_spec(st, hps.describe(lam), scales=True)
+    assert set(spec["lr_scale"]) == set(st.groups()) and len(spec["lr"]) == st.windows
+    per_group = _param_groups(task)
+    for t in (0, st.T // 2, st.T - 1):
+        lib = hps.values(lam, t, st.T)
+        mine = lm_values(spec, t, st.T)
+        for grp, names in per_group.items():
+            for n in names:
+                assert mine["lr"] * mine["lr_scale"][grp] == pytest.approx(
+                    float(lib["lr"][n]), rel=1e-6)
+                assert mine["wd"][grp] == pytest.approx(float(lib["wd"][n]), rel=1e-6)
+    with pytest.raises(ValueError, match="pass scales=True"):
+        windows_spec(st, hps.describe(lam), scales=False)
+    tasks: dict[int, Any] = {}
+    plain = {k: v for k, v in spec.items() if k != "lr_scale"}
+    ref = train_torch(st, 0, plain, tasks=tasks)
+    ones = dict(plain, lr_scale=dict.fromkeys(st.groups(), 1.0))
+    assert train_torch(st, 0, ones, tasks=tasks) == ref
+    embed = dict(plain, lr_scale={"embed": 3.0})
+    assert train_torch(st, 0, embed, tasks=tasks)["val"] != ref["val"]
+
+
+def test_lm_shapes_scale_grid_scales_one_group_at_a_time(tmp_path: Path) -> None:
+    """``experiments/lm_shapes.py --scales``: the unscaled stairs, each layer group at each
+    factor and each ``--combos`` cell, once per seed (a rerun trains nothing new); a factor of 1
+    is the unscaled run."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import lm_shapes
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    out = tmp_path / "shapes.json"
+    args = ["--quick", "--seeds", "100", "--peaks", "0.003", "--scales", "1", "--combos",
+            "embed=2,head=0.5", "--out", str(out)]
+    assert lm_shapes.main(args) == 0
+    runs = json.loads((tmp_path / "shapes_scales.json").read_text())["runs"]
+    groups = [None, "embed", "attention", "mlp", "head", "norm_bias", "embed=2,head=0.5"]
+    assert [r["group"] for r in runs] == groups
+    assert len({r["test_bpc"] for r in runs[:-1]}) == 1  # every factor 1: the same run
+    assert runs[-1]["test_bpc"] != runs[0]["test_bpc"]
+    assert lm_shapes.main(args) == 0
+    assert json.loads((tmp_path / "shapes_scales.json").read_text())["runs"] == runs
+
+
+def test_lm_roughness_agrees_with_central_differences_on_a_short_horizon(tmp_path: Path
+                                                                         ) -> None:
+    """``experiments/lm_roughness.py`` at the smoke size and 10 inner steps: the loss is smooth
+    there, so every central difference is within 10 % of the hypergradient and the last line
+    counts every pair as agreeing; a rerun trains nothing new; an unknown entry is named."""
+    out = tmp_path / "rough.json"
+    cmd = [sys.executable, str(ROOT / "experiments" / "lm_roughness.py"), "--quick", "--seeds",
+           "0", "--T", "10", "--entries", "lr[0]", "lr[head]", "b1", "--out", str(out)]
+    got = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-3000:]
+    last = got.stdout.strip().splitlines()[-1]
+    assert last == "lm_roughness T=10 agree_small=3/3 agree_large=3/3"
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["seed"], r["T"]) for r in rows] == [(0, 10)]
+    for e in rows[0]["entries"].values():
+        assert e["hypergradient"] != 0
+        for d in e["central"].values():
+            assert d == pytest.approx(e["hypergradient"], rel=0.1)
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and json.loads(out.read_text())["rows"] == rows
+    assert "hypergradient" not in again.stdout.split("central difference")[0]
+    bad = subprocess.run(cmd[:-6] + ["--entries", "lr[nope]", "--out", str(tmp_path / "b.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--entries ['lr[nope]'] are not entries" in bad.stderr
 
 
 def test_lm_shapes_schedules_and_its_resumable_records(tmp_path: Path) -> None:
