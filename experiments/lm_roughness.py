@@ -1,0 +1,155 @@
+"""Does the exact hypergradient predict what a step of useful length does on the long-horizon
+study's language model (issue 26)? At the study's starting point (``forward_scales``'
+hyperparameters: 10 learning-rate windows, a factor per layer group, a weight decay per layer
+group, both betas; T = 1000 AdamW steps), forward mode's hypergradient of the validation loss
+against central differences of the same loss (the same initial weights, batches and dropout
+draws: the function the hypergradient differentiates) with steps ``h`` from 1e-3 to 0.3 in the
+raw (log / logit) coordinates, one entry at a time.
+
+If the validation loss is smooth at the scale of an outer step, the differences agree with the
+hypergradient at every ``h``; if it is rough (a long unrolled run's known pathology), they agree
+at small ``h`` only and the hypergradient does not tell a step of useful length which way to go.
+
+    python experiments/lm_roughness.py [--seeds 0 1] [--entries ...] [--quick]
+
+writes ``experiments/results/lm_roughness.json`` (resumable: one record per seed) and prints a
+table and a last line ``lm_roughness T=<T> agree_small=<a>/<n> agree_large=<b>/<n>`` (at the
+longest horizon run, how many (seed, entry) pairs have the sign of the hypergradient at the
+smallest h, and at every h >= 0.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from horizon_lm import lm_study  # noqa: E402
+
+import hypergrad as hg  # noqa: E402
+
+STEPS = (1e-3, 1e-2, 3e-2, 0.1, 0.3)
+ENTRIES = ("lr[0]", "lr[5]", "lr[embed]", "lr[mlp]", "lr[head]", "b1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--entries", nargs="+", default=list(ENTRIES))
+    ap.add_argument("--steps", type=float, nargs="+", default=list(STEPS))
+    ap.add_argument("--T", type=int, nargs="+", default=None,
+                    help="inner steps (default: the study's); several: each in turn, for the "
+                         "roughness against the horizon")
+    ap.add_argument("--quick", action="store_true", help="the study's smoke size")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" /
+                                         "lm_roughness.json"))
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    rows: list[dict[str, Any]] = json.loads(out.read_text())["rows"] if out.exists() else []
+    done = {(r["seed"], r["T"]) for r in rows}
+    horizons = a.T or [lm_study(a.quick).T]
+    for seed, T in [(s, T) for T in horizons for s in a.seeds]:
+        st = lm_study(a.quick)
+        st.T = T
+        if (seed, T) in done:
+            continue
+        task = st.task(seed, st.hyperparams(scales=True))
+        p = task.problem
+        names = p.hyperparams.named(p.hyperparams.describe(p.init_raw()), st.T)
+        index = _index(list(names), st)
+        missing = [e for e in a.entries if e not in index]
+        if missing:
+            raise SystemExit(f"lm_roughness: --entries {missing} are not entries of the "
+                             f"study's hyperparameters; choose from {sorted(index)}")
+        lam0 = p.init_raw()
+        t0 = time.process_time()
+        hgrad = hg.ForwardMode().hypergradient(p, lam0)
+        hg_s = time.process_time() - t0
+
+        def val(lam: torch.Tensor) -> float:
+            s = p.run(lam)
+            with torch.no_grad():
+                return float(p.objective(s.params, s.buffers, lam))
+
+        base = val(lam0)
+        row: dict[str, Any] = {"seed": seed, "T": st.T, "val": base,
+                               "hypergradient_cpu_s": hg_s, "entries": {}}
+        for e in a.entries:
+            i = index[e]
+            diffs = {}
+            for h in a.steps:
+                up, down = lam0.clone(), lam0.clone()
+                up[i] += h
+                down[i] -= h
+                diffs[str(h)] = (val(up) - val(down)) / (2 * h)
+            row["entries"][e] = {"hypergradient": float(hgrad.grad[i]), "central": diffs}
+            print(f"T {T} seed {seed} {e:10s} hypergradient {float(hgrad.grad[i]):+.4f}  " +
+                  "  ".join(f"h={h:g}: {d:+.4f}" for h, d in
+                            zip(a.steps, diffs.values())), flush=True)
+        rows.append(row)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"quick": a.quick, "steps": a.steps, "rows": rows},
+                                  indent=1))
+    table(rows)
+    small, large, n = summary([r for r in rows if r["T"] == max(horizons)], a.steps)
+    print(f"lm_roughness T={max(horizons)} agree_small={small}/{n} agree_large={large}/{n}")
+    return 0
+
+
+def table(rows: list[dict[str, Any]]) -> None:
+    """Per T and entry, over the seeds: the hypergradient and each step's central difference,
+    both as their ratio to the hypergradient (1: the difference agrees)."""
+    for T in sorted({r["T"] for r in rows}):
+        rs = [r for r in rows if r["T"] == T]
+        steps = list(rs[0]["entries"][next(iter(rs[0]["entries"]))]["central"])
+        print(f"\nT = {T}, seeds {[r['seed'] for r in rs]}: central difference / hypergradient")
+        print(f"{'entry':12s}" + "".join(f"{'h=' + h:>14s}" for h in steps))
+        for e in rs[0]["entries"]:
+            cells = []
+            for h in steps:
+                q = [r["entries"][e]["central"][h] / r["entries"][e]["hypergradient"]
+                     for r in rs if e in r["entries"] and r["entries"][e]["hypergradient"]]
+                cells.append(" ".join(f"{x:+.2f}" for x in q))
+            print(f"{e:12s}" + "".join(f"{c:>14s}" for c in cells))
+
+
+def _index(named: list[str], st: Any) -> dict[str, int]:
+    """Raw index of each entry label: the names ``HyperParams.named`` gives (``lr[steps a-b]``
+    per window, ``lr[group]`` per factor, ``wd[group]``, ``b1``), windows renamed ``lr[w]``."""
+    out: dict[str, int] = {}
+    w = 0
+    for i, n in enumerate(named):
+        if n.startswith("lr[steps"):
+            out[f"lr[{w}]"] = i
+            w += 1
+        else:
+            out[n] = i
+    return out
+
+
+def summary(rows: list[dict[str, Any]], steps: list[float]) -> tuple[int, int, int]:
+    """(pairs whose difference at the smallest step has the hypergradient's sign, pairs whose
+    differences at every step >= 0.1 have it, pairs)."""
+    small = large = n = 0
+    lo = str(min(steps))
+    for r in rows:
+        for e in r["entries"].values():
+            g, c = e["hypergradient"], e["central"]
+            n += 1
+            small += math.copysign(1, c[lo]) == math.copysign(1, g)
+            big = [v for h, v in c.items() if float(h) >= 0.1]
+            large += bool(big) and all(math.copysign(1, v) == math.copysign(1, g) for v in big)
+    return small, large, n
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
