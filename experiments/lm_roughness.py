@@ -48,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--T", type=int, nargs="+", default=None,
                     help="inner steps (default: the study's); several: each in turn, for the "
                          "roughness against the horizon")
+    ap.add_argument("--smooth", type=int, default=0, metavar="N",
+                    help="instead: the hypergradient averaged over N points drawn around the "
+                         "start (raw coordinates plus --sigma times a standard normal draw, "
+                         "every entry at once): the slope a step of about sigma sees; written "
+                         "to <out>_smoothed.json, compared there with the central differences")
+    ap.add_argument("--sigma", type=float, default=0.1)
     ap.add_argument("--quick", action="store_true", help="the study's smoke size")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" /
                                          "lm_roughness.json"))
@@ -57,19 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = json.loads(out.read_text())["rows"] if out.exists() else []
     done = {(r["seed"], r["T"]) for r in rows}
     horizons = a.T or [lm_study(a.quick).T]
+    if a.smooth:
+        return smoothed(a, horizons, out.with_name(out.stem + "_smoothed.json"), rows)
     for seed, T in [(s, T) for T in horizons for s in a.seeds]:
         st = lm_study(a.quick)
         st.T = T
         if (seed, T) in done:
             continue
-        task = st.task(seed, st.hyperparams(scales=True))
-        p = task.problem
-        names = p.hyperparams.named(p.hyperparams.describe(p.init_raw()), st.T)
-        index = _index(list(names), st)
-        missing = [e for e in a.entries if e not in index]
-        if missing:
-            raise SystemExit(f"lm_roughness: --entries {missing} are not entries of the "
-                             f"study's hyperparameters; choose from {sorted(index)}")
+        p, index = _problem(a, seed, T)
         lam0 = p.init_raw()
         t0 = time.process_time()
         hgrad = hg.ForwardMode().hypergradient(p, lam0)
@@ -102,6 +103,54 @@ def main(argv: list[str] | None = None) -> int:
     table(rows)
     small, large, n = summary([r for r in rows if r["T"] == max(horizons)], a.steps)
     print(f"lm_roughness T={max(horizons)} agree_small={small}/{n} agree_large={large}/{n}")
+    return 0
+
+
+def _problem(a: argparse.Namespace, seed: int, T: int) -> tuple[Any, dict[str, int]]:
+    st = lm_study(a.quick)
+    st.T = T
+    p = st.task(seed, st.hyperparams(scales=True)).problem
+    index = _index(list(p.hyperparams.named(p.hyperparams.describe(p.init_raw()), T)), st)
+    missing = [e for e in a.entries if e not in index]
+    if missing:
+        raise SystemExit(f"lm_roughness: --entries {missing} are not entries of the study's "
+                         f"hyperparameters; choose from {sorted(index)}")
+    return p, index
+
+
+def smoothed(a: argparse.Namespace, horizons: list[int], path: Path,
+             rows: list[dict[str, Any]]) -> int:
+    """``--smooth N``: per (seed, T) the mean of N hypergradients at points drawn around the
+    start (seeded by the seed), per entry beside its central differences where ``rows`` has
+    them; one record per (seed, T), resumable."""
+    got: list[dict[str, Any]] = json.loads(path.read_text())["rows"] if path.exists() else []
+    for seed, T in [(s, T) for T in horizons for s in a.seeds]:
+        if any((r["seed"], r["T"], r["sigma"], r["samples"]) == (seed, T, a.sigma, a.smooth)
+               for r in got):
+            continue
+        p, index = _problem(a, seed, T)
+        lam0 = p.init_raw()
+        g = torch.Generator().manual_seed(10_000 + seed)
+        each: dict[str, list[float]] = {e: [] for e in a.entries}
+        for _ in range(a.smooth):
+            lam = lam0 + a.sigma * torch.randn(lam0.shape, generator=g, dtype=lam0.dtype)
+            grad = hg.ForwardMode().hypergradient(p, lam).grad
+            for e in a.entries:
+                each[e].append(float(grad[index[e]]))
+        got.append({"seed": seed, "T": T, "sigma": a.sigma, "samples": a.smooth,
+                    "mean": {e: sum(v) / len(v) for e, v in each.items()}, "each": each})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": got}, indent=1))
+    print(f"{'T':>5s} {'seed':>4s} {'entry':12s} {'at start':>9s} {'smoothed':>9s} "
+          f"{'difference h=0.1':>17s} {'h=0.3':>8s}")
+    for r in got:
+        base = next((b for b in rows if (b["seed"], b["T"]) == (r["seed"], r["T"])), None)
+        for e, m in r["mean"].items():
+            c = base["entries"].get(e) if base else None
+            cells = (f"{c['hypergradient']:+9.4f}", f"{c['central'].get('0.1', math.nan):+17.4f}",
+                     f"{c['central'].get('0.3', math.nan):+8.4f}") if c else ("", "", "")
+            print(f"{r['T']:5d} {r['seed']:4d} {e:12s} {cells[0]:>9s} {m:+9.4f} {cells[1]:>17s} "
+                  f"{cells[2]:>8s}")
     return 0
 
 

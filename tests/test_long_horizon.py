@@ -456,6 +456,14 @@ def test_lm_roughness_agrees_with_central_differences_on_a_short_horizon(tmp_pat
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and json.loads(out.read_text())["rows"] == rows
     assert "hypergradient" not in again.stdout.split("central difference")[0]
+    smooth = subprocess.run(cmd + ["--smooth", "2", "--sigma", "0.05"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert smooth.returncode == 0, smooth.stderr[-3000:]
+    sm = json.loads((tmp_path / "rough_smoothed.json").read_text())["rows"]
+    assert [(r["seed"], r["T"], r["samples"], r["sigma"]) for r in sm] == [(0, 10, 2, 0.05)]
+    for e, m in sm[0]["mean"].items():  # smooth here: the mean is near the slope at the start
+        assert len(set(sm[0]["each"][e])) == 2 and m == pytest.approx(sum(sm[0]["each"][e]) / 2)
+        assert m == pytest.approx(rows[0]["entries"][e]["hypergradient"], rel=0.1)
     bad = subprocess.run(cmd[:-6] + ["--entries", "lr[nope]", "--out", str(tmp_path / "b.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "--entries ['lr[nope]'] are not entries" in bad.stderr
