@@ -21,6 +21,9 @@ T inner steps. Contenders, each with the same budget of process CPU seconds per 
   learning rate per layer group under the one schedule (``Schedule(..., scales=LAYER_GROUPS)``:
   K = 22 instead of 17), each factor in :data:`SCALE_BOX`; ``tpe_scales``: TPE over the
   recipe's parameters and the same factors in the same box (the black-box counterpart);
+  ``forward_scales_sign``: the same hyperparameters as ``forward_scales`` with ``forward``'s
+  sign steps (at this horizon the hypergradient's signs mostly agree with the loss's slope over
+  a step, its magnitudes do not: ``experiments/lm_roughness.py``);
 - ``forward_schedulefree``: hypergradients on top of the strongest baseline: the
   ``schedulefree`` contender's grid first (inside the budget), then forward mode through
   schedule-free AdamW itself (:func:`hypergrad.optim.adamw_schedulefree`, validation at its
@@ -58,13 +61,15 @@ import hypergrad as hg
 from hypergrad.tasks.charlm import charlm_task, layer_groups
 
 CONTENDERS = ("forward", "recipe", "schedulefree", "tpe", "forward_defaults",
-              "forward_schedulefree", "forward_scales", "tpe_scales")
+              "forward_schedulefree", "forward_scales", "tpe_scales", "forward_scales_sign")
 FORWARD = "forward_defaults"
 """The contender ``lm_forward_vs_recipe`` is computed for (chosen before its results: the
 library's defaults are what a user runs). ``forward_schedulefree`` (added 2026-11-26, before
 any of its results) has its own ratio, ``lm_forward_schedulefree_vs_recipe``; so does
 ``forward_scales`` (added 2026-11-28, before any of its results; ``lm_forward_scales_vs_recipe``,
-and ``lm_forward_scales_vs_tpe_scales`` against TPE over the same learning-rate factors)."""
+and ``lm_forward_scales_vs_tpe_scales`` against TPE over the same learning-rate factors), and
+``forward_scales_sign`` (added 2026-11-28 after forward_scales' and tpe_scales' results and
+``experiments/lm_roughness.py``'s, before any of its own; ``lm_forward_scales_sign_vs_recipe``)."""
 SCALE_BOX = (0.1, 10.0)
 """The search box of each layer group's learning-rate factor (``forward_scales``, ``tpe_scales``:
 the same for both)."""
@@ -400,9 +405,9 @@ def run(records: Records, quick: bool, seeds: list[int], log: Callable[[str], No
             unit = f"lm/{c}/{seed}"
             if (contenders is not None and c not in contenders) or records.done(unit):
                 continue
-            if c in ("forward", "forward_defaults", "forward_scales"):
-                got = tune_forward(st, seed, defaults=c != "forward",
-                                   scales=c == "forward_scales")
+            if c in ("forward", "forward_defaults", "forward_scales", "forward_scales_sign"):
+                got = tune_forward(st, seed, defaults=c in ("forward_defaults", "forward_scales"),
+                                   scales=c.startswith("forward_scales"))
             elif c in ("tpe", "tpe_scales"):
                 got = tune_tpe(st, seed, tasks, scales=c == "tpe_scales")
             elif c == "forward_schedulefree":
@@ -461,6 +466,11 @@ def summarize(records: Records, quick: bool) -> dict[str, Any]:
         if "tpe_scales" in by_c and all(s in by_c["tpe_scales"] for s in seeds):
             out["lm_forward_scales_vs_tpe_scales"] = ratio_se(
                 fs, [by_c["tpe_scales"][s]["test_bpc"] for s in seeds])
+    if "forward_scales_sign" in by_c and "reference" in out and all(
+            s in by_c["forward_scales_sign"] for s in seeds):
+        out["lm_forward_scales_sign_vs_recipe"] = ratio_se(
+            [by_c["forward_scales_sign"][s]["test_bpc"] for s in seeds],
+            [by_c[out["reference"]][s]["test_bpc"] for s in seeds])
     if "forward" in by_c and "reference" in out:  # the sign-step contender, for comparison
         out["lm_forward_sign_vs_recipe"] = ratio_se(
             [by_c["forward"][s]["test_bpc"] for s in seeds],
@@ -481,7 +491,7 @@ def plot(records: Records, quick: bool, path: Any) -> str | None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {"forward": "C3", "recipe": "C1", "schedulefree": "C2", "tpe": "C4",
               "forward_defaults": "C5", "forward_schedulefree": "C0", "forward_scales": "C6",
-              "tpe_scales": "C7"}
+              "tpe_scales": "C7", "forward_scales_sign": "C8"}
     seen = set()
     for r in sorted(rows, key=lambda r: (r["contender"], r["seed"])):
         c = r["contender"]

@@ -190,7 +190,7 @@ def tables(payload: dict[str, Any]) -> str:
                        f"{r['evals']:>8.0f}{r['cpu_s']:>8.0f}")
         for k in ("lm_forward_vs_recipe", "lm_forward_vs_tpe", "lm_forward_sign_vs_recipe",
                   "lm_forward_schedulefree_vs_recipe", "lm_forward_scales_vs_recipe",
-                  "lm_forward_scales_vs_tpe_scales"):
+                  "lm_forward_scales_vs_tpe_scales", "lm_forward_scales_sign_vs_recipe"):
             if k in lm:
                 out.append(f"{k} = {_pm(lm[k], '.3f')}")
     return "\n".join(out)

@@ -193,6 +193,7 @@ def test_long_horizon_quick(tmp_path: Path) -> None:
     assert payload["lm"]["lm_forward_schedulefree_vs_recipe"][0] > 0
     assert payload["lm"]["lm_forward_scales_vs_recipe"][0] > 0
     assert payload["lm"]["lm_forward_scales_vs_tpe_scales"][0] > 0
+    assert payload["lm"]["lm_forward_scales_sign_vs_recipe"][0] > 0
     teacher = payload["schedule"]["teacher"]  # the Trainer's defaults, beside the sign steps
     assert "forward_defaults" in teacher["table"] and teacher["defaults_vs_best"][0] > 0
     for png in payload["plots"]:
