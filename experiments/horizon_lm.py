@@ -216,6 +216,10 @@ def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
     net.train()
     named = dict(net.named_parameters())
     groups = _param_groups(task)
+    unknown = sorted(set(spec.get("lr_scale", {}) if spec is not None else {}) - set(groups))
+    if unknown:
+        raise ValueError(f"train_torch: lr_scale names {unknown}, which are not layer groups "
+                         f"of the model; use {sorted(groups)}")
     T = st.T
     torch.manual_seed(seed + 7919)  # dropout draws
     sf = schedulefree_lr is not None or (spec is not None and spec["kind"] == "sf_windows")

@@ -412,6 +412,8 @@ def test_forward_scales_result_retrains_with_the_library_s_rates_per_layer_group
     assert train_torch(st, 0, ones, tasks=tasks) == ref
     embed = dict(plain, lr_scale={"embed": 3.0})
     assert train_torch(st, 0, embed, tasks=tasks)["val"] != ref["val"]
+    with pytest.raises(ValueError, match=r"lr_scale names \['emb'\], which are not layer"):
+        train_torch(st, 0, dict(plain, lr_scale={"emb": 3.0}), tasks=tasks)
 
 
 def test_lm_shapes_scale_grid_scales_one_group_at_a_time(tmp_path: Path) -> None:
