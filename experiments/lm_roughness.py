@@ -66,8 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.smooth:
         return smoothed(a, horizons, out.with_name(out.stem + "_smoothed.json"), rows)
     for seed, T in [(s, T) for T in horizons for s in a.seeds]:
-        st = lm_study(a.quick)
-        st.T = T
         if (seed, T) in done:
             continue
         p, index = _problem(a, seed, T)
@@ -77,12 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         hg_s = time.process_time() - t0
 
         def val(lam: torch.Tensor) -> float:
-            s = p.run(lam)
-            with torch.no_grad():
-                return float(p.objective(s.params, s.buffers, lam))
+            return float(hg.FiniteDifference().objective_at(p, lam))
 
         base = val(lam0)
-        row: dict[str, Any] = {"seed": seed, "T": st.T, "val": base,
+        row: dict[str, Any] = {"seed": seed, "T": T, "val": base,
                                "hypergradient_cpu_s": hg_s, "entries": {}}
         for e in a.entries:
             i = index[e]
@@ -110,7 +106,7 @@ def _problem(a: argparse.Namespace, seed: int, T: int) -> tuple[Any, dict[str, i
     st = lm_study(a.quick)
     st.T = T
     p = st.task(seed, st.hyperparams(scales=True)).problem
-    index = _index(list(p.hyperparams.named(p.hyperparams.describe(p.init_raw()), T)), st)
+    index = _index(list(p.hyperparams.named(p.hyperparams.describe(p.init_raw()), T)))
     missing = [e for e in a.entries if e not in index]
     if missing:
         raise SystemExit(f"lm_roughness: --entries {missing} are not entries of the study's "
@@ -171,7 +167,7 @@ def table(rows: list[dict[str, Any]]) -> None:
             print(f"{e:12s}" + "".join(f"{c:>14s}" for c in cells))
 
 
-def _index(named: list[str], st: Any) -> dict[str, int]:
+def _index(named: list[str]) -> dict[str, int]:
     """Raw index of each entry label: the names ``HyperParams.named`` gives (``lr[steps a-b]``
     per window, ``lr[group]`` per factor, ``wd[group]``, ``b1``), windows renamed ``lr[w]``."""
     out: dict[str, int] = {}
