@@ -11,6 +11,7 @@ hypergradient at every ``h``; if it is rough (a long unrolled run's known pathol
 at small ``h`` only and the hypergradient does not tell a step of useful length which way to go.
 
     python experiments/lm_roughness.py [--seeds 0 1] [--entries ...] [--quick]
+    python experiments/lm_roughness.py --seeds 0 1 --T 1000 --mu 0.99 0.997   # discounted
 
 writes ``experiments/results/lm_roughness.json`` (resumable: one record per seed) and prints a
 table and a last line ``lm_roughness T=<T> agree_small=<a>/<n> agree_large=<b>/<n>`` (at the
@@ -54,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
                          "every entry at once): the slope a step of about sigma sees; written "
                          "to <out>_smoothed.json, compared there with the central differences")
     ap.add_argument("--sigma", type=float, default=0.1)
+    ap.add_argument("--mu", type=float, nargs="+", default=None,
+                    help="instead: the discounted hypergradient of MARTHE(mu) at the end of the "
+                         "run (tangents multiplied by mu before every step: an effect older than "
+                         "about 1/(1-mu) steps fades), per mu, beside the recorded central "
+                         "differences; written to <out>_mu.json")
     ap.add_argument("--quick", action="store_true", help="the study's smoke size")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" /
                                          "lm_roughness.json"))
@@ -65,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     horizons = a.T or [lm_study(a.quick).T]
     if a.smooth:
         return smoothed(a, horizons, out.with_name(out.stem + "_smoothed.json"), rows)
+    if a.mu:
+        return discounted(a, horizons, out.with_name(out.stem + "_mu.json"), rows)
     for seed, T in [(s, T) for T in horizons for s in a.seeds]:
         if (seed, T) in done:
             continue
@@ -147,6 +155,57 @@ def smoothed(a: argparse.Namespace, horizons: list[int], path: Path,
                      f"{c['central'].get('0.3', math.nan):+8.4f}") if c else ("", "", "")
             print(f"{r['T']:5d} {r['seed']:4d} {e:12s} {cells[0]:>9s} {m:+9.4f} {cells[1]:>17s} "
                   f"{cells[2]:>8s}")
+    return 0
+
+
+def discounted(a: argparse.Namespace, horizons: list[int], path: Path,
+               rows: list[dict[str, Any]]) -> int:
+    """``--mu M..``: per (seed, T, mu) MARTHE(mu)'s hypergradient at the end of the run at the
+    start, per entry, compared with the central differences ``rows`` has for that (seed, T);
+    one record per (seed, T, mu), resumable. Last line: at the longest horizon, per mu, how
+    many (seed, entry) pairs have the sign of the differences at every h >= 0.1, and the median
+    ratio of the difference at h = 0.1 to the hypergradient."""
+    got: list[dict[str, Any]] = json.loads(path.read_text())["rows"] if path.exists() else []
+    for mu, seed, T in [(m, s, T) for m in a.mu for T in horizons for s in a.seeds]:
+        if any((r["seed"], r["T"], r["mu"]) == (seed, T, mu) for r in got):
+            continue
+        p, index = _problem(a, seed, T)
+        t0 = time.process_time()
+        grad = hg.MARTHE(mu=mu).hypergradient(p, p.init_raw()).grad
+        got.append({"seed": seed, "T": T, "mu": mu, "cpu_s": time.process_time() - t0,
+                    "grad": {e: float(grad[index[e]]) for e in a.entries}})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": got}, indent=1))
+    print(f"{'T':>5s} {'seed':>4s} {'mu':>6s} {'entry':10s} {'mu=1':>9s} {'discounted':>10s} "
+          f"{'h=0.1':>8s} {'h=0.3':>8s}")
+    for r in sorted(got, key=lambda r: (r["T"], r["mu"], r["seed"])):
+        base = next((b for b in rows if (b["seed"], b["T"]) == (r["seed"], r["T"])), None)
+        for e, g in r["grad"].items():
+            c = base["entries"].get(e) if base else None
+            cells = ((f"{c['hypergradient']:+9.4f}", f"{c['central'].get('0.1', math.nan):+8.4f}",
+                      f"{c['central'].get('0.3', math.nan):+8.4f}") if c else ("", "", ""))
+            print(f"{r['T']:5d} {r['seed']:4d} {r['mu']:6g} {e:10s} {cells[0]:>9s} {g:+10.4f} "
+                  f"{cells[1]:>8s} {cells[2]:>8s}")
+    T = max(horizons)
+    parts = []
+    for mu in a.mu:
+        agree = n = 0
+        ratios = []
+        for r in (r for r in got if (r["T"], r["mu"]) == (T, mu)):
+            base = next((b for b in rows if (b["seed"], b["T"]) == (r["seed"], T)), None)
+            if base is None:
+                continue
+            for e, g in r["grad"].items():
+                c = base["entries"][e]["central"]
+                big = [v for h, v in c.items() if float(h) >= 0.1]
+                n += 1
+                agree += bool(big) and all(math.copysign(1, v) == math.copysign(1, g)
+                                           for v in big)
+                if g and "0.1" in c:
+                    ratios.append(c["0.1"] / g)
+        med = sorted(ratios)[len(ratios) // 2] if ratios else math.nan
+        parts.append(f"mu={mu:g}:agree_large={agree}/{n},median_ratio={med:.2f}")
+    print(f"lm_roughness_mu T={T} " + " ".join(parts))
     return 0
 
 

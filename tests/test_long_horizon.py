@@ -442,7 +442,8 @@ def test_lm_roughness_agrees_with_central_differences_on_a_short_horizon(tmp_pat
                                                                          ) -> None:
     """``experiments/lm_roughness.py`` at the smoke size and 10 inner steps: the loss is smooth
     there, so every central difference is within 10 % of the hypergradient and the last line
-    counts every pair as agreeing; a rerun trains nothing new; an unknown entry is named."""
+    counts every pair as agreeing; a rerun trains nothing new; MARTHE's discount at mu = 1 gives
+    forward mode's hypergradient and at mu = 0.5 another; an unknown entry is named."""
     out = tmp_path / "rough.json"
     cmd = [sys.executable, str(ROOT / "experiments" / "lm_roughness.py"), "--quick", "--seeds",
            "0", "--T", "10", "--entries", "lr[0]", "lr[head]", "b1", "--out", str(out)]
@@ -467,6 +468,17 @@ def test_lm_roughness_agrees_with_central_differences_on_a_short_horizon(tmp_pat
     for e, m in sm[0]["mean"].items():  # smooth here: the mean is near the slope at the start
         assert len(set(sm[0]["each"][e])) == 2 and m == pytest.approx(sum(sm[0]["each"][e]) / 2)
         assert m == pytest.approx(rows[0]["entries"][e]["hypergradient"], rel=0.1)
+    # MARTHE's discount: mu = 1 is forward mode itself; a discount changes the hypergradient
+    mu = subprocess.run(cmd + ["--mu", "1", "0.5"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+    assert mu.returncode == 0, mu.stderr[-3000:]
+    disc = json.loads((tmp_path / "rough_mu.json").read_text())["rows"]
+    assert [(r["seed"], r["T"], r["mu"]) for r in disc] == [(0, 10, 1.0), (0, 10, 0.5)]
+    for e, c in rows[0]["entries"].items():
+        assert disc[0]["grad"][e] == pytest.approx(c["hypergradient"], rel=1e-5)
+        assert disc[1]["grad"][e] != pytest.approx(c["hypergradient"], rel=1e-3)
+    assert mu.stdout.strip().splitlines()[-1].startswith(
+        "lm_roughness_mu T=10 mu=1:agree_large=3/3,median_ratio=1.0")
     bad = subprocess.run(cmd[:-6] + ["--entries", "lr[nope]", "--out", str(tmp_path / "b.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "--entries ['lr[nope]'] are not entries" in bad.stderr
