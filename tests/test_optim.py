@@ -108,3 +108,72 @@ def test_adam_tangent_finite_with_zero_second_moment(f64: torch.dtype) -> None:
 
     _, tan = jvp(upd, (torch.tensor(0.1, dtype=f64),), (torch.tensor(1.0, dtype=f64),))
     assert torch.isfinite(tan).all()
+
+
+@pytest.mark.parametrize("name,kw", [(n, kw) for n, kw in GRID + EDGE_GRID
+                                     if n in ("adam", "adamw")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_flat_update_of_a_plain_run_is_the_per_parameter_one_bit_for_bit(
+        name: str, kw: dict, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside autograd (a plain run) Adam and AdamW update the parameters that read the same
+    hyperparameter values as one flat tensor: bit for bit the per-parameter update that every
+    differentiated pass runs, with the hyperparameters constants, 0-d float64 values shared by
+    several tensors or one tensor's own, a value per element, a 0-d parameter, a gradient
+    that stays 0 (a zero second moment) and clipping."""
+    from hypergrad.optim.adam import Adam
+
+    flat_calls: list[int] = []
+    flat_update = Adam._update_flat
+
+    def counted(self: Adam, *args: object) -> object:
+        flat_calls.append(1)
+        return flat_update(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Adam, "_update_flat", counted)
+    shapes = {"a": (3, 4), "b": (4,), "c": (), "d": (2, 3), "e": (5,)}
+    f64 = torch.float64
+    bound = {**kw, "lr": "lr", "weight_decay": "wd"}
+    hp = {"lr": torch.tensor(kw["lr"], dtype=f64),
+          "wd": {"a": torch.tensor(0.1, dtype=f64), "b": torch.tensor(0.1, dtype=f64),
+                 "c": torch.tensor(0.01, dtype=f64), "d": torch.full((2, 3), 0.2, dtype=dtype),
+                 "e": torch.tensor(0.1, dtype=f64)}}
+    for opt, values in [(_pure(name, kw), {}), (_pure(name, bound), hp),
+                        (hg.optim.clip_grad_norm(_pure(name, bound), 0.5), hp)]:
+        calls = len(flat_calls)
+        gen = torch.Generator().manual_seed(0)
+        params = {k: torch.randn(s, generator=gen, dtype=f64).to(dtype)
+                  for k, s in shapes.items()}
+        flat, loop = (params, opt.init(params)), (params, opt.init(params))
+        for step in range(8):
+            grads = {k: torch.randn(s, generator=gen, dtype=f64).to(dtype) * 10.0 ** (step % 3)
+                     for k, s in shapes.items()}
+            grads["b"] = torch.zeros_like(grads["b"])
+            with torch.no_grad():
+                flat = opt.update(grads, flat[1], flat[0], values, step)
+            with torch.enable_grad():  # the per-parameter path
+                loop = opt.update(grads, loop[1], loop[0], values, step)
+            for x, y in zip([*flat[0].values(), *flat[1].exp_avg.values(),
+                             *flat[1].exp_avg_sq.values()],
+                            [*loop[0].values(), *loop[1].exp_avg.values(),
+                             *loop[1].exp_avg_sq.values()], strict=True):
+                assert x.shape == y.shape and x.dtype == y.dtype
+                torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True,
+                                           msg=f"{opt} at step {step}")
+        # every no_grad update, none of the others; in float32 the 0-d float64 values promote
+        # the 0-d parameter to float64 after the first (both paths), and mixed dtypes go the
+        # per-parameter way
+        took = len(flat_calls) - calls
+        assert took == 8 if (dtype == f64 or not values) else took == 1
+
+
+def test_the_flat_update_groups_parameters_by_the_values_they_read() -> None:
+    from hypergrad.optim.base import _groups
+
+    params = {k: torch.zeros(2) for k in "abcde"}
+    f64 = torch.float64
+    same = torch.tensor(0.1, dtype=f64)
+    params["f"] = torch.tensor(1.0)
+    vals = {"a": (same,), "b": (torch.tensor(0.1, dtype=f64),), "c": (0.1,),
+            "d": (torch.full((2,), 0.1),), "e": (torch.tensor(0.2, dtype=f64),), "f": (same,)}
+    got = [keys for keys, _ in _groups(params, lambda k: vals[k])]
+    assert got == [["a", "b"], ["c"], ["d"], ["e"], ["f"]]

@@ -15,10 +15,14 @@ from .base import (
     Optimizer,
     Params,
     TangentContext,
+    _flat,
+    _groups,
+    _unflat,
     fma,
     inv_twice,
     is_zero,
     owned,
+    plain_update,
     register,
     safe_sqrt,
 )
@@ -59,6 +63,8 @@ class Adam(Optimizer):
         a, read = self.args, self.read
         assert isinstance(state, AdamState)
         n = step + 1
+        if plain_update(params, grads):
+            return self._update_flat(grads, state, params, hp, n)
         new_p, m_new, v_new = {}, {}, {}
         for k, p in params.items():
             g = grads[k]
@@ -78,6 +84,42 @@ class Adam(Optimizer):
             new_p[k] = p - (lr / bc1) * (m / denom)
             m_new[k], v_new[k] = m, v
         return new_p, AdamState(m_new, v_new)
+
+    def _update_flat(self, grads: Params, state: AdamState, params: Params,
+                     hp: Mapping[str, Any], n: int) -> tuple[Params, AdamState]:
+        """:meth:`update` outside autograd and function transforms (a plain run): the
+        parameters that read the same hyperparameter values are concatenated into one flat
+        tensor each, so that a step costs a few operations per group instead of a dozen per
+        parameter; the same operations on the same scalars in the same order, so the result is
+        :meth:`update`'s bit for bit (tested)."""
+        a, read = self.args, self.read
+        has_wd = not is_zero(a["weight_decay"])
+        new_p: dict[str, Tensor] = {}
+        m_new: dict[str, Tensor] = {}
+        v_new: dict[str, Tensor] = {}
+        for keys, (lr, b1, b2, wd, eps) in _groups(
+                params, lambda k: (read(a["lr"], hp, k), read(a["betas"][0], hp, k),
+                                   read(a["betas"][1], hp, k),
+                                   read(a["weight_decay"], hp, k) if has_wd else None,
+                                   read(a["eps"], hp, k))):
+            p, g = _flat(params, keys), _flat(grads, keys)
+            m0, v0 = _flat(state.exp_avg, keys), _flat(state.exp_avg_sq, keys)
+            if has_wd:
+                if self.decoupled:
+                    p = p * (1 - lr * wd)
+                else:
+                    g = g + wd * p
+            m = m0 + (1 - b1) * (g - m0)
+            v = b2 * v0 + (1 - b2) * g * g
+            bc1 = 1 - b1**n
+            bc2_sqrt = (1 - b2**n) ** 0.5
+            denom = safe_sqrt(v, a["eps_root"]) / bc2_sqrt + eps
+            _unflat(new_p, p - (lr / bc1) * (m / denom), params, keys)
+            _unflat(m_new, m, params, keys)
+            _unflat(v_new, v, params, keys)
+        order = list(params)  # the parameters' order, as the per-parameter update keeps it
+        return ({k: new_p[k] for k in order}, AdamState({k: m_new[k] for k in order},
+                                                        {k: v_new[k] for k in order}))
 
     def tangent(self, ctx: TangentContext, new_params: Params, new_state: NamedTuple
                 ) -> tuple[Params, AdamState]:

@@ -136,6 +136,62 @@ def safe_sqrt(x: Tensor, eps_root: float = 0.0) -> Tensor:
                        torch.zeros_like(x))
 
 
+def plain_update(params: Params, grads: Params) -> bool:
+    """Whether an update may take its flat path: outside autograd (``torch.no_grad``, nothing
+    requiring grad) and any function transform, every tensor on one device in one dtype
+    (a plain run's steps; every differentiated pass takes the per-parameter path)."""
+    if torch.is_grad_enabled() or torch._C._functorch.maybe_current_level() is not None:
+        return False
+    if len(params) < 2:
+        return False
+    first = next(iter(params.values()))
+    return all(t.dtype == first.dtype and t.device == first.device and not t.requires_grad
+               for d in (params, grads) for t in d.values())
+
+
+def _groups(params: Params, values: Callable[[str], tuple[Any, ...]]
+            ) -> list[tuple[list[str], tuple[Any, ...]]]:
+    """The parameters grouped by the hyperparameter values they read (``values(name)``), in
+    the parameters' order: equal values (a CPU scalar's value, a CUDA tensor's identity, so
+    as not to wait for the device) give equal results, so their parameters can share each
+    operation. A parameter that reads a value per element, and a 0-d one, form a group of
+    their own."""
+    out: dict[tuple[Any, ...], tuple[list[str], tuple[Any, ...]]] = {}
+    for k in params:
+        vals = values(k)
+        key: tuple[Any, ...] = tuple(_key(v) for v in vals)
+        if params[k].dim() == 0 or any(isinstance(v, Tensor) and v.dim() > 0 for v in vals):
+            # alone: a value per element; a 0-d parameter (a 0-d float64 value promotes it to
+            # float64, as the per-parameter update does, where a flat tensor would not)
+            key = (*key, k)
+        out.setdefault(key, ([], vals))[0].append(k)
+    return list(out.values())
+
+
+def _key(v: Any) -> Any:
+    if not isinstance(v, Tensor):
+        return (type(v), v)
+    if v.dim() == 0 and v.device.type == "cpu":
+        return (v.dtype, float(v))
+    return id(v)
+
+
+def _flat(d: Params, keys: list[str]) -> Tensor:
+    """The group's tensors as one flat tensor (one parameter: the tensor itself)."""
+    return d[keys[0]] if len(keys) == 1 else torch.cat([d[k].reshape(-1) for k in keys])
+
+
+def _unflat(out: dict[str, Tensor], flat: Tensor, like: Params, keys: list[str]) -> None:
+    """:func:`_flat`'s inverse into ``out`` (views of ``flat``, shaped as ``like``'s)."""
+    if len(keys) == 1:
+        out[keys[0]] = flat
+        return
+    shapes = [like[k].shape for k in keys]
+    for k, part, shape in zip(keys, flat.split([math.prod(s) for s in shapes]), shapes,
+                              strict=True):
+        out[k] = part.view(shape)
+
+
 def inv_twice(root: Tensor) -> Tensor:
     """``1 / (2 root)``, the derivative of :func:`safe_sqrt` at ``root**2``: 0 where ``root`` is
     0."""
