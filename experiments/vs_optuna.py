@@ -511,6 +511,7 @@ def _variants() -> dict[str, Any]:
         "no_surrogate": dict(box_outer=qn()),
         "surrogate_t6": dict(box_outer=lambda box: functools.partial(Surrogate, box=box,
                                                                       trials=6)),
+        "exact_gradients": dict(outer=functools.partial(Surrogate, grad_noise=(0.0,))),
         "surrogate_tape": dict(box_outer=lambda box: functools.partial(Surrogate, box=box),
                                method=hg.ReverseMode(tape=True)),
         "forward": dict(method="forward"),

@@ -69,6 +69,83 @@ def test_gradients_make_the_model_closer_to_the_function() -> None:
     assert mean["gradients"] < 0.75 * mean["values"], mean
 
 
+def test_gradients_that_do_not_describe_the_values_are_discounted() -> None:
+    """Hypergradients of a rough loss (the slope plus ripples 100 times larger, as at the
+    language model's long horizon) against the values of its smooth trend: the model bound to
+    them as exact slopes (``grad_noise=(0.0,)``, the default before) predicts the trend between
+    the points far worse than one of the values alone; the default chooses a large gradient
+    noise and predicts about as well as the values alone. Exact gradients keep a small one."""
+    K = 2
+
+    def f(u: torch.Tensor) -> torch.Tensor:
+        return ((u - 0.35) ** 2).sum(-1) + 0.05 * torch.sin(6 * u[..., 0]) + 0.2
+
+    err: dict[str, list[float]] = {"values": [], "exact": [], "default": []}
+    shares: dict[str, list[float]] = {"rough": [], "smooth": []}
+    for seed in range(6):
+        torch.manual_seed(seed)
+        u = torch.rand(8, K, dtype=torch.float64)
+        x = torch.rand(200, K, dtype=torch.float64)
+        g = torch.vmap(jacrev(f))(u)
+        rough = g + 30 * torch.randn(g.shape, dtype=g.dtype)
+        every = torch.arange(8)
+        for name, gp in [("values", GradientGP(noise=1e-8).fit(u, f(u), every[:0], g[:0])),
+                         ("exact", GradientGP(noise=1e-8, grad_noise=(0.0,)).fit(
+                             u, f(u), every, rough)),
+                         ("default", GradientGP(noise=1e-8).fit(u, f(u), every, rough))]:
+            mu, _ = gp.predict(x)
+            err[name].append(float((torch.exp(mu) + gp.shift - f(x)).abs().mean()))
+            if name == "default":
+                shares["rough"].append(gp.grad_share)
+        shares["smooth"].append(GradientGP(noise=1e-8).fit(u, f(u), every, g).grad_share)
+    mean = {k: sum(v) / len(v) for k, v in err.items()}
+    assert mean["exact"] > 10 * mean["values"], mean
+    assert mean["default"] < 1.2 * mean["values"], mean
+    assert min(shares["rough"]) >= 100 and max(shares["smooth"]) <= 1, shares
+    with pytest.raises(ValueError, match=r"grad_noise=\(-1.0,\) must be shares >= 0"):
+        GradientGP(grad_noise=(-1.0,))
+    with pytest.raises(ValueError, match=r"grad_noise=\(\) must be"):
+        Surrogate([torch.zeros(2, dtype=torch.float64, requires_grad=True)], grad_noise=())
+
+
+class _Noise(hg.ReverseMode, name="noise_for_tests"):
+    """Reverse mode's hypergradient replaced by large seeded noise (a point's own draw): slopes
+    that describe none of the losses between the points."""
+
+    def hypergradient(self, problem: Any, lam: torch.Tensor) -> Any:
+        h = super().hypergradient(problem, lam)
+        g = torch.Generator().manual_seed(int(abs(float(lam.sum())) * 1e6) % 2**31)
+        return h._replace(grad=1e3 * torch.randn(h.grad.shape, generator=g,
+                                                 dtype=h.grad.dtype))
+
+
+def test_the_trainer_says_once_when_the_hypergradients_do_not_describe_the_losses() -> None:
+    """K = 24 (the default Surrogate): with exact hypergradients the model keeps them as slopes
+    and the Trainer says nothing; with hypergradients that contradict the plain runs' losses
+    the model chooses a large noise for them and the Trainer says so, once, naming the guide."""
+    from hypergrad.testing import digits_case
+
+    class Said(hg.Callback):
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        def on_message(self, trainer: Any, text: str) -> None:
+            self.said.append(text)
+
+    for method, rough in [(hg.ReverseMode(), False), (_Noise(), True)]:
+        p = digits_case("sgd", "per_example", steps=4, windows=3, n_train=24, seed=0)
+        said = Said()
+        tr = hg.Trainer(p, method=method, mode=hg.Offline(outer_steps=3, start=3, recheck=0),
+                        callbacks=[hg.run.Log(None), hg.run.Progress(False), said])
+        tr.fit()
+        assert isinstance(tr.outer, Surrogate) and tr.outer.last_fit is not None
+        told = [t for t in said.said if "do not describe the validation losses" in t]
+        assert len(told) == int(rough), said.said
+        assert (tr.outer.last_fit[1] >= 100) == rough
+        if rough:
+            assert "docs/troubleshooting.md, 'Rough losses'" in told[0]
+
+
 def test_expected_improvement_prefers_a_lower_mean_and_more_uncertainty() -> None:
     mu = torch.tensor([0.0, -1.0, 0.0])
     sd = torch.tensor([0.1, 0.1, 1.0])

@@ -17,11 +17,25 @@ from torch import Tensor
 
 from .outer import SearchOptimizer
 
-__all__ = ["Surrogate", "GradientGP"]
+__all__ = ["Surrogate", "GradientGP", "GRAD_NOISE", "ROUGH_SHARE"]
 
 LENGTHSCALES = (0.05, 0.1, 0.2, 0.4, 0.8)
 """Isotropic length scales (in units of the box) the model chooses among, by marginal
 likelihood."""
+
+GRAD_NOISE = (0.0, 0.1, 1.0, 10.0, 100.0, 10_000.0)
+"""The gradient observations' noise variances the model chooses among (with the length scale,
+by marginal likelihood), each a share of the kernel's prior variance of a slope at that length
+scale: 0 takes the hypergradients as the slopes of the function the values sample; a larger
+share lets the values speak where the hypergradients do not describe them. Where the validation
+loss is rough in the hyperparameters at the scale of the box (a long unrolled run: the
+long-horizon language model's hypergradients are a hundred times its slope over a tenth of a
+factor, ``experiments/lm_roughness.py``), exact hypergradients describe ripples the values
+between points do not show, and a model bound to them forgets the values."""
+
+ROUGH_SHARE = 100.0
+"""A chosen gradient noise share from which the Trainer says, once, that the hypergradients do
+not describe the losses between the points."""
 
 
 class GradientGP:
@@ -30,8 +44,13 @@ class GradientGP:
     length scale among :data:`LENGTHSCALES` by the marginal likelihood; ``predict`` gives the
     posterior mean and standard deviation of ``f`` (in the values' units)."""
 
-    def __init__(self, noise: float = 1e-4) -> None:
+    def __init__(self, noise: float = 1e-4, grad_noise: tuple[float, ...] = GRAD_NOISE
+                 ) -> None:
+        if not grad_noise or any(not r >= 0 for r in grad_noise):
+            raise ValueError(f"GradientGP: grad_noise={grad_noise!r} must be shares >= 0 of "
+                             f"the slope's prior variance, at least one, e.g. (0.0, 1.0).")
         self.noise = noise
+        self.grad_noise = tuple(float(r) for r in grad_noise)
 
     def _blocks(self, a: Tensor, b: Tensor, ell: float, ga: Tensor, gb: Tensor) -> Tensor:
         """The joint covariance of ``[f(a), df/du(a[ga])]`` and ``[f(b), df/du(b[gb])]``."""
@@ -56,7 +75,9 @@ class GradientGP:
         value) and gradients ``grads`` at ``u[grad_idx]``. The model is of ``log(f - min f +
         delta)`` (``delta`` the values' median above their minimum): the losses of
         points where training blows up are orders of magnitude above the rest and would
-        flatten a model of ``f`` itself; the gradients are transformed by the chain rule."""
+        flatten a model of ``f`` itself; the gradients are transformed by the chain rule.
+        The length scale (:data:`LENGTHSCALES`) and the gradients' noise (``grad_noise``) are
+        chosen together by the marginal likelihood (``ell``, ``grad_share``)."""
         self.u, self.gi = u, grad_idx
         finite = f[torch.isfinite(f)]
         low = float(finite.min()) if len(finite) else 0.0
@@ -74,19 +95,23 @@ class GradientGP:
         gy = (gw / self.scale).reshape(-1)
         y = torch.cat([fy, gy])
         best: tuple[float, Any] | None = None
+        n = len(u)
+        shares = self.grad_noise if len(grad_idx) else self.grad_noise[:1]
         for ell in LENGTHSCALES:
-            C = self._blocks(u, u, ell, grad_idx, grad_idx)
-            C = C + self.noise * torch.eye(len(C), dtype=C.dtype)
-            L, info = torch.linalg.cholesky_ex(C)
-            if int(info) != 0:
-                continue
-            alpha = torch.cholesky_solve(y[:, None], L)[:, 0]
-            nll = 0.5 * float(y @ alpha) + float(torch.log(torch.diagonal(L)).sum())
-            if best is None or nll < best[0]:
-                best = (nll, (ell, L, alpha))
+            C0 = self._blocks(u, u, ell, grad_idx, grad_idx)
+            for share in shares:
+                jitter = torch.full((len(C0),), self.noise, dtype=C0.dtype)
+                jitter[n:] += share / ell ** 2  # a slope's prior variance is 1 / ell^2
+                L, info = torch.linalg.cholesky_ex(C0 + torch.diag(jitter))
+                if int(info) != 0:
+                    continue
+                alpha = torch.cholesky_solve(y[:, None], L)[:, 0]
+                nll = 0.5 * float(y @ alpha) + float(torch.log(torch.diagonal(L)).sum())
+                if best is None or nll < best[0]:
+                    best = (nll, (ell, share, L, alpha))
         if best is None:
             raise RuntimeError("GradientGP: no length scale gave a positive definite kernel")
-        self.ell, self.L, self.alpha = best[1]
+        self.ell, self.grad_share, self.L, self.alpha = best[1]
         return self
 
     def warp(self, f: float) -> float:
@@ -128,18 +153,26 @@ class Surrogate(SearchOptimizer):
     """
 
     def __init__(self, params: Any, box: tuple[Tensor, Tensor] | None = None, trials: int = 3,
-                 candidates: int = 512, seed: int | None = None) -> None:
+                 candidates: int = 512, seed: int | None = None,
+                 grad_noise: tuple[float, ...] = GRAD_NOISE) -> None:
         if trials < 1 or candidates < 1:
             raise ValueError(f"Surrogate: trials={trials!r} and candidates={candidates!r} must "
                              f"be >= 1.")
+        GradientGP(grad_noise=grad_noise)  # checked here, not at the first proposal
         super().__init__(params, dict(trials=trials, candidates=candidates), box=box)
         self.n_trials, self.candidates = trials, candidates
+        self.grad_noise = tuple(grad_noise)
+        """The gradients' noise shares the model chooses among (:data:`GRAD_NOISE`; ``(0.0,)``:
+        the hypergradients taken as exact slopes, the default before 2026-11-29)."""
         self.seed = seed
         """The candidate generator's seed; ``None``: the Trainer seeds it with the problem's
         seed (as its quasi-random start), so that every training seed draws its own points
         (standalone: 0)."""
         self.gen = torch.Generator().manual_seed(0 if seed is None else seed)
         self.xs: list[Tensor] = []  # points in box units
+        self.last_fit: tuple[float, float] | None = None
+        """The last model's ``(length scale, gradient noise share)``: a share of 100 or more
+        says the hypergradients did not describe the losses between the points."""
         self.fs: list[float] = []
         self.grads: dict[int, Tensor] = {}  # index -> gradient in box units
 
@@ -219,7 +252,8 @@ class Surrogate(SearchOptimizer):
         gi = torch.tensor(sorted(self.grads), dtype=torch.long)
         g = (torch.stack([self.grads[i] for i in sorted(self.grads)]) if self.grads
              else torch.zeros(0, u.shape[1], dtype=torch.float64))
-        gp = GradientGP().fit(u, f, gi, g)
+        gp = GradientGP(grad_noise=self.grad_noise).fit(u, f, gi, g)
+        self.last_fit = (gp.ell, gp.grad_share)
         cand = self._candidates()
         # not a point evaluated already (a local candidate clamped onto the box's edge): one
         # training seed gives it the same loss again, a plain run spent for nothing

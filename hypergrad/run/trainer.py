@@ -64,7 +64,7 @@ from .outer import (
     shrink_lr,
 )
 from .strategy import Strategy
-from .surrogate import Surrogate
+from .surrogate import ROUGH_SHARE, Surrogate
 
 __all__ = ["Trainer", "TrainResult"]
 
@@ -302,6 +302,7 @@ class Trainer:
         self._inner: tuple[dict[str, Any], str] | None = None  # resumed within an inner run
         self._backtracks = 0  # in a row
         self._compile_said = False
+        self._rough_said = False
         self._fit_start = self._now()
         self._elapsed_before = 0.0  # the run's seconds before this fit() call (its records)
         self._elapsed_done = 0.0  # the run's seconds at the end of this Trainer's last fit()
@@ -577,10 +578,26 @@ class Trainer:
             # and it takes a plain step along its direction
             self._searched.append(self.lam.detach().clone())
             self.outer.step(lambda: self._plain(self.lam.detach().clone(), "line search"))
+            self._say_rough()
         else:
             self.outer.step()
         self.lam.grad = None
         self.bounds.project(self.lam)
+
+    def _say_rough(self) -> None:
+        """Once: a surrogate model (:class:`~hypergrad.run.Surrogate`) that found the
+        hypergradients do not describe the validation losses between its points."""
+        fit = getattr(self.outer, "last_fit", None)
+        if fit is None or fit[1] < ROUGH_SHARE or self._rough_said:
+            return
+        self._rough_said = True
+        self.message(f"outer step {self.outer_step}: the hypergradients do not describe the "
+                     f"validation losses between the points evaluated (the surrogate model "
+                     f"fits them as noise {fit[1]:g} times a slope's prior variance): it leans "
+                     f"on the plain runs' losses. The loss may be rough in the hyperparameters "
+                     f"at this horizon (docs/troubleshooting.md, 'Rough losses'), or the "
+                     f"hypergradients wrong (a custom optimizer or method: "
+                     f"hypergrad.testing.hypergradcheck)")
 
     # -- plain evaluations: the space-filling start and the line search ---------------------------
     def _reserve(self) -> float:
