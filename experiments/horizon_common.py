@@ -67,10 +67,22 @@ def fit_forward(problem: Any, budget: float, bounds: dict[str, tuple[float, floa
         outer=functools.partial(hg.SignDescent, lr=0.5, precondition=schedule_smoothing(
             problem.hyperparams.items, SIGN_SMOOTH)),
         mode=hg.Offline(outer_steps=10**6))
-    return hg.Trainer(problem, hg.ForwardMode(),
-                      guards=hg.Guards(time_budget=budget, bounds=bounds,
-                                       backtrack=None if defaults else 1.5, clock="cpu"),
-                      callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw).fit()
+    said: list[str] = []
+
+    class Said(hg.Callback):
+        def on_message(self, trainer: Any, text: str) -> None:
+            said.append(text)
+
+    tr = hg.Trainer(problem, hg.ForwardMode(),
+                    guards=hg.Guards(time_budget=budget, bounds=bounds,
+                                     backtrack=None if defaults else 1.5, clock="cpu"),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False), Said()], **kw)
+    res = tr.fit()
+    # what forward_info keeps: whether the surrogate model found the hypergradients at odds
+    # with the plain runs' losses (docs/troubleshooting.md, "Rough losses"), its last fit
+    res.rough = any("do not describe the validation losses" in t for t in said)
+    res.surrogate_fit = getattr(tr.outer, "last_fit", None)
+    return res
 
 
 def forward_info(res: Any) -> dict[str, Any]:
@@ -80,7 +92,9 @@ def forward_info(res: Any) -> dict[str, Any]:
             "plain_runs": len(res.evaluations),
             "rechecked": [(r["val_loss"], r["variant_val_loss"]) for r in res.rechecked],
             "val_curve": [h["val_loss"] for h in res.history],
-            "backtracks": sum(bool(h.get("backtracked")) for h in res.history)}
+            "backtracks": sum(bool(h.get("backtracked")) for h in res.history),
+            "rough": getattr(res, "rough", None),
+            "surrogate_fit": getattr(res, "surrogate_fit", None)}
 
 
 class Records:

@@ -141,3 +141,19 @@ def test_profile_plain_profiles_both_steps() -> None:
                      r"lib_ops=(\d+) torch_ops=(\d+)", last)
     assert m, last
     assert float(m.group(1)) > 0 and int(m.group(3)) > 0
+
+
+def test_bench_plain_lm_times_the_three_plain_runs(tmp_path: Path) -> None:
+    """The language model's plain run three ways at the smoke size: the library's flat and
+    per-parameter updates end at the same validation loss (the script refuses otherwise), every
+    time is positive, and the last line has the three ratios."""
+    out = _script("experiments/benchmarks/bench_plain_lm.py", "--quick", "--out",
+                  str(tmp_path / "b.json"))
+    last = out.strip().splitlines()[-1]
+    m = re.fullmatch(r"bench_plain_lm lib_over_torch=(\S+) per_parameter_over_torch=(\S+) "
+                     r"flat_speedup=(\S+)", last)
+    assert m, last
+    got = json.loads((tmp_path / "b.json").read_text())
+    assert got["val"]["library"] == got["val"]["library_per_parameter"]
+    assert all(s > 0 for v in got["seconds"].values() for s in v)
+    assert float(m.group(1)) == pytest.approx(got["summary"]["lib_over_torch"], abs=0.01)
