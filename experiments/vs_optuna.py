@@ -516,6 +516,7 @@ def _variants() -> dict[str, Any]:
                                method=hg.ReverseMode(tape=True)),
         "forward": dict(method="forward"),
         "no_leftover": dict(search={"leftover": False}),
+        "no_rough_plain": dict(search={"rough_plain": False}),
         "no_trial_forecast": dict(search={"trial_forecast": False}),
         "no_recheck_first": dict(search={"recheck_first": False}),
         "independent_start": dict(search={"shared_start": ()}),

@@ -146,6 +146,34 @@ def test_the_trainer_says_once_when_the_hypergradients_do_not_describe_the_losse
             assert "docs/troubleshooting.md, 'Rough losses'" in told[0]
 
 
+def test_once_the_model_treats_the_hypergradients_as_noise_the_time_left_goes_to_plain_runs(
+        ) -> None:
+    """On a clock where a plain run costs 1 and a hypergradient 5, with hypergradients that
+    contradict the losses: after the outer step whose model treats them as noise, no further
+    hypergradient is taken and the time left goes to plain runs at the surrogate's proposals,
+    within the budget; ``SearchSettings(rough_plain=False)`` keeps taking hypergradients, and
+    exact ones are taken until the budget's end."""
+    from hypergrad.testing import digits_case
+
+    def run(method: hg.Method, **search: Any) -> tuple[hg.TrainResult, list[float]]:
+        p = digits_case("sgd", "per_example", steps=4, windows=3, n_train=24, seed=0)
+        tr = hg.Trainer(p, method=method, guards=hg.Guards(time_budget=30.0),
+                        mode=hg.Offline.default(search=search),
+                        callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+        clock = unit_clock(tr)
+        return tr.fit(), clock
+
+    res, clock = run(_Noise())
+    assert len(res.history) == 1 and res.out_of_time and clock[0] <= 30.0
+    assert sum(e["kind"] == "leftover" for e in res.evaluations) >= 8
+    kept, _ = run(_Noise(), rough_plain=False)
+    assert len(kept.history) > 1
+    exact, _ = run(hg.ReverseMode())
+    assert len(exact.history) > 1
+    with pytest.raises(TypeError, match="rough_plain=1 must be True or False"):
+        hg.run.SearchSettings(rough_plain=1)  # type: ignore[arg-type]
+
+
 def test_expected_improvement_prefers_a_lower_mean_and_more_uncertainty() -> None:
     mu = torch.tensor([0.0, -1.0, 0.0])
     sd = torch.tensor([0.1, 0.1, 1.0])

@@ -101,6 +101,14 @@ class SearchSettings:
             0.695); at T = 1000, seeds 10-15, 0.771 / 0.774; diabetes_adamw_k14 (10 seeds)
             0.537 / 0.539.
 
+        rough_plain: with a :class:`~hypergrad.run.Surrogate` and a time budget, once its model
+            treats the hypergradients as noise (they contradict the plain runs' losses: a loss
+            rough in the hyperparameters, docs/troubleshooting.md, "Rough losses"), the time
+            left goes to plain runs at its proposals instead of more hypergradients, each of
+            which costs several plain runs and no longer moves the model. Measured on the
+            long-horizon language model (docs/benchmarks.md); the suite's problems never
+            trigger it.
+
     Example:
         >>> SearchSettings(recheck_first=False)
         SearchSettings(recheck_first=False)
@@ -113,9 +121,10 @@ class SearchSettings:
     trial_forecast: bool = True
     shared_start: tuple[str, ...] = ("schedule", "per_example")
     smooth_schedule: float | None = 0.2
+    rough_plain: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("recheck_first", "leftover", "trial_forecast"):
+        for name in ("recheck_first", "leftover", "trial_forecast", "rough_plain"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"SearchSettings: {name}={getattr(self, name)!r} must be True or "
                                 f"False.")

@@ -584,6 +584,11 @@ class Trainer:
         self.lam.grad = None
         self.bounds.project(self.lam)
 
+    def _rough_now(self) -> bool:
+        """Whether the outer optimizer's last model treated the hypergradients as noise."""
+        fit = getattr(self.outer, "last_fit", None)
+        return fit is not None and fit[1] >= ROUGH_SHARE
+
     def _say_rough(self) -> None:
         """Once: a surrogate model (:class:`~hypergrad.run.Surrogate`) that found the
         hypergradients do not describe the validation losses between its points."""
@@ -915,6 +920,15 @@ class Trainer:
                                                                   float(value)))
             self._record(value, grad, lam_used, hg.state, last_seconds,
                          backtracked=backtracked, info=hg.info)
+            if (not ended and budget is not None and self.search.rough_plain
+                    and self.search.leftover and self._rough_now()):
+                self.message(f"outer step {self.outer_step - 1}: the surrogate model treats "
+                             f"the hypergradients as noise: the time left goes to plain runs at "
+                             f"its proposals, not to more hypergradients "
+                             f"(SearchSettings(rough_plain=False) keeps taking them)")
+                self._leftover()
+                out_of_time = True
+                break
             if ended:
                 self.message(f"outer step {self.outer_step - 1}: the line search found nothing "
                              f"better and no restart point is near the best: the descent "
