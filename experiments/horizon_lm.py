@@ -195,11 +195,12 @@ def _param_groups(task: hg.Task) -> dict[str, list[str]]:
 
 
 def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
-                schedulefree_lr: float | None = None, tasks: dict[int, hg.Task] | None = None
-                ) -> dict[str, float]:
+                schedulefree_lr: float | None = None, tasks: dict[int, hg.Task] | None = None,
+                evaluate: bool = True) -> dict[str, float]:
     """Train the task's network at ``seed`` with plain PyTorch at a schedule (``spec``), or
     with schedule-free AdamW at ``schedulefree_lr``; returns the tuning objective ``val``
-    (nats per character on the validation windows of ``E``) and ``val_bpc`` / ``test_bpc``."""
+    (nats per character on the validation windows of ``E``) and ``val_bpc`` / ``test_bpc``
+    (``evaluate=False``: the training alone, nothing returned: a benchmark's plain run)."""
     tasks = tasks if tasks is not None else {}
     if seed not in tasks:
         tasks[seed] = st.task(seed)
@@ -255,6 +256,8 @@ def train_torch(st: LMStudy, seed: int, spec: dict[str, Any] | None = None,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+    if not evaluate:
+        return {}
     if sf:
         opt.eval()  # the averaged weights
     net.eval()

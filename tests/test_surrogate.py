@@ -41,29 +41,31 @@ def test_the_kernel_blocks_are_the_kernels_derivatives() -> None:
                                jacrev(jacrev(_k, argnums=0), argnums=1)(a[0], b[1], ell))
 
 
+def _bowl(u: torch.Tensor) -> torch.Tensor:
+    """A smooth test function on [0, 1]^K: a bowl with a ripple along the first axis."""
+    return ((u - 0.35) ** 2).sum(-1) + 0.05 * torch.sin(6 * u[..., 0]) + 0.2
+
+
 def test_gradients_make_the_model_closer_to_the_function() -> None:
     """Conditioned on the same values (6 random points of a smooth function in 2-d, 8 draws),
     the model that also has the gradients predicts the function between the points better on
     average; at an observed point its mean is the value and its uncertainty small."""
     K = 2
 
-    def f(u: torch.Tensor) -> torch.Tensor:
-        return ((u - 0.35) ** 2).sum(-1) + 0.05 * torch.sin(6 * u[..., 0]) + 0.2
-
     err: dict[str, list[float]] = {"values": [], "gradients": []}
     for seed in range(8):
         torch.manual_seed(seed)
         u = torch.rand(6, K, dtype=torch.float64)
         x = torch.rand(200, K, dtype=torch.float64)
-        g = torch.vmap(jacrev(f))(u)
+        g = torch.vmap(jacrev(_bowl))(u)
         for name, gi in [("values", torch.zeros(0, dtype=torch.long)),
                          ("gradients", torch.arange(6))]:
-            gp = GradientGP(noise=1e-8).fit(u, f(u), gi, g[gi])
+            gp = GradientGP(noise=1e-8).fit(u, _bowl(u), gi, g[gi])
             mu, sd = gp.predict(x)
             pred = torch.exp(mu) + gp.shift  # back from the model's log units
-            err[name].append(float((pred - f(x)).abs().mean()))
+            err[name].append(float((pred - _bowl(x)).abs().mean()))
             m0, s0 = gp.predict(u[:1])
-            assert float(torch.exp(m0) + gp.shift) == pytest.approx(float(f(u[:1])), rel=1e-3)
+            assert float(torch.exp(m0) + gp.shift) == pytest.approx(float(_bowl(u[:1])), rel=1e-3)
             assert float(s0) < 0.05 * float(sd.mean())
     mean = {k: sum(v) / len(v) for k, v in err.items()}
     assert mean["gradients"] < 0.75 * mean["values"], mean
@@ -77,27 +79,24 @@ def test_gradients_that_do_not_describe_the_values_are_discounted() -> None:
     noise and predicts about as well as the values alone. Exact gradients keep a small one."""
     K = 2
 
-    def f(u: torch.Tensor) -> torch.Tensor:
-        return ((u - 0.35) ** 2).sum(-1) + 0.05 * torch.sin(6 * u[..., 0]) + 0.2
-
     err: dict[str, list[float]] = {"values": [], "exact": [], "default": []}
     shares: dict[str, list[float]] = {"rough": [], "smooth": []}
     for seed in range(6):
         torch.manual_seed(seed)
         u = torch.rand(8, K, dtype=torch.float64)
         x = torch.rand(200, K, dtype=torch.float64)
-        g = torch.vmap(jacrev(f))(u)
+        g = torch.vmap(jacrev(_bowl))(u)
         rough = g + 30 * torch.randn(g.shape, dtype=g.dtype)
         every = torch.arange(8)
-        for name, gp in [("values", GradientGP(noise=1e-8).fit(u, f(u), every[:0], g[:0])),
+        for name, gp in [("values", GradientGP(noise=1e-8).fit(u, _bowl(u), every[:0], g[:0])),
                          ("exact", GradientGP(noise=1e-8, grad_noise=(0.0,)).fit(
-                             u, f(u), every, rough)),
-                         ("default", GradientGP(noise=1e-8).fit(u, f(u), every, rough))]:
+                             u, _bowl(u), every, rough)),
+                         ("default", GradientGP(noise=1e-8).fit(u, _bowl(u), every, rough))]:
             mu, _ = gp.predict(x)
-            err[name].append(float((torch.exp(mu) + gp.shift - f(x)).abs().mean()))
+            err[name].append(float((torch.exp(mu) + gp.shift - _bowl(x)).abs().mean()))
             if name == "default":
                 shares["rough"].append(gp.grad_share)
-        shares["smooth"].append(GradientGP(noise=1e-8).fit(u, f(u), every, g).grad_share)
+        shares["smooth"].append(GradientGP(noise=1e-8).fit(u, _bowl(u), every, g).grad_share)
     mean = {k: sum(v) / len(v) for k, v in err.items()}
     assert mean["exact"] > 10 * mean["values"], mean
     assert mean["default"] < 1.2 * mean["values"], mean

@@ -10,8 +10,8 @@ interleaved, the median of ``--repeats`` each:
   equal hyperparameters concatenated, :meth:`hypergrad.optim.Adam._update_flat`);
 - ``library_per_parameter``: the same with the per-parameter update every differentiated pass
   runs (the plain run's update before 2026-11-29);
-- ``torch``: ``experiments/horizon_lm.train_torch``'s loop (``torch.optim.AdamW`` with parameter
-  groups, foreach; ``clip_grad_norm_``), without its evaluation.
+- ``torch``: ``experiments/horizon_lm.train_torch(..., evaluate=False)`` (``torch.optim.AdamW``
+  with parameter groups, foreach; ``clip_grad_norm_``): the training alone.
 
     python experiments/benchmarks/bench_plain_lm.py [--T 200] [--repeats 5] [--quick]
 
@@ -37,9 +37,8 @@ for _p in (str(HERE), str(HERE.parents[0]), str(HERE.parents[1])):
         sys.path.insert(0, _p)
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from horizon_common import machine  # noqa: E402
-from horizon_lm import _param_groups, lm_study, lm_values, windows_spec  # noqa: E402
+from horizon_lm import lm_study, train_torch, windows_spec  # noqa: E402
 
 # the module (``hypergrad.optim.adam`` as an attribute is the factory function of that name)
 adam_module = importlib.import_module("hypergrad.optim.adam")
@@ -58,40 +57,6 @@ def library_run(problem: Any, lam: torch.Tensor, flat: bool) -> float:
         adam_module.plain_update = saved
 
 
-def torch_run(task: Any, spec: dict[str, Any], T: int, seed: int) -> None:
-    """``train_torch``'s training loop alone (no evaluation)."""
-    import copy
-
-    p = task.problem
-    net = copy.deepcopy(p.fmodel.module)
-    init = p.fmodel.initial_params()
-    with torch.no_grad():
-        for n, q in net.named_parameters():
-            q.copy_(init[n])
-    net.train()
-    named = dict(net.named_parameters())
-    groups = _param_groups(task)
-    v0 = lm_values(spec, 0, T)
-    opt = torch.optim.AdamW(
-        [{"params": [named[n] for n in ps], "name": g, "weight_decay": v0["wd"][g],
-          "lr": v0["lr"]} for g, ps in groups.items()], lr=v0["lr"], betas=(v0["b1"], v0["b2"]))
-    params = list(net.parameters())
-    torch.manual_seed(seed + 7919)
-    for t in range(T):
-        v = lm_values(spec, t, T)
-        for grp in opt.param_groups:
-            grp["lr"] = v["lr"] * v["lr_scale"].get(grp["name"], 1.0)
-            grp["betas"] = (v["b1"], v["b2"])
-            grp["weight_decay"] = v["wd"][grp["name"]]
-        x, y = p.batch(t)
-        logits = net(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=200)
@@ -99,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the study's smoke size, 2 repeats")
     ap.add_argument("--out", default=str(HERE / "results" / "bench_plain_lm.json"))
     a = ap.parse_args(argv)
+    from hypergrad.alloc import tune_malloc
+
+    tune_malloc()  # as every benchmark here (docs/benchmarks.md, "Allocator tuning")
     torch.set_num_threads(1)
     st = lm_study(a.quick)
     st.T = 20 if a.quick else a.T
@@ -110,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, Any] = {
         "library": lambda: library_run(p, lam, True),
         "library_per_parameter": lambda: library_run(p, lam, False),
-        "torch": lambda: torch_run(task, spec, st.T, 0)}
+        "torch": lambda: train_torch(st, 0, spec, tasks={0: task}, evaluate=False)}
     for fn in runs.values():  # warm-up: first calls allocate and build caches
         fn()
     secs: dict[str, list[float]] = {k: [] for k in runs}
