@@ -167,7 +167,7 @@ def test_the_flat_update_of_a_plain_run_is_the_per_parameter_one_bit_for_bit(
 
 
 def test_the_flat_update_groups_parameters_by_the_values_they_read() -> None:
-    from hypergrad.optim.base import _groups
+    from hypergrad.optim.base import group_by_values
 
     params = {k: torch.zeros(2) for k in "abcde"}
     f64 = torch.float64
@@ -175,5 +175,5 @@ def test_the_flat_update_groups_parameters_by_the_values_they_read() -> None:
     params["f"] = torch.tensor(1.0)
     vals = {"a": (same,), "b": (torch.tensor(0.1, dtype=f64),), "c": (0.1,),
             "d": (torch.full((2,), 0.1),), "e": (torch.tensor(0.2, dtype=f64),), "f": (same,)}
-    got = [keys for keys, _ in _groups(params, lambda k: vals[k])]
+    got = [keys for keys, _ in group_by_values(params, lambda k: vals[k])]
     assert got == [["a", "b"], ["c"], ["d"], ["e"], ["f"]]

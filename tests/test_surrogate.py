@@ -107,7 +107,7 @@ def test_gradients_that_do_not_describe_the_values_are_discounted() -> None:
         Surrogate([torch.zeros(2, dtype=torch.float64, requires_grad=True)], grad_noise=())
 
 
-class _Noise(hg.ReverseMode, name="noise_for_tests"):
+class _Noise(hg.ReverseMode):
     """Reverse mode's hypergradient replaced by large seeded noise (a point's own draw): slopes
     that describe none of the losses between the points."""
 

@@ -15,16 +15,16 @@ from .base import (
     Optimizer,
     Params,
     TangentContext,
-    _flat,
-    _groups,
-    _unflat,
+    flatten_group,
     fma,
+    group_by_values,
     inv_twice,
     is_zero,
     owned,
     plain_update,
     register,
     safe_sqrt,
+    unflatten_group,
 )
 from .clip import clip_grad_norm as with_clip
 
@@ -97,13 +97,13 @@ class Adam(Optimizer):
         new_p: dict[str, Tensor] = {}
         m_new: dict[str, Tensor] = {}
         v_new: dict[str, Tensor] = {}
-        for keys, (lr, b1, b2, wd, eps) in _groups(
+        for keys, (lr, b1, b2, wd, eps) in group_by_values(
                 params, lambda k: (read(a["lr"], hp, k), read(a["betas"][0], hp, k),
                                    read(a["betas"][1], hp, k),
                                    read(a["weight_decay"], hp, k) if has_wd else None,
                                    read(a["eps"], hp, k))):
-            p, g = _flat(params, keys), _flat(grads, keys)
-            m0, v0 = _flat(state.exp_avg, keys), _flat(state.exp_avg_sq, keys)
+            p, g = flatten_group(params, keys), flatten_group(grads, keys)
+            m0, v0 = flatten_group(state.exp_avg, keys), flatten_group(state.exp_avg_sq, keys)
             if has_wd:
                 if self.decoupled:
                     p = p * (1 - lr * wd)
@@ -114,9 +114,9 @@ class Adam(Optimizer):
             bc1 = 1 - b1**n
             bc2_sqrt = (1 - b2**n) ** 0.5
             denom = safe_sqrt(v, a["eps_root"]) / bc2_sqrt + eps
-            _unflat(new_p, p - (lr / bc1) * (m / denom), params, keys)
-            _unflat(m_new, m, params, keys)
-            _unflat(v_new, v, params, keys)
+            unflatten_group(new_p, p - (lr / bc1) * (m / denom), params, keys)
+            unflatten_group(m_new, m, params, keys)
+            unflatten_group(v_new, v, params, keys)
         order = list(params)  # the parameters' order, as the per-parameter update keeps it
         return ({k: new_p[k] for k in order}, AdamState({k: m_new[k] for k in order},
                                                         {k: v_new[k] for k in order}))

@@ -149,7 +149,7 @@ def plain_update(params: Params, grads: Params) -> bool:
                for d in (params, grads) for t in d.values())
 
 
-def _groups(params: Params, values: Callable[[str], tuple[Any, ...]]
+def group_by_values(params: Params, values: Callable[[str], tuple[Any, ...]]
             ) -> list[tuple[list[str], tuple[Any, ...]]]:
     """The parameters grouped by the hyperparameter values they read (``values(name)``), in
     the parameters' order: equal values (a CPU scalar's value, a CUDA tensor's identity, so
@@ -159,7 +159,7 @@ def _groups(params: Params, values: Callable[[str], tuple[Any, ...]]
     out: dict[tuple[Any, ...], tuple[list[str], tuple[Any, ...]]] = {}
     for k in params:
         vals = values(k)
-        key: tuple[Any, ...] = tuple(_key(v) for v in vals)
+        key: tuple[Any, ...] = tuple(_value_key(v) for v in vals)
         if params[k].dim() == 0 or any(isinstance(v, Tensor) and v.dim() > 0 for v in vals):
             # alone: a value per element; a 0-d parameter (a 0-d float64 value promotes it to
             # float64, as the per-parameter update does, where a flat tensor would not)
@@ -168,7 +168,7 @@ def _groups(params: Params, values: Callable[[str], tuple[Any, ...]]
     return list(out.values())
 
 
-def _key(v: Any) -> Any:
+def _value_key(v: Any) -> Any:
     if not isinstance(v, Tensor):
         return (type(v), v)
     if v.dim() == 0 and v.device.type == "cpu":
@@ -176,13 +176,13 @@ def _key(v: Any) -> Any:
     return id(v)
 
 
-def _flat(d: Params, keys: list[str]) -> Tensor:
+def flatten_group(d: Params, keys: list[str]) -> Tensor:
     """The group's tensors as one flat tensor (one parameter: the tensor itself)."""
     return d[keys[0]] if len(keys) == 1 else torch.cat([d[k].reshape(-1) for k in keys])
 
 
-def _unflat(out: dict[str, Tensor], flat: Tensor, like: Params, keys: list[str]) -> None:
-    """:func:`_flat`'s inverse into ``out`` (views of ``flat``, shaped as ``like``'s)."""
+def unflatten_group(out: dict[str, Tensor], flat: Tensor, like: Params, keys: list[str]) -> None:
+    """:func:`flatten_group`'s inverse into ``out`` (views of ``flat``, shaped as ``like``'s)."""
     if len(keys) == 1:
         out[keys[0]] = flat
         return
