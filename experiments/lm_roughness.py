@@ -189,20 +189,14 @@ def discounted(a: argparse.Namespace, horizons: list[int], path: Path,
     T = max(horizons)
     parts = []
     for mu in a.mu:
-        agree = n = 0
-        ratios = []
-        for r in (r for r in got if (r["T"], r["mu"]) == (T, mu)):
-            base = next((b for b in rows if (b["seed"], b["T"]) == (r["seed"], T)), None)
-            if base is None:
-                continue
-            for e, g in r["grad"].items():
-                c = base["entries"][e]["central"]
-                big = [v for h, v in c.items() if float(h) >= 0.1]
-                n += 1
-                agree += bool(big) and all(math.copysign(1, v) == math.copysign(1, g)
-                                           for v in big)
-                if g and "0.1" in c:
-                    ratios.append(c["0.1"] / g)
+        # the discounted hypergradients in the recorded rows' place: summary's count
+        pairs = [{"entries": {e: {"hypergradient": g, "central": base["entries"][e]["central"]}
+                              for e, g in r["grad"].items()}}
+                 for r in got if (r["T"], r["mu"]) == (T, mu)
+                 for base in rows if (base["seed"], base["T"]) == (r["seed"], T)]
+        _, agree, n = summary(pairs, a.steps)
+        ratios = [c["central"]["0.1"] / c["hypergradient"] for p in pairs
+                  for c in p["entries"].values() if c["hypergradient"] and "0.1" in c["central"]]
         med = sorted(ratios)[len(ratios) // 2] if ratios else math.nan
         parts.append(f"mu={mu:g}:agree_large={agree}/{n},median_ratio={med:.2f}")
     print(f"lm_roughness_mu T={T} " + " ".join(parts))

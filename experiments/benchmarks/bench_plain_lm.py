@@ -7,7 +7,7 @@ interleaved, the median of ``--repeats`` each:
 
 - ``library``: ``InnerProblem.run`` (a plain run: the gradient through ``torch.func.grad``, as
   the differentiated passes draw dropout, then Adam's flat update: the parameters that read
-  equal hyperparameters concatenated, :meth:`hypergrad.optim.Adam._update_flat`);
+  equal hyperparameters concatenated, :meth:`hypergrad.optim.Adam.update`);
 - ``library_per_parameter``: the same with the per-parameter update every differentiated pass
   runs (the plain run's update before 2026-11-29);
 - ``torch``: ``experiments/horizon_lm.train_torch(..., evaluate=False)`` (``torch.optim.AdamW``

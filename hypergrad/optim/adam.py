@@ -60,48 +60,28 @@ class Adam(Optimizer):
 
     def update(self, grads: Params, state: NamedTuple, params: Params, hp: Mapping[str, Any],
                step: int) -> tuple[Params, AdamState]:
+        """Per parameter; in a plain run (outside autograd and function transforms:
+        :func:`~hypergrad.optim.base.plain_update`) the parameters that read the same
+        hyperparameter values are concatenated into one flat tensor per group, so that a step
+        costs a few operations per group instead of a dozen per parameter: the same operations
+        on the same scalars in the same order, so the result is the same bit for bit
+        (tested)."""
         a, read = self.args, self.read
         assert isinstance(state, AdamState)
         n = step + 1
-        if plain_update(params, grads):
-            return self._update_flat(grads, state, params, hp, n)
-        new_p, m_new, v_new = {}, {}, {}
-        for k, p in params.items():
-            g = grads[k]
-            lr = read(a["lr"], hp, k)
-            b1, b2 = read(a["betas"][0], hp, k), read(a["betas"][1], hp, k)
-            if not is_zero(a["weight_decay"]):
-                wd = read(a["weight_decay"], hp, k)
-                if self.decoupled:
-                    p = p * (1 - lr * wd)
-                else:
-                    g = g + wd * p
-            m = state.exp_avg[k] + (1 - b1) * (g - state.exp_avg[k])  # torch uses lerp
-            v = b2 * state.exp_avg_sq[k] + (1 - b2) * g * g
-            bc1 = 1 - b1**n
-            bc2_sqrt = (1 - b2**n) ** 0.5
-            denom = safe_sqrt(v, a["eps_root"]) / bc2_sqrt + read(a["eps"], hp, k)
-            new_p[k] = p - (lr / bc1) * (m / denom)
-            m_new[k], v_new[k] = m, v
-        return new_p, AdamState(m_new, v_new)
-
-    def _update_flat(self, grads: Params, state: AdamState, params: Params,
-                     hp: Mapping[str, Any], n: int) -> tuple[Params, AdamState]:
-        """:meth:`update` outside autograd and function transforms (a plain run): the
-        parameters that read the same hyperparameter values are concatenated into one flat
-        tensor each, so that a step costs a few operations per group instead of a dozen per
-        parameter; the same operations on the same scalars in the same order, so the result is
-        :meth:`update`'s bit for bit (tested)."""
-        a, read = self.args, self.read
         has_wd = not is_zero(a["weight_decay"])
+
+        def values(k: str) -> tuple[Any, ...]:
+            return (read(a["lr"], hp, k), read(a["betas"][0], hp, k), read(a["betas"][1], hp, k),
+                    read(a["weight_decay"], hp, k) if has_wd else None, read(a["eps"], hp, k))
+
+        plain = plain_update(params, grads)
+        groups = (group_by_values(params, values) if plain
+                  else [([k], values(k)) for k in params])
         new_p: dict[str, Tensor] = {}
         m_new: dict[str, Tensor] = {}
         v_new: dict[str, Tensor] = {}
-        for keys, (lr, b1, b2, wd, eps) in group_by_values(
-                params, lambda k: (read(a["lr"], hp, k), read(a["betas"][0], hp, k),
-                                   read(a["betas"][1], hp, k),
-                                   read(a["weight_decay"], hp, k) if has_wd else None,
-                                   read(a["eps"], hp, k))):
+        for keys, (lr, b1, b2, wd, eps) in groups:
             p, g = flatten_group(params, keys), flatten_group(grads, keys)
             m0, v0 = flatten_group(state.exp_avg, keys), flatten_group(state.exp_avg_sq, keys)
             if has_wd:
@@ -109,7 +89,7 @@ class Adam(Optimizer):
                     p = p * (1 - lr * wd)
                 else:
                     g = g + wd * p
-            m = m0 + (1 - b1) * (g - m0)
+            m = m0 + (1 - b1) * (g - m0)  # torch uses lerp
             v = b2 * v0 + (1 - b2) * g * g
             bc1 = 1 - b1**n
             bc2_sqrt = (1 - b2**n) ** 0.5
@@ -117,6 +97,8 @@ class Adam(Optimizer):
             unflatten_group(new_p, p - (lr / bc1) * (m / denom), params, keys)
             unflatten_group(m_new, m, params, keys)
             unflatten_group(v_new, v, params, keys)
+        if not plain:
+            return new_p, AdamState(m_new, v_new)
         order = list(params)  # the parameters' order, as the per-parameter update keeps it
         return ({k: new_p[k] for k in order}, AdamState({k: m_new[k] for k in order},
                                                         {k: v_new[k] for k in order}))

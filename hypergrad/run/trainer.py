@@ -592,10 +592,11 @@ class Trainer:
     def _say_rough(self) -> None:
         """Once: a surrogate model (:class:`~hypergrad.run.Surrogate`) that found the
         hypergradients do not describe the validation losses between its points."""
-        fit = getattr(self.outer, "last_fit", None)
-        if fit is None or fit[1] < ROUGH_SHARE or self._rough_said:
+        if self._rough_said or not self._rough_now():
             return
         self._rough_said = True
+        fit = getattr(self.outer, "last_fit", None)  # set: _rough_now() read it
+        assert fit is not None
         self.message(f"outer step {self.outer_step}: the hypergradients do not describe the "
                      f"validation losses between the points evaluated (the surrogate model "
                      f"fits them as noise {fit[1]:g} times a slope's prior variance): it leans "
