@@ -63,3 +63,24 @@ def test_attention_dropout_is_found_on_the_first_plain_step() -> None:
     without = model_problem("transformer")
     without.run(without.init_raw(), stop=1)
     assert without.draws is False
+
+
+def test_plain_steps_that_draw_take_eager_autograd_where_it_draws_the_same() -> None:
+    """A loss that draws: the second plain step compares eager autograd with torch.func; where
+    they agree bit for bit (dropout of a tensor in logical order) later plain steps take eager
+    autograd and the run is the torch.func run bit for bit; where they do not
+    (nn.TransformerEncoderLayer drops out a transposed tensor), plain steps stay on
+    torch.func."""
+    mlp = model_problem("dropout_mlp")
+    lam = mlp.init_raw()
+    mlp.run(lam, stop=2)
+    assert mlp.draws is True and mlp.eager_draws is True
+    eager = mlp.run(lam)
+    mlp.eager_draws = False  # torch.func at every step
+    func = mlp.run(lam)
+    for got, want in zip((eager.params, *eager.opt), (func.params, *func.opt), strict=True):
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in got)
+    transformer = model_problem("transformer_dropout")
+    transformer.run(transformer.init_raw(), stop=2)
+    assert transformer.draws is True and transformer.eager_draws is False

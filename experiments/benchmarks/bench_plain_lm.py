@@ -5,9 +5,10 @@ Trainer pays per line-search trial (issue 26's TPE contenders train in plain PyT
 Three ways to train the same network at the same schedule for T steps, one process, one thread,
 interleaved, the median of ``--repeats`` each:
 
-- ``library``: ``InnerProblem.run`` (a plain run: the gradient through ``torch.func.grad``, as
-  the differentiated passes draw dropout, then Adam's flat update: the parameters that read
-  equal hyperparameters concatenated, :meth:`hypergrad.optim.Adam.update`);
+- ``library``: ``InnerProblem.run`` (a plain run: the gradient by eager autograd, which on this
+  model draws dropout bit for bit as the differentiated passes' ``torch.func`` does,
+  ``InnerProblem.eager_draws``, then Adam's flat update: the parameters that read equal
+  hyperparameters concatenated, :meth:`hypergrad.optim.Adam.update`);
 - ``library_per_parameter``: the same with the per-parameter update every differentiated pass
   runs (the plain run's update before 2026-11-29);
 - ``torch``: ``experiments/horizon_lm.train_torch(..., evaluate=False)`` (``torch.optim.AdamW``

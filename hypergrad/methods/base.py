@@ -248,7 +248,7 @@ class Sizes:
 
 def counting(problem: InnerProblem) -> contextlib.AbstractContextManager[None]:
     """The context of a count on fake tensors: what the problem learns from a real evaluation
-    (whether its loss draws random numbers) is kept as it was, and the random streams too."""
+    (whether its loss draws random numbers, and how plain steps may draw them) is kept as it was, and the random streams too."""
     return _Counting(problem)
 
 
@@ -258,10 +258,12 @@ class _Counting:
 
     def __enter__(self) -> None:
         self.draws = self.problem.draws
+        self.eager_draws = self.problem.eager_draws
         self.rng = torch.random.get_rng_state()
 
     def __exit__(self, *exc: Any) -> None:
         self.problem.draws = self.draws
+        self.problem.eager_draws = self.eager_draws
         torch.random.set_rng_state(self.rng)
 
 
