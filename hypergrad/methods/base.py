@@ -248,7 +248,8 @@ class Sizes:
 
 def counting(problem: InnerProblem) -> contextlib.AbstractContextManager[None]:
     """The context of a count on fake tensors: what the problem learns from a real evaluation
-    (whether its loss draws random numbers, and how plain steps may draw them) is kept as it was, and the random streams too."""
+    (whether its loss draws random numbers, and how plain steps may draw them) is kept as it
+    was, and the random streams too."""
     return _Counting(problem)
 
 
