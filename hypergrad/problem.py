@@ -181,7 +181,7 @@ class InnerProblem:
         once ``True``, it stays ``True``)."""
         self.eager_draws: bool | None = None
         """For a loss that draws: whether plain steps may take eager autograd, which draws the
-        same numbers as ``torch.func`` for this loss (found on its second plain step by
+        same numbers as ``torch.func`` for this loss (found on its first plain step by
         computing the gradient both ways: bitwise equal gradients and running statistics, or
         ``False``)."""
 
@@ -435,7 +435,7 @@ class InnerProblem:
         goes through ``torch.func``: eager random ops lay their draws out in the input's memory
         order, ``torch.func`` in logical order (dropout of a transposed tensor, as in
         ``nn.TransformerEncoderLayer``, gets other masks), so every evaluation of the step runs
-        the way the differentiated passes do. Its second plain step is also computed by eager
+        the way the differentiated passes do. Its first plain step is also computed by eager
         autograd in the same kernels; where the two agree bit for bit (gradient and running
         statistics: every random op's input in logical order, as in most models), the later
         plain steps take eager autograd (:attr:`eager_draws`; 1.25x faster on the char LM's
@@ -461,6 +461,9 @@ class InnerProblem:
                 state.params, state.buffers, lam, t, batch)
         if probe is not None:
             self.attention_dropout = probe.dropout
+            if not probe.dropout:  # again in the fused kernels later plain steps run, so that a
+                # problem's first plain run repeats bit for bit (the math kernel rounds otherwise)
+                return self._gradient(state, lam, t, plain)
         elif plain and self.draws and self.eager_draws is None:
             # the same step by eager autograd, in the same kernels: where it draws the same
             # numbers (inputs of random ops in logical order), the rest of the plain steps

@@ -469,3 +469,20 @@ def run_cli(command: str, run_dir: Path, cwd: Path | None = None) -> None:
                           f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
                          timeout=600, cwd=cwd or run_dir)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def tiny_lm(dtype: str = "float64", steps: int = 4, clip: float | None = 1.0) -> Any:
+    """A character LM task small enough for a test: d_model 8, two heads, dropout 0.1, AdamW
+    clipped at ``clip`` over a 2-window schedule, a weight decay per layer group and the
+    betas."""
+    from hypergrad.tasks.charlm import LAYER_GROUPS, PerGroup, charlm_task, transformer_factory
+
+    hps = hg.HyperParams([hg.Schedule("lr", 3e-3, windows=2, transform="log"),
+                          PerGroup("wd", 0.01, "log", groups=LAYER_GROUPS),
+                          hg.Scalar("b1", 0.9, transform="logit"),
+                          hg.Scalar("b2", 0.99, transform="logit")])
+    opt = hg.optim.adamw(lr="lr", betas=("b1", "b2"), weight_decay="wd", clip_grad_norm=clip)
+    return charlm_task(hps, opt, transformer_factory(d_model=8, n_heads=2, dropout=0.1),
+                       steps=steps, batch_size=2, context=8, train_chars=20_000,
+                       val_chars=2_000, test_chars=2_000, val_windows=4, eval_windows=8,
+                       dtype=dtype)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import tiny_lm
 from torch.utils.data import DataLoader, TensorDataset
 
 import hypergrad as hg
@@ -116,26 +117,12 @@ def test_text_file_corpus(tmp_path: Path) -> None:
     assert len(c.train) + len(c.val) + len(c.test) == len(f.read_text())
 
 
-def _tiny_lm(dtype: str = "float64", steps: int = 4, clip: float | None = 1.0) -> Any:
-    from hypergrad.tasks.charlm import LAYER_GROUPS, PerGroup, charlm_task, transformer_factory
-
-    hps = hg.HyperParams([hg.Schedule("lr", 3e-3, windows=2, transform="log"),
-                          PerGroup("wd", 0.01, "log", groups=LAYER_GROUPS),
-                          hg.Scalar("b1", 0.9, transform="logit"),
-                          hg.Scalar("b2", 0.99, transform="logit")])
-    opt = hg.optim.adamw(lr="lr", betas=("b1", "b2"), weight_decay="wd", clip_grad_norm=clip)
-    return charlm_task(hps, opt, transformer_factory(d_model=8, n_heads=2, dropout=0.1),
-                       steps=steps, batch_size=2, context=8, train_chars=20_000,
-                       val_chars=2_000, test_chars=2_000, val_windows=4, eval_windows=8,
-                       dtype=dtype)
-
-
 def test_charlm_hypergradcheck_with_dropout_clipping_and_groups() -> None:
     """The LM with dropout, AdamW clipped at 1.0, a weight decay per layer group and the betas:
     forward = reverse = central finite differences in float64."""
     from hypergrad.testing import hypergradcheck
 
-    task = _tiny_lm()
+    task = tiny_lm()
     p = task.problem
     assert p.num_hyperparams == 2 + 5 + 2
     wd = p.hyperparams.values(p.init_raw())["wd"]

@@ -6,7 +6,7 @@ plain steps; attention with dropout is detected once."""
 from __future__ import annotations
 
 import torch
-from fixtures import model_problem
+from fixtures import model_problem, tiny_lm
 
 import hypergrad as hg
 from hypergrad.rng import step_seed
@@ -66,7 +66,7 @@ def test_attention_dropout_is_found_on_the_first_plain_step() -> None:
 
 
 def test_plain_steps_that_draw_take_eager_autograd_where_it_draws_the_same() -> None:
-    """A loss that draws: the second plain step compares eager autograd with torch.func; where
+    """A loss that draws: the first plain step compares eager autograd with torch.func; where
     they agree bit for bit (dropout of a tensor in logical order) later plain steps take eager
     autograd and the run is the torch.func run bit for bit; where they do not
     (nn.TransformerEncoderLayer drops out a transposed tensor), plain steps stay on
@@ -84,3 +84,14 @@ def test_plain_steps_that_draw_take_eager_autograd_where_it_draws_the_same() -> 
     transformer = model_problem("transformer_dropout")
     transformer.run(transformer.init_raw(), stop=2)
     assert transformer.draws is True and transformer.eager_draws is False
+
+
+def test_a_problems_first_plain_run_repeats_bit_for_bit() -> None:
+    """The first plain step finds out whether attention draws dropout masks in the math
+    kernel; where it does not, the step is computed again in the fused kernels every later
+    plain step runs, so the first run at lam is every later run at lam, to the last bit."""
+    p = tiny_lm("float32", steps=6).problem
+    lam = p.init_raw()
+    first, second = p.run(lam), p.run(lam)
+    assert p.attention_dropout is False and p.eager_draws is True
+    assert all(torch.equal(first.params[k], second.params[k]) for k in first.params)
