@@ -438,8 +438,8 @@ class InnerProblem:
         the way the differentiated passes do. Its first plain step is also computed by eager
         autograd in the same kernels; where the two agree bit for bit (gradient and running
         statistics: every random op's input in logical order, as in most models), the later
-        plain steps take eager autograd (:attr:`eager_draws`; 1.25x faster on the char LM's
-        step)."""
+        plain steps take eager autograd (:attr:`eager_draws`; the char LM's plain run 1.3x
+        faster, ``experiments/benchmarks/bench_plain_lm.py``)."""
         return self._gradient(state, lam, t, is_plain(state, lam))
 
     def _gradient(self, state: InnerState, lam: Tensor, t: int, plain: bool

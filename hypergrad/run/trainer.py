@@ -584,22 +584,22 @@ class Trainer:
         self.lam.grad = None
         self.bounds.project(self.lam)
 
-    def _rough_now(self) -> bool:
-        """Whether the outer optimizer's last model treated the hypergradients as noise."""
+    def _rough_share(self) -> float | None:
+        """The noise share of the outer optimizer's last model where it treated the
+        hypergradients as noise (at least ``ROUGH_SHARE``), else ``None``."""
         fit = getattr(self.outer, "last_fit", None)
-        return fit is not None and fit[1] >= ROUGH_SHARE
+        return fit[1] if fit is not None and fit[1] >= ROUGH_SHARE else None
 
     def _say_rough(self) -> None:
         """Once: a surrogate model (:class:`~hypergrad.run.Surrogate`) that found the
         hypergradients do not describe the validation losses between its points."""
-        if self._rough_said or not self._rough_now():
+        share = self._rough_share()
+        if self._rough_said or share is None:
             return
         self._rough_said = True
-        fit = getattr(self.outer, "last_fit", None)  # set: _rough_now() read it
-        assert fit is not None
         self.message(f"outer step {self.outer_step}: the hypergradients do not describe the "
                      f"validation losses between the points evaluated (the surrogate model "
-                     f"fits them as noise {fit[1]:g} times a slope's prior variance): it leans "
+                     f"fits them as noise {share:g} times a slope's prior variance): it leans "
                      f"on the plain runs' losses. The loss may be rough in the hyperparameters "
                      f"at this horizon (docs/troubleshooting.md, 'Rough losses'), or the "
                      f"hypergradients wrong (a custom optimizer or method: "
@@ -922,7 +922,7 @@ class Trainer:
             self._record(value, grad, lam_used, hg.state, last_seconds,
                          backtracked=backtracked, info=hg.info)
             if (not ended and budget is not None and self.search.rough_plain
-                    and self.search.leftover and self._rough_now()):
+                    and self.search.leftover and self._rough_share() is not None):
                 self.message(f"outer step {self.outer_step - 1}: the surrogate model treats "
                              f"the hypergradients as noise: the time left goes to plain runs at "
                              f"its proposals, not to more hypergradients "
