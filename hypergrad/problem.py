@@ -184,6 +184,11 @@ class InnerProblem:
         same numbers as ``torch.func`` for this loss (found on its first plain step by
         computing the gradient both ways: bitwise equal gradients and running statistics, or
         ``False``)."""
+        self.direct_draws: bool | None = None
+        """For a loss that draws, with :attr:`eager_draws`: whether the step's VJP on autograd
+        directly (:class:`~hypergrad.stepvjp.DoubleBackward`'s direct route) equals
+        ``torch.func.vjp``'s bit for bit (found on its first step VJP by computing it both ways;
+        the later ones take the direct route where they agree)."""
 
     # -- basic facts ------------------------------------------------------------------------------
     @property

@@ -7,8 +7,9 @@ and ``a^T d s_{t+1} / d lam`` (Franceschi et al. 2017, eq. 7-8). Two ways, equal
 (tested):
 
 - :class:`DoubleBackward` (the default): a backward pass through the graph of the step's
-  gradient (reverse-over-reverse), on autograd directly where the loss draws no random numbers,
-  else by ``torch.func.vjp`` of the whole step.
+  gradient (reverse-over-reverse), on autograd directly where the loss draws no random numbers
+  or draws them as ``torch.func`` does (checked bit for bit once), else by ``torch.func.vjp``
+  of the whole step.
 - :class:`MixedMode` (MixFlow-MG, Kemaev et al., ICML 2025): split the step. The update's own
   VJP (first order, elementwise) gives ``a_w``, ``a_o`` and the cotangent of the gradient
   ``u = (dU/dg)^T a``; then, by the symmetry of the joint Hessian of ``L`` in ``(w, b, lam)``,
@@ -71,9 +72,14 @@ class DoubleBackward(StepVJP):
     the update on it, then one ``torch.autograd.grad`` of the new state with the adjoint. Where
     it draws, ``torch.func.vjp`` of the whole step (:meth:`~hypergrad.InnerProblem.step`), so
     that its random draws are laid out as in every other differentiated pass (see
-    :meth:`~hypergrad.InnerProblem.gradient`); also for a problem class that overrides ``step``
-    or its gradient. Both routes compute the same operations (bitwise equal on the suite's
-    problems, tested to rounding); the direct one skips ``torch.func``'s wrappers, whose Python
+    :meth:`~hypergrad.InnerProblem.gradient`), unless its plain steps draw the same numbers
+    eagerly (:attr:`~hypergrad.InnerProblem.eager_draws`) and the first step VJP, taken both
+    ways, agrees bit for bit (:attr:`~hypergrad.InnerProblem.direct_draws`): then the later
+    ones take the direct route too (a reverse hypergradient of the char LM of
+    :mod:`hypergrad.tasks.charlm` in 0.83-0.90x the time, ``bench_tape.py --lm``).
+    ``torch.func.vjp`` also serves a problem class that overrides ``step`` or its gradient.
+    Both routes compute the same operations (bitwise equal on the suite's problems, tested to
+    rounding); the direct one skips ``torch.func``'s wrappers, whose Python
     took a third of a small model's step VJP (docs/benchmarks.md, "Reverse mode on autograd's
     tape"). ``direct=False`` always takes ``torch.func.vjp`` (the route before 2026-11-28).
 
@@ -95,11 +101,24 @@ class DoubleBackward(StepVJP):
 
     def __call__(self, problem: InnerProblem, state: InnerState, lam: Tensor, t: int,
                  adj: InnerState) -> tuple[InnerState, Tensor]:
-        if self.direct and problem.draws is False and _plain_step(problem):
+        if self.direct and _plain_step(problem) and (
+                problem.draws is False
+                or (problem.draws and problem.eager_draws and problem.direct_draws is not False)):
             got = self._direct(problem, state, lam, t, adj)
             if got is not None:
+                if problem.draws and problem.direct_draws is None:
+                    # a loss that draws: the first step VJP is also taken by torch.func.vjp;
+                    # the direct route is kept where the two agree bit for bit
+                    ref = self._func(problem, state, lam, t, adj)
+                    problem.direct_draws = _bitwise_equal(got, ref)
+                    return ref
                 return got
+        return self._func(problem, state, lam, t, adj)
 
+    @staticmethod
+    def _func(problem: InnerProblem, state: InnerState, lam: Tensor, t: int,
+              adj: InnerState) -> tuple[InnerState, Tensor]:
+        """The step's VJP by ``torch.func.vjp`` of :meth:`~hypergrad.InnerProblem.step`."""
         def step(s: Any, lm: Tensor) -> Any:
             return problem.step(s, lm, t)
 
@@ -152,8 +171,19 @@ def direct_route(problem: InnerProblem) -> bool:
     """Whether a memory count of :class:`DoubleBackward` counts its direct route: the
     problem's own step and a loss not known to draw random numbers (before any real evaluation
     ``draws`` is ``None``, and the count takes the direct route, which holds a few percent
-    more)."""
-    return problem.draws is not True and _plain_step(problem)
+    more), or one whose step VJPs were found to draw the same numbers on both routes
+    (:attr:`~hypergrad.InnerProblem.direct_draws`)."""
+    return _plain_step(problem) and (problem.draws is not True
+                                     or bool(problem.eager_draws and problem.direct_draws))
+
+
+def _bitwise_equal(a: Any, b: Any) -> bool:
+    """Whether two trees of tensors have the same structure and bit for bit the same values."""
+    xs, sa = tree_flatten(a)
+    ys, sb = tree_flatten(b)
+    return sa == sb and all(
+        torch.equal(x, y) if isinstance(x, Tensor) and isinstance(y, Tensor) else x == y
+        for x, y in zip(xs, ys))
 
 
 def _plain_step(problem: InnerProblem) -> bool:

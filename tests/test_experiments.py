@@ -132,6 +132,18 @@ def test_bench_tape_times_both_reverse_modes_with_the_same_hypergradient(tmp_pat
     assert row["reverse_func_x_plain"] > 1 and row["direct_vs_func"] > 0
 
 
+def test_bench_tape_times_the_language_model_with_dropout_on_the_direct_route(
+        tmp_path: Path) -> None:
+    """``--lm``: the char LM (dropout) as a row, its reverse mode on the direct route (its draws
+    agree with torch.func's), the same hypergradient as the torch.func route."""
+    _script("experiments/benchmarks/bench_tape.py", "--quick", "--no-wait", "--problems", "--lm",
+            "--lm-steps", "10", "--json", str(tmp_path / "t.json"))
+    (row,) = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert row["problem"] == "charlm_dropout" and row["K"] == 17 and row["T"] == 10
+    assert row["direct_draws"] is True and row["rel_diff"] < 1e-4
+    assert row["reverse_x_plain"] > 1 and row["direct_vs_func"] > 0
+
+
 def test_profile_plain_profiles_both_steps() -> None:
     out = _script("experiments/benchmarks/profile_plain.py", "--model", "transformer",
                   "--k", "2", "--rows", "3")

@@ -1,9 +1,10 @@
 """DoubleBackward's two routes to a step's vector-Jacobian product: on autograd directly (a loss
-that draws no random numbers) and by ``torch.func.vjp`` of the whole step (a loss that draws:
-dropout, a user's own noise). Both give the same adjoint of the previous state and the same
-``a^T d s_{t+1} / d lam``, for every state layout the library has: BatchNorm's statistics and
-its integer count, Adam's and schedule-free AdamW's state, per-example weights, a schedule with
-tuned scales, attention and recurrent layers (their second-order kernels)."""
+that draws no random numbers, or one that draws the same numbers on both routes: dropout, a
+user's own noise) and by ``torch.func.vjp`` of the whole step (a loss that draws otherwise).
+Both give the same adjoint of the previous state and the same ``a^T d s_{t+1} / d lam``, for
+every state layout the library has: BatchNorm's statistics and its integer count, Adam's and
+schedule-free AdamW's state, per-example weights, a schedule with tuned scales, attention and
+recurrent layers (their second-order kernels)."""
 
 from __future__ import annotations
 
@@ -88,20 +89,62 @@ def test_reverse_mode_takes_it_and_still_equals_forward_mode() -> None:
     assert hg.testing.rel_err(rev, fwd) < 1e-12
 
 
-def test_a_drawing_loss_or_an_own_step_goes_through_torch_func(
+def test_a_drawing_loss_takes_the_direct_route_where_it_draws_as_torch_func(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Dropout (its draws as every differentiated pass lays them out), a user's own noise, and
-    a problem class with its own ``step``: never the direct route, and reverse mode still
-    equals forward mode."""
+    """Dropout and a user's own noise, whose plain steps draw as ``torch.func`` does: the
+    first step VJP is taken both ways, and where the two agree bit for bit every later one
+    takes the direct route; reverse mode equals its ``torch.func`` route bit for bit and
+    forward mode to rounding."""
+    calls: list[int] = []
+    func = DoubleBackward._func
+
+    def spy(*a: Any) -> Any:
+        calls.append(1)
+        return func(*a)
+
+    monkeypatch.setattr(DoubleBackward, "_func", staticmethod(spy))
+    for p in (model_problem("dropout_mlp"), model_problem("lstm", noise=True)):
+        lam = p.init_raw()
+        calls.clear()
+        first = hg.ReverseMode().hypergradient(p, lam).grad
+        assert p.draws is True and p.eager_draws is True and p.direct_draws is True
+        assert calls == [1]  # the first step VJP only, to compare
+        calls.clear()
+        again = hg.ReverseMode().hypergradient(p, lam).grad
+        assert calls == []
+        ref = hg.ReverseMode(step_vjp=DoubleBackward(direct=False)).hypergradient(p, lam).grad
+        assert torch.equal(first, ref) and torch.equal(again, ref)
+        assert hg.testing.rel_err(again, hg.ForwardMode().hypergradient(p, lam).grad) < 1e-10
+
+
+def test_a_step_vjp_that_draws_otherwise_or_an_own_step_goes_through_torch_func(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the direct route's first step VJP differs from ``torch.func``'s in any bit, every
+    step VJP goes through ``torch.func``; so do a loss whose plain steps draw otherwise
+    (``nn.TransformerEncoderLayer`` drops out a transposed tensor) and a problem class with its
+    own ``step``. Reverse mode still equals forward mode."""
+    p = model_problem("dropout_mlp")
+    lam = p.init_raw()
+    ref = hg.ReverseMode(step_vjp=DoubleBackward(direct=False)).hypergradient(p, lam).grad
+    direct = DoubleBackward._direct
+
+    def off(*a: Any, **k: Any) -> Any:  # a direct route one rounding step away
+        got = direct(*a, **k)
+        return None if got is None else (got[0], torch.nextafter(got[1], got[1] + 1))
+
+    monkeypatch.setattr(DoubleBackward, "_direct", staticmethod(off))
+    got = hg.ReverseMode().hypergradient(p, lam).grad
+    assert p.direct_draws is False and torch.equal(got, ref)
+
     def refuse(*a: Any, **k: Any) -> Any:
         raise AssertionError("the direct route ran")
 
     monkeypatch.setattr(DoubleBackward, "_direct", staticmethod(refuse))
-    for p in (model_problem("dropout_mlp"), model_problem("lstm", noise=True)):
-        lam = p.init_raw()
-        rev = hg.ReverseMode().hypergradient(p, lam).grad
-        assert p.draws is True
-        assert hg.testing.rel_err(rev, hg.ForwardMode().hypergradient(p, lam).grad) < 1e-10
+    t = model_problem("transformer_dropout")
+    lam = t.init_raw()
+    rev = hg.ReverseMode().hypergradient(t, lam).grad
+    assert t.draws is True and t.eager_draws is False and t.direct_draws is None
+    assert hg.testing.rel_err(rev, hg.ForwardMode().hypergradient(t, lam).grad) < 1e-10
 
     class Own(hg.InnerProblem):
         def step(self, state: Any, lam: torch.Tensor, t: int) -> Any:

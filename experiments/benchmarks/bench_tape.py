@@ -9,10 +9,13 @@ records the run once on autograd's tape, every step's gradient with its graph, a
 hypergradient. On the suite's small problems (experiments/suite.py, K <= 15, where the Trainer's
 ``"auto"`` method is reverse mode) this times a plain run, both reverse modes and forward mode
 (eager) in one process, round-robin, median of the repeats, one thread, and prints each in plain
-runs.
+runs. A loss that draws random numbers takes the direct route too where its draws agree with
+``torch.func``'s (checked once, bit for bit): ``--lm`` adds the long-horizon study's character
+language model with dropout (``horizon_lm``, K = 17, T = ``--lm-steps``).
 
     python experiments/benchmarks/bench_tape.py           # the K <= 15 problems, 5 repeats
     python experiments/benchmarks/bench_tape.py --quick   # 2 problems, 3 repeats (< 1 min)
+    python experiments/benchmarks/bench_tape.py --problems --lm   # the language model alone
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--problems", nargs="*", default=None, choices=list(suite.PROBLEMS))
+    ap.add_argument("--lm", action="store_true",
+                    help="also the character language model with dropout (horizon_lm)")
+    ap.add_argument("--lm-steps", type=int, default=50)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-wait", action="store_true",
                     help="do not wait for a quiet machine (tests; the ratios get noisier)")
@@ -49,8 +55,10 @@ def main() -> None:
     mach = C.machine()
     C.print_machine(mach)
     print(f"# malloc tuned: {tuned}; one thread")
-    names = args.problems or (list(QUICK) if args.quick else
-                              [n for n, p in suite.PROBLEMS.items() if p.K <= suite.LOW_K])
+    names = args.problems if args.problems is not None else (
+        list(QUICK) if args.quick else [n for n, p in suite.PROBLEMS.items() if p.K <= suite.LOW_K])
+    if args.lm:
+        names.append("charlm_dropout")
     repeats = 3 if args.quick else 5
     if args.no_wait:
         C.no_wait()  # no waiting, and no repeating calls other processes slowed
@@ -58,7 +66,7 @@ def main() -> None:
         C.wait_quiet()
     rows: list[dict[str, Any]] = []
     for name in names:
-        p = suite.build(name, 0).problem
+        p = _lm(args.lm_steps) if name == "charlm_dropout" else suite.build(name, 0).problem
         lam = p.init_raw()
         tape, rev, fwd = (hg.ReverseMode(tape=True), hg.ReverseMode(),
                           hg.ForwardMode(compile=False))
@@ -82,7 +90,9 @@ def main() -> None:
                      "tape_vs_reverse": times["tape"] / times["reverse"],
                      "direct_vs_func": times["reverse"] / times["reverse_func"],
                      "rel_diff": max(hg.testing.rel_err(g_tape, g_rev),
-                                     hg.testing.rel_err(g_func, g_rev))})
+                                     hg.testing.rel_err(g_func, g_rev)),
+                     # a loss that draws: whether reverse mode took the direct route
+                     "direct_draws": p.direct_draws})
         print(C.table(rows[-1:], COLS).splitlines()[1], flush=True)
     print()
     print(C.table(rows, COLS))
@@ -93,6 +103,16 @@ def main() -> None:
             f"(problems {len(rows)}); tape in plain runs {min(xs):.2f}-{max(xs):.2f}; "
             f"reverse direct/torch.func median={d[len(d) // 2]:.2f} max={d[-1]:.2f}")
     C.finish("bench_tape", {"machine": mach, "rows": rows, "quick": args.quick}, args.json, line)
+
+
+def _lm(steps: int) -> hg.InnerProblem:
+    """The long-horizon study's character language model (dropout 0.1, AdamW, clipping) over
+    ``steps`` inner steps."""
+    from horizon_lm import lm_study
+
+    st = lm_study(False)
+    st.T = steps
+    return st.task(0).problem
 
 
 COLS = [("problem", "problem", ""), ("K", "K", "d"), ("T", "T", "d"),
