@@ -55,7 +55,10 @@ def test_checkpointed_where_reverse_does_not_fit() -> None:
     assert ck < rev < fwd
     name, why = choose_method(p, memory_budget=(ck + rev) / 2)
     assert name == "checkpointed"
-    assert "forward mode would not fit; reverse mode would not fit" in why and "K=64" in why
+    # counted cheapest first: reverse (does not fit), then checkpointed (fits); forward, the
+    # costliest per step at K = 64, is not counted
+    assert why.startswith("reverse mode would not fit; K=64")
+    assert "forward" not in why.split("(")[-1]
     method, why = AutoMode().resolve(p, memory_budget=(ck + rev) / 2)
     assert isinstance(method, hg.ReverseMode) and method.checkpoint == "sqrt"
     assert why.startswith("chose checkpointed: ")
@@ -89,6 +92,40 @@ def test_forward_wins_ties_and_cheap_k() -> None:
     f4, r4 = estimate_memory(p, "forward").total, estimate_memory(p, "reverse").total
     budget = max(f4, estimate_memory(p, hg.ReverseMode(checkpoint="sqrt")).total) * 1.01
     assert budget < r4 and choose_method(p, memory_budget=budget)[0] == "checkpointed"
+
+
+def test_the_choice_counts_cheapest_first_and_equals_the_rule_over_all_counts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Estimates are counted in the order of their cost per step and the first that fits is
+    picked: the same method as the rule over all three counts at every budget, with the costlier
+    ones never counted (a count on fake tensors costs about two plain runs of a small model)."""
+    p4 = _problem("per_tensor_wd", steps=400)
+    k2 = hg.InnerProblem(p4.fmodel.module, p4.train_loss, hg.optim.sgd(lr="lr", momentum="m"),
+                         hg.HyperParams([hg.Scalar("m", 0.5), hg.Scalar("lr", 0.1)]),
+                         p4.batch, 400, p4.val_loss)  # K = 2: forward ties checkpointed
+    for p in (_problem(), p4, k2):  # K = 64, 4, 2
+        k = p.num_hyperparams
+        ests = {n: estimate_memory(p, m).total for n, m in (
+            ("forward", "forward"), ("reverse", "reverse"),
+            ("checkpointed", hg.ReverseMode(checkpoint="sqrt")))}
+        cost = {"forward": 1 + 2 * k, "reverse": 4, "checkpointed": 5}
+        for room in sorted(ests.values()):
+            for b in (room * 0.99, room * 1.01):
+                fits = [n for n in ests if ests[n] <= b]
+                if not fits:
+                    with pytest.raises(MemoryBudgetError, match="neither method fits"):
+                        choose_method(p, memory_budget=b)
+                    continue
+                assert choose_method(p, memory_budget=b)[0] == min(
+                    fits, key=lambda n: (cost[n], n != "forward"))
+
+    def refuse(*a: object, **kw: object) -> None:
+        raise AssertionError("forward mode's memory was counted")
+
+    p = _problem()
+    monkeypatch.setattr(hg.ForwardMode, "estimate_memory", refuse)
+    name, why = choose_method(p)  # K = 64: reverse fits, forward costs 129 gradients a step
+    assert name == "reverse" and why.endswith(")") and "forward needs" not in why
 
 
 def test_nothing_fits_names_the_approximate_options() -> None:

@@ -115,41 +115,56 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
     that does not fit is never picked, and among those that fit the cheapest per inner step
     wins: forward ``1 + 2K`` gradients, reverse 4, checkpointed reverse 5 (ties to forward,
     whose memory does not grow with T). So checkpointed reverse is picked only where full
-    reverse does not fit and forward either does not fit or costs more (K >= 3). Only exact
-    methods are chosen; when none fits, :class:`~hypergrad.errors.MemoryBudgetError` gives the
-    numbers and the options (truncated reverse, implicit differentiation among them).
+    reverse does not fit and forward either does not fit or costs more (K >= 3). The estimates
+    are counted in that order and the first that fits is picked: the others are not counted
+    (a count on fake tensors costs about two plain runs of a small model; reasons name only
+    the methods counted). Only exact methods are chosen; when none fits,
+    :class:`~hypergrad.errors.MemoryBudgetError` gives the numbers and the options (truncated
+    reverse, implicit differentiation among them).
     """
     k = problem.num_hyperparams
     room = budget(problem, memory_budget)
     sizes = Sizes.of(problem)
-    fwd = (forward if forward is not None else ForwardMode()).estimate_memory(problem, sizes)
+    methods: dict[str, ForwardMode | ReverseMode] = {
+        "forward": forward if forward is not None else ForwardMode(),
+        "reverse": reverse if reverse is not None else ReverseMode(),
+        "checkpointed": (checkpointed if checkpointed is not None
+                         else ReverseMode(checkpoint="sqrt"))}
     if mode == "online":
+        fwd = methods["forward"].estimate_memory(problem, sizes)
         if fwd.total > room:
             raise MemoryBudgetError(
                 f"method=auto: online tuning needs forward mode, which needs about {fwd} > "
                 f"memory budget {gib(room)}. Options: {options(problem, fwd, None, mode)}.")
         return "forward", "online tuning needs hypergradients during training (forward mode)"
-    rev = (reverse if reverse is not None else ReverseMode()).estimate_memory(problem, sizes)
-    ck_method = checkpointed if checkpointed is not None else ReverseMode(checkpoint="sqrt")
-    ckpt = ck_method.estimate_memory(problem, sizes)
-    ests = {"forward": fwd, "reverse": rev, "checkpointed": ckpt}
     cost = {"forward": 1 + 2 * k, "reverse": 4, "checkpointed": 5}
-    both = (f"forward needs ~{gib(fwd.total)}, reverse ~{gib(rev.total)}, checkpointed reverse "
-            f"~{gib(ckpt.total)}, budget {gib(room)}")
-    fits = [n for n in ("forward", "reverse", "checkpointed") if ests[n].total <= room]
-    if not fits:
+    # counted cheapest first, until one fits: a count on fake tensors costs a few plain runs of
+    # a small model, and a method that costs more per step than one that fits is never picked
+    ests: dict[str, MemoryEstimate] = {}
+    name = None
+    for n in sorted(methods, key=lambda n: (cost[n], n != "forward")):
+        ests[n] = methods[n].estimate_memory(problem, sizes)
+        if ests[n].total <= room:
+            name = n
+            break
+    if name is None:
+        fwd, rev, ckpt = (ests[n] for n in ("forward", "reverse", "checkpointed"))
         raise MemoryBudgetError(
             f"method=auto: neither method fits the memory budget of {gib(room)}: {fwd}; "
             f"{rev}; {ckpt}. Options: {options(problem, fwd, rev, mode, ckpt)}.")
-    name = min(fits, key=lambda n: (cost[n], n != "forward"))
     label = {"forward": "forward mode", "reverse": "reverse mode",
              "checkpointed": "checkpointed reverse mode"}
-    out = [label[n] for n in ("forward", "reverse") if n not in fits]
-    why_fit = "; ".join(f"{x} would not fit" for x in out)
+    words = {"forward": "forward", "reverse": "reverse", "checkpointed": "checkpointed reverse"}
+    counted = [n for n in ("forward", "reverse", "checkpointed") if n in ests]
+    needs = ", ".join(f"{words[n]}{' needs' if i == 0 else ''} ~{gib(ests[n].total)}"
+                      for i, n in enumerate(counted))
+    both = f"{needs}, budget {gib(room)}"
+    why_fit = "; ".join(f"{label[n]} would not fit" for n in ("forward", "reverse")
+                        if n in ests and n != name)
     costs = (f"K={k}: forward costs ~{1 + 2 * k} gradients per step, reverse ~4, checkpointed "
              f"reverse ~5")
     if name == "forward" and not why_fit:
         return "forward", f"{costs}, and forward's memory is independent of T ({both})"
     if name == "reverse" and not why_fit:
-        return "reverse", f"{costs}; both fit ({both})"
+        return "reverse", f"{costs}; reverse fits ({both})"
     return name, f"{why_fit}; {costs} ({both})"
