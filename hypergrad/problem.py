@@ -475,7 +475,7 @@ class InnerProblem:
             # skip torch.func's wrappers (a quarter of the char LM's plain step)
             with kernel():
                 eg, eb = self._eager_grad(state.params, state.buffers, lam, t, batch, fused=False)
-            self.eager_draws = _bitwise_equal(g, eg) and _bitwise_equal(new_buffers, eb)
+            self.eager_draws = bitwise_equal((g, new_buffers), (eg, eb))
         return g, new_buffers
 
     def _detect_draws(self, lam: Tensor) -> None:
@@ -1368,12 +1368,21 @@ def _refuse_data_as_batches(batches: Any) -> None:
                 + (" (NumPy arrays converted first: torch.as_tensor(a))." if arrays else "."))
 
 
-def _bitwise_equal(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
-    """The same keys and, for each, the same dtype, shape and bits (no fake tensors)."""
-    if a.keys() != b.keys():
-        return False
+def bitwise_equal(a: Any, b: Any) -> bool:
+    """Whether two trees of tensors (dicts, tuples, an :class:`InnerState`) have the same
+    structure and, leaf by leaf, the same dtype, shape and bits (``False`` for tensors without
+    data: a count on fake tensors)."""
+    xs, sa = tree_flatten(a)
+    ys, sb = tree_flatten(b)
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, Tensor) or isinstance(y, Tensor):
+            return (isinstance(x, Tensor) and isinstance(y, Tensor) and x.dtype == y.dtype
+                    and torch.equal(x, y))
+        return bool(x == y)
+
     try:
-        return all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+        return sa == sb and all(same(x, y) for x, y in zip(xs, ys))
     except (RuntimeError, NotImplementedError):  # tensors without data (a count on fakes)
         return False
 

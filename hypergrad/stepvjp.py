@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.func import grad, jvp, vjp
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from .problem import InnerProblem, InnerState
+from .problem import InnerProblem, InnerState, bitwise_equal
 
 __all__ = ["StepVJP", "DoubleBackward", "MixedMode", "STEP_VJPS"]
 
@@ -110,7 +110,7 @@ class DoubleBackward(StepVJP):
                     # a loss that draws: the first step VJP is also taken by torch.func.vjp;
                     # the direct route is kept where the two agree bit for bit
                     ref = self._func(problem, state, lam, t, adj)
-                    problem.direct_draws = _bitwise_equal(got, ref)
+                    problem.direct_draws = bitwise_equal(got, ref)
                     return ref
                 return got
         return self._func(problem, state, lam, t, adj)
@@ -175,15 +175,6 @@ def direct_route(problem: InnerProblem) -> bool:
     (:attr:`~hypergrad.InnerProblem.direct_draws`)."""
     return _plain_step(problem) and (problem.draws is not True
                                      or bool(problem.eager_draws and problem.direct_draws))
-
-
-def _bitwise_equal(a: Any, b: Any) -> bool:
-    """Whether two trees of tensors have the same structure and bit for bit the same values."""
-    xs, sa = tree_flatten(a)
-    ys, sb = tree_flatten(b)
-    return sa == sb and all(
-        torch.equal(x, y) if isinstance(x, Tensor) and isinstance(y, Tensor) else x == y
-        for x, y in zip(xs, ys))
 
 
 def _plain_step(problem: InnerProblem) -> bool:
