@@ -152,14 +152,12 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
         raise MemoryBudgetError(
             f"method=auto: neither method fits the memory budget of {gib(room)}: {fwd}; "
             f"{rev}; {ckpt}. Options: {options(problem, fwd, rev, mode, ckpt)}.")
-    label = {"forward": "forward mode", "reverse": "reverse mode",
-             "checkpointed": "checkpointed reverse mode"}
     words = {"forward": "forward", "reverse": "reverse", "checkpointed": "checkpointed reverse"}
     counted = [n for n in ("forward", "reverse", "checkpointed") if n in ests]
     needs = ", ".join(f"{words[n]}{' needs' if i == 0 else ''} ~{gib(ests[n].total)}"
                       for i, n in enumerate(counted))
     both = f"{needs}, budget {gib(room)}"
-    why_fit = "; ".join(f"{label[n]} would not fit" for n in ("forward", "reverse")
+    why_fit = "; ".join(f"{words[n]} mode would not fit" for n in ("forward", "reverse")
                         if n in ests and n != name)
     costs = (f"K={k}: forward costs ~{1 + 2 * k} gradients per step, reverse ~4, checkpointed "
              f"reverse ~5")
