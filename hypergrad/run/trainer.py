@@ -93,11 +93,12 @@ class TrainResult:
     the guards' ``time_budget``. ``evaluations``: the points evaluated by plain inner runs
     (the space-filling start, the line search; :attr:`Trainer.evaluations`). ``rechecked``:
     offline with ``Offline(recheck=...)``, the best points trained again in another batch
-    order before ``lam`` was chosen among them by the mean of both validation losses
+    order before ``lam`` was chosen among them by the worse of its two validation losses
+    (``SearchSettings.recheck_pick``; ``"mean"``: their mean)
     (``{"lam", "val_loss", "variant_val_loss", "outer_step"}`` each; ``best_val_loss`` stays
     the chosen point's loss in the problem's own order). With the problem's ``select_loss``
     (offline), ``lam`` is the point with the lowest held-out ``select_loss`` (re-checked: the
-    lowest mean of it in both orders, ``"select_loss"`` and ``"variant_select_loss"`` in
+    lowest worse of it in both orders, ``"select_loss"`` and ``"variant_select_loss"`` in
     ``rechecked``), ``best_select_loss`` its value. ``elapsed``: the run's seconds on the
     guards' clock, over every ``fit()`` call that led to it (a resumed run counts its earlier
     calls up to their last checkpoint), as the records' ``elapsed``.
@@ -1003,9 +1004,10 @@ class Trainer:
         (:meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>`), best first, each at
         least :data:`RECHECK_APART` of the box from the others in some coordinate, the last of
         them the point the first hypergradient was taken at (``search.recheck_first``), while the
-        time budget allows. Returns them and the one with the lowest mean of both losses (the
-        held-out ``select_loss`` where the problem has one, else the validation loss);
-        ``([], None)`` when fewer than two were re-checked (nothing to choose)."""
+        time budget allows. Returns them and the one whose worse loss of the two orders is
+        lowest (``search.recheck_pick="mean"``: the lowest mean; the held-out ``select_loss``
+        where the problem has one, else the validation loss); ``([], None)`` when fewer than
+        two were re-checked (nothing to choose)."""
         budget = self.guards.time_budget
         out: list[dict[str, Any]] = []
         lo, hi = self.box
@@ -1042,14 +1044,20 @@ class Trainer:
         if len(out) < 2:
             return [], None
         key = "select_loss" if "select_loss" in out[0] else "val_loss"
-        pick = min(out, key=lambda r: r[key] + r[f"variant_{key}"])
+        worse = self.search.recheck_pick == "worse"
+
+        def score(r: dict[str, Any]) -> float:
+            a, b = r[key], r[f"variant_{key}"]
+            return max(a, b) if worse else (a + b) / 2
+
+        pick = min(out, key=score)
         said = ", ".join(f"{r[key]:.4g} -> {r[f'variant_{key}']:.4g}" for r in out)
         what = "held-out select_loss" if key == "select_loss" else "validation loss"
         where = " and where the descent started" if first is not None else ""
         self.message(f"re-checked {len(out)} points (the best{where}) in another batch order "
                      f"({said}); "
-                     f"returned the one of outer step {pick['outer_step']} (mean {what} "
-                     f"{(pick[key] + pick[f'variant_{key}']) / 2:.4g})")
+                     f"returned the one of outer step {pick['outer_step']} "
+                     f"({'the worse' if worse else 'mean'} {what} {score(pick):.4g})")
         return out, pick
 
     def _fit_online(self) -> TrainResult:
