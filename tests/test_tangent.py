@@ -145,3 +145,31 @@ def test_an_explicit_rule_that_does_not_apply_is_an_error() -> None:
             problem, problem.init_raw())
     with pytest.raises(TypeError, match="tangent must be a TangentRule"):
         hg.ForwardMode(tangent="jvp")  # type: ignore[arg-type]
+
+
+def test_a_terms_zero_derivatives_add_nothing_and_skip_its_value() -> None:
+    """``TangentContext.add_term``: ``z[rows[j]] += sign * d[j] * x``, the rows whose ``d[j]``
+    is 0 left as they were (a schedule reads one window per step) and ``x`` not evaluated when
+    all are; a NaN derivative still reaches its row."""
+    from hypergrad.optim.base import TangentContext
+
+    c = TangentContext(0, {}, (), {}, {}, (), {}, {}, {}, rows=[1, 2, 4])  # type: ignore[arg-type]
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(5, 3, dtype=torch.float64, generator=g)
+    x = torch.randn(3, dtype=torch.float64, generator=g)
+    calls: list[int] = []
+
+    def value() -> torch.Tensor:
+        calls.append(1)
+        return x
+
+    before = z.clone()
+    c.add_term(z, torch.zeros(3, dtype=torch.float64), value)
+    assert calls == [] and torch.equal(z, before)
+    d = torch.tensor([0.0, 0.5, 0.0], dtype=torch.float64)
+    c.add_term(z, d, value, sign=-1.0)
+    want = before.clone()
+    want[2] -= 0.5 * x
+    assert calls == [1] and torch.equal(z, want)
+    c.add_term(z, torch.tensor([float("nan"), 0.0, 0.0], dtype=torch.float64), x)
+    assert torch.isnan(z[1]).all() and torch.equal(z[[0, 2, 3, 4]], want[[0, 2, 3, 4]])
