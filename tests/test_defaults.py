@@ -738,6 +738,9 @@ def test_search_settings_from_a_hydra_config() -> None:
 
     got = mode("mode.search={smooth_schedule:null,shared_start:[schedule]}")
     assert got.search == SearchSettings(smooth_schedule=None, shared_start=("schedule",))
+    assert mode("mode.search={recheck_pick:mean}").search == SearchSettings(recheck_pick="mean")
+    with pytest.raises(InstantiationException, match="recheck_pick='best' must be one of"):
+        mode("mode.search={recheck_pick:best}")
     with pytest.raises(InstantiationException, match=r"unknown settings \['bogus'\]"):
         mode("mode.search={bogus:1}")
 
