@@ -38,6 +38,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 __all__ = ["Optimizer", "TangentContext", "Params", "Arg", "PerParam", "safe_sqrt", "fma", "owned",
            "is_zero", "const_zero", "flag", "inv_twice", "l2_penalty", "l2_tangent", "register",
@@ -298,11 +299,12 @@ class TangentContext:
         On the CPU the rows whose ``d[j]`` is 0 are skipped (and ``x`` is not evaluated when
         every one is): a schedule's value reads one or two of its windows at a step and a
         per-group value its group's column, so most of a step's entries are 0 (6-7 of 8 on
-        the tests' small language model). Elsewhere every row is added: reading ``d`` there
-        would wait for the device."""
+        the tests' small language model). Elsewhere every row is added: reading ``d`` would
+        wait for a device, break a compiled graph, or find no values (a memory count's fake
+        tensors, which then count every row's term: at most what the step holds)."""
         if d is None:
             return
-        if d.device.type == "cpu":
+        if d.device.type == "cpu" and not is_fake(d) and not torch.compiler.is_compiling():
             live = [j for j, v in enumerate(d.tolist()) if v != 0]
             if not live:
                 return
