@@ -15,7 +15,10 @@ alone (``tuning``) and, as the ceiling of any rule, the candidate that retrains 
 
 Prints a table of mean test losses per problem and rule and a last line
 ``recheck_pick half=<h> worse_vs_mean=<geometric mean ratio> worst=<max ratio> changed=<n>/<runs>``.
-``--quick``: one problem, one seed, a budget of 12 plain runs (a smoke run in seconds).
+``--tuner ablation``: the same with the suite's ablation (the defaults with the hypergradient
+replaced by a two-run zeroth-order estimate, whose re-check chooses by the same rule): other
+searches, so other candidates to judge the rules on. ``--quick``: one problem, one seed, a
+budget of 12 plain runs (a smoke run in seconds).
 """
 
 from __future__ import annotations
@@ -59,13 +62,18 @@ RULES: dict[str, Any] = {
 """Each rule's score of a candidate: the lowest score is returned."""
 
 
-def search(name: str, seed: int, budget: float) -> dict[str, Any]:
-    """The defaults on ``name`` at tuning seed ``seed`` within ``budget`` CPU seconds; every
+def search(name: str, seed: int, budget: float, tuner: str = "hypergrad") -> dict[str, Any]:
+    """The defaults on ``name`` at tuning seed ``seed`` within ``budget`` CPU seconds (``tuner``
+    ``"ablation"``: with the suite's zeroth-order estimate for the hypergradient); every
     re-checked point retrained at :data:`RETRAIN` (mean test loss)."""
     task = V._suite_task(name, seed, select=True)
     p = task.problem
+    kw: dict[str, Any] = {}
+    if tuner == "ablation":
+        space = V.SearchSpace.from_problem(p.hyperparams, task.bounds, dtype=p.dtype)
+        kw["method"] = V.ZerothOrder(space, seed=seed)
     tr = hg.Trainer(p, guards=hg.Guards(bounds=task.bounds, time_budget=budget, clock="cpu"),
-                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)], **kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", V.HypergradWarning)
         res = tr.fit()
@@ -80,7 +88,7 @@ def search(name: str, seed: int, budget: float) -> dict[str, Any]:
         tests = V._test_at(name, res.lam, RETRAIN)
         cands = [{"val": res.best_val_loss, "variant": res.best_val_loss,
                   "test": statistics.fmean(t["test_loss"] for t in tests), "returned": True}]
-    return {"problem": name, "seed": seed, "key": key, "candidates": cands}
+    return {"problem": name, "seed": seed, "tuner": tuner, "key": key, "candidates": cands}
 
 
 def picks(rec: dict[str, Any]) -> dict[str, float]:
@@ -133,6 +141,7 @@ def table(s: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--half", choices=["dev", "eval"], default="dev")
+    ap.add_argument("--tuner", choices=["hypergrad", "ablation"], default="hypergrad")
     ap.add_argument("--problems", nargs="+", default=None, help="default: the half's problems")
     ap.add_argument("--seeds", type=int, default=10, help="tuning seeds 0..n-1")
     ap.add_argument("--plain-runs", type=int, default=30, help="budget in plain runs")
@@ -154,19 +163,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in names:
         budget = n_plain * V._plain_seconds(name)
         for seed in seeds:
-            rec = search(name, seed, budget)
+            rec = search(name, seed, budget, args.tuner)
             records.append(rec)
             got = picks(rec)
             print(f"{name} seed {seed}: {len(rec['candidates'])} re-checked; test worse "
                   f"{got['worse']:.4f}, mean {got['mean']:.4f}", flush=True)
-            payload = {"protocol": {"budget_plain_runs": n_plain, "retrain_seeds": RETRAIN,
+            payload = {"protocol": {"tuner": args.tuner, "budget_plain_runs": n_plain,
+                                    "retrain_seeds": RETRAIN,
                                     "seeds": list(seeds), "split_hash": suite.SPLIT_HASH},
                        "summary": summarize(records, args.half), "records": records}
             if args.out:
                 Path(args.out).write_text(json.dumps(payload, indent=1))
     s = payload["summary"]
     print(table(s))
-    print(f"recheck_pick half={args.half} "
+    print(f"recheck_pick half={args.half}{'' if args.tuner == 'hypergrad' else ' tuner=ablation'} "
           f"worse_vs_mean={s['geo_ratio_to_mean']['worse']:.4f} "
           f"worst={s['worst_ratio_to_mean']['worse']:.4f} changed={s['changed']}/{s['runs']}")
     return payload

@@ -115,19 +115,22 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
     assert (tmp_path / "vs_optuna_suite_eval.png").exists()
 
 
+@pytest.mark.parametrize("tuner", ["hypergrad", "ablation"])
 def test_recheck_pick_scores_every_rule_on_the_same_candidates(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``experiments/recheck_pick.py --quick``: one search, every re-checked point retrained,
-    each rule's choice the candidate with its lowest score (``worse``: the worse of both orders;
-    ``mean``; ``hindsight``: the lowest test loss, never above any rule's); the run's own choice
-    is the default rule's; the last line says the ratio."""
+        tuner: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``experiments/recheck_pick.py --quick`` (``--tuner``: the defaults, or their zeroth-order
+    ablation): one search, every re-checked point retrained, each rule's choice the candidate
+    with its lowest score (``worse``: the worse of both orders; ``mean``; ``hindsight``: the
+    lowest test loss, never above any rule's); the run's own choice is the default rule's; the
+    last line says the ratio."""
     import json
 
     import recheck_pick
 
-    payload = recheck_pick.main(["--quick", "--out", str(tmp_path / "r.json")])
+    payload = recheck_pick.main(["--quick", "--tuner", tuner, "--out", str(tmp_path / "r.json")])
     assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(payload))
     (rec,) = payload["records"]
+    assert rec["tuner"] == payload["protocol"]["tuner"] == tuner
     cs = rec["candidates"]
     assert len(cs) >= 2 and sum(c["returned"] for c in cs) == 1
     got = recheck_pick.picks(rec)
@@ -137,5 +140,6 @@ def test_recheck_pick_scores_every_rule_on_the_same_candidates(
     assert next(c for c in cs if c["returned"])["test"] == got["worse"]  # the Trainer's rule
     line = capsys.readouterr().out.strip().splitlines()[-1]
     ratio = got["worse"] / got["mean"]
-    assert line == (f"recheck_pick half=dev worse_vs_mean={ratio:.4f} worst={ratio:.4f} "
+    which = "" if tuner == "hypergrad" else " tuner=ablation"
+    assert line == (f"recheck_pick half=dev{which} worse_vs_mean={ratio:.4f} worst={ratio:.4f} "
                     f"changed={int(got['worse'] != got['mean'])}/1")
