@@ -44,17 +44,15 @@ RETRAIN = [1000, 1001, 1002]
 """The suite's retrain seeds (``vs_optuna.py --suite``)."""
 
 
-def _worse(c: dict[str, Any]) -> float:
-    return max(c["val"], c["variant"])
-
-
-def _mean(c: dict[str, Any]) -> float:
-    return (c["val"] + c["variant"]) / 2
+def _trainer_rule(pick: str) -> Any:
+    """The Trainer's own score of a candidate under ``SearchSettings(recheck_pick=pick)``."""
+    settings = hg.run.SearchSettings(recheck_pick=pick)
+    return lambda c: settings.recheck_score(c["val"], c["variant"])
 
 
 RULES: dict[str, Any] = {
-    "worse": _worse,
-    "mean": _mean,
+    "worse": _trainer_rule("worse"),
+    "mean": _trainer_rule("mean"),
     "variant": lambda c: c["variant"],
     "tuning": lambda c: c["val"],
     "hindsight": lambda c: c["test"],

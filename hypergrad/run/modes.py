@@ -4,7 +4,7 @@ step) or :class:`Online` (every ``interval`` inner steps of one run)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +48,10 @@ RECHECK_AUTO = 3
 returned (when the problem's runs can vary: :attr:`InnerProblem.varies
 <hypergrad.InnerProblem.varies>`)."""
 
-RECHECK_PICKS = frozenset({"worse", "mean"})
-"""``SearchSettings.recheck_pick``'s choices."""
+RECHECK_PICKS: dict[str, Callable[[float, float], float]] = {
+    "worse": max, "mean": lambda a, b: (a + b) / 2}
+"""``SearchSettings.recheck_pick``'s choices: each one's score of a re-checked point from its
+losses in the two batch orders (the lowest score is returned)."""
 
 
 def _kinds() -> set[str]:
@@ -182,6 +184,11 @@ class SearchSettings:
             return cls(**{str(k): v for k, v in value.items()})
         raise TypeError(f"Offline: search={value!r} must be a SearchSettings, a mapping of its "
                         f"fields, or None (the defaults).")
+
+    def recheck_score(self, a: float, b: float) -> float:
+        """The score by which the re-check ranks a point from its losses ``a`` and ``b`` in the
+        two batch orders (:attr:`recheck_pick`; the lowest is returned)."""
+        return RECHECK_PICKS[self.recheck_pick](a, b)
 
     def changed(self) -> dict[str, Any]:
         """The settings that differ from the defaults (lists for tuples: JSON-like)."""

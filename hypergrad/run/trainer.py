@@ -1044,13 +1044,11 @@ class Trainer:
         if len(out) < 2:
             return [], None
         key = "select_loss" if "select_loss" in out[0] else "val_loss"
-        worse = self.search.recheck_pick == "worse"
-
         def score(r: dict[str, Any]) -> float:
-            a, b = r[key], r[f"variant_{key}"]
-            return max(a, b) if worse else (a + b) / 2
+            return self.search.recheck_score(r[key], r[f"variant_{key}"])
 
         pick = min(out, key=score)
+        worse = self.search.recheck_pick == "worse"
         said = ", ".join(f"{r[key]:.4g} -> {r[f'variant_{key}']:.4g}" for r in out)
         what = "held-out select_loss" if key == "select_loss" else "validation loss"
         where = " and where the descent started" if first is not None else ""
