@@ -43,6 +43,10 @@ eval_worst_ratio=<b> ablation_win_rate=<c> problems=<n> seeds=<s>``.
 
     python experiments/vs_optuna.py --suite           # 17 problems, 3 seeds (~25 min)
     python experiments/vs_optuna.py --suite --quick   # 2 problems, 1 seed, tiny budgets
+
+More seeds in pieces: ``--first-seed 10 --seeds 10`` runs tuning seeds 10-19; ``--half none
+--seeds 20 --join A.json B.json ...`` joins runs over disjoint seeds, seed by seed (the
+committed summary: the halves' seeds 0-9 and 10-19, four files).
 """
 
 from __future__ import annotations
@@ -634,14 +638,46 @@ def suite_problem(name: str, seeds: list[int], retrain: list[int], n_plain: int,
             log(f"  seed {seed} {tuner:<14}{rec['evals']:>4} evals, best val {best:.4f}, "
                 f"test {rec['test_loss']:.4f}")
     for tuner in tuners:
-        rs = per[tuner]
-        out["tuners"][tuner] = {
-            "test_loss": _stats([r["test_loss"] for r in rs]),
+        out["tuners"][tuner] = _tuner_summary(per[tuner])
+    return out
+
+
+def _tuner_summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One contender's per-seed records of one problem and their statistics."""
+    return {"test_loss": _stats([r["test_loss"] for r in rs]),
             "val_at_budget": _stats([r["val_at_budget"] for r in rs]),
             "evals": _stats([r["evals"] for r in rs]),
             "anytime_test": [_stats([r["anytime_test"][k] for r in rs])["mean"]
                              for k in range(len(CHECKPOINTS))],
             "seeds": rs}
+
+
+def join_seeds(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The problems of several ``--suite`` runs (path -> its JSON) over disjoint tuning seeds,
+    joined seed by seed: each problem's contenders (those every run has) with the union of
+    the runs' per-seed records, statistics recomputed; ``budget_s`` the runs' mean, each in
+    ``budgets_s`` (each run times its own plain runs: the same rule, the same machine)."""
+    out: dict[str, dict[str, Any]] = {}
+    names = [n for r in runs.values() for n in r["problems"]]
+    for name in dict.fromkeys(names):
+        parts = {p: r["problems"][name] for p, r in runs.items() if name in r["problems"]}
+        tuners = [t for t in next(iter(parts.values()))["tuners"]
+                  if all(t in q["tuners"] for q in parts.values())]
+        seen: dict[int, str] = {}
+        for path, q in parts.items():
+            for r in q["tuners"][tuners[0]]["seeds"]:
+                if r["seed"] in seen:
+                    raise SystemExit(f"--join: {name} has tuning seed {r['seed']} in both "
+                                     f"{seen[r['seed']]} and {path}; join runs of disjoint "
+                                     f"seeds (--first-seed)")
+                seen[r["seed"]] = path
+        first = next(iter(parts.values()))
+        budgets = [q["budget_s"] for q in parts.values()]
+        out[name] = {**first, "budget_s": statistics.fmean(budgets), "budgets_s": budgets,
+                     "plain_run_s": statistics.fmean(q["plain_run_s"] for q in parts.values()),
+                     "tuners": {t: _tuner_summary(sorted(
+                         (r for q in parts.values() for r in q["tuners"][t]["seeds"]),
+                         key=lambda r: r["seed"])) for t in tuners}}
     return out
 
 
@@ -797,6 +833,9 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--problems", nargs="+", default=None, choices=list(suite.PROBLEMS))
     ap.add_argument("--half", choices=("dev", "eval", "both", "none"), default="both")
     ap.add_argument("--seeds", type=int, default=None, help="tuning seeds (default 3)")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the first tuning seed (default 0): --first-seed 10 --seeds 10 runs "
+                         "seeds 10-19, to --join with a run of seeds 0-9")
     ap.add_argument("--retrain-seeds", type=int, default=None, help="default 3")
     ap.add_argument("--plain-runs", type=int, default=None,
                     help=f"the budget in plain runs (default {suite.BUDGET_PLAIN_RUNS})")
@@ -810,7 +849,17 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="JSONs of earlier --suite runs (the same code, seeds and budget "
                          "rule) whose problems not run now join the table and the summary "
                          "(with --half none: only merge)")
+    ap.add_argument("--join", nargs="+", default=[],
+                    help="JSONs of earlier --suite runs over disjoint tuning seeds (the same "
+                         "code, retraining seeds and budget rule), joined seed by seed; only "
+                         "with --half none (nothing run); --seeds and --first-seed name the "
+                         "union")
     args = ap.parse_args(argv)
+    if args.first_seed < 0:
+        raise SystemExit(f"vs_optuna --suite: --first-seed {args.first_seed} must be >= 0")
+    if args.join and (args.half != "none" or args.problems or args.quick or args.merge):
+        raise SystemExit("vs_optuna --suite: --join only joins earlier runs: give it with "
+                         "--half none and without --problems, --quick or --merge")
     torch.set_num_threads(1)  # every contender on one core: the other absorbs contention
     import torch._inductor.config as inductor
 
@@ -827,7 +876,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     n_retrain = args.retrain_seeds if args.retrain_seeds is not None else (1 if args.quick
                                                                            else 3)
     n_plain = args.plain_runs or (14 if args.quick else suite.BUDGET_PLAIN_RUNS)
-    seeds = list(range(n_seeds))
+    seeds = list(range(args.first_seed, args.first_seed + n_seeds))
     retrain = list(range(RETRAIN_SEED0, RETRAIN_SEED0 + n_retrain))
     out = Path(args.out) if args.out else (ROOT / "outputs" / "vs_optuna_suite_quick"
                                            if args.quick else ROOT / "experiments" / "results")
@@ -838,6 +887,22 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {n: suite_problem(n, seeds, retrain, n_plain, tuners) for n in names}
     merged: dict[str, list[str]] = {}
     seconds = {"this run": 0.0}
+    if args.join:
+        import json
+
+        runs = {p: json.loads(Path(p).read_text()) for p in args.join}
+        for p, r in runs.items():
+            if r["protocol"]["retrain_seeds"] != retrain:
+                raise SystemExit(f"--join {p}: its retraining seeds "
+                                 f"{r['protocol']['retrain_seeds']} are not this run's {retrain}")
+            seconds[p] = r["seconds"]
+        results = join_seeds(runs)
+        for n, r in results.items():
+            got = sorted(x["seed"] for x in next(iter(r["tuners"].values()))["seeds"])
+            if got != seeds:
+                raise SystemExit(f"--join: {n}'s joined tuning seeds {got} are not "
+                                 f"{seeds} (--first-seed {args.first_seed} --seeds {n_seeds})")
+        merged = {p: sorted(r["problems"]) for p, r in runs.items()}
     for earlier_path in args.merge:
         import json
 
@@ -910,8 +975,8 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                 print("#   the same worst ratio for each (over the best of the other Optuna "
                       "contenders): " + ", ".join(f"{t} {v:.3f}" for t, v in by.items()))
 
-    def f(x: Any) -> str:
-        return "nan" if x is None else f"{x:.3g}"
+    def f(x: Any) -> str:  # 4 digits: a worst ratio of 1.054 is not the target's 1.05
+        return "nan" if x is None else f"{x:.4g}"
 
     print(f"vs_optuna_suite eval_win_rate={f(summary.get('eval_win_rate'))} "
           f"eval_worst_ratio={f(summary.get('eval_worst_ratio'))} "

@@ -114,6 +114,38 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
     assert (tmp_path / "vs_optuna_suite_dev.png").exists()
     assert (tmp_path / "vs_optuna_suite_eval.png").exists()
 
+    # --join: a run of other seeds (here the same records moved to seed 1, losses doubled)
+    # joins seed by seed, the statistics recomputed over both
+    first = tmp_path / "vs_optuna_suite_quick.json"
+    other = json.loads(first.read_text())
+    for prob in other["problems"].values():
+        for tr in prob["tuners"].values():
+            for run in tr["seeds"]:
+                run["seed"] += 1
+                run["test_loss"] *= 2
+    second = tmp_path / "seed1.json"
+    second.write_text(json.dumps(other))
+    common = ["--suite", "--half", "none", "--retrain-seeds", "1", "--out", str(tmp_path / "j")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        joined = vs_optuna.suite_main([*common, "--seeds", "2", "--join", str(first),
+                                       str(second)])
+    assert joined["summary"]["seeds"] == 2 and joined["summary"]["problems"] == 2
+    for name in vs_optuna.QUICK_PROBLEMS:
+        for t, tr in joined["problems"][name]["tuners"].items():
+            assert [r["seed"] for r in tr["seeds"]] == [0, 1]
+            one = payload["problems"][name]["tuners"][t]["seeds"][0]["test_loss"]
+            assert tr["test_loss"]["mean"] == pytest.approx(1.5 * one)
+    for argv, said in (([*common, "--seeds", "1", "--join", str(first), str(second)],
+                        r"are not \[0\]"),
+                       ([*common, "--seeds", "2", "--join", str(first), str(first)],
+                        r"are not \[0, 1\]"),
+                       ([*common, "--seeds", "2", "--join", str(second), str(tmp_path
+                         / "j" / "vs_optuna_suite.json")], "in both")):
+        with pytest.raises(SystemExit, match=said), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            vs_optuna.suite_main(argv)
+
 
 @pytest.mark.parametrize("tuner", ["hypergrad", "ablation"])
 def test_recheck_pick_scores_every_rule_on_the_same_candidates(
