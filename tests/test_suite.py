@@ -175,3 +175,25 @@ def test_recheck_pick_scores_every_rule_on_the_same_candidates(
     which = "" if tuner == "hypergrad" else " tuner=ablation"
     assert line == (f"recheck_pick half=dev{which} worse_vs_mean={ratio:.4f} worst={ratio:.4f} "
                     f"changed={int(got['worse'] != got['mean'])}/1")
+
+
+def test_suite_points_describes_each_returned_point(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``suite_points.py --quick``: one seed, both contenders; each run's point is described
+    in the problem's units (the 5 windows of the schedule, the momentum, a decay per tensor),
+    tested at the 3 retraining seeds, and the last line gives each contender's mean / worst."""
+    import json
+
+    import suite_points
+
+    out = tmp_path / "points.json"
+    payload = suite_points.main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text())["summary"] == payload["summary"]
+    assert [r["tuner"] for r in payload["runs"]] == ["hypergrad", "ablation"]
+    for r in payload["runs"]:
+        assert r["seed"] == 0 and len(r["tests"]) == 3
+        assert r["test_loss"] == pytest.approx(sum(r["tests"]) / 3)
+        assert len(r["point"]["lr"]) == 5 and 0 < r["point"]["momentum"] < 1
+        assert len(r["point"]["wd"]) == 4
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("suite_points problem=cancer_mlp_schedule hypergrad=")
