@@ -240,11 +240,11 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
             state = p.run(lam)
             if label == "learned":
                 learned_state = state
-            rows.append({"hyperparameters": label, **(task.evaluate(state)
-                                                      if task.evaluate else {})})
+            rows.append({"hyperparameters": label,
+                         **task.metrics(state, reserved=("hyperparameters",))})
         if trainer.mode.online and result.state is not None:
             rows.insert(1, {"hyperparameters": "online run (its own final state)",
-                            **(task.evaluate(result.state) if task.evaluate else {})})
+                            **task.metrics(result.state, reserved=("hyperparameters",))})
         _mark_best_of_grid(rows)
     extra: dict[str, Any] = {}
     if task.extra is not None:

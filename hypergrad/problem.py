@@ -336,6 +336,21 @@ class InnerProblem:
                             f"{type(other).__name__}; it must return the model (an nn.Module).")
         return self.fmodel.fresh_from(other, "InnerProblem")
 
+    def non_finite_batch(self) -> str:
+        """Where one pass of the training data first holds a NaN or inf (``"tensor 0 of
+        mini-batch 37 (shape (16, 64)) has 1 NaN entry ..."``), else ``""``: reads the ``T``
+        batches of a pass (a stream: a fresh one), so meant for explaining a failure, not for
+        every run. The up-front check (:meth:`check`) sees all of a sequence or a
+        :class:`~hypergrad.data.MiniBatches` but only batch 0 of a stream or a callable."""
+        with torch.no_grad(), self.inner_run():
+            for t in range(self.steps):
+                leaves, _ = tree_flatten(self.batch(t))
+                for i, x in enumerate(leaves):
+                    bad = _non_finite(x)
+                    if bad:
+                        return f"tensor {i} of mini-batch {t} (shape {tuple(x.shape)}) has {bad}"
+        return ""
+
     def first_batch(self) -> Any:
         """Mini-batch 0 as the checks see it: ``batch(0)`` of a sequence or a callable; of a
         stream, batch 0 of a pass with a fixed seed of its own (the same whatever runs have
@@ -596,6 +611,16 @@ class InnerProblem:
         if self.select_loss is not None:
             sel = self.select(*self.initial_state(lam)[:2], lam)
             _check_scalar("select_loss", sel, self.dtype)
+            assert sel is not None  # a select_loss gives a value
+            if not bool(torch.isfinite(sel.detach()).all()):
+                where = next((f": {d} (shape {tuple(x.shape)}) has {b}" for d, x in
+                              _closure_tensors(self.select_loss, "select_loss")
+                              if (b := _non_finite(x))), "")
+                raise ValueError(
+                    f"InnerProblem: select_loss is {float(sel)} at the initial weights (they "
+                    f"are finite){where}. The Trainer returns the point with the lowest "
+                    f"select_loss, and a non-finite one ranks no point: fix the held-out data "
+                    f"(e.g. keep = torch.isfinite(x).flatten(1).all(1)) or the loss first.")
         if self.draws is None:
             self._detect_draws(lam)
         bound = set(self.optimizer.bound_names()) | {it.name for it in self.init_items}

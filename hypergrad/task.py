@@ -10,7 +10,7 @@ returns one, yours included).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,3 +53,46 @@ class Task:
         if self.evaluate is not None and not callable(self.evaluate):
             raise TypeError(f"Task: evaluate must be a callable state -> {{metric: float}}, got "
                             f"{type(self.evaluate).__name__}.")
+
+    def metrics(self, state: InnerState, fields: Mapping[str, Any] | None = None,
+                reserved: Collection[str] = ()) -> dict[str, float]:
+        """``evaluate(state)`` checked: a mapping of metric names (strings) to numbers, ``{}``
+        without ``evaluate``. The metrics join a record: a name among ``reserved`` (the
+        record's own fields) is refused, and so is a name among ``fields`` (the record's values)
+        whose value differs from the record's (a test loss reported as ``val_loss`` would
+        overwrite the validation loss); one that agrees (a classifier's evaluation of the
+        validation split, the same loss) is left out, the record's own value kept."""
+        if self.evaluate is None:
+            return {}
+        out = self.evaluate(state)
+        if not isinstance(out, Mapping):
+            raise TypeError(f"Task {self.name!r}: evaluate returned {type(out).__name__} "
+                            f"{out!r}; it must return a mapping {{metric name: number}}, e.g. "
+                            f"{{'test_loss': 0.31}}.")
+        fields = fields or {}
+        metrics: dict[str, float] = {}
+        for k, v in out.items():
+            if not isinstance(k, str):
+                raise TypeError(f"Task {self.name!r}: evaluate returned the metric name {k!r}; "
+                                f"names must be strings.")
+            try:
+                x = float(v)
+            except (TypeError, ValueError):
+                raise TypeError(f"Task {self.name!r}: evaluate returned {k}={v!r}; a metric "
+                                f"must be a number (a float or a one-element tensor).") from None
+            if k in fields:
+                own = fields[k]
+                same = (isinstance(own, (int, float)) and not isinstance(own, bool)
+                        and (x == own or abs(x - own) <= 1e-5 * max(1.0, abs(own))))
+                if not same:
+                    raise ValueError(
+                        f"Task {self.name!r}: evaluate returned {k}={x:.6g}, but the record "
+                        f"already holds {k}={own!r} (the record's own field); rename the metric "
+                        f"(e.g. 'test_loss', 'eval_{k}') so that it does not overwrite it.")
+                continue
+            if k in reserved:
+                raise ValueError(f"Task {self.name!r}: evaluate returned the metric {k!r}, a "
+                                 f"name the record uses for its own fields {sorted(reserved)}; "
+                                 f"rename it.")
+            metrics[k] = x
+        return metrics

@@ -308,6 +308,33 @@ def test_nan_in_the_first_batch_of_a_callable_is_named() -> None:
         _check(p)
 
 
+@pytest.mark.parametrize("source", ["callable", "dataloader"])
+def test_nan_in_a_later_batch_read_lazily_is_named_when_training_fails(source: str) -> None:
+    """A stream or a callable is checked at batch 0 only (its other batches are read as the
+    steps ask); a NaN in a later one made the Trainer blame the learning rate ("the initial
+    hyperparameters already diverge ... a smaller learning rate"). Now, when nothing ever
+    trained finitely, the Trainer reads a pass and names the batch and the entry."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = _data()
+    x[13, 2] = math.nan  # in mini-batch 1 of 8
+    batches = (DataLoader(TensorDataset(x, y), batch_size=8) if source == "dataloader" else
+               (lambda t: (x[8 * (t % 2):8 * (t % 2) + 8], y[8 * (t % 2):8 * (t % 2) + 8])))
+    p = _problem(batches=batches)
+    _check(p)  # batch 0 is clean
+    r = hg.Trainer(p, "forward", callbacks=[hg.run.Log(None), hg.run.Progress(False)],
+                   mode=hg.Offline(outer_steps=2)).fit()
+    assert r.diverged and r.message is not None
+    assert ("the training data is not finite: tensor 0 of mini-batch 1 (shape (8, 4)) has 1 NaN "
+            "and 0 inf entry (the first at index (5, 2)). That is a data problem, not a "
+            "learning rate") in r.message
+    assert "smaller learning rate" not in r.message
+    assert p.non_finite_batch() == ("tensor 0 of mini-batch 1 (shape (8, 4)) has 1 NaN and 0 "
+                                    "inf entry (the first at index (5, 2))")
+    x[13, 2] = 0.0
+    assert p.non_finite_batch() == ""
+
+
 def test_nan_in_the_validation_data_is_named() -> None:
     x_val, y_val = _data(10)
     x_val[[2, 5], 1] = math.nan

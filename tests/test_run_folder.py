@@ -201,3 +201,17 @@ def test_a_checkpoint_from_before_device_existed_resumes_on_the_cpu() -> None:
                                           "config.task.device: 'cpu' -> 'cuda'"]
     assert fingerprint_diff(old, {**old, "config.seed": 1}) == ["config.seed: 0 -> 1"]
     assert fingerprint_diff({}, {"config.other": 1}) == ["config.other: '<absent>' -> 1"]
+
+
+def test_a_file_where_the_run_folder_should_be_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """A file at the folder's path (or above it) was a bare FileExistsError / NotADirectoryError
+    from mkdir; now a RunDirError names it and the fix, before any work."""
+    taken = tmp_path / "runs"
+    taken.write_text("")
+    with pytest.raises(RunDirError, match=r"run folder '.*runs' is a file, not a folder.*"
+                                          r"Move the file away"):
+        make_trainer(_problem(), run_dir=taken, outer_steps=1)
+    with pytest.raises(RunDirError, match=r"run folder '.*runs/a' cannot be made "
+                                          r"\((NotADirectoryError|FileExistsError)"):
+        make_trainer(_problem(), run_dir=taken / "a", outer_steps=1)
+    assert taken.read_text() == ""  # untouched

@@ -370,3 +370,44 @@ def test_a_callback_that_edits_its_record_changes_no_history(tmp_path: Path) -> 
     assert first.seen == want and second.seen == want
     kept = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert [h["val_loss"] for h in kept["history"]] == want
+
+
+def test_a_tasks_metrics_never_overwrite_the_records_own_fields(tmp_path: Path) -> None:
+    """``Task(evaluate=...)`` metrics join each outer step's record: a test loss reported as
+    ``val_loss`` overwrote the record's validation loss (history and metrics.jsonl), and
+    ``outer_step`` its step numbers. A clash with another value is refused, naming the metric
+    and the fix; a metric that agrees (a classifier's evaluation of the validation split, as
+    the bundled tasks report) is left out, the record's value kept; a bad return is named."""
+    def run(evaluate: Any, folder: Path | None = None) -> hg.TrainResult:
+        return hg.Trainer(hg.Task(small(), evaluate=evaluate, name="mine"), "forward",
+                          mode=hg.Offline(outer_steps=2), folder=folder,
+                          callbacks=quiet()).fit()
+
+    plain = run(None)
+    with pytest.raises(ValueError, match=r"Task 'mine': evaluate returned val_loss=1\.5, but the "
+                                         r"record already holds val_loss=.*rename the metric"):
+        run(lambda s: {"val_loss": 1.5, "test_acc": 0.9})
+    with pytest.raises(ValueError, match=r"evaluate returned outer_step=100, but the record "
+                                         r"already holds outer_step=0"):
+        run(lambda s: {"outer_step": 100})
+    with pytest.raises(ValueError, match=r"evaluate returned the metric 'inner_step', a name the "
+                                         r"record uses for its own fields"):
+        run(lambda s: {"inner_step": 3})
+    with pytest.raises(TypeError, match=r"evaluate returned float 0.5; it must return a mapping"):
+        run(lambda s: 0.5)
+    with pytest.raises(TypeError, match=r"evaluate returned acc='high'; a metric must be a "
+                                        r"number"):
+        run(lambda s: {"acc": "high"})
+    # agreeing with the record: left out, the record's own value kept; the rest joins it
+    ref = small()
+
+    def agrees(state: Any) -> dict[str, Any]:  # the validation loss, computed here again
+        v = ref.objective(state.params, state.buffers, ref.init_raw())
+        return {"val_loss": v.detach(), "test_acc": 0.75}
+
+    r = run(agrees, tmp_path / "run")
+    assert [h["val_loss"] for h in r.history] == [h["val_loss"] for h in plain.history]
+    assert all(h["test_acc"] == 0.75 for h in r.history)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["val_loss"] for x in lines] == [h["val_loss"] for h in r.history]
+    assert [x["outer_step"] for x in lines] == [0, 1]

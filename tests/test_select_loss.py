@@ -146,3 +146,17 @@ def test_split_validation_refuses_what_it_cannot_split() -> None:
         split_validation((x, x))
     with pytest.raises(ValueError, match="stratify must be"):
         split_validation(x, stratify=torch.zeros(3))
+
+
+def test_a_non_finite_select_loss_is_refused_naming_the_tensor() -> None:
+    """A NaN in the held-out split made every select_loss NaN (kept as inf), and the Trainer
+    silently returned the initial point; now the check refuses it before any work, naming the
+    tensor and where the NaN is."""
+    data = digits_data(n_train=32, n_val=48, n_test=8, dtype=torch.float64)
+    xs = data.x_val.clone()
+    xs[3, 5] = float("nan")
+    p = lr_momentum(select=lambda m, hp: F.cross_entropy(m(xs), data.y_val))
+    with pytest.raises(ValueError, match=r"select_loss is nan at the initial weights .*'xs' "
+                                         r"\(which select_loss closes over\) \(shape \(48, 64\)\) "
+                                         r"has 1 NaN .*index \(3, 5\)"):
+        hg.Trainer(p, callbacks=quiet())

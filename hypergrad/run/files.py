@@ -550,7 +550,14 @@ class RunLock:
                 f"{self.who}: run folder {self.run_dir} is in use by another run in this process "
                 f"({_HELD[key].who}); a folder holds one run at a time. Let that run finish (or "
                 f"close it: trainer.close()), or use another folder.")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a file where the folder (or a folder above it) should be
+            what = ("is a file, not a folder" if self.run_dir.is_file() else
+                    f"cannot be made ({type(err).__name__}: {err.strerror or err})")
+            raise RunDirError(
+                f"{self.who}: the run folder {str(self.run_dir)!r} {what}; the run writes its "
+                f"records there. Move the file away or name another folder.") from err
         me = (f"{os.getpid()} {socket.gethostname()} {_started(os.getpid()) or '-'} "
               f"{_pid_space()}\n")
         for _ in range(3):

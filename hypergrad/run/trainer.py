@@ -70,6 +70,11 @@ __all__ = ["Trainer", "TrainResult"]
 
 CHECKPOINT_VERSION = 4
 
+RECORD_FIELDS = ("outer_step", "val_loss", "hypergrad_norm", "seconds", "elapsed",
+                 "hyperparams", "inner_step", "backtracked", "info")
+"""The fields of an outer step's record (``history``, ``metrics.jsonl``) that the task's
+metrics may not overwrite (:meth:`Task.metrics <hypergrad.Task.metrics>`)."""
+
 RECHECK_APART = 0.02
 """Points the re-check compares differ by at least this share of the search box in some
 coordinate (the line search's smallest step): neighbours from one line search score alike in
@@ -1105,6 +1110,14 @@ class Trainer:
                f"hyperparameters {bad}. The tuning diverged; {kept}: {hps.describe(keep)}. "
                f"Try a smaller outer learning rate, Guards(clip_norm=...), or "
                f"Guards(bounds=...) on learning rates.")
+        if self.tracker.best is None and (data := self.problem.non_finite_batch()):
+            # nothing ever trained finitely: a NaN in data read lazily (a stream, a callable;
+            # the up-front check sees their batch 0 only) looks like a diverging learning rate
+            msg = (f"stopped at outer step {self.outer_step}: {why}, and the training data is "
+                   f"not finite: {data}. That is a data problem, not a learning rate; clean the "
+                   f"data (e.g. keep = torch.isfinite(x).flatten(1).all(1); x, y = x[keep], "
+                   f"y[keep]) and run again. Returned the initial hyperparameters: "
+                   f"{hps.describe(keep)}.")
         self.message(msg)
         if self.folder is not None and self.strategy.is_writer:
             self.folder.mark_stopped(self.problem.device, self.lam, msg)
@@ -1130,7 +1143,7 @@ class Trainer:
         if info:  # what an approximate method reports (ImplicitDiff: residual, iterations)
             rec["info"] = dict(info)
         if self.task.evaluate is not None and math.isfinite(rec["val_loss"]):
-            rec.update({k: float(v) for k, v in self.task.evaluate(state).items()})
+            rec.update(self.task.metrics(state, fields=rec, reserved=RECORD_FIELDS))
         self.history.append(rec)
         self.outer_step += 1
         if self.folder is not None:
