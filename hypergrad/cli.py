@@ -24,6 +24,7 @@ import math
 import os
 import re
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -375,15 +376,38 @@ def _refuse(err: Exception) -> None:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise err
     msg = str(err) if str(err).startswith("hypergrad-run") else f"hypergrad-run: {err}"
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, (), None)
-    for h in logging.getLogger().handlers:
-        if isinstance(h, logging.FileHandler):
-            h.handle(record)
+    _to_log_file(msg)
     if _multirun():
         print(msg, file=sys.stderr)
         raise err.with_traceback(None) from None
     print(f"{msg}\n(HYDRA_FULL_ERROR=1 shows where it was raised)", file=sys.stderr)
     sys.exit(2)
+
+
+def _to_log_file(msg: str) -> None:
+    """``msg`` as an ERROR line in the run's log file (``cli.log``; not to the console, where
+    the caller or Hydra says it)."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, (), None)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.handle(record)
+
+
+def _failed(err: BaseException) -> str:
+    """What the run's log file says of an error raised in the run (your model, task or
+    optimizer, or hypergrad's own), or of an interruption: its class, message and where it
+    was raised, and the cause Hydra wraps (whose message, a missing file's name say, Hydra's
+    own line leaves out)."""
+    if isinstance(err, KeyboardInterrupt):
+        return ("hypergrad-run: interrupted (KeyboardInterrupt); the run folder keeps the last "
+                "checkpoint and its records: continue with folder.resume=true")
+    cause = err.__cause__ if isinstance(err, InstantiationException) else None
+    where = traceback.extract_tb((cause or err).__traceback__)
+    at = f" (raised at {where[-1].filename}:{where[-1].lineno})" if where else ""
+    said = f"{type(err).__name__}: {err}"
+    if cause is not None:
+        said += f"\ncaused by {type(cause).__name__}: {cause}"
+    return f"hypergrad-run: the run failed: {said}{at}"
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
@@ -396,8 +420,15 @@ def _main(cfg: DictConfig) -> float:
     except InstantiationException as err:
         refused = _refused_setting(err)
         if refused is None:
+            _to_log_file(_failed(err))
+            if err.__cause__ is not None:  # Hydra's line shows the cause's repr only
+                print(f"hypergrad-run: caused by {type(err.__cause__).__name__}: "
+                      f"{err.__cause__}", file=sys.stderr)
             raise
         _refuse(refused)
+        raise
+    except (Exception, KeyboardInterrupt) as err:  # the folder says why the run stopped
+        _to_log_file(_failed(err))
         raise
 
 

@@ -182,3 +182,73 @@ def test_a_diverged_grid_point_is_never_the_best_of_the_grid() -> None:
     nan_only = [{"hyperparameters": "grid lr=1", "val_loss": math.nan}]
     cli._mark_best_of_grid(nan_only)
     assert "best_of_grid" not in nan_only[0]
+
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class OneOutput(nn.Module):  # a last layer of 1 output where the task needs 10
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.body = nn.Linear(n_in, 1)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class Breaks(nn.Module):  # fails after its first few forwards (the task's checks pass)
+    calls = 0
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.body = nn.Linear(n_in, n_out)
+
+    def forward(self, x):
+        Breaks.calls += 1
+        if Breaks.calls > 20:
+            raise RuntimeError("my model broke at call 21")
+        return self.body(x)
+'''
+
+
+@pytest.mark.parametrize("model", ["OneOutput", "Breaks"])
+def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: Path,
+                                                                      model: str) -> None:
+    """A model of the wrong output shape failed inside the loss with an indexing error naming
+    neither the model nor the shape; an error raised in your own code left the run folder's
+    cli.log empty (only usage errors were written there)."""
+    (tmp_path / "my_models.py").write_text(MODELS)
+    conf = tmp_path / "conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text(f"_target_: my_models.{model}\n_partial_: true\n")
+    run_dir = tmp_path / "run"
+    out = subprocess.run([*CLI, "--config-dir", str(tmp_path / "conf"), "model=mine", *FAST,
+                          "report.retrain=false", f"hydra.run.dir={run_dir}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    assert out.returncode != 0
+    logged = (run_dir / "cli.log").read_text()
+    if model == "OneOutput":
+        said = ("digits_task: the model (OneOutput, built as model(64, 10)) returns (2, 1) for 2 "
+                "examples; the task needs shape (2, 10)")
+        assert said in out.stderr and said in logged
+    else:
+        assert "hypergrad-run: the run failed: RuntimeError: my model broke at call 21" in logged
+        assert "my_models.py" in logged  # where it was raised
+
+
+def test_a_label_smoothing_that_can_leave_0_1_is_warned_about() -> None:
+    """configs.md's example added `smooth` with the scalar kind's identity transform: tuning
+    drove it to -0.30 (the loss unbounded below), written to learned.yaml without a word. The
+    page now gives transform=logit, and the task warns without it."""
+    from hypergrad.errors import HypergradWarning
+
+    smooth = ["+hyperparams/kind@hyperparams.items.smooth=scalar",
+              "hyperparams.items.smooth.init=0.1"]
+    with pytest.warns(HypergradWarning, match=r"label smoothing 'smooth' has "
+                                              r"transform='identity'.*transform=logit"):
+        build(_compose(*FAST, *smooth))
+    build(_compose(*FAST, *smooth, "hyperparams.items.smooth.transform=logit"))  # no warning
+    page = (ROOT / "docs" / "configs.md").read_text()
+    assert "hyperparams.items.smooth.transform=logit" in " ".join(page.split())

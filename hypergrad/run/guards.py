@@ -315,8 +315,9 @@ class Tracker:
         if best_step == 0:
             warnings.warn(TuningWarning(
                 f"Trainer: no outer step improved on the initial hyperparameters (validation "
-                f"loss {init_val:.4g}; last {last_val:.4g}): returned the initial ones. Try a "
-                f"smaller outer learning rate."), stacklevel=3)
+                f"loss {init_val:.4g}; last {last_val:.4g}): returned the initial ones. Try "
+                f"another outer learning rate: smaller if the steps overshot (the last loss "
+                f"is above the initial one), larger if they barely moved."), stacklevel=3)
         elif last_val is not None and last_val > init_val:
             warnings.warn(TuningWarning(
                 f"Trainer: the last hyperparameters are worse than the initial ones (validation "

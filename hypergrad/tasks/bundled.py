@@ -181,6 +181,31 @@ def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None,
     return refs
 
 
+def _check_outputs(api: str, net: nn.Module, x: Tensor, n_out: int) -> None:
+    """The model built as ``model(n_in, n_out)`` gives one row of ``n_out`` outputs per
+    example (a model of your own with another last layer, or one that squeezes or adds a
+    dimension, failed later inside a loss with an indexing error naming neither). One forward
+    of two examples in eval mode (no dropout draw, no BatchNorm statistics moved); every
+    submodule's mode restored."""
+    modes = [(m, m.training) for m in net.modules()]
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(x[:2])
+    finally:
+        for m, was in modes:
+            m.training = was
+    want = (min(2, x.shape[0]), n_out)
+    got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+    if got != want:
+        raise ValueError(
+            f"{api}: the model ({type(net).__name__}, built as model({x.shape[1]}, {n_out})) "
+            f"returns {got} for {want[0]} examples; the task needs shape {want}: {n_out} "
+            f"output{'s' if n_out > 1 else ''} per example. Make the model's last layer give "
+            f"n_out={n_out} values (e.g. nn.Linear(hidden, n_out)) and return them as a "
+            f"(batch, {n_out}) tensor.")
+
+
 def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                 steps: int = 300, n_train: int = 1000, n_val: int = 400, batch_size: int = 64,
                 seed: int = 0, dtype: str = "float32", val_mode: str = "eval",
@@ -195,10 +220,20 @@ def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFact
     :func:`device_of`.
     """
     dt, dev = dtype_of(dtype), device_of(device)
+    smooth = hyperparams.by_name.get("smooth")
+    if smooth is not None and smooth.transform != "logit":
+        warnings.warn(
+            f"digits_task: the label smoothing 'smooth' has transform={smooth.transform!r}: "
+            f"tuning can move it out of [0, 1), where the loss is no longer label smoothing "
+            f"(below 0 it is unbounded below, and the 'learned' value only scales the "
+            f"gradient). Give it transform='logit' (hypergrad-run: "
+            f"hyperparams.items.smooth.transform=logit), or bound it (guards.bounds).",
+            HypergradWarning, stacklevel=2)
     data = digits_data(n_train, n_val, None, seed=_data_seed(seed, data_seed), dtype=dt,
                        device=dev)
     torch.manual_seed(seed)
     net = model(64, 10).to(device=dev, dtype=dt)
+    _check_outputs("digits_task", net, data.x_train, 10)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
         x, y, _ = batch
@@ -248,6 +283,7 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     y_noisy[mask] = (y_noisy + shift)[mask] % 10
     torch.manual_seed(seed)
     net = model(64, 10).to(device=dev, dtype=dt)
+    _check_outputs("hypercleaning_task", net, data.x_train, 10)
     idx_all = torch.arange(n_train, device=dev)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
@@ -345,6 +381,7 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
     xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
     per_feature = _check_l2("ridge_diabetes_task", hyperparams, l2_name, x.shape[1])
     net = model(x.shape[1], 1).to(device=dev, dtype=dt)
+    _check_outputs("ridge_diabetes_task", net, xtr, 1)
     with torch.no_grad():
         for p in net.parameters():
             p.zero_()
@@ -393,9 +430,12 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
                                 "implicit_hypergradient": float(implicit[0]),
                                 "rel_diff_implicit": rel, "rel_diff_finite_T": rel_t,
                                 "summary": f"hypergradient at l2={l2:.4g} after T={steps}: "
-                                           f"forward {float(got[0]):.6e}, closed-form implicit "
-                                           f"{float(implicit[0]):.6e}, relative difference "
-                                           f"{rel:.2e}"}}
+                                           f"forward {float(got[0]):.6e}; closed form at the "
+                                           f"same T {float(finite_t[0]):.6e} (relative "
+                                           f"difference {rel_t:.2e}: the exactness check); "
+                                           f"closed form as T -> infinity (implicit) "
+                                           f"{float(implicit[0]):.6e} (relative difference "
+                                           f"{rel:.2e}: how far T steps are from converged)"}}
 
     return Task(problem, evaluate, {}, extra, name="ridge_diabetes")
 
@@ -446,6 +486,7 @@ def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     _check_l2("breast_cancer_task", hyperparams, l2_name, x.shape[1])
     torch.manual_seed(seed)
     net = model(x.shape[1], 1).to(device=dev, dtype=dt)
+    _check_outputs("breast_cancer_task", net, xtr, 1)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
         xb, yb = batch[0], batch[1]
