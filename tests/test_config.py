@@ -524,8 +524,10 @@ def test_a_resume_mismatch_says_what_differs_in_ten_lines_and_where_the_settings
     text = str(info.value)
     assert len(text.splitlines()) <= 10 and len(text) < 1500, text
     assert "... and " in text and "more" in text  # many keys differ: the first ones shown
-    assert str(tmp_path / ".hydra" / "overrides.yaml") in text
-    assert str(tmp_path / "config_resolved.yaml") in text
+    # the run's own resolved settings; not .hydra/ (the folder's first invocation's, which an
+    # overwrite discards: it pointed at the discarded run's command line)
+    assert f"The original run's settings: {tmp_path / 'config_resolved.yaml'} (each " in text
+    assert ".hydra*/overrides.yaml" in text
 
 
 @pytest.mark.parametrize("option,cls", [("surrogate", "Surrogate"),

@@ -19,7 +19,7 @@ import pytest
 import torch
 from fixtures import Interrupt as _Interrupt
 from fixtures import interrupt_after as _interrupt_after
-from fixtures import make_trainer
+from fixtures import lr_momentum, make_trainer
 
 import hypergrad as hg
 import hypergrad.run.callbacks
@@ -394,6 +394,12 @@ def test_resume_takes_more_outer_steps_and_a_new_outer_lr(tmp_path: Path) -> Non
     assert tr.outer.param_groups[0]["lr"] == 0.05  # before: the checkpoint's 0.1, silently
     assert any("lr 0.1 -> 0.05" in line for line in logs)
     assert len(tr.fit().history) == 3
+    # fewer than the run has: nothing added, and said (it was silent)
+    logs.clear()
+    assert len(_mk(tmp_path, outer_steps=1, lr=0.05, resume=True,
+                   log=logs.append).fit().history) == 3
+    assert any("already has 3 outer steps, more than outer_steps=1: none is added" in line
+               for line in logs)
 
 
 def test_after_a_divergence_the_checkpoint_holds_the_kept_values(tmp_path: Path) -> None:
@@ -638,3 +644,12 @@ def test_a_point_whose_inner_training_diverges_is_not_returned_silently() -> Non
         if diverges:
             assert res.best_val_loss is not None and res.best_val_loss > 1e40
             assert "smaller learning rate" in said[0] and "untrained model's" in said[0]
+
+
+def test_an_outer_optimizer_refusing_its_settings_is_named_with_the_fix() -> None:
+    """torch.optim's bare "Invalid learning rate: -0.1" named neither the Trainer's argument
+    nor hypergrad-run's key."""
+    with pytest.raises(ValueError, match=r"Trainer: the outer optimizer refused its settings: "
+                                         r"Invalid learning rate: -0.1 .*outer_optimizer\.\*"):
+        hg.Trainer(lr_momentum(), outer=functools.partial(torch.optim.Adam, lr=-0.1),
+                   callbacks=[hg.run.Log(None), hg.run.Progress(False)])

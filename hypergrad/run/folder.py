@@ -283,11 +283,11 @@ def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: in
             shown = diff[:6] + ([f"... and {len(diff) - 6} more"] if len(diff) > 6 else [])
             lines = "\n  ".join(shown)
             folder = path.parent
-            settings = [str(folder / f) for f in (".hydra/overrides.yaml",
-                                                   "config_resolved.yaml")
-                        if (folder / f).exists()]
-            where = (f"The original run's settings: {', '.join(settings)}. " if settings
-                     else "")
+            # config_resolved.yaml is the run's own (rewritten by an overwrite's new run);
+            # .hydra/ is the folder's first invocation's, which an overwrite discarded
+            resolved = folder / "config_resolved.yaml"
+            where = (f"The original run's settings: {resolved} (each invocation's command "
+                     f"line: .hydra*/overrides.yaml). " if resolved.exists() else "")
             raise ResumeMismatchError(
                 f"Trainer: cannot resume from {path}: this run differs from the one in the "
                 f"checkpoint (old -> new):\n  {lines}\n{where}Resume with the original "

@@ -270,8 +270,16 @@ class Trainer:
                             f"optimizer {type(outer).__name__}(...) itself; pass e.g. "
                             f"outer=functools.partial(torch.optim.{type(outer).__name__}, "
                             f"lr=0.05).")
-        self.outer = (default_outer([self.lam], self.box, online=self.mode.online)
-                      if outer is None else outer([self.lam]))
+        if outer is None:
+            self.outer = default_outer([self.lam], self.box, online=self.mode.online)
+        else:
+            try:
+                self.outer = outer([self.lam])
+            except ValueError as err:  # torch.optim's "Invalid learning rate: -0.1", naming
+                # neither the Trainer's argument nor the fix
+                raise ValueError(f"Trainer: the outer optimizer refused its settings: {err} "
+                                 f"(outer={outer!r}; hypergrad-run: outer_optimizer.*). Give "
+                                 f"it valid values, e.g. a learning rate > 0.") from err
         _check_outer(self.outer, self.lam)
         if isinstance(self.outer, SearchOptimizer):  # what the default or a user's leaves out
             if self.outer.box is None:  # outer=functools.partial(QuasiNewton, step=0.3): the box
@@ -870,6 +878,10 @@ class Trainer:
         if self.outer_step == 0 and self.mode.start != 0 and not any(
                 e["kind"] == "start" for e in self.evaluations):  # not again on a resume
             self._start()
+        if self.mode.outer_steps is not None and 0 < self.mode.outer_steps < self.outer_step:
+            self.message(f"resume: the run already has {self.outer_step} outer steps, more "
+                         f"than outer_steps={self.mode.outer_steps}: none is added (a resume "
+                         f"can only ask for more); the result is the run's so far")
         while self.outer_step < self.mode.steps(budget):
             t0 = self._now()
             if (budget is not None and last_seconds is not None
