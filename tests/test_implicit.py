@@ -243,3 +243,20 @@ def test_per_example_weights_of_a_converged_softmax_regression() -> None:
     rev = hg.ReverseMode(checkpoint="sqrt").hypergradient(problem, lam)
     assert imp.info is not None and imp.info["converged"]
     assert rel_err(imp.grad, rev.grad) <= 1e-6
+
+
+@pytest.mark.parametrize("solver", [hg.methods.Neumann, hg.methods.FixedPoint])
+def test_a_step_too_large_for_the_hessian_is_named_not_blamed_on_maxiter(solver: type) -> None:
+    """Neumann / FixedPoint with alpha above 2 / lambda_max diverge (here -5.7e24 against a
+    closed form of 9e-4); the warning said to raise maxiter, which diverges further. It now
+    names the bound from this Hessian and the fix."""
+    p, _ = ridge_diabetes_case(2000)
+    with pytest.warns(SolverNotConvergedWarning, match=r"the residual grew: alpha=1 is too large "
+                                                       r"for this Hessian, whose largest "
+                                                       r"eigenvalue is about 4\.\d+.*alpha < 2 "
+                                                       r"/ lambda_max = 0\.4\d+\. Give "
+                                                       r"alpha=None"):
+        hg.ImplicitDiff(solver(maxiter=50, alpha=1.0)).hypergradient(p, p.init_raw())
+    with warnings.catch_warnings():  # a converging alpha says nothing of the kind
+        warnings.simplefilter("error", SolverNotConvergedWarning)
+        hg.ImplicitDiff(solver(maxiter=3000, alpha=0.3, tol=1e-8)).hypergradient(p, p.init_raw())

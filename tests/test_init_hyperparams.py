@@ -71,11 +71,13 @@ def test_initial_state_with_and_without_lam() -> None:
 
 def test_truncated_reverse_drops_the_initialisation_term() -> None:
     """The initial weights' hypergradient flows through every step: truncated reverse mode
-    (k < T) does not reach it, full reverse (k = T) does."""
+    (k < T) does not reach it (refused, it would be an exact 0: the next test), full reverse
+    (k = T) does."""
     problem = _with([hg.InitScale("init", 1.0, params=["2.weight"]),
                      hg.Scalar("lr", 0.1, transform="log")])
     lam = problem.init_raw()
-    assert float(hg.ReverseMode(truncate=3).hypergradient(problem, lam).grad[0]) == 0.0
+    with pytest.raises(ValueError, match=r"does not reach"):
+        hg.ReverseMode(truncate=3).hypergradient(problem, lam)
     full = hg.ReverseMode(truncate=problem.steps).hypergradient(problem, lam).grad
     assert float(full[0]) != 0.0
     assert torch.equal(full, hg.ReverseMode().hypergradient(problem, lam).grad)
@@ -97,3 +99,23 @@ def test_misuse_is_named() -> None:
                hg.Scalar("lr", 0.1)]).init_raw()
     scale = hg.InitScale("s", 2.0)
     assert scale.transform == "log" and scale.kind == "init_scale"
+
+
+def test_methods_that_cannot_reach_the_initial_weights_refuse_them() -> None:
+    """Truncated reverse mode (truncate < T), HD and MARTHE(mu=0) gave an exact 0 for an
+    initialisation hyperparameter, silently; the Trainer then warned that the losses do not
+    change with it (they do: the method drops that dependence). Each now refuses, naming the
+    hyperparameter and the fix; at truncate >= T, or MARTHE with mu > 0, nothing changes."""
+    problem = _with([hg.Scalar("lr", 0.1, transform="log"),
+                     hg.InitScale("init", 0.7, params=["2.weight"])])
+    lam = problem.init_raw()
+    full = hg.ReverseMode().hypergradient(problem, lam).grad
+    assert float(full[1].abs()) > 0
+    for method, reach in ((hg.ReverseMode(truncate=5), "its last 5 of T = 6 steps"),
+                          (hg.HD(), "its one-step hypergradient"),
+                          (hg.MARTHE(mu=0.0), "its one-step hypergradient")):
+        with pytest.raises(ValueError, match=rf"\['init'\] set the initial weights, which "
+                                             rf"{reach} does not reach: .*exactly 0"):
+            method.hypergradient(problem, lam)
+    assert torch.equal(hg.ReverseMode(truncate=6).hypergradient(problem, lam).grad, full)
+    assert float(hg.MARTHE(mu=0.5).hypergradient(problem, lam).grad[1].abs()) > 0

@@ -356,6 +356,11 @@ class Method(abc.ABC):
 class OnlineMethod(Method):
     """A method that gives hypergradients during one run (online tuning)."""
 
+    reaches_initial_weights = True
+    """Whether the hypergradient at step ``T >= 1`` depends on the initial weights (a method
+    whose carried derivatives are cut at every step, HD, gives exact zeros for
+    :class:`~hypergrad.InitScale` and :class:`~hypergrad.InitWeights`: refused offline)."""
+
     @abc.abstractmethod
     def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None) -> Any:
         """The run state at step 0 (from ``state``, default the problem's initial state). A
@@ -382,6 +387,9 @@ class OnlineMethod(Method):
         return run
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+        if not self.reaches_initial_weights and problem.steps > 0:
+            refuse_initial_weights(problem, f"{self!r}", "its one-step hypergradient",
+                                   "ForwardMode() or ReverseMode()")
         r = self.run(problem, self.init(problem, lam), lam)
         value, grad = self.hypergradient_at(problem, r, lam)
         return HyperGradient(value, grad, r.state)
@@ -494,3 +502,16 @@ def create(spec: str | Method, api: str = "Trainer") -> Method:
                      f"`class MyMethod(hypergrad.Method, name='mine')`, or give its import path "
                      f"('my_module.MyMethod').")
 
+
+
+def refuse_initial_weights(problem: InnerProblem, method: str, reach: str, fix: str) -> None:
+    """Refuse a problem with initialisation hyperparameters (:class:`~hypergrad.InitScale`,
+    :class:`~hypergrad.InitWeights`) for a method whose hypergradient cannot reach the initial
+    weights (``reach``: what it differentiates): theirs would be exactly 0, which the Trainer
+    could only blame on the losses."""
+    init = [h.name for h in problem.hyperparams.init_items]
+    if init:
+        raise ValueError(
+            f"{method}: {init} set the initial weights, which {reach} does not reach: their "
+            f"hypergradient would be exactly 0 (not because the losses ignore them). Use {fix} "
+            f"for them, or drop them from the hyperparameters.")

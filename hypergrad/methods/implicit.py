@@ -448,6 +448,25 @@ class ImplicitDiff(Method, name="implicit"):
 
         return loss
 
+    def _diverging_fix(self, hvp: HVP, rhs: Tensor, info: dict[str, Any]) -> str | None:
+        """For a stepped solver given an ``alpha`` whose residual grew past the right-hand
+        side's (relative residual > 1: the iteration diverges), the fix with this Hessian's
+        bound on ``alpha`` (``2 / lambda_max``, by power iteration): raising ``maxiter``, the
+        usual advice, would only make it worse."""
+        solver = self.solver
+        if (not isinstance(solver, _Stepped) or solver.alpha is None
+                or not info["residual"] > 1):
+            return None
+        try:
+            _, lam_max = _power_alpha(hvp, rhs, solver.power_iters)
+        except ValueError:
+            return None
+        return (f"the residual grew: alpha={solver.alpha:g} is too large for this Hessian, "
+                f"whose largest eigenvalue is about {lam_max:.3g} ({solver.power_iters} power "
+                f"iterations): {type(solver).__name__} converges only for alpha < 2 / lambda_max "
+                f"= {2 / lam_max:.3g}. Give alpha=None (1 / lambda_max, estimated) or a smaller "
+                f"alpha, or use CG(); more iterations would diverge further.")
+
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
         """Train ``T`` plain steps, then :meth:`at_state`."""
         problem.check(lam)
@@ -496,7 +515,8 @@ class ImplicitDiff(Method, name="implicit"):
         if self.warm_start:
             self._last[problem] = v.detach()
         if not info["converged"]:
-            fix = ("Raise maxiter, use CG(), or check that the inner problem converged."
+            fix = (self._diverging_fix(hvp, rhs, info) or
+                   "Raise maxiter, use CG(), or check that the inner problem converged."
                    if "breakdown" not in info else
                    f"{info['breakdown']}: the Hessian of the training loss at w_T is not "
                    f"positive definite, so w_T is no minimum (a saddle, or not converged) and "

@@ -61,6 +61,8 @@ class HD(OnlineMethod, name="hd"):
         >>> E, dE = hd.hypergradient_at(problem, run, lam)  # doctest: +SKIP
     """
 
+    reaches_initial_weights = False
+
     def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None) -> HDState:
         problem.check(lam)
         problem.begin_run()  # a new inner run; the last batch read stays for the step's VJP
@@ -152,6 +154,11 @@ class MARTHE(ForwardMode, name="marthe"):
         elif self.mu != 1.0:
             fs = fs._replace(tangents=tree_map(lambda z: z * self.mu, fs.tangents))
         return super().step(problem, fs, lam, columns=columns)
+
+    @property
+    def reaches_initial_weights(self) -> bool:  # type: ignore[override]
+        """``mu = 0`` cuts the tangents at every step (HD): the initial weights' are 0."""
+        return self.mu > 0
 
     def _extra_held(self, k: int, state: int) -> float:
         """The discounted tangents ``mu Z`` are a copy beside the run's ``Z`` (``mu < 1``)."""

@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_map
 
 from ..problem import InnerProblem, InnerState
 from ..stepvjp import DoubleBackward, StepVJP
-from .base import HyperGradient, MemoryEstimate, Method, Sizes
+from .base import HyperGradient, MemoryEstimate, Method, Sizes, refuse_initial_weights
 
 __all__ = ["ReverseMode"]
 
@@ -179,6 +179,9 @@ class ReverseMode(Method, name="reverse"):
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
         problem.check(lam)
+        if self.truncate is not None and self.truncate < problem.steps:
+            refuse_initial_weights(problem, f"{self!r}", f"its last {self.truncate} of T = "
+                                   f"{problem.steps} steps", "ReverseMode() (or truncate >= T)")
         if self.tape:
             with problem.inner_run():
                 return self._taped(problem, lam)

@@ -313,7 +313,9 @@ class Online(Mode):
     training goes on.
 
     Args:
-        interval: inner steps between updates (in ``[1, T]``).
+        interval: inner steps between updates (in ``[1, T]``); one more update follows the
+            last step where ``interval`` does not divide ``T`` (5 with ``T = 12``: after steps
+            5, 10 and 12).
         reset_tangents: truncate after each update (``method.truncate``: for forward mode and
             MARTHE ``Z = 0``), so each hypergradient sees only the last ``interval`` steps.
 
