@@ -274,7 +274,9 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     last_step = (trainer.outer_step if not trainer.mode.online and not result.diverged
                  else None)
     results = {
-        "name": cfg.name, "task": task.name, "K": p.num_hyperparams, "T": p.steps,
+        "name": cfg.name, "task": task.name, **({"task_fingerprint": task.fingerprint}
+                                                if task.fingerprint else {}),
+        "K": p.num_hyperparams, "T": p.steps,
         "method": result.method, "mode": trainer.mode.name,
         "outer_steps": len(result.history),
         # this invocation's tuning; a resumed run's whole tuning (guards.clock) is elapsed

@@ -35,6 +35,10 @@ class Task:
         extra: ``raw lam -> {name: result}``, task-specific results for the learned point (a
             closed-form check, a cleaner's F1), written to ``results.json``.
         name: for logs and ``results.json``.
+        fingerprint: ``{key: JSON-like value}`` of what else defines a run of this task and
+            none of the problem's tensors shows (a corpus's digest: its test text is read by
+            ``evaluate`` only), stored in a run folder's checkpoint and compared on resume, and
+            written to ``results.json`` by ``hypergrad-run``.
 
     Example:
         >>> Task(problem, evaluate=lambda s: {"val_acc": 0.9}, name="mine")  # doctest: +SKIP
@@ -45,6 +49,7 @@ class Task:
     references: dict[str, Tensor] = field(default_factory=dict)
     extra: Callable[[Tensor], dict[str, Any]] | None = None
     name: str = "task"
+    fingerprint: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.problem, InnerProblem):

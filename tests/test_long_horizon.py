@@ -94,6 +94,24 @@ def test_inner_checkpoint_ignored_at_another_point(tmp_path: Path) -> None:
     assert "inner_every=5" in repr(hg.RunFolder(tmp_path, inner_every=5))
 
 
+@pytest.mark.parametrize("method", ["reverse", "online"])
+def test_inner_every_where_no_inner_checkpoint_can_be_written_is_said(tmp_path: Path,
+                                                                      method: str) -> None:
+    """inner_every did nothing for reverse mode (method="auto" often picks it) and online, and
+    said nothing: a long hypergradient killed mid-run was lost whole where the user had asked
+    for checkpoints within it. Now a CheckpointWarning names the method and the fix."""
+    from hypergrad.errors import CheckpointWarning
+
+    m, mode, after = (("reverse", hg.Offline(outer_steps=1), "takes its hypergradient in one "
+                       "call, so checkpoints come after each outer step only") if method ==
+                      "reverse" else ("forward", hg.Online(interval=5), "online, so "
+                                      "checkpoints come after each update only"))
+    with pytest.warns(CheckpointWarning, match=rf"inner_every=2\) checkpoints within an inner "
+                                               rf"run only offline .*{after}.*method='forward'"):
+        hg.Trainer(_problem(), m, mode=mode, folder=hg.RunFolder(tmp_path, inner_every=2),
+                   callbacks=[hg.run.Log(None), hg.run.Progress(False)]).close()
+
+
 # -- the character-level LM task (hypergrad.tasks.charlm) ------------------------------------------
 def test_stdlib_corpus_split_by_file() -> None:
     from hypergrad.tasks.charlm import CharVocab, stdlib_corpus
@@ -506,3 +524,36 @@ def test_lm_shapes_schedules_and_its_resumable_records(tmp_path: Path) -> None:
     assert [(r["shape"], r["seed"]) for r in runs] == [("linear", 100), ("schedulefree", 100)]
     assert runs[0]["test_bpc"] != runs[1]["test_bpc"]
     assert lm_shapes.main(args) == 0 and json.loads(out.read_text())["runs"] == runs
+
+
+def test_an_edit_of_the_corpus_is_seen_on_resume_and_recorded(tmp_path: Path) -> None:
+    """The test text of a user's file is read by evaluate only, so an edit of it (same length,
+    same characters) passed the resume check: metrics.jsonl then mixed two test sets in one
+    run. Task.fingerprint carries the corpus's digest into the run's fingerprint."""
+    from hypergrad.errors import ResumeMismatchError
+    from hypergrad.tasks.charlm import charlm_task, transformer_factory
+
+    book = tmp_path / "book.txt"
+    words = "the cat sat on a mat and a dog ran to the big red barn. " * 120
+    book.write_text(words)
+
+    def task() -> hg.Task:
+        hps = hg.HyperParams([hg.Scalar("lr", 3e-3, transform="log")])
+        return charlm_task(hps, hg.optim.adamw(lr="lr"),
+                           transformer_factory(d_model=8, n_heads=2, dropout=0.0), steps=2,
+                           batch_size=2, context=8, corpus="file", text_file=str(book),
+                           val_windows=2, eval_windows=2, dtype="float64")
+
+    first = task()
+    assert first.fingerprint == {"task.corpus_digest": first.corpus.digest()}
+    run = tmp_path / "run"
+    quiet = [hg.run.Log(None), hg.run.Progress(False)]
+    hg.Trainer(first, "forward", mode=hg.Offline(outer_steps=1), folder=run,
+               callbacks=quiet).fit()
+    book.write_text(words[:-60] + words[-60:].replace("cat", "act"))  # the test part only
+    edited = task()
+    assert edited.corpus.train == first.corpus.train
+    assert edited.corpus.test != first.corpus.test
+    with pytest.raises(ResumeMismatchError, match=r"task\.corpus_digest"):
+        hg.Trainer(edited, "forward", mode=hg.Offline(outer_steps=2),
+                   folder=hg.RunFolder(run, resume=True), callbacks=quiet)

@@ -268,6 +268,10 @@ def _reason(err: BaseException) -> str:
         return "it is not a hypergrad checkpoint (garbage, or a pickle of other objects)"
     if "zip archive" in str(err) or "central directory" in str(err):
         return "the file is truncated or corrupted (not a complete zip archive)"
+    if isinstance(err, OSError) and err.errno == errno.EINVAL:
+        # torch.load seeking past the end of a checkpoint cut in half: "[Errno 22] Invalid
+        # argument", which says nothing of the file
+        return "the file is truncated or corrupted (a read past its end)"
     if isinstance(err, (KeyError, IndexError, ValueError, RuntimeError)):
         return f"the file is corrupted or not a checkpoint ({type(err).__name__}: {text[:120]})"
     return f"{type(err).__name__}: {text[:200]}"

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import BoundsWarning, TuningWarning
+from ..errors import BoundsWarning, CheckpointWarning, TuningWarning
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
 from ..methods.memory import check_memory, out_of_memory
 from ..problem import InnerProblem, InnerState
@@ -259,6 +259,19 @@ class Trainer:
         self.lam = p.init_raw().requires_grad_(False)
         p.check(self.lam)  # losses, shapes and bindings, before anything costly
         self.method = self.strategy.setup(self._resolve(create(method)))
+        every = None if folder is None else folder.inner_every
+        if every is not None and (self.mode.online or not isinstance(self.method, OnlineMethod)):
+            # a long hypergradient killed mid-run would be lost whole, where the user asked
+            # for checkpoints within it
+            warnings.warn(CheckpointWarning(
+                f"Trainer: RunFolder(inner_every={every}) checkpoints within an inner run only "
+                f"offline and for a method the Trainer steps (forward mode, MARTHE, HD); "
+                f"{self.method!r}"
+                f"{' online' if self.mode.online else ' takes its hypergradient in one call'}, "
+                f"so checkpoints come after each "
+                f"{'update' if self.mode.online else 'outer step'} only. For checkpoints "
+                f"within the inner run use method='forward' offline (hypergrad-run: "
+                f"method=forward), or drop inner_every."), stacklevel=2)
         self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds)
         self._start_in_bounds()
         self.box = search_box(p.hyperparams, self.bounds, self.lam)
@@ -394,7 +407,8 @@ class Trainer:
     def _open_folder(self, folder: RunFolder) -> None:
         p = self.problem
         self._fingerprint = problem_fingerprint(
-            p, self.settings(), {**folder.extra, **self.strategy.fingerprint(self.method)})
+            p, self.settings(), {**folder.extra, **self.task.fingerprint,
+                                 **self.strategy.fingerprint(self.method)})
         # open() gives the lock back when it refuses (a folder that another Trainer holds
         # included: closing it here released that Trainer's lock)
         got = folder.open(p.device, self.message) if self.strategy.is_writer else None

@@ -344,7 +344,9 @@ def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
         m = problem.model(state)
         return {"val_bpc": bits_per_char(m, *ev_val), "test_bpc": bits_per_char(m, *ev_test)}
 
-    task = Task(problem, evaluate, name="charlm")
+    # the test text is read by evaluate only: a resume must see an edit of it too
+    task = Task(problem, evaluate, name="charlm",
+                fingerprint={"task.corpus_digest": text.digest()})
     task.corpus = text  # type: ignore[attr-defined]
     task.vocab = vocab  # type: ignore[attr-defined]
     return task
