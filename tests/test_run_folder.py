@@ -61,7 +61,7 @@ def test_a_lock_of_another_host_says_how_to_recover(tmp_path: Path) -> None:
 @pytest.mark.parametrize("first,change,key", [
     (hg.ReverseMode(truncate=3), hg.ReverseMode(truncate=4), "method.truncate: 3 -> 4"),
     (hg.MARTHE(mu=0.5), hg.MARTHE(mu=0.8), "method.mu: 0.5 -> 0.8"),
-    (hg.HD(), hg.ForwardMode(), "method: 'hd' -> '<absent>'"),
+    (hg.HD(), hg.ForwardMode(), "method: 'hd' -> '<an exact method: forward or reverse mode>'"),
     (hg.FiniteDifference(eps=1e-5), hg.FiniteDifference(eps=1e-4), "method.eps: 1e-05 -> 0.0001"),
 ], ids=["truncate", "mu", "hd", "eps"])
 def test_resume_refuses_changed_settings_of_an_approximate_method(

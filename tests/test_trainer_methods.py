@@ -109,7 +109,7 @@ def test_hd_online_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
                                                              for h in full.history]
     # another method whose run state does not fit: refused, naming the one that fits
     with pytest.raises(ResumeMismatchError, match=r"differs from the one in the checkpoint .*"
-                                                  r"\n  method: 'hd' -> '<absent>'"):
+                                                  r"\n  method: 'hd' -> '<an exact method"):
         _resumable(hg.ForwardMode(), tmp_path / "part", resume=True)
 
 
@@ -119,7 +119,8 @@ def test_an_online_run_state_carries_over_only_where_it_fits(tmp_path: Path) -> 
     full = _resumable("forward", tmp_path / "full").fit()
     with pytest.raises(_Interrupt):
         _resumable("forward", tmp_path / "part", evaluate=_interrupt_after(2)).fit()
-    with pytest.raises(ResumeMismatchError, match=r"\n  method: '<absent>' -> 'hd'"):
+    with pytest.raises(ResumeMismatchError, match=r"\n  method: '<an exact method: forward or "
+                                                  r"reverse mode>' -> 'hd'"):
         _resumable("hd", tmp_path / "part", resume=True)  # refused by the fingerprint
     ck = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)
     p = digits_case("adam", "per_tensor_wd", steps=12, **SMALL)

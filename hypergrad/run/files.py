@@ -372,19 +372,25 @@ and ``select_loss``, in the fingerprint since 2026-11-27; what per-parameter val
 since 2026-11-28)."""
 
 
+ABSENT_MEANS: dict[str, str] = {"method": "<an exact method: forward or reverse mode>"}
+"""What a fingerprint key's absence means, for the resume message: the exact methods record
+no ``method`` key (one may resume the other), so a run of forward mode resumed with HD read
+``method: '<absent>' -> 'hd'``."""
+
+
 def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``"key: old -> new"`` for every key whose value differs (missing keys count, except a
     key of :data:`ADDED_KEYS` at its earlier meaning; numbers differ by more than the rounding
     of :func:`_sig`, see :func:`_same`)."""
     out = []
     for key in sorted(set(old) | set(new)):
-        absent = ADDED_KEYS.get(key, "<absent>")
+        absent = ADDED_KEYS.get(key, ABSENT_MEANS.get(key, "<absent>"))
         if key not in old and absent == NOT_RECORDED:
             continue
         # as plain JSON, as fingerprints are stored since 2026-11-27 (an earlier checkpoint's
         # inf or NumPy number compares equal to what it is stored as now)
         a = json_safe(_plain(old.get(key, absent)))
-        b = json_safe(_plain(new.get(key, "<absent>")))
+        b = json_safe(_plain(new.get(key, ABSENT_MEANS.get(key, "<absent>"))))
         if not _same(a, b):
             out.append(f"{key}: {_short(a)} -> {_short(b)}")
     return out
