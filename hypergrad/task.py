@@ -10,12 +10,14 @@ returns one, yours included).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
+from .errors import HypergradWarning
 from .problem import InnerProblem, InnerState
 
 __all__ = ["Task"]
@@ -50,6 +52,7 @@ class Task:
     extra: Callable[[Tensor], dict[str, Any]] | None = None
     name: str = "task"
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    _said: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.problem, InnerProblem):
@@ -62,11 +65,12 @@ class Task:
     def metrics(self, state: InnerState, fields: Mapping[str, Any] | None = None,
                 reserved: Collection[str] = ()) -> dict[str, float]:
         """``evaluate(state)`` checked: a mapping of metric names (strings) to numbers, ``{}``
-        without ``evaluate``. The metrics join a record: a name among ``reserved`` (the
-        record's own fields) is refused, and so is a name among ``fields`` (the record's values)
-        whose value differs from the record's (a test loss reported as ``val_loss`` would
-        overwrite the validation loss); one that agrees (a classifier's evaluation of the
-        validation split, the same loss) is left out, the record's own value kept."""
+        without ``evaluate``. The metrics join a record and never overwrite its own fields: a
+        name among ``fields`` (the record's values) whose value agrees with the record's (a
+        classifier's evaluation of the validation split, the same loss) is left out; one that
+        differs (a test loss reported as ``val_loss``; a validation loss of the model in eval
+        mode where the objective runs it in train mode), or a name among ``reserved`` (the
+        record's other fields), is kept as ``evaluate.<name>``, and a warning says so once."""
         if self.evaluate is None:
             return {}
         out = self.evaluate(state)
@@ -85,19 +89,19 @@ class Task:
             except (TypeError, ValueError):
                 raise TypeError(f"Task {self.name!r}: evaluate returned {k}={v!r}; a metric "
                                 f"must be a number (a float or a one-element tensor).") from None
-            if k in fields:
-                own = fields[k]
-                same = (isinstance(own, (int, float)) and not isinstance(own, bool)
-                        and (x == own or abs(x - own) <= 1e-5 * max(1.0, abs(own))))
-                if not same:
-                    raise ValueError(
-                        f"Task {self.name!r}: evaluate returned {k}={x:.6g}, but the record "
-                        f"already holds {k}={own!r} (the record's own field); rename the metric "
-                        f"(e.g. 'test_loss', 'eval_{k}') so that it does not overwrite it.")
-                continue
-            if k in reserved:
-                raise ValueError(f"Task {self.name!r}: evaluate returned the metric {k!r}, a "
-                                 f"name the record uses for its own fields {sorted(reserved)}; "
-                                 f"rename it.")
+            own = fields.get(k)
+            if k in fields and isinstance(own, (int, float)) and not isinstance(own, bool) and (
+                    x == own or abs(x - own) <= 1e-5 * max(1.0, abs(own))):
+                continue  # the record's own value, computed again
+            if k in fields or k in reserved:
+                if k not in self._said:
+                    self._said.add(k)
+                    was = f" (the record's: {own!r})" if k in fields else ""
+                    warnings.warn(
+                        f"Task {self.name!r}: evaluate returned {k}={x:.6g}, a name the "
+                        f"record uses for its own field{was}; kept as 'evaluate.{k}', the "
+                        f"record's value unchanged. Rename the metric (e.g. 'test_loss') to "
+                        f"keep it under a name of its own.", HypergradWarning, stacklevel=3)
+                k = f"evaluate.{k}"
             metrics[k] = x
         return metrics

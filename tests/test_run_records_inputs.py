@@ -375,30 +375,40 @@ def test_a_callback_that_edits_its_record_changes_no_history(tmp_path: Path) -> 
 def test_a_tasks_metrics_never_overwrite_the_records_own_fields(tmp_path: Path) -> None:
     """``Task(evaluate=...)`` metrics join each outer step's record: a test loss reported as
     ``val_loss`` overwrote the record's validation loss (history and metrics.jsonl), and
-    ``outer_step`` its step numbers. A clash with another value is refused, naming the metric
-    and the fix; a metric that agrees (a classifier's evaluation of the validation split, as
-    the bundled tasks report) is left out, the record's value kept; a bad return is named."""
+    ``outer_step`` its step numbers. A clashing metric is now kept as ``evaluate.<name>`` with
+    one warning, the record's value unchanged; one that agrees with the record (a classifier's
+    evaluation of the validation split, as the bundled tasks report) is left out; a bad return
+    is named."""
+    from hypergrad.errors import HypergradWarning
+
     def run(evaluate: Any, folder: Path | None = None) -> hg.TrainResult:
         return hg.Trainer(hg.Task(small(), evaluate=evaluate, name="mine"), "forward",
                           mode=hg.Offline(outer_steps=2), folder=folder,
                           callbacks=quiet()).fit()
 
     plain = run(None)
-    with pytest.raises(ValueError, match=r"Task 'mine': evaluate returned val_loss=1\.5, but the "
-                                         r"record already holds val_loss=.*rename the metric"):
-        run(lambda s: {"val_loss": 1.5, "test_acc": 0.9})
-    with pytest.raises(ValueError, match=r"evaluate returned outer_step=100, but the record "
-                                         r"already holds outer_step=0"):
-        run(lambda s: {"outer_step": 100})
-    with pytest.raises(ValueError, match=r"evaluate returned the metric 'inner_step', a name the "
-                                         r"record uses for its own fields"):
-        run(lambda s: {"inner_step": 3})
+    with pytest.warns(HypergradWarning, match=r"Task 'mine': evaluate returned (val_loss|"
+                                              r"outer_step|inner_step)=.*kept as") as rec:
+        clash = run(lambda s: {"val_loss": 1.5, "outer_step": 100, "inner_step": 3,
+                               "test_acc": 0.9}, tmp_path / "clash")
+    said = [str(w.message) for w in rec]
+    assert len(said) == 3  # once each, not once per outer step
+    assert any(x.startswith("Task 'mine': evaluate returned val_loss=1.5, a name the record "
+                            "uses for its own field (the record's: ") and
+               "kept as 'evaluate.val_loss'" in x for x in said)
+    assert [h["val_loss"] for h in clash.history] == [h["val_loss"] for h in plain.history]
+    assert [h["outer_step"] for h in clash.history] == [0, 1]
+    assert "inner_step" not in clash.history[0]
+    assert all(h["evaluate.val_loss"] == 1.5 and h["evaluate.outer_step"] == 100
+               and h["evaluate.inner_step"] == 3 and h["test_acc"] == 0.9 for h in clash.history)
+    lines = [json.loads(x) for x in (tmp_path / "clash" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["val_loss"] for x in lines] == [h["val_loss"] for h in plain.history]
     with pytest.raises(TypeError, match=r"evaluate returned float 0.5; it must return a mapping"):
         run(lambda s: 0.5)
     with pytest.raises(TypeError, match=r"evaluate returned acc='high'; a metric must be a "
                                         r"number"):
         run(lambda s: {"acc": "high"})
-    # agreeing with the record: left out, the record's own value kept; the rest joins it
+    # agreeing with the record: left out, the record's own value kept, no warning
     ref = small()
 
     def agrees(state: Any) -> dict[str, Any]:  # the validation loss, computed here again
@@ -407,7 +417,4 @@ def test_a_tasks_metrics_never_overwrite_the_records_own_fields(tmp_path: Path) 
 
     r = run(agrees, tmp_path / "run")
     assert [h["val_loss"] for h in r.history] == [h["val_loss"] for h in plain.history]
-    assert all(h["test_acc"] == 0.75 for h in r.history)
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [x["val_loss"] for x in lines] == [h["val_loss"] for h in r.history]
-    assert [x["outer_step"] for x in lines] == [0, 1]
+    assert all(h["test_acc"] == 0.75 and "evaluate.val_loss" not in h for h in r.history)
