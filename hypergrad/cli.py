@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import distributed
 from .config import CONFIG_DIR, build, check_keys, global_groups, register_configs
 from .errors import (
+    BoundsWarning,
     CheckpointError,
     ConfigError,
     HypergradWarning,
@@ -176,6 +177,29 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def _bounds_refused_in_a_sweep() -> Iterator[None]:
+    """In a ``--multirun`` job, an initial value the Trainer would move onto a bound of
+    ``guards.bounds`` is refused (:class:`ConfigError`): the sweeper records the value it asked
+    for, not the one trained (an Optuna study sampling lr in [100, 10000] against bounds of
+    [1e-4, 1] scored every trial at 1.0 and reported its best as lr = 9062). A single run
+    moves it and warns, as the Trainer does."""
+    if not _multirun():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=BoundsWarning,
+                                message=r"Trainer: initial values outside")
+        try:
+            yield
+        except BoundsWarning as err:
+            raise ConfigError(
+                f"hypergrad-run: {err} In a sweep this job is refused instead: the sweeper "
+                f"would record the value it asked for, not the one trained. Keep the swept "
+                f"values inside guards.bounds (narrow the sweep's interval, or widen the "
+                f"bounds).") from None
+
+
+@contextlib.contextmanager
 def _kept_warnings() -> Iterator[list[str]]:
     """hypergrad's warnings during a run, for results.json's ``warnings``: Python writes them
     to stderr only, which cli.log and a sweep's launcher (joblib) do not keep, so a run that
@@ -213,7 +237,7 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     )
 
     run_dir = folder.path
-    with _settings_refused():
+    with _settings_refused(), _bounds_refused_in_a_sweep():
         task, trainer = build(cfg, folder)
     if not distributed.is_writer():  # under torchrun: tune with rank 0, which alone reports
         return {"table": [], "learned_val_loss": trainer.fit().best_val_loss}

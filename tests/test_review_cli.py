@@ -252,3 +252,19 @@ def test_a_label_smoothing_that_can_leave_0_1_is_warned_about() -> None:
     build(_compose(*FAST, *smooth, "hyperparams.items.smooth.transform=logit"))  # no warning
     page = (ROOT / "docs" / "configs.md").read_text()
     assert "hyperparams.items.smooth.transform=logit" in " ".join(page.split())
+
+
+def test_a_swept_value_outside_the_bounds_is_refused_not_moved(tmp_path: Path) -> None:
+    """An Optuna study sampling lr in [100, 10000] against the preset's bounds [1e-4, 1]: the
+    Trainer moved every trial's value onto the bound and trained there, while the sweeper
+    recorded the value it had asked for (its best reported as lr = 9062, trained at 1.0). In a
+    sweep such a job is now refused, naming the value, the bounds and the fix; the jobs inside
+    the bounds run."""
+    out = _cli("--multirun", "experiment=digits_schedule", *FAST, "report.retrain=false",
+               "hyperparams.items.lr.init=0.5,100", f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode != 0
+    said = ("In a sweep this job is refused instead: the sweeper would record the value it "
+            "asked for, not the one trained")
+    assert said in out.stderr and said in (tmp_path / "1" / "cli.log").read_text()
+    assert not (tmp_path / "1" / "results.json").exists()
+    assert json.loads((tmp_path / "0" / "results.json").read_text())["outer_steps"] > 0
