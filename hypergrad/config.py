@@ -32,6 +32,7 @@ import copy
 import enum
 import importlib
 import inspect
+import os
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -258,11 +259,15 @@ REGISTRIES = ("method", "inner_optimizer")
 entry point or an import is ``method=<name>`` without a YAML file)."""
 
 
-def _hydra_subdir(output_dir: str) -> str:
+def _hydra_subdir(output_dir: str) -> str | None:
     """``${hg.hydra_subdir:<run folder>}``, Hydra's ``output_subdir``: ``.hydra`` for a folder's
     first invocation, ``.hydra.2``, ``.hydra.3``, ... for later ones in the same folder (a
     resume, or one refused because the folder holds a run), so no invocation overwrites the
-    record of another."""
+    record of another. Under torchrun only rank 0 records it (``None`` elsewhere: Hydra writes
+    nothing), as it alone writes the run's files: every rank wrote one, so a single
+    invocation left ``.hydra`` and ``.hydra.2``, read as a resume."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
     folder = Path(output_dir)
     if not (folder / ".hydra").exists():
         return ".hydra"

@@ -226,6 +226,8 @@ def test_the_cli_under_torchrun_splits_the_columns_and_rank_0_writes(tmp_path: P
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["outer_steps"] == 2 and res["method"] == "forward"
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2  # once, by rank 0
+    # Hydra's record of the invocation once too (each rank wrote one: .hydra and .hydra.2)
+    assert sorted(p.name for p in tmp_path.glob(".hydra*")) == [".hydra"]
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ck["fingerprint"]["distributed.world_size"] == 2
     assert ck["fingerprint"]["distributed.mesh"] == [1, 2]
