@@ -40,7 +40,7 @@ import vs_optuna as V  # noqa: E402
 
 import hypergrad as hg  # noqa: E402
 
-RETRAIN = [1000, 1001, 1002]
+RETRAIN = V.SUITE_RETRAIN
 """The suite's retrain seeds (``vs_optuna.py --suite``)."""
 
 

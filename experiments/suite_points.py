@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suite  # noqa: E402
 import vs_optuna as V  # noqa: E402
 
-RETRAIN = [1000, 1001, 1002]
+RETRAIN = V.SUITE_RETRAIN
 """The suite's retrain seeds (``vs_optuna.py --suite``)."""
 
 
@@ -37,8 +37,7 @@ def point(tuner: str, name: str, seed: int, budget: float) -> dict[str, Any]:
     """One contender's run at one tuning seed: the point it returns, described, and its test
     loss at each retraining seed."""
     run = V.suite_run(tuner, name, seed, budget)
-    best, idx = run.chosen()
-    lam = run.lams[idx] if idx >= 0 else run.lams[0]
+    best, lam = run.answer()
     task = suite.build(name, seed)
     tests = [t["test_loss"] for t in V._test_at(name, lam, RETRAIN)]
     return {"tuner": tuner, "seed": seed, "val": best, "evals": len(run.within()),

@@ -206,6 +206,12 @@ class Run:
             return self.losses[self.returned], self.returned
         return self.best()
 
+    def answer(self) -> tuple[float, Any]:
+        """``(validation loss, lam)`` of the tuner's result (:meth:`chosen`); where nothing
+        finished within the budget, its starting point (``lams[0]``) with loss ``inf``."""
+        best, idx = self.chosen()
+        return best, self.lams[idx] if idx >= 0 else self.lams[0]
+
     def curve(self, grid: Sequence[float]) -> list[float]:
         """Best validation loss found by each time of ``grid`` (``inf`` before the first)."""
         out, best, j = [], math.inf, 0

@@ -92,6 +92,8 @@ from hypergrad.run.files import dumps  # noqa: E402
 TUNERS = ("hypergrad", "tpe", "random")
 DATA_SEED = 0  # one split for every seed and tuner: seeds change initialisation and batches
 RETRAIN_SEED0 = 1000  # retraining seeds: 1000, 1001, ... (never tuning seeds)
+SUITE_RETRAIN = list(range(RETRAIN_SEED0, RETRAIN_SEED0 + 3))
+"""The suite's retraining seeds (``--suite``'s default ``--retrain-seeds 3``)."""
 
 
 @dataclass(frozen=True)
@@ -616,8 +618,7 @@ def suite_problem(name: str, seeds: list[int], retrain: list[int], n_plain: int,
             probe = C.others_busy()
             run = suite_run(tuner, name, seed, budget)
             other = probe()
-            best, idx = run.chosen()  # the Trainer's re-checked point, else the best
-            pick = run.lams[idx] if idx >= 0 else run.lams[0]
+            best, pick = run.answer()  # the Trainer's re-checked point, else the best
             tests = _test_at(name, pick, retrain)
             anytime = []
             for share in CHECKPOINTS:  # the test loss of the incumbent, same-seed model
@@ -873,8 +874,8 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         names = [n for h in ("dev", "eval") if args.half in (h, "both") for n in suite.SPLIT[h]]
     n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
-    n_retrain = args.retrain_seeds if args.retrain_seeds is not None else (1 if args.quick
-                                                                           else 3)
+    n_retrain = args.retrain_seeds if args.retrain_seeds is not None else (
+        1 if args.quick else len(SUITE_RETRAIN))
     n_plain = args.plain_runs or (14 if args.quick else suite.BUDGET_PLAIN_RUNS)
     seeds = list(range(args.first_seed, args.first_seed + n_seeds))
     retrain = list(range(RETRAIN_SEED0, RETRAIN_SEED0 + n_retrain))

@@ -503,7 +503,6 @@ def create(spec: str | Method, api: str = "Trainer") -> Method:
                      f"('my_module.MyMethod').")
 
 
-
 def refuse_initial_weights(problem: InnerProblem, method: str, reach: str, fix: str) -> None:
     """Refuse a problem with initialisation hyperparameters (:class:`~hypergrad.InitScale`,
     :class:`~hypergrad.InitWeights`) for a method whose hypergradient cannot reach the initial

@@ -384,13 +384,14 @@ def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     of :func:`_sig`, see :func:`_same`)."""
     out = []
     for key in sorted(set(old) | set(new)):
-        absent = ADDED_KEYS.get(key, ABSENT_MEANS.get(key, "<absent>"))
+        missing = ABSENT_MEANS.get(key, "<absent>")
+        absent = ADDED_KEYS.get(key, missing)
         if key not in old and absent == NOT_RECORDED:
             continue
         # as plain JSON, as fingerprints are stored since 2026-11-27 (an earlier checkpoint's
         # inf or NumPy number compares equal to what it is stored as now)
         a = json_safe(_plain(old.get(key, absent)))
-        b = json_safe(_plain(new.get(key, ABSENT_MEANS.get(key, "<absent>"))))
+        b = json_safe(_plain(new.get(key, missing)))
         if not _same(a, b):
             out.append(f"{key}: {_short(a)} -> {_short(b)}")
     return out
