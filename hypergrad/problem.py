@@ -582,6 +582,29 @@ class InnerProblem:
                     f"a Schedule, a PerTensor, a PerGroup or a 0-d Tensor."
                 )
 
+    def _check_finite_lam(self, lam: Tensor) -> None:
+        """Refuse a NaN or infinite raw hyperparameter, naming it: every method would return a
+        NaN hypergradient without a word. Skipped for tensors that cannot be read (fake
+        tensors of the memory estimates, functorch's wrappers, a compiled graph)."""
+        if (type(lam) is not Tensor and type(lam) is not torch.nn.Parameter) \
+                or torch._C._functorch.is_functorch_wrapped_tensor(lam) \
+                or torch.compiler.is_compiling():
+            return
+        finite = torch.isfinite(lam.detach())
+        if bool(finite.all()):
+            return
+        hps = self.hyperparams
+        bad = [f"{name}[{i}]" if s.stop - s.start > 1 else name
+               for name, s in hps.slices.items()
+               for i in range(s.stop - s.start) if not bool(finite[s.start + i])]
+        raise ValueError(
+            f"InnerProblem: lam is not finite at {', '.join(bad[:5])}"
+            f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''} (raw, untransformed "
+            f"values: {lam.detach()[~finite][:5].tolist()}); every hypergradient there would be "
+            f"NaN. Start from problem.init_raw() (each hyperparameter's init, which must lie "
+            f"inside its transform's range: > 0 for log, in (0, 1) for logit) and keep every "
+            f"entry finite.")
+
     def check(self, lam: Tensor) -> None:
         """Validate ``lam`` and run the losses once at step 0, before anything costly: scalar
         float losses; finite data, weights and losses (a NaN is named as a data problem, not
@@ -595,6 +618,7 @@ class InnerProblem:
                 f"InnerProblem: lam has dtype {lam.dtype} but the model is {self.dtype}; use "
                 f"problem.init_raw() or lam.to({self.dtype})."
             )
+        self._check_finite_lam(lam)
         if self._checked_dtype == lam.dtype:
             return
         self._check_data()

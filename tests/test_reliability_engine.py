@@ -469,6 +469,28 @@ def _check_lam(p: hg.InnerProblem, lam: torch.Tensor) -> None:
     p.check(lam)
 
 
+@pytest.mark.parametrize("method", ["forward", "reverse", "finite_difference", "auto"])
+def test_a_non_finite_hyperparameter_is_named_by_every_method(method: str) -> None:
+    """A NaN (or an infinity) in ``lam`` passed to a method directly gave a NaN hypergradient
+    without a word; every method checks ``lam`` through ``InnerProblem.check``."""
+    from fixtures import lr_momentum
+
+    p = lr_momentum(steps=3)
+    m = hg.methods.create(method)
+    lam = p.init_raw()
+    m.hypergradient(p, lam)  # finite: fine (and the one-time checks done)
+    for bad, shown in ((math.nan, "nan"), (-math.inf, "-inf")):
+        lam = p.init_raw()
+        lam[1] = bad
+        with pytest.raises(ValueError, match=rf"^InnerProblem: lam is not finite at momentum "
+                                             rf"\(raw, untransformed values: \[{shown}\]\)"):
+            m.hypergradient(p, lam)
+    lam = p.init_raw().repeat(1)
+    lam[0] = math.nan
+    with pytest.raises(ValueError, match=r"not finite at lr \("):
+        p.run(lam)
+
+
 # -- the troubleshooting page's examples run ------------------------------------------------------
 DOC = Path(__file__).resolve().parents[1] / "docs" / "troubleshooting_engine.md"
 
@@ -491,7 +513,8 @@ def test_the_troubleshooting_page_names_every_message_of_this_change() -> None:
                   "state that hypergrad updates itself", "initial parameter 'bias'",
                   "is nan at the initial weights", "whose backward (_embedding_bag_backward)",
                   "whose gradient divides each row's by how often",
-                  "leaves out the row's lookups although forward reads them"):
+                  "leaves out the row's lookups although forward reads them",
+                  "lam is not finite at"):
         assert words in text, words
 
 
