@@ -131,6 +131,24 @@ def _raised_by_hypergrad(err: BaseException) -> bool:
     return tb is not None and here in Path(tb.tb_frame.f_code.co_filename).resolve().parents
 
 
+def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``err``'s traceback in a user's own code: a file outside
+    hypergrad, the Python installation and its installed packages (torch, Hydra), e.g. the
+    ``my_models.py`` whose model a bundled task called; ``None`` when there is none."""
+    import sysconfig
+
+    here = Path(__file__).resolve().parent
+    libs = {Path(p).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")
+            if (p := sysconfig.get_paths().get(k))}
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        f = Path(frame.filename).resolve()
+        if frame.filename.startswith("<") or here in f.parents or any(
+                lib in f.parents for lib in libs):
+            continue
+        return frame
+    return None
+
+
 def _overwrite(folder: RunFolder) -> None:
     """With ``folder.overwrite=true``, once the new run's settings have been built (a run that
     is refused keeps the old one): remove the old run's files, its TensorBoard logs too."""
@@ -429,7 +447,11 @@ def _failed(err: BaseException) -> str:
                 "checkpoint and its records: continue with folder.resume=true")
     cause = err.__cause__ if isinstance(err, InstantiationException) else None
     where = traceback.extract_tb((cause or err).__traceback__)
-    at = f" (raised at {where[-1].filename}:{where[-1].lineno})" if where else ""
+    at = f" (raised at {where[-1].filename}:{where[-1].lineno}" if where else ""
+    mine = _user_frame(cause or err)
+    if at and mine is not None and mine != where[-1]:
+        at += f", from your code at {mine.filename}:{mine.lineno}"
+    at += ")" if at else ""
     said = f"{type(err).__name__}: {err}"
     if cause is not None:
         said += f"\ncaused by {type(cause).__name__}: {cause}"
@@ -448,8 +470,11 @@ def _main(cfg: DictConfig) -> float:
         if refused is None:
             _to_log_file(_failed(err))
             if err.__cause__ is not None:  # Hydra's line shows the cause's repr only
+                mine = _user_frame(err.__cause__)
+                at = "" if mine is None else (f" (in your code: {mine.filename}:{mine.lineno}"
+                                              f", {mine.name})")
                 print(f"hypergrad-run: caused by {type(err.__cause__).__name__}: "
-                      f"{err.__cause__}", file=sys.stderr)
+                      f"{err.__cause__}{at}", file=sys.stderr)
             raise
         _refuse(refused)
         raise
@@ -467,7 +492,10 @@ def _refused_setting(err: InstantiationException) -> ConfigError | None:
     cause = err.__cause__
     text = str(err)
     target = re.search(r"target '([^']+)'", text)
-    ours = target is not None and target.group(1).startswith("hypergrad.")  # its signature
+    # a hypergrad target's own signature or settings; not an error raised in a user's code
+    # that the target called (a model of your own that a bundled task builds)
+    ours = (target is not None and target.group(1).startswith("hypergrad.")
+            and _user_frame(cause) is None)
     if not isinstance(cause, (ValueError, TypeError)) or not (
             ours or _raised_by_hypergrad(cause)):
         return None

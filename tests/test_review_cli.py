@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -210,22 +211,35 @@ class Breaks(nn.Module):  # fails after its first few forwards (the task's check
         if Breaks.calls > 20:
             raise RuntimeError("my model broke at call 21")
         return self.body(x)
+
+
+class Wide(nn.Module):  # a setting of its own, given a string on the command line
+    def __init__(self, n_in, n_out, width=16):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(n_in, width), nn.Linear(width, n_out))
+
+    def forward(self, x):
+        return self.body(x)
 '''
 
 
-@pytest.mark.parametrize("model", ["OneOutput", "Breaks"])
+@pytest.mark.parametrize("model", ["OneOutput", "Breaks", "Wide"])
 def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: Path,
                                                                       model: str) -> None:
     """A model of the wrong output shape failed inside the loss with an indexing error naming
     neither the model nor the shape; an error raised in your own code left the run folder's
-    cli.log empty (only usage errors were written there)."""
+    cli.log empty (only usage errors were written there). A model of your own that fails on
+    its own setting (``model.width=abc``) was answered as a refused setting of the bundled
+    task that built it ("task (hypergrad.tasks.bundled.digits_task): empty(): ..."); it is
+    your code's error, with the line in your file."""
     (tmp_path / "my_models.py").write_text(MODELS)
     conf = tmp_path / "conf" / "model"
     conf.mkdir(parents=True)
     (conf / "mine.yaml").write_text(f"_target_: my_models.{model}\n_partial_: true\n")
     run_dir = tmp_path / "run"
+    bad = ["+model.width=abc"] if model == "Wide" else []
     out = subprocess.run([*CLI, "--config-dir", str(tmp_path / "conf"), "model=mine", *FAST,
-                          "report.retrain=false", f"hydra.run.dir={run_dir}"],
+                          *bad, "report.retrain=false", f"hydra.run.dir={run_dir}"],
                          capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
     assert out.returncode != 0
     logged = (run_dir / "cli.log").read_text()
@@ -233,6 +247,12 @@ def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: 
         said = ("digits_task: the model (OneOutput, built as model(64, 10)) returns (2, 1) for 2 "
                 "examples; the task needs shape (2, 10)")
         assert said in out.stderr and said in logged
+    elif model == "Wide":
+        assert "task (hypergrad.tasks.bundled.digits_task)" not in out.stderr
+        assert re.search(r"caused by TypeError: empty\(\).*\(in your code: \S*my_models.py:"
+                         r"\d+, __init__\)", out.stderr), out.stderr
+        assert re.search(r"raised at \S*linear.py:\d+, from your code at \S*my_models.py:",
+                         logged), logged
     else:
         assert "hypergrad-run: the run failed: RuntimeError: my model broke at call 21" in logged
         assert "my_models.py" in logged  # where it was raised
