@@ -77,6 +77,7 @@ from tuners import (  # noqa: E402
     REPORTS,
     Run,
     SearchSpace,
+    TwoOrders,
     ZerothOrder,
     plain_steps,
     run_optuna,
@@ -535,6 +536,7 @@ def _variants() -> dict[str, Any]:
         "tape": dict(method=hg.ReverseMode(tape=True)),
         "select_50": dict(suite_patch={"SELECT_SHARE": 0.5}),
         "select_30": dict(suite_patch={"SELECT_SHARE": 0.3}),
+        "two_orders": dict(method=TwoOrders()),
     }
 
 
