@@ -495,7 +495,7 @@ def _refused_setting(err: InstantiationException) -> ConfigError | None:
     # a hypergrad target's own signature or settings; not an error raised in a user's code
     # that the target called (a model of your own that a bundled task builds)
     ours = (target is not None and target.group(1).startswith("hypergrad.")
-            and _user_frame(cause) is None)
+            and (cause is None or _user_frame(cause) is None))
     if not isinstance(cause, (ValueError, TypeError)) or not (
             ours or _raised_by_hypergrad(cause)):
         return None
