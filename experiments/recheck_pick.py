@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=10, help="tuning seeds 0..n-1")
     ap.add_argument("--plain-runs", type=int, default=30, help="budget in plain runs")
     ap.add_argument("--quick", action="store_true",
-                    help="the half's first problem, one seed, 12 plain runs")
+                    help="the half's first problem, one seed, 20 plain runs")
     ap.add_argument("--out", default=None, help="JSON file (written after every run)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  f"{sorted(suite.PROBLEMS)}")
     seeds, n_plain = range(args.seeds), args.plain_runs
     if args.quick:
-        names, seeds, n_plain = names[:1], range(1), 12
+        names, seeds, n_plain = names[:1], range(1), 20
     records: list[dict[str, Any]] = []
     payload: dict[str, Any] = {}
     for name in names:

@@ -28,7 +28,7 @@ from torch import Tensor
 from hypergrad.hyperparams import TRANSFORMS, HyperParams
 from hypergrad.problem import InnerProblem
 
-__all__ = ["SearchSpace", "Run", "validation_loss", "run_optuna", "run_trainer", "TwoOrders",
+__all__ = ["SearchSpace", "Run", "validation_loss", "run_optuna", "run_trainer",
            "LOG_RANGE", "LOGIT_RANGE", "IDENTITY_RANGE", "plain_steps", "ZerothOrder",
            "sampler", "SAMPLERS"]
 
@@ -371,7 +371,8 @@ class ZerothOrder:
     by the widths, in raw coordinates. Its directions are random signs times a
     finite difference, its cost two plain runs whatever K. A :class:`hypergrad.Method`, so
     the Trainer runs it with its defaults unchanged (the same start, line search and
-    quasi-Newton model)."""
+    quasi-Newton model; where they average each hypergradient over two batch orders,
+    ``SearchSettings.two_orders``, two such estimates with their own signs)."""
 
     def __new__(cls, space: SearchSpace, c: float = 0.05, seed: int = 0) -> Any:
         from hypergrad.methods.base import HyperGradient, Method
@@ -399,42 +400,3 @@ class ZerothOrder:
 
         return _ZerothOrder()
 
-
-class TwoOrders:
-    """A probe of the development half (``vs_optuna --suite --variants two_orders``): the
-    default method's hypergradient averaged over two batch orders, the problem's own and
-    :meth:`InnerProblem.variant` 2 (the re-check uses variant 1, so it stays another order),
-    the value the problem's own. Where a point trains well in one order only, the two orders'
-    hypergradients disagree in that order's direction and agree in the expected loss's; the
-    cost is a second hypergradient per outer step. A problem whose runs do not vary gets the
-    one hypergradient."""
-
-    def __new__(cls, inner: Any = None) -> Any:
-        from hypergrad.methods.auto import AutoMode
-        from hypergrad.methods.base import HyperGradient, Method
-
-        class _TwoOrders(Method):
-            name = "two_orders"
-
-            def __init__(self, m: Any) -> None:
-                self.inner = m
-
-            def resolve(self, problem: InnerProblem, mode: str = "offline",
-                        memory_budget: float | None = None) -> tuple[Any, str]:
-                chosen, why = self.inner.resolve(problem, mode, memory_budget)
-                return _TwoOrders(chosen), why
-
-            def check(self, problem: InnerProblem) -> None:
-                self.inner.check(problem)
-
-            def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
-                h0 = self.inner.hypergradient(problem, lam)
-                if not problem.varies:
-                    return h0
-                with problem.variant(2):
-                    h1 = self.inner.hypergradient(problem, lam)
-                if not all(bool(torch.isfinite(h.grad).all()) for h in (h0, h1)):
-                    return h0
-                return HyperGradient(h0.objective, (h0.grad + h1.grad) / 2, h0.state, h0.info)
-
-        return _TwoOrders(AutoMode() if inner is None else inner)

@@ -77,7 +77,6 @@ from tuners import (  # noqa: E402
     REPORTS,
     Run,
     SearchSpace,
-    TwoOrders,
     ZerothOrder,
     plain_steps,
     run_optuna,
@@ -536,7 +535,9 @@ def _variants() -> dict[str, Any]:
         "tape": dict(method=hg.ReverseMode(tape=True)),
         "select_50": dict(suite_patch={"SELECT_SHARE": 0.5}),
         "select_30": dict(suite_patch={"SELECT_SHARE": 0.3}),
-        "two_orders": dict(method=TwoOrders()),
+        "one_order": dict(search={"two_orders": 0}),
+        # the development-half probe before two orders became the default (K <= 100): every K
+        "two_orders": dict(search={"two_orders": 10 ** 6}),
     }
 
 
@@ -681,6 +682,32 @@ def join_seeds(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                      "tuners": {t: _tuner_summary(sorted(
                          (r for q in parts.values() for r in q["tuners"][t]["seeds"]),
                          key=lambda r: r["seed"])) for t in tuners}}
+    return out
+
+
+def replace_tuners(results: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]
+                   ) -> dict[str, dict[str, Any]]:
+    """``results`` with the contenders of ``new`` (joined runs of some contenders: hypergrad
+    and its ablation after a default changed) in place of theirs, problem by problem; the
+    other contenders' records are kept. Each replaced contender must cover the same tuning
+    seeds; ``replaced`` lists them, ``replaced_budgets_s`` the new runs' budgets (each run
+    times its own plain runs)."""
+    out = {n: {**r, "tuners": dict(r["tuners"])} for n, r in results.items()}
+    for name, r in new.items():
+        if name not in out:
+            raise SystemExit(f"--replace: {name} is in no joined run; replace contenders of "
+                             f"problems the runs to --join have")
+        for t, col in r["tuners"].items():
+            if t not in out[name]["tuners"]:
+                raise SystemExit(f"--replace: {name} has no contender {t!r} to replace")
+            was = sorted(x["seed"] for x in out[name]["tuners"][t]["seeds"])
+            got = sorted(x["seed"] for x in col["seeds"])
+            if got != was:
+                raise SystemExit(f"--replace: {name}'s {t} covers tuning seeds {got}, the "
+                                 f"joined runs {was}")
+            out[name]["tuners"][t] = col
+        out[name]["replaced"] = sorted(r["tuners"])
+        out[name]["replaced_budgets_s"] = r["budgets_s"]
     return out
 
 
@@ -857,7 +884,15 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                          "code, retraining seeds and budget rule), joined seed by seed; only "
                          "with --half none (nothing run); --seeds and --first-seed name the "
                          "union")
+    ap.add_argument("--replace", nargs="+", default=[],
+                    help="JSONs of --suite runs of some contenders only (--tuners hypergrad "
+                         "ablation, after a default changed), over the same tuning seeds as "
+                         "--join's union: their contenders' columns replace the joined ones; "
+                         "only with --join")
     args = ap.parse_args(argv)
+    if args.replace and not args.join:
+        raise SystemExit("vs_optuna --suite: --replace replaces contenders of a --join; give "
+                         "the runs to join too")
     if args.first_seed < 0:
         raise SystemExit(f"vs_optuna --suite: --first-seed {args.first_seed} must be >= 0")
     if args.join and (args.half != "none" or args.problems or args.quick or args.merge):
@@ -906,6 +941,17 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                 raise SystemExit(f"--join: {n}'s joined tuning seeds {got} are not "
                                  f"{seeds} (--first-seed {args.first_seed} --seeds {n_seeds})")
         merged = {p: sorted(r["problems"]) for p, r in runs.items()}
+    if args.replace:
+        import json
+
+        new = {p: json.loads(Path(p).read_text()) for p in args.replace}
+        for p, r in new.items():
+            if r["protocol"]["retrain_seeds"] != retrain:
+                raise SystemExit(f"--replace {p}: its retraining seeds "
+                                 f"{r['protocol']['retrain_seeds']} are not this run's {retrain}")
+            seconds[p] = r["seconds"]
+        results = replace_tuners(results, join_seeds(new))
+        merged.update({p: sorted(r["problems"]) for p, r in new.items()})
     for earlier_path in args.merge:
         import json
 
@@ -936,7 +982,9 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                              "time_budget=B, clock='cpu')): the Trainer's defaults, nothing "
                              "else chosen",
                 "ablation": "the same defaults with method=tuners.ZerothOrder (the "
-                            "hypergradient replaced by a two-run SPSA estimate)",
+                            "hypergradient replaced by a two-run SPSA estimate, averaged over "
+                            "two batch orders where the defaults average hypergradients: "
+                            "SearchSettings.two_orders)",
                 "tpe": "optuna.samplers.TPESampler(seed)",
                 "tpe_hyperband": "TPESampler(seed) + HyperbandPruner(min_resource=1, "
                                  "max_resource=T, reduction_factor=3), validation loss "

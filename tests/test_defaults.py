@@ -148,12 +148,14 @@ def test_the_recheck_also_judges_the_point_the_descent_started_from(tmp_path: An
     """``SearchSettings.recheck_first``: the re-check compares the best points with the point
     the first hypergradient was taken at (the space-filling start's best), trained in the other
     order too, so a descent that only fits the tuning run's batch order is judged against its
-    start; the point travels in the checkpoint. Off: the best points only."""
+    start; the point travels in the checkpoint. Off: the best points only. (One batch order
+    per hypergradient: the descent this test was written for.)"""
 
     def run(folder: Any = None, **search: Any) -> tuple[Any, Any]:
         tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
                         callbacks=quiet(), folder=folder,
-                        mode=hg.Offline(outer_steps=4, start=4, recheck=3, search=search))
+                        mode=hg.Offline(outer_steps=4, start=4, recheck=3,
+                                        search={"two_orders": 0, **search}))
         return tr, tr.fit()
 
     tr, res = run(tmp_path)
@@ -170,7 +172,8 @@ def test_the_recheck_also_judges_the_point_the_descent_started_from(tmp_path: An
     assert torch.equal(res.lam, res.rechecked[mean.index(min(mean))]["lam"])
     back = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
                       callbacks=quiet(), folder=hg.RunFolder(tmp_path, resume=True),
-                      mode=hg.Offline(outer_steps=4, start=4, recheck=3))
+                      mode=hg.Offline(outer_steps=4, start=4, recheck=3,
+                                      search={"two_orders": 0}))
     assert back._first_point is not None and torch.equal(back._first_point[1], start["lam"])
     _, off = run(recheck_first=False)
     assert [r["val_loss"] for r in off.rechecked] == pytest.approx(every[:3])
@@ -657,7 +660,8 @@ def test_a_point_without_a_usable_hypergradient_sends_the_search_back_to_its_bes
     said: list[str] = []
     p = lr_momentum()
     tr = hg.Trainer(p, Unstable(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
-                    mode=hg.Offline(outer_steps=4, start=0, recheck=2),
+                    mode=hg.Offline(outer_steps=4, start=0, recheck=2,
+                                    search={"two_orders": 0}),  # one call per outer step
                     callbacks=[hg.run.Log(said.append), hg.run.Progress(False)])
     real = tr._restart
     hps = p.hyperparams
@@ -754,3 +758,65 @@ def test_a_budget_too_short_to_tune_warns() -> None:
         res = hg.Trainer(p, guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=1e-4),
                          callbacks=quiet()).fit()
     assert res.out_of_time and torch.equal(res.lam, p.init_raw())
+
+
+def _hypergradients(tr: hg.Trainer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each outer step's point and the hypergradient the Trainer's search used there."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real = tr._hypergradient
+
+    def spy(lam: torch.Tensor) -> Any:
+        got = real(lam)
+        seen.append((lam.clone(), got.grad.clone()))
+        return got
+
+    tr._hypergradient = spy  # type: ignore[method-assign]
+    return seen
+
+
+def test_the_search_averages_each_hypergradient_over_two_batch_orders() -> None:
+    """``SearchSettings.two_orders``: at K <= 100, where runs vary, each hypergradient of the
+    offline search is the mean of the problem's batch order's and variant 2's (the value the
+    problem's own); above the bound, with ``two_orders=0``, where every run is the same, or
+    with an outer optimizer that is no SearchOptimizer (the presets' Adam, SignDescent), one
+    order."""
+    def fit(p: hg.InnerProblem, **search: Any) -> tuple[hg.Trainer, list[Any], list[str]]:
+        said: list[str] = []
+        tr = hg.Trainer(p, "reverse", guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                        mode=hg.Offline(outer_steps=2, search=search),
+                        callbacks=[hg.run.Log(said.append), hg.run.Progress(False)])
+        seen = _hypergradients(tr)
+        tr.fit()
+        return tr, seen, said
+
+    p = lr_momentum(steps=4)
+    assert p.varies
+    m = hg.ReverseMode()
+    tr, seen, said = fit(p)
+    assert len(seen) == 2 and any("mean of two batch orders'" in s for s in said)
+    for lam, grad in seen:
+        own = m.hypergradient(p, lam)
+        with p.variant(2):
+            other = m.hypergradient(p, lam).grad
+        assert not torch.allclose(own.grad, other)
+        torch.testing.assert_close(grad, (own.grad + other) / 2, rtol=1e-12, atol=0)
+    for search in ({"two_orders": 0}, {"two_orders": 1}):  # K = 2 above the bound
+        _, seen, said = fit(lr_momentum(steps=4), **search)
+        assert not any("batch orders" in s for s in said)
+        for lam, grad in seen:
+            torch.testing.assert_close(grad, m.hypergradient(p, lam).grad, rtol=1e-12, atol=0)
+    adam = hg.Trainer(lr_momentum(steps=4), "reverse", outer=torch.optim.Adam,
+                      mode=hg.Offline(outer_steps=2), callbacks=quiet())  # a preset's outer
+    seen = _hypergradients(adam)
+    adam.fit()
+    assert seen and not adam._two_orders()
+    for lam, grad in seen:
+        torch.testing.assert_close(grad, m.hypergradient(p, lam).grad, rtol=1e-12, atol=0)
+    fixed = lr_momentum(steps=4)
+    fixed._seeded_source().shuffle = False  # the same batches every run: nothing to average
+    assert not fixed.varies
+    _, seen, said = fit(fixed)
+    assert seen and not any("batch orders" in s for s in said)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match=rf"two_orders={bad!r} must be an int >= 0"):
+            SearchSettings(two_orders=bad)  # type: ignore[arg-type]

@@ -181,8 +181,9 @@ def test_a_resumed_default_search_goes_on_as_the_uninterrupted_one(tmp_path: Pat
     def make(folder: Any = None, *extra: Any) -> hg.Trainer:
         return hg.Trainer(lr_momentum(), _FlipOnce(),
                           guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
-                          mode=hg.Offline(outer_steps=5, start=4, recheck=0), folder=folder,
-                          callbacks=quiet(*extra))
+                          mode=hg.Offline(outer_steps=5, start=4, recheck=0,
+                                          search={"two_orders": 0}),  # a call per outer step
+                          folder=folder, callbacks=quiet(*extra))
 
     whole = make()
     res_whole = whole.fit()
@@ -197,6 +198,30 @@ def test_a_resumed_default_search_goes_on_as_the_uninterrupted_one(tmp_path: Pat
     res = again.fit()
     assert torch.equal(res.lam, res_whole.lam)
     assert res.best_val_loss == res_whole.best_val_loss
+    assert [(e["kind"], e["lam"].tolist()) for e in res.evaluations] == [
+        (e["kind"], e["lam"].tolist()) for e in res_whole.evaluations]
+
+
+def test_a_resumed_search_of_two_batch_orders_goes_on_as_the_uninterrupted_one(
+        tmp_path: Path) -> None:
+    """The default search averages each hypergradient over two batch orders (variant 2 of the
+    problem): the variant's draws leave the problem's own as they were, so a run killed after
+    an outer step and resumed ends where the uninterrupted one does."""
+    def make(folder: Any = None, *extra: Any) -> hg.Trainer:
+        return hg.Trainer(lr_momentum(), "reverse", guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                          mode=hg.Offline(outer_steps=4, start=3, recheck=2), folder=folder,
+                          callbacks=quiet(*extra))
+
+    whole = make()
+    assert whole._two_orders()
+    res_whole = whole.fit()
+    killed = make(tmp_path, _Kill())
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit()
+    res = make(hg.RunFolder(tmp_path, resume=True)).fit()
+    assert torch.equal(res.lam, res_whole.lam)
+    assert [h["hypergrad_norm"] for h in res.history] == [
+        h["hypergrad_norm"] for h in res_whole.history]
     assert [(e["kind"], e["lam"].tolist()) for e in res.evaluations] == [
         (e["kind"], e["lam"].tolist()) for e in res_whole.evaluations]
 

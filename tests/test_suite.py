@@ -146,6 +146,38 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
             warnings.simplefilter("ignore")
             vs_optuna.suite_main(argv)
 
+    # --replace: runs of hypergrad alone over the joined seeds (losses here a third of the
+    # joined ones) replace its column; the other contenders' and the statistics follow
+    alone = json.loads(first.read_text())
+    moved = json.loads(second.read_text())
+    for run in (alone, moved):
+        for prob in run["problems"].values():
+            prob["tuners"] = {"hypergrad": prob["tuners"]["hypergrad"]}
+            for rec in prob["tuners"]["hypergrad"]["seeds"]:
+                rec["test_loss"] /= 3
+    (tmp_path / "alone0.json").write_text(json.dumps(alone))
+    (tmp_path / "alone1.json").write_text(json.dumps(moved))
+    join = ["--seeds", "2", "--join", str(first), str(second)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        replaced = vs_optuna.suite_main([*common, *join, "--replace", str(tmp_path / "alone0.json"),
+                                         str(tmp_path / "alone1.json")])
+    for name in vs_optuna.QUICK_PROBLEMS:
+        got, was = replaced["problems"][name], joined["problems"][name]
+        assert got["replaced"] == ["hypergrad"]
+        assert got["tuners"]["hypergrad"]["test_loss"]["mean"] == pytest.approx(
+            was["tuners"]["hypergrad"]["test_loss"]["mean"] / 3)
+        assert got["tuners"]["tpe"] == json.loads(json.dumps(was["tuners"]["tpe"]))
+        vs = replaced["summary"]
+        assert vs["problems"] == 2
+    for argv, said in (([*common, "--seeds", "2", "--join", str(first), str(second), "--replace",
+                         str(tmp_path / "alone0.json")], r"covers tuning seeds \[0\], the joined"),
+                       ([*common, "--seeds", "1", "--replace", str(first)], "give the runs to "
+                                                                            "join too")):
+        with pytest.raises(SystemExit, match=said), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            vs_optuna.suite_main(argv)
+
 
 @pytest.mark.parametrize("tuner", ["hypergrad", "ablation"])
 def test_recheck_pick_scores_every_rule_on_the_same_candidates(

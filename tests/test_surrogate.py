@@ -157,7 +157,8 @@ def test_once_the_model_treats_the_hypergradients_as_noise_the_time_left_goes_to
     def run(method: hg.Method, **search: Any) -> tuple[hg.TrainResult, list[float]]:
         p = digits_case("sgd", "per_example", steps=4, windows=3, n_train=24, seed=0)
         tr = hg.Trainer(p, method=method, guards=hg.Guards(time_budget=30.0),
-                        mode=hg.Offline.default(search=search),
+                        # one order: a hypergradient costs 5 on this clock
+                        mode=hg.Offline.default(search={"two_orders": 0, **search}),
                         callbacks=[hg.run.Log(None), hg.run.Progress(False)])
         clock = unit_clock(tr)
         return tr.fit(), clock
@@ -182,8 +183,9 @@ def test_expected_improvement_prefers_a_lower_mean_and_more_uncertainty() -> Non
 
 def test_the_surrogate_in_the_trainer_models_every_evaluation_and_searches_the_box() -> None:
     """Trainer(outer=partial(Surrogate)): it gets the Trainer's box; every plain run and every
-    hypergradient joins its model (the hypergradient as the gradient in box units); its trials
-    lie in the box; each next hypergradient is at a point that had none."""
+    hypergradient joins its model (the hypergradient as the gradient in box units: the mean of
+    the problem's batch order's and variant 2's, ``SearchSettings.two_orders``); its trials lie
+    in the box; each next hypergradient is at a point that had none."""
     p = lr_momentum()
     tr = hg.Trainer(p, outer=functools.partial(Surrogate, trials=2),
                     guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
@@ -205,7 +207,11 @@ def test_the_surrogate_in_the_trainer_models_every_evaluation_and_searches_the_b
     assert len(sur.grads) == len(res.history)  # one gradient per hypergradient, each new
     for i, g in sur.grads.items():  # the hypergradient at its point, in box units
         x = sur._raw(sur.xs[i], tr.lam)
-        want = tr.method.hypergradient(p, x).grad * (hi - lo)
+        own = tr.method.hypergradient(p, x).grad
+        with p.variant(2):
+            other = tr.method.hypergradient(p, x).grad
+        assert not torch.allclose(own, other)  # the orders differ: the mean is not either
+        want = (own + other) / 2 * (hi - lo)
         torch.testing.assert_close(g, want.double(), rtol=1e-9, atol=1e-12)
 
 
@@ -284,6 +290,7 @@ def test_the_time_left_goes_to_the_surrogates_proposals() -> None:
     p = lr_momentum()
     tr = hg.Trainer(p, outer=functools.partial(Surrogate, trials=2),
                     guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=36.0),
+                    mode=hg.Offline.default(search={"two_orders": 0}),  # a hypergradient: 5
                     callbacks=[hg.run.Log(None), hg.run.Progress(False)])
     clock = unit_clock(tr)
     res = tr.fit()

@@ -75,6 +75,11 @@ RECORD_FIELDS = ("outer_step", "val_loss", "hypergrad_norm", "seconds", "elapsed
 """The fields of an outer step's record (``history``, ``metrics.jsonl``) that the task's
 metrics may not overwrite (:meth:`Task.metrics <hypergrad.Task.metrics>`)."""
 
+TWO_ORDERS_VARIANT = 2
+"""The other batch order of a hypergradient averaged over two
+(:attr:`SearchSettings.two_orders <hypergrad.run.modes.SearchSettings.two_orders>`): not the
+re-check's (variant 1), which stays an order the search never saw."""
+
 RECHECK_APART = 0.02
 """Points the re-check compares differ by at least this share of the search box in some
 coordinate (the line search's smallest step): neighbours from one line search score alike in
@@ -447,6 +452,10 @@ class Trainer:
         self.problem.check(self.lam)
         self._rechecks = (self.mode.recheck_points(self.problem)
                           if isinstance(self.mode, Offline) else 0)
+        if self._two_orders() and not self.history:
+            self.message(f"each hypergradient is the mean of two batch orders' (K = "
+                         f"{self.problem.num_hyperparams} <= search.two_orders = "
+                         f"{self.search.two_orders}; Offline(search={{'two_orders': 0}}): one)")
         self._fit_start = self._now()
         # the records' elapsed go on from the run's last record (a resume, a second fit()):
         # the time budget is per call, the records' clock is the run's
@@ -538,10 +547,26 @@ class Trainer:
         if self.folder is not None and self.strategy.is_writer:
             self.folder.close()
 
+    def _two_orders(self) -> bool:
+        """Whether the offline search averages each hypergradient over two batch orders
+        (``Offline(search=...)``'s :attr:`~hypergrad.run.modes.SearchSettings.two_orders`):
+        with a :class:`~hypergrad.run.outer.SearchOptimizer` (the default outer optimizers),
+        where the problem's runs vary, at K up to the setting."""
+        return (isinstance(self.mode, Offline) and isinstance(self.outer, SearchOptimizer)
+                and self.problem.varies
+                and self.problem.num_hyperparams <= self.search.two_orders)
+
     def _hypergradient(self, lam: Tensor) -> HyperGradient:
         m, p = self.method, self.problem
         if not isinstance(m, OnlineMethod):
-            return m.hypergradient(p, lam)
+            hg = m.hypergradient(p, lam)
+            if not self._two_orders() or not bool(torch.isfinite(hg.grad).all()):
+                return hg
+            with p.variant(TWO_ORDERS_VARIANT):
+                other = m.hypergradient(p, lam).grad
+            if not bool(torch.isfinite(other).all()):  # the problem's own order alone
+                return hg
+            return hg._replace(grad=(hg.grad + other) / 2)
         run = self._resume_inner(lam)
         if run is None:
             run = m.init(p, lam)  # stepped here for the inner progress
