@@ -142,6 +142,7 @@ class MiniBatches:
 _SHUFFLES = -5_000_001  # the stream of MiniBatches' epoch seeds, apart from the steps' streams
 _PASSES = -7_000_001  # the stream of pass seeds, apart from the steps' streams (hypergrad.rng)
 _PROBE = -1  # the pass the checks read (first_batch), never a run's
+_PROBE_OTHER = -2  # a second such pass: do passes of other seeds differ (Stream.varies)
 
 
 _SAMPLED = 4096
@@ -391,6 +392,7 @@ class Stream:
         self._current: _Pass | None = None
         self._fixed: int | None = None
         self._first: list[Any] = []
+        self._varies: bool | None = None  # passes of other seeds differ (varies())
         self._last_iter: Callable[[], Any] | None = None  # a weak reference
         self._zero: tuple[int, tuple[Any, ...] | None] | None = None
         """The seed of the last pass that read its batch 0, and that batch's
@@ -527,6 +529,21 @@ class Stream:
             self._first.append(probe.get(0))
             probe.close()
         return self._first[0]
+
+    def varies(self) -> bool:
+        """Whether passes of other seeds read other batches: batch 0 of a second probe pass
+        against :meth:`first_batch`'s (a shuffle or augmentation changes it; a ``DataLoader``
+        with ``shuffle=False`` and no random transform reads the same data every pass, so
+        runs in other batch orders, :meth:`InnerProblem.variant
+        <hypergrad.InnerProblem.variant>`, would be the same run). Judged once and kept;
+        ``True`` where batches cannot be compared (fake tensors)."""
+        if self._varies is None:
+            first = batch_fingerprint(self.first_batch())
+            probe = _Pass(self, self.pass_seed(_PROBE_OTHER))
+            other = batch_fingerprint(probe.get(0))
+            probe.close()
+            self._varies = first is None or other is None or first != other
+        return self._varies
 
     def state_dict(self) -> dict[str, Any]:
         """The random state of the passes: the seed, the passes begun and the current pass's

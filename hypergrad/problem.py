@@ -266,13 +266,16 @@ class InnerProblem:
     @property
     def varies(self) -> bool:
         """Whether :meth:`variant` changes a run: the batches are drawn (a shuffling
-        :class:`~hypergrad.data.MiniBatches`, or a stream, which draws a pass per run) or the
-        step draws random numbers (dropout). ``False`` for a fixed sequence of batches and a
-        deterministic step: every run at the same point is the same."""
+        :class:`~hypergrad.data.MiniBatches`, or a stream whose passes of other seeds read
+        other batches, :meth:`Stream.varies <hypergrad.data.Stream.varies>`: a shuffling or
+        augmenting ``DataLoader``) or the step draws random numbers (dropout). ``False`` for a
+        fixed sequence of batches (a ``DataLoader`` with ``shuffle=False`` over fixed
+        examples too) and a deterministic step: every run at the same point is the same."""
         from .data import MiniBatches
 
         src = self._seeded_source()
-        return (bool(self.draws) or self._batch.stream is not None or self._batch.draws
+        return (bool(self.draws) or self._batch.draws
+                or (self._batch.stream is not None and self._batch.stream.varies())
                 or self.model_factory is not None
                 or (src is not None and (not isinstance(src, MiniBatches) or src.shuffle)))
 

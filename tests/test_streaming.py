@@ -278,3 +278,38 @@ def test_persistent_workers_are_refused() -> None:
     loader = DataLoader(ds, batch_size=8, num_workers=1, persistent_workers=True)
     with pytest.raises(ValueError, match="persistent_workers=True.*persistent_workers=False"):
         _with(loader)
+
+
+class Plain(Dataset):
+    """Fixed examples, no augmentation."""
+
+    def __init__(self, n: int, d: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, d, generator=g, dtype=torch.float64)
+        self.y = torch.randint(0, 3, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+@pytest.mark.parametrize(("data", "shuffle", "varies"), [
+    ("plain", False, False), ("plain", True, True), ("augmented", False, True)])
+def test_a_loader_that_reads_the_same_batches_every_pass_does_not_vary(
+        data: str, shuffle: bool, varies: bool) -> None:
+    """A DataLoader with shuffle=False over fixed examples reads the same batches every pass:
+    the problem does not vary (``InnerProblem.varies``), so the default search neither
+    re-checks its best points in another batch order nor takes a second hypergradient there,
+    which would be the same run again (it counted as varying, as every stream did). A
+    shuffle or an augmentation makes the passes differ."""
+    ds = Plain(32, 4) if data == "plain" else Augmented(32, 4)
+    p, _ = _problem(loader=DataLoader(ds, batch_size=8, shuffle=shuffle))
+    assert p.varies is varies
+    tr = hg.Trainer(p, "reverse", mode=hg.Offline(outer_steps=1, recheck="auto"),
+                    guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+    assert tr._two_orders() is varies
+    res = tr.fit()
+    assert bool(res.rechecked) is varies
