@@ -9,6 +9,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from fixtures import lr_momentum, unit_clock
@@ -793,7 +794,8 @@ def test_the_search_averages_each_hypergradient_over_two_batch_orders() -> None:
     assert p.varies
     m = hg.ReverseMode()
     tr, seen, said = fit(p)
-    assert len(seen) == 2 and any("mean of two batch orders'" in s for s in said)
+    assert len(seen) == 2 and any("mean of two batch orders'" in s and "one order: "
+                                  "Offline.default(search={'two_orders': 0})" in s for s in said)
     for lam, grad in seen:
         own = m.hypergradient(p, lam)
         with p.variant(2):
@@ -817,6 +819,67 @@ def test_the_search_averages_each_hypergradient_over_two_batch_orders() -> None:
     assert not fixed.varies
     _, seen, said = fit(fixed)
     assert seen and not any("batch orders" in s for s in said)
-    for bad in (-1, True, 1.5):
-        with pytest.raises(ValueError, match=rf"two_orders={bad!r} must be an int >= 0"):
+    for bad, err in ((-1, ValueError), (True, TypeError), (1.5, TypeError), ("100", TypeError)):
+        with pytest.raises(err, match=rf"two_orders={bad!r} must be an int >= 0: the largest K "
+                                      rf".*Offline.default\(search="):
             SearchSettings(two_orders=bad)  # type: ignore[arg-type]
+    assert SearchSettings(two_orders=np.int64(50)).two_orders == 50  # an integer of numpy's
+
+
+def test_a_best_point_that_trains_well_in_one_draw_only_is_not_a_divergence() -> None:
+    """A stream draws a pass per run, so the hypergradient's run at the best point measures it
+    again on other batches; far above its first measurement (a point that trained well in
+    one draw only), the run stopped as diverged and returned that very point. Now the point
+    keeps its worse measurement, the search goes back to the next best and goes on."""
+    said: list[str] = []
+    hit: list[torch.Tensor] = []
+
+    class OtherDraw(hg.ReverseMode):
+        def hypergradient(self, problem: Any, lam: torch.Tensor) -> Any:
+            got = super().hypergradient(problem, lam)
+            best = tr.tracker.best
+            if not hit and tr.history and best is not None and torch.equal(best[1], lam):
+                hit.append(lam.clone())  # this draw: 20 times the first measurement
+                return got._replace(objective=torch.full_like(got.objective, 20 * best[0]))
+            return got
+
+    tr = hg.Trainer(lr_momentum(), OtherDraw(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                    mode=hg.Offline(outer_steps=5, start=3, recheck=2,
+                                    search={"two_orders": 0}),
+                    callbacks=[hg.run.Log(said.append), hg.run.Progress(False)])
+    res = tr.fit()
+    assert hit and not res.diverged and len(res.history) == 5
+    assert any("measured again on other batches" in s and "trains well in one draw only" in s
+               for s in said)
+    kept = {tuple(x.tolist()): v for v, x, _ in tr.tracker.top}
+    assert kept.get(tuple(hit[0].tolist()), math.inf) > 10 * tr.tracker.best[0]
+    assert not torch.equal(res.lam, hit[0])
+
+
+def test_a_recheck_the_budget_has_no_room_for_is_said() -> None:
+    """The reserve kept for the re-checks can be eaten (a plain run's time varies: at 10 ms
+    a run, jitter is the whole reserve), and the re-check was skipped without a word: the
+    point returned judged in one batch order only. Now the Trainer says so."""
+    tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)},
+                                                    time_budget=30.0), callbacks=quiet())
+    unit_clock(tr)
+    tr._reserve = lambda: 0.0  # type: ignore[method-assign]  # leftover runs fill the budget
+    with pytest.warns(hg.errors.TuningWarning, match=r"time_budget=30 s left room to re-check "
+                                                     r"0 of the 3 best points in another batch "
+                                                     r"order, so none was compared"):
+        res = tr.fit()
+    assert res.rechecked == []
+
+
+def test_the_start_says_how_many_points_it_ran() -> None:
+    """A budget with no room for the planned quasi-random points: the message said "2
+    quasi-random points and the initial one" where only the initial one ran."""
+    said: list[str] = []
+    tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=3.0),
+                    callbacks=[hg.run.Log(said.append), hg.run.Progress(False)])
+    unit_clock(tr)
+    with pytest.warns(hg.errors.TuningWarning):
+        res = tr.fit()
+    assert [e["kind"] for e in res.evaluations].count("start") == 1
+    assert any("space-filling start: 0 quasi-random points of the 2 planned (the time budget "
+               "left no room for more) and the initial one" in s for s in said), said

@@ -269,6 +269,18 @@ class Tracker:
             self.top.sort(key=lambda b: b[0])
             del self.top[TOP:]
 
+    def demote(self, lam: Tensor, value: float) -> None:
+        """Keep the worse of the recorded loss of ``lam`` and ``value`` (the point measured
+        again on other batches: a stream's fresh pass), so that a point that trained well in
+        one draw only is no longer the best; ``inf`` drops it from the candidates' top."""
+        for i, (w, x, k) in enumerate(self.top):
+            if torch.equal(x, lam):
+                self.top[i] = (max(w, value), x, k)
+                self.top.sort(key=lambda b: b[0])
+                if not math.isfinite(self.top[-1][0]):
+                    del self.top[-1]
+                return
+
     def fallback(self, offline: bool) -> tuple[Tensor, int, float, str]:
         """What to return after a divergence: ``(lam, outer step, validation loss, words)``.
         Offline the best point; online (losses of a moving state) the last good one."""

@@ -4,6 +4,7 @@ step) or :class:`Online` (every ``interval`` inner steps of one run)."""
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -175,10 +176,13 @@ class SearchSettings:
                              f"{sorted(RECHECK_PICKS)} ('worse': the lowest worse loss of the "
                              f"two batch orders, 'mean': the lowest mean).")
         t = self.two_orders
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"SearchSettings: two_orders={t!r} must be an int >= 0: the "
-                             f"largest K whose hypergradients average two batch orders (0: "
-                             f"one order always).")
+        what = ("the largest K whose hypergradients average two batch orders (0: one order "
+                "always), e.g. Offline.default(search={'two_orders': 0})")
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"SearchSettings: two_orders={t!r} must be an int >= 0: {what}.")
+        if t < 0:
+            raise ValueError(f"SearchSettings: two_orders={t!r} must be an int >= 0: {what}.")
+        object.__setattr__(self, "two_orders", int(t))
         shared = self.shared_start
         if isinstance(shared, str) or not all(isinstance(k, str) for k in shared):
             raise TypeError(f"SearchSettings: shared_start={shared!r} must be a list of "

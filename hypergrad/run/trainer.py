@@ -455,7 +455,8 @@ class Trainer:
         if self._two_orders() and not self.history:
             self.message(f"each hypergradient is the mean of two batch orders' (K = "
                          f"{self.problem.num_hyperparams} <= search.two_orders = "
-                         f"{self.search.two_orders}; Offline(search={{'two_orders': 0}}): one)")
+                         f"{self.search.two_orders}; one order: "
+                         f"Offline.default(search={{'two_orders': 0}}))")
         self._fit_start = self._now()
         # the records' elapsed go on from the run's last record (a resume, a second fit()):
         # the time budget is per call, the records' clock is the run's
@@ -789,17 +790,20 @@ class Trainer:
             return
         n = self.mode.start_points(self.guards.time_budget, self._plain_seconds)
         pick = self.lam.detach().clone()
+        ran = 0
         for x in self._space_filling(n, 0):
             v = self._plain(x, "start")
             if v is None:
                 break
+            ran += 1
             if v < best:
                 best, pick = v, x
         self._starts_used = n
         with torch.no_grad():
             self.lam.copy_(pick)
-        self.message(f"space-filling start: {n} quasi-random points and the initial one, "
-                     f"best validation loss {best:.4g}")
+        cut = "" if ran == n else f" of the {n} planned (the time budget left no room for more)"
+        self.message(f"space-filling start: {ran} quasi-random points{cut} and the initial "
+                     f"one, best validation loss {best:.4g}")
 
     def _leftover(self) -> None:
         """The time left when no hypergradient fits any more, spent on plain runs: a line
@@ -862,7 +866,7 @@ class Trainer:
                          f"point (validation loss {best:.4g})")
         return pick is not None
 
-    def _recover(self, why: str, lam_used: Tensor) -> bool:
+    def _recover(self, why: str, lam_used: Tensor, value: float | None = None) -> bool:
         """The default search (a :class:`~hypergrad.run.outer.SearchOptimizer`) explores:
         a restart's quasi-random point or a line search's last can sit where training is
         unstable, and give a validation loss or a hypergradient that cannot be used. That
@@ -870,12 +874,32 @@ class Trainer:
         forgotten, a restart from there (:meth:`_restart`), the budget going on. Returns
         whether it did so; not at the best point itself (nothing better to go back to) nor
         after :data:`~hypergrad.run.guards.MAX_BACKTRACKS` such steps in a row, where the
-        run stops as diverged."""
+        run stops as diverged. At the best point itself, measured again on other batches (a
+        stream draws a pass per run) far above its first measurement, the point trains well
+        in one draw only: its worse measurement is kept (:meth:`Tracker.demote
+        <hypergrad.run.guards.Tracker.demote>`) and the search goes back to the next best and
+        restarts from there."""
         tr = self.tracker
         if (not isinstance(self.outer, SearchOptimizer) or tr.best is None
-                or torch.equal(tr.best[1], lam_used)
                 or self._recoveries >= MAX_BACKTRACKS):
             return False
+        if torch.equal(tr.best[1], lam_used):
+            first = tr.best[0]
+            if value is None or len(tr.top) < 2 or self.selections:
+                return False  # nothing else to go back to (or chosen by select_loss)
+            tr.demote(lam_used, value if math.isfinite(value) else math.inf)
+            self.message(f"outer step {self.outer_step}: the best point's validation loss, "
+                         f"measured again on other batches, is {value:.4g} against "
+                         f"{first:.4g} at first: it trains well in one draw only, and keeps "
+                         f"its worse measurement; back to the next best point (outer step "
+                         f"{tr.best[2]}, validation loss {tr.best[0]:.4g}), and a restart "
+                         f"from there")
+            self._recoveries += 1
+            with torch.no_grad():
+                self.lam.copy_(tr.best[1])
+            self.outer.state.clear()
+            self._restart("the best point trains well in one draw only")
+            return True
         self._recoveries += 1
         with torch.no_grad():
             self.lam.copy_(tr.best[1])
@@ -955,7 +979,7 @@ class Trainer:
                     self._back(bad)
                 else:
                     why = self._step(value, grad, lam_used)
-            if why is not None and self._recover(why, lam_used):
+            if why is not None and self._recover(why, lam_used, float(value)):
                 last_seconds = hg_seconds
                 continue
             if why is not None:
@@ -1097,6 +1121,16 @@ class Trainer:
             if sel is not None:
                 rec.update(select_loss=sel, variant_select_loss=math.inf if vs is None else vs)
             out.append(rec)
+        if len(out) < len(picked):  # the budget's reserve was eaten (a run's time varies)
+            said = (f"Trainer: time_budget={budget:g} s left room to re-check {len(out)} of the "
+                    f"{len(picked)} best points in another batch order"
+                    + ("" if len(out) >= 2 else ", so none was compared: the point returned was "
+                       "judged in the tuning run's batch order only, where a point that trains "
+                       "well in that order alone can win")
+                    + f". A time_budget a few plain runs longer (one takes about "
+                      f"{self._plain_slow():.3g} s) leaves room for them.")
+            self.message(said)
+            warnings.warn(TuningWarning(said), stacklevel=4)
         if len(out) < 2:
             return [], None
         key = "select_loss" if "select_loss" in out[0] else "val_loss"
