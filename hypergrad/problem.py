@@ -586,14 +586,16 @@ class InnerProblem:
                 )
 
     def _check_finite_lam(self, lam: Tensor) -> None:
-        """Refuse a NaN or infinite raw hyperparameter, naming it: every method would return a
-        NaN hypergradient without a word. Skipped for tensors that cannot be read (fake
-        tensors of the memory estimates, functorch's wrappers, a compiled graph)."""
+        """Refuse a NaN raw hyperparameter, naming it: every method would return a NaN
+        hypergradient without a word. An infinity is a value at its transform's edge (a logit
+        weight of exactly 0 or 1: the sparse-regression task's reference points) and is run.
+        Skipped for tensors that cannot be read (fake tensors of the memory estimates,
+        functorch's wrappers, a compiled graph)."""
         if (type(lam) is not Tensor and type(lam) is not torch.nn.Parameter) \
                 or torch._C._functorch.is_functorch_wrapped_tensor(lam) \
                 or torch.compiler.is_compiling():
             return
-        finite = torch.isfinite(lam.detach())
+        finite = ~torch.isnan(lam.detach())
         if bool(finite.all()):
             return
         hps = self.hyperparams
@@ -601,12 +603,12 @@ class InnerProblem:
                for name, s in hps.slices.items()
                for i in range(s.stop - s.start) if not bool(finite[s.start + i])]
         raise ValueError(
-            f"InnerProblem: lam is not finite at {', '.join(bad[:5])}"
+            f"InnerProblem: lam is NaN at {', '.join(bad[:5])}"
             f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''} (raw, untransformed "
             f"values: {lam.detach()[~finite][:5].tolist()}); every hypergradient there would be "
             f"NaN. Start from problem.init_raw() (each hyperparameter's init, which must lie "
-            f"inside its transform's range: > 0 for log, in (0, 1) for logit) and keep every "
-            f"entry finite.")
+            f"inside its transform's range: > 0 for log, in [0, 1] for logit) and keep every "
+            f"entry a number.")
 
     def check(self, lam: Tensor) -> None:
         """Validate ``lam`` and run the losses once at step 0, before anything costly: scalar
