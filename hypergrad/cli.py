@@ -33,6 +33,7 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -129,6 +130,35 @@ def _raised_by_hypergrad(err: BaseException) -> bool:
         tb = tb.tb_next
     here = Path(__file__).resolve().parent
     return tb is not None and here in Path(tb.tb_frame.f_code.co_filename).resolve().parents
+
+
+class KeepSweepRecord(Callback):
+    """A Hydra callback (``hydra.callbacks`` in config.yaml): a sweep into a folder that holds
+    an earlier sweep keeps that sweep's ``multirun.yaml`` as ``multirun.2.yaml`` (``.3``, ...)
+    before Hydra writes its own over it, as a run folder's ``.hydra`` record is kept (Hydra
+    rewrote it, so the folder's jobs, refused or not, were described by the settings of the
+    sweep that came last), and says which job folders of the earlier sweep are there: a job
+    of the new sweep with the same number resumes, overwrites or is refused as its
+    ``folder.*`` settings say; the others stay as they were."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(str(config.hydra.sweep.dir))
+        record = folder / "multirun.yaml"
+        if not record.is_file():
+            return
+        n = 2
+        while (folder / f"multirun.{n}.yaml").exists():
+            n += 1
+        kept = folder / f"multirun.{n}.yaml"
+        record.rename(kept)
+        jobs = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+        shown = ", ".join(map(str, jobs[:10])) + (", ..." if len(jobs) > 10 else "")
+        log.warning(f"hypergrad-run: {folder} holds an earlier sweep: its record multirun.yaml "
+                    f"is kept as {kept.name}"
+                    + (f", and its job folders ({shown}) stay: a job of this sweep with the "
+                       f"same number resumes, overwrites or is refused as its folder.* settings "
+                       f"say, the others keep the earlier sweep's runs (a new "
+                       f"hydra.sweep.dir keeps the sweeps apart)" if jobs else ""))
 
 
 def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
@@ -327,6 +357,16 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         # the learned point: the best evaluated (offline), its outer step and validation loss
         "learned": result.values, "learned_named": hps.named(result.values, horizon),
         "learned_step": result.best_step, "learned_val_loss": result.best_val_loss,
+        # the default search's re-check: why the learned point is not always the lowest
+        # validation loss of metrics.jsonl (each point's losses in both batch orders)
+        "rechecked": [{"outer_step": r["outer_step"], "val_loss": r["val_loss"],
+                       "variant_val_loss": r["variant_val_loss"],
+                       **({"select_loss": r["select_loss"],
+                           "variant_select_loss": r["variant_select_loss"]}
+                          if "select_loss" in r else {}),
+                       "values": hps.describe(r["lam"]),
+                       "returned": bool(torch.equal(r["lam"], result.lam))}
+                      for r in result.rechecked],
         # where the outer optimizer ended: the point after the last update
         "last": result.last_values, "last_step": last_step,
         "last_val_loss": result.last_val_loss, "table": rows,
@@ -480,6 +520,10 @@ def _main(cfg: DictConfig) -> float:
         raise
     except (Exception, KeyboardInterrupt) as err:  # the folder says why the run stopped
         _to_log_file(_failed(err))
+        if isinstance(err, KeyboardInterrupt) and not _multirun() and os.environ.get(
+                "HYDRA_FULL_ERROR") != "1":  # what to do next, not 75 lines of traceback
+            print(_failed(err), file=sys.stderr)
+            sys.exit(130)
         raise
 
 

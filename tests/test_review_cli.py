@@ -213,6 +213,20 @@ class Breaks(nn.Module):  # fails after its first few forwards (the task's check
         return self.body(x)
 
 
+class Interrupts(nn.Module):  # Ctrl-C during tuning, as a user presses it
+    calls = 0
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.body = nn.Linear(n_in, n_out)
+
+    def forward(self, x):
+        Interrupts.calls += 1
+        if Interrupts.calls > 20:
+            raise KeyboardInterrupt
+        return self.body(x)
+
+
 class Wide(nn.Module):  # a setting of its own, given a string on the command line
     def __init__(self, n_in, n_out, width=16):
         super().__init__()
@@ -223,7 +237,7 @@ class Wide(nn.Module):  # a setting of its own, given a string on the command li
 '''
 
 
-@pytest.mark.parametrize("model", ["OneOutput", "Breaks", "Wide"])
+@pytest.mark.parametrize("model", ["OneOutput", "Breaks", "Wide", "Interrupts"])
 def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: Path,
                                                                       model: str) -> None:
     """A model of the wrong output shape failed inside the loss with an indexing error naming
@@ -247,6 +261,11 @@ def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: 
         said = ("digits_task: the model (OneOutput, built as model(64, 10)) returns (2, 1) for 2 "
                 "examples; the task needs shape (2, 10)")
         assert said in out.stderr and said in logged
+    elif model == "Interrupts":  # what to do next, not a page of traceback (exit status 130)
+        said = ("hypergrad-run: interrupted (KeyboardInterrupt); the run folder keeps the last "
+                "checkpoint and its records: continue with folder.resume=true")
+        assert out.returncode == 130 and said in out.stderr and said in logged
+        assert "Traceback" not in out.stderr
     elif model == "Wide":
         assert "task (hypergrad.tasks.bundled.digits_task)" not in out.stderr
         assert re.search(r"caused by TypeError: empty\(\).*\(in your code: \S*my_models.py:"
@@ -288,3 +307,38 @@ def test_a_swept_value_outside_the_bounds_is_refused_not_moved(tmp_path: Path) -
     assert said in out.stderr and said in (tmp_path / "1" / "cli.log").read_text()
     assert not (tmp_path / "1" / "results.json").exists()
     assert json.loads((tmp_path / "0" / "results.json").read_text())["outer_steps"] > 0
+
+
+def test_a_second_sweep_into_the_same_folder_keeps_the_first_ones_record(tmp_path: Path) -> None:
+    """Hydra rewrote the sweep folder's multirun.yaml at every sweep, also when every job of
+    the second was refused (its folder held a run): the folder's jobs were then described by
+    settings they never ran with. The earlier record is kept as multirun.2.yaml, and the
+    command says which job folders are the earlier sweep's."""
+    first = _cli("--multirun", "experiment=ridge_diabetes", "mode.outer_steps=1", *FAST,
+                 "report.retrain=false", "seed=0,1", f"hydra.sweep.dir={tmp_path}")
+    assert first.returncode == 0, first.stderr
+    second = _cli("--multirun", "experiment=ridge_diabetes", "mode.outer_steps=1", *FAST,
+                  "report.retrain=false", "seed=5", f"hydra.sweep.dir={tmp_path}")
+    assert second.returncode != 0  # job 0's folder holds a run: refused
+    kept = yaml.safe_load((tmp_path / "multirun.2.yaml").read_text())
+    now = yaml.safe_load((tmp_path / "multirun.yaml").read_text())
+    assert "seed=0,1" in kept["hydra"]["overrides"]["task"]
+    assert "seed=5" in now["hydra"]["overrides"]["task"]
+    said = second.stdout + second.stderr
+    assert "holds an earlier sweep: its record multirun.yaml is kept as multirun.2.yaml" in said
+    assert "its job folders (0, 1) stay" in said
+
+
+def test_results_json_says_what_the_recheck_saw(tmp_path: Path) -> None:
+    """The learned point of the default search is the re-check's choice, not always the
+    lowest validation loss of metrics.jsonl; the re-check's losses were in cli.log alone.
+    results.json keeps them, the returned point marked."""
+    out = _cli(*FAST, "outer_optimizer=quasi_newton", "mode.start=auto", "mode.recheck=auto",
+               "report.retrain=false", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    res = json.loads((tmp_path / "results.json").read_text())
+    checked = res["rechecked"]
+    assert len(checked) >= 2 and sum(r["returned"] for r in checked) == 1
+    back = next(r for r in checked if r["returned"])
+    assert back["values"] == res["learned"] and back["val_loss"] == res["learned_val_loss"]
+    assert min(checked, key=lambda r: max(r["val_loss"], r["variant_val_loss"])) is back
