@@ -925,15 +925,22 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {n: suite_problem(n, seeds, retrain, n_plain, tuners) for n in names}
     merged: dict[str, list[str]] = {}
     seconds = {"this run": 0.0}
-    if args.join:
+
+    def load(paths: list[str], flag: str) -> dict[str, dict[str, Any]]:
+        """Earlier runs' JSONs (path -> JSON), each of this run's retraining seeds; their
+        seconds join the wall clock."""
         import json
 
-        runs = {p: json.loads(Path(p).read_text()) for p in args.join}
+        runs = {p: json.loads(Path(p).read_text()) for p in paths}
         for p, r in runs.items():
             if r["protocol"]["retrain_seeds"] != retrain:
-                raise SystemExit(f"--join {p}: its retraining seeds "
+                raise SystemExit(f"{flag} {p}: its retraining seeds "
                                  f"{r['protocol']['retrain_seeds']} are not this run's {retrain}")
             seconds[p] = r["seconds"]
+        return runs
+
+    if args.join:
+        runs = load(args.join, "--join")
         results = join_seeds(runs)
         for n, r in results.items():
             got = sorted(x["seed"] for x in next(iter(r["tuners"].values()))["seeds"])
@@ -942,14 +949,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                                  f"{seeds} (--first-seed {args.first_seed} --seeds {n_seeds})")
         merged = {p: sorted(r["problems"]) for p, r in runs.items()}
     if args.replace:
-        import json
-
-        new = {p: json.loads(Path(p).read_text()) for p in args.replace}
-        for p, r in new.items():
-            if r["protocol"]["retrain_seeds"] != retrain:
-                raise SystemExit(f"--replace {p}: its retraining seeds "
-                                 f"{r['protocol']['retrain_seeds']} are not this run's {retrain}")
-            seconds[p] = r["seconds"]
+        new = load(args.replace, "--replace")
         results = replace_tuners(results, join_seeds(new))
         merged.update({p: sorted(r["problems"]) for p, r in new.items()})
     for earlier_path in args.merge:
