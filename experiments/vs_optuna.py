@@ -45,8 +45,10 @@ eval_worst_ratio=<b> ablation_win_rate=<c> problems=<n> seeds=<s>``.
     python experiments/vs_optuna.py --suite --quick   # 2 problems, 1 seed, tiny budgets
 
 More seeds in pieces: ``--first-seed 10 --seeds 10`` runs tuning seeds 10-19; ``--half none
---seeds 20 --join A.json B.json ...`` joins runs over disjoint seeds, seed by seed (the
-committed summary: the halves' seeds 0-9 and 10-19, four files).
+--seeds 20 --join A.json B.json ...`` joins runs over disjoint seeds, seed by seed; ``--replace
+C.json ...`` puts reruns of some contenders (``--tuners hypergrad ablation``, after a default
+changed) in place of theirs. The committed summary: the halves' seeds 0-9 and 10-19 (four
+files), hypergrad's and the ablation's columns replaced by the two-orders reruns (four more).
 """
 
 from __future__ import annotations
