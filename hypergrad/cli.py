@@ -501,6 +501,18 @@ def _failed(err: BaseException) -> str:
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def _main(cfg: DictConfig) -> float:
     try:
+        return _answered_job(cfg)
+    except BaseException as err:  # in a sweep, its summary says this job failed, and why
+        if not isinstance(err, SystemExit):
+            _sweep_line("failed", error=f"{type(err).__name__}: {str(err)[:500]}")
+        raise
+
+
+def _answered_job(cfg: DictConfig) -> float:
+    """:func:`_job`, its errors answered: a usage error as a message and exit status 2, a
+    setting hypergrad refuses while Hydra instantiates it as one, any other error written to
+    the run folder's log, an interrupt as what to do next."""
+    try:
         return _job(cfg)
     except USAGE_ERRORS as err:
         _refuse(err)
@@ -570,7 +582,37 @@ def _job(cfg: DictConfig) -> float:
     with distributed.launch(timeout):  # under torchrun: the process group, ended cleanly
         run_dir = _shared_run_dir(Path(HydraConfig.get().runtime.output_dir))
         results = run(cfg, run_dir)
-    return objective(results)
+    value = objective(results)
+    _sweep_line("done", returned=value, learned=results.get("learned"),
+                learned_val_loss=results.get("learned_val_loss"),
+                diverged=results.get("diverged"))
+    return value
+
+
+SWEEP_SUMMARY = "sweep_summary.jsonl"
+"""In a ``--multirun`` sweep's folder: a line per job as it ends, whatever the launcher (the
+basic one, joblib, a cluster's): its number, overrides and folder, ``status`` (``done`` or
+``failed``), what it returned to the sweeper and its learned point, or its error."""
+
+
+def _sweep_line(status: str, **fields: Any) -> None:
+    """Append this job's line to the sweep's :data:`SWEEP_SUMMARY` (in a ``--multirun`` job on
+    rank 0; one ``write`` of an ``O_APPEND`` file, so jobs ending at once do not mix lines).
+    Never fails the job: the line is a summary of records its folder keeps."""
+    if not _multirun() or os.environ.get("RANK", "0") != "0":
+        return
+    from .run.files import dumps
+
+    with contextlib.suppress(Exception):
+        h = HydraConfig.get()
+        line = dumps({"job": h.job.num, "overrides": list(h.overrides.task),
+                      "folder": h.runtime.output_dir, "status": status, **fields}) + "\n"
+        fd = os.open(Path(h.sweep.dir) / SWEEP_SUMMARY, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                     0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 def objective(results: dict[str, Any]) -> float:

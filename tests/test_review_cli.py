@@ -342,3 +342,23 @@ def test_results_json_says_what_the_recheck_saw(tmp_path: Path) -> None:
     back = next(r for r in checked if r["returned"])
     assert back["values"] == res["learned"] and back["val_loss"] == res["learned_val_loss"]
     assert min(checked, key=lambda r: max(r["val_loss"], r["variant_val_loss"])) is back
+
+
+def test_a_sweep_keeps_a_line_per_job_whatever_the_launcher(tmp_path: Path) -> None:
+    """A sweep with the basic launcher or joblib left its results in one folder per job and
+    its failures in the middle of the output: sweep_summary.jsonl has a line per job, what it
+    returned to the sweeper and its learned point, or why it failed."""
+    out = _cli("--multirun", *FAST, "report.retrain=false", "hyperparams.items.lr.init=0.5,-1",
+               f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode != 0  # job 1 is refused
+    lines = [json.loads(x) for x in (tmp_path / cli.SWEEP_SUMMARY).read_text().splitlines()]
+    by = {r["job"]: r for r in lines}
+    assert sorted(by) == [0, 1]
+    done, failed = by[0], by[1]
+    res = json.loads((tmp_path / "0" / "results.json").read_text())
+    assert done["status"] == "done" and done["learned"] == res["learned"]
+    assert done["returned"] == pytest.approx(cli.objective(res))
+    assert done["folder"] == str(tmp_path / "0") and "hyperparams.items.lr.init=0.5" in \
+        done["overrides"]
+    assert failed["status"] == "failed" and "hyperparams.items.lr.init=-1" in failed["overrides"]
+    assert "ConfigError" in failed["error"] and "lr" in failed["error"]
