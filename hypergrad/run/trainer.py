@@ -888,26 +888,23 @@ class Trainer:
             if value is None or len(tr.top) < 2 or self.selections:
                 return False  # nothing else to go back to (or chosen by select_loss)
             tr.demote(lam_used, value if math.isfinite(value) else math.inf)
-            self.message(f"outer step {self.outer_step}: the best point's validation loss, "
-                         f"measured again on other batches, is {value:.4g} against "
-                         f"{first:.4g} at first: it trains well in one draw only, and keeps "
-                         f"its worse measurement; back to the next best point (outer step "
-                         f"{tr.best[2]}, validation loss {tr.best[0]:.4g}), and a restart "
-                         f"from there")
-            self._recoveries += 1
-            with torch.no_grad():
-                self.lam.copy_(tr.best[1])
-            self.outer.state.clear()
-            self._restart("the best point trains well in one draw only")
-            return True
+            said = (f"outer step {self.outer_step}: the best point's validation loss, measured "
+                    f"again on other batches, is {value:.4g} against {first:.4g} at first: it "
+                    f"trains well in one draw only, and keeps its worse measurement; back to "
+                    f"the next best point (outer step {tr.best[2]}, validation loss "
+                    f"{tr.best[0]:.4g}), and a restart from there")
+            cause = "the best point trains well in one draw only"
+        else:
+            said = (f"outer step {self.outer_step}: {why}, at hyperparameters "
+                    f"{self.problem.hyperparams.describe(lam_used)}: back to the best point "
+                    f"(outer step {tr.best[2]}, validation loss {tr.best[0]:.4g})")
+            cause = "no usable hypergradient"
         self._recoveries += 1
         with torch.no_grad():
             self.lam.copy_(tr.best[1])
         self.outer.state.clear()
-        self.message(f"outer step {self.outer_step}: {why}, at hyperparameters "
-                     f"{self.problem.hyperparams.describe(lam_used)}: back to the best "
-                     f"point (outer step {tr.best[2]}, validation loss {tr.best[0]:.4g})")
-        self._restart("no usable hypergradient")
+        self.message(said)
+        self._restart(cause)
         return True
 
     def _back(self, why: str) -> None:
