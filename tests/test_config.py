@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException, HydraException, InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 import hypergrad as hg
@@ -32,7 +32,8 @@ from hypergrad.stepvjp import StepVJP
 register_configs()
 GROUPS = ["task", "model", "hyperparams", "inner_optimizer", "outer_optimizer", "method", "mode",
           "guards", "folder", "callbacks", "distributed"]
-PRESET_DIRS = ("experiment", "debug", "sweep")  # @package _global_ presets, run below
+PRESET_DIRS = ("experiment", "debug", "sweep",  # @package _global_ presets, run below
+               "experiment_outer")  # a preset's outer optimizer's settings, checked below
 ALL_GROUPS = sorted(str(d.relative_to(CONFIG_DIR)) for d in CONFIG_DIR.rglob("*")
                     if d.is_dir() and d.relative_to(CONFIG_DIR).parts[0] not in PRESET_DIRS
                     and any(d.glob("*.yaml")))
@@ -310,6 +311,24 @@ def test_preset_runs_end_to_end_with_debug(preset: str, tmp_path: Path) -> None:
     if preset == "hypercleaning":
         assert 0 <= on_disk["extra"]["flip_detection"]["f1"] <= 1
         assert set(on_disk["compare_methods"]) == {"forward", "reverse"}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_preset_composes_with_every_outer_optimizer(preset: str) -> None:
+    """A preset's settings of its own outer optimizer (``experiment_outer/``) apply where that
+    optimizer is chosen and nowhere else: ``experiment=digits_schedule
+    outer_optimizer=quasi_newton`` failed at composition on the preset's sign-step ``lr``."""
+    own = re.search(r"^  - override /outer_optimizer: (\w+)", (
+        CONFIG_DIR / "experiment" / f"{preset}.yaml").read_text(), re.M)
+    assert own, preset
+    settings = OmegaConf.load(CONFIG_DIR / "experiment_outer" / f"{preset}_{own.group(1)}.yaml")
+    for option in sorted(p.stem for p in (CONFIG_DIR / "outer_optimizer").glob("*.yaml")):
+        cfg = _compose([f"experiment={preset}", f"outer_optimizer={option}"])
+        outer = instantiate(cfg.outer_optimizer, _convert_="all")
+        assert callable(outer), option
+        alone = _compose([f"outer_optimizer={option}"]).outer_optimizer
+        want = OmegaConf.merge(alone, settings) if option == own.group(1) else alone
+        assert cfg.outer_optimizer == want, (preset, option)
 
 
 # -- issue 12 ------------------------------------------------------------------------------------
