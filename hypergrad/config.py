@@ -29,6 +29,7 @@ hyperparameter's kind, chosen per item in a ``hyperparams`` option's defaults li
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import importlib
 import inspect
@@ -78,7 +79,33 @@ def _conf_type(tp: Any) -> Any:
         return Any
     if origin in (list, Sequence) and len(args) == 1 and args[0] in _PLAIN:
         return list[args[0]]  # type: ignore[valid-type]
+    if origin is tuple and len(args) == 2 and args[0] in _PLAIN and args[1] is Ellipsis:
+        return list[args[0]]  # type: ignore[valid-type]
     return Any
+
+
+def _settings(tp: Any) -> type | None:
+    """The dataclass of settings an argument takes (``search: SearchSettings | Mapping | None``:
+    ``SearchSettings``), else ``None``."""
+    args = typing.get_args(tp) if typing.get_origin(tp) in (Union, types.UnionType) else (tp,)
+    found = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
+    return found[0] if len(found) == 1 else None
+
+
+def _settings_schema(cls: type) -> type:
+    """A structured config of a settings dataclass's fields with their defaults and no
+    ``_target_`` (the object gets a mapping), so that ``mode.search.two_orders=0`` composes and
+    a misspelt setting fails at composition."""
+    hints = typing.get_type_hints(cls)
+    fields: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(cls):
+        default = f.default
+        if isinstance(default, (tuple, list)):
+            spec = field(default_factory=_copies(list(default)))
+        else:
+            spec = field(default=default)
+        fields.append((f.name, _conf_type(hints[f.name]), spec))
+    return make_dataclass(f"{cls.__name__}Conf", fields)
 
 
 def _is_tensor(tp: Any) -> bool:
@@ -142,6 +169,11 @@ def schema(target: Callable[..., Any], *, skip: Sequence[str] = (), partial: boo
         if p.name in skip or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         default = defaults.get(p.name, p.default)
+        settings = _settings(hints.get(p.name))
+        if settings is not None and default is None:  # its defaults, keys set one by one
+            settings_conf = _settings_schema(settings)
+            fields.append((p.name, Optional[settings_conf], field(default_factory=settings_conf)))
+            continue
         if default is inspect.Parameter.empty:
             default = MISSING
         if isinstance(default, (tuple, list, dict)):
@@ -579,8 +611,21 @@ def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
     _check_resolves(cfg)
     tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     flat = _flatten(tree, "", {})
+    for k, v in _search_defaults().items():  # as a run of before 2026-12-06 (search: null)
+        if flat.get(f"mode.search.{k}", v) == v:
+            flat.pop(f"mode.search.{k}", None)
+    if flat.get("mode.search", 0) is None:
+        del flat["mode.search"]
     return {f"config.{k}": v for k, v in flat.items()
             if k in _NOT_SAFE or not any(fnmatchcase(k, pat) for pat in SAFE_CONFIG_KEYS)}
+
+
+def _search_defaults() -> dict[str, Any]:
+    """``mode.search``'s settings at their defaults, as the config holds them (lists)."""
+    from .run.modes import SearchSettings
+
+    return {f.name: (list(v) if isinstance(v := getattr(SearchSettings(), f.name), tuple) else v)
+            for f in dataclasses.fields(SearchSettings)}
 
 
 def _check_task(cfg: DictConfig, task: Any) -> None:
