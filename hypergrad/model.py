@@ -273,6 +273,42 @@ class ModelFn:
         self.fused = fused
         self._probe = probe
 
+    def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
+        """``(name, tensor)`` of every parameter of the module, as ``nn.Module``'s: the
+        trainable ones at this step's values (``params``, differentiable), the frozen ones as
+        the constants they are; for penalties written the usual way
+        (``sum(w.pow(2).sum() for w in m.parameters())``)."""
+        for k, _ in self._fm.module.named_parameters():
+            v = self.params.get(k, self._fm.constants.get(k))
+            if v is not None:
+                yield k, v
+
+    def parameters(self) -> Iterator[Tensor]:
+        """The tensors of :meth:`named_parameters`."""
+        for _, v in self.named_parameters():
+            yield v
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for names it lacks: an attribute of the user's module (``m.head(h)``,
+        ``m.fc.weight``) is not reachable through the bound model, which says what is."""
+        if name.startswith("__") or "_fm" not in self.__dict__:
+            raise AttributeError(name)
+        module = self._fm.module
+        kind = ("submodule" if isinstance(getattr(module, name, None), torch.nn.Module) else
+                "parameter" if name in self.params else
+                "attribute" if hasattr(module, name) else None)
+        mine = [k for k in self.params if k == name or k.startswith(f"{name}.")]
+        hint = (f"read its parameters from m.params ({', '.join(repr(k) for k in mine[:4])}"
+                f"{', ...' if len(mine) > 4 else ''})" if mine else
+                "read parameters from m.params (a dict: name -> tensor)")
+        what = f"your model's {kind} {name!r}" if kind else f"{name!r}"
+        raise AttributeError(
+            f"The model a loss receives is {type(module).__name__} bound to this step's "
+            f"tensors (hypergrad's ModelFn), not the nn.Module itself, so {what} cannot be "
+            f"reached through it: call it whole, m(x), which runs your module's forward (put "
+            f"what the loss needs, e.g. a submodule's output, into what forward returns), "
+            f"and {hint}.")
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fm = self._fm
         tensors = {**fm.constants, **self.params, **self.new_buffers}

@@ -112,3 +112,63 @@ def test_a_refusal_is_raised_again_by_a_second_check() -> None:
             p.check(p.init_raw())
     with pytest.raises(ValueError, match="reads the trainable parameters"):
         hg.ForwardMode().hypergradient(p, p.init_raw())
+
+
+def test_a_submodule_reached_through_the_model_argument_says_what_to_do() -> None:
+    """``m[2](h)`` or ``m.head(h)`` in a loss: the argument is the model bound to the step's
+    tensors, so the attribute is not there. The error was ``'ModelFn' object has no attribute
+    'head'``; it now names the submodule, says to call the model whole and lists its
+    parameters in ``m.params``."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(5, 8)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.tanh(self.body(x)))
+
+    torch.manual_seed(0)
+    x = torch.randn(32, 5, dtype=torch.float64)
+    y = (x[:, 0] > 0).long()
+    p = hg.InnerProblem(Net().double(),
+                        lambda m, b, hp: F.cross_entropy(m.head(torch.tanh(m.body(b[0]))), b[1]),
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                        MiniBatches(x, y, batch_size=16, seed=0), 4,
+                        lambda m, hp: F.cross_entropy(m(x), y))
+    with pytest.raises(AttributeError, match=r"your model's submodule 'head' cannot be reached.*"
+                                             r"m\(x\).*m.params \('head.weight', 'head.bias'\)"):
+        p.run(p.init_raw())
+
+
+@pytest.mark.parametrize("freeze_first", [False, True])
+def test_a_penalty_over_the_model_arguments_parameters_is_the_one_over_m_params(
+        freeze_first: bool) -> None:
+    """``m.parameters()`` in a loss (an L2 penalty written as for an ``nn.Module``) failed with
+    ``'ModelFn' object has no attribute 'parameters'``. It gives the trainable parameters at the
+    step's values (so the penalty trains the model and has its hypergradient) and the frozen
+    ones as constants, in the module's order."""
+    usual, _ = _problem(lambda m, model: sum(w.pow(2).sum() for w in m.parameters()),
+                        freeze_first=freeze_first)
+    params, model = _problem(lambda m, model: sum(w.pow(2).sum() for w in m.params.values()),
+                             freeze_first=freeze_first)
+    lam = usual.init_raw()
+    got, want = (hg.ReverseMode().hypergradient(q, lam).grad for q in (usual, params))
+    frozen = sum(w.pow(2).sum() for w in model[0].parameters()) if freeze_first else 0.0
+    assert torch.isfinite(got).all() and got.abs().max() > 0
+    if not freeze_first:
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    else:  # a constant more in the loss: the same gradients, the same hypergradient
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+        assert float(frozen) > 0
+    seen: list[str] = []
+
+    def record(m: Any, batch: Any, hp: Any) -> torch.Tensor:
+        seen[:] = [k for k, _ in m.named_parameters()]
+        return F.cross_entropy(m(batch[0]), batch[1]) + 0.0 * hp["wd"]
+
+    record_p, model = _problem(lambda m, model: 0.0, freeze_first=freeze_first)
+    record_p.train_loss = record
+    record_p.run(record_p.init_raw())
+    assert seen == [k for k, _ in model.named_parameters()]
