@@ -124,13 +124,30 @@ def test_a_resume_whose_values_apply_to_other_parameters_is_refused(kind: str,
     assert len(fit("0", 2, True).history) == 2  # the same binding resumes
 
 
+def test_a_resume_with_another_training_loss_is_refused(tmp_path: Path) -> None:
+    """A label smoothing added to the training loss changes neither the validation loss nor
+    the first batch, and the resume went on silently, the history mixing two problems."""
+    def fit(smoothing: float, steps: int, resume: bool) -> hg.TrainResult:
+        p = _bound(hg.Scalar("wd", 1e-3, "log"))
+        p.train_loss = lambda m, b, hp: F.cross_entropy(m(b[0]), b[1],
+                                                        label_smoothing=smoothing)
+        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
+                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
+                          callbacks=quiet()).fit()
+
+    fit(0.0, 1, False)
+    with pytest.raises(ResumeMismatchError, match=r"problem.train_loss_at_start: [\d.]+ -> "):
+        fit(0.3, 2, True)
+    assert len(fit(0.0, 2, True).history) == 2  # the same loss resumes
+
+
 def test_a_checkpoint_without_the_new_keys_still_resumes(tmp_path: Path) -> None:
     """Checkpoints written before the seed and select_loss were recorded resume (those keys are
     not compared when absent)."""
     from hypergrad.run.files import fingerprint_diff
 
     new = {"problem.K": 1, "problem.seed": 3, "problem.select_loss": False,
-           "problem.bindings": {"wd": {"params": ["w"]}}}
+           "problem.bindings": {"wd": {"params": ["w"]}}, "problem.train_loss_at_start": 1.5}
     assert fingerprint_diff({"problem.K": 1}, new) == []
     assert fingerprint_diff({"problem.K": 1, "problem.seed": 2}, new) == [
         "problem.seed: 2 -> 3"]

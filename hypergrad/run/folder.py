@@ -61,9 +61,9 @@ SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.memory_bu
                   "the same hypergradients to rounding) and its HVP strategy and chunking")
 """Trainer settings that may differ when a run is resumed; every other setting, and the
 problem (K and layout, what per-parameter values apply to, T, dtype, model, optimizer, initial
-values and state, first batch, validation loss at the start, seed, whether it has a
-``select_loss``), is in the checkpoint's fingerprint and must match. An online
-run's method must keep its run state's structure (:func:`unpack_run`)."""
+values and state, first batch, validation loss and training loss (on the first batch) at the
+start, seed, whether it has a ``select_loss``), is in the checkpoint's fingerprint and must
+match. An online run's method must keep its run state's structure (:func:`unpack_run`)."""
 
 Log = Callable[[str], None]
 
@@ -78,6 +78,7 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
         s0, lam0 = p.initial_state(), p.init_raw()
         start = float(p.objective(s0.params, s0.buffers, lam0))
         first = digest(p.first_batch())
+        train0 = float(p.train_objective(s0.params, s0.buffers, lam0, 0, p.first_batch())[0])
     init = {}
     for it, sl in zip(hps.items, hps.slices.values()):
         vals = TRANSFORMS[it.transform][0](lam0[sl]).tolist()
@@ -98,6 +99,10 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
         "problem.first_batch": first,
         "problem.val_loss_at_start": float(f"{start:.6g}") if math.isfinite(start) else
         repr(start),
+        # the training loss (a label smoothing, a penalty changed) shows in neither the
+        # validation loss nor the first batch
+        "problem.train_loss_at_start": float(f"{train0:.6g}") if math.isfinite(train0) else
+        repr(train0),
         "problem.seed": p.seed,  # the step's random draws, the start's and restarts' points
         "problem.select_loss": p.select_loss is not None,  # what the returned point is chosen by
     }
