@@ -44,6 +44,9 @@ def test_estimates_of_every_method() -> None:
     assert "21 stored states" in str(est["checkpointed"])
     with pytest.raises(ValueError, match=r"method='bogus' is not a registered method"):
         estimate_memory(p, "bogus")
+    with pytest.raises(ValueError, match=r"method='checkpointed' is a hypergrad-run option.*"
+                                         r"hypergrad.ReverseMode\(checkpoint=\"sqrt\"\)"):
+        estimate_memory(p, "checkpointed")  # methods.md names the two side by side
     with pytest.raises(NotImplementedError, match="FiniteDifference has no memory estimate"):
         estimate_memory(p, hg.FiniteDifference())
 

@@ -4,6 +4,7 @@ step, the objective's direct term, frozen parameters and per-tensor defaults (fl
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,6 +119,11 @@ def test_hypergradient_at_any_step() -> None:
     ref = hg.ReverseMode().hypergradient(short, lam)
     assert rel_err(grad, ref.grad) <= 1e-12
     torch.testing.assert_close(value, ref.objective, rtol=1e-14, atol=0)
+    with pytest.raises(ValueError, match=r"stop=13 must be a step in 0..T = 9"):
+        fm.run(long, fm.init(long, lam), lam, stop=13)  # went on with the last window's values
+    with pytest.raises(ValueError, match=r"stop=2 is before the run's step 4"):
+        fm.run(long, fs, lam, stop=2)
+    assert fm.run(long, fm.init(long, lam), lam, stop=np.int64(4)).step == 4
 
 
 def test_direct_term_of_the_objective() -> None:

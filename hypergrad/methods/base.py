@@ -29,6 +29,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
+import numbers
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, NamedTuple
@@ -382,6 +383,15 @@ class OnlineMethod(Method):
 
     def run(self, problem: InnerProblem, run: Any, lam: Tensor, stop: int | None = None) -> Any:
         """Steps until ``stop`` (default: the horizon ``T``)."""
+        if stop is not None and (isinstance(stop, bool) or not isinstance(stop, numbers.Integral)
+                                 or not 0 <= stop <= problem.steps):
+            raise ValueError(
+                f"{type(self).__name__}.run: stop={stop!r} must be a step in 0..T = "
+                f"{problem.steps} (the problem's horizon; a schedule's windows cover those "
+                f"steps only). For a longer run, build the problem with more steps.")
+        if stop is not None and stop < run.step:
+            raise ValueError(f"{type(self).__name__}.run: stop={stop} is before the run's "
+                             f"step {run.step}; a run goes forward only.")
         for _ in range(run.step, problem.steps if stop is None else stop):
             run = self.step(problem, run, lam)
         return run
@@ -497,6 +507,11 @@ def create(spec: str | Method, api: str = "Trainer") -> Method:
         return _REGISTRY[spec]()
     if "." in spec or ":" in spec:
         return _by_path(spec)()
+    alias = {"checkpointed": 'ReverseMode(checkpoint="sqrt")',
+             "truncated": "ReverseMode(truncate=k)"}.get(spec)
+    if alias is not None:  # hypergrad-run's method options (configs/method/) of ReverseMode
+        raise ValueError(f"{api}: method={spec!r} is a hypergrad-run option, not a registered "
+                         f"method; in Python pass method=hypergrad.{alias}.")
     raise ValueError(f"{api}: method={spec!r} is not a registered method; registered are "
                      f"{sorted(registered())}. A method of your own registers with "
                      f"`class MyMethod(hypergrad.Method, name='mine')`, or give its import path "
