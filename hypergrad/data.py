@@ -104,6 +104,11 @@ class MiniBatches:
                 )
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size:
             raise ValueError(f"MiniBatches: batch_size={batch_size!r} must be an int >= 1.")
+        if n == 0:  # else: 'batch_size=25 is larger than the 0 examples; use batch_size <= 0'
+            raise ValueError(
+                f"MiniBatches: the training data has 0 examples (tensor 0 has shape "
+                f"{tuple(tensors[0].shape)}): an empty file, or a split that left no rows for "
+                f"training.")
         if batch_size > n:
             raise ValueError(
                 f"MiniBatches: batch_size={batch_size} is larger than the {n} examples; use "

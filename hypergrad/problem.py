@@ -15,6 +15,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -671,13 +672,43 @@ class InnerProblem:
         a :class:`~hypergrad.data.MiniBatches` batch without its example indices."""
         try:
             return fn(*args)
-        except ValueError as err:
+        except (ValueError, RuntimeError, IndexError) as err:
+            self._translate(which, err)
+            self._note_shapes(which, err)
+            raise
+
+    def _note_shapes(self, which: str, err: BaseException) -> None:
+        """A note on an error a loss raised at its first call (a shape, a target's dtype or
+        range): the data's and the model's shapes, where the model and the data most often
+        disagree (``mat1 and mat2 shapes cannot be multiplied (25x8 and 6x16)``)."""
+        tb = err.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        here = Path(__file__).resolve().parent
+        if tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(here):
+            return  # hypergrad's own message says what it is
+
+        def desc(x: Tensor) -> str:
+            return f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}"
+
+        data = [f"{d}: {desc(x)}" for d, x in self._data_tensors(which)[:4]]
+        params = [f"{k} {tuple(v.shape)}" for k, v in
+                  list(self.fmodel.module.named_parameters())[:3]]
+        err.add_note(
+            f"hypergrad: raised by {which} at its first call (InnerProblem's check); "
+            f"{'; '.join(data) or 'no data tensors found'}; the model's first parameters: "
+            f"{', '.join(params)}. Check that the data's features and labels fit the model "
+            f"(number of features, label dtype and range).")
+
+    def _translate(self, which: str, err: BaseException) -> None:
+        """Raise what ``err`` means where it is a known mistake (see :meth:`_call`)."""
+        if isinstance(err, ValueError):
             from .data import MiniBatches
 
             unpack = _UNPACK.match(str(err))
             if (which != "train_loss" or unpack is None
                     or not isinstance(self._batch.data, MiniBatches)):
-                raise
+                return
             n = len(self._batch.data.tensors)
             names = ", ".join(["x", "y", "z"][:n] if n <= 3 else [f"x{i}" for i in range(n)])
             raise ValueError(
@@ -686,12 +717,12 @@ class InnerProblem:
                 f"{'s' if n > 1 else ''} and then the example indices: {n + 1} values. Unpack "
                 f"them too, e.g. {names}, idx = batch (or {names}, _ = batch)."
             ) from err
-        except RuntimeError as err:
+        if isinstance(err, RuntimeError):
             if not _DTYPE_ERROR.search(str(err)):
-                raise
+                return
             found = _other_dtype(self._data_tensors(which), self.dtype, str(err))
             if found is None:
-                raise
+                return
             desc, x = found
             to_data = f"x{_TO.get(self.dtype, f'.to({self.dtype})')}"
             fix = (f"Convert the data to the model's dtype: {to_data}"
@@ -1351,6 +1382,17 @@ def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
         raise TypeError(f"InnerProblem: {name} returned dtype {loss.dtype}; return a float loss.")
 
 
+def _dataset_size(source: Any) -> int | None:
+    """The number of examples of a DataLoader's data set (``len(loader.dataset)``), else
+    ``None``: what a :class:`~hypergrad.PerExample`'s ``n`` must equal (its weights are indexed
+    by the data set's example indices)."""
+    dataset = getattr(source, "dataset", None)
+    try:
+        return len(dataset) if dataset is not None else None
+    except TypeError:  # an IterableDataset without a length
+        return None
+
+
 def _batch_source(batches: Any, seed: int) -> _Batches:
     """Random access by step for a sequence or a callable; a :class:`~hypergrad.data.Stream`
     (one lazy pass per inner run) for any other iterable; a one-shot iterator refused."""
@@ -1359,7 +1401,7 @@ def _batch_source(batches: Any, seed: int) -> _Batches:
     if isinstance(batches, Stream):
         if batches.seed is None:
             batches.seed = seed
-        return _Batches(batches.batch, stream=batches)
+        return _Batches(batches.batch, _dataset_size(batches.source), stream=batches)
     _refuse_data_as_batches(batches)
     if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
         mb = isinstance(batches, MiniBatches)
@@ -1371,7 +1413,7 @@ def _batch_source(batches: Any, seed: int) -> _Batches:
         return _Batches(lambda t: batches[t % len(batches)], data=batches)
     if isinstance(batches, Iterable):
         stream = Stream(batches, seed)
-        return _Batches(stream.batch, stream=stream)
+        return _Batches(stream.batch, _dataset_size(batches), stream=stream)
     dataset = hasattr(batches, "__getitem__") and hasattr(batches, "__len__")
     raise TypeError(
         f"InnerProblem: batches must be a sequence, a callable t -> batch or an iterable, got "

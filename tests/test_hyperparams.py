@@ -55,6 +55,8 @@ def test_minibatches_are_deterministic_epochs() -> None:
         MiniBatches(x, batch_size=11)
     with pytest.raises(ValueError, match="tensor 1 has 2 rows"):
         MiniBatches(x, torch.zeros(2), batch_size=1)
+    with pytest.raises(ValueError, match=r"has 0 examples \(tensor 0 has shape \(0, 6\)\)"):
+        MiniBatches(torch.zeros(0, 6), torch.zeros(0), batch_size=25)  # 'use batch_size <= 0'
     # what is not a tensor is named with its fix (a tuple was an AttributeError on .shape)
     with pytest.raises(TypeError, match=r"argument 0 is tuple.*MiniBatches\(x, y, \.\.\.\)"):
         MiniBatches((x, x), batch_size=2)

@@ -447,6 +447,31 @@ def test_a_model_and_data_of_different_dtypes_get_one_clear_error(
         p.check(p.init_raw())
 
 
+def test_data_whose_features_do_not_fit_the_model_get_a_note_of_the_shapes() -> None:
+    """Torch's ``mat1 and mat2 shapes cannot be multiplied (16x6 and 4x3)`` names neither the
+    data nor the model: the error keeps its type and message, and a note gives mini-batch 0's
+    shapes and dtypes and the model's first parameters. An error hypergrad raises itself gets
+    no note (its message says what it is)."""
+    x, y = _data()
+    wide = torch.cat([x, x[:, :2]], dim=1)
+    p = _problem(batches=[(wide, y)])
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as err:
+        p.check(p.init_raw())
+    note = "\n".join(getattr(err.value, "__notes__", []))
+    assert "raised by train_loss at its first call" in note
+    assert "tensor 0 of mini-batch 0: (16, 6) float64" in note and "weight (3, 4)" in note
+    bad_labels = _problem(batches=[(x, y + 5)])
+    with pytest.raises(IndexError, match="out of bounds") as err:
+        bad_labels.check(bad_labels.init_raw())
+    assert "tensor 1 of mini-batch 0: (16,) int64" in "\n".join(err.value.__notes__)
+    from hypergrad.data import MiniBatches
+
+    own = _problem(train_loss=lambda m, b, hp: MiniBatches(b[0], batch_size=0)(0)[0].sum())
+    with pytest.raises(ValueError, match="batch_size=0 must be an int >= 1") as err:
+        own.check(own.init_raw())  # raised inside hypergrad: no note
+    assert not getattr(err.value, "__notes__", [])
+
+
 def test_validation_data_of_another_dtype_is_named() -> None:
     x32, y = _data(dtype=torch.float32)
     p = _problem(val_loss=lambda m, hp: F.cross_entropy(m(x32), y))

@@ -313,3 +313,34 @@ def test_a_loader_that_reads_the_same_batches_every_pass_does_not_vary(
     assert tr._two_orders() is varies
     res = tr.fit()
     assert bool(res.rechecked) is varies
+
+
+def test_per_example_weights_of_another_size_than_the_loaders_data_set_are_refused() -> None:
+    """``PerExample(n=58)`` over a DataLoader of 48 examples ran, the 10 weights no example
+    reads getting a hypergradient of 0 forever (MiniBatches' size was checked, a DataLoader's
+    was not); ``n`` must be ``len(loader.dataset)``."""
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (48,), generator=g)
+    ds = TensorDataset(x, y, torch.arange(48))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 3).double()
+
+    def problem(n: int) -> hg.InnerProblem:
+        return hg.InnerProblem(
+            model, lambda m, b, hp: (hp["w"][b[2]] * F.cross_entropy(m(b[0]), b[1],
+                                                                     reduction="none")).mean(),
+            hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=n)]),
+            DataLoader(ds, batch_size=8, shuffle=True), 3,
+            lambda m, hp: F.cross_entropy(m(x), y))
+
+    for n in (58, 40):
+        p = problem(n)
+        with pytest.raises(ValueError, match=rf"has n={n}, but the training data has 48 "
+                                             rf"examples"):
+            p.check(p.init_raw())
+    good = problem(48)
+    good.check(good.init_raw())
