@@ -297,8 +297,14 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
                                                                      *RECORD_FILES)))
     cfg_path = _write_config(cfg, run_dir, resumed=resumed)
     p = task.problem
+    # an approximate method's own settings (a truncation, a discount): results.json's
+    # "method" is the family ("reverse"), which a truncated run shares with an exact one
+    approx = {k.removeprefix("method."): v for k, v in trainer.method.fingerprint().items()
+              if k != "method"}
+    method = (f"{type(trainer.method).__name__}"
+              f"({', '.join(f'{k}={v!r}' for k, v in approx.items())})")
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
-             f"method={type(trainer.method).__name__} mode={trainer.mode!r} -> {run_dir} "
+             f"method={method} mode={trainer.mode!r} -> {run_dir} "
              f"(config: {cfg_path.name})")
     result, fit = measure(trainer.fit)
     rows: list[dict[str, Any]] = []
@@ -349,7 +355,7 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         "name": cfg.name, "task": task.name, **({"task_fingerprint": task.fingerprint}
                                                 if task.fingerprint else {}),
         "K": p.num_hyperparams, "T": p.steps,
-        "method": result.method, "mode": trainer.mode.name,
+        "method": result.method, "method_settings": approx, "mode": trainer.mode.name,
         "outer_steps": len(result.history),
         # this invocation's tuning; a resumed run's whole tuning (guards.clock) is elapsed
         "fit_seconds": fit["seconds"], "elapsed": result.elapsed,

@@ -284,6 +284,9 @@ def test_online_methods_from_hydra(method: str, cls: type, tmp_path: Path) -> No
     assert type(trainer.method) is cls
     results = run(cfg, tmp_path)
     assert results["mode"] == "online" and results["method"] == method
+    assert results["method_settings"] == {
+        k.removeprefix("method."): v for k, v in trainer.method.fingerprint().items()
+        if k != "method"}
     assert results["outer_steps"] >= 1
     assert all(v == v for v in results["learned"].values())  # no NaN
     if method == "marthe":
@@ -337,6 +340,24 @@ def test_the_bare_config_is_consistent() -> None:
     task, trainer = build(cfg)
     task.problem.check(task.problem.init_raw())
     assert isinstance(trainer, Trainer) and task.problem.hyperparams.names == ["lr"]
+
+
+@pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # 2 outer steps of Adam
+def test_a_truncated_runs_results_say_it_was_truncated(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """results.json's ``method`` is the family (``reverse``), the same for the exact and the
+    truncated method: ``method_settings`` and the log's first line say the truncation."""
+    import logging
+
+    cfg = _compose(["experiment=digits_schedule", "debug=fast", "method=truncated",
+                    "method.truncate=5", "report.plots=false"])
+    with caplog.at_level(logging.INFO, logger="hypergrad"):
+        results = run(cfg, tmp_path)
+    assert results["method"] == "reverse" and results["method_settings"] == {"truncate": 5}
+    assert "method=ReverseMode(truncate=5)" in caplog.text
+    exact = run(_compose(["experiment=digits_schedule", "debug=fast", "method=reverse",
+                          "report.plots=false"]), tmp_path / "exact")
+    assert exact["method"] == "reverse" and exact["method_settings"] == {}
 
 
 @pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # 2 outer steps of Adam
