@@ -32,7 +32,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
+from hydra.errors import CompactHydraException, InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -457,6 +457,19 @@ def _multirun() -> bool:
     return False
 
 
+class RefusedJob(CompactHydraException):
+    """A ``--multirun`` job whose settings hypergrad refused (its message already printed):
+    Hydra marks the job failed and prints this one line, where the refusal itself went up
+    through Hydra's sweeper with a traceback of its frames. ``kind``: the refusal's type."""
+
+    def __init__(self, message: str, kind: str = "ConfigError") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[Any, ...]:  # back from a joblib worker
+        return (RefusedJob, (str(self), self.kind))
+
+
 def _refuse(err: Exception) -> None:
     """Print a usage error without a traceback (to stderr, and to the run's log file, so the
     folder says why the run stopped) and exit with status 2; ``HYDRA_FULL_ERROR=1`` re-raises
@@ -469,7 +482,7 @@ def _refuse(err: Exception) -> None:
     _to_log_file(msg)
     if _multirun():
         print(msg, file=sys.stderr)
-        raise err.with_traceback(None) from None
+        raise RefusedJob(msg, type(err).__name__) from None
     print(f"{msg}\n(HYDRA_FULL_ERROR=1 shows where it was raised)", file=sys.stderr)
     sys.exit(2)
 
@@ -510,7 +523,10 @@ def _main(cfg: DictConfig) -> float:
         return _answered_job(cfg)
     except BaseException as err:  # in a sweep, its summary says this job failed, and why
         if not isinstance(err, SystemExit):
-            _sweep_line("failed", error=f"{type(err).__name__}: {str(err)[:500]}")
+            kind = err.kind if isinstance(err, RefusedJob) else type(err).__name__
+            said = str(err).removeprefix("hypergrad-run: ") if isinstance(err, RefusedJob) \
+                else str(err)
+            _sweep_line("failed", error=f"{kind}: {said[:500]}")
         raise
 
 
