@@ -309,14 +309,15 @@ def _hydra_subdir(output_dir: str) -> str | None:
     return f".hydra.{n}"
 
 
-_PICKED_GROUPS = {"debug/for_mode"}
+_PICKED_GROUPS = {"debug/for_mode", "experiment_outer"}
 """Groups that config.yaml's defaults choose from other choices, never a user."""
 
 
 def _choices() -> str:
     """``${hg.choices:}``: the groups and the options a user chooses from, for ``--help``
     (Hydra's own list, without the ``schema_*`` entries the options extend, and without the
-    groups config.yaml picks itself: ``debug/for_mode``, debug=fast's part for the mode)."""
+    groups config.yaml picks itself: ``debug/for_mode``, debug=fast's part for the mode, and
+    ``experiment_outer``, a preset's settings of its outer optimizer)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
 

@@ -549,6 +549,7 @@ def test_the_cli_refuses_a_misspelt_override_and_help_lists_only_choices(
     assert "mode: offline, online" in helped and "method: " in helped
     assert "schema_" not in helped
     assert "debug: fast" in helped and "for_mode" not in helped  # config.yaml picks that part
+    assert "experiment_outer" not in helped  # and a preset's outer settings
 
 
 def test_a_resume_mismatch_says_what_differs_in_ten_lines_and_where_the_settings_are(
