@@ -47,6 +47,7 @@ from .errors import (
     MemoryBudgetError,
     ResumeMismatchError,
     RunDirError,
+    raised_in_hypergrad,
 )
 from .run import RunFolder
 
@@ -98,7 +99,7 @@ def _settings_refused() -> Any:
     except USAGE_ERRORS:  # already a usage error of its own class
         raise
     except (ValueError, TypeError) as err:
-        if not _raised_by_hypergrad(err):
+        if not raised_in_hypergrad(err):
             raise
         refused = ConfigError(str(err))
         raise refused from err
@@ -122,16 +123,6 @@ def _finite(v: Any) -> bool:
         return False
 
 
-def _raised_by_hypergrad(err: BaseException) -> bool:
-    """Whether ``err`` was raised in hypergrad's own code (its innermost frame is in the
-    package): one of its checks of a setting, not a failure in a user's code."""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    here = Path(__file__).resolve().parent
-    return tb is not None and here in Path(tb.tb_frame.f_code.co_filename).resolve().parents
-
-
 class KeepSweepRecord(Callback):
     """A Hydra callback (``hydra.callbacks`` in config.yaml): a sweep into a folder that holds
     an earlier sweep keeps that sweep's ``multirun.yaml`` as ``multirun.2.yaml`` (``.3``, ...)
@@ -146,10 +137,9 @@ class KeepSweepRecord(Callback):
         record = folder / "multirun.yaml"
         if not record.is_file():
             return
-        n = 2
-        while (folder / f"multirun.{n}.yaml").exists():
-            n += 1
-        kept = folder / f"multirun.{n}.yaml"
+        from .run.files import next_numbered
+
+        kept = next_numbered(folder, "multirun.{}.yaml")
         record.rename(kept)
         jobs = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
         shown = ", ".join(map(str, jobs[:10])) + (", ..." if len(jobs) > 10 else "")
@@ -575,7 +565,7 @@ def _refused_setting(err: InstantiationException) -> ConfigError | None:
     ours = (target is not None and target.group(1).startswith("hypergrad.")
             and (cause is None or _user_frame(cause) is None))
     if not isinstance(cause, (ValueError, TypeError)) or not (
-            ours or _raised_by_hypergrad(cause)):
+            ours or raised_in_hypergrad(cause)):
         return None
     key = re.search(r"^full_key: (\S+)", text, re.MULTILINE)
     what = target.group(1) if target else "instantiation"

@@ -300,13 +300,12 @@ def _hydra_subdir(output_dir: str) -> str | None:
     invocation left ``.hydra`` and ``.hydra.2``, read as a resume."""
     if os.environ.get("RANK", "0") != "0":
         return None
+    from .run.files import next_numbered
+
     folder = Path(output_dir)
     if not (folder / ".hydra").exists():
         return ".hydra"
-    n = 2
-    while (folder / f".hydra.{n}").exists():
-        n += 1
-    return f".hydra.{n}"
+    return next_numbered(folder, ".hydra.{}").name
 
 
 _PICKED_GROUPS = {"debug/for_mode", "experiment_outer"}

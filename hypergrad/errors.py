@@ -113,3 +113,16 @@ class MemoryBudgetError(ValueError):
 class DistributedError(RuntimeError):
     """A collective of a multi-process run failed: another rank died, or did not arrive within
     the timeout (:mod:`hypergrad.distributed`)."""
+
+
+def raised_in_hypergrad(err: BaseException) -> bool:
+    """Whether ``err`` was raised in hypergrad's own code (its innermost frame is in the
+    package): one of its checks, whose message says what it is, not a failure in a user's
+    code (not exported: for the command line's and the problem's messages)."""
+    from pathlib import Path
+
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    here = Path(__file__).resolve().parent
+    return tb is not None and here in Path(tb.tb_frame.f_code.co_filename).resolve().parents

@@ -15,7 +15,6 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -29,6 +28,7 @@ from .errors import (
     PrecisionWarning,
     UnreadParameterWarning,
     UnseededRandomnessWarning,
+    raised_in_hypergrad,
 )
 from .hyperparams import HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
@@ -681,12 +681,8 @@ class InnerProblem:
         """A note on an error a loss raised at its first call (a shape, a target's dtype or
         range): the data's and the model's shapes, where the model and the data most often
         disagree (``mat1 and mat2 shapes cannot be multiplied (25x8 and 6x16)``)."""
-        tb = err.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        here = Path(__file__).resolve().parent
-        if tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(here):
-            return  # hypergrad's own message says what it is
+        if raised_in_hypergrad(err):
+            return  # its own message says what it is
 
         def desc(x: Tensor) -> str:
             return f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}"

@@ -180,6 +180,15 @@ def _loadable(obj: Any) -> Any:
     return obj
 
 
+def next_numbered(folder: Path, name: str) -> Path:
+    """``folder / name.format(n)`` for the smallest ``n >= 2`` not taken: where a record that
+    must not be overwritten goes (``.hydra.{}``, ``multirun.{}.yaml``)."""
+    n = 2
+    while (folder / name.format(n)).exists():
+        n += 1
+    return folder / name.format(n)
+
+
 def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
     """Write ``ck`` to ``run_dir/checkpoint.pt`` safely against kills (see the module
     docstring); the previous checkpoint becomes ``checkpoint.prev.pt``. Returns the path."""
