@@ -149,6 +149,27 @@ def hang(out: Path) -> None:
         raise
 
 
+def mismatch(out: Path, what: str) -> None:
+    """Rank 1 builds another problem (its data shifted, or one step more): each parallel
+    method refuses on every rank (none left waiting), naming what differs."""
+    import hypergrad as hg
+    from hypergrad import distributed as hd
+
+    p = mixed(steps=7 if what == "steps" and hd.rank() == 1 else 6)
+    if what == "data" and hd.rank() == 1:
+        mb = p._batch.data  # its MiniBatches
+        mb.tensors = (mb.tensors[0] + 1.0, *mb.tensors[1:])
+    said = {}
+    for name, method in (("column", hd.column_parallel()),
+                         ("reverse", hd.data_parallel(hg.ReverseMode()))):
+        try:
+            method.hypergradient(p, lam_of(p))
+            said[name] = "ran"
+        except ValueError as err:
+            said[name] = str(err)
+    torch.save(said, out / f"rank{hd.rank()}.pt")
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     torch.set_num_threads(1)
@@ -162,6 +183,8 @@ def main() -> None:
             train(Path(args[0]), Path(args[1]), "--resume" in args)
         elif case == "hang":
             hang(Path(args[0]))
+        elif case == "mismatch":
+            mismatch(Path(args[0]), args[1])
         else:
             raise SystemExit(f"unknown case {case!r}")
 

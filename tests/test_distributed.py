@@ -167,6 +167,21 @@ def test_a_hanging_rank_ends_the_job_after_the_timeout(tmp_path: Path) -> None:
     assert "did not arrive within the timeout (3 s)" in msg
 
 
+@pytest.mark.parametrize("what", ["data", "steps"])
+def test_ranks_holding_different_problems_are_refused_on_every_rank(what: str,
+                                                                      tmp_path: Path) -> None:
+    """A rank given other data summed its columns' rows into rank 0's: a hypergradient of
+    neither problem, without an error (another T: the same, or a bare gloo abort in data
+    parallel). Every rank now refuses, naming the rank and what differs."""
+    _ok(launch("mismatch", str(tmp_path), what))
+    said = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    differs = {"data": "problem.first_batch", "steps": "problem.steps: 6 -> 7"}[what]
+    for r in range(2):
+        for name in ("column", "reverse"):
+            assert "the processes hold different problems" in said[r][name], (r, name)
+            assert f"rank 1: {differs}" in said[r][name], said[r][name]
+
+
 def test_one_process_runs_the_parallel_methods_as_the_plain_ones() -> None:
     p = dist_worker.mixed()
     lam = dist_worker.lam_of(p)
@@ -195,6 +210,57 @@ def test_batches_split_along_the_example_axis() -> None:
         hd.shard_batch((x, y[:3]), 0, 2)
     with pytest.raises(ValueError, match="cannot be split over 2"):
         hd.shard_batch((x[:1],), 0, 2)
+
+
+def test_data_parallel_refuses_a_loss_that_is_not_the_sum_of_its_shards() -> None:
+    """Checked on the first mini-batch, each shard computed on this rank: a sequence-first RNN
+    batch (the split cut time: 6 % off one process), a penalty with reduction='sum' (counted
+    once per rank: 16 %), a summed loss given reduction='mean'; a mean plus a penalty passes."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.distributed.shard import check_decomposes
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 5, generator=g, dtype=torch.float64), torch.randn(16, 1,
+                                                                             generator=g,
+                                                                             dtype=torch.float64)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, "log"), hg.Scalar("l2", 1e-2, "log")])
+
+    def problem(loss: Any, model: Any = net, data: Any = None) -> hg.InnerProblem:
+        return hg.InnerProblem(model, loss, hg.optim.sgd(lr="lr"), hps,
+                               data or MiniBatches(x, y, batch_size=8), 3,
+                               lambda m, hp: m.params[next(iter(m.params))].sum() * 0 + hp["l2"])
+
+    def penalty(m: Any) -> torch.Tensor:
+        return sum(w.pow(2).sum() for w in m.parameters())
+
+    mean_plus = problem(lambda m, b, hp: F.mse_loss(m(b[0]), b[1]) + hp["l2"] * penalty(m))
+    check_decomposes(mean_plus, 2, "mean")
+    summed = problem(lambda m, b, hp: F.mse_loss(m(b[0]), b[1], reduction="sum")
+                     + hp["l2"] * penalty(m))
+    with pytest.raises(ValueError, match=r"each weighted by 1 \(reduction='sum'\).*penalty"):
+        check_decomposes(summed, 2, "sum")
+    with pytest.raises(ValueError, match=r"each weighted by its share of the examples"):
+        check_decomposes(summed, 2, "mean")
+
+    class SequenceFirst(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn, self.head = nn.RNN(3, 4), nn.Linear(4, 1)  # batch_first=False
+
+        def forward(self, s: torch.Tensor) -> torch.Tensor:
+            return self.head(self.rnn(s)[0])
+
+    seq = torch.randn(6, 8, 3, generator=g, dtype=torch.float64)  # (time, examples, features)
+    target = torch.randn(6, 8, 1, generator=g, dtype=torch.float64)
+    rnn = problem(lambda m, b, hp: F.mse_loss(m(b[0]), b[1]) + hp["l2"] * penalty(m),
+                  SequenceFirst().double(), [(seq, target)])
+    with pytest.raises(ValueError, match=r"an RNN with batch_first=False, splits time"):
+        check_decomposes(rnn, 2, "mean")
 
 
 def test_data_parallel_refuses_batchnorm_and_dropout() -> None:

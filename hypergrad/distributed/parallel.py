@@ -51,11 +51,41 @@ from ..methods.reverse import ReverseMode
 from ..problem import InnerProblem, InnerState
 from ..stepvjp import StepVJP
 from .mesh import all_sum, all_sum_tree, assign_columns, mesh
-from .process import collective, rank, world_size
+from .process import collective, gather_objects, rank, world_size
 from .shard import Shards, check_reduction
 
 __all__ = ["ParallelForward", "ParallelReverse", "SummedHVP", "DataParallelVJP",
            "column_parallel", "data_parallel"]
+
+
+_AGREED: weakref.WeakSet[InnerProblem] = weakref.WeakSet()
+"""The problems every rank was found to hold the same of (:func:`check_same_problem`)."""
+
+
+def check_same_problem(problem: InnerProblem, who: str) -> None:
+    """Refuse ranks that hold different problems (other data, T, seed, model or initial
+    values): each rank computes its own share of the columns or of the batch, so their sum
+    would mix the problems into a hypergradient of none of them, without an error. Compared
+    once per problem, on every rank at once (all raise together: none is left waiting in a
+    collective): the facts a resume compares (:func:`~hypergrad.run.folder.problem_fingerprint`),
+    gathered from every rank."""
+    if world_size() == 1 or problem in _AGREED:
+        return
+    from ..run.files import fingerprint_diff
+    from ..run.folder import problem_fingerprint
+
+    everyone = gather_objects(problem_fingerprint(problem, {}, {}),
+                              "comparing the ranks' problems")
+    differ = [(r, d) for r, fp in enumerate(everyone) if (d := fingerprint_diff(everyone[0], fp))]
+    if differ:
+        shown = "\n  ".join(f"rank {r}: {', '.join(d[:3])}{' ...' if len(d) > 3 else ''}"
+                            for r, d in differ[:4])
+        raise ValueError(
+            f"{who}: the processes hold different problems (rank 0's value -> theirs):\n  "
+            f"{shown}\nEvery rank must build the same problem (the same data and batches, T, "
+            f"seed, model and initial values): each computes its share of the hypergradient of "
+            f"that one problem (its columns, or its part of each mini-batch).")
+    _AGREED.add(problem)
 
 
 class SummedHVP(HVPStrategy):
@@ -147,6 +177,7 @@ class ParallelForward(OnlineMethod):
     # -- the online protocol ---------------------------------------------------------------------
     def init(self, problem: InnerProblem, lam: Tensor,
              state: InnerState | None = None) -> ForwardState:
+        check_same_problem(problem, "ParallelForward")
         return self.runner.init(problem, lam, state, columns=self.columns(problem))
 
     def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor) -> ForwardState:
@@ -283,6 +314,7 @@ class ParallelReverse(ReverseMode):
         self._shards = Shards(self.mesh, self.reduction)
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+        check_same_problem(problem, "ParallelReverse")
         if self.mesh.data == 1:
             return self.base.hypergradient(problem, lam)
         return super().hypergradient(self._shards(problem), lam)

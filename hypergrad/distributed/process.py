@@ -207,6 +207,16 @@ def barrier(what: str = "barrier") -> None:
         dist.all_reduce(x)
 
 
+def gather_objects(obj: Any, what: str = "gather") -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not active():
+        return [obj]
+    box: list[Any] = [None] * world_size()
+    with collective(what):
+        dist.all_gather_object(box, obj)
+    return box
+
+
 def broadcast_object(obj: Any, what: str = "broadcast") -> Any:
     """Rank 0's ``obj`` on every rank."""
     if not active():

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..problem import InnerProblem, InnerState, is_plain
 from .mesh import Mesh, all_sum_tree
 
-__all__ = ["shard_batch", "ShardedProblem", "Shards", "check_reduction"]
+__all__ = ["shard_batch", "ShardedProblem", "Shards", "check_reduction", "check_decomposes"]
 
 
 def shard_batch(batch: Any, index: int, parts: int) -> tuple[Any, int, int]:
@@ -58,6 +58,40 @@ def check_reduction(api: str, reduction: str) -> str:
     return reduction
 
 
+def check_decomposes(problem: InnerProblem, parts: int, reduction: str) -> None:
+    """Refuse a training loss that is not the weighted sum of its shards' losses on the first
+    mini-batch, at the initial point (each rank computes every shard: no collective): a batch
+    whose first axis is not its examples (a sequence-first RNN batch: each rank got half of the
+    time steps, 6 % off one process), a penalty under ``reduction="sum"`` (counted once per rank:
+    16 % off) or a loss of the other reduction were summed into another hypergradient without
+    an error."""
+    lam = problem.init_raw()
+    s0 = problem.initial_state(lam)
+    batch = problem.first_batch()
+    with torch.no_grad():
+        whole = float(problem.train_objective(s0.params, s0.buffers, lam, 0, batch)[0])
+        pieces = 0.0
+        for i in range(parts):
+            shard, m, n = shard_batch(batch, i, parts)
+            loss = float(problem.train_objective(s0.params, s0.buffers, lam, 0, shard)[0])
+            pieces += loss * (m / n if reduction == "mean" else 1.0)
+    tol = 1e3 * torch.finfo(problem.dtype).eps * max(abs(whole), abs(pieces), 1e-30)
+    if not abs(whole - pieces) <= tol:
+        weights = "its share of the examples" if reduction == "mean" else "1"
+        raise ValueError(
+            f"hypergrad.distributed: on the first mini-batch the training loss is {whole:.6g}, "
+            f"but the sum of its {parts} data-parallel shards' losses, each weighted by "
+            f"{weights} (reduction={reduction!r}), is {pieces:.6g}: data parallelism would "
+            f"compute another hypergradient than one process. Data parallelism splits every "
+            f"batch tensor along its first axis. Check three things: that axis must be the "
+            f"examples (a sequence-first batch, an RNN with batch_first=False, splits time: "
+            f"put the examples first); the reduction must be the loss's (a mean over the "
+            f"examples: 'mean'; a sum: 'sum'); and with 'sum', every term must be a sum over "
+            f"the examples (a penalty would count once per rank: write the loss as a mean plus "
+            f"the penalty, with reduction='mean'). Or use column_parallel(...), which does not "
+            f"split the batches.")
+
+
 class ShardedProblem(InnerProblem):
     """A data-parallel rank's view of ``source``: the same model, hyperparameters, optimizer,
     horizon, validation loss and seed; its shard of every batch, the training loss weighted by
@@ -69,6 +103,7 @@ class ShardedProblem(InnerProblem):
     def __init__(self, source: InnerProblem, index: int, parts: int, group: Any,
                  reduction: str = "mean", weight_state: bool = False) -> None:
         check_data_parallel(source, weight_state)
+        check_decomposes(source, parts, reduction)
 
         def batches(t: int) -> tuple[Any, float]:
             shard, m, n = shard_batch(source.batch(t), index, parts)
