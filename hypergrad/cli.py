@@ -479,7 +479,10 @@ def _refuse(err: Exception) -> None:
 
 def _to_log_file(msg: str) -> None:
     """``msg`` as an ERROR line in the run's log file (``cli.log``; not to the console, where
-    the caller or Hydra says it)."""
+    the caller or Hydra says it). Under torchrun a rank other than 0 names itself: the ranks
+    of one run folder share its log file, where the same refusal read as written twice."""
+    if os.environ.get("RANK", "0") != "0":
+        msg = f"(rank {os.environ['RANK']}) {msg}"
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, (), None)
     for h in logging.getLogger().handlers:
         if isinstance(h, logging.FileHandler):

@@ -146,3 +146,22 @@ def test_a_runs_warnings_are_kept_in_results_json(tmp_path: Path) -> None:
     import json
 
     assert json.loads((tmp_path / "results.json").read_text())["warnings"] == results["warnings"]
+
+
+def test_a_rank_other_than_0_names_itself_in_the_shared_log_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun the ranks of one run folder share its cli.log: a refusal every rank
+    wrote read as the same line twice."""
+    import logging
+
+    handler = logging.FileHandler(tmp_path / "cli.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        cli._to_log_file("hypergrad-run: refused")
+        monkeypatch.setenv("RANK", "1")
+        cli._to_log_file("hypergrad-run: refused")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    lines = (tmp_path / "cli.log").read_text().splitlines()
+    assert lines == ["hypergrad-run: refused", "(rank 1) hypergrad-run: refused"]
