@@ -578,8 +578,10 @@ def test_time_budget_is_validated_and_offline_only() -> None:
         with pytest.raises(ValueError, match="time_budget=.* must be seconds > 0"):
             _trainer(time_budget=bad)
     with pytest.raises(NotImplementedError, match=r"Guards\(time_budget=..., backtrack=...\) "
-                                                   r"are for offline"):
+                                                   r"are for offline.*Given: time_budget=1.0;"):
         _trainer(mode="online", interval=4, time_budget=1.0)
+    with pytest.raises(ValueError, match=r"interval=50 must be in \[1, steps=.*mode.interval"):
+        _trainer(mode="online", interval=50)
     with pytest.raises(NotImplementedError, match=r"Guards\(time_budget=..., backtrack=...\) "
                                                    r"are for offline"):
         _trainer(mode="online", interval=4, backtrack=2.0)

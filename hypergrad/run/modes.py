@@ -367,7 +367,9 @@ class Online(Mode):
     def check(self, problem: InnerProblem) -> None:
         if self.interval > problem.steps:
             raise ValueError(f"Online: interval={self.interval} must be in [1, steps="
-                             f"{problem.steps}] (the inner run's length).")
+                             f"{problem.steps}] (the inner run's length): update the "
+                             f"hyperparameters at least once per run, or train longer "
+                             f"(hypergrad-run: mode.interval, task.steps).")
         init = [h.name for h in problem.hyperparams.init_items]
         if init:  # the run left its initial weights before the first update
             raise ValueError(

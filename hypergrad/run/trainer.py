@@ -254,9 +254,14 @@ class Trainer:
         self.mode.check(self.problem)
         if self.mode.online and (self.guards.time_budget is not None
                                  or self.guards.backtrack is not None):
+            given = ", ".join(f"{k}={v!r}" for k, v in (("time_budget", self.guards.time_budget),
+                                                         ("backtrack", self.guards.backtrack))
+                              if v is not None)
             raise NotImplementedError(
-                "Trainer: Guards(time_budget=..., backtrack=...) are for offline tuning (whole "
-                "inner runs per outer step); online tuning is one run of `steps` inner steps.")
+                f"Trainer: Guards(time_budget=..., backtrack=...) are for offline tuning (whole "
+                f"inner runs per outer step); online tuning is one run of `steps` inner steps. "
+                f"Given: {given}; leave it unset online (hypergrad-run: guards.time_budget=null, "
+                f"guards.backtrack=null).")
         p = self.problem
         self.search = (self.mode.search if isinstance(self.mode, Offline)
                        else SearchSettings())
