@@ -117,5 +117,10 @@ def test_methods_that_cannot_reach_the_initial_weights_refuse_them() -> None:
         with pytest.raises(ValueError, match=rf"\['init'\] set the initial weights, which "
                                              rf"{reach} does not reach: .*exactly 0"):
             method.hypergradient(problem, lam)
+        with pytest.raises(ValueError, match=r"\['init'\] set the initial weights"):
+            method.check(problem)  # the Trainer refuses it when built, not at its first fit
+        if isinstance(method, hg.ReverseMode):
+            with pytest.raises(ValueError, match=r"\['init'\] set the initial weights"):
+                hg.Trainer(problem, method, mode=hg.Offline(outer_steps=1), callbacks=[])
     assert torch.equal(hg.ReverseMode(truncate=6).hypergradient(problem, lam).grad, full)
     assert float(hg.MARTHE(mu=0.5).hypergradient(problem, lam).grad[1].abs()) > 0

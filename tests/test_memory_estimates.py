@@ -289,3 +289,19 @@ def test_the_guard_refuses_with_the_counted_estimate() -> None:
         hg.Trainer(p, hg.ForwardMode(), guards=hg.Guards(memory_budget=est.total * 0.9),
                    callbacks=[])
     assert math.isfinite(est.total)
+
+
+@pytest.mark.parametrize("method", ["forward", "reverse", "auto"])
+def test_a_method_that_does_not_fit_is_not_offered_as_the_fix(method: str) -> None:
+    """The options of a MemoryBudgetError named the cheaper of forward and reverse mode, also
+    when that was the method that did not fit (method=forward: "Options: ...; method='forward'"),
+    and method=auto, where neither fits, named one of them."""
+    p = digits_case("momentum", "lr", steps=6, n_train=24, batch_size=8, hidden=8, n_val=32)
+    with pytest.raises(MemoryBudgetError) as info:
+        hg.Trainer(p, method=method, guards=hg.Guards(memory_budget=1e3), callbacks=[])
+    options = str(info.value).split("Options: ", 1)[1]
+    for name in ("forward", "reverse"):
+        if method in (name, "auto"):
+            assert f"method='{name}'" not in options, options
+    if method == "reverse":  # forward's tangents (K = 1) take less than reverse's T states
+        assert "method='forward'" in options

@@ -151,7 +151,7 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
         fwd, rev, ckpt = (ests[n] for n in ("forward", "reverse", "checkpointed"))
         raise MemoryBudgetError(
             f"method=auto: neither method fits the memory budget of {gib(room)}: {fwd}; "
-            f"{rev}; {ckpt}. Options: {options(problem, fwd, rev, mode, ckpt)}.")
+            f"{rev}; {ckpt}. Options: {options(problem, fwd, rev, mode, ckpt, chosen='auto')}.")
     words = {"forward": "forward", "reverse": "reverse", "checkpointed": "checkpointed reverse"}
     counted = [n for n in ("forward", "reverse", "checkpointed") if n in ests]
     needs = ", ".join(f"{words[n]}{' needs' if i == 0 else ''} ~{gib(ests[n].total)}"

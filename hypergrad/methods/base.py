@@ -396,10 +396,15 @@ class OnlineMethod(Method):
             run = self.step(problem, run, lam)
         return run
 
-    def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+    def check(self, problem: InnerProblem) -> None:
+        """A method whose hypergradient does not reach the initial weights (HD's one step)
+        refuses initialisation hyperparameters, when it is built."""
         if not self.reaches_initial_weights and problem.steps > 0:
             refuse_initial_weights(problem, f"{self!r}", "its one-step hypergradient",
                                    "ForwardMode() or ReverseMode()")
+
+    def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+        OnlineMethod.check(self, problem)
         r = self.run(problem, self.init(problem, lam), lam)
         value, grad = self.hypergradient_at(problem, r, lam)
         return HyperGradient(value, grad, r.state)

@@ -97,8 +97,10 @@ def estimate_memory(problem: InnerProblem, method: Method | str = "forward"
 
 
 def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstimate | None,
-            mode: str, ckpt: MemoryEstimate | None = None) -> str:
-    """What to do when a method does not fit, in words."""
+            mode: str, ckpt: MemoryEstimate | None = None, chosen: str | None = None) -> str:
+    """What to do when a method does not fit, in words. ``chosen``: the method that did not
+    fit (``"forward"`` or ``"reverse"``; ``"auto"``: neither fits), never suggested as the
+    fix."""
     k, t = problem.num_hyperparams, problem.steps
     opts = []
     if fwd is not None and k > 1:
@@ -114,8 +116,9 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
                         f"checkpointed: ~2 sqrt(T) states instead of T+1={t + 1})")
         opts.append(f"truncated reverse mode, ReverseMode(truncate=k) (method=truncated "
                     f"method.truncate=k: k+1 states, approximate for k < T={t})")
-        if fwd is not None:
-            opts.append("method='reverse'" if rev.total < fwd.total else "method='forward'")
+        cheaper = None if fwd is None else "reverse" if rev.total < fwd.total else "forward"
+        if cheaper is not None and chosen not in (cheaper, "auto"):
+            opts.append(f"method='{cheaper}'")
         opts.append("ImplicitDiff() for hyperparameters of the training loss (method=implicit: "
                     "a few states, approximate, needs a converged inner problem)")
     if mode == "online":
@@ -144,11 +147,12 @@ def check_memory(problem: InnerProblem, method: Method, mode: str = "offline",
            else ForwardMode().estimate_memory(problem, sizes))
     rev = ReverseMode().estimate_memory(problem, sizes)
     other = rev if est.columns else fwd
+    family = "forward" if est.columns else "reverse"
     raise MemoryBudgetError(
         f"{api}: method={est.method} needs about {est} > memory budget {gib(room)} "
         f"(K={problem.num_hyperparams}, T={problem.steps}, state {gib(est.state)}); "
         f"{other.method} would need ~{gib(other.total)}. Options: "
-        f"{options(problem, fwd, rev if mode == 'offline' else None, mode)}.")
+        f"{options(problem, fwd, rev if mode == 'offline' else None, mode, chosen=family)}.")
 
 
 _OOM_TEXT = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory",
@@ -193,7 +197,8 @@ def out_of_memory(problem: InnerProblem, method: Method, mode: str,
 
         fwd = est if est.columns else ForwardMode().estimate_memory(problem)
         rev = ReverseMode().estimate_memory(problem) if mode == "offline" else None
-    opts = options(problem, fwd, rev, mode)
+    chosen = None if est is None else "forward" if est.columns else "reverse"
+    opts = options(problem, fwd, rev, mode, chosen=chosen)
     return MemoryBudgetError(
         f"{api}: out of memory{' ' + where if where else ''} with method={method.name} "
         f"(K={problem.num_hyperparams}, T={problem.steps}): {asked}. {said[0].upper()}"

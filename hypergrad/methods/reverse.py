@@ -177,11 +177,16 @@ class ReverseMode(Method, name="reverse"):
                              "its step VJP).")
         return ranks.reverse(self)
 
-    def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
-        problem.check(lam)
+    def check(self, problem: InnerProblem) -> None:
+        """Truncated reverse mode refuses initialisation hyperparameters, which its last ``k``
+        of ``T > k`` steps do not reach (when it is built, not at the first hypergradient)."""
         if self.truncate is not None and self.truncate < problem.steps:
             refuse_initial_weights(problem, f"{self!r}", f"its last {self.truncate} of T = "
                                    f"{problem.steps} steps", "ReverseMode() (or truncate >= T)")
+
+    def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
+        problem.check(lam)
+        self.check(problem)
         if self.tape:
             with problem.inner_run():
                 return self._taped(problem, lam)
