@@ -54,8 +54,9 @@ from .files import (
 __all__ = ["SAFE_TO_CHANGE", "problem_fingerprint", "RunFolder", "check_resume", "load_outer",
            "rng_state", "set_rng_state"]
 
-SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.memory_budget",
-                  "Guards.divergence_factor", "callbacks", "the task's evaluate",
+SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.clock",
+                  "Guards.memory_budget", "Guards.divergence_factor", "callbacks",
+                  "the task's evaluate",
                   "the outer optimizer's hyperparameters (lr, ...)",
                   "an exact method for another (forward, reverse, checkpointed reverse, auto: "
                   "the same hypergradients to rounding) and its HVP strategy and chunking")
