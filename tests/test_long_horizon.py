@@ -79,6 +79,11 @@ def test_inner_checkpoint_resumes_mid_run_bitwise(tmp_path: Path, method: Any) -
         mode=hg.Offline(outer_steps=3), folder=hg.RunFolder(folder, resume=True, inner_every=3),
         callbacks=[hg.run.Log(messages.append), hg.run.Progress(False)]).fit()
     assert any("inner run resumed at step 6 of 10" in x for x in messages), messages
+    # the killed call's seconds up to its inner checkpoint count (they were dropped: the
+    # resumed run's clock went on from outer step 0's record)
+    killed = float(ck["inner"]["elapsed"])
+    assert killed > float(resumed.history[0]["elapsed"])
+    assert resumed.history[1]["elapsed"] > killed and resumed.elapsed > killed
     assert torch.equal(resumed.lam, straight.lam)
     assert torch.equal(resumed.last_lam, straight.last_lam)
     for a, b in zip(resumed.history, straight.history, strict=True):

@@ -467,8 +467,10 @@ class Trainer:
         # the time budget is per call, the records' clock is the run's
         # (on a second fit() of this Trainer, from the first call's end: its final evaluation
         # and re-checks come after its last record)
-        self._elapsed_before = max([self._elapsed_done, *(float(r.get("elapsed", 0.0)) for r in
-                                                          (*self.history, *self.evaluations))])
+        inner = [] if self._inner is None else [float(self._inner[0].get("elapsed", 0.0))]
+        self._elapsed_before = max([self._elapsed_done, *inner, *(float(r.get("elapsed", 0.0))
+                                                                  for r in (*self.history,
+                                                                            *self.evaluations))])
         self._plain_recent = []
         if self.folder is not None and self.strategy.is_writer:
             self.folder.lock.acquire()
@@ -592,7 +594,10 @@ class Trainer:
         ck = self.state_dict()
         ck["inner"] = {"outer_step": self.outer_step, "lam": lam.detach().clone(),
                        "run": self.method.state_dict(self.problem, run),
-                       "batches": ck.get("batches")}
+                       "batches": ck.get("batches"),
+                       # the run's seconds so far: a resume counts them (a long hypergradient
+                       # killed after hours would show only its resumed remainder)
+                       "elapsed": self._elapsed()}
         if self.strategy.is_writer:
             self.folder.write_inner(ck)
 
