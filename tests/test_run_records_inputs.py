@@ -141,6 +141,30 @@ def test_a_resume_with_another_training_loss_is_refused(tmp_path: Path) -> None:
     assert len(fit(0.0, 2, True).history) == 2  # the same loss resumes
 
 
+def test_a_training_loss_with_randomness_hypergrad_does_not_seed_still_resumes(
+        tmp_path: Path) -> None:
+    """NumPy noise in the loss (warned of as UnseededRandomnessWarning) gives another training
+    loss at every call: it is then not in the fingerprint, so a resume is not refused for it."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+
+    def fit(steps: int, resume: bool) -> hg.TrainResult:
+        p = _bound(hg.Scalar("wd", 1e-3, "log"))
+        p.train_loss = lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]) * float(
+            1 + 0.01 * rng.standard_normal())
+        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
+                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
+                          callbacks=quiet()).fit()
+
+    with pytest.warns(hg.errors.UnseededRandomnessWarning):
+        fit(1, False)
+    ck = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert ck["fingerprint"]["problem.train_loss_at_start"] == "<not recorded>"
+    with pytest.warns(hg.errors.UnseededRandomnessWarning):
+        assert len(fit(2, True).history) == 2
+
+
 def test_a_checkpoint_without_the_new_keys_still_resumes(tmp_path: Path) -> None:
     """Checkpoints written before the seed and select_loss were recorded resume (those keys are
     not compared when absent)."""

@@ -34,6 +34,7 @@ from .files import (
     CHECKPOINT,
     LOCK,
     METRICS,
+    NOT_RECORDED,
     RECORD_FILES,
     RECORD_PATTERNS,
     TRAINER_FILES,
@@ -79,7 +80,8 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
         s0, lam0 = p.initial_state(), p.init_raw()
         start = float(p.objective(s0.params, s0.buffers, lam0))
         first = digest(p.first_batch())
-        train0 = float(p.train_objective(s0.params, s0.buffers, lam0, 0, p.first_batch())[0])
+        train0, again = (float(p.train_objective(s0.params, s0.buffers, lam0, 0,
+                                                 p.first_batch())[0]) for _ in range(2))
     init = {}
     for it, sl in zip(hps.items, hps.slices.values()):
         vals = TRANSFORMS[it.transform][0](lam0[sl]).tolist()
@@ -102,8 +104,11 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
         repr(start),
         # the training loss (a label smoothing, a penalty changed) shows in neither the
         # validation loss nor the first batch
-        "problem.train_loss_at_start": float(f"{train0:.6g}") if math.isfinite(train0) else
-        repr(train0),
+        # (randomness hypergrad does not seed, which UnseededRandomnessWarning names, gives
+        # two values: not a fact of the problem then)
+        "problem.train_loss_at_start": (NOT_RECORDED if train0 != again else
+                                        float(f"{train0:.6g}") if math.isfinite(train0) else
+                                        repr(train0)),
         "problem.seed": p.seed,  # the step's random draws, the start's and restarts' points
         "problem.select_loss": p.select_loss is not None,  # what the returned point is chosen by
     }
