@@ -145,8 +145,6 @@ def test_a_training_loss_with_randomness_hypergrad_does_not_seed_still_resumes(
         tmp_path: Path) -> None:
     """NumPy noise in the loss (warned of as UnseededRandomnessWarning) gives another training
     loss at every call: it is then not in the fingerprint, so a resume is not refused for it."""
-    import numpy as np
-
     rng = np.random.default_rng(0)
 
     def fit(steps: int, resume: bool) -> hg.TrainResult:
