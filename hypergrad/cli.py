@@ -36,6 +36,7 @@ from hydra.errors import CompactHydraException, InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from . import distributed
 from .config import CONFIG_DIR, build, check_keys, global_groups, register_configs
@@ -532,6 +533,13 @@ def _answered_job(cfg: DictConfig) -> float:
     except USAGE_ERRORS as err:
         _refuse(err)
         raise  # not reached: _refuse exits or re-raises
+    except MissingMandatoryValue as err:  # an option's required key left unset (??? in it)
+        key = getattr(err, "full_key", None) or "a required key"
+        _refuse(ConfigError(
+            f"hypergrad-run: {key} has no value and needs one (the option that put it there "
+            f"requires it): give it on the command line, {key}=<value>, or in your config "
+            f"file; docs/configs.md shows each kind's keys."))
+        raise
     except InstantiationException as err:
         refused = _refused_setting(err)
         if refused is None:

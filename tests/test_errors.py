@@ -157,8 +157,11 @@ def test_model_without_trainable_parameters() -> None:
 def test_schedule_and_per_example_arguments() -> None:
     with pytest.raises(ValueError, match="windows=0 must be an int >= 1"):
         hg.Schedule("lr", 0.1, windows=0)
-    with pytest.raises(ValueError, match="n=0 must be the number of training examples"):
-        hg.PerExample("w", 1.0, n=0)
+    with pytest.raises(ValueError, match=r"n is not given: it must be the number of training "
+                                         r"examples .*hyperparams.items.w.n=\$\{task.n_train\}"):
+        hg.PerExample("w", 1.0)  # n=0 was blamed as a value the user gave
+    with pytest.raises(ValueError, match=r"n=-3 is not one: it must be the number"):
+        hg.PerExample("w", 1.0, n=-3)
 
 
 def test_digits_case_bad_names() -> None:

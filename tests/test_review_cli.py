@@ -357,3 +357,14 @@ def test_a_sweep_keeps_a_line_per_job_whatever_the_launcher(tmp_path: Path) -> N
         done["overrides"]
     assert failed["status"] == "failed" and "hyperparams.items.lr.init=-1" in failed["overrides"]
     assert failed["error"].startswith("ConfigError: ") and "lr" in failed["error"]
+
+
+def test_a_kind_option_without_its_required_key_is_a_usage_error(tmp_path: Path) -> None:
+    """``hyperparams/kind@hyperparams.items.lr=per_group`` without ``groups`` ended in a 40-line
+    traceback through Hydra's instantiate (omegaconf's MissingMandatoryValue, exit status 1):
+    now one message naming the key and how to give it, exit status 2."""
+    out = _cli(*FAST, "hyperparams/kind@hyperparams.items.lr=per_group",
+               f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "hyperparams.items.lr.groups has no value and needs one" in out.stderr
+    assert "hyperparams.items.lr.groups=<value>" in out.stderr and "Traceback" not in out.stderr

@@ -301,7 +301,7 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     if item.n != n_train:
         raise ValueError(f"hypercleaning_task: the per_example hyperparameter {weights!r} has "
                          f"n={item.n} but n_train={n_train}: one weight per training example "
-                         f"(hypergrad-run: hyperparams.items.{weights}.n=${{problem.n_train}}).")
+                         f"(hypergrad-run: 'hyperparams.items.{weights}.n=${{task.n_train}}').")
     problem = InnerProblem(net, train_loss, optimizer, hyperparams,
                            [(data.x_train, y_noisy, idx_all)], steps, val_loss, seed=seed)
     clean = torch.as_tensor(~flipped, dtype=dt, device=dev)
