@@ -618,9 +618,10 @@ class PerExample(HyperParameter):
     def __post_init__(self) -> None:
         super().__post_init__()
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            given = "n is not given" if self.n == 0 else f"n={self.n!r} is not one"
+            given = ("n is not given: it" if self.n == 0 and not isinstance(self.n, bool)
+                     else f"n={self.n!r}")
             raise ValueError(
-                f"PerExample({self.name!r}): {given}: it must be the number of training "
+                f"PerExample({self.name!r}): {given} must be the number of training "
                 f"examples (an int >= 1; hypergrad-run: 'hyperparams.items.{self.name}.n="
                 f"${{task.n_train}}' with a task that has n_train)."
             )

@@ -160,7 +160,7 @@ def test_schedule_and_per_example_arguments() -> None:
     with pytest.raises(ValueError, match=r"n is not given: it must be the number of training "
                                          r"examples .*hyperparams.items.w.n=\$\{task.n_train\}"):
         hg.PerExample("w", 1.0)  # n=0 was blamed as a value the user gave
-    with pytest.raises(ValueError, match=r"n=-3 is not one: it must be the number"):
+    with pytest.raises(ValueError, match=r"n=-3 must be the number"):
         hg.PerExample("w", 1.0, n=-3)
 
 
