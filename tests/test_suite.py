@@ -167,7 +167,10 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
         assert got["replaced"] == ["hypergrad"]
         assert got["tuners"]["hypergrad"]["test_loss"]["mean"] == pytest.approx(
             was["tuners"]["hypergrad"]["test_loss"]["mean"] / 3)
-        assert got["tuners"]["tpe"] == json.loads(json.dumps(was["tuners"]["tpe"]))
+        # as JSON text: an anytime curve's NaN (no evaluation yet at a checkpoint, which a slow
+        # run can give) is not equal to itself as a float
+        assert json.dumps(got["tuners"]["tpe"], sort_keys=True) == json.dumps(
+            was["tuners"]["tpe"], sort_keys=True)
         vs = replaced["summary"]
         assert vs["problems"] == 2
     for argv, said in (([*common, "--seeds", "2", "--join", str(first), str(second), "--replace",
