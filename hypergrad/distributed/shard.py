@@ -51,6 +51,14 @@ def shard_batch(batch: Any, index: int, parts: int) -> tuple[Any, int, int]:
     return tree_unflatten(out, spec), m, n
 
 
+def weighted_shard(batch: Any, index: int, parts: int, reduction: str) -> tuple[Any, float]:
+    """Shard ``index`` of ``parts`` of a mini-batch (:func:`shard_batch`) and the weight of its
+    training loss in the whole batch's: its share of the examples (``reduction="mean"``) or 1
+    (``"sum"``)."""
+    shard, m, n = shard_batch(batch, index, parts)
+    return shard, (m / n if reduction == "mean" else 1.0)
+
+
 def check_reduction(api: str, reduction: str) -> str:
     if reduction not in ("mean", "sum"):
         raise ValueError(f"{api}: reduction={reduction!r}; use 'mean' (the training loss is a "
@@ -72,9 +80,9 @@ def check_decomposes(problem: InnerProblem, parts: int, reduction: str) -> None:
         whole = float(problem.train_objective(s0.params, s0.buffers, lam, 0, batch)[0])
         pieces = 0.0
         for i in range(parts):
-            shard, m, n = shard_batch(batch, i, parts)
+            shard, weight = weighted_shard(batch, i, parts, reduction)
             loss = float(problem.train_objective(s0.params, s0.buffers, lam, 0, shard)[0])
-            pieces += loss * (m / n if reduction == "mean" else 1.0)
+            pieces += loss * weight
     tol = 1e3 * torch.finfo(problem.dtype).eps * max(abs(whole), abs(pieces), 1e-30)
     if not abs(whole - pieces) <= tol:
         weights = "its share of the examples" if reduction == "mean" else "1"
@@ -106,8 +114,7 @@ class ShardedProblem(InnerProblem):
         check_decomposes(source, parts, reduction)
 
         def batches(t: int) -> tuple[Any, float]:
-            shard, m, n = shard_batch(source.batch(t), index, parts)
-            return shard, (m / n if reduction == "mean" else 1.0)
+            return weighted_shard(source.batch(t), index, parts, reduction)
 
         def train_loss(model: Any, batch: tuple[Any, float], hp: Any) -> Tensor:
             shard, weight = batch
