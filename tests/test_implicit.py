@@ -260,3 +260,86 @@ def test_a_step_too_large_for_the_hessian_is_named_not_blamed_on_maxiter(solver:
     with warnings.catch_warnings():  # a converging alpha says nothing of the kind
         warnings.simplefilter("error", SolverNotConvergedWarning)
         hg.ImplicitDiff(solver(maxiter=3000, alpha=0.3, tol=1e-8)).hypergradient(p, p.init_raw())
+
+
+def test_a_singular_hessian_with_no_solution_is_refused_not_returned() -> None:
+    """Over-parameterised least squares (30 weights, 10 examples, no L2): the Hessian is
+    singular and grad_w E has a part in its null space, so H v = grad_w E has no solution. CG
+    returned -3.9e17 (the exact hypergradient: 0.27), its later steps along zero curvature, with
+    a warning telling to use CG() and train in float64; it now refuses, naming the singular
+    Hessian and the fixes."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(10, 30, generator=gen, dtype=torch.float64),
+            torch.randn(10, generator=gen, dtype=torch.float64))
+    xv, yv = (torch.randn(40, 30, generator=gen, dtype=torch.float64),
+              torch.randn(40, generator=gen, dtype=torch.float64))
+    model = torch.nn.Linear(30, 1, bias=False).double()
+    torch.nn.init.zeros_(model.weight)
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        return 0.5 * (m(batch[0])[:, 0] - batch[1] - hp["shift"]).pow(2).mean()
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return 0.5 * (m(xv)[:, 0] - yv).pow(2).mean()
+
+    lmax = float(torch.linalg.eigvalsh(x.T @ x / 10)[-1])
+    problem = hg.InnerProblem(model, train_loss, hg.optim.sgd(lr=1 / lmax),
+                              hg.HyperParams([hg.Scalar("shift", 0.3)]), [(x, y)], 300, val_loss)
+    lam = problem.init_raw()
+    exact = hg.ReverseMode().hypergradient(problem, lam).grad
+    assert abs(float(exact[0]) - 0.27) < 0.01
+    with pytest.raises(ValueError, match=r"CG\(maxiter=100, tol=1e-10\) stopped after \d+ "
+                                         r"iterations on curvature .* the Hessian of the training "
+                                         r"loss is singular .*Add an L2 term"):
+        hg.ImplicitDiff().hypergradient(problem, lam)
+    # with an L2 term it is defined, and CG's warning never tells to use CG() or float64
+    l2 = hg.InnerProblem(model, train_loss, hg.optim.sgd(lr=1 / (lmax + 0.1), weight_decay=0.1),
+                         hg.HyperParams([hg.Scalar("shift", 0.3)]), [(x, y)], 300, val_loss)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        r = hg.ImplicitDiff(hg.methods.CG(maxiter=2)).hypergradient(l2, lam)
+    text = [str(w.message) for w in said if w.category is SolverNotConvergedWarning]
+    assert len(text) == 1 and "Raise maxiter, or check" in text[0], text
+    assert "use CG()" not in text[0] and "float64" not in text[0]
+    converged = hg.ImplicitDiff(hg.methods.CG(tol=1e-12)).hypergradient(l2, lam)
+    assert rel_err(converged.grad, hg.ReverseMode().hypergradient(l2, lam).grad) < 1e-3
+    assert r.info is not None and not r.info["converged"]
+
+
+def test_loss_steps_that_are_not_whole_epochs_are_named() -> None:
+    """loss_steps=range(T - n, T), as the docs said, with T = 42 and n = 4 shuffled batches per
+    epoch spans two epochs: 11 of the 64 examples read twice and 11 never, their per-example
+    hypergradients exactly 0, with no word. The warning now names the last whole epoch."""
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data
+
+    data = digits_data(64, 64, 1, seed=0, dtype=torch.float64)
+    torch.manual_seed(0)
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y, i = batch
+        return (hp["w"][i] * F.cross_entropy(m(x), y, reduction="none")).mean()
+
+    problem = hg.InnerProblem(
+        torch.nn.Linear(64, 10).double(), train_loss, hg.optim.sgd(lr=0.5, weight_decay=0.05),
+        hg.HyperParams([hg.PerExample("w", 0.8, n=64, transform="logit")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=16, seed=3), 42,
+        lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    lam = problem.init_raw()
+
+    def told(steps: range) -> tuple[list[str], torch.Tensor]:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            r = hg.ImplicitDiff(loss_steps=steps, grad_tol=1e9).hypergradient(problem, lam)
+        return [str(w.message) for w in said if w.category is InnerNotConvergedWarning], r.grad
+
+    said, g = told(range(38, 42))
+    assert len(said) == 1, said
+    assert ("loss_steps=range(38, 42) are not whole epochs of the 4 batches per epoch" in said[0]
+            and "e.g. loss_steps=range(36, 40), the last whole epoch" in said[0]), said
+    never = int(said[0].split(" of 64 never")[0].rsplit("(", 1)[1])
+    assert never > 0 and int((g == 0).sum()) == never
+    said, g = told(range(36, 40))
+    assert said == [] and int((g == 0).sum()) == 0
+    said, _ = told(range(32, 40))  # two whole epochs
+    assert said == []

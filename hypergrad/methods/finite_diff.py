@@ -13,6 +13,8 @@ finite differences as unreliable for that group instead of failing on them.
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from typing import Any, NamedTuple
 
@@ -62,8 +64,10 @@ class FiniteDifference(Method, name="finite_difference"):
     """
 
     def __init__(self, eps: float = 1e-5, relative: bool = True) -> None:
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-            raise ValueError(f"FiniteDifference: eps={eps!r} must be > 0, e.g. 1e-5 in float64.")
+        if (isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0
+                or not math.isfinite(eps)):  # inf: every difference 0, a zero hypergradient
+            raise ValueError(f"FiniteDifference: eps={eps!r} must be a finite number > 0, e.g. "
+                             f"1e-5 in float64.")
         self.eps = float(eps)
         self.relative = bool(relative)
         self._warned = False  # the float32 warning, once per instance

@@ -18,8 +18,10 @@ the running statistics at ``b_T``, and ``penalty`` the term the optimizer itself
 gradient (the L2 ``weight_decay`` of :func:`~hypergrad.sgd` and :func:`~hypergrad.adam`; not
 AdamW's decoupled decay) with its hyperparameters at the last step. The default
 ``loss_steps=None`` takes the last step's batch: exact for full-batch training (every step the
-same batch); for mini-batch training pass the steps of one epoch (e.g. ``range(T - n_batches,
-T)``) so the objective is the whole training loss (each Hessian-vector product then costs one
+same batch); for mini-batch training pass the steps of one whole epoch (the last:
+``range(T - T % n - n, T - T % n)`` for ``n`` batches per epoch; ``range(T - n, T)`` spans two
+shuffled epochs when ``n`` does not divide ``T``, reading some examples twice and some never,
+which :meth:`ImplicitDiff.at_state` warns about) so the objective is the whole training loss (each Hessian-vector product then costs one
 pass over those batches).
 
 **What it applies to.** Hyperparameters of the training loss (read as ``hp[...]`` in
@@ -37,10 +39,13 @@ The stationarity of ``w_T`` is measured as ``r = ||grad_w L(w_T)|| / ||grad_w L(
 ``grad_tol`` (default 1e-3) a :class:`~hypergrad.errors.InnerNotConvergedWarning` says so. Why
 1e-3: on ridge (``load_diabetes``) and on the L2 MLP of the tests the implicit hypergradient's
 relative error was 3-5 times ``r`` (ridge: ``r`` = 8.7e-4 gave 4.1e-3, 8.6e-5 gave 4.1e-4; the
-MLP: 1.7e-4 gave 4.6e-4), so ``r <= 1e-3`` means a few percent at worst on such problems. The
-factor grows with the Hessian's condition number (the same MLP with half the L2: ``r`` = 3.8e-5
-and 1% error, a factor of 250), so the warning is a necessary check, not a guarantee: lower
-``grad_tol`` where accuracy matters. A solver that stops above its tolerance gives a
+MLP: 1.7e-4 gave 4.6e-4). The factor grows with the Hessian's condition number (the same MLP
+with half the L2: ``r`` = 3.8e-5 and 1% error, a factor of 250; a ridge regression of condition
+number 910 after 1000 steps of gradient descent: ``r`` = 2.5e-4, no warning, and 47 % off the
+optimum's hypergradient: the gradient norm is dominated by the stiff directions and blind to
+the slow ones, where ``w_T`` is still far from the optimum), so the warning is a necessary
+check, not a guarantee: lower ``grad_tol`` where accuracy matters, or compare with forward or
+reverse mode once. A solver that stops above its tolerance gives a
 :class:`~hypergrad.errors.SolverNotConvergedWarning`.
 """
 
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import abc
 import math
+import numbers
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -70,15 +76,15 @@ HVP = Callable[[Tensor], Tensor]
 
 
 def _check_int(api: str, name: str, v: Any, low: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
         raise ValueError(f"{api}: {name}={v!r} must be an int >= {low}.")
-    return v
+    return int(v)
 
 
 def _check_pos(api: str, name: str, v: Any, allow_none: bool = False) -> float | None:
     if v is None and allow_none:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or math.isinf(v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0 or math.isinf(v):
         none = "None (automatic) or " if allow_none else ""
         raise ValueError(f"{api}: {name}={v!r} must be {none}a finite number > 0.")
     return float(v)
@@ -156,15 +162,27 @@ class CG(LinearSolver):
         rs = torch.dot(r, r)
         target = (self.tol * float(b.norm())) ** 2
         it, breakdown, rounding, lam = 0, "", False, 0.0
+        # the iterate of the smallest residual: where b has a part H cannot reach (a singular H),
+        # the residual stops falling at that part and the later steps, along directions of
+        # vanishing curvature, only grow x (measured: 0.63 of |b|, then 4.96e4)
+        best = (float(rs), x.clone(), 0)
         while it < self.maxiter and float(rs) > target:
             hp = hvp(p)
             php, pp = torch.dot(p, hp), float(torch.dot(p, p))
-            if not float(php) > 0:
-                breakdown = f"non-positive curvature p^T H p = {float(php):.3g}"
+            eps = torch.finfo(b.dtype).eps
+            if not float(php) > 10 * eps * lam * pp:
+                # a curvature within rounding of zero against the largest seen is no curvature
+                # the dtype resolves: a step along it (a = rs / php) would be enormous (a
+                # singular H of an over-parameterised least squares, float64: p^T H p / |p|^2 =
+                # 1.6e-30 against 5.8 put 4e17 into the hypergradient)
+                breakdown = (f"non-positive curvature p^T H p = {float(php):.3g}"
+                             if not float(php) > 0 else
+                             f"curvature p^T H p / |p|^2 = {float(php) / pp:.3g}, within "
+                             f"rounding of zero against the largest seen ({lam:.3g})")
                 # within rounding of zero against the largest curvature seen (H singular in a
                 # direction, e.g. softmax's shift of all biases; measured in float32: -4.9e-9
                 # against eps * 0.25 * |p|^2 = 1.4e-7, the hypergradient equal to float64's)
-                rounding = bool(abs(float(php)) <= 1e3 * torch.finfo(b.dtype).eps * lam * pp)
+                rounding = bool(abs(float(php)) <= 1e3 * eps * lam * pp)
                 break
             lam = max(lam, float(php) / pp)
             a = rs / php
@@ -174,7 +192,12 @@ class CG(LinearSolver):
             p = r + (rs_new / rs) * p
             rs = rs_new
             it += 1
+            if float(rs) < best[0]:
+                best = (float(rs), x.clone(), it)
         info: dict[str, Any] = {"iterations": it}
+        if best[0] < float(rs):
+            x = best[1]
+            info["returned_iterate"] = best[2]
         if breakdown:
             info["breakdown"] = breakdown
             info["breakdown_rounding"] = rounding
@@ -324,6 +347,51 @@ def _batches_change(problem: InnerProblem) -> bool:
     return len(a) != len(b) or not all(same(x, y) for x, y in zip(a, b))
 
 
+def _epoch(problem: InnerProblem) -> int | None:
+    """The batches per epoch of a :class:`~hypergrad.data.MiniBatches` source (else None)."""
+    from ..data import MiniBatches
+
+    data = problem._batch.data
+    return data.per_epoch if isinstance(data, MiniBatches) else None
+
+
+def _last_epoch(problem: InnerProblem, n: int) -> str:
+    """The steps of the last whole epoch of ``n`` batches, as a ``range`` to give."""
+    end = problem.steps // n * n
+    return f"range({end - n}, {end})" if end >= n else f"range(0, {n}) (T >= {n})"
+
+
+def uneven_coverage(problem: InnerProblem, steps: Sequence[int]) -> str | None:
+    """Why the mini-batches of ``steps`` are not whole epochs of a
+    :class:`~hypergrad.data.MiniBatches` source shuffled per epoch (``range(T - n, T)`` with
+    ``T`` no multiple of the ``n`` batches per epoch spans two epochs: some examples twice,
+    some never), so the objective is not the training loss; ``None`` when they are, or when
+    the source does not say."""
+    n = _epoch(problem)
+    if n is None or not problem._batch.data.shuffle:  # unshuffled: any n steps in a row
+        return None
+    given = set(steps)
+    epochs = {t // n for t in given}
+    if all(e * n + i in given for e in epochs for i in range(n)):
+        return None
+    data = problem._batch.data
+    counts = torch.bincount(torch.cat([data.indices(t) for t in sorted(given)]),
+                            minlength=data.n)
+    return (f"loss_steps={_steps_repr(steps)} are not whole epochs of the {n} batches per "
+            f"epoch (MiniBatches shuffles each epoch), so they read the training examples "
+            f"from {int(counts.min())} to {int(counts.max())} times ({int((counts == 0).sum())} "
+            f"of {data.n} never): the objective is not the training loss, and a per-example "
+            f"weight of an example never read gets a hypergradient of 0. Give whole epochs, "
+            f"e.g. loss_steps={_last_epoch(problem, n)}, the last whole epoch")
+
+
+def _steps_repr(steps: Sequence[int]) -> str:
+    s = list(steps)
+    if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
+        return f"range({s[0]}, {s[-1] + 1})"
+    return repr(s)
+
+
 def _flat(d: dict[str, Tensor]) -> Tensor:
     return torch.cat([v.reshape(-1) for v in d.values()])
 
@@ -367,12 +435,12 @@ class ImplicitDiff(Method, name="implicit"):
                             f"Neumann() or FixedPoint(), got {type(solver).__name__}.")
         if loss_steps is not None:
             steps = list(loss_steps)
-            if not steps or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
-                                for t in steps):
+            if not steps or any(isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                                or t < 0 for t in steps):
                 raise ValueError(f"ImplicitDiff: loss_steps={loss_steps!r} must be None (the "
                                  f"last step) or a non-empty sequence of step indices >= 0, "
                                  f"e.g. range(T - 10, T).")
-            loss_steps = steps
+            loss_steps = [int(t) for t in steps]
         tol = _check_pos("ImplicitDiff", "grad_tol", grad_tol)
         assert tol is not None
         self.solver = solver if solver is not None else CG()
@@ -381,6 +449,7 @@ class ImplicitDiff(Method, name="implicit"):
         self.warm_start = bool(warm_start)
         self._last: weakref.WeakKeyDictionary[InnerProblem, Tensor] = (
             weakref.WeakKeyDictionary())
+        self._told: weakref.WeakSet[InnerProblem] = weakref.WeakSet()  # uneven_coverage
 
     def check(self, problem: InnerProblem) -> None:
         """Raise where the implicit function theorem does not apply to ``problem``'s
@@ -479,6 +548,11 @@ class ImplicitDiff(Method, name="implicit"):
         problem.check(lam)
         self.check(problem)
         w, b = state.params, state.buffers
+        if self.loss_steps is not None and problem not in self._told:
+            self._told.add(problem)
+            why = uneven_coverage(problem, self.loss_steps)
+            if why:
+                warnings.warn(f"ImplicitDiff: {why}.", InnerNotConvergedWarning, stacklevel=2)
         loss = self.objective(problem, b)
         (dEw, _, dElam), value = grad_and_value(problem.objective, argnums=(0, 1, 2))(w, b, lam)
         with problem.second_order():
@@ -490,11 +564,14 @@ class ImplicitDiff(Method, name="implicit"):
         if ratio > self.grad_tol:
             batches = ""
             if self.loss_steps is None and _batches_change(problem):
+                n = _epoch(problem)
+                steps = (_last_epoch(problem, n) if n is not None else
+                         f"range(T - T % n - n, T - T % n) with T = {problem.steps} and n "
+                         f"batches per epoch")
                 batches = (f" The training objective is the last step's mini-batch only "
                            f"(loss_steps=None) and the batches change from step to step: for "
-                           f"mini-batch training give the steps of one epoch, e.g. "
-                           f"ImplicitDiff(loss_steps=range({problem.steps} - n, "
-                           f"{problem.steps})) with n batches per epoch.")
+                           f"mini-batch training give the steps of one whole epoch, e.g. "
+                           f"ImplicitDiff(loss_steps={steps}), the last one.")
             warnings.warn(
                 f"ImplicitDiff: the inner problem is not near a stationary point: "
                 f"||grad_w L(w_T)|| = {gn:.3g} is {ratio:.3g} of its value at w_0 ({gn0:.3g}), "
@@ -515,8 +592,9 @@ class ImplicitDiff(Method, name="implicit"):
         if self.warm_start:
             self._last[problem] = v.detach()
         if not info["converged"]:
+            other = "" if isinstance(self.solver, CG) else ", use CG()"
             fix = (self._diverging_fix(hvp, rhs, info) or
-                   "Raise maxiter, use CG(), or check that the inner problem converged."
+                   f"Raise maxiter{other}, or check that the inner problem converged."
                    if "breakdown" not in info else
                    f"{info['breakdown']}: the Hessian of the training loss at w_T is not "
                    f"positive definite, so w_T is no minimum (a saddle, or not converged) and "
@@ -527,21 +605,37 @@ class ImplicitDiff(Method, name="implicit"):
             res = info["residual"]
             up = 10 ** math.ceil(math.log10(2 * res)) if 0 < res < math.inf else 1e-5
             tol = f"{type(self.solver).__name__}(tol={up:g})"
-            if info.get("breakdown_rounding"):
+            eps = torch.finfo(rhs.dtype).eps
+            f64 = "" if rhs.dtype == torch.float64 else ", or train in float64"
+            singular = info.get("breakdown_rounding") and res > math.sqrt(eps)
+            if singular:
+                # an over-parameterised least squares without L2 (float64): CG's later steps
+                # along zero curvature put 4e17 into a hypergradient of 0.27
+                fix = (f"{info['breakdown']}, which is zero at {rhs.dtype}'s rounding level, "
+                       f"with {res:.3g} of grad_w E left: the Hessian of the training loss is "
+                       f"singular (no curvature in some directions: more parameters than the "
+                       f"loss constrains, e.g. more than training examples, and no L2 term) and "
+                       f"grad_w E has a part there, so H v = grad_w E has no solution and this "
+                       f"hypergradient is not the implicit one. Add an L2 term on every "
+                       f"parameter (a penalty in train_loss or the optimizer's weight_decay), "
+                       f"or use ForwardMode() / ReverseMode(), which differentiate the steps "
+                       f"actually run.")
+                if res > max(1e-2, math.sqrt(eps)):  # not rounding in any dtype: no answer
+                    raise ValueError(f"ImplicitDiff: {self.solver!r} stopped after "
+                                     f"{info['iterations']} iterations on {fix}")
+            elif info.get("breakdown_rounding"):
                 # measured in float32 (digits, a linear softmax model): CG stopped at 1.4e-4,
                 # the hypergradient equal to float64's to 4 digits
                 fix = (f"{info['breakdown']}, which is zero at {rhs.dtype}'s rounding level "
                        f"(the Hessian is singular in some direction, e.g. a shift of all of "
                        f"softmax's biases, and {rhs.dtype} cannot resolve it): the solve is as "
                        f"accurate as {rhs.dtype} allows. Give a tol above that residual for a "
-                       f"{rhs.dtype} problem, e.g. {tol}, an L2 term on every parameter, or "
-                       f"train in float64.")
+                       f"{rhs.dtype} problem, e.g. {tol}, or an L2 term on every parameter{f64}.")
             elif "breakdown" not in info and info["residual"] <= floor:
                 # measured: float32 CG stopped at 3.6e-7 with the hypergradient 2e-7 off float64
                 fix = (f"that is {rhs.dtype}'s rounding level (below {floor:.1g}): the solve is "
                        f"as accurate as {rhs.dtype} allows. Give a tol above it for a "
-                       f"{rhs.dtype} problem, e.g. {tol}, or "
-                       f"train in float64.")
+                       f"{rhs.dtype} problem, e.g. {tol}{f64}.")
             warnings.warn(
                 f"ImplicitDiff: {self.solver!r} stopped at relative residual "
                 f"{info['residual']:.3g} > tol={self.solver.tol:g} after {info['iterations']} "
