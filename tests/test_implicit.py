@@ -343,3 +343,20 @@ def test_loss_steps_that_are_not_whole_epochs_are_named() -> None:
     assert said == [] and int((g == 0).sum()) == 0
     said, _ = told(range(32, 40))  # two whole epochs
     assert said == []
+
+
+def test_numpy_numbers_are_accepted_and_an_infinite_step_refused() -> None:
+    """np.int64(50) was refused as 'must be an int >= 1' (a count from a NumPy grid); eps=inf
+    gave a zero hypergradient without a word."""
+    import numpy as np
+
+    assert hg.methods.CG(maxiter=np.int64(50)).maxiter == 50
+    assert type(hg.methods.CG(maxiter=np.int64(50)).maxiter) is int
+    assert hg.ImplicitDiff(loss_steps=np.arange(3)).loss_steps == [0, 1, 2]
+    assert hg.Online(interval=np.int64(5)).interval == 5
+    assert hg.Offline(outer_steps=np.int32(3)).outer_steps == 3
+    assert hg.MARTHE(mu=np.float32(0.5)).mu == 0.5
+    with pytest.raises(ValueError, match=r"eps=inf must be a finite number > 0"):
+        hg.FiniteDifference(eps=float("inf"))
+    with pytest.raises(ValueError, match=r"maxiter=np.int64\(0\) must be an int >= 1"):
+        hg.methods.CG(maxiter=np.int64(0))
