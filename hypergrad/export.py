@@ -61,6 +61,8 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     :class:`~hypergrad.InitWeights`). See the module docstring for what a schedule assumes.
     What ``torch.optim`` cannot hold raises ``NotImplementedError`` with the reason."""
     hps, opt = problem.hyperparams, problem.optimizer
+    hps.check_raw(lam, "learned_settings")
+    problem._check_finite_lam(lam)  # a NaN lam was written as lr: nan, and torch took it
     values = transformed_values(hps, lam)
     bound = opt.bound_names()  # hyperparameter name -> argument
     scheduled = [n for n in bound if isinstance(hps.by_name[n], Schedule)]
@@ -144,6 +146,9 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         "schedule": schedule,
         "loss": loss,
         "steps": problem.steps,
+        # the trained parameters they were learned for, checked by optimizer_from_settings (a
+        # model with other parameters put them in a group of its own, silently)
+        "params": {n: list(problem.fmodel.initial_params()[n].shape) for n in names},
     }
     if isinstance(opt, ClipGradNorm):
         if opt.eps != CLIP_EPS:
@@ -173,8 +178,10 @@ def _learned_init(hps: HyperParams, values: Mapping[str, Tensor]) -> dict[str, A
             out[it.name] = {p: float(v[i]) for i, p in enumerate(params)}
         else:
             out[it.name] = (f"{INIT_WEIGHTS} {params} ({type(it).__name__}): not held here; "
-                            f"TrainResult.learned_optimizer(model) loads them, or "
-                            f"problem.initial_state(lam).params holds them")
+                            f"TrainResult.learned_optimizer(model) loads them, "
+                            f"problem.initial_state(lam).params holds them, and a "
+                            f"hypergrad-run folder's results.json has them flattened under "
+                            f"learned[{it.name!r}]")
     return out
 
 
@@ -204,9 +211,17 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     initial scales (``init``, from :class:`~hypergrad.InitScale`) multiply the named parameters
     of ``params`` **in place** here, as training started from ``scale * w_0``: pass the model
     at its initial weights (a fresh copy), once."""
+    if "not_written" in settings:
+        raise ValueError(f"optimizer_from_settings: these settings were not written: "
+                         f"{settings['not_written']}")
+    if "optimizer" not in settings:
+        raise ValueError(f"optimizer_from_settings: settings has no 'optimizer' (its keys: "
+                         f"{sorted(settings)}); pass learned_settings(problem, lam) or "
+                         f"learned.yaml loaded with yaml.safe_load.")
     o = settings["optimizer"]
     init = settings.get("init") or {}
     named = _named(params, "optimizer_from_settings", init)
+    _check_params(settings.get("params"), named)
     weights = sorted(k for k, v in init.items() if isinstance(v, str))
     if weights:
         raise ValueError(
@@ -236,11 +251,12 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     sched = settings.get("schedule")
     if not sched:
         return optimizer, None
-    total = settings["steps"] if steps is None else steps
+    total = settings.get("steps") if steps is None else steps
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise ValueError(f"optimizer_from_settings: steps={total!r} must be an int >= 1 (the "
                          f"training steps the schedule is stretched over), or None for the "
-                         f"horizon it was learned on ({settings['steps']}).")
+                         f"horizon it was learned on ({settings.get('steps', 'not in settings')}"
+                         f").")
     shared = [float(w[2]) for w in sched["windows"]]
     own = sched.get("factors") or {}  # a schedule per group: by parameter name
 
@@ -277,6 +293,28 @@ def _named(params: Mapping[str, Tensor] | nn.Module | Iterable[Tensor], api: str
             f"applied to parameters by name; pass the model (or {{name: tensor}}), not an "
             f"iterable of tensors.")
     return {str(i): p for i, p in enumerate(params)}
+
+
+def _check_params(learned: Mapping[str, Any] | None, named: Mapping[str, Tensor]) -> None:
+    """Refuse ``params`` that are not the trained parameters the settings were learned for
+    (``learned``: their shapes by name; absent in settings written before 2026-12-06)."""
+    if learned is None or set(named) <= {str(i) for i in range(len(learned))}:
+        return  # an iterable of tensors, by position: its names say nothing
+    extra = sorted(set(named) - set(learned))
+    missing = sorted(set(learned) - set(named))
+    shapes = [n for n in named if n in learned and list(named[n].shape) != list(learned[n])]
+    if extra or missing or shapes:
+        said = "; ".join(s for s in (
+            f"params has {extra}, which were not trained when they were learned" if extra
+            else "", f"params lacks {missing}" if missing else "",
+            "shapes differ: " + ", ".join(f"{n} {list(named[n].shape)} (learned for "
+                                         f"{list(learned[n])})" for n in shapes[:5])
+            if shapes else "") if s)
+        raise ValueError(
+            f"optimizer_from_settings: params are not the trained parameters the settings were "
+            f"learned for ({said}). Learned hyperparameters belong to the model, data and "
+            f"horizon they were tuned on: pass that model (its trainable parameters), or "
+            f"{{name: tensor}} of exactly those, and tune again for another model.")
 
 
 def _scale_initial_weights(init: Mapping[str, Mapping[str, float]],

@@ -251,7 +251,9 @@ def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
     head = ("# What hypergrad learned, for your own training: hypergrad.export."
             "optimizer_from_settings(yaml.safe_load(open('learned.yaml')), model) gives the "
             "torch.optim optimizer and LambdaLR (docs/guide.md). Schedule windows are fractions "
-            "of training (see 'assumes').\n")
+            "of training (see 'assumes').\n" if "not_written" not in settings else
+            "# Not written: torch.optim cannot hold what hypergrad learned (the reason below); "
+            "the learned values are in results.json.\n")
     if settings.get("schedule"):
         settings["schedule"]["assumes"] = (
             "windows are fractions of the run: training for another number of steps stretches "

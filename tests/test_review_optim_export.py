@@ -213,3 +213,41 @@ def test_learned_optimizer_in_process_matches_the_yaml() -> None:
     assert sched is None
     _train(problem, net, opt)
     _assert_same(net, state)
+
+
+def test_what_the_export_dropped_or_took_silently_is_refused(tmp_path: Path) -> None:
+    """Found by a user's probe (2026-12-06): Adam's eps_root was left out of the torch.optim
+    twin (8e-2 off in 10 steps); a NaN lam was written as lr: nan; a model with parameters the
+    problem never had put them in a group of their own; a not_written learned.yaml gave a bare
+    KeyError 'optimizer'."""
+    p, model = _problem(hg.optim.adam(lr="lr", eps_root=1e-4), [hg.Scalar("lr", 1e-2)])
+    with pytest.raises(NotImplementedError, match=r"eps_root=0.0001 .*no torch.optim twin.*"
+                                                  r"eps_root=0"):
+        learned_settings(p, p.init_raw())
+    write_learned(tmp_path, p, p.init_raw(), None)
+    text = (tmp_path / "learned.yaml").read_text()
+    assert text.startswith("# Not written") and "eps_root" in text
+    with pytest.raises(ValueError, match=r"these settings were not written: .*eps_root"):
+        optimizer_from_settings(yaml.safe_load(text), copy.deepcopy(model))
+    with pytest.raises(ValueError, match=r"settings has no 'optimizer'"):
+        optimizer_from_settings({"steps": 5}, copy.deepcopy(model))
+
+    p, model = _problem(hg.optim.sgd(lr="lr", weight_decay="wd"),
+                        [hg.Scalar("lr", 0.1, "log"), hg.PerTensor("wd", 1e-3, "log")])
+    with pytest.raises(ValueError, match=r"lam is NaN at lr"):
+        learned_settings(p, p.init_raw() * float("nan"))
+    settings = learned_settings(p, _lam(p))
+    assert settings["params"] == {"0.weight": [8, 6], "0.bias": [8], "2.weight": [3, 8],
+                                  "2.bias": [3]}
+    optimizer_from_settings(settings, copy.deepcopy(model))  # the model it was learned for
+    bigger = nn.Sequential(copy.deepcopy(model), nn.Linear(3, 3)).double()
+    with pytest.raises(ValueError, match=r"params are not the trained parameters the settings "
+                                         r"were learned for \(params has \['1.bias', "):
+        optimizer_from_settings(settings, dict(copy.deepcopy(model).named_parameters(),
+                                               **dict(bigger[1].named_parameters(prefix="1"))))
+    wider = nn.Sequential(nn.Linear(6, 9), nn.Tanh(), nn.Linear(9, 3)).double()
+    with pytest.raises(ValueError, match=r"shapes differ: 0.weight \[9, 6\] \(learned for "
+                                         r"\[8, 6\]\)"):
+        optimizer_from_settings(settings, wider)
+    old = {k: v for k, v in settings.items() if k != "params"}  # written before the check
+    optimizer_from_settings(old, copy.deepcopy(model))
