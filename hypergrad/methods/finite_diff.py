@@ -64,8 +64,8 @@ class FiniteDifference(Method, name="finite_difference"):
     """
 
     def __init__(self, eps: float = 1e-5, relative: bool = True) -> None:
-        if (isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0
-                or not math.isfinite(eps)):  # inf: every difference 0, a zero hypergradient
+        if (isinstance(eps, bool) or not isinstance(eps, (int, float, numbers.Real))
+                or not float(eps) > 0 or not math.isfinite(float(eps))):  # inf: a zero hypergradient
             raise ValueError(f"FiniteDifference: eps={eps!r} must be a finite number > 0, e.g. "
                              f"1e-5 in float64.")
         self.eps = float(eps)

@@ -21,8 +21,8 @@ AdamW's decoupled decay) with its hyperparameters at the last step. The default
 same batch); for mini-batch training pass the steps of one whole epoch (the last:
 ``range(T - T % n - n, T - T % n)`` for ``n`` batches per epoch; ``range(T - n, T)`` spans two
 shuffled epochs when ``n`` does not divide ``T``, reading some examples twice and some never,
-which :meth:`ImplicitDiff.at_state` warns about) so the objective is the whole training loss (each Hessian-vector product then costs one
-pass over those batches).
+which :meth:`ImplicitDiff.at_state` warns about) so the objective is the whole training loss
+(each Hessian-vector product then costs one pass over those batches).
 
 **What it applies to.** Hyperparameters of the training loss (read as ``hp[...]`` in
 ``train_loss``: L2 coefficients, per-example weights, loss parameters), an L2 ``weight_decay``
@@ -76,7 +76,7 @@ HVP = Callable[[Tensor], Tensor]
 
 
 def _check_int(api: str, name: str, v: Any, low: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) < low:
         raise ValueError(f"{api}: {name}={v!r} must be an int >= {low}.")
     return int(v)
 
@@ -84,7 +84,8 @@ def _check_int(api: str, name: str, v: Any, low: int = 1) -> int:
 def _check_pos(api: str, name: str, v: Any, allow_none: bool = False) -> float | None:
     if v is None and allow_none:
         return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0 or math.isinf(v):
+    if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0
+            or math.isinf(float(v))):
         none = "None (automatic) or " if allow_none else ""
         raise ValueError(f"{api}: {name}={v!r} must be {none}a finite number > 0.")
     return float(v)

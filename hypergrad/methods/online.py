@@ -140,7 +140,8 @@ class MARTHE(ForwardMode, name="marthe"):
     def __init__(self, mu: float = 0.9, hvp: HVPStrategy | None = None, *,
                  tangent: TangentRule | None = None, skip_zero_columns: bool = True,
                  compile: bool | None = None) -> None:
-        if isinstance(mu, bool) or not isinstance(mu, numbers.Real) or not 0 <= mu <= 1:
+        if (isinstance(mu, bool) or not isinstance(mu, (int, float, numbers.Real))
+                or not 0 <= float(mu) <= 1):
             raise ValueError(f"MARTHE: mu={mu!r} must be a number in [0, 1] (1: RTHO / forward "
                              f"mode, 0: greedy one-step HD), e.g. mu=0.9.")
         super().__init__(hvp, tangent=tangent, skip_zero_columns=skip_zero_columns,

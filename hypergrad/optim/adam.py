@@ -164,9 +164,9 @@ class Adam(Optimizer):
         if a["eps_root"]:  # exported without it, the run was another (8e-2 off in 10 steps)
             raise NotImplementedError(
                 f"{self.name}.to_torch: eps_root={a['eps_root']:g} (added under the square "
-                f"root) has no torch.optim twin: torch.optim.{'AdamW' if self.decoupled else 'Adam'}"
-                f" adds eps outside it only. Tune with eps_root=0 (the default) to train the "
-                f"result in torch.optim.")
+                f"root) has no torch.optim twin: torch.optim."
+                f"{'AdamW' if self.decoupled else 'Adam'} adds eps outside it only. Tune with "
+                f"eps_root=0 (the default) to train the result in torch.optim.")
         cls = torch.optim.AdamW if self.decoupled else torch.optim.Adam
         return cls(params, lr=v(a["lr"], hp), betas=(v(a["betas"][0], hp), v(a["betas"][1], hp)),
                    eps=v(a["eps"], hp), weight_decay=v(a["weight_decay"], hp))

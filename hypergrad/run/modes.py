@@ -15,7 +15,7 @@ __all__ = ["Offline", "Online", "Mode", "SearchSettings"]
 
 
 def _count(api: str, name: str, value: Any, low: int, auto: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
         also = ' or "auto"' if auto else ""
         raise ValueError(f"{api}: {name}={value!r} must be an int >= {low}{also}.")
     return int(value)
