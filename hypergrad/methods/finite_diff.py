@@ -65,7 +65,7 @@ class FiniteDifference(Method, name="finite_difference"):
 
     def __init__(self, eps: float = 1e-5, relative: bool = True) -> None:
         if (isinstance(eps, bool) or not isinstance(eps, (int, float, numbers.Real))
-                or not float(eps) > 0 or not math.isfinite(float(eps))):  # inf: a zero hypergradient
+                or not float(eps) > 0 or not math.isfinite(float(eps))):  # inf: a zero gradient
             raise ValueError(f"FiniteDifference: eps={eps!r} must be a finite number > 0, e.g. "
                              f"1e-5 in float64.")
         self.eps = float(eps)
