@@ -293,11 +293,11 @@ class _Multiplied:
 
         api = f"{type(self).__name__}({self.name!r})"
         const = PerParam(self.multipliers, where=f"{api}: multipliers")
-        bad = {k: v for k, v in const.values.items() if not math.isfinite(v)}
-        if bad:
-            raise ValueError(f"{api}: multipliers {bad} must be finite numbers (a parameter "
-                             f"reads factor * value), e.g. multipliers={{r'^0\\.': 0.1, "
-                             f"r'.*': 1.0}}.")
+        bad = {k: v for k, v in const.values.items() if not math.isfinite(v) or v < 0}
+        if bad:  # a negative factor of a learning rate was gradient ascent, without a word
+            raise ValueError(f"{api}: multipliers {bad} must be finite numbers >= 0 (a "
+                             f"parameter reads factor * value; 0 freezes it), e.g. "
+                             f"multipliers={{r'^0\\.': 0.1, r'.*': 1.0}}.")
         self.multipliers = dict(const.values)
 
     def bind(self, param_names: Sequence[str],
@@ -451,9 +451,10 @@ class Schedule(_Multiplied, HyperParameter):
     def __post_init__(self) -> None:
         super().__post_init__()
         api = f"Schedule({self.name!r})"
-        if (isinstance(self.windows, bool) or not isinstance(self.windows, int)
-                or self.windows < 1):
+        if (isinstance(self.windows, bool) or not isinstance(self.windows, numbers.Integral)
+                or int(self.windows) < 1):
             raise ValueError(f"{api}: windows={self.windows!r} must be an int >= 1.")
+        self.windows = int(self.windows)  # a NumPy int of a grid
         if self.groups is not None:
             self.groups = _check_groups(api, self.groups)
             if self.multipliers is not None:
@@ -539,7 +540,9 @@ class Schedule(_Multiplied, HyperParameter):
         if isinstance(step, int) and step < 0:  # -1 would read the last window, as Python does
             raise ValueError(f"Schedule({self.name!r}): step={step} must be >= 0 (the 0-based "
                              f"inner step).")
-        return min(step * self.windows // horizon, self.windows - 1)
+        # sym_min, not min: under torch.compile the step is a symbolic int, and min() guarded
+        # on each window's index (a recompile per window: past dynamo's limit of 8, eager)
+        return torch.sym_min(step * self.windows // horizon, self.windows - 1)
 
     def steps(self, horizon: int) -> list[tuple[int, int]]:
         """The inner steps ``(first, last)`` each window covers over ``horizon``."""
@@ -572,7 +575,7 @@ class Schedule(_Multiplied, HyperParameter):
         f = TRANSFORMS[self.transform][0]
         if self.scales is not None:
             return self._scaled(f(raw[w]), f(raw[self.windows:]))
-        v = f(raw[..., w])
+        v = f(raw.select(-1, w))
         return self._grouped(v) if self.groups is not None else self._multiply(v)
 
     def _scaled(self, v: Tensor, scale: Tensor) -> Any:
@@ -617,7 +620,8 @@ class PerExample(HyperParameter):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+        if (isinstance(self.n, bool) or not isinstance(self.n, numbers.Integral)
+                or int(self.n) < 1):
             given = ("n is not given: it" if self.n == 0 and not isinstance(self.n, bool)
                      else f"n={self.n!r}")
             raise ValueError(
@@ -625,6 +629,7 @@ class PerExample(HyperParameter):
                 f"examples (an int >= 1; hypergrad-run: 'hyperparams.items.{self.name}.n="
                 f"${{task.n_train}}' with a task that has n_train)."
             )
+        self.n = int(self.n)  # len(dataset) of a NumPy-backed set
 
     def shape(self) -> tuple[int, ...]:
         return (self.n,)
@@ -1019,10 +1024,13 @@ def _check_step(step: Any, horizon: Any, schedules: Sequence[Schedule]) -> None:
     horizon every step read the last window (the old default horizon of 1), and a negative
     step read the last window too (Python's negative index)."""
     # only plain ints are compared: under torch.compile a step may be traced as a symbolic int
-    if isinstance(step, bool) or (isinstance(step, numbers.Integral) and step < 0):
+    ints = (numbers.Integral, torch.SymInt)
+    if isinstance(step, bool) or not isinstance(step, ints) or (
+            isinstance(step, numbers.Integral) and step < 0):
         raise ValueError(f"HyperParams.values: step={step!r} must be an int >= 0 (the 0-based "
                          f"inner step), or None for the whole schedules.")
-    if isinstance(horizon, bool) or (isinstance(horizon, numbers.Integral) and horizon < 1):
+    if isinstance(horizon, bool) or (horizon is not None and not isinstance(horizon, ints)) or (
+            isinstance(horizon, numbers.Integral) and horizon < 1):
         raise ValueError(f"HyperParams.values: horizon={horizon!r} must be an int >= 1, the "
                          f"number of inner steps T (problem.steps).")
     if horizon is None and schedules:

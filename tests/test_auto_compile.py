@@ -222,3 +222,26 @@ def test_a_schedule_is_tried(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rep is not None and rep["chosen"] == "compiled", rep
     g_eager = hg.ForwardMode(compile=False).hypergradient(problem, problem.init_raw()).grad
     torch.testing.assert_close(g, g_eager, rtol=1e-12, atol=1e-14)
+
+
+def test_a_schedule_does_not_recompile_per_window() -> None:
+    """Under torch.compile the step is a symbolic int; min() and indexing by the window guarded
+    on each window's index: a 10-window schedule compiled 8 graphs (dynamo's limit, then eager
+    with a warning per run). sym_min and select keep the window symbolic: 2 graphs (the first
+    step's static one, then a dynamic one)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    hps = hg.HyperParams([hg.Schedule("lr", 0.1, "log", windows=10),
+                          hg.Scalar("wd", 1e-3, "log")])
+    lam = hps.init_raw(torch.float64) + torch.linspace(0, 1, 11, dtype=torch.float64)
+
+    def lr(lam: torch.Tensor, t: int) -> torch.Tensor:
+        return hps.values(lam, t, 100)["lr"] * 2
+
+    compiled = torch.compile(lr)
+    for t in range(0, 100, 10):
+        assert torch.equal(compiled(lam, t), lr(lam, t))
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
+    torch._dynamo.reset()

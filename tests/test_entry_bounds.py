@@ -79,6 +79,16 @@ def test_an_entry_pair_replaces_the_hyperparameter_pair_in_the_box_and_the_proje
                                                                      hi[[0, 2, 3]])
     assert b.values() == {"lr": [pytest.approx(1e-3), pytest.approx(1.0)],
                           "lr[1]": [pytest.approx(0.5), pytest.approx(2.0)]}
+    # inside the entry's pair but outside the hyperparameter's: kept (the projection clamped to
+    # both, holding lr[1] at 1.0 where the box reached 2.0, and a warm-up window at the pair's
+    # floor)
+    lam[hps.slices["lr"]] = torch.log(torch.tensor([2e-4, 1.5, 3.0], dtype=torch.float64))
+    b.project(lam)
+    assert hps.describe(lam)["lr"] == pytest.approx([1e-3, 1.5, 1.0], rel=1e-12)
+    low = Bounds(hps, torch.float64, {"lr": (1e-2, 1.0), "lr[0]": (1e-4, 0.05)})
+    lam[hps.slices["lr"]] = torch.log(torch.tensor([2e-4, 1e-3, 0.5], dtype=torch.float64))
+    low.project(lam)
+    assert hps.describe(lam)["lr"] == pytest.approx([2e-4, 1e-2, 0.5], rel=1e-12)
 
 
 def test_overlapping_entry_keys_each_report_their_own_pair() -> None:
@@ -109,7 +119,7 @@ def test_the_run_fingerprint_holds_entry_bounds() -> None:
     ({"wd[2]": (0.0, 1.0)}, r"'wd' has no entry '2'"),
     ({"mom[0]": (0.0, 1.0)}, r"bounds name 'mom\[0\]' is not a hyperparameter; defined are "
                              r"\['lr', 'wd'\] \(one entry of one: 'name\[index\]'"),
-    ({"wd": [(1e-3, 0.1), (1e-4, 1e-2)]}, r"bound one entry with its own key, 'wd'\[0\] -> "
+    ({"wd": [(1e-3, 0.1), (1e-4, 1e-2)]}, r"bound one entry with its own key, e.g. "
                                           r"'wd\[0\]': \(low, high\)"),
 ])
 def test_bad_entry_bounds_are_named(bounds: dict[str, Any], match: str) -> None:
@@ -129,3 +139,20 @@ def test_the_configs_page_entry_bound_runs(tmp_path: Path) -> None:
     run_cli(line.split("  #")[0], tmp_path)
     lr = json.loads((tmp_path / "results.json").read_text())["learned"]["lr"]
     assert lr[0] <= 0.05 * (1 + 1e-6) and max(lr[1:]) > 0.05
+
+
+def test_tensor_and_numpy_ends_are_numbers() -> None:
+    """A 0-d tensor end was refused with a garbled hint about per-entry keys; a NumPy pair was
+    'must be (low, high)'."""
+    import numpy as np
+
+    p = _problem(hg.Scalar("lr", 0.1, "log"), hg.Scalar("wd", 1e-3, "log"))
+    want = Bounds(p.hyperparams, torch.float64, {"lr": (0.01, 1.0)}).raw["lr"]
+    for given in ((torch.tensor(0.01), 1.0), np.array([0.01, 1.0]), torch.tensor([0.01, 1.0]),
+                  (np.float32(0.01), np.int64(1))):
+        got = Bounds(p.hyperparams, torch.float64, {"lr": given}).raw["lr"]
+        assert all(a is not None and b is not None and float(a) == pytest.approx(float(b))
+                   for a, b in zip(got, want)), given
+    with pytest.raises(ValueError, match=r"bounds\['lr'\]=\[\[0.01, 0.02\], 1.0\] has "
+                                         r"\[0.01, 0.02\].*own key, e.g. 'lr\[0\]': "):
+        Bounds(p.hyperparams, torch.float64, {"lr": ([0.01, 0.02], 1.0)})

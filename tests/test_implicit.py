@@ -356,6 +356,8 @@ def test_numpy_numbers_are_accepted_and_an_infinite_step_refused() -> None:
     assert hg.Online(interval=np.int64(5)).interval == 5
     assert hg.Offline(outer_steps=np.int32(3)).outer_steps == 3
     assert hg.MARTHE(mu=np.float32(0.5)).mu == 0.5
+    assert type(hg.Schedule("lr", 0.1, windows=np.int64(4)).windows) is int
+    assert type(hg.PerExample("w", 1.0, n=np.int64(5)).n) is int
     with pytest.raises(ValueError, match=r"eps=inf must be a finite number > 0"):
         hg.FiniteDifference(eps=float("inf"))
     with pytest.raises(ValueError, match=r"maxiter=np.int64\(0\) must be an int >= 1"):

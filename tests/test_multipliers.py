@@ -124,6 +124,9 @@ def test_the_loss_reads_a_value_per_parameter_and_reports_stay_unmultiplied() ->
     ({"^0": "0.1"}, TypeError, r"multipliers\['\^0'\]='0.1' must be a number"),
     ({"^0(": 0.1}, ValueError, r"'\^0\(' is not a regular expression"),
     ({"^0": float("nan"), ".*": 1.0}, ValueError, r"multipliers \{'\^0': nan\} must be finite"),
+    # a negative factor of a learning rate was gradient ascent, accepted without a word
+    ({"^0": -0.5, ".*": 1.0}, ValueError, r"multipliers \{'\^0': -0.5\} must be finite numbers "
+                                          r">= 0"),
 ])
 def test_bad_multipliers_are_named(multipliers: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):

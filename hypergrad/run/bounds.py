@@ -29,9 +29,12 @@ class Bounds:
     one entry (by its index, ``"lr[0]"`` for a schedule's first window, or by its name,
     ``"wd[decay]"`` for a PerGroup's group, ``"wd[fc.weight]"`` for a PerTensor's parameter;
     ``"lr[out]"`` bounds every window of group ``out`` of a schedule per group), in place of
-    the hyperparameter's pair. An infinite end on its own side (``low=-inf``,
-    ``high=inf``, or a number that rounds to one in ``dtype``) is no bound, as ``None``: the
-    search box then fills that side around the initial value.
+    the hyperparameter's pair. An end that is infinite in the raw coordinates on its own side
+    (``low=-inf`` or ``high=inf`` of an identity hyperparameter, ``high=inf`` of a log one, or a
+    number that rounds to one in ``dtype``) is no bound, as ``None``: the search box then fills
+    that side around the initial value. A log or logit hyperparameter's low end is ``None``
+    for none (``-inf`` and ``0`` lie outside its transform's domain and are refused). An end may
+    be a number, a NumPy number or a one-element tensor; a pair, a tuple or a sequence of two.
 
     Example:
         >>> import hypergrad as hg
@@ -90,18 +93,22 @@ class Bounds:
     def _raw_pair(name: str, transform: str, lohi: Sequence[float | None], dtype: torch.dtype,
                   api: str) -> tuple[Tensor | None, Tensor | None]:
         """``(low, high)`` of key ``name`` in raw coordinates, checked."""
+        if callable(getattr(lohi, "tolist", None)) and not isinstance(lohi, (str, bytes)):
+            lohi = lohi.tolist()  # a NumPy array or a tensor of the two ends
         if isinstance(lohi, (str, bytes)) or not isinstance(lohi, Sequence) or len(lohi) != 2:
-            raise ValueError(f"{api}: bounds[{name!r}]={lohi!r} must be (low, high), "
-                             f"either may be None.")
+            raise ValueError(f"{api}: bounds[{name!r}]={lohi!r} must be a pair (low, high), "
+                             f"either may be None, e.g. (1e-4, 1.0).")
         inverse, valid, domain = TRANSFORMS[transform][1:]
         raw: list[Tensor | None] = []
         for side, v in zip(("low", "high"), lohi):
             if v is None:
                 raw.append(None)
                 continue
+            if isinstance(v, Tensor) and v.numel() == 1:
+                v = v.item()
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
                 per_entry = (f" (one pair bounds every entry of the hyperparameter; bound one "
-                             f"entry with its own key, {name!r}[0] -> '{name}[0]': (low, high))"
+                             f"entry with its own key, e.g. '{name}[0]': (low, high))"
                              if isinstance(v, (Sequence, Tensor)) and not isinstance(v, str)
                              else "")
                 raise ValueError(f"{api}: bounds[{name!r}]={list(lohi)!r} has {v!r}; bounds "
@@ -145,10 +152,16 @@ class Bounds:
 
         with torch.no_grad():
             for name, (lo, hi) in self.raw.items():
-                # the hyperparameter's own entries (a schedule's windows, not its scales)
-                sl = slices[name]
-                own = slice(sl.start, sl.start + self.hps.by_name[name].base_numel)
-                lam[own] = clamp(lam[own], lo, hi)
+                # the hyperparameter's own entries (a schedule's windows, not its scales), but
+                # not those with bounds of their own: clamped to both, an entry bounded above
+                # the pair was held at the pair's high end (the search box had it apart)
+                start = slices[name].start
+                mine = self.entries.get(name, {})
+                idx = [start + i for i in range(self.hps.by_name[name].base_numel)
+                       if i not in mine]
+                if idx:
+                    at = torch.tensor(idx, device=lam.device)
+                    lam[at] = clamp(lam[at], lo, hi)
             for name, entries in self.entries.items():
                 start = slices[name].start
                 for i, (lo, hi) in entries.items():
