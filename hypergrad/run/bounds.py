@@ -94,7 +94,7 @@ class Bounds:
                   api: str) -> tuple[Tensor | None, Tensor | None]:
         """``(low, high)`` of key ``name`` in raw coordinates, checked."""
         if callable(getattr(lohi, "tolist", None)) and not isinstance(lohi, (str, bytes)):
-            lohi = lohi.tolist()  # a NumPy array or a tensor of the two ends
+            lohi = lohi.tolist()  # type: ignore[attr-defined]  # a NumPy array, a tensor
         if isinstance(lohi, (str, bytes)) or not isinstance(lohi, Sequence) or len(lohi) != 2:
             raise ValueError(f"{api}: bounds[{name!r}]={lohi!r} must be a pair (low, high), "
                              f"either may be None, e.g. (1e-4, 1.0).")
