@@ -318,3 +318,18 @@ def test_a_resumed_run_keeps_room_for_its_rechecks_before_its_first_plain_run(
     assert back._plain_seconds == 1.0  # the checkpoint's forecast
     back._rechecks = 2  # as fit() sets it
     assert back._reserve() == (1 + 2) * 1.5 * 1.0
+
+
+def test_evaluations_and_rechecked_points_carry_their_values() -> None:
+    """TrainResult.evaluations and rechecked held only raw lam: a user applied the transforms
+    to read the points the search tried; each now has 'hyperparams' as in history."""
+    import hypergrad as hg
+    from hypergrad.testing import digits_case
+
+    p = digits_case("momentum", "schedule", steps=6, n_train=24, batch_size=8, hidden=4,
+                    n_val=16)
+    res = hg.Trainer(p, mode=hg.Offline(outer_steps=2, start=2, recheck=2),
+                     callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    assert res.evaluations and res.rechecked
+    for e in [*res.evaluations, *res.rechecked]:
+        assert e["hyperparams"] == p.hyperparams.describe(e["lam"])

@@ -101,11 +101,13 @@ class TrainResult:
     the run's own final state; ``None`` after a divergence). ``out_of_time``: offline tuning
     stopped before ``outer_steps`` because the next outer step would not have finished within
     the guards' ``time_budget``. ``evaluations``: the points evaluated by plain inner runs
-    (the space-filling start, the line search; :attr:`Trainer.evaluations`). ``rechecked``:
+    (the space-filling start, the line search; :attr:`Trainer.evaluations`; ``lam`` raw and
+    ``hyperparams`` its values, as in ``history``). ``rechecked``:
     offline with ``Offline(recheck=...)``, the best points trained again in another batch
     order before ``lam`` was chosen among them by the worse of its two validation losses
     (``SearchSettings.recheck_pick``; ``"mean"``: their mean)
-    (``{"lam", "val_loss", "variant_val_loss", "outer_step"}`` each; ``best_val_loss`` stays
+    (``{"lam", "val_loss", "variant_val_loss", "outer_step", "hyperparams"}`` each: ``lam``
+    raw, ``hyperparams`` its values as in ``history``; ``best_val_loss`` stays
     the chosen point's loss in the problem's own order). With the problem's ``select_loss``
     (offline), ``lam`` is the point with the lowest held-out ``select_loss`` (re-checked: the
     lowest worse of it in both orders, ``"select_loss"`` and ``"variant_select_loss"`` in
@@ -749,7 +751,8 @@ class Trainer:
         self._note(lam, value, sel, step)
         self.evaluations.append({"elapsed": self._elapsed(),
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
-                                 "outer_step": self.outer_step})
+                                 "outer_step": self.outer_step,
+                                 "hyperparams": self.problem.hyperparams.describe(lam)})
         if isinstance(self.outer, SearchOptimizer):  # a surrogate model keeps it
             self.outer.observe(lam, value)
         if not math.isfinite(value):
@@ -1127,7 +1130,8 @@ class Trainer:
                 break
             v, vs = self._timed_value(lam, 1)
             rec = {"lam": lam.clone(), "val_loss": val,
-                   "variant_val_loss": v if math.isfinite(v) else math.inf, "outer_step": step}
+                   "variant_val_loss": v if math.isfinite(v) else math.inf, "outer_step": step,
+                   "hyperparams": self.problem.hyperparams.describe(lam)}
             if sel is not None:
                 rec.update(select_loss=sel, variant_select_loss=math.inf if vs is None else vs)
             out.append(rec)
