@@ -1121,13 +1121,35 @@ class InnerProblem:
             finder = _DetachFinder(params.values())
             try:
                 how = finder.cut_of(loss(params, finder))
-                if how is None:
+                if how is None and not finder.custom:
                     continue
                 off = _directional_mismatch(loss, params)
             except Exception:  # noqa: BLE001 - the losses' own checks report their errors
                 continue
             if off < (1e-4 if fm.dtype == torch.float64 else 1e-2):
                 continue
+            if how is None:  # a custom autograd.Function's backward is not its derivative
+                functions = ", ".join(finder.custom)
+                warnings.warn(
+                    f"InnerProblem: {which} reads the output of the custom autograd.Function "
+                    f"{functions}, and its gradient is {off:.1%} off a central difference "
+                    f"along a random direction at the initial weights: the Function's backward "
+                    f"is not the derivative of its forward (a gradient reversal or scaling "
+                    f"layer, a straight-through estimator). Training uses that backward as its "
+                    f"gradient, but every method (forward, reverse, implicit, online) also "
+                    f"takes it as the Jacobian of the forward when it differentiates the "
+                    f"training steps and the validation loss, so hypergradients are not those "
+                    f"of the training that runs (a gradient-scaling layer: the learning rate's "
+                    f"of the wrong sign, measured); only FiniteDifference sees the difference. "
+                    f"Measure how far with hypergrad.testing.hypergradcheck(problem, "
+                    f"raise_exception=False), or silence this with warnings.filterwarnings("
+                    f"'ignore', category=hypergrad.errors.DetachedValueWarning).",
+                    DetachedValueWarning, stacklevel=4)
+                continue
+            if finder.custom:  # the cut may be inside one: its forward runs under no_grad
+                how = (f"{how} (or the custom autograd.Function {', '.join(finder.custom)}, "
+                       f"whose forward runs under torch.no_grad() and whose backward is not its "
+                       f"forward's derivative)")
             what = ("training as if that value were a constant: the derivative of each step's "
                     "update misses how it moves" if train else
                     "the validation loss as if that value were a constant: its gradient misses "
@@ -1902,6 +1924,13 @@ def _directional_mismatch(loss: Callable[[dict[str, Tensor]], Any],
     return abs(fd - gv) / max(abs(fd), abs(gv), 1e-12)
 
 
+_METADATA = frozenset({".dtype", ".device", ".shape", ".ndim", ".layout", ".is_cuda",
+                       ".is_sparse", ".is_meta", ".requires_grad", ".names", "size", "dim",
+                       "numel", "nelement", "element_size", "is_floating_point", "is_complex",
+                       "get_device", "stride", "is_contiguous", "data_ptr", "__len__"})
+"""Operations that read a tensor's metadata, not its values."""
+
+
 class _OwnParameterReads(TorchFunctionMode):
     """Records the names of the given tensors (``{id: (tensor, name)}``: a module's own
     parameters) that an operation reads, in the order first read."""
@@ -1914,6 +1943,8 @@ class _OwnParameterReads(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if _op_name(func) in _METADATA:  # x.to(next(net.parameters()).dtype): no values read
+            return func(*args, **kwargs)
         for x in tree_flatten((args, kwargs))[0]:
             got = self.own.get(id(x)) if isinstance(x, Tensor) else None
             if got is not None and got[0] is x and got[1] not in self.read:
@@ -1934,6 +1965,10 @@ class _DetachFinder(TorchFunctionMode):
         self.live: dict[int, Tensor] = {id(x): x for x in leaves}
         self.cut: dict[int, tuple[Tensor, str, bool]] = {}
         """id -> (the tensor, the first cut upstream, whether it is that cut's own output)"""
+        self.custom: list[str] = []
+        """The custom ``autograd.Function`` classes whose outputs were read: their backward
+        is whatever their author wrote, which may not be the forward's derivative (a gradient
+        reversal or scaling layer, a straight-through estimator)."""
 
     def _cut_of(self, x: Tensor) -> str | None:
         got = self.cut.get(id(x))
@@ -1942,6 +1977,13 @@ class _DetachFinder(TorchFunctionMode):
         # a cut's own output that requires grad by now was returned by a custom
         # autograd.Function, whose forward runs under no_grad: it is connected after all
         return None if got[2] and x.requires_grad else got[1]
+
+    def _note_custom(self, x: Tensor) -> None:
+        """Record a custom ``autograd.Function`` that computed ``x``."""
+        if x.requires_grad and isinstance(x.grad_fn, torch.autograd.function.BackwardCFunction):
+            name = type(x.grad_fn).__name__.removesuffix("Backward")
+            if name not in self.custom:
+                self.custom.append(name)
 
     def cut_of(self, x: Any) -> str | None:
         """The first cut a loss value ``x`` reads that the loss's gradient misses (``None``:
@@ -1956,6 +1998,8 @@ class _DetachFinder(TorchFunctionMode):
         kwargs = kwargs or {}
         inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
         out = func(*args, **kwargs)
+        for x in inputs:
+            self._note_custom(x)
         fname = _op_name(func)
         upstream = next((c for c in map(self._cut_of, inputs) if c is not None), None)
         live = any(self.live.get(id(x)) is x for x in inputs)

@@ -17,9 +17,12 @@ differentiated pass stays linear in ``T``. The cells compute what torch's do (sa
 formulas), so results agree with torch's to rounding; ``tests/test_models.py`` checks outputs,
 gradients and second derivatives against the composite in float64.
 
-Not rerouted (torch's own path runs, exact but quadratic): packed sequences
-(``PackedSequence``), and dropout between layers in training (torch's kernel draws those masks its
-own way; plain and differentiated passes must draw the same).
+Not rerouted (torch's own path runs, exact but quadratic): dropout between layers in training
+(torch's kernel draws those masks its own way; plain and differentiated passes must draw the
+same). Packed sequences (``PackedSequence``) cannot be differentiated inside ``torch.func``'s
+transforms at all (torch 2.13: "Cannot access data pointer of Tensor that doesn't have
+storage", with ``torch.func.grad`` alone): they are refused with a ``NotImplementedError``
+naming the fix (pad the batch and mask the padded steps).
 """
 
 from __future__ import annotations
@@ -175,6 +178,13 @@ def _reroute(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
                 bool(bidirectional), bool(batch_first))
 
 
+def _packed(args: tuple[Any, ...]) -> bool:
+    """Whether a recurrent kernel's arguments are a packed sequence's: ``(data, batch_sizes,
+    hx, params, ...)``, ``batch_sizes`` an integer tensor."""
+    return (len(args) >= 4 and isinstance(args[1], Tensor)
+            and not args[1].is_floating_point())
+
+
 class RecurrentMode(TorchFunctionMode):
     """Inside: ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` run through this module's cells (see the
     module docstring); every other call is untouched."""
@@ -186,4 +196,16 @@ class RecurrentMode(TorchFunctionMode):
             out = _reroute(func, tuple(args), kwargs)
             if out is not None:
                 return out
+            if _packed(tuple(args)):
+                try:
+                    return func(*args, **kwargs)
+                except RuntimeError as err:  # torch.func cannot run the packed kernel
+                    raise NotImplementedError(
+                        f"hypergrad: a recurrent layer ({getattr(func, '__name__', func)}) "
+                        f"given a PackedSequence cannot be differentiated inside torch.func's "
+                        f"transforms, which every method but FiniteDifference uses (torch "
+                        f"{torch.__version__}: {str(err).splitlines()[0][:120]}). Pad the "
+                        f"batch instead (nn.utils.rnn.pad_sequence, batch_first=True) and mask "
+                        f"the padded steps in the loss (e.g. cross_entropy's ignore_index), or "
+                        f"use FiniteDifference().") from err
         return func(*args, **kwargs)

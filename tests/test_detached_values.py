@@ -106,3 +106,64 @@ def test_cuts_the_loss_does_not_read_through_the_weights_do_not_warn(loss: Loss)
 def test_in_float32_the_cut_warns_and_a_custom_function_does_not() -> None:
     assert len(_checked(_problem(_target, dtype=torch.float32))) == 1
     assert _checked(_problem(_custom_function, dtype=torch.float32)) == []
+
+
+class _GradScale(torch.autograd.Function):
+    """The identity forward, a backward scaled by ``s`` (as a gradient-reversal layer)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, s: float) -> torch.Tensor:  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.s = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:  # type: ignore[override]
+        return g * ctx.s, None
+
+
+class _Tanh(torch.autograd.Function):
+    """tanh with its true derivative."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.tanh(x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        (y,) = ctx.saved_tensors
+        return g * (1 - y ** 2)
+
+
+def test_a_custom_function_whose_backward_is_not_its_derivative_warns() -> None:
+    """A gradient-scaling layer (identity forward, backward x 0.3): forward and reverse mode
+    agreed with each other and gave the learning rate's hypergradient of the wrong sign against
+    finite differences of the training that runs, with no word (its forward is a view, which
+    keeps requires_grad under no_grad, so no cut was seen). A custom Function with its true
+    derivative does not warn."""
+    def scaled(m: Any, x: torch.Tensor) -> torch.Tensor:
+        h = _GradScale.apply(m.params["0.weight"] @ x.T, 0.3).T + m.params["0.bias"]
+        return torch.tanh(h) @ m.params["2.weight"].T + m.params["2.bias"]
+
+    p = _problem(lambda m, b, hp: F.cross_entropy(scaled(m, b[0]), b[1]))
+    said = [str(w.message) for w in _checked(p) if w.category is DetachedValueWarning]
+    assert len(said) == 1 and ("train_loss reads the output of the custom autograd.Function "
+                               "_GradScale" in said[0]), said
+
+    def true(m: Any, x: torch.Tensor) -> torch.Tensor:
+        h = _Tanh.apply(x @ m.params["0.weight"].T + m.params["0.bias"])
+        return h @ m.params["2.weight"].T + m.params["2.bias"]
+
+    p = _problem(lambda m, b, hp: F.cross_entropy(true(m, b[0]), b[1]),
+                 lambda m, xv, yv: F.cross_entropy(true(m, xv), yv))
+    assert not [w for w in _checked(p) if w.category is DetachedValueWarning]

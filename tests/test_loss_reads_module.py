@@ -172,3 +172,19 @@ def test_a_penalty_over_the_model_arguments_parameters_is_the_one_over_m_params(
     record_p.train_loss = record
     record_p.run(record_p.init_raw())
     assert seen == [k for k, _ in model.named_parameters()]
+
+
+def test_reading_only_the_parameters_dtype_and_device_passes() -> None:
+    """x.to(next(model.parameters()).dtype) reads no values: it was refused as reading the
+    trainable parameters themselves (the probe's .dtype counted as a read)."""
+    def meta(m: Any, model: nn.Module) -> torch.Tensor:
+        w = next(model.parameters())
+        assert w.shape[0] == 8 and w.dim() == 2 and w.numel() == 40
+        one = torch.ones((), dtype=w.dtype, device=w.device)
+        return one * sum(v.pow(2).sum() for v in m.params.values())
+
+    p, _ = _problem(meta)
+    p.check(p.init_raw())
+    lam = p.init_raw()
+    assert torch.allclose(hg.ForwardMode().hypergradient(p, lam).grad,
+                          hg.ReverseMode().hypergradient(p, lam).grad, rtol=1e-12)

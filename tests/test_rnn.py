@@ -145,3 +145,34 @@ def test_problems_with_recurrent_layers_enter_the_mode() -> None:
     assert has_recurrent(nn.Sequential(nn.Linear(2, 2), nn.GRU(2, 2)))
     assert not has_recurrent(nn.Sequential(nn.Linear(2, 2)))
     assert model_problem("lstm").recurrent and not model_problem("resnet").recurrent
+
+
+def test_a_packed_sequence_is_refused_with_the_fix() -> None:
+    """A packed LSTM failed inside torch.func with torch's 'Cannot access data pointer of
+    Tensor that doesn't have storage' (the guide said packed sequences kept torch's path); it
+    is now a NotImplementedError naming PackedSequence and padding. Plain training runs."""
+    import torch.nn.functional as F
+
+    import hypergrad as hg
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 5, dtype=torch.float64)
+    lengths = torch.tensor([6, 4, 2])
+    y = torch.tensor([0, 1, 0])
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn, self.out = nn.LSTM(5, 7, batch_first=True), nn.Linear(7, 2)
+
+        def forward(self, xb: Tensor) -> Tensor:
+            _, (h, _) = self.rnn(pack_padded_sequence(xb, lengths, batch_first=True))
+            return self.out(h[-1])
+
+    p = hg.InnerProblem(Net().double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                        [(x, y)], 3, lambda m, hp: F.cross_entropy(m(x), y))
+    p.run(p.init_raw())  # no transform: torch's kernel
+    with pytest.raises(NotImplementedError, match=r"recurrent layer \(lstm\) given a "
+                                                  r"PackedSequence .*Pad the batch"):
+        hg.ReverseMode().hypergradient(p, p.init_raw())
