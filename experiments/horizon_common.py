@@ -153,9 +153,19 @@ def ratio_se(num: Sequence[float], den: Sequence[float]) -> tuple[float, float]:
     return r, (statistics.stdev(per) / math.sqrt(len(per)) if len(per) > 1 else math.nan)
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (CPU-second budgets buy what this CPU does in them)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh
+                         if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
 def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "platform": platform.platform(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
             "threads": torch.get_num_threads(), "argv": sys.argv[1:],
             "clock": "process CPU seconds (time.process_time), one torch thread"}
 
