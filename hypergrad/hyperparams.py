@@ -1202,6 +1202,18 @@ class HyperParams:
                             f"float64 ({_HALF_WHY}): lam.float(), or start from "
                             f"problem.init_raw().")
 
+    def step_key(self, step: int, horizon: int) -> tuple[int, ...] | None:
+        """What :meth:`values` at ``step`` depends on besides ``lam``: each schedule's window
+        (the library's other kinds read no step); ``None`` where a kind of the user's own may
+        read the step in its own way."""
+        key = []
+        for it in self.items:
+            if type(it).__module__ != __name__:
+                return None
+            if isinstance(it, Schedule):
+                key.append(int(it.window(step, horizon)))
+        return tuple(key)
+
     def values(self, lam: Tensor, step: int | None = None, horizon: int | None = None
                ) -> dict[str, Any]:
         """What training reads: name -> transformed value at ``step`` of ``horizon``.

@@ -104,8 +104,8 @@ class FunctionalModel:
         _refuse_unsupported(module)
         self.device = params[self.param_names[0]].device
         # the modes training runs each submodule in: the user's, the root in train mode
-        self.train_modes = {name: (m.training or name == "")
-                            for name, m in module.named_modules()}
+        self.named_modules = list(module.named_modules())  # walked at every call (_mode)
+        self.train_modes = {name: (m.training or name == "") for name, m in self.named_modules}
         self.bn: dict[str, _BatchNorm] = {
             name: m for name, m in module.named_modules()
             if isinstance(m, _BatchNorm) and m.track_running_stats and self.train_modes[name]
@@ -314,7 +314,7 @@ class ModelFn:
         tensors = {**fm.constants, **self.params, **self.new_buffers}
         if fm.generic or self._probe is not None:
             return self._call_reading(tensors, args, kwargs)
-        with _mode(fm.module, fm.train_modes if self.train else None), self._patched():
+        with _mode(fm.named_modules, fm.train_modes if self.train else None), self._patched():
             return functional_call(fm.module, tensors, args, kwargs, strict=False)
 
     def _call_reading(self, tensors: dict[str, Tensor], args: Any, kwargs: Any) -> Any:
@@ -327,7 +327,7 @@ class ModelFn:
         if probe is not None:
             tensors = probe.inputs(tensors)
         read = list(tensors) if probe is not None else list(fm.generic)
-        with _mode(fm.module, fm.train_modes if self.train else None), self._patched():
+        with _mode(fm.named_modules, fm.train_modes if self.train else None), self._patched():
             out, after = functional_call(fm.reader, {"m." + k: v for k, v in tensors.items()},
                                          (args, kwargs, read), strict=False)
         for k in fm.generic:
@@ -660,14 +660,16 @@ def _refuse_unsupported(module: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def _mode(module: nn.Module, modes: dict[str, bool] | None) -> Iterator[None]:
-    """Each submodule in its mode of ``modes`` (name -> training), or all in eval mode for
-    ``None``; the modes before are restored afterwards."""
-    saved = [(m, m.training) for m in module.modules()]
-    for name, m in module.named_modules():
+def _mode(named: list[tuple[str, nn.Module]], modes: dict[str, bool] | None
+          ) -> Iterator[None]:
+    """Each submodule (``named``: the module's ``named_modules()``, listed once) in its mode of
+    ``modes`` (name -> training), or all in eval mode for ``None``; the modes before are
+    restored afterwards."""
+    saved = [m.training for _, m in named]
+    for name, m in named:
         m.training = False if modes is None else modes.get(name, True)
     try:
         yield
     finally:
-        for m, t in saved:
+        for (_, m), t in zip(named, saved):
             m.training = t

@@ -177,6 +177,8 @@ class InnerProblem:
         self.attention_dropout: bool | None = None
         """Whether attention draws dropout masks (found on the first plain step; then every
         evaluation of a step runs the math kernel, whose masks all methods share)."""
+        self._hp_memo: tuple[Tensor, int, tuple[int, ...], dict[str, Any]] | None = None
+        """The last plain step's hyperparameter values (:meth:`_step_values`)."""
         self.draws: bool | None = None
         """Whether the training loss draws random numbers (known after its first evaluation;
         once ``True``, it stays ``True``)."""
@@ -418,7 +420,7 @@ class InnerProblem:
         """``L_train(w, b, lam; B_t)`` and the running statistics after the forward pass, with
         step ``t``'s random draws. ``fused``: running statistics from torch's fused BatchNorm
         kernel (plain steps: not differentiable with respect to the weights)."""
-        hp = HPValues(self.hyperparams.values(lam, t, self.steps), "train_loss")
+        hp = HPValues(self._step_values(lam, t), "train_loss")
         model = self.fmodel.bind(params, buffers, train=True, step=t, fused=fused)
         if self.draws is False and torch.compiler.is_compiling():  # nothing to seed; untraceable
             return self.train_loss(model, batch, hp), model.new_buffers
@@ -431,8 +433,28 @@ class InnerProblem:
     def update(self, grads: dict[str, Tensor], opt: NamedTuple, params: dict[str, Tensor],
                lam: Tensor, t: int) -> tuple[dict[str, Tensor], NamedTuple]:
         """The optimizer update ``U`` with the hyperparameters of step ``t``."""
-        hp = self.hyperparams.values(lam, t, self.steps)
+        hp = self._step_values(lam, t)
         return self.optimizer.update(grads, opt, params, hp, t)
+
+    def _step_values(self, lam: Tensor, t: int) -> dict[str, Any]:
+        """The hyperparameters' values at step ``t``. Outside every transform, for a ``lam``
+        nothing differentiates, those of the last step asked are kept while ``lam`` and each
+        schedule's window stay the same (a plain run computed them twice a step for the same
+        values: 15 % of a small MLP's plain step)."""
+        hps = self.hyperparams
+        if (type(lam) is not Tensor or lam.requires_grad
+                or torch._C._functorch.peek_interpreter_stack() is not None
+                or torch.compiler.is_compiling()):
+            return hps.values(lam, t, self.steps)
+        key = hps.step_key(t, self.steps)
+        memo = self._hp_memo
+        if (key is not None and memo is not None and memo[0] is lam
+                and memo[1] == lam._version and memo[2] == key):
+            return memo[3]
+        values = hps.values(lam, t, self.steps)
+        if key is not None:
+            self._hp_memo = (lam, lam._version, key, values)
+        return values
 
     def step(self, state: InnerState, lam: Tensor, t: int) -> InnerState:
         """One inner step: ``g = grad_w L_train`` (:meth:`gradient`), then
@@ -1508,7 +1530,12 @@ def is_plain(state: InnerState, lam: Tensor) -> bool:
         return False
     if lam.requires_grad:
         return False
-    return not any(isinstance(x, Tensor) and x.requires_grad for x in tree_flatten(state)[0])
+    # the dicts directly (tree_flatten of the state was a tenth of a small model's plain step)
+    for part in (state.params, state.buffers):
+        if any(x.requires_grad for x in part.values() if isinstance(x, Tensor)):
+            return False
+    return not any(isinstance(x, Tensor) and x.requires_grad
+                   for x in tree_flatten(state.opt)[0])
 
 
 class _Batches:
