@@ -72,3 +72,33 @@ def test_a_mapping_of_items_keyed_by_name() -> None:
     assert hp.names == ["lr", "m"] and hp.num_raw == 4
     with pytest.raises(ValueError, match=r"key 'wd' is named 'l2'"):
         hg.HyperParams({"wd": hg.Scalar("l2", 0.1)})
+
+
+def test_plain_steps_reuse_values_only_while_lam_and_the_window_stay() -> None:
+    """A plain step computed the hyperparameters' values twice (loss and update); they are kept
+    for the same lam (same object and version) and windows. An in-place change of lam, another
+    window, or a kind of the user's own (which may read the step its own way) recompute."""
+    from hypergrad.testing import digits_case
+
+    p = digits_case("momentum", "schedule", steps=8, n_train=24, batch_size=8, hidden=4,
+                    n_val=16, windows=4)
+    lam = p.init_raw()
+    a = p._step_values(lam, 0)
+    assert p._step_values(lam, 1) is a  # window 0 covers steps 0-1
+    b = p._step_values(lam, 2)
+    assert b is not a  # window 1
+    with torch.no_grad():
+        lam.add_(0.5)  # the outer optimizer's in-place step
+    c = p._step_values(lam, 2)
+    assert c is not b and torch.allclose(c["lr"], b["lr"] * torch.exp(torch.tensor(0.5,
+                                         dtype=torch.float64)), rtol=1e-12)
+    assert p._step_values(lam.clone(), 2) is not c  # another tensor
+    wrapped = lam.clone().requires_grad_()
+    assert p._step_values(wrapped, 2) is not p._step_values(wrapped, 2)  # differentiated: never
+
+    class Mine(hg.Scalar):  # a kind of the user's own
+        pass
+
+    hps = hg.HyperParams([hg.Schedule("lr", 0.1, windows=2), Mine("wd", 1e-3)])
+    assert hps.step_key(0, 4) is None
+    assert hg.HyperParams([hg.Schedule("lr", 0.1, windows=2)]).step_key(3, 4) == (1,)
