@@ -660,3 +660,61 @@ def test_an_outer_optimizer_refusing_its_settings_is_named_with_the_fix() -> Non
                                          r"Invalid learning rate: -0.1 .*outer_optimizer\.\*"):
         hg.Trainer(lr_momentum(), outer=functools.partial(torch.optim.Adam, lr=-0.1),
                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+
+
+class _Down(torch.optim.Optimizer):
+    """Lowers every raw hyperparameter by ``lr`` at each step, whatever the hypergradient: each
+    step is worse than the best point (a user's broken outer optimizer)."""
+
+    def __init__(self, params: Any, lr: float = 0.5) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for g in self.param_groups:
+            for q in g["params"]:
+                q.sub_(g["lr"])
+
+
+def test_ten_backtracks_in_a_row_stop_the_run_as_diverged_as_the_docs_say() -> None:
+    """Past MAX_BACKTRACKS the bad step was used, the counter reset and backtracking went on
+    (14 in 16 steps, diverged=False); the docs say the run stops as diverged."""
+    from hypergrad.run.guards import MAX_BACKTRACKS
+    from hypergrad.testing import digits_case
+
+    p = digits_case("momentum", "schedule", steps=6, n_train=24, batch_size=8, hidden=4,
+                    n_val=16)
+    res = hg.Trainer(p, method="forward", outer=_Down, mode=hg.Offline(outer_steps=16),
+                     guards=hg.Guards(backtrack=1.0),
+                     callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    assert res.diverged and f"{MAX_BACKTRACKS} backtracks in a row" in res.message
+    assert [bool(h.get("backtracked")) for h in res.history] == [False] + [True] * MAX_BACKTRACKS
+    assert res.best_step == 0
+
+
+def test_log_takes_a_path_or_a_file_and_a_bad_outer_or_log_is_named(tmp_path: Path) -> None:
+    """Log('tuning.log') ran every outer step and then lost the finished run at its last
+    message ('str' object is not callable); outer='adam' failed as 'str' object is not
+    callable."""
+    import io
+
+    from hypergrad.testing import digits_case
+
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=4, n_val=16)
+    stream = io.StringIO()
+    res = hg.Trainer(p, mode=hg.Offline(outer_steps=1),
+                     callbacks=[hg.run.Log(tmp_path / "tuning.log"), hg.run.Log(stream),
+                                hg.run.Progress(False)]).fit()
+    lines = (tmp_path / "tuning.log").read_text().splitlines()
+    assert lines and lines == stream.getvalue().splitlines() and res.best_val_loss > 0
+    assert lines[-1].startswith("[hypergrad] ")
+    with pytest.raises(TypeError, match=r"Log: fn=3 must be a callable taking a line"):
+        hg.run.Log(3)
+    with pytest.raises(TypeError, match=r"Trainer: outer='adam' must be a factory params -> "
+                                        r"optimizer"):
+        hg.Trainer(p, outer="adam")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Trainer: outer=<function Adam.step.*failed when "
+                                        r"called with the parameters \[lam\]"):
+        hg.Trainer(p, outer=torch.optim.Adam.step)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"SparseAdam takes sparse gradients only"):
+        hg.Trainer(p, outer=torch.optim.SparseAdam)

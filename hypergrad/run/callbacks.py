@@ -12,8 +12,10 @@ of its own type (``Log(None)`` silences the messages).
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 __all__ = ["Callback", "Log", "Progress", "TensorBoard", "default_callbacks", "callbacks",
@@ -40,11 +42,33 @@ class Callback:
 
 
 class Log(Callback):
-    """Messages to ``fn`` (default ``print``; ``None``: nowhere), each after ``prefix`` (a
-    logger that names its source already, as ``hypergrad-run``'s does, takes ``prefix=""``)."""
+    """Messages to ``fn`` (default ``print``; ``None``: nowhere; a file path: appended to that
+    file, a line each; an open text file: written to it), each after ``prefix`` (a logger that
+    names its source already, as ``hypergrad-run``'s does, takes ``prefix=""``)."""
 
-    def __init__(self, fn: Callable[[str], Any] | None = print,
+    def __init__(self, fn: Callable[[str], Any] | str | os.PathLike[str] | Any | None = print,
                  prefix: str = "[hypergrad] ") -> None:
+        if isinstance(fn, (str, os.PathLike)):
+            path = Path(fn).expanduser()
+
+            def append(text: str) -> None:
+                with path.open("a") as fh:
+                    fh.write(text + "\n")
+
+            append.__name__ = str(path)
+            fn = append
+        elif fn is not None and not callable(fn) and callable(getattr(fn, "write", None)):
+            stream = fn
+
+            def write(text: str) -> None:
+                stream.write(text + "\n")
+                stream.flush()
+
+            write.__name__ = getattr(stream, "name", "stream")
+            fn = write
+        elif fn is not None and not callable(fn):  # failed at the run's last message: lost
+            raise TypeError(f"Log: fn={fn!r} must be a callable taking a line (print, "
+                            f"logging.info), a file path, an open text file, or None.")
         self.fn, self.prefix = fn, prefix
 
     def on_message(self, trainer: Any, text: str) -> None:

@@ -168,6 +168,9 @@ def _check_outer(opt: Any, lam: Tensor) -> None:
                          f"over other tensors than the params it was given (the raw "
                          f"hyperparameters), so they would never move; build it from them: "
                          f"outer=lambda params: {type(opt).__name__}(params, ...).")
+    if isinstance(opt, torch.optim.SparseAdam):  # else torch's error inside the first step
+        raise ValueError("Trainer: outer=SparseAdam takes sparse gradients only, and a "
+                         "hypergradient is dense; use torch.optim.Adam.")
     closure = inspect.signature(type(opt).step).parameters.get("closure")
     if (not isinstance(opt, SearchOptimizer) and closure is not None
             and closure.default is inspect.Parameter.empty):
@@ -295,6 +298,10 @@ class Trainer:
                             f"optimizer {type(outer).__name__}(...) itself; pass e.g. "
                             f"outer=functools.partial(torch.optim.{type(outer).__name__}, "
                             f"lr=0.05).")
+        if outer is not None and not callable(outer):  # outer="adam": 'str' not callable
+            raise TypeError(f"Trainer: outer={outer!r} must be a factory params -> optimizer, "
+                            f"e.g. outer=functools.partial(torch.optim.Adam, lr=0.05), "
+                            f"hypergrad.SignDescent, or None (the default search).")
         if outer is None:
             self.outer = default_outer([self.lam], self.box, online=self.mode.online)
         else:
@@ -305,6 +312,11 @@ class Trainer:
                 raise ValueError(f"Trainer: the outer optimizer refused its settings: {err} "
                                  f"(outer={outer!r}; hypergrad-run: outer_optimizer.*). Give "
                                  f"it valid values, e.g. a learning rate > 0.") from err
+            except (TypeError, AttributeError) as err:  # Adam.step given, a misspelt argument
+                raise TypeError(f"Trainer: outer={outer!r} failed when called with the "
+                                f"parameters [lam] ({type(err).__name__}: {err}); it must be a "
+                                f"factory params -> optimizer, e.g. outer=functools.partial("
+                                f"torch.optim.Adam, lr=0.05).") from err
         _check_outer(self.outer, self.lam)
         if isinstance(self.outer, SearchOptimizer):  # what the default or a user's leaves out
             if self.outer.box is None:  # outer=functools.partial(QuasiNewton, step=0.3): the box
@@ -316,7 +328,8 @@ class Trainer:
                 self.outer.seed_with(p.seed)  # every training seed draws its own candidates
         self.evaluations: list[dict[str, Any]] = []
         """Every point evaluated by a plain inner run (space-filling start, line search,
-        restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step"}`` (the outer step
+        restart): ``{"elapsed", "val_loss", "lam", "kind", "outer_step", "hyperparams"}`` (the
+        outer step
         during which it ran: a line search's points are those of the next one, the result's
         ``best_step``); the points with a hypergradient are in ``history``."""
         self.selections: list[dict[str, Any]] = []
@@ -434,9 +447,9 @@ class Trainer:
 
     # -- messages and callbacks ------------------------------------------------------------------
     def message(self, text: str) -> None:
-        """Send a message to the callbacks (:class:`~hypergrad.run.callbacks.Log` prints it)."""
-        for cb in self.callbacks:
-            cb.on_message(self, text)
+        """Send a message to the callbacks (:class:`~hypergrad.run.callbacks.Log` prints it);
+        every callback gets it, also after one raised (then the first error is raised)."""
+        _each(self.callbacks, lambda cb: cb.on_message(self, text))
 
     def _emit(self, event: str, *args: Any) -> None:
         _each(self.callbacks, lambda cb: getattr(cb, event)(self, *args))
@@ -985,7 +998,13 @@ class Trainer:
                 # the lucky first measurement) there is nothing to go back to: its
                 # hypergradient is used, not thrown away for the same point again
                 bad = None
-            backtracked = bad is not None and self._backtracks < MAX_BACKTRACKS
+            if bad is not None and self._backtracks >= MAX_BACKTRACKS:
+                # as the docs say (past the limit the step was used, the counter reset)
+                return self._diverged(
+                    f"{MAX_BACKTRACKS} backtracks in a row, each outer step worse than the best "
+                    f"point ({bad}), though the outer learning rate was halved each time: the "
+                    f"hypergradients do not lead down from there", lam_used, value)
+            backtracked = bad is not None
             why: str | None = None
             with self._next_step_points():
                 if bad is not None and backtracked:
