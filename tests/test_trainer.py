@@ -718,3 +718,41 @@ def test_log_takes_a_path_or_a_file_and_a_bad_outer_or_log_is_named(tmp_path: Pa
         hg.Trainer(p, outer=torch.optim.Adam.step)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"SparseAdam takes sparse gradients only"):
         hg.Trainer(p, outer=torch.optim.SparseAdam)
+
+
+def test_a_resume_keeps_the_learning_rate_a_backtrack_halved(tmp_path: Path) -> None:
+    """The outer learning rate the run halved on a backtrack was put back to the one given on a
+    resume with the same settings ('lr 30.0 -> 60.0'), and the resumed run differed from an
+    uninterrupted one; a learning rate given anew still replaces it."""
+    from hypergrad.testing import digits_case
+
+    p = digits_case("momentum", "schedule", steps=6, n_train=24, batch_size=8, hidden=4,
+                    n_val=16)
+    outer = functools.partial(torch.optim.SGD, lr=60.0)
+    quiet = [hg.run.Log(None), hg.run.Progress(False)]
+    said: list[str] = []
+
+    class Said(hg.Callback):
+        def on_message(self, trainer: Any, text: str) -> None:
+            said.append(text)
+
+    def run(steps: int, folder: Any = None, lr: float = 60.0) -> hg.TrainResult:
+        return hg.Trainer(p, method="forward", outer=functools.partial(torch.optim.SGD, lr=lr),
+                          mode=hg.Offline(outer_steps=steps), guards=hg.Guards(backtrack=1.5),
+                          folder=folder, callbacks=[*quiet, Said()]).fit()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TuningWarning)
+        straight = run(8)
+        first = run(4, tmp_path / "a")
+        resumed = run(8, hg.RunFolder(tmp_path / "a", resume=True))
+    assert any(h.get("backtracked") for h in first.history), "the case needs a backtrack"
+    assert not [s for s in said if "replace the checkpoint's" in s], said
+    assert torch.equal(straight.last_lam, resumed.last_lam)
+    assert [h["val_loss"] for h in straight.history] == [h["val_loss"] for h in resumed.history]
+    assert outer.keywords["lr"] == 60.0
+    said.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TuningWarning)
+        run(9, hg.RunFolder(tmp_path / "a", resume=True), lr=10.0)
+    assert [s for s in said if "lr 15.0 -> 10.0" in s], said

@@ -314,7 +314,10 @@ def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: in
 def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
                log: Log) -> None:
     """Load the outer optimizer's state; the hyperparameters it was built with now (lr, ...)
-    replace the checkpoint's, and a change is logged."""
+    replace the checkpoint's where they differ from those it was built with then
+    (``outer_given``), and a change is logged. One given alike keeps the checkpoint's value: a
+    learning rate the run halved on a backtrack stays halved (it was put back, and the resumed
+    run differed from an uninterrupted one)."""
     name = type(outer).__name__
     cls = ck.get("outer_class", name)
     if cls != name:
@@ -330,14 +333,29 @@ def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
             f"({type(e).__name__}: {e}); resume with the outer optimizer of the original run, "
             f"or start a new run.") from e
     changed = []
-    for group, new in zip(outer.param_groups, settings):
+    then = ck.get("outer_given") or []
+    for i, (group, new) in enumerate(zip(outer.param_groups, settings)):
+        given = then[i] if i < len(then) else {}
         for k, v in new.items():
-            if k in group and group[k] != v:
+            if k in given and _same(given[k], v):
+                continue  # not changed since: the run's own value (a halved lr) carries over
+            if k in group and not _same(group[k], v):
                 changed.append(f"{k} {group[k]!r} -> {v!r}")
             group[k] = v
     if changed:
         log(f"resume: outer optimizer settings given now replace the "
             f"checkpoint's: {', '.join(changed)}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two optimizer settings are equal (tensors by value)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and bool(torch.equal(a, b.to(a))))
+    try:
+        return bool(a == b)
+    except (RuntimeError, ValueError, TypeError):
+        return a is b
 
 
 # -- random generators ---------------------------------------------------------------------------

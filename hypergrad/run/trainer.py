@@ -318,6 +318,9 @@ class Trainer:
                                 f"factory params -> optimizer, e.g. outer=functools.partial("
                                 f"torch.optim.Adam, lr=0.05).") from err
         _check_outer(self.outer, self.lam)
+        self._outer_given = [{k: v for k, v in g.items() if k != "params"}
+                             for g in self.outer.param_groups]
+        """The outer optimizer's settings as built (a resume compares its own with them)."""
         if isinstance(self.outer, SearchOptimizer):  # what the default or a user's leaves out
             if self.outer.box is None:  # outer=functools.partial(QuasiNewton, step=0.3): the box
                 self.outer.box = self.box
@@ -1279,6 +1282,7 @@ class Trainer:
             "version": CHECKPOINT_VERSION, "mode": self.mode.name,
             "outer_step": self.outer_step, "lam": self.lam.detach().clone(),
             "outer": self.outer.state_dict(), "outer_class": type(self.outer).__name__,
+            "outer_given": self._outer_given,
             "method": self.method.name, "history": self.history, "backtracks": self._backtracks,
             "stopped": "", "fingerprint": self._fingerprint, "rng": rng_state(),
             **self.tracker.state_dict()}
