@@ -756,3 +756,19 @@ def test_a_resume_keeps_the_learning_rate_a_backtrack_halved(tmp_path: Path) -> 
         warnings.simplefilter("ignore", TuningWarning)
         run(9, hg.RunFolder(tmp_path / "a", resume=True), lr=10.0)
     assert [s for s in said if "lr 15.0 -> 10.0" in s], said
+
+
+def test_online_divergence_returns_the_last_good_point_with_its_own_loss() -> None:
+    """Online, after a divergence the last good hyperparameters were returned with the best
+    point's validation loss (2.03, measured at lr 2.0) beside lr 9.0, whose loss was 5.36."""
+    from hypergrad.testing import digits_case
+
+    p = digits_case("momentum", "schedule", steps=6, n_train=24, batch_size=8, hidden=4,
+                    n_val=16)
+    res = hg.Trainer(p, method="forward", outer=functools.partial(_Down, lr=-1.5),
+                     mode=hg.Online(interval=1),
+                     callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    assert res.diverged
+    at = [h for h in res.history if h["outer_step"] == res.best_step]
+    assert len(at) == 1 and at[0]["val_loss"] == res.best_val_loss
+    assert at[0]["hyperparams"] == p.hyperparams.describe(res.lam)

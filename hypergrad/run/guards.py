@@ -204,6 +204,7 @@ class Tracker:
         self._grad: tuple[Tensor, Tensor] | None = None  # (lam, the outer gradient there)
         self.last_good = self.lam0.clone()  # lam of the last finite evaluation
         self.last_good_step = 0  # and its outer step
+        self.last_good_val = math.nan  # and its validation loss
         self.nonzero: set[str] = set()
         self.zero_warned: set[str] = set()
         self.top: list[Best] = []
@@ -239,6 +240,7 @@ class Tracker:
         hyperparameters whose hypergradient is exactly zero."""
         v = float(value)
         self.last_good, self.last_good_step = lam.detach().clone(), step
+        self.last_good_val = v
         self._keep(v, lam, step)
         if grad is None:
             return
@@ -288,9 +290,10 @@ class Tracker:
             val, lam, step = self.best
             return lam, step, val, (f"returned the best hyperparameters evaluated, of outer step "
                                     f"{step} (validation loss {val:.4g})")
-        if self.best is not None:
-            return (self.last_good, self.last_good_step, self.best[0],
-                    f"kept the last good hyperparameters, of outer step {self.last_good_step}")
+        if self.best is not None:  # its own loss (the best one's was paired with it)
+            return (self.last_good, self.last_good_step, self.last_good_val,
+                    f"kept the last good hyperparameters, of outer step {self.last_good_step} "
+                    f"(validation loss {self.last_good_val:.4g})")
         return self.lam0, 0, math.nan, ("the initial hyperparameters already diverge: returned "
                                         "them; start from values that train without diverging "
                                         "(a smaller learning rate, a milder penalty)")
@@ -342,6 +345,7 @@ class Tracker:
         best = None if self.best is None else {"val": self.best[0], "lam": self.best[1],
                                                "step": self.best[2]}
         return {"last_good": self.last_good, "last_good_step": self.last_good_step,
+                "last_good_val": self.last_good_val,
                 "best": best, "best_grad": self.best_grad, "nonzero": sorted(self.nonzero),
                 "grad_at": None if self._grad is None else self._grad[0],  # where it was taken
                 "top": [{"val": v, "lam": x, "step": k} for v, x, k in self.top]}
@@ -350,6 +354,7 @@ class Tracker:
         """Restore from a checkpoint (older ones may lack fields), tensors as ``like``."""
         self.last_good = ck.get("last_good", ck["lam"]).to(like)
         self.last_good_step = int(ck.get("last_good_step", max(int(ck["outer_step"]) - 1, 0)))
+        self.last_good_val = float(ck.get("last_good_val", math.nan))
         self.nonzero = set(ck.get("nonzero", []))
         self.top = [(float(b["val"]), b["lam"].to(like), int(b["step"]))
                     for b in ck.get("top", [])]
