@@ -123,6 +123,13 @@ class MiniBatches:
         self.seed = seed
         self.shuffle = shuffle
         self.per_epoch = n // batch_size
+        if not shuffle and n % batch_size:  # shuffled, each epoch drops others
+            warnings.warn(
+                f"MiniBatches: {n} examples in batches of {batch_size} without shuffling: the "
+                f"last partial batch is dropped in every epoch, so examples "
+                f"{n - n % batch_size}-{n - 1} are never read (a per-example weight of theirs "
+                f"gets a hypergradient of 0). Use a batch size that divides {n}, or "
+                f"shuffle=True.", UserWarning, stacklevel=2)
         self._perm: tuple[tuple[int, int], Tensor] | None = None
 
     def indices(self, t: int) -> Tensor:

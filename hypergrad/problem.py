@@ -1480,6 +1480,13 @@ def _refuse_data_as_batches(batches: Any) -> None:
             f"is not read (a string would be read one character per step). Load the data "
             f"first (e.g. d = numpy.load(path); x = torch.as_tensor(d['x'])) and pass "
             f"{_MAKE_BATCHES}.")
+    if isinstance(batches, (Tensor, np.ndarray)):  # else a stream of its rows, one a step
+        kind = "tensor" if isinstance(batches, Tensor) else "array"
+        raise TypeError(
+            f"InnerProblem: batches is a {kind} of shape {tuple(batches.shape)}: iterating it "
+            f"gives one row per step, each a batch of one example without its batch axis. Pass "
+            f"[x] (or [(x, y)]) for the whole data at every step, or "
+            f"hypergrad.data.MiniBatches(x, y, batch_size=...) for shuffled mini-batches.")
     if isinstance(batches, Mapping):
         keys = list(batches)[:4]
         raise TypeError(

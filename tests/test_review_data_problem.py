@@ -407,3 +407,28 @@ def test_batch_fingerprint_of_a_batch_of_images_tells_orders_apart() -> None:
     assert a is not None and b is not None
     assert a[0][2] == b[0][2] == 3 * 224 * 224  # the same sum, another order
     assert a != b
+
+
+def test_a_tensor_as_batches_is_refused_and_unshuffled_leftovers_are_named() -> None:
+    """batches=x (the data tensor) was read as a stream of its rows, one example a step without
+    its batch axis (E 1.39 against 0.84 with [x]); MiniBatches without shuffling dropped the
+    same last rows in every epoch (their per-example hypergradients exactly 0), unsaid."""
+    import warnings
+
+    import hypergrad as hg
+    from hypergrad.data import MiniBatches
+
+    x = torch.randn(24, 5, dtype=torch.float64)
+    model = torch.nn.Linear(5, 5).double()
+    for data in (x, x.numpy()):
+        with pytest.raises(TypeError, match=r"batches is a (tensor|array) of shape \(24, 5\): "
+                                             r"iterating it gives one row per step.*\[x\]"):
+            hg.InnerProblem(model, lambda m, b, hp: (m(b) - b).pow(2).mean(),
+                            hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]),
+                            data, 3, lambda m, hp: m(x).pow(2).mean())
+    with pytest.warns(UserWarning, match=r"examples 20-23 are never read"):
+        MiniBatches(x, batch_size=5, shuffle=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MiniBatches(x, batch_size=6, shuffle=False)
+        MiniBatches(x, batch_size=5)
