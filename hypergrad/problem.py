@@ -1612,10 +1612,14 @@ def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | N
                 f"in [0, {it.n}) (the last element of a batch, as MiniBatches does), and leave "
                 f"padding out of the batch.")
         if idx is not None and idx.numel() and int(idx.max()) >= it.n:
+            subset = (" A Subset or random_split keeps the full data set's indices: renumber "
+                      "them 0..len(subset)-1 in the data set, or sample the full data set with "
+                      "a SubsetRandomSampler (n = the full set's size)."
+                      if n_examples is not None and it.n == n_examples else "")
             raise ValueError(
                 f"InnerProblem: PerExample({it.name!r}) has n={it.n}, but the first mini-batch "
                 f"indexes example {int(idx.max())}; n must be the number of training examples "
-                f"(> every example index)."
+                f"(> every example index).{subset}"
             )
 
 

@@ -432,3 +432,27 @@ def test_a_tensor_as_batches_is_refused_and_unshuffled_leftovers_are_named() -> 
         warnings.simplefilter("error")
         MiniBatches(x, batch_size=6, shuffle=False)
         MiniBatches(x, batch_size=5)
+
+
+def test_per_example_over_a_subset_names_the_renumbering() -> None:
+    """A DataLoader over a Subset keeps the full set's indices: n=len(subset) was refused
+    with 'n must be the number of training examples', which it was; the message now says
+    why and what to do."""
+    from torch.utils.data import DataLoader, Subset, TensorDataset
+
+    import hypergrad as hg
+
+    x, y = torch.randn(24, 5, dtype=torch.float64), torch.randint(0, 3, (24,))
+    sub = Subset(TensorDataset(x, y, torch.arange(24)), range(8, 24))
+
+    def loss(m, b, hp):  # type: ignore[no-untyped-def]
+        return (hp["w"][b[2]] * torch.nn.functional.cross_entropy(m(b[0]), b[1],
+                                                                    reduction="none")).mean()
+
+    p = hg.InnerProblem(torch.nn.Linear(5, 3).double(), loss, hg.optim.sgd(lr=0.1),
+                        hg.HyperParams([hg.PerExample("w", 1.0, n=16)]),
+                        DataLoader(sub, batch_size=16), 2,
+                        lambda m, hp: torch.nn.functional.cross_entropy(m(x), y))
+    with pytest.raises(ValueError, match=r"indexes example \d+.*A Subset or random_split keeps "
+                                         r"the full data set's indices"):
+        p.check(p.init_raw())
