@@ -137,7 +137,7 @@ def test_bad_strategy_arguments() -> None:
         hg.hvp.VmapVJP(chunk_size=0)
     with pytest.raises(TypeError, match="hvp must be an HVPStrategy"):
         hg.ForwardMode(hvp="vmap")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="eps=0 must be > 0"):
+    with pytest.raises(ValueError, match="eps=0 must be a finite number > 0"):
         hg.FiniteDifference(eps=0)
 
 

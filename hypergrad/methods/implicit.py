@@ -196,7 +196,7 @@ class CG(LinearSolver):
             if float(rs) < best[0]:
                 best = (float(rs), x.clone(), it)
         info: dict[str, Any] = {"iterations": it}
-        if best[0] < float(rs):
+        if breakdown and best[0] < float(rs):  # else the last iterate (CG's least A-norm error)
             x = best[1]
             info["returned_iterate"] = best[2]
         if breakdown:
