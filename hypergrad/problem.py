@@ -833,13 +833,17 @@ class InnerProblem:
         snapshot = {k: v.detach().clone() for k, v in _tensors_of(fm.module).items()}
         probe = ModelProbe(fm)
         leaves = {k: v.requires_grad_() for k, v in fm.initial_params().items()}
+        # one batch for the probe and the in-place check: a source that gives a new tensor at
+        # each call (MiniBatches indexes its data) hid a write (x.div_(2)) from the check, and
+        # forward mode then failed with torch's 'mutate a captured Tensor'
+        first = self.first_batch()
 
         def run_train(params: dict[str, Tensor], pr: ModelProbe) -> Any:
             with torch.enable_grad(), step_rng(self.seed, 0, self.device), _quiet():
                 p = {k: v.clone() for k, v in params.items()}
                 hp = HPValues(self.hyperparams.values(lam, 0, self.steps), "train_loss")
                 model = ModelFn(fm, p, fm.initial_buffers(), True, 0, probe=pr)
-                return self._call("train_loss", self.train_loss, model, self.first_batch(), hp)
+                return self._call("train_loss", self.train_loss, model, first, hp)
 
         def run_val(pr: ModelProbe) -> Any:
             with torch.no_grad(), step_rng(self.seed, VALIDATION_STEP, self.device), _quiet():
@@ -849,8 +853,8 @@ class InnerProblem:
                                 probe=pr)
                 return self._call("val_loss", self.val_loss, model, hpv)
 
-        batch0 = [(x, x._version, x.detach().clone()) for x in tree_flatten(
-            self.first_batch())[0] if isinstance(x, Tensor) and not x.is_inference()]
+        batch0 = [(x, x._version, x.detach().clone()) for x in tree_flatten(first)[0]
+                  if isinstance(x, Tensor) and not x.is_inference()]
         try:
             loss = run_train(leaves, probe)
             run_val(probe)

@@ -357,6 +357,13 @@ def test_a_loss_writing_the_batch_in_place_is_refused_and_the_data_restored() ->
                                          r".*x = x / 255"):
         p.check(p.init_raw())
     assert torch.equal(batch[0], x100)
+    # a source that gives a new tensor at each call (MiniBatches indexes its data): the check
+    # saw another call's batch than the loss wrote, and forward mode failed in torch.func
+    from hypergrad.data import MiniBatches
+
+    p = _problem(MiniBatches(x100.clone(), y, batch_size=4, seed=0), train_loss=tl)
+    with pytest.raises(ValueError, match=r"train_loss writes the mini-batch in place"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
 
 
 def test_a_distributed_sampler_shuffles_each_pass() -> None:
