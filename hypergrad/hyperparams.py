@@ -1081,6 +1081,9 @@ class HyperParams:
     """
 
     def __init__(self, items: Sequence[HyperParameter] | Mapping[str, HyperParameter]) -> None:
+        if isinstance(items, HyperParams):  # 'HyperParams' object is not iterable
+            raise TypeError("HyperParams: items is a HyperParams already; pass it as it is, or "
+                            "HyperParams([*hps.items, ...]) to add items.")
         if isinstance(items, Mapping):
             for key, it in items.items():
                 if getattr(it, "name", key) != key:

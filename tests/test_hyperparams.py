@@ -102,3 +102,9 @@ def test_plain_steps_reuse_values_only_while_lam_and_the_window_stay() -> None:
     hps = hg.HyperParams([hg.Schedule("lr", 0.1, windows=2), Mine("wd", 1e-3)])
     assert hps.step_key(0, 4) is None
     assert hg.HyperParams([hg.Schedule("lr", 0.1, windows=2)]).step_key(3, 4) == (1,)
+
+
+def test_a_hyperparams_given_to_hyperparams_is_named() -> None:
+    h = hg.HyperParams([hg.Scalar("lr", 0.1)])
+    with pytest.raises(TypeError, match=r"items is a HyperParams already"):
+        hg.HyperParams(h)  # type: ignore[arg-type]
