@@ -223,3 +223,26 @@ def test_clip_in_config() -> None:
     task, trainer = build(cfg)
     assert isinstance(task.problem.optimizer, ClipGradNorm)
     assert task.problem.optimizer.max_norm == 1.0
+
+
+def test_a_tiny_clip_at_a_zero_gradient_has_a_finite_tangent() -> None:
+    """clip_grad_norm <= the clip's eps (1e-6) is active at a zero gradient, where the tangent
+    was 0 * -inf = NaN (forward mode NaN, reverse mode and finite differences finite)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 3, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
+    batches = [(x[:3], y[:3], 1.0), (x[3:], y[3:], 0.0)]  # odd steps: a gradient of exactly 0
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return b[2] * ((m(b[0]) - b[1]) ** 2).mean()
+
+    p = hg.InnerProblem(nn.Linear(3, 2).double(), tl, hg.optim.adam(lr="lr", clip_grad_norm=1e-7),
+                        hg.HyperParams([hg.Scalar("lr", 0.05, "log")]), batches, 5,
+                        lambda m, hp: ((m(x) - y) ** 2).mean())
+    lam = p.init_raw()
+    fwd = hg.ForwardMode().hypergradient(p, lam).grad
+    rev = hg.ReverseMode().hypergradient(p, lam).grad
+    fd = hg.FiniteDifference().hypergradient(p, lam).grad
+    assert torch.isfinite(fwd).all() and torch.allclose(fwd, rev, rtol=1e-10)
+    assert torch.allclose(fwd, fd, rtol=1e-6)

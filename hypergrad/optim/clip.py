@@ -77,7 +77,11 @@ def clip_tangent(grads: Params, G: Params, max_norm: float, eps: float = CLIP_EP
         d = z.reshape(z.shape[0], -1) @ g.reshape(-1)
         dot = d if dot is None else dot + d
     assert dot is not None
-    ds = dot * (-max_norm / (n * (n + eps) ** 2))  # ds/dg . G per column
+    # ds/dg . G per column; at a zero gradient (active only for max_norm <= eps) the norm's
+    # derivative is taken as 0, as autograd does (0 * -inf was NaN where reverse mode is finite)
+    live = n > 0
+    safe = torch.where(live, n, torch.ones_like(n))
+    ds = torch.where(live, dot * (-max_norm / (safe * (safe + eps) ** 2)), torch.zeros_like(dot))
     new_g = {k: g * coef for k, g in grads.items()}
     new_G = {}
     for k, g in grads.items():
