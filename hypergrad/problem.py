@@ -1575,9 +1575,6 @@ class _Batches:
 
     @staticmethod
     def checked(batch: Any, t: int) -> Any:
-        if batch is None:  # else "'NoneType' object is not subscriptable" inside the loss
-            raise TypeError(f"InnerProblem: the batch source gave None for step {t}; a callable "
-                            f"t -> batch must return the mini-batch (e.g. return x[i], y[i]).")
         leaves, _ = tree_flatten(batch)
         for i, x in enumerate(leaves):
             if isinstance(x, Tensor) and x.ndim >= 1 and x.shape[0] == 0:

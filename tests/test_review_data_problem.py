@@ -464,9 +464,3 @@ def test_per_example_over_a_subset_names_the_renumbering() -> None:
                                          r"the full data set's indices"):
         p.check(p.init_raw())
 
-
-def test_a_batch_source_returning_none_is_named() -> None:
-    p = _problem(lambda t: None)  # a callable that forgot to return its batch
-    with pytest.raises(TypeError, match=r"gave None for step 0; a callable t -> batch must "
-                                        r"return the mini-batch"):
-        p.check(p.init_raw())
