@@ -689,6 +689,10 @@ class SparseOperator:
     # -- products ----------------------------------------------------------------------------
 
     def _check_x(self, api: str, x: Any, n: int, axis: int, expected: str) -> None:
+        if isinstance(x, SparseOperator):  # op @ op: no conversion helps
+            raise TypeError(f"{api}: x is another SparseOperator; a product of two sparse "
+                            f"operators is not supported: apply them one after the other to a "
+                            f"dense tensor, (op1 @ (op2 @ x)).")
         if not isinstance(x, Tensor):
             raise TypeError(f"{api}: x must be a torch.Tensor, got {type(x).__name__}; convert "
                             f"with torch.as_tensor(x, dtype={self.dtype}).")
@@ -721,6 +725,9 @@ class SparseOperator:
         if x.dim() == 1:
             return _SparseMatmul.apply(x, self.T)
         return _SparseMatmul.apply(x.t(), self.T).t()
+
+    __array_ufunc__ = None  # numpy @ op: numpy hands it to __rmatmul__ (its own error read
+    # "matmul: Input operand 1 does not have enough dimensions")
 
     def __matmul__(self, x: Tensor) -> Tensor:
         return self.matmul(x)

@@ -124,3 +124,17 @@ def test_matmul_dtype_message_offers_only_supported_fixes() -> None:
         op @ torch.zeros(3, dtype=torch.long)
     with pytest.raises(TypeError, match=r"or use op\.to\(dtype=torch\.float32\)"):
         op @ torch.zeros(3, dtype=torch.float32)
+
+
+def test_numpy_and_operator_operands_are_named() -> None:
+    """np.ones(3) @ op raised numpy's 'Input operand 1 does not have enough dimensions'; op @ op
+    was told to convert with torch.as_tensor."""
+    import torch
+
+    from hypergrad.sparse import SparseOperator
+
+    op = SparseOperator(torch.eye(3, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"rmatmul: x must be a torch.Tensor, got ndarray"):
+        np.ones(3) @ op
+    with pytest.raises(TypeError, match=r"x is another SparseOperator"):
+        op @ op
