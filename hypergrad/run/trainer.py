@@ -584,15 +584,24 @@ class Trainer:
 
     def _hypergradient(self, lam: Tensor) -> HyperGradient:
         m, p = self.method, self.problem
-        if not isinstance(m, OnlineMethod):
-            hg = m.hypergradient(p, lam)
-            if not self._two_orders() or not bool(torch.isfinite(hg.grad).all()):
-                return hg
-            with p.variant(TWO_ORDERS_VARIANT):
-                other = m.hypergradient(p, lam).grad
-            if not bool(torch.isfinite(other).all()):  # the problem's own order alone
-                return hg
-            return hg._replace(grad=(hg.grad + other) / 2)
+        hg = (m.hypergradient(p, lam) if not isinstance(m, OnlineMethod)
+              else self._stepped_hypergradient(lam))
+        if not self._two_orders() or not bool(torch.isfinite(hg.grad).all()):
+            return hg
+        # the other order, for every exact method alike: forward mode (a stepped method) took
+        # the problem's order alone while the log said two, so a resume that swapped reverse
+        # for forward, or method="auto" at K = 1, ran another search
+        with p.variant(TWO_ORDERS_VARIANT):
+            other = m.hypergradient(p, lam).grad
+        if not bool(torch.isfinite(other).all()):  # the problem's own order alone
+            return hg
+        return hg._replace(grad=(hg.grad + other) / 2)
+
+    def _stepped_hypergradient(self, lam: Tensor) -> HyperGradient:
+        """A stepped method's hypergradient over the run, step by step: the inner progress
+        and, with ``RunFolder(inner_every=...)``, checkpoints within the run."""
+        m, p = self.method, self.problem
+        assert isinstance(m, OnlineMethod)
         run = self._resume_inner(lam)
         if run is None:
             run = m.init(p, lam)  # stepped here for the inner progress
