@@ -148,10 +148,9 @@ class SearchSettings:
             surrogate model's largest K, :data:`~hypergrad.run.outer.SURROGATE_K`) was chosen
             after that run to leave K = 200 out. On the evaluation half, then: 1.005x against
             the one-order run at the same seeds, every problem within two standard errors
-            (docs/benchmarks.md). Held out, on the long-horizon study's language model (K = 17
-            and 22, one hypergradient per budget, a rough loss): worse at 2 of 3 seeds, the
-            second order costing about 15 plain runs (``forward_scales`` 3.2595 against
-            3.2331 bits per character).
+            (docs/benchmarks.md). Until 2026-12-06 forward mode (a stepped method) took one
+            order while the log said two; every exact method averages now, so the long-horizon
+            study (whose forward contenders run ``ForwardMode()``) has not measured it yet.
 
     Example:
         >>> SearchSettings(recheck_first=False)
