@@ -340,8 +340,8 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
             compare[meth.name]["rel_diff_to_forward"] = float(
                 (hgr.grad - ref).norm() / ref.norm().clamp_min(1e-300))
     hps, horizon = p.hyperparams, p.steps
-    last_step = (trainer.outer_step if not trainer.mode.online and not result.diverged
-                 else None)
+    last_step = (result.last_step if result.last_step is not None else trainer.outer_step
+                 ) if not trainer.mode.online and not result.diverged else None
     results = {
         "name": cfg.name, "task": task.name, **({"task_fingerprint": task.fingerprint}
                                                 if task.fingerprint else {}),

@@ -772,3 +772,24 @@ def test_online_divergence_returns_the_last_good_point_with_its_own_loss() -> No
     at = [h for h in res.history if h["outer_step"] == res.best_step]
     assert len(at) == 1 and at[0]["val_loss"] == res.best_val_loss
     assert at[0]["hyperparams"] == p.hyperparams.describe(res.lam)
+
+
+def test_the_last_point_keeps_the_step_it_was_recorded_at() -> None:
+    """Where no update followed the last record (the default search's descent ending on a line
+    search that found nothing better; here an outer learning rate of 0), the final evaluation
+    is that record's point: results.json's last_step named the next outer step."""
+    from hypergrad.testing import digits_case
+
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=4, n_val=16)
+    said: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TuningWarning)
+        res = hg.Trainer(p, outer=functools.partial(torch.optim.SGD, lr=0.0),
+                         mode=hg.Offline(outer_steps=3),
+                         callbacks=[hg.run.Log(said.append), hg.run.Progress(False)]).fit()
+    assert res.last_step == res.history[-1]["outer_step"] == 2
+    assert res.last_val_loss == res.history[-1]["val_loss"]
+    assert any("(outer step 2)" in s and s.startswith("[hypergrad] validation loss") for s in said)
+    moved = hg.Trainer(p, mode=hg.Offline(outer_steps=2),
+                       callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    assert moved.last_step == 2 and moved.history[-1]["outer_step"] == 1

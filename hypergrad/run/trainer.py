@@ -134,6 +134,9 @@ class TrainResult:
     rechecked: list[dict[str, Any]] = field(default_factory=list, repr=False)
     best_select_loss: float | None = None
     elapsed: float = 0.0
+    last_step: int | None = None
+    """Offline: the outer step whose point ``last_lam`` is (the last record's where the descent
+    ended without an update after it, as a line search that found nothing better)."""
 
     def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
         """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
@@ -1093,9 +1096,17 @@ class Trainer:
         why = divergence(value, None, self.tracker.best, self.guards.divergence_factor)
         if why is not None:
             return self._diverged(f"after the last update, {why}", last, value)
-        self.tracker.track(value, last, None, self.outer_step, first=False)
+        hps = self.problem.hyperparams
+        # no update after the last record (the descent ended on a line search that found
+        # nothing better): this is that record's point, not the next step's (results.json's
+        # last_step named the next step, and the plot left out the last point)
+        last_step = (self.history[-1]["outer_step"] if self.history
+                     and self.history[-1].get("hyperparams") == hps.describe(last)
+                     else self.outer_step)
+        self.tracker.track(value, last, None, last_step, first=False)
         with torch.no_grad():
-            self._note(last, float(value), self._select_value(state, last, float(value)))
+            self._note(last, float(value), self._select_value(state, last, float(value)),
+                       last_step)
         assert self.tracker.best is not None
         best_val, best_lam, best_step, best_sel = self._candidates()[0]
         rechecked, pick = self._recheck()
@@ -1106,7 +1117,6 @@ class Trainer:
             self.message(f"chose the point of outer step {best_step} by the held-out "
                          f"select_loss {best_sel:.4g} (its validation loss {best_val:.4g}; "
                          f"the lowest validation loss {self.tracker.best[0]:.4g})")
-        hps = self.problem.hyperparams
         if self.history:
             # after a space-filling start the first hypergradient's point is the start's best,
             # not the initial point (whose loss is among the start's evaluations)
@@ -1116,12 +1126,13 @@ class Trainer:
             start = (f"initial {first:.4g}" if init is None or init == first else
                      f"initial {init:.4g}, the descent's start {first:.4g}")
             self.message(f"validation loss: {start}, best {best_val:.4g} (outer step "
-                         f"{best_step}), last {float(value):.4g} (outer step {self.outer_step})")
+                         f"{best_step}), last {float(value):.4g} (outer step {last_step})")
         return TrainResult(best_lam.clone(), hps.describe(best_lam), list(self.history),
                            self.method.name, state=state, last_lam=last,
                            last_values=hps.describe(last), best_step=best_step,
                            best_val_loss=best_val, last_val_loss=float(value),
-                           rechecked=rechecked, best_select_loss=best_sel)
+                           rechecked=rechecked, best_select_loss=best_sel,
+                           last_step=last_step)
 
     def _recheck(self) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Train the best points (:meth:`_candidates`) again in another batch order
