@@ -221,7 +221,8 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     o = settings["optimizer"]
     init = settings.get("init") or {}
     named = _named(params, "optimizer_from_settings", init)
-    _check_params(settings.get("params"), named)
+    if isinstance(params, (Mapping, nn.Module)):  # by name (an iterable: by position)
+        _check_params(settings.get("params"), named)
     weights = sorted(k for k, v in init.items() if isinstance(v, str))
     if weights:
         raise ValueError(
@@ -298,8 +299,8 @@ def _named(params: Mapping[str, Tensor] | nn.Module | Iterable[Tensor], api: str
 def _check_params(learned: Mapping[str, Any] | None, named: Mapping[str, Tensor]) -> None:
     """Refuse ``params`` that are not the trained parameters the settings were learned for
     (``learned``: their shapes by name; absent in settings written before 2026-12-06)."""
-    if learned is None or set(named) <= {str(i) for i in range(len(learned))}:
-        return  # an iterable of tensors, by position: its names say nothing
+    if learned is None:
+        return
     extra = sorted(set(named) - set(learned))
     missing = sorted(set(learned) - set(named))
     shapes = [n for n in named if n in learned and list(named[n].shape) != list(learned[n])]

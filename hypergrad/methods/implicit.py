@@ -163,6 +163,7 @@ class CG(LinearSolver):
         rs = torch.dot(r, r)
         target = (self.tol * float(b.norm())) ** 2
         it, breakdown, rounding, lam = 0, "", False, 0.0
+        eps = torch.finfo(b.dtype).eps
         # the iterate of the smallest residual: where b has a part H cannot reach (a singular H),
         # the residual stops falling at that part and the later steps, along directions of
         # vanishing curvature, only grow x (measured: 0.63 of |b|, then 4.96e4)
@@ -170,7 +171,6 @@ class CG(LinearSolver):
         while it < self.maxiter and float(rs) > target:
             hp = hvp(p)
             php, pp = torch.dot(p, hp), float(torch.dot(p, p))
-            eps = torch.finfo(b.dtype).eps
             if not float(php) > 10 * eps * lam * pp:
                 # a curvature within rounding of zero against the largest seen is no curvature
                 # the dtype resolves: a step along it (a = rs / php) would be enormous (a

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..errors import CheckpointError, CheckpointWarning, ResumeMismatchError, RunDirError
 from ..hyperparams import TRANSFORMS
-from ..problem import InnerProblem
+from ..problem import InnerProblem, bitwise_equal
 from .files import (
     CHECKPOINT,
     LOCK,
@@ -337,25 +337,14 @@ def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
     for i, (group, new) in enumerate(zip(outer.param_groups, settings)):
         given = then[i] if i < len(then) else {}
         for k, v in new.items():
-            if k in given and _same(given[k], v):
+            if k in given and bitwise_equal(given[k], v):
                 continue  # not changed since: the run's own value (a halved lr) carries over
-            if k in group and not _same(group[k], v):
+            if k in group and not bitwise_equal(group[k], v):
                 changed.append(f"{k} {group[k]!r} -> {v!r}")
             group[k] = v
     if changed:
         log(f"resume: outer optimizer settings given now replace the "
             f"checkpoint's: {', '.join(changed)}")
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Whether two optimizer settings are equal (tensors by value)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.shape == b.shape and bool(torch.equal(a, b.to(a))))
-    try:
-        return bool(a == b)
-    except (RuntimeError, ValueError, TypeError):
-        return a is b
 
 
 # -- random generators ---------------------------------------------------------------------------
