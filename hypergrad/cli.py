@@ -292,8 +292,8 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     # "method" is the family ("reverse"), which a truncated run shares with an exact one
     approx = {k.removeprefix("method."): v for k, v in trainer.method.fingerprint().items()
               if k != "method"}
-    method = (f"{type(trainer.method).__name__}"
-              f"({', '.join(f'{k}={v!r}' for k, v in approx.items())})")
+    # the method as it runs, with every setting (a checkpointed run says it checkpoints)
+    method = repr(trainer.method)
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
              f"method={method} mode={trainer.mode!r} -> {run_dir} "
              f"(config: {cfg_path.name})")

@@ -24,7 +24,12 @@ import hypergrad as hg
 from hypergrad import Trainer
 from hypergrad.cli import run
 from hypergrad.config import CONFIG_DIR, build, config_fingerprint, register_configs, schema
-from hypergrad.errors import HypergradWarning, ResumeMismatchError, RunDirError
+from hypergrad.errors import (
+    HypergradWarning,
+    ResumeMismatchError,
+    RunDirError,
+    ZeroHypergradientWarning,
+)
 from hypergrad.hyperparams import HyperParameter
 from hypergrad.methods.implicit import LinearSolver
 from hypergrad.stepvjp import StepVJP
@@ -351,13 +356,26 @@ def test_a_truncated_runs_results_say_it_was_truncated(
 
     cfg = _compose(["experiment=digits_schedule", "debug=fast", "method=truncated",
                     "method.truncate=5", "report.plots=false"])
-    with caplog.at_level(logging.INFO, logger="hypergrad"):
+    with caplog.at_level(logging.INFO, logger="hypergrad"), pytest.warns(
+            ZeroHypergradientWarning, match=r"last 5 of T = 12 steps .* do not read lr's "
+                                            r"windows 0-1 of 5 \(steps 0-4\)"):
         results = run(cfg, tmp_path)
     assert results["method"] == "reverse" and results["method_settings"] == {"truncate": 5}
     assert "method=ReverseMode(truncate=5)" in caplog.text
     exact = run(_compose(["experiment=digits_schedule", "debug=fast", "method=reverse",
                           "report.plots=false"]), tmp_path / "exact")
     assert exact["method"] == "reverse" and exact["method_settings"] == {}
+    # the preset's truncate=20 over T = 12 steps is full reverse mode: recorded as exact
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hypergrad"):
+        full = run(_compose(["experiment=digits_schedule", "debug=fast", "method=truncated",
+                             "report.plots=false"]), tmp_path / "full")
+        assert full["method_settings"] == {} and "method=ReverseMode()" in caplog.text
+        assert "with truncate=20 >= T = 12 steps is full reverse mode" in caplog.text
+        ck = run(_compose(["experiment=digits_schedule", "debug=fast", "method=checkpointed",
+                           "method.checkpoint=5", "report.plots=false"]), tmp_path / "ck")
+    assert ck["method_settings"] == {}
+    assert "method=ReverseMode(checkpoint=5)" in caplog.text  # the log says it checkpoints
 
 
 @pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # 2 outer steps of Adam

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -305,3 +306,41 @@ def test_a_method_that_does_not_fit_is_not_offered_as_the_fix(method: str) -> No
             assert f"method='{name}'" not in options, options
     if method == "reverse":  # forward's tangents (K = 1) take less than reverse's T states
         assert "method='forward'" in options
+
+
+@pytest.mark.parametrize("method,absent,present", [
+    (hg.ReverseMode(checkpoint="sqrt"), ["checkpointed reverse mode", "fewer hyperparameters",
+                                         "chunk_size"], ["truncated reverse mode"]),
+    (hg.ReverseMode(checkpoint=3), ["checkpointed reverse mode"], ["checkpoint='sqrt'"]),
+    (hg.ReverseMode(truncate=5), ["truncated reverse mode", "fewer hyperparameters"],
+     ["a smaller truncate (now 5", "checkpointed reverse mode"]),
+])
+def test_a_reverse_kind_that_does_not_fit_is_not_told_to_be_itself(
+        method: hg.ReverseMode, absent: list[str], present: list[str]) -> None:
+    """A checkpointed reverse mode over its budget was offered checkpointed reverse mode as
+    the fix, a truncated one truncated reverse mode, and both forward mode's options (fewer
+    hyperparameters, HVP columns), which their memory hardly depends on; the message named
+    the method twice ("method=checkpointed reverse needs about checkpointed reverse ...")."""
+    p = digits_case("momentum", "schedule", steps=12, n_train=24, batch_size=8, hidden=8,
+                    n_val=32, windows=3)
+    est = estimate_memory(p, method)
+    with warnings.catch_warnings():  # truncate=5 leaves windows unread (another test's)
+        warnings.simplefilter("ignore", hg.errors.ZeroHypergradientWarning)
+        with pytest.raises(MemoryBudgetError) as info:
+            hg.Trainer(p, method=method, guards=hg.Guards(memory_budget=est.total * 0.9),
+                       callbacks=[])
+    text = str(info.value)
+    assert f"method={est.method} needs about {est.method}" not in text
+    options = text.split("Options: ", 1)[1]
+    for a in absent:
+        assert a not in options, (a, options)
+    for b in present:
+        assert b in options, (b, options)
+
+
+def test_the_tape_estimate_does_not_call_its_steps_stored_states() -> None:
+    p = digits_case("momentum", "lr", steps=40, n_train=24, batch_size=8, hidden=8, n_val=32)
+    est = hg.ReverseMode(tape=True).estimate_memory(p)
+    assert "stored states" not in str(est)  # it read "40 stored states: <one state's size>"
+    assert "the tape of 40 steps' gradients with their graphs, at most" in str(est)
+    assert hg.ReverseMode(checkpoint=1).stored_states(40) == hg.ReverseMode().stored_states(40)

@@ -6,6 +6,7 @@ double backward."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -172,3 +173,58 @@ def test_reverse_mode_arguments_are_checked() -> None:
     m = hg.ReverseMode(checkpoint="sqrt", truncate=50)
     assert (m.horizon(400), m.segment(400), m.stored_states(400)) == (50, 8, 7 + 8 + 1)
     assert hg.ReverseMode().stored_states(10) == 11
+
+
+def test_reverse_mode_takes_numpy_integers() -> None:
+    import numpy as np
+
+    m = hg.ReverseMode(truncate=np.int64(3), checkpoint=np.int32(2))
+    assert (m.truncate, m.checkpoint) == (3, 2) and type(m.truncate) is int
+    with pytest.raises(ValueError, match=r"truncate=np.int64\(0\) must be None or an int >= 1"):
+        hg.ReverseMode(truncate=np.int64(0))
+
+
+def test_truncate_at_or_past_the_horizon_runs_as_exact_reverse_mode() -> None:
+    """truncate >= T is full reverse mode (documented), but its run was recorded as truncated:
+    a resume with ForwardMode() was refused (method.truncate: 7 -> '<absent>') and
+    results.json called it approximate."""
+    p = digits_case("momentum", "lr", **{**SMALL, "steps": 7})
+    messages: list[str] = []
+
+    class Said(hg.run.callbacks.Callback):
+        def on_message(self, trainer: Any, text: str) -> None:
+            messages.append(text)
+
+    tr = hg.Trainer(p, method=hg.ReverseMode(truncate=7, checkpoint=2), callbacks=[])
+    tr2 = hg.Trainer(p, method=hg.ReverseMode(truncate=50), callbacks=[Said()])
+    for t in (tr, tr2):
+        assert type(t.method) is hg.ReverseMode and t.method.truncate is None
+        assert t.method.fingerprint() == {}
+    assert tr.method.checkpoint == 2
+    assert any("with truncate=50 >= T = 7 steps is full reverse mode (exact): ran "
+               "ReverseMode()" in m for m in messages), messages
+    lam = p.init_raw()
+    assert torch.equal(tr.method.hypergradient(p, lam).grad,
+                       hg.ReverseMode(truncate=7).hypergradient(p, lam).grad)
+
+
+def test_truncated_reverse_warns_of_schedule_windows_it_never_reaches() -> None:
+    """With a 3-window schedule over T = 9 and truncate=2, the first two windows' hypergradient
+    is exactly 0 and tuning never moved them, with no word (initial weights are refused for
+    the same reason)."""
+    p = digits_case("sgd", "schedule", **{**SMALL, "steps": 9, "windows": 3})
+    with pytest.warns(hg.errors.ZeroHypergradientWarning,
+                      match=r"ReverseMode\(truncate=2\): the last 2 of T = 9 steps it "
+                            r"backpropagates do not read lr's windows 0-1 of 3 \(steps 0-5\): "
+                            r"their hypergradient is exactly 0"):
+        hg.Trainer(p, method=hg.ReverseMode(truncate=2), callbacks=[])
+    g = hg.ReverseMode(truncate=2).hypergradient(p, p.init_raw()).grad  # the claim holds
+    assert torch.equal(g[:2], torch.zeros(2, dtype=g.dtype)) and bool(g[2] != 0)
+    with pytest.warns(hg.errors.ZeroHypergradientWarning, match=r"lr's window 0 of 3 "
+                                                                r"\(steps 0-2\)"):
+        hg.Trainer(p, method=hg.ReverseMode(truncate=4), callbacks=[])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hg.Trainer(p, method=hg.ReverseMode(truncate=7), callbacks=[])  # reaches step 2
+        hg.Trainer(digits_case("sgd", "lr", **{**SMALL, "steps": 9}),
+                   method=hg.ReverseMode(truncate=2), callbacks=[])  # no schedule

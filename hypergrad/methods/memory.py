@@ -97,13 +97,20 @@ def estimate_memory(problem: InnerProblem, method: Method | str = "forward"
 
 
 def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstimate | None,
-            mode: str, ckpt: MemoryEstimate | None = None, chosen: str | None = None) -> str:
+            mode: str, ckpt: MemoryEstimate | None = None, chosen: str | None = None,
+            failed: Method | None = None) -> str:
     """What to do when a method does not fit, in words. ``chosen``: the method that did not
     fit (``"forward"`` or ``"reverse"``; ``"auto"``: neither fits), never suggested as the
-    fix."""
+    fix; ``failed``: that method itself (a checkpointed or truncated reverse mode is not told
+    to checkpoint or truncate, a reverse kind not to drop hyperparameters, which its memory
+    hardly depends on)."""
+    from .reverse import ReverseMode
+
     k, t = problem.num_hyperparams, problem.steps
+    checkpointed = isinstance(failed, ReverseMode) and failed.checkpoint is not None
+    truncated = isinstance(failed, ReverseMode) and failed.truncate is not None
     opts = []
-    if fwd is not None and k > 1:
+    if fwd is not None and k > 1 and chosen != "reverse":
         opts.append(f"fewer hyperparameters (K={k}; forward's tangents take "
                     f"{gib(2 * k * fwd.state)})")
         if fwd.columns > 1:
@@ -111,11 +118,16 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
                         f"(method.hvp.chunk_size / method.hvp.memory_budget in bytes; now "
                         f"{gib(fwd.intermediates)} for {fwd.columns} columns)")
     if rev is not None and mode == "offline":
-        if ckpt is None:
+        if ckpt is None and not checkpointed:
             opts.append(f"checkpointed reverse mode, ReverseMode(checkpoint='sqrt') (method="
                         f"checkpointed: ~2 sqrt(T) states instead of T+1={t + 1})")
-        opts.append(f"truncated reverse mode, ReverseMode(truncate=k) (method=truncated "
-                    f"method.truncate=k: k+1 states, approximate for k < T={t})")
+        elif checkpointed and isinstance(failed, ReverseMode) and failed.checkpoint != "sqrt":
+            opts.append("checkpoint='sqrt' (the fewest states held at once)")
+        if truncated and isinstance(failed, ReverseMode):
+            opts.append(f"a smaller truncate (now {failed.truncate}: k+1 states)")
+        else:
+            opts.append(f"truncated reverse mode, ReverseMode(truncate=k) (method=truncated "
+                        f"method.truncate=k: k+1 states, approximate for k < T={t})")
         cheaper = None if fwd is None else "reverse" if rev.total < fwd.total else "forward"
         if cheaper is not None and chosen not in (cheaper, "auto"):
             opts.append(f"method='{cheaper}'")
@@ -148,11 +160,12 @@ def check_memory(problem: InnerProblem, method: Method, mode: str = "offline",
     rev = ReverseMode().estimate_memory(problem, sizes)
     other = rev if est.columns else fwd
     family = "forward" if est.columns else "reverse"
+    opts = options(problem, fwd, rev if mode == "offline" else None, mode, chosen=family,
+                   failed=method)
     raise MemoryBudgetError(
-        f"{api}: method={est.method} needs about {est} > memory budget {gib(room)} "
-        f"(K={problem.num_hyperparams}, T={problem.steps}, state {gib(est.state)}); "
-        f"{other.method} would need ~{gib(other.total)}. Options: "
-        f"{options(problem, fwd, rev if mode == 'offline' else None, mode, chosen=family)}.")
+        f"{api}: method={est.method} needs about {str(est).removeprefix(est.method + ' ')} > "
+        f"memory budget {gib(room)} (K={problem.num_hyperparams}, T={problem.steps}, state "
+        f"{gib(est.state)}); {other.method} would need ~{gib(other.total)}. Options: {opts}.")
 
 
 _OOM_TEXT = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory",
@@ -198,7 +211,7 @@ def out_of_memory(problem: InnerProblem, method: Method, mode: str,
         fwd = est if est.columns else ForwardMode().estimate_memory(problem)
         rev = ReverseMode().estimate_memory(problem) if mode == "offline" else None
     chosen = None if est is None else "forward" if est.columns else "reverse"
-    opts = options(problem, fwd, rev, mode, chosen=chosen)
+    opts = options(problem, fwd, rev, mode, chosen=chosen, failed=method)
     return MemoryBudgetError(
         f"{api}: out of memory{' ' + where if where else ''} with method={method.name} "
         f"(K={problem.num_hyperparams}, T={problem.steps}): {asked}. {said[0].upper()}"

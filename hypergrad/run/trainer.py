@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..errors import BoundsWarning, CheckpointWarning, TuningWarning
+from ..methods.auto import AutoMode
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
 from ..methods.memory import check_memory, out_of_memory
 from ..problem import InnerProblem, InnerState
@@ -403,7 +404,7 @@ class Trainer:
                 f"only after a whole run. Use method='forward', 'marthe' or 'hd', or "
                 f"mode=Offline().")
         chosen.check(self.problem)
-        if chosen is method:  # a method picked by resolve() was picked to fit
+        if not isinstance(method, AutoMode):  # AutoMode's pick was picked to fit
             check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget)
         return chosen
 
