@@ -5,6 +5,8 @@ method by name (for configs)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from fixtures import SMALL
 
@@ -177,6 +179,38 @@ def test_a_method_name_is_taken_once() -> None:
     with pytest.raises(ValueError, match=r"must be an identifier"):
         class Bad(hg.ForwardMode, name="not a name"):
             pass
+    # only the qualified name was compared: a class of the built-in's name replaced it, and
+    # two modules' classes of one name each other, with no word
+    with pytest.raises(ValueError, match=r"Method name 'forward' is taken by "
+                                         r"hypergrad.methods.forward.ForwardMode; choose "
+                                         r"another name for my_methods.ForwardMode"):
+        type("ForwardMode", (hg.Method,), {"__module__": "my_methods",
+                                           "__qualname__": "ForwardMode",
+                                           "hypergradient": lambda self, p, lam: None},
+             name="forward")
+    mine = type("Mine", (hg.Method,), {"__module__": "pkg_a", "__qualname__": "Mine",
+                                       "hypergradient": lambda self, p, lam: None}, name="mine")
+    with pytest.raises(ValueError, match=r"'mine' is taken by pkg_a.Mine; choose another name "
+                                         r"for pkg_b.Mine"):
+        type("Mine", (hg.Method,), {"__module__": "pkg_b", "__qualname__": "Mine",
+                                    "hypergradient": lambda self, p, lam: None}, name="mine")
+    again = type("Mine", (hg.Method,), {"__module__": "pkg_a", "__qualname__": "Mine",
+                                        "hypergradient": lambda self, p, lam: None}, name="mine")
+    assert hg.methods.registered()["mine"] is again is not mine  # a reloaded module replaces
+    assert type(create("forward")) is hg.ForwardMode
+
+
+@pytest.mark.usefixtures("isolated_registries")
+def test_an_optimizer_name_is_taken_once() -> None:
+    def sgd(lr: float = 0.1) -> Any:
+        return hg.optim.create("adam", lr=lr)
+
+    sgd.__module__ = "my_optimizers"
+    with pytest.raises(ValueError, match=r"optim.register: name 'sgd' is taken by "
+                                         r"hypergrad.optim.sgd.sgd; choose another name for "
+                                         r"my_optimizers.*sgd, e.g. @register\(name='my_sgd'\)"):
+        hg.optim.register(sgd)
+    assert type(hg.optim.create("sgd", lr=0.1)).__name__ == "SGD"
 
 
 def test_auto_mode_takes_the_hvp_strategy_of_its_forward_mode() -> None:

@@ -4,7 +4,7 @@ tangents, argument by argument (float64)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -173,3 +173,51 @@ def test_a_terms_zero_derivatives_add_nothing_and_skip_its_value() -> None:
     assert calls == [1] and torch.equal(z, want)
     c.add_term(z, torch.tensor([float("nan"), 0.0, 0.0], dtype=torch.float64), x)
     assert torch.isnan(z[1]).all() and torch.equal(z[[0, 2, 3, 4]], want[[0, 2, 3, 4]])
+
+
+class _NormState(NamedTuple):
+    """:class:`_NormalizedSGD` keeps nothing between steps."""
+
+
+class _NormalizedSGD(hg.optim.Optimizer):
+    """A user's optimizer that does not say whether it is elementwise (it is not: the norm
+    couples a tensor's entries) and has no closed-form tangent."""
+
+    hyper_args = ("lr",)
+
+    def init(self, params: dict) -> _NormState:
+        return _NormState()
+
+    def update(self, grads: dict, state: _NormState, params: dict, hp: Any, step: int
+               ) -> tuple[dict, _NormState]:
+        return {k: w - self.read(self.args["lr"], hp, k) * grads[k] / (grads[k].norm() + 1e-8)
+                for k, w in params.items()}, state
+
+
+def test_an_optimizer_that_does_not_say_it_is_elementwise_gets_the_jvp_tangent() -> None:
+    """``elementwise`` was True by default: a user's normalized SGD that left it out got the
+    diagonal Jacobian's tangent, and forward mode's hypergradient was 10 % off reverse mode's
+    with no word. The default is False (jvp, right for any update); the built-in elementwise
+    optimizers say True."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    torch.manual_seed(0)
+    p = hg.InnerProblem(
+        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        _NormalizedSGD(lr="lr"), hg.HyperParams([hg.PerTensor("lr", init=0.3,
+                                                               transform="log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=6,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    assert not p.optimizer.elementwise
+    lam = p.init_raw()
+    rev = hg.ReverseMode().hypergradient(p, lam).grad
+    assert rel_err(hg.ForwardMode().hypergradient(p, lam).grad, rev) < 1e-12
+    p.optimizer.elementwise = True  # what the default was: the diagonal Jacobian is wrong here
+    assert rel_err(hg.ForwardMode().hypergradient(p, lam).grad, rev) > 1e-2
+    for name in ("sgd", "adam", "adamw", "rmsprop", "adagrad"):
+        assert hg.optim.create(name, lr=0.1).elementwise, name
+    assert not hg.optim.create("adamw_schedulefree", lr=0.1).elementwise

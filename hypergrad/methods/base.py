@@ -41,6 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..errors import ResumeMismatchError
 from ..footprint import FAKE_ERRORS, fake_mode, like, peak_bytes, saved_bytes
 from ..hvp import HVPStrategy, VmapVJP
+from ..optim.base import same_definition
 from ..problem import InnerProblem, InnerState
 
 __all__ = ["Method", "OnlineMethod", "HyperGradient", "MemoryEstimate", "Sizes", "register",
@@ -456,9 +457,10 @@ def register(cls: type[Method], name: str) -> type[Method]:
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"Method name {name!r} must be an identifier, e.g. name='my_method'.")
     old = _REGISTRY.get(name)
-    if old is not None and old.__qualname__ != cls.__qualname__:
+    if old is not None and not same_definition(old, cls):
         raise ValueError(f"Method name {name!r} is taken by {old.__module__}."
-                         f"{old.__qualname__}; choose another name for {cls.__qualname__}.")
+                         f"{old.__qualname__}; choose another name for {cls.__module__}."
+                         f"{cls.__qualname__}.")
     cls.name = name
     _REGISTRY[name] = cls
     return cls

@@ -36,6 +36,8 @@ class Adagrad(Optimizer):
     """``d = g + wd w``; ``S = S + d^2``; ``w -= clr d / (sqrt(S) + eps)`` with
     ``clr = lr / (1 + t lr_decay)`` at the 0-based step ``t``."""
 
+    elementwise = True  # each entry's update reads only that entry
+
     hyper_args = ("lr", "lr_decay", "weight_decay", "eps")
     options = ("initial_accumulator_value",)
     domains = {"lr": "positive", "lr_decay": "nonnegative", "weight_decay": "nonnegative",

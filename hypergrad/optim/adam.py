@@ -45,6 +45,8 @@ class Adam(Optimizer):
     ``c2 = sqrt(1 - b2^n)``, ``n = t + 1``. The square root is :func:`safe_sqrt` (finite
     tangents where a second moment is 0); ``eps_root`` is added under it (optax's guard)."""
 
+    elementwise = True  # each entry's update reads only that entry
+
     hyper_args = ("lr", "eps", "weight_decay")
     pair_args = ("betas",)
     options = ("eps_root",)

@@ -360,7 +360,12 @@ class Optimizer(abc.ABC):
     name is not checked here (its value is its transform's business)."""
     examples: ClassVar[dict[str, str]] = {}
     """A valid value of each argument, for messages (``lr="0.1"``)."""
-    elementwise: bool = True
+    elementwise: bool = False
+    """Whether each entry of the update's output depends only on the same entry of its inputs
+    (the gradient, the parameter, the state): then forward mode takes its tangent from the
+    diagonal Jacobian, cheaper than ``jvp``. False by default, where ``jvp`` is right for any
+    update: an update that is not elementwise (a norm, a mean over a tensor) but says it is
+    gets wrong hypergradients with no word (the built-in elementwise optimizers say True)."""
     stationary_args: tuple[str, ...] = ()
     """Arguments whose effect at a fixed point of the update is :meth:`penalty`'s term."""
 
@@ -521,6 +526,18 @@ Factory = Callable[..., Optimizer]
 _FACTORIES: dict[str, Factory] = {}
 
 
+def same_definition(old: Any, new: Any) -> bool:
+    """Whether ``new`` is ``old`` defined again: the same qualified name in the same module (a
+    reloaded module), or in a script run as ``__main__`` and imported by its name too. Only
+    the qualified name was compared: a user's ``class ForwardMode(Method, name="forward")``
+    or ``def sgd`` replaced the built-in with no word, and two modules' ``Mine`` the other."""
+    if old.__qualname__ != new.__qualname__:
+        return False
+    mains = ("__main__", "__mp_main__")
+    return (old.__module__ == new.__module__ or old.__module__ in mains
+            or new.__module__ in mains)
+
+
 def register(factory: Factory | None = None, *, name: str | None = None) -> Any:
     """Register an optimizer factory (a function ``(**arguments) -> Optimizer``, e.g.
     :func:`~hypergrad.optim.sgd`) under ``name`` (default: the function's name), so that
@@ -531,9 +548,11 @@ def register(factory: Factory | None = None, *, name: str | None = None) -> Any:
         if not key.isidentifier():
             raise ValueError(f"optim.register: name {key!r} must be an identifier.")
         old = _FACTORIES.get(key)
-        if old is not None and old.__qualname__ != f.__qualname__:
+        if old is not None and not same_definition(old, f):
             raise ValueError(f"optim.register: name {key!r} is taken by {old.__module__}."
-                             f"{old.__qualname__}; choose another name.")
+                             f"{old.__qualname__}; choose another name for "
+                             f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', f)}, "
+                             f"e.g. @register(name='my_{key}').")
         _FACTORIES[key] = f
         return f
 

@@ -42,6 +42,8 @@ class RMSprop(Optimizer):
     and ``r = sqrt(v - a^2)``, else ``r = sqrt(v)``; ``den = r + eps``; with momentum
     ``buf = mom buf + d / den``, ``w -= lr buf``, else ``w -= lr d / den``."""
 
+    elementwise = True  # each entry's update reads only that entry
+
     hyper_args = ("lr", "alpha", "eps", "weight_decay", "momentum")
     options = ("centered",)
     domains = {"lr": "positive", "alpha": "unit", "eps": "positive",

@@ -64,6 +64,8 @@ class SGD(Optimizer):
     """``d = g + wd w``; ``buf_0 = d_0``, ``buf_t = mom buf_{t-1} + (1 - damp) d_t``;
     ``w -= lr (d + mom buf if nesterov else buf)`` (or ``lr d`` without momentum)."""
 
+    elementwise = True  # each entry's update reads only that entry
+
     hyper_args = ("lr", "momentum", "dampening", "weight_decay")
     options = ("nesterov",)
     domains = {"lr": "positive", "momentum": "unit", "dampening": "unit",
