@@ -8,6 +8,7 @@ cannot tune online."""
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,50 @@ def test_methods_by_name_and_auto_online() -> None:
         _online("rtho")
     with pytest.raises(TypeError, match="method must be a Method or a name"):
         _online(42)
+
+
+class _OwnMethod(hg.Method):
+    """A method of one's own returning what ``bend`` makes of forward mode's result."""
+
+    def __init__(self, bend: Any) -> None:
+        self.bend = bend
+
+    def hypergradient(self, problem: hg.InnerProblem, lam: torch.Tensor) -> Any:
+        return self.bend(hg.ForwardMode().hypergradient(problem, lam))
+
+
+@pytest.mark.parametrize("bend,error,match", [
+    (lambda h: h._replace(grad=torch.cat([h.grad, h.grad])), ValueError,
+     r"method _OwnMethod returned grad of shape \(2,\) and dtype torch.float64; _OwnMethod."
+     r"hypergradient must return HyperGradient\(objective, grad, state\) with grad of lam's "
+     r"shape \(1,\)"),
+    (lambda h: h._replace(grad=h.grad.sum()), ValueError, r"returned grad of shape \(\)"),
+    (lambda h: h._replace(grad=None), ValueError, r"returned grad=NoneType"),
+    (lambda h: (h.objective, h.grad), TypeError, r"method _OwnMethod returned tuple"),
+])
+def test_what_a_method_of_ones_own_returns_is_checked(bend: Any, error: type,
+                                                      match: str) -> None:
+    """A wrong shape failed inside torch ("attempting to assign a gradient of size '[2]'..."),
+    a 0-d grad in the guards (IndexError), a tuple as "'tuple' object has no attribute
+    'grad'", none of them naming the method."""
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+    with pytest.raises(error, match=match):
+        hg.Trainer(p, method=_OwnMethod(bend), mode=hg.Offline(outer_steps=2),
+                   callbacks=[]).fit()
+
+
+def test_a_non_finite_hypergradient_of_a_finite_training_is_not_blamed_on_the_values() -> None:
+    """A method returning NaN where training was finite: the run said "the initial
+    hyperparameters already diverge ... start from values that train without diverging (a
+    smaller learning rate)" beside the finite validation loss it had measured, and kept no
+    point."""
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+    nan = _OwnMethod(lambda h: h._replace(grad=torch.full_like(h.grad, math.nan)))
+    res = hg.Trainer(p, method=nan, mode=hg.Offline(outer_steps=2), callbacks=[]).fit()
+    assert res.diverged and res.best_step == 0 and res.best_val_loss is not None
+    with torch.no_grad():
+        s = p.run(p.init_raw())
+        assert res.best_val_loss == float(p.objective(s.params, s.buffers, p.init_raw()))
+    assert "hypergradient entries are not finite at a finite validation loss" in res.message
+    assert "the training was finite, its hypergradient was not" in res.message
+    assert "from the method (_OwnMethod)" in res.message and "already diverge" not in res.message

@@ -139,6 +139,10 @@ def _above(v: float, best: float, factor: float) -> bool:
     return v > best + (factor - 1) * abs(best)
 
 
+NONFINITE_GRAD = "hypergradient entries are not finite"
+"""How :func:`divergence` names a hypergradient that is not finite where the training was."""
+
+
 def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
                factor: float | None) -> str | None:
     """Why an evaluation means the tuning diverged, or ``None``."""
@@ -148,7 +152,8 @@ def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
     if grad is not None:
         bad = int((~torch.isfinite(grad)).sum())
         if bad:
-            return f"{bad} of the {grad.numel()} hypergradient entries are not finite"
+            return (f"{bad} of the {grad.numel()} {NONFINITE_GRAD} at a finite validation loss "
+                    f"({v:.4g})")
     if best is not None and factor is not None and _above(v, best[0], factor):
         # at a best of 0 or below the margin (factor - 1) |best| says nothing of divergence:
         # the same objective shifted by a constant stopped at another step, or went on

@@ -53,7 +53,15 @@ from .folder import (
     rng_state,
     set_rng_state,
 )
-from .guards import MAX_BACKTRACKS, Guards, Tracker, divergence, outer_gradient, worse
+from .guards import (
+    MAX_BACKTRACKS,
+    NONFINITE_GRAD,
+    Guards,
+    Tracker,
+    divergence,
+    outer_gradient,
+    worse,
+)
 from .modes import Mode, Offline, Online, SearchSettings
 from .outer import (
     OuterOptimizerFactory,
@@ -149,6 +157,29 @@ class TrainResult:
         if self.problem is None:
             raise ValueError("TrainResult.learned_optimizer: this result holds no problem.")
         return learned_optimizer(self.problem, self.lam, params, steps)
+
+
+def _named(method: Method) -> str:
+    """The method's repr where its class writes one, else its class's name (not ``<... object
+    at 0x...>``)."""
+    return repr(method) if type(method).__repr__ is not object.__repr__ else type(method).__name__
+
+
+def _checked(method: Method, lam: Tensor, got: Any) -> HyperGradient:
+    """What a method returned, if it is a :class:`~hypergrad.HyperGradient` whose ``grad`` has
+    ``lam``'s shape; a method of one's own that returned another shape, a tuple or ``None``
+    failed inside torch or the guards ("attempting to assign a gradient of size...")."""
+    fix = (f"{type(method).__name__}.hypergradient must return HyperGradient(objective, grad, "
+           f"state) with grad of lam's shape {tuple(lam.shape)} (docs/extending.md)")
+    if not isinstance(got, HyperGradient):
+        raise TypeError(f"Trainer: method {type(method).__name__} returned "
+                        f"{type(got).__name__}; {fix}.")
+    g = got.grad
+    if not isinstance(g, Tensor) or g.shape != lam.shape or not g.is_floating_point():
+        what = (f"grad of shape {tuple(g.shape)} and dtype {g.dtype}"
+                if isinstance(g, Tensor) else f"grad={type(g).__name__}")
+        raise ValueError(f"Trainer: method {type(method).__name__} returned {what}; {fix}.")
+    return got
 
 
 def _part(name: str, value: Any, cls: type, example: str) -> None:
@@ -588,15 +619,15 @@ class Trainer:
 
     def _hypergradient(self, lam: Tensor) -> HyperGradient:
         m, p = self.method, self.problem
-        hg = (m.hypergradient(p, lam) if not isinstance(m, OnlineMethod)
-              else self._stepped_hypergradient(lam))
+        hg = _checked(m, lam, m.hypergradient(p, lam) if not isinstance(m, OnlineMethod)
+                      else self._stepped_hypergradient(lam))
         if not self._two_orders() or not bool(torch.isfinite(hg.grad).all()):
             return hg
         # the other order, for every exact method alike: forward mode (a stepped method) took
         # the problem's order alone while the log said two, so a resume that swapped reverse
         # for forward, or method="auto" at K = 1, ran another search
         with p.variant(TWO_ORDERS_VARIANT):
-            other = m.hypergradient(p, lam).grad
+            other = _checked(m, lam, m.hypergradient(p, lam)).grad
         if not bool(torch.isfinite(other).all()):  # the problem's own order alone
             return hg
         return hg._replace(grad=(hg.grad + other) / 2)
@@ -653,6 +684,10 @@ class Trainer:
         tr = self.tracker
         why = divergence(value, grad, tr.best, self.guards.divergence_factor)
         if why is not None:
+            if NONFINITE_GRAD in why and tr.best is None:  # the training was finite: the
+                # first point is a result (not "the initial hyperparameters already diverge");
+                # later ones stay out, so the search can go back to a point it can step from
+                tr.track(value, lam_used, None, self.outer_step, first=False)
             return why
         tr.track(value, lam_used, grad, self.outer_step, first=not self.history)
         g, why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype)
@@ -1252,6 +1287,14 @@ class Trainer:
                f"hyperparameters {bad}. The tuning diverged; {kept}: {hps.describe(keep)}. "
                f"Try a smaller outer learning rate, Guards(clip_norm=...), or "
                f"Guards(bounds=...) on learning rates.")
+        if NONFINITE_GRAD in why:  # the training was finite: not a learning rate's doing
+            msg = (f"stopped at outer step {self.outer_step}: {why}, with hyperparameters "
+                   f"{bad}: the training was finite, its hypergradient was not. That comes "
+                   f"from the method ({_named(self.method)}), the inner optimizer's tangent "
+                   f"rule, or a loss whose derivative is not finite there (sqrt or abs at 0, a "
+                   f"log of 0); compare methods with hypergrad.testing.hypergradcheck in "
+                   f"float64, or try method='reverse'. {kept[0].upper()}{kept[1:]}: "
+                   f"{hps.describe(keep)}.")
         if self.tracker.best is None and (data := self.problem.non_finite_batch()):
             # nothing ever trained finitely: a NaN in data read lazily (a stream, a callable;
             # the up-front check sees their batch 0 only) looks like a diverging learning rate
