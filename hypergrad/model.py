@@ -360,8 +360,10 @@ class ModelFn:
                 e.sparse = False
             yield
         finally:
-            for m in patched:
-                del m.forward
+            for m in patched:  # not `del m.forward`: torch.compile cannot trace it, and
+                # every model with BatchNorm ran eager with "'BatchNorm1d' object has no
+                # attribute 'forward'", blaming the model
+                m.__dict__.pop("forward", None)
             for e in fm.sparse:
                 e.sparse = True
             for r in fm.rnn:

@@ -355,3 +355,27 @@ def test_the_unread_parameter_check_reads_the_update_not_argument_names(
     if warned:
         assert "'extra.weight', 'extra.bias'" in names[0] and "requires_grad_(False)" in names[0]
     assert (not torch.equal(state.params["extra.weight"], start)) == warned  # what it says
+
+
+def test_compile_false_with_a_compiling_strategy_is_refused() -> None:
+    """compile=False ("never compile") with VmapVJP(compile=True) compiled anyway, while the
+    repr and the log said compile=False."""
+    with pytest.raises(ValueError, match=r"compile=False \(never compile\) with "
+                                         r"hvp=VmapVJP\(.*compile=True\), which compiles"):
+        hg.ForwardMode(hg.hvp.VmapVJP(compile=True), compile=False)
+    assert "compile=True" in repr(hg.MARTHE(compile=True))
+    assert repr(hg.MARTHE()) == "MARTHE(mu=0.9)"
+
+
+def test_compiled_batchnorm_model_equals_eager_without_falling_back() -> None:
+    """hypergrad's BatchNorm handling patched the module's forward and restored it with
+    `del m.forward`, which dynamo cannot trace: every model with BatchNorm ran eager under
+    compile=True, warning "'BatchNorm1d' object has no attribute 'forward'"."""
+    problem = digits_case("momentum", "lr", steps=2, n_train=16, batch_size=8, hidden=6,
+                          n_val=16, batchnorm=True)
+    lam = problem.init_raw()
+    strat = hg.hvp.VmapVJP(compile=True)
+    got = hg.ForwardMode(strat).hypergradient(problem, lam).grad  # warnings are errors here
+    assert strat._compiled is not None and not strat._compile_failed
+    want = hg.ForwardMode().hypergradient(problem, lam).grad
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)

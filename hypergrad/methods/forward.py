@@ -303,8 +303,10 @@ class ForwardMode(OnlineMethod, name="forward"):
             object has spent :data:`AUTO_COMPILE_AFTER_S` seconds in eager steps (a run long enough
             to repay a compilation): one step's products are timed eager and compiled on the
             same inputs, and the compiled path kept if it is at least 10 % faster, else eager
-            for good; not tried where the shapes change between steps (columns that start
-            later, chunked products) (:attr:`compile_report` says what was measured; the
+            for good; not tried where the products run in chunks (each chunk's shape would
+            compile anew; columns that start later are padded to a few counts,
+            :data:`hypergrad.hvp.COMPILE_BUCKETS`) (:attr:`compile_report` says what was
+            measured; the
             compilation's seconds are spent in the run, so a time budget counts them).
             ``False``: never compile.
 
@@ -324,6 +326,10 @@ class ForwardMode(OnlineMethod, name="forward"):
         if compile is not None and not isinstance(compile, bool):
             raise TypeError(f"ForwardMode: compile={compile!r} must be True, False or None "
                             f"(decide by measurement on long runs).")
+        if compile is False and isinstance(hvp, VmapVJP) and hvp.compile:
+            raise ValueError(f"ForwardMode: compile=False (never compile) with hvp={hvp!r}, "
+                             f"which compiles; drop one: compile=False with hvp=VmapVJP() "
+                             f"(eager), or compile=True.")
         if compile:
             if hvp is None:
                 hvp = VmapVJP(compile=True)

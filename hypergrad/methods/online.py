@@ -171,4 +171,5 @@ class MARTHE(ForwardMode, name="marthe"):
         return {} if self.mu == 1.0 else {"method": "marthe", "method.mu": self.mu}
 
     def __repr__(self) -> str:
-        return f"MARTHE(mu={self.mu:g})"
+        given = "" if self.compile is None else f", compile={self.compile}"
+        return f"MARTHE(mu={self.mu:g}{given})"
