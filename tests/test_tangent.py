@@ -221,3 +221,14 @@ def test_an_optimizer_that_does_not_say_it_is_elementwise_gets_the_jvp_tangent()
     for name in ("sgd", "adam", "adamw", "rmsprop", "adagrad"):
         assert hg.optim.create(name, lr=0.1).elementwise, name
     assert not hg.optim.create("adamw_schedulefree", lr=0.1).elementwise
+
+
+def test_an_optimizer_of_ones_own_is_named_as_written_and_created_by_a_colon_path() -> None:
+    """Its messages and repr said ``_normalizedsgd``; ``optim.create("module:factory")`` (as
+    methods take) was "not a registered optimizer"."""
+    opt = _NormalizedSGD(lr=0.1)
+    assert repr(opt).startswith("_NormalizedSGD(") and opt.name == "_NormalizedSGD"
+    with pytest.raises(TypeError, match=r"^_NormalizedSGD: unexpected argument 'momentum'"):
+        _NormalizedSGD(lr=0.1, momentum=0.9)
+    assert hg.optim.create("sgd", lr=0.1).name == "sgd"
+    assert type(hg.optim.create("hypergrad.optim.sgd:sgd", lr=0.1)).__name__ == "SGD"

@@ -408,8 +408,10 @@ class Optimizer(abc.ABC):
 
     @property
     def name(self) -> str:
-        """For messages and reprs only."""
-        return type(self).__name__.lower()
+        """For messages and reprs only: the built-ins' factory name (``sgd``), an optimizer of
+        one's own by its class's name (``NormalizedSGD``, not ``normalizedsgd``)."""
+        cls = type(self)
+        return cls.__name__.lower() if cls.__module__.startswith("hypergrad.") else cls.__name__
 
     # -- binding ---------------------------------------------------------------------------------
     def _entries(self) -> Iterator[tuple[str, Any]]:
@@ -571,15 +573,16 @@ def registered() -> dict[str, Factory]:
 
 
 def create(name: str, **args: Any) -> Optimizer:
-    """The optimizer ``name`` (registered, or an import path ``"pkg.module.factory"``) built
-    with ``args``: ``create("sgd", lr="lr", momentum=0.9)``."""
+    """The optimizer ``name`` (registered, or an import path ``"pkg.module.factory"`` or
+    ``"pkg.module:factory"``, as methods take) built with ``args``: ``create("sgd", lr="lr",
+    momentum=0.9)``."""
     factories = registered() if name not in _FACTORIES else _FACTORIES
     if name in factories:
         return factories[name](**args)
-    if "." in name:
+    if "." in name or ":" in name:
         import importlib
 
-        module, _, attr = name.rpartition(".")
+        module, _, attr = name.rpartition(":") if ":" in name else name.rpartition(".")
         try:
             return getattr(importlib.import_module(module), attr)(**args)  # type: ignore[no-any-return]
         except (ImportError, AttributeError) as err:
