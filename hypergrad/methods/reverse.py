@@ -43,7 +43,7 @@ from torch.func import grad_and_value, vjp
 from torch.utils._pytree import tree_map
 
 from ..errors import ZeroHypergradientWarning
-from ..hyperparams import Schedule, _first_step
+from ..hyperparams import Schedule
 from ..problem import InnerProblem, InnerState
 from ..stepvjp import DoubleBackward, StepVJP
 from .base import HyperGradient, MemoryEstimate, Method, Sizes, refuse_initial_weights
@@ -306,5 +306,5 @@ def _unread_windows(problem: InnerProblem, k: int) -> list[str]:
         if first > 0:
             which = "window 0" if first == 1 else f"windows 0-{first - 1}"
             out.append(f"{it.name}'s {which} of {it.windows} (steps 0-"
-                       f"{_first_step(it, first, T) - 1})")
+                       f"{it.first_reads(T)[first] - 1})")
     return out
