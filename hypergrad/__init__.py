@@ -30,6 +30,7 @@ The public names, by what they are for:
 from __future__ import annotations
 
 from . import distributed, errors, methods, optim, testing
+from . import export as export  # hypergrad.export, as the docs name it (not in __all__)
 from .hyperparams import (
     Array,
     HyperParams,

@@ -69,8 +69,10 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     if any(bound[n] != "lr" for n in scheduled):
         not_lr = [f"{n} ({bound[n]})" for n in scheduled if bound[n] != "lr"]
         raise NotImplementedError(
-            f"learned_settings: schedules of {not_lr}: torch.optim's schedulers set the "
-            f"learning rate only; read the learned windows from results.json instead.")
+            f"learned_settings: schedules of {not_lr}: the scheduler exported here (LambdaLR) "
+            f"sets the learning rate only (torch's OneCycleLR and CyclicLR cycle momentum on "
+            f"their own fixed shapes, not learned windows); read the learned windows from "
+            f"results.json and set them in your own loop.")
     hp0 = problem.hyperparams.values(lam.detach(), 0, problem.steps)
     schedule: dict[str, Any] | None = None
     if scheduled:
@@ -363,6 +365,15 @@ def learned_optimizer(problem: InnerProblem, lam: Tensor,
             raise ValueError(f"learned_optimizer: the learned initial values name parameters "
                              f"{missing}, which params does not have; pass the model the "
                              f"hyperparameters were learned for.")
+        own = {id(t) for t in problem.fmodel.module.parameters()}
+        at = problem.hyperparams.values(lam.detach())
+        written = sorted(p for it in problem.hyperparams.init_items for p in at[it.name]
+                         if p in named and id(named[p]) in own)
+        if written:  # scaled in place, they would move the problem's own start
+            raise ValueError(f"learned_optimizer: params are the problem's own module "
+                             f"({written}): the learned initial values would be written into "
+                             f"the weights every run of the problem starts from. Pass a copy "
+                             f"at its initial weights: copy.deepcopy(model).")
         values = problem.hyperparams.values(lam.detach())
         with torch.no_grad():
             for it in problem.hyperparams.init_items:

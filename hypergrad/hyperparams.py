@@ -197,10 +197,19 @@ class HyperParameter:
             )
         _, inverse, valid, domain = TRANSFORMS[self.transform]
         if not torch.isfinite(v).all() or not valid(v):
+            where = ""
+            if v.numel() > 1:  # which entries (a warm-up from 0 under "log": the first)
+                flat = v.reshape(-1)
+                bad = [i for i in range(flat.numel()) if not (bool(torch.isfinite(flat[i]))
+                                                               and valid(flat[i:i + 1]))]
+                shown = ", ".join(f"[{i}] = {float(flat[i]):g}" for i in bad[:4])
+                where = f" (entries {shown}{', ...' if len(bad) > 4 else ''})"
             raise ValueError(
-                f"{api}: init={self.init!r} is outside the domain of transform="
-                f"{self.transform!r} ({domain}){rounded_onto_edge(self.init, dtype, valid)}; "
-                f"pass an init in that domain or another transform."
+                f"{api}: init={_short_init(self.init)} is outside the domain of transform="
+                f"{self.transform!r} ({domain}){where}"
+                f"{rounded_onto_edge(self.init, dtype, valid)}; pass an init in that domain "
+                f"(a warm-up from 0 under 'log': start at a small positive value) or another "
+                f"transform."
             )
         return inverse(v)
 
@@ -611,6 +620,18 @@ def _first_step(item: Schedule, w: int, horizon: int) -> int:
     return t if t < horizon and item.window(t, horizon) == w else horizon
 
 
+
+def _short_init(init: Any) -> str:
+    """An init for a message: its repr, or its first values and its length when long."""
+    text = repr(init)
+    if len(text) <= 80:
+        return text
+    try:
+        seq = list(init)
+    except TypeError:
+        return text[:77] + "..."
+    return f"[{', '.join(repr(x) for x in seq[:3])}, ... ({len(seq)} values)]"
+
 @dataclass
 class PerExample(HyperParameter):
     """One value per training example (``n`` of them): the loss indexes it with batch indices."""
@@ -712,10 +733,13 @@ class PerGroup(HyperParameter):
     -> value, as for :class:`PerTensor`, so an optimizer argument bound to it takes per-parameter
     values (what ``torch.optim``'s parameter groups hold).
 
-    The usual recipe, one tuned weight decay for the weight matrices and none on biases and
-    norms (K = 1)::
+    The usual recipe, one tuned weight decay for the weights and none on biases (K = 1)::
 
         PerGroup("wd", 0.01, "log", groups={"decay": r"weight$"}, default=0.0)
+
+    A norm layer's scale is named ``weight`` too (``1.weight`` of a LayerNorm in a
+    Sequential): to leave norms undecayed, match the other weights by their layers' names
+    (``r"(fc|conv|proj)\\w*\\.weight$"``), or put the norms in a group of their own.
 
     Every group must match at least one parameter (a typo in a pattern would tune nothing).
     """

@@ -143,6 +143,11 @@ class FunctionalModel:
         self.refused: ValueError | None = None
         """What the probe refused (raised again by later checks: the probe runs once)."""
         self._reader: _Reader | None = None
+        self._as_built = {k: (t, t._version) for k, t in
+                          [*module.named_parameters(), *module.named_buffers()]}
+        """Each parameter and buffer with its version counter when the problem was built: the
+        initial weights are read from the module at every run, so training the module (or
+        scaling it in place) afterwards moved every later run's start with no word."""
         self.fresh: dict[str, Tensor] | None = None
         """Other initial weights (and running statistics) training starts from instead of the
         module's, by name: set inside :meth:`InnerProblem.variant
@@ -211,9 +216,25 @@ class FunctionalModel:
             self._reader = _Reader(self.module)
         return self._reader
 
+    def unchanged(self) -> None:
+        """Refuse a module whose parameters or buffers were written in place, or replaced,
+        since the problem was built (its runs would start from other weights)."""
+        now = {k: t for k, t in [*self.module.named_parameters(), *self.module.named_buffers()]}
+        for k, (t, version) in self._as_built.items():
+            if now.get(k) is not t or t._version != version:
+                how = ("replaced" if now.get(k) is not t else "written in place (trained, "
+                       "rescaled or loaded)")
+                raise ValueError(
+                    f"InnerProblem: the model's {k!r} was {how} after the problem was built, "
+                    f"so its runs would start from other initial weights than the problem's "
+                    f"own (it reads them from the module). Build the problem from a module you "
+                    f"leave as it is (InnerProblem(copy.deepcopy(model), ...)) and train or "
+                    f"load the other copy, or build a new problem from the changed module.")
+
     def initial_params(self) -> dict[str, Tensor]:
         if self.fresh is not None:
             return {k: self.fresh[k].clone() for k in self.param_names}
+        self.unchanged()
         return {k: self.module.get_parameter(k).detach().clone() for k in self.param_names}
 
     def initial_buffers(self) -> dict[str, Tensor]:

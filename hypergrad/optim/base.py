@@ -52,9 +52,14 @@ class PerParam:
     ``torch.optim``'s parameter groups hold it: ``{pattern: value}``, each parameter reading the
     value of the first regular expression that matches its name (``re.search`` on the names of
     ``model.named_parameters()``). Pass the mapping as the argument, e.g. no weight decay on
-    biases and norms::
+    biases::
 
         adamw(lr="lr", weight_decay={r"weight$": 0.1, r".*": 0.0})
+
+    A norm layer's scale is named ``weight`` too (a LayerNorm at index 1 of a Sequential:
+    ``1.weight``), so ``r"weight$"`` decays it; to leave norms out as the usual recipe does,
+    put a pattern for them first (``{r"^1\\.": 0.0, r"weight$": 0.1, r".*": 0.0}``, or their
+    modules' names: ``r"norm"``).
 
     It costs no tangent column (a hyperparameter tuned per group is a
     :class:`~hypergrad.PerGroup`). Every parameter must match a pattern (end with ``".*"`` for

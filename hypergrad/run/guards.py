@@ -181,7 +181,9 @@ def outer_gradient(grad: Tensor, clip_norm: float | None,
     if norm >= math.sqrt(torch.finfo(dtype).max):
         return None, (f"the hypergradient's norm {norm:.3g} is too large for "
                       f"{str(dtype).replace('torch.', '')} (its square overflows, which would "
-                      f"freeze the outer optimizer)")
+                      f"freeze the outer optimizer; the training did not diverge: give "
+                      f"Guards(clip_norm=...), scale the validation loss down, or run the "
+                      f"problem in float64)")
     return g.to(dtype), None
 
 
