@@ -150,7 +150,7 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         "steps": problem.steps,
         # the trained parameters they were learned for, checked by optimizer_from_settings (a
         # model with other parameters put them in a group of its own, silently)
-        "params": {n: list(problem.fmodel.initial_params()[n].shape) for n in names},
+        "params": {n: list(problem.fmodel.module.get_parameter(n).shape) for n in names},
     }
     if isinstance(opt, ClipGradNorm):
         if opt.eps != CLIP_EPS:

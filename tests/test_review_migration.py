@@ -50,6 +50,8 @@ def test_training_the_problems_own_module_afterwards_is_refused() -> None:
                                          r"rescaled or loaded\) after the problem was built.*"
                                          r"copy.deepcopy\(model\)"):
         p.run(p.init_raw())
+    # what needs no initial weights still works (the learned settings, for that trained model)
+    assert hg.export.learned_settings(p, p.init_raw())["params"]["0.weight"] == [8, 64]
     torch.manual_seed(0)
     kept = mlp([64, 8, 10]).double()
     q = _problem(copy.deepcopy(kept))  # as the message says: the problem's own copy
