@@ -696,6 +696,7 @@ class InnerProblem:
         if cut:
             raise ValueError(self._cut_message(cut, lam, hp.accessed, hpv.accessed))
         self._check_windows(hp.accessed, hpv.accessed)
+        self._check_own_update(lam)
         self._checked_dtype = lam.dtype
 
     # -- the checks' parts ------------------------------------------------------------------------
@@ -971,6 +972,42 @@ class InnerProblem:
         self._warn_unseeded(lam)
         self._warn_detached(lam)
         self._warn_unread(grads, lam)
+
+    def _check_own_update(self, lam: Tensor) -> None:
+        """An inner optimizer of one's own (not hypergrad's): its ``update`` must return
+        ``(new_params, new_state)``, the parameters by the same names, shapes and dtype, the
+        state of the structure ``init`` gave. A wrong one failed deep inside torch ("Mismatch
+        in shape: grad_output[0]...", a pytree error) without naming the optimizer."""
+        opt = self.optimizer
+        if type(opt).__module__.startswith("hypergrad."):
+            return
+        name = type(opt).__name__
+        with torch.no_grad():
+            state = self.initial_state(lam)
+            params = {k: v.detach() for k, v in state.params.items()}
+            zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+            got = self.update(zeros, state.opt, params, lam, 0)
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Mapping)):
+            raise TypeError(f"InnerProblem: {name}.update returned {type(got).__name__}; it "
+                            f"must return (new_params, new_state): a dict of the parameters "
+                            f"by name and the state as init gave it (docs/extending.md).")
+        new, new_state = got
+        if set(new) != set(params):
+            raise ValueError(f"InnerProblem: {name}.update returned parameters "
+                             f"{sorted(new)[:6]}, expected the model's {sorted(params)[:6]} "
+                             f"(every trainable parameter, by name).")
+        for k, v in params.items():
+            w = new[k]
+            if not isinstance(w, Tensor) or w.shape != v.shape or w.dtype != v.dtype:
+                what = (f"shape {tuple(w.shape)} and dtype {w.dtype}" if isinstance(w, Tensor)
+                        else type(w).__name__)
+                raise ValueError(f"InnerProblem: {name}.update returned {k!r} of {what}; the "
+                                 f"parameter has shape {tuple(v.shape)} and dtype {v.dtype}.")
+        if tree_flatten(new_state)[1] != tree_flatten(state.opt)[1]:
+            raise ValueError(f"InnerProblem: {name}.update returned a state of another structure "
+                             f"than init's ({type(new_state).__name__} against "
+                             f"{type(state.opt).__name__}); it must return the state as init "
+                             f"built it, its entries updated.")
 
     def _warn_unread(self, grads: dict[str, Tensor | None], lam: Tensor) -> None:
         """Warn (:class:`~hypergrad.errors.UnreadParameterWarning`) when the training loss on

@@ -232,3 +232,38 @@ def test_an_optimizer_of_ones_own_is_named_as_written_and_created_by_a_colon_pat
         _NormalizedSGD(lr=0.1, momentum=0.9)
     assert hg.optim.create("sgd", lr=0.1).name == "sgd"
     assert type(hg.optim.create("hypergrad.optim.sgd:sgd", lr=0.1)).__name__ == "SGD"
+
+
+@pytest.mark.parametrize("bend,match", [
+    (lambda new: {k: v.reshape(-1) for k, v in new.items()},
+     r"_Bent.update returned '0.weight' of shape \(512,\) and dtype torch.float64; the "
+     r"parameter has shape \(8, 64\)"),
+    (lambda new: dict(list(new.items())[1:]), r"_Bent.update returned parameters \['0.bias', "
+                                              r"'2.bias', '2.weight'\], expected the model's"),
+    (lambda new: {k: v.float() for k, v in new.items()}, r"dtype torch.float32; the parameter "
+                                                         r"has shape \(8, 64\) and dtype "
+                                                         r"torch.float64"),
+])
+def test_what_an_optimizer_of_ones_own_returns_is_checked(bend: Any, match: str) -> None:
+    """A wrong shape, a missing parameter or another dtype failed deep inside torch ("Mismatch
+    in shape: grad_output[0]...", a pytree error) without naming the optimizer."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    class _Bent(_NormalizedSGD):
+        def update(self, grads: dict, state: _NormState, params: dict, hp: Any, step: int
+                   ) -> tuple[dict, _NormState]:
+            new, st = super().update(grads, state, params, hp, step)
+            return bend(new), st
+
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    torch.manual_seed(0)
+    p = hg.InnerProblem(
+        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        _Bent(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.3, transform="log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    with pytest.raises(ValueError, match=match):
+        hg.Trainer(p, method="forward", mode=hg.Offline(outer_steps=1), callbacks=[])
