@@ -178,3 +178,11 @@ def test_a_hypergradient_too_large_for_float32_names_the_fixes_that_help() -> No
     assert "float64" in why
     g, why = outer_gradient(torch.tensor([5e19, 1.0]), 1.0, torch.float32)
     assert why is None and g is not None and float(g.norm()) == pytest.approx(1.0)
+
+
+def test_amsgrad_is_refused_by_name() -> None:
+    """adamw(amsgrad=True) gave Python's bare "unexpected keyword argument"."""
+    for factory in (hg.optim.adam, hg.optim.adamw):
+        with pytest.raises(NotImplementedError, match=r"amsgrad=True is not supported"):
+            factory(lr=0.1, amsgrad=True)
+        assert factory(lr=0.1, amsgrad=False).name in ("adam", "adamw")

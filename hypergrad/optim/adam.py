@@ -184,12 +184,14 @@ class AdamW(Adam):
 @register
 def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
          weight_decay: Arg = 0.0, eps_root: float = 0.0,
-         clip_grad_norm: float | None = None) -> Optimizer:
+         clip_grad_norm: float | None = None, amsgrad: bool = False) -> Optimizer:
     """Adam as ``torch.optim.Adam`` (Kingma & Ba 2015), L2 weight decay added to the gradient.
 
     ``eps_root`` is added under the square root (optax's guard); the square root itself is
     :func:`safe_sqrt`, so tangents stay finite when a second moment is exactly 0.
+    ``amsgrad=True`` is refused (named, rather than Python's "unexpected keyword").
     """
+    _no_amsgrad("adam", amsgrad)
     return with_clip(Adam(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                           eps_root=_eps_root("adam", eps_root)), clip_grad_norm)
 
@@ -197,10 +199,21 @@ def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
 @register
 def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
           weight_decay: Arg = 1e-2, eps_root: float = 0.0,
-          clip_grad_norm: float | None = None) -> Optimizer:
-    """AdamW as ``torch.optim.AdamW`` (Loshchilov & Hutter 2019): ``w *= 1 - lr * wd`` first."""
+          clip_grad_norm: float | None = None, amsgrad: bool = False) -> Optimizer:
+    """AdamW as ``torch.optim.AdamW`` (Loshchilov & Hutter 2019): ``w *= 1 - lr * wd`` first.
+    ``amsgrad=True`` is refused."""
+    _no_amsgrad("adamw", amsgrad)
     return with_clip(AdamW(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            eps_root=_eps_root("adamw", eps_root)), clip_grad_norm)
+
+
+def _no_amsgrad(api: str, amsgrad: Any) -> None:
+    """``amsgrad`` is taken only as False: AMSGrad's running maximum of the second moments has
+    no derivative where two are equal, and is not implemented here."""
+    if amsgrad is not False:
+        raise NotImplementedError(f"{api}: amsgrad={amsgrad!r} is not supported (AMSGrad's "
+                                  f"running maximum of the second moments is not implemented "
+                                  f"here); use amsgrad=False, or tune eps and betas[1] instead.")
 
 
 def _eps_root(api: str, eps_root: Any) -> float:
