@@ -26,9 +26,9 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -51,6 +51,12 @@ from .errors import (
     raised_in_hypergrad,
 )
 from .run import RunFolder
+
+if TYPE_CHECKING:
+    import torch
+
+    from .problem import InnerProblem
+    from .task import Task
 
 log = logging.getLogger("hypergrad")
 register_configs()
@@ -310,16 +316,18 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
             state = p.run(lam)
             if label == "learned":
                 learned_state = state
-            rows.append({"hyperparameters": label,
-                         **task.metrics(state, reserved=("hyperparameters",))})
+            rows.append({"hyperparameters": label, **_row_metrics(task, p, state, lam, label)})
         if trainer.mode.online and result.state is not None:
             rows.insert(1, {"hyperparameters": "online run (its own final state)",
-                            **task.metrics(result.state, reserved=("hyperparameters",))})
+                            **_row_metrics(task, p, result.state, result.lam, "online run")})
         _mark_best_of_grid(rows)
     extra: dict[str, Any] = {}
     if task.extra is not None:
         try:  # a report step: its failure must not lose the tuning's results
             extra = task.extra(result.lam)
+            if not isinstance(extra, Mapping):  # ended the run after results.json
+                raise TypeError(f"Task.extra returned {type(extra).__name__}, not a dict "
+                                f"{{name: result}}")
         except Exception as err:
             warnings.warn(f"hypergrad-run: the task's extra report failed ({type(err).__name__}: "
                           f"{err}); results.json is written without it.", HypergradWarning,
@@ -354,6 +362,9 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         # the learned point: the best evaluated (offline), its outer step and validation loss
         "learned": result.values, "learned_named": hps.named(result.values, horizon),
         "learned_step": result.best_step, "learned_val_loss": result.best_val_loss,
+        # the held-out loss that chose it, where the problem has a select_loss (offline)
+        **({"learned_select_loss": result.best_select_loss}
+           if result.best_select_loss is not None else {}),
         # the default search's re-check: why the learned point is not always the lowest
         # validation loss of metrics.jsonl (each point's losses in both batch orders)
         "rechecked": [{"outer_step": r["outer_step"], "val_loss": r["val_loss"],
@@ -417,6 +428,27 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         log.warning(result.message)
     log.info(f"results: {run_dir / 'results.json'}")
     return results
+
+
+def _row_metrics(task: Task, p: InnerProblem, state: Any, lam: torch.Tensor,
+                 label: str) -> dict[str, Any]:
+    """A retrained row's metrics: the task's evaluation, and the validation loss (the tuning's
+    objective) where the evaluation gives none (no ``evaluate``: the table had no number). An
+    evaluation that raises is reported in the row and warned about: the tuning's results are
+    written all the same (it lost results.json, learned.yaml and model_learned.pt)."""
+    try:
+        row: dict[str, Any] = dict(task.metrics(state, reserved=("hyperparameters",)))
+    except Exception as err:  # noqa: BLE001 - a report step
+        warnings.warn(f"hypergrad-run: the task's evaluate failed on the {label!r} row "
+                      f"({type(err).__name__}: {err}); the row is written without it.",
+                      HypergradWarning, stacklevel=2)
+        row = {"error": f"{type(err).__name__}: {err}"}
+    import torch
+
+    if "val_loss" not in row:
+        with torch.no_grad():
+            row["val_loss"] = float(p.objective(state.params, state.buffers, lam))
+    return row
 
 
 def _shared_run_dir(run_dir: Path) -> Path:

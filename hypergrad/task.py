@@ -22,6 +22,9 @@ from .problem import InnerProblem, InnerState
 
 __all__ = ["Task"]
 
+RESERVED_LABELS = ("initial", "learned", "online run (its own final state)")
+"""The labels of hypergrad-run's own rows of the retrained table (and ``last ...``)."""
+
 
 @dataclass
 class Task:
@@ -61,6 +64,32 @@ class Task:
         if self.evaluate is not None and not callable(self.evaluate):
             raise TypeError(f"Task: evaluate must be a callable state -> {{metric: float}}, got "
                             f"{type(self.evaluate).__name__}.")
+        if self.extra is not None and not callable(self.extra):
+            raise TypeError(f"Task: extra must be a callable raw lam -> {{name: result}}, got "
+                            f"{type(self.extra).__name__}.")
+        self._check_references()
+
+    def _check_references(self) -> None:
+        """Each reference a raw point of the problem's shape, under a label of its own: one
+        labelled "learned" replaced the learned row (and model_learned.pt) with its own, and
+        one of another shape failed only after the tuning, naming lam and not the reference."""
+        if not isinstance(self.references, Mapping):
+            raise TypeError(f"Task: references must be a dict {{label: raw lam}}, got "
+                            f"{type(self.references).__name__}.")
+        hps = self.problem.hyperparams
+        for label, lam in self.references.items():
+            if not isinstance(label, str) or label in RESERVED_LABELS or label.startswith(
+                    "last"):
+                raise ValueError(f"Task: references label {label!r} is taken by the report's "
+                                 f"own rows ({', '.join(RESERVED_LABELS)}, last ...); name it "
+                                 f"otherwise, e.g. 'ref {label}'.")
+            if not isinstance(lam, Tensor) or lam.shape != (hps.num_raw,):
+                what = (f"shape {tuple(lam.shape)}" if isinstance(lam, Tensor)
+                        else type(lam).__name__)
+                raise ValueError(f"Task: references[{label!r}] is a {what}; a reference is a "
+                                 f"raw point of the problem's K = {hps.num_raw} "
+                                 f"hyperparameters, a tensor of shape ({hps.num_raw},): e.g. "
+                                 f"problem.init_raw() with entries changed.")
 
     def metrics(self, state: InnerState, fields: Mapping[str, Any] | None = None,
                 reserved: Collection[str] = ()) -> dict[str, float]:

@@ -113,6 +113,12 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
         "problem.select_loss": p.select_loss is not None,  # what the returned point is chosen by
     }
     fp.update(settings)
+    clash = sorted(k for k in extra if k in fp and fp[k] != extra[k])
+    if clash:  # a user's key replaced the library's: a T = 5 run resumed as T = 9, mixed
+        raise ValueError(f"RunFolder: fingerprint keys {clash} are the library's own record of "
+                         f"the problem and the Trainer; name yours otherwise (e.g. "
+                         f"'task.{clash[0].split('.')[-1]}'), in Task(fingerprint=...) or "
+                         f"RunFolder(fingerprint=...).")
     fp.update(extra)
     # plain JSON values only (a Path, a NumPy number of a user's fingerprint as str / float):
     # the checkpoint is read back with torch.load(weights_only=True), which refuses objects
