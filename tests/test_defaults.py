@@ -888,6 +888,26 @@ def test_a_recheck_the_budget_has_no_room_for_is_said() -> None:
     assert res.rechecked == []
 
 
+def test_the_leftover_runs_count_their_proposals_so_the_recheck_keeps_its_room() -> None:
+    """The leftover plain runs counted only the plain run against the budget, not the
+    surrogate's proposal before it (a fit over hundreds of points): the proposals ate the
+    reserve, and the documented default search re-checked 0 of its 3 best points at every
+    budget tried (configs.md's recipe, debug=fast, 8 and 15 s)."""
+    tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)},
+                                                    time_budget=60.0), callbacks=quiet())
+    clock = unit_clock(tr)
+    propose = tr.outer.next_point
+
+    def slow_proposal(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += 5.0  # most of the reserve (4 plain runs x 1.5 here)
+        return propose(*args, **kwargs)
+
+    tr.outer.next_point = slow_proposal  # type: ignore[method-assign]
+    res = tr.fit()  # warnings are errors: "left room to re-check 0 of the 3" would fail it
+    assert len(res.rechecked) >= 2
+    assert any(e["kind"] == "leftover" for e in res.evaluations)
+
+
 def test_the_start_says_how_many_points_it_ran() -> None:
     """A budget with no room for the planned quasi-random points: the message said "2
     quasi-random points and the initial one" where only the initial one ran."""

@@ -904,10 +904,20 @@ class Trainer:
                 with torch.no_grad():
                     self.lam.copy_(before)
         assert isinstance(self.outer, SearchOptimizer)
+        budget, proposing = self.guards.time_budget, 0.0
         while True:
+            # the next proposal's time too (a surrogate model's fit over hundreds of plain
+            # runs): only the plain run was counted, so the proposals ate the reserve, and
+            # the re-check of the best points never ran ("room to re-check 0 of the 3")
+            if (budget is not None and self._plain_seconds is not None
+                    and self._now() - self._fit_start + proposing + self._plain_slow()
+                    > budget - self._reserve()):
+                break
+            t0 = self._now()
             x = self.outer.next_point(self.lam)  # a surrogate model's, else quasi-random
             if x is None:
                 x = self._space_filling(1, self._starts_used)[0]
+            proposing = self._now() - t0
             if self._plain(x, "leftover") is None:
                 break
             self._starts_used += 1
