@@ -317,3 +317,25 @@ def test_a_failing_callback_keeps_no_record_from_the_others_nor_hides_the_error(
     assert b.steps == [0, 1]
     assert any("B.on_fit_end raised ValueError: B cleanup failed" in n
                for n in getattr(got.value, "__notes__", []))
+
+
+def test_a_mode_setting_at_its_default_is_shown_as_its_value_in_a_resume_message() -> None:
+    """The offline mode records start and recheck only where they are not 0: a resume that
+    set start=2 read ``trainer.mode.start: '<absent>' -> 2``."""
+    from hypergrad.run import files
+
+    assert files.fingerprint_diff({"mode": "offline"}, {"mode": "offline",
+                                                         "trainer.mode.start": 2}) == [
+        "trainer.mode.start: 0 -> 2"]
+    assert files.fingerprint_diff({"trainer.mode.recheck": 3}, {}) == [
+        "trainer.mode.recheck: 3 -> 0"]
+
+
+def test_ranks_check_their_reduction_when_built() -> None:
+    """hypergrad-run distributed.reduction=avg ran without a word outside torchrun (checked
+    only under torchrun, in the sharded method)."""
+    from hypergrad.distributed import Ranks
+
+    with pytest.raises(ValueError, match=r"Ranks: reduction='avg'; use 'mean'"):
+        Ranks(reduction="avg")
+    assert Ranks(reduction="sum").reduction == "sum"

@@ -46,9 +46,12 @@ class Ranks(Strategy):
                                           or data_parallel < 1):
             raise ValueError(f"Ranks: data_parallel={data_parallel!r} must be None or an int "
                              f">= 1 dividing the number of processes.")
+        from .shard import check_reduction
+
         self.data_parallel = data_parallel
         self.timeout = timeout
-        self.reduction = reduction
+        # checked here, not first under torchrun (hypergrad-run distributed.reduction=avg ran)
+        self.reduction = check_reduction("Ranks", reduction)
 
     @property
     def is_writer(self) -> bool:  # type: ignore[override]

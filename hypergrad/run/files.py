@@ -382,10 +382,12 @@ and ``select_loss``, in the fingerprint since 2026-11-27; what per-parameter val
 since 2026-11-28; the training loss at the start, since 2026-12-06)."""
 
 
-ABSENT_MEANS: dict[str, str] = {"method": "<an exact method: forward or reverse mode>"}
+ABSENT_MEANS: dict[str, Any] = {"method": "<an exact method: forward or reverse mode>",
+                                "trainer.mode.start": 0, "trainer.mode.recheck": 0}
 """What a fingerprint key's absence means, for the resume message: the exact methods record
 no ``method`` key (one may resume the other), so a run of forward mode resumed with HD read
-``method: '<absent>' -> 'hd'``."""
+``method: '<absent>' -> 'hd'``; the offline mode records ``start`` and ``recheck`` only where
+they are not 0 (``trainer.mode.start: '<absent>' -> 2``)."""
 
 
 def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

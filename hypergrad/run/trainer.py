@@ -344,9 +344,11 @@ class Trainer:
                 self.outer = outer([self.lam])
             except ValueError as err:  # torch.optim's "Invalid learning rate: -0.1", naming
                 # neither the Trainer's argument nor the fix
+                given = ("" if type(outer).__name__.startswith("_")  # Hydra's deferred call
+                         else f"outer={outer!r}; ")
                 raise ValueError(f"Trainer: the outer optimizer refused its settings: {err} "
-                                 f"(outer={outer!r}; hypergrad-run: outer_optimizer.*). Give "
-                                 f"it valid values, e.g. a learning rate > 0.") from err
+                                 f"({given}hypergrad-run: outer_optimizer.*). Give it the "
+                                 f"values the refusal asks for.") from err
             except (TypeError, AttributeError) as err:  # Adam.step given, a misspelt argument
                 raise TypeError(f"Trainer: outer={outer!r} failed when called with the "
                                 f"parameters [lam] ({type(err).__name__}: {err}); it must be a "
