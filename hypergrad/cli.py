@@ -624,6 +624,13 @@ def _job(cfg: DictConfig) -> float:
     alloc.tune_malloc()
     hydra_cfg = HydraConfig.get()
     top = global_groups()  # experiment, debug, sweep: their options write at the top level
+    schema = {g: c for g, c in hydra_cfg.runtime.choices.items()
+              if isinstance(c, str) and c.startswith("schema_")}
+    if schema:  # composed, but without the option's own settings (a preset's sign step lost)
+        g, c = next(iter(schema.items()))
+        raise ConfigError(f"hypergrad-run: {g}={c} is the schema the {g} options extend, not "
+                          f"an option; choose {g}={c.removeprefix('schema_')} (hypergrad-run "
+                          f"--help lists the options).")
     check_keys(cfg, [g for g in hydra_cfg.runtime.choices if "/" not in g
                      and not g.startswith("hydra") and g not in top])
     out = Path(hydra_cfg.runtime.output_dir)

@@ -113,3 +113,22 @@ def test_a_fingerprint_key_cannot_replace_the_librarys_own(tmp_path: Path) -> No
     ok = hg.Task(p, fingerprint={"task.corpus": "abc"})
     hg.Trainer(ok, method="forward", mode=hg.Offline(outer_steps=1),
                folder=tmp_path / "ok", callbacks=[]).fit()
+
+
+def test_a_schema_entry_chosen_as_an_option_is_refused(tmp_path: Path) -> None:
+    """outer_optimizer=schema_sign composed (Hydra's typo error lists the schema entries beside
+    the options) and lost the preset's own sign step, with no word."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", "experiment=digits_schedule",
+                          "debug=fast", "outer_optimizer=schema_sign",
+                          f"hydra.run.dir={tmp_path}"],
+                         capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"},
+                         timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("hypergrad-run: outer_optimizer=schema_sign is the schema the "
+                                 "outer_optimizer options extend, not an option; choose "
+                                 "outer_optimizer=sign"), out.stderr

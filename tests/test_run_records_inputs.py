@@ -457,3 +457,14 @@ def test_a_tasks_metrics_never_overwrite_the_records_own_fields(tmp_path: Path) 
     r = run(agrees, tmp_path / "run")
     assert [h["val_loss"] for h in r.history] == [h["val_loss"] for h in plain.history]
     assert all(h["test_acc"] == 0.75 and "evaluate.val_loss" not in h for h in r.history)
+
+
+def test_the_closing_message_calls_a_rechecked_point_returned_not_best() -> None:
+    """With a re-check (or a select_loss) the point returned need not have the lowest
+    validation loss: the message read "best 0.3317 (outer step 3), last 0.3045"."""
+    said: list[str] = []
+    tr = hg.Trainer(small(), "forward", mode=hg.Offline(outer_steps=3, start=0, recheck=2),
+                    callbacks=[hg.run.Log(said.append), hg.run.Progress(False)])
+    res = tr.fit()
+    last = [m for m in said if "validation loss: initial" in m][-1]
+    assert res.rechecked and ", returned " in last and ", best " not in last

@@ -1173,7 +1173,10 @@ class Trainer:
             first = self.history[0]["val_loss"]
             start = (f"initial {first:.4g}" if init is None or init == first else
                      f"initial {init:.4g}, the descent's start {first:.4g}")
-            self.message(f"validation loss: {start}, best {best_val:.4g} (outer step "
+            # "best" is the point returned: chosen by select_loss or the re-check, its
+            # validation loss need not be the lowest ("best 0.33, last 0.30" read as a slip)
+            chosen = ("returned" if best_sel is not None or rechecked else "best")
+            self.message(f"validation loss: {start}, {chosen} {best_val:.4g} (outer step "
                          f"{best_step}), last {float(value):.4g} (outer step {last_step})")
         return TrainResult(best_lam.clone(), hps.describe(best_lam), list(self.history),
                            self.method.name, state=state, last_lam=last,
