@@ -230,8 +230,9 @@ def optimizer_from_settings(settings: Mapping[str, Any],
         raise ValueError(
             f"optimizer_from_settings: the initial weights were learned too ({weights}: "
             f"{init[weights[0]]}); start your model from them and pass the settings without "
-            f"'init' ({{k: v for k, v in settings.items() if k != 'init'}}), or use "
-            f"TrainResult.learned_optimizer(model), which loads them.")
+            f"those entries ({{**settings, 'init': {{k: v for k, v in settings['init'].items() "
+            f"if k not in {weights!r}}}}}: the learned initial scales stay and are applied), or "
+            f"use TrainResult.learned_optimizer(model), which loads them.")
     _scale_initial_weights(init, named)
     in_groups = {n for g in o["param_groups"] for n in g["params"]}
     missing = sorted(in_groups - set(named))

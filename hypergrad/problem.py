@@ -1281,12 +1281,15 @@ class InnerProblem:
         train = which == "train_loss"
         step = 0 if train else None
         with torch.enable_grad(), _quiet():
-            hp = HPValues(hps.values_from(leaves, step, self.steps), which)
+            values = hps.values_from(leaves, step, self.steps)
+            hp = HPValues(values, which)
             model = self.fmodel.bind(weights, s.buffers, train or self.val_mode == "train",
                                      0 if train else self.steps)
+            finder = _CutFinder(values)
             try:
-                out = (self._call(which, self.train_loss, model, self.first_batch(), hp) if train
-                       else self._call(which, self.val_loss, model, hp))
+                with finder:
+                    out = (self._call(which, self.train_loss, model, self.first_batch(), hp)
+                           if train else self._call(which, self.val_loss, model, hp))
             except (RuntimeError, TypeError) as err:
                 cuts = self._find_cuts(which, lam)
                 if cuts:
@@ -1299,6 +1302,14 @@ class InnerProblem:
                         f"numpy on it)."
                     ) from err
                 raise
+        if finder.samplers:
+            name, how = next(iter(finder.samplers.items()))
+            raise ValueError(
+                f"InnerProblem: {which} passes hyperparameter {name!r} to {how}, whose "
+                f"derivative in its parameters torch defines as zero: every method would give "
+                f"{name!r} a hypergradient of exactly 0 through it, where the training's slope "
+                f"(finite differences of the same draws) is not. Draw standard noise and scale "
+                f"it, as mean + std * torch.randn_like(x).")
         ids = _reachable(out)
         reaches_w = not weights or any(id(w) in ids for w in weights.values())
         if isinstance(out, Tensor):
@@ -1966,14 +1977,24 @@ def _op_name(func: Any) -> str:
     return str(fname)
 
 
+_SAMPLERS = {"normal": "torch.normal", "normal_": "Tensor.normal_"}
+"""Continuous random samplers whose derivative in their parameters torch defines as zero: a
+hyperparameter passed to one (a noise scale as ``torch.normal``'s std) got a hypergradient of
+exactly 0 through it, where finite differences of the same draws see the slope. (A discrete
+sample, ``torch.bernoulli``'s mask, has a zero slope almost everywhere in the same draws too.)"""
+
+
 class _CutFinder(TorchFunctionMode):
     """Follows the tensors derived from each hyperparameter group through one run of a loss
-    and records, per group, the first operation that cut them from the autograd graph."""
+    and records, per group, the first operation that cut them from the autograd graph, and
+    (``samplers``) the first random sampler whose derivative in its parameters torch takes
+    as zero."""
 
     def __init__(self, values: dict[str, Any]) -> None:
         super().__init__()
         self.tags: dict[int, tuple[Tensor, frozenset[str]]] = {}
         self.cuts: dict[str, str] = {}
+        self.samplers: dict[str, str] = {}
         for name, v in values.items():
             leaves, _ = tree_flatten(v)
             for x in leaves:
@@ -1992,6 +2013,9 @@ class _CutFinder(TorchFunctionMode):
         fname = _op_name(func)
         if groups and fname in _CUTTERS:
             self._cut(groups, _CUTTERS[fname])
+        if groups and fname in _SAMPLERS:
+            for g in groups:
+                self.samplers.setdefault(g, _SAMPLERS[fname])
         out = func(*args, **kwargs)
         if not groups:
             return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -132,3 +133,58 @@ def test_a_schema_entry_chosen_as_an_option_is_refused(tmp_path: Path) -> None:
     assert out.stderr.startswith("hypergrad-run: outer_optimizer=schema_sign is the schema the "
                                  "outer_optimizer options extend, not an option; choose "
                                  "outer_optimizer=sign"), out.stderr
+
+
+def _noisy(noise: Any) -> hg.InnerProblem:
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    torch.manual_seed(0)
+    return hg.InnerProblem(
+        mlp([64, 8, 10]).double(),
+        lambda m, b, hp: F.cross_entropy(m(noise(b[0], hp["sigma"])), b[1]),
+        hg.optim.sgd(lr=0.1), hg.HyperParams([hg.Scalar("sigma", 0.1, "log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), 3,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+
+
+def test_a_noise_scale_given_to_torch_normal_is_refused() -> None:
+    """torch defines torch.normal's derivative in mean and std as zero: a noise scale passed
+    as its std got a hypergradient of exactly 0 from every method, where finite differences of
+    the same draws gave 0.041, with no word."""
+    p = _noisy(lambda x, s: torch.normal(x, s.expand_as(x)))
+    with pytest.raises(ValueError, match=r"train_loss passes hyperparameter 'sigma' to "
+                                         r"torch.normal, whose derivative in its parameters "
+                                         r"torch defines as zero.*std \* torch.randn_like"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+    ok = _noisy(lambda x, s: x + s * torch.randn_like(x))  # the reparameterised draw
+    lam = ok.init_raw()
+    g = hg.ForwardMode().hypergradient(ok, lam).grad
+    fd = hg.FiniteDifference().hypergradient(ok, lam).grad
+    assert float(g.abs()) > 0 and hg.testing.rel_err(g, fd) < 1e-5
+
+
+def test_marthe_refuses_initialisation_hyperparameters_below_mu_1() -> None:
+    """MARTHE(mu < 1) discounts the initial weights' tangents at every step: their
+    hypergradient was mu^T of the exact one (0.3^4 at T = 4), with no word."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    torch.manual_seed(0)
+    p = hg.InnerProblem(
+        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log"),
+                                               hg.InitScale("s", 1.0, "log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), 4,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    with pytest.raises(ValueError, match=r"MARTHE\(mu=0.3\): \['s'\] set the initial weights, "
+                                         r"whose hypergradient MARTHE discounts by mu\^T = "
+                                         r"0.3\^4 = 0.0081"):
+        hg.Trainer(p, method=hg.MARTHE(0.3), mode=hg.Offline(outer_steps=1), callbacks=[])
+    hg.Trainer(p, method=hg.MARTHE(1.0), mode=hg.Offline(outer_steps=1), callbacks=[])
