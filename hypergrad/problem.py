@@ -1845,8 +1845,8 @@ def _torch_optimizer_hint(optimizer: Any, hyperparams: Any) -> str:
             call = ", ".join(f"{k}={v}" for k, v in args.items())
             return (f"{got}: use hypergrad.optim.{name}({call}): its {len(groups)} parameter "
                     f"groups differ in {'; '.join(differ)}, which hypergrad takes per parameter, "
-                    f"as a value per parameter-name pattern ({{r'bias$': 0.0, r'weight$': "
-                    f"0.01}}: a name matching no pattern gets the factory's default) or as a "
+                    f"as a value per parameter-name pattern ({{r'bias$': 0.0, r'.*': 0.01}}: "
+                    f"the first match wins, and every parameter must match one) or as a "
                     f"PerGroup hyperparameter to tune (docs/guide.md); the other arguments "
                     f"constants or the names of hyperparameters to tune")
     call = ", ".join(f"{k}={v}" for k, v in args.items())
