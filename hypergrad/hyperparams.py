@@ -1025,6 +1025,15 @@ class InitWeights(HyperParameter):
             out.init = torch.cat([params[p].detach().reshape(-1).to(torch.float64).cpu()
                                   for p in names])
             out._init_given = True
+            _, _, valid, domain = TRANSFORMS[self.transform]
+            if not valid(out.init):  # the message said "init=tensor(...)", given by no one
+                raise ValueError(
+                    f"{api}: no init was given, so it starts from the model's own initial "
+                    f"weights of {names}, which lie outside the domain of transform="
+                    f"{self.transform!r} ({domain}; they range over "
+                    f"[{float(out.init.min()):.3g}, {float(out.init.max()):.3g}]). Use "
+                    f"transform='identity' (the default for weights), or give an init in "
+                    f"that domain.")
         return out
 
     def value(self, raw: Tensor, step: int | None, horizon: int) -> Any:

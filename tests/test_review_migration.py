@@ -186,3 +186,15 @@ def test_amsgrad_is_refused_by_name() -> None:
         with pytest.raises(NotImplementedError, match=r"amsgrad=True is not supported"):
             factory(lr=0.1, amsgrad=True)
         assert factory(lr=0.1, amsgrad=False).name in ("adam", "adamw")
+
+
+def test_init_weights_under_log_read_from_the_model_say_so() -> None:
+    """InitWeights(transform='log') without an init starts from the model's weights (some
+    negative): the message quoted "init=tensor([0.4391, -0.0833, ...])", which no one gave,
+    and advised "a warm-up from 0"."""
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=r"InitWeights\('w'\): no init was given, so it starts "
+                                         r"from the model's own initial weights of \['0.weight'\], "
+                                         r"which lie outside the domain of transform='log'"):
+        _problem(mlp([64, 8, 10]).double(), hg.InitWeights("w", params=["0.weight"],
+                                                            transform="log"))
