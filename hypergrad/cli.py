@@ -51,6 +51,7 @@ from .errors import (
     raised_in_hypergrad,
 )
 from .run import RunFolder
+from .task import ONLINE_ROW
 
 if TYPE_CHECKING:
     import torch
@@ -318,7 +319,7 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
                 learned_state = state
             rows.append({"hyperparameters": label, **_row_metrics(task, p, state, lam, label)})
         if trainer.mode.online and result.state is not None:
-            rows.insert(1, {"hyperparameters": "online run (its own final state)",
+            rows.insert(1, {"hyperparameters": ONLINE_ROW,
                             **_row_metrics(task, p, result.state, result.lam, "online run")})
         _mark_best_of_grid(rows)
     extra: dict[str, Any] = {}

@@ -982,11 +982,7 @@ class InnerProblem:
         if type(opt).__module__.startswith("hypergrad."):
             return
         name = type(opt).__name__
-        with torch.no_grad():
-            state = self.initial_state(lam)
-            params = {k: v.detach() for k, v in state.params.items()}
-            zeros = {k: torch.zeros_like(v) for k, v in params.items()}
-            got = self.update(zeros, state.opt, params, lam, 0)
+        params, opt_state, (got,) = self._zero_gradient_updates(lam, [0])
         if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Mapping)):
             raise TypeError(f"InnerProblem: {name}.update returned {type(got).__name__}; it "
                             f"must return (new_params, new_state): a dict of the parameters "
@@ -1003,11 +999,22 @@ class InnerProblem:
                         else type(w).__name__)
                 raise ValueError(f"InnerProblem: {name}.update returned {k!r} of {what}; the "
                                  f"parameter has shape {tuple(v.shape)} and dtype {v.dtype}.")
-        if tree_flatten(new_state)[1] != tree_flatten(state.opt)[1]:
+        if tree_flatten(new_state)[1] != tree_flatten(opt_state)[1]:
             raise ValueError(f"InnerProblem: {name}.update returned a state of another structure "
                              f"than init's ({type(new_state).__name__} against "
-                             f"{type(state.opt).__name__}); it must return the state as init "
+                             f"{type(opt_state).__name__}); it must return the state as init "
                              f"built it, its entries updated.")
+
+    def _zero_gradient_updates(self, lam: Tensor, steps: Sequence[int]
+                               ) -> tuple[dict[str, Tensor], Any, list[Any]]:
+        """The initial parameters, the optimizer's initial state, and what one update with zero
+        gradients from them returns at each of ``steps`` (the checks of the update)."""
+        with torch.no_grad():
+            state = self.initial_state(lam)
+            params = {k: v.detach() for k, v in state.params.items()}
+            zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+            return params, state.opt, [self.update(zeros, state.opt, params, lam, t)
+                                       for t in steps]
 
     def _warn_unread(self, grads: dict[str, Tensor | None], lam: Tensor) -> None:
         """Warn (:class:`~hypergrad.errors.UnreadParameterWarning`) when the training loss on
@@ -1021,12 +1028,9 @@ class InnerProblem:
         unread = [k for k, g in grads.items() if g is None]
         if not unread:
             return
-        with torch.no_grad():
-            state = self.initial_state(lam)
-            params = {k: v.detach() for k, v in state.params.items()}
-            zeros = {k: torch.zeros_like(v) for k, v in params.items()}
-            steps = sorted({0, self.steps // 2, self.steps - 1})
-            after = [self.update(zeros, state.opt, params, lam, t)[0] for t in steps]
+        params, _, got = self._zero_gradient_updates(
+            lam, sorted({0, self.steps // 2, self.steps - 1}))
+        after = [g[0] for g in got]
         moved = [k for k in unread if any(not torch.equal(a[k], params[k]) for a in after)]
         if not moved:
             return

@@ -22,7 +22,9 @@ from .problem import InnerProblem, InnerState
 
 __all__ = ["Task"]
 
-RESERVED_LABELS = ("initial", "learned", "online run (its own final state)")
+ONLINE_ROW = "online run (its own final state)"
+"""The label of hypergrad-run's row of an online run's own final state."""
+RESERVED_LABELS = ("initial", "learned", ONLINE_ROW)
 """The labels of hypergrad-run's own rows of the retrained table (and ``last ...``)."""
 
 

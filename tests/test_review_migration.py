@@ -116,8 +116,8 @@ def test_hypergradients_under_autocast_warn() -> None:
     """bfloat16 autocast around the call made forward mode 2.5e-4 off float64 (6e-8 without),
     with no word; TF32 (10 bits) already warned."""
     torch.manual_seed(0)
-    p = _problem(mlp([64, 8, 10]).float(), steps=3)
-    p32 = hg.InnerProblem(p.fmodel.module, _loss, hg.optim.sgd(lr="lr"), p.hyperparams,
+    p32 = hg.InnerProblem(mlp([64, 8, 10]).float(), _loss, hg.optim.sgd(lr="lr"),
+                          hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
                           MiniBatches(DATA.x_train.float(), DATA.y_train, batch_size=8), 3,
                           val_loss=lambda m, hp: F.cross_entropy(m(DATA.x_val.float()),
                                                                  DATA.y_val))

@@ -801,14 +801,21 @@ class Trainer:
                 out.append((r["val_loss"], r["lam"], r["outer_step"], r["select_loss"]))
         return out
 
+    def _no_room(self, before: float = 0.0, reserve: bool = True) -> bool:
+        """Whether the time budget has no room for one more plain run after ``before`` seconds
+        of other work (keeping :meth:`_reserve` for the runs that end the run, unless
+        ``reserve`` is False: those runs themselves)."""
+        budget = self.guards.time_budget
+        if budget is None or self._plain_seconds is None:
+            return False
+        held = self._reserve() if reserve else 0.0
+        return self._now() - self._fit_start + before + self._plain_slow() > budget - held
+
     def _plain(self, lam: Tensor, kind: str) -> float | None:
         """The validation loss at ``lam`` after one plain inner run (tracked as a candidate for
         the best point), or ``None`` when the time budget has no room for it (and for the
         runs that end the run: :meth:`_reserve`)."""
-        budget = self.guards.time_budget
-        now = self._now() - self._fit_start
-        if (budget is not None and self._plain_seconds is not None
-                and now + self._plain_slow() > budget - self._reserve()):
+        if self._no_room():
             return None
         value, sel = self._timed_value(lam, 0)
         # the outer step of the point: a line search (or restart) during outer step k finds
@@ -906,14 +913,12 @@ class Trainer:
                 with torch.no_grad():
                     self.lam.copy_(before)
         assert isinstance(self.outer, SearchOptimizer)
-        budget, proposing = self.guards.time_budget, 0.0
+        proposing = 0.0
         while True:
             # the next proposal's time too (a surrogate model's fit over hundreds of plain
             # runs): only the plain run was counted, so the proposals ate the reserve, and
             # the re-check of the best points never ran ("room to re-check 0 of the 3")
-            if (budget is not None and self._plain_seconds is not None
-                    and self._now() - self._fit_start + proposing + self._plain_slow()
-                    > budget - self._reserve()):
+            if self._no_room(before=proposing):
                 break
             t0 = self._now()
             x = self.outer.next_point(self.lam)  # a surrogate model's, else quasi-random
@@ -1218,8 +1223,7 @@ class Trainer:
         if len(picked) < 2:
             return [], None
         for val, lam, step, sel in picked:
-            if (budget is not None and self._plain_seconds is not None
-                    and self._now() - self._fit_start + self._plain_slow() > budget):
+            if self._no_room(reserve=False):
                 break
             v, vs = self._timed_value(lam, 1)
             rec = {"lam": lam.clone(), "val_loss": val,
