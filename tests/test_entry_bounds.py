@@ -156,3 +156,25 @@ def test_tensor_and_numpy_ends_are_numbers() -> None:
     with pytest.raises(ValueError, match=r"bounds\['lr'\]=\[\[0.01, 0.02\], 1.0\] has "
                                          r"\[0.01, 0.02\].*own key, e.g. 'lr\[0\]': "):
         Bounds(p.hyperparams, torch.float64, {"lr": ([0.01, 0.02], 1.0)})
+
+
+def test_an_entry_end_none_keeps_the_hyperparameter_end() -> None:
+    """``{"lr": (1e-3, 1), "lr[0]": (None, 0.05)}`` caps window 0 and keeps its floor of 1e-3
+    (the None dropped it: the box filled that side around the initial value, down to 5e-4),
+    as the configs page's example reads; a kept end that leaves nothing between is named."""
+    p = _problem(hg.Schedule("lr", 0.05, "log", windows=3), hg.Scalar("wd", 1e-3, "log"))
+    hps = p.hyperparams
+    b = Bounds(hps, torch.float64, {"lr": (1e-3, 1.0), "lr[0]": (None, 0.05),
+                                    "lr[1]": (0.01, None)})
+    lo, hi = search_box(hps, b, p.init_raw())
+    got = torch.exp(torch.stack([lo[:3], hi[:3]], 1))
+    torch.testing.assert_close(got, torch.tensor([[1e-3, 0.05], [0.01, 1.0], [1e-3, 1.0]],
+                                                 dtype=torch.float64))
+    lam = p.init_raw().clone()
+    lam[hps.slices["lr"]] = torch.tensor([-30.0, 30.0, 0.0], dtype=torch.float64)
+    b.project(lam)
+    assert hps.describe(lam)["lr"] == pytest.approx([1e-3, 1.0, 1.0], rel=1e-12)
+    assert b.values()["lr[0]"] == [None, pytest.approx(0.05)]  # as given, for the fingerprint
+    with pytest.raises(ValueError, match=r"bounds\['lr\[0\]'\]=\(None, 0.0001\) keeps the low "
+                                         r"end of bounds\['lr'\]=\(0.001, 1\).*give both ends"):
+        Bounds(hps, torch.float64, {"lr": (1e-3, 1.0), "lr[0]": (None, 1e-4)})

@@ -29,7 +29,8 @@ class Bounds:
     one entry (by its index, ``"lr[0]"`` for a schedule's first window, or by its name,
     ``"wd[decay]"`` for a PerGroup's group, ``"wd[fc.weight]"`` for a PerTensor's parameter;
     ``"lr[out]"`` bounds every window of group ``out`` of a schedule per group), in place of
-    the hyperparameter's pair. An end that is infinite in the raw coordinates on its own side
+    the hyperparameter's pair; an entry's end ``None`` keeps the pair's end on that side
+    (``{"lr": (1e-4, 1), "lr[0]": (None, 0.05)}``: window 0 in ``[1e-4, 0.05]``). An end that is infinite in the raw coordinates on its own side
     (``low=-inf`` or ``high=inf`` of an identity hyperparameter, ``high=inf`` of a log one, or a
     number that rounds to one in ``dtype``) is no bound, as ``None``: the search box then fills
     that side around the initial value. A log or logit hyperparameter's low end is ``None``
@@ -61,9 +62,33 @@ class Bounds:
             pair = self._raw_pair(key, hps.by_name[name].transform, lohi, dtype, api)
             if indices is None:
                 self.raw[name] = pair
-            else:
-                self.entries.setdefault(name, {}).update({i: pair for i in indices})
             self._keys[key] = (name, indices, pair)
+        # the entries, in the order given (a later key's replace an earlier's); an entry's end
+        # None keeps its hyperparameter's end on that side: '"lr[0]": (None, 0.05)' beside
+        # '"lr": (1e-4, 1)' caps window 0 (it dropped its floor of 1e-4 too, and the search box
+        # filled that side around the initial value). self._keys keeps each pair as given
+        for key, (name, indices, pair) in self._keys.items():
+            whole = self.raw.get(name)
+            if indices is None:
+                continue
+            if whole is None or None not in pair:
+                self.entries.setdefault(name, {}).update({i: pair for i in indices})
+                continue
+            kept = (whole[0] if pair[0] is None else pair[0],
+                    whole[1] if pair[1] is None else pair[1])
+            if kept[0] is not None and kept[1] is not None and bool(kept[0] > kept[1]):
+                fwd = TRANSFORMS[hps.by_name[name].transform][0]
+
+                def shown(ends: tuple[Tensor | None, Tensor | None]) -> str:
+                    return ", ".join("None" if r is None else f"{float(fwd(r)):.6g}"
+                                     for r in ends)
+
+                side = "low" if pair[0] is None else "high"
+                raise ValueError(
+                    f"{api}: bounds[{key!r}]=({shown(pair)}) keeps the {side} end of "
+                    f"bounds[{name!r}]=({shown(whole)}) (an end None keeps it), which leaves "
+                    f"no value between; give both ends of {key!r}.")
+            self.entries.setdefault(name, {}).update({i: kept for i in indices})
 
     def _target(self, key: str, api: str) -> tuple[str, list[int] | None]:
         """``(name, None)`` for a hyperparameter's name, ``(name, [index])`` for one entry,
