@@ -22,6 +22,8 @@ size, the data, the model) is assumed to be the one tuned on.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -50,12 +52,22 @@ def _number(v: Tensor | float) -> float:
     return float(v)
 
 
+def _base_window(r: Tensor) -> int:
+    """The window whose learning rate a schedule's ``LambdaLR`` factors are relative to: the
+    first, where it is positive and every factor is finite against it; else the largest."""
+    first = float(r[0])
+    if first > 0 and all(math.isfinite(float(x) / first) for x in r):
+        return 0
+    return int(r.argmax()) if float(r.max()) > 0 else int(r.abs().argmax())
+
+
 def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     """What ``learned.yaml`` holds: the optimizer (``class``, ``defaults``, one
     ``param_groups`` entry per parameter with its per-tensor values), the schedule (``windows``
     as ``[start, end, factor]`` fractions of training; ``None`` without one), the loss's own
-    hyperparameters (``loss``: numbers, or the name of a tensor file for vectors) and
-    ``steps`` (the horizon they were learned on); where they apply, ``clip_grad_norm`` (the
+    hyperparameters (``loss``: numbers, or the name of a tensor file for vectors; a schedule
+    among them is described in ``loss_schedules``: its file, windows and the window step ``t``
+    reads) and ``steps`` (the horizon they were learned on); where they apply, ``clip_grad_norm`` (the
     optimizer clipped its gradient to that global norm) and ``init`` (learned initial values:
     ``{name: {param: scale}}`` of an :class:`~hypergrad.InitScale`, a sentence for an
     :class:`~hypergrad.InitWeights`). See the module docstring for what a schedule assumes.
@@ -82,12 +94,21 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
         # one row, or one per group (a schedule's tuned scales, after its windows, are read
         # per parameter by at_window below, as multipliers are)
         rows = values[item.name][:item.base_numel].reshape(-1, w)
-        # the factors are relative to the optimizer's lr: the first window's, unless it is 0
-        # (a warm-up from 0), where the largest window's is the base (0 / 0 gave NaN); every
-        # parameter group's lr is what it reads in that window (its multiplier times the base)
-        firsts = [int(r.abs().argmax()) if float(r[0]) == 0 else 0 for r in rows]
+        # the factors are relative to the optimizer's lr: the first window's, unless it is not
+        # a positive base every factor is finite against (a warm-up from 0 gave 0 / 0 = NaN, one
+        # from 1e-310 factors of inf and a NaN model; torch.optim refuses a negative lr), where
+        # the largest window's is; every parameter group's lr is what it reads in that window
+        # (its multiplier times the base)
+        firsts = [_base_window(r) for r in rows]
         factors = [[float(r[i]) / float(r[f]) if float(r[f]) else 1.0 for i in range(w)]
                    for r, f in zip(rows, firsts)]
+        for r, f, row in zip(rows, firsts, factors):
+            if not all(math.isfinite(x) for x in row):
+                raise NotImplementedError(
+                    f"learned_settings: schedule {item.name!r}'s windows "
+                    f"{[float(x) for x in r]} have no base LambdaLR's factors are finite "
+                    f"against (window {f}'s {float(r[f]):.3g}); the learned values are in "
+                    f"results.json.")
         if item.groups is None:
             hp0[item.name] = item.at_window(hps.split(lam.detach())[item.name], firsts[0])
             schedule = {"class": SCHEDULER, "windows": [
@@ -134,11 +155,20 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     # values per parameter (a PerTensor, a PerGroup, multipliers): every group is written
     per_tensor = {n for n in bound if hps.by_name[n].binding() is not None}
     loss: dict[str, Any] = {}
+    loss_schedules: dict[str, Any] = {}  # those of loss's that are schedules
     for it in hps.items:
         if it.name in bound or it.initializes:
             continue
         v = values[it.name]
         loss[it.name] = float(v) if v.numel() == 1 else f"learned_{it.name}.pt"
+        if isinstance(it, Schedule) and it.windows > 1:  # not a vector per feature
+            loss_schedules[it.name] = {
+                "file": loss[it.name], "windows": it.windows,
+                **({"groups": list(it.groups)} if it.groups is not None else {}),
+                "reads": (f"step t of a run of N steps reads window t * {it.windows} // N: "
+                          f"windows are fractions of training (the file holds "
+                          f"{'a row of windows per group, in order' if it.groups else 'them'}"
+                          f"{', then the tuned scales' if it.scales else ''})")}
     out: dict[str, Any] = {
         "optimizer": {"class": (f"torch.optim.{cls.__name__}"
                                 if getattr(torch.optim, cls.__name__, None) is cls
@@ -147,6 +177,7 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
                       "param_groups": [g for g in groups if len(g) > 1 or per_tensor]},
         "schedule": schedule,
         "loss": loss,
+        **({"loss_schedules": loss_schedules} if loss_schedules else {}),
         "steps": problem.steps,
         # the trained parameters they were learned for, checked by optimizer_from_settings (a
         # model with other parameters put them in a group of its own, silently)
@@ -256,12 +287,20 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     if not sched:
         return optimizer, None
     total = settings.get("steps") if steps is None else steps
-    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+    if isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 1:
         raise ValueError(f"optimizer_from_settings: steps={total!r} must be an int >= 1 (the "
                          f"training steps the schedule is stretched over), or None for the "
                          f"horizon it was learned on ({settings.get('steps', 'not in settings')}"
                          f").")
+    total = int(total)  # a NumPy int
     shared = [float(w[2]) for w in sched["windows"]]
+    if total < len(shared):  # as InnerProblem refuses windows no step reads
+        unread = sorted(set(range(len(shared))) - {t * len(shared) // total
+                                                   for t in range(total)})
+        raise ValueError(f"optimizer_from_settings: steps={total} is fewer than the schedule's "
+                         f"{len(shared)} windows: windows {unread} would never be read; train "
+                         f"for at least {len(shared)} steps (learned on "
+                         f"{settings.get('steps', 'not in settings')}).")
     own = sched.get("factors") or {}  # a schedule per group: by parameter name
 
     def stretched(factors: list[float]) -> Any:

@@ -235,15 +235,22 @@ def test_export_with_initial_weights_of_some_parameters(init: str, tmp_path: Pat
     assert learned_settings(p, p.init_raw())["optimizer"]["defaults"]["lr"] == pytest.approx(0.1)
 
 
-def test_export_of_a_schedule_warming_up_from_zero_trains_as_hypergrad_did() -> None:
+@pytest.mark.parametrize("first", [0.0, 1e-310, -0.01])
+def test_export_of_a_schedule_warming_up_from_zero_trains_as_hypergrad_did(first: float
+                                                                           ) -> None:
     """Factors relative to a first window of 0 were 0/0 and x/0: learned.yaml held NaN and inf
-    and torch trained with lr = NaN."""
-    p = _mlp_problem([hg.Schedule("lr", init=torch.tensor([0.0, 0.05, 0.1, 0.1]), windows=4)],
+    and torch trained with lr = NaN; a first window of 1e-310 gave factors of inf (a NaN model,
+    without a word), a negative one (an identity transform) was refused by torch.optim though
+    the schedule is held with another base."""
+    p = _mlp_problem([hg.Schedule("lr", init=torch.tensor([first, 0.05, 0.1, 0.1],
+                                                          dtype=torch.float64), windows=4,
+                                  transform="identity")],
                      hg.optim.sgd(lr="lr", momentum=0.5))
     lam = p.init_raw()
     settings = learned_settings(p, lam)
     assert settings["optimizer"]["defaults"]["lr"] == pytest.approx(0.1)
-    assert [w[2] for w in settings["schedule"]["windows"]] == pytest.approx([0, 0.5, 1, 1])
+    assert [w[2] for w in settings["schedule"]["windows"]] == pytest.approx(
+        [first / 0.1, 0.5, 1, 1], abs=1e-300)
     ours = p.run(lam).params  # first: the problem starts from the module's weights
     model = p.fmodel.module
     opt, sched = optimizer_from_settings(settings, model)
@@ -264,6 +271,55 @@ def test_optimizer_from_settings_refuses_steps_that_are_no_count(steps: Any) -> 
     settings = learned_settings(p, p.init_raw())
     with pytest.raises(ValueError, match=r"steps=.* must be an int >= 1"):
         optimizer_from_settings(settings, p.fmodel.module, steps=steps)
+
+
+def test_optimizer_from_settings_takes_numpy_steps_and_refuses_unread_windows() -> None:
+    """steps=np.int64(6) was refused (a Schedule takes NumPy ints), and steps=2 with 3 windows
+    silently skipped one (InnerProblem refuses windows no step reads)."""
+    import copy
+
+    p = _mlp_problem([hg.Schedule("lr", torch.tensor([0.1, 0.05, 0.02], dtype=torch.float64),
+                                  windows=3, transform="log")], hg.optim.sgd(lr="lr"))
+    settings = learned_settings(p, p.init_raw())
+    opt, sched = optimizer_from_settings(settings, copy.deepcopy(p.fmodel.module),
+                                         steps=np.int64(6))
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()  # no gradients: nothing moves
+        sched.step()
+    assert lrs == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.02, 0.02])
+    with pytest.raises(ValueError, match=r"steps=2 is fewer than the schedule's 3 windows: "
+                                         r"windows \[2\] would never be read"):
+        optimizer_from_settings(settings, copy.deepcopy(p.fmodel.module), steps=2)
+
+
+def test_a_schedule_the_loss_reads_is_described_in_learned_yaml(tmp_path: Path) -> None:
+    """An L2 coefficient per window was written as a bare vector file, like a per-feature
+    Array, with nothing saying that step t reads window t * W // T (the guide said
+    learned.yaml says so)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 4, dtype=torch.float64), torch.randint(0, 3, (32,))
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    p = hg.InnerProblem(
+        model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]) + hp["l2"] * sum(
+            (w ** 2).sum() for w in m.parameters()),
+        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log"),
+                                               hg.Schedule("l2", [1e-2, 1e-3, 1e-4], "log",
+                                                           windows=3),
+                                               hg.Array("cw", [1.0, 2.0], transform="log")]),
+        MiniBatches(x, y, batch_size=8), 9, lambda m, hp: F.cross_entropy(m(x), y))
+    files = write_learned(tmp_path, p, p.init_raw(), None)
+    assert files == ["learned.yaml", "learned_l2.pt", "learned_cw.pt"]
+    import yaml
+
+    settings = yaml.safe_load((tmp_path / "learned.yaml").read_text())
+    assert settings["loss"] == {"l2": "learned_l2.pt", "cw": "learned_cw.pt"}
+    described = settings["loss_schedules"]
+    assert list(described) == ["l2"]  # not the vector per class
+    assert described["l2"]["windows"] == 3 and described["l2"]["file"] == "learned_l2.pt"
+    assert "reads window t * 3 // N" in described["l2"]["reads"]
+    assert torch.load(tmp_path / "learned_l2.pt").tolist() == pytest.approx([1e-2, 1e-3, 1e-4])
 
 
 # -- reports -------------------------------------------------------------------------------------
