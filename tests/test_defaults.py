@@ -282,9 +282,22 @@ def test_online_the_default_outer_is_adam_and_runs_no_plain_runs() -> None:
     assert isinstance(tr.outer, torch.optim.Adam) and tr.outer.defaults["lr"] == 0.05
     res = tr.fit()
     assert len(res.history) == 20 and res.evaluations == [] and runs == 0
-    qn = hg.Trainer(p, "forward", outer=lambda ps: QuasiNewton(ps), mode=hg.Online(interval=10),
-                    callbacks=quiet()).fit()  # given explicitly: plain steps, no search
-    assert len(qn.history) == 4 and qn.evaluations == [] and runs == 0
+
+
+
+@pytest.mark.parametrize("search", ["quasi_newton", "surrogate"])
+def test_online_a_search_outer_optimizer_is_refused(search: str) -> None:
+    """A search given online: a Surrogate never moved the hyperparameters (its warning blamed
+    the bounds), QuasiNewton's plain steps of 15 % of the box on curvature from other inner
+    states jumped to the box's edge and returned that point."""
+    from hypergrad.run import Surrogate
+
+    cls = QuasiNewton if search == "quasi_newton" else Surrogate
+    with pytest.raises(ValueError, match=rf"outer optimizer {cls.__name__} searches with plain "
+                                         r"inner runs.*outer=None.*SignDescent.*"
+                                         r"outer_optimizer=adam or sign"):
+        hg.Trainer(lr_momentum(steps=8), "forward", outer=lambda ps: cls(ps),
+                   mode=hg.Online(interval=2), callbacks=quiet())
 
 
 @pytest.mark.filterwarnings("ignore::hypergrad.errors.TuningWarning")  # a loaded machine's

@@ -355,6 +355,20 @@ class Trainer:
                                 f"factory params -> optimizer, e.g. outer=functools.partial("
                                 f"torch.optim.Adam, lr=0.05).") from err
         _check_outer(self.outer, self.lam)
+        if self.mode.online and isinstance(self.outer, SearchOptimizer):
+            # it searches with plain inner runs, of which one online run has none: a Surrogate
+            # never moved the hyperparameters (its warning blamed the bounds), and QuasiNewton's
+            # plain steps of a share of the box, its curvature from hypergradients of other
+            # inner states, jumped to the box's edge and returned that untrained point
+            raise ValueError(
+                f"Trainer: outer optimizer {type(self.outer).__name__} searches with plain "
+                f"inner runs, which online tuning (one run) does not have: it would not tune "
+                f"(a Surrogate never moves; QuasiNewton takes steps of a share of the search box "
+                f"on curvature from other inner states). Online, give one that steps on the "
+                f"hypergradient alone: outer=None (the default, Adam with lr 0.05), "
+                f"functools.partial(torch.optim.Adam, lr=...) or hypergrad.SignDescent "
+                f"(hypergrad-run: outer_optimizer=adam or sign), or tune offline "
+                f"(mode=Offline()).")
         self._outer_given = [{k: v for k, v in g.items() if k != "params"}
                              for g in self.outer.param_groups]
         """The outer optimizer's settings as built (a resume compares its own with them)."""
