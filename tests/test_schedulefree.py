@@ -113,6 +113,32 @@ def test_hypergradients_are_exact(clip: float | None, warmup: int) -> None:
     assert bool((fwd != 0).all())  # every hyperparameter acts: the check is not vacuous
 
 
+def test_at_tied_windows_their_sum_is_exact() -> None:
+    """At a schedule's constant start (every window the same value: the kink of lr_max), one
+    window's hypergradient is no one-sided derivative, but the sum over the windows, the
+    derivative of moving them together, equals central finite differences along (1, 1, 1)."""
+    problem = _tuned(None, 4)
+    lam = problem.init_raw()
+    sl = problem.hyperparams.slices["lr"]
+
+    def val(at: torch.Tensor) -> float:
+        s = problem.run(at)
+        return float(problem.objective(s.params, s.buffers, at))
+
+    fwd = hg.ForwardMode().hypergradient(problem, lam).grad
+    rev = hg.ReverseMode().hypergradient(problem, lam).grad
+    assert rel_err(rev, fwd) < 1e-10
+    d = torch.zeros_like(lam)
+    d[sl] = 1.0
+    h = 1e-5
+    fd = (val(lam + h * d) - val(lam - h * d)) / (2 * h)
+    assert float(fwd[sl].sum()) == pytest.approx(float(fd), rel=1e-6)
+    one = torch.zeros_like(lam)
+    one[sl.start] = 1.0  # one window alone: the kink, not its derivative
+    fd0 = (val(lam + h * one) - val(lam - h * one)) / (2 * h)
+    assert float(fwd[sl.start]) != pytest.approx(float(fd0), rel=1e-3)
+
+
 def test_the_last_step_returns_the_average() -> None:
     """x differs from y (the check above would not see a missing swap otherwise), and a
     problem of another horizon swaps at its own last step."""

@@ -16,6 +16,9 @@ inner problem's horizon returns** ``x = y + (1 - 1/b1)(z - y)`` (``opt.eval()``)
 validation loss, the hypergradient and ``problem.run``'s result are taken at ``x``, as a user of
 the package evaluates. The optimizer learns the horizon from the :class:`~hypergrad.InnerProblem`
 it is given to (:meth:`Optimizer.for_horizon`); used on its own (``steps=None``) it never swaps.
+Online (``hg.Online``), the updates before the horizon's last take the validation loss and its
+hypergradient at ``y``, where the parameters are during training (the package's train mode);
+only the last, at step ``T``, at ``x``.
 
 Every argument but ``warmup_steps``, ``r`` and ``weight_lr_power`` can be a hyperparameter
 (a schedule of ``lr`` multiplies the warmup, as setting the package's group ``lr`` per step does;
@@ -26,9 +29,12 @@ hypergradient of K = 17 costs 11 plain runs instead of 29); reverse mode differe
 update by autograd. ``max`` at a tie is differentiated as ``torch.maximum`` does, half to each side.
 Within one window of a schedule (or a constant ``lr`` after warmup) both sides are the same
 hyperparameter and the derivative is exact; where two *different* windows hold the same value
-(a schedule's constant initial value) ``lr_max`` has a kink in them, and the hypergradient is
-that half-and-half one-sided average (central finite differences see the mean of the two
-one-sided derivatives instead; the tests check exactness off the kink).
+(a schedule's constant initial value) ``lr_max`` has a kink in them: each step at the tie gives
+half of its derivative to each side, so an earlier window's share halves at every later step
+of the tie, and one window's hypergradient there is neither one-sided derivative nor their mean
+(which central finite differences of that window see). Their sum over the tied windows, the
+derivative of moving them together, is exact; the tests check exactness off the kink and along
+the tie.
 """
 
 from __future__ import annotations
