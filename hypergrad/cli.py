@@ -19,6 +19,7 @@ the import path, as for ``python -m``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -71,13 +72,18 @@ def _prepare_run_dir(folder: RunFolder) -> None:
     from .run.files import RECORD_FILES, TRAINER_FILES, used_files
 
     path = folder.path.resolve()
-    if path in _SWEEP_FOLDERS:  # an earlier job of this sweep's: overwrite or resume is wrong
+    sweep, job = _sweep_job() if _multirun() else (None, None)
+    other_job = _earlier_job(path, sweep, job)
+    if path in _SWEEP_FOLDERS or other_job is not None:
+        # an earlier job of this sweep's: overwrite or resume is wrong (the set: the basic
+        # launcher's jobs, one process; the marker: a joblib or cluster launcher's, each job a
+        # process of its own, where job 1 deleted job 0's finished run)
+        which = f"job {other_job}" if other_job is not None else "an earlier job"
         raise RunDirError(
-            f"hypergrad-run: this job of the sweep would write into {folder.path}, where an "
-            f"earlier job of the same sweep wrote its run (hydra.sweep.subdir names one folder "
+            f"hypergrad-run: this job of the sweep would write into {folder.path}, where "
+            f"{which} of the same sweep wrote its run (hydra.sweep.subdir names one folder "
             f"for both). Give each job its own folder: hydra.sweep.subdir=${{hydra.job.num}} "
-            f"(the default) or one that names the swept values "
-            f"(${{hydra.job.override_dirname}}).")
+            f"(the default).")
     used = used_files(folder.path, (*TRAINER_FILES, *RECORD_FILES))
     if used and not folder.resume and not folder.overwrite:
         other = ("hydra.sweep.dir=... or hydra.sweep.subdir=..." if _multirun()
@@ -88,6 +94,45 @@ def _prepare_run_dir(folder: RunFolder) -> None:
             f"folder.overwrite=true, or choose another folder with {other}")
     if _multirun():
         _SWEEP_FOLDERS.add(path)
+        if sweep is not None:
+            from .run.files import write_text_atomic
+
+            folder.path.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(folder.path / SWEEP_JOB,
+                              json.dumps({"sweep": sweep, "job": job}) + "\n")
+
+
+SWEEP_ID = ".hypergrad_sweep"
+"""In a ``--multirun`` sweep's folder: this invocation's id, written by :class:`KeepSweepRecord`
+when the sweep starts (a sweep run again into the folder writes a new one)."""
+
+SWEEP_JOB = ".hypergrad_sweep_job"
+"""In a sweep job's run folder: ``{"sweep": id, "job": number}`` of the job that ran there, so a
+later job of the same sweep (in any process) is refused the folder."""
+
+
+def _sweep_job() -> tuple[str | None, int | None]:
+    """This ``--multirun`` job's sweep id (``None`` where the sweep wrote none: a config without
+    :class:`KeepSweepRecord`) and job number."""
+    h = HydraConfig.get()
+    with contextlib.suppress(OSError):
+        return (Path(str(h.sweep.dir), SWEEP_ID).read_text().strip() or None,
+                int(h.job.num))
+    return None, int(h.job.num)
+
+
+def _earlier_job(path: Path, sweep: str | None, job: int | None) -> int | None:
+    """The number of another job of sweep ``sweep`` that ran in folder ``path``, else ``None``
+    (an earlier sweep's job: resumed or overwritten as ``folder.*`` says)."""
+    if sweep is None:
+        return None
+    try:
+        mark = json.loads((path / SWEEP_JOB).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(mark, dict) and mark.get("sweep") == sweep and mark.get("job") != job:
+        return int(mark["job"])
+    return None
 
 
 _SWEEP_FOLDERS: set[Path] = set()
@@ -133,26 +178,43 @@ def _finite(v: Any) -> bool:
 
 class KeepSweepRecord(Callback):
     """A Hydra callback (``hydra.callbacks`` in config.yaml): a sweep into a folder that holds
-    an earlier sweep keeps that sweep's ``multirun.yaml`` as ``multirun.2.yaml`` (``.3``, ...)
-    before Hydra writes its own over it, as a run folder's ``.hydra`` record is kept (Hydra
-    rewrote it, so the folder's jobs, refused or not, were described by the settings of the
-    sweep that came last), and says which job folders of the earlier sweep are there: a job
+    an earlier sweep keeps that sweep's records, ``multirun.yaml`` as ``multirun.2.yaml``
+    (``.3``, ...), the Optuna sweeper's ``optimization_results.yaml`` and
+    :data:`SWEEP_SUMMARY` likewise, before the new sweep writes its own, as a run folder's
+    ``.hydra`` record is kept (Hydra rewrote it, so the folder's jobs, refused or not, were
+    described by the settings of the sweep that came last; Optuna's best point was replaced by
+    a worse one), writes the sweep's id (:data:`SWEEP_ID`, which keeps two jobs of one sweep
+    out of one folder in any launcher), and says which job folders of the earlier sweep are
+    there: a job
     of the new sweep with the same number resumes, overwrites or is refused as its
     ``folder.*`` settings say; the others stay as they were."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        folder = Path(str(config.hydra.sweep.dir))
-        record = folder / "multirun.yaml"
-        if not record.is_file():
-            return
-        from .run.files import next_numbered
+        import uuid
 
-        kept = next_numbered(folder, "multirun.{}.yaml")
-        record.rename(kept)
+        from .run.files import next_numbered, write_text_atomic
+
+        folder = Path(str(config.hydra.sweep.dir))
+        # the earlier sweep's records: the basic sweeper's multirun.yaml, the Optuna sweeper's
+        # optimization_results.yaml (its best point, replaced without a word by a worse one),
+        # the job lines of sweep_summary.jsonl (appended to: one job number twice)
+        kept = []
+        for name, pattern in (("multirun.yaml", "multirun.{}.yaml"),
+                              ("optimization_results.yaml", "optimization_results.{}.yaml"),
+                              (SWEEP_SUMMARY, "sweep_summary.{}.jsonl")):
+            record = folder / name
+            if record.is_file():
+                to = next_numbered(folder, pattern)
+                record.rename(to)
+                kept.append(f"{name} as {to.name}")
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / SWEEP_ID, uuid.uuid4().hex + "\n")  # this invocation's
+        if not kept:
+            return
         jobs = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
         shown = ", ".join(map(str, jobs[:10])) + (", ..." if len(jobs) > 10 else "")
-        log.warning(f"hypergrad-run: {folder} holds an earlier sweep: its record multirun.yaml "
-                    f"is kept as {kept.name}"
+        log.warning(f"hypergrad-run: {folder} holds an earlier sweep: its records are kept "
+                    f"({', '.join(kept)})"
                     + (f", and its job folders ({shown}) stay: a job of this sweep with the "
                        f"same number resumes, overwrites or is refused as its folder.* settings "
                        f"say, the others keep the earlier sweep's runs (a new "
@@ -433,22 +495,25 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
 
 def _row_metrics(task: Task, p: InnerProblem, state: Any, lam: torch.Tensor,
                  label: str) -> dict[str, Any]:
-    """A retrained row's metrics: the task's evaluation, and the validation loss (the tuning's
-    objective) where the evaluation gives none (no ``evaluate``: the table had no number). An
-    evaluation that raises is reported in the row and warned about: the tuning's results are
-    written all the same (it lost results.json, learned.yaml and model_learned.pt)."""
+    """A retrained row's metrics: the validation loss (the tuning's objective, which a sweeper
+    gets for the learned row) and the task's evaluation. An evaluation's own ``val_loss`` that
+    differs from the objective (a model evaluated in eval mode where the objective runs it in
+    train mode; a test loss under that name) is kept as ``evaluate.val_loss`` (the sweeper was
+    returned it). An evaluation that raises is reported in the row and warned about: the
+    tuning's results are written all the same (it lost results.json, learned.yaml and
+    model_learned.pt)."""
+    import torch
+
+    with torch.no_grad():
+        val = float(p.objective(state.params, state.buffers, lam))
     try:
-        row: dict[str, Any] = dict(task.metrics(state, reserved=("hyperparameters",)))
+        row: dict[str, Any] = {"val_loss": val, **task.metrics(
+            state, fields={"val_loss": val}, reserved=("hyperparameters",))}
     except Exception as err:  # noqa: BLE001 - a report step
         warnings.warn(f"hypergrad-run: the task's evaluate failed on the {label!r} row "
                       f"({type(err).__name__}: {err}); the row is written without it.",
                       HypergradWarning, stacklevel=2)
-        row = {"error": f"{type(err).__name__}: {err}"}
-    import torch
-
-    if "val_loss" not in row:
-        with torch.no_grad():
-            row["val_loss"] = float(p.objective(state.params, state.buffers, lam))
+        row = {"error": f"{type(err).__name__}: {err}", "val_loss": val}
     return row
 
 
@@ -634,6 +699,13 @@ def _job(cfg: DictConfig) -> float:
                           f"--help lists the options).")
     check_keys(cfg, [g for g in hydra_cfg.runtime.choices if "/" not in g
                      and not g.startswith("hydra") and g not in top])
+    direction = hydra_cfg.sweeper.get("direction") if _multirun() else None
+    if direction is not None and "max" in str(direction).lower():
+        # Optuna's sweeper: a diverged job's inf became the best value and its point the best
+        raise ConfigError(
+            f"hypergrad-run: hydra.sweeper.direction={direction}, but each job returns a loss "
+            f"to minimise (the learned point's validation loss; inf for a run that diverged, "
+            f"which maximising would pick as the best): use hydra.sweeper.direction=minimize.")
     out = Path(hydra_cfg.runtime.output_dir)
     tilde = [part for part in out.parts if part.startswith("~")]
     if tilde:
@@ -646,7 +718,9 @@ def _job(cfg: DictConfig) -> float:
         run_dir = _shared_run_dir(Path(HydraConfig.get().runtime.output_dir))
         results = run(cfg, run_dir)
     value = objective(results)
-    _sweep_line("done", returned=value, learned=results.get("learned"),
+    # JSON has no inf (it was written null, as if the sweeper got nothing)
+    _sweep_line("done", returned=value if math.isfinite(value) else "inf",
+                learned=results.get("learned"),
                 learned_val_loss=results.get("learned_val_loss"),
                 diverged=results.get("diverged"))
     return value

@@ -67,11 +67,11 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     as ``[start, end, factor]`` fractions of training; ``None`` without one), the loss's own
     hyperparameters (``loss``: numbers, or the name of a tensor file for vectors; a schedule
     among them is described in ``loss_schedules``: its file, windows and the window step ``t``
-    reads) and ``steps`` (the horizon they were learned on); where they apply, ``clip_grad_norm`` (the
-    optimizer clipped its gradient to that global norm) and ``init`` (learned initial values:
-    ``{name: {param: scale}}`` of an :class:`~hypergrad.InitScale`, a sentence for an
-    :class:`~hypergrad.InitWeights`). See the module docstring for what a schedule assumes.
-    What ``torch.optim`` cannot hold raises ``NotImplementedError`` with the reason."""
+    reads) and ``steps`` (the horizon they were learned on); where they apply,
+    ``clip_grad_norm`` (the optimizer clipped its gradient to that global norm) and ``init``
+    (learned initial values: ``{name: {param: scale}}`` of an :class:`~hypergrad.InitScale`, a
+    sentence for an :class:`~hypergrad.InitWeights`). See the module docstring for what a
+    schedule assumes. What ``torch.optim`` cannot hold raises ``NotImplementedError`` with the reason."""
     hps, opt = problem.hyperparams, problem.optimizer
     hps.check_raw(lam, "learned_settings")
     problem._check_finite_lam(lam)  # a NaN lam was written as lr: nan, and torch took it

@@ -98,6 +98,43 @@ def test_a_bare_inner_problem_runs_online_with_retraining(
     assert cli.objective(results) == learned["val_loss"]
 
 
+def test_the_sweep_objective_is_the_tunings_validation_loss_not_evaluates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluate reporting its own val_loss (here 100x the objective; a model in eval mode
+    where the objective runs it in train mode) was the learned row's val_loss, and the value a
+    sweeper got (197 where tuning minimised 1.97). It is kept as evaluate.val_loss."""
+    import warnings
+
+    from hypergrad.errors import HypergradWarning
+
+    (tmp_path / "own_val_task.py").write_text(
+        "import hypergrad as hg\n"
+        "from hypergrad.tasks.bundled import digits_task\n"
+        "def build(hyperparams, optimizer, model, steps=12, seed=0):\n"
+        "    t = digits_task(hyperparams, optimizer, model, steps=steps, seed=seed)\n"
+        "    p = t.problem\n"
+        "    def evaluate(state):\n"
+        "        return {'val_loss': 100 * float(p.objective(state.params, state.buffers,\n"
+        "                                                    p.init_raw())), 'other': 1.0}\n"
+        "    return hg.Task(p, evaluate=evaluate, name='own_val')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        results = cli.run(_compose("task=custom", "task._target_=own_val_task.build",
+                                   "hyperparams=lr_momentum", "inner_optimizer=sgd",
+                                   "inner_optimizer.momentum=momentum", "mode.outer_steps=1",
+                                   "report.plots=false", "callbacks.progress=false"), out)
+    learned = next(r for r in results["table"] if r["hyperparameters"] == "learned")
+    assert learned["evaluate.val_loss"] == pytest.approx(100 * learned["val_loss"])
+    assert learned["other"] == 1.0
+    # the learned row is the returned point trained again: the tuning's own loss
+    assert learned["val_loss"] == pytest.approx(results["learned_val_loss"], rel=1e-6)
+    assert cli.objective(results) == learned["val_loss"]
+    assert any(issubclass(w.category, HypergradWarning) and "evaluate.val_loss" in str(w.message)
+               for w in said)
+
+
 def test_the_sweep_objective_falls_back_to_the_learned_validation_loss() -> None:
     """A task whose evaluate reports no val_loss gave sweepers NaN."""
     rows = [{"hyperparameters": "initial"}, {"hyperparameters": "learned", "test_loss": 1.0}]

@@ -320,8 +320,59 @@ def test_a_second_sweep_into_the_same_folder_keeps_the_first_ones_record(tmp_pat
     assert "seed=0,1" in kept["hydra"]["overrides"]["task"]
     assert "seed=5" in now["hydra"]["overrides"]["task"]
     said = second.stdout + second.stderr
-    assert "holds an earlier sweep: its record multirun.yaml is kept as multirun.2.yaml" in said
+    assert ("holds an earlier sweep: its records are kept (multirun.yaml as multirun.2.yaml, "
+            "sweep_summary.jsonl as sweep_summary.2.jsonl)") in said
     assert "its job folders (0, 1) stay" in said
+    # the job lines of each sweep apart: job 0 was in one file twice (done, then failed)
+    old_jobs = [json.loads(x) for x in (tmp_path / "sweep_summary.2.jsonl").read_text()
+                .splitlines()]
+    new_jobs = [json.loads(x) for x in (tmp_path / cli.SWEEP_SUMMARY).read_text().splitlines()]
+    assert [(r["job"], r["status"]) for r in old_jobs] == [(0, "done"), (1, "done")]
+    assert [(r["job"], r["status"]) for r in new_jobs] == [(0, "failed")]
+
+
+def test_two_jobs_of_one_sweep_never_share_a_folder_in_any_process(tmp_path: Path) -> None:
+    """Under joblib each job is a process of its own, and the refusal of a second job of the
+    sweep in one folder was kept per process: job 1, folder.overwrite=true, deleted job 0's
+    finished run. The folder now says which sweep's job ran there (the process's set is
+    emptied here, as another process's would be); another sweep's job may resume or overwrite
+    it."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    from hypergrad.errors import RunDirError
+    from hypergrad.run import RunFolder
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=FAST, return_hydra_config=True)
+    run_dir = tmp_path / "shared"
+
+    def job(num: int, sweep: str) -> None:
+        (tmp_path / cli.SWEEP_ID).write_text(sweep + "\n")
+        c = copy.deepcopy(cfg)
+        OmegaConf.set_readonly(c, False)
+        with open_dict(c):
+            c.hydra.mode, c.hydra.job.num = RunMode.MULTIRUN, num
+            c.hydra.sweep.dir = str(tmp_path)
+        HydraConfig.instance().set_config(c)
+        cli._SWEEP_FOLDERS.clear()  # a job of another process
+        cli._prepare_run_dir(RunFolder(run_dir, overwrite=True))
+        (run_dir / "results.json").write_text("{}")  # its run
+
+    try:
+        job(0, "first")
+        with pytest.raises(RunDirError, match=r"where job 0 of the same sweep wrote its run"):
+            job(1, "first")
+        assert (run_dir / "results.json").exists()
+        job(1, "second")  # a sweep run again into the folder: its job 1 may overwrite
+        assert json.loads((run_dir / cli.SWEEP_JOB).read_text()) == {"sweep": "second",
+                                                                    "job": 1}
+    finally:
+        HydraConfig.instance().cfg = None  # type: ignore[assignment]
+        cli._SWEEP_FOLDERS.clear()
 
 
 def test_results_json_says_what_the_recheck_saw(tmp_path: Path) -> None:

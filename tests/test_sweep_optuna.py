@@ -49,3 +49,34 @@ def test_the_optuna_sweeper_runs_over_a_preset(tmp_path: Path) -> None:
     winner = min(trials, key=lambda r: r["learned_val_loss"])
     assert winner["learned"]["lr"] == pytest.approx(lr, rel=1e-6)
     assert all(1e-4 <= v <= 3.0 for v in lr)
+
+
+def test_a_second_optuna_sweep_keeps_the_first_ones_best_and_maximize_is_refused(
+        tmp_path: Path) -> None:
+    """The Optuna sweeper writes no multirun.yaml, so a sweep run again into its folder
+    replaced optimization_results.yaml (its best point) with a worse one without a word; each
+    job returns a loss, and direction=maximize made a diverged job's inf the best value."""
+    if not (SWEEPER / "hydra_plugins" / "hydra_optuna_sweeper").is_dir():
+        pytest.skip(f"hydra-optuna-sweeper is not installed in {SWEEPER}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(SWEEPER), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+    def sweep(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hypergrad.cli", "--multirun", "experiment=digits_schedule",
+             "+sweep=digits_schedule", "debug=fast", "hydra.sweeper.n_trials=1",
+             "report.plots=false", f"hydra.sweep.dir={tmp_path}", *extra],
+            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+    first = sweep()
+    assert first.returncode == 0, first.stderr[-3000:]
+    best = (tmp_path / "optimization_results.yaml").read_text()
+    second = sweep("folder.overwrite=true", "hydra.sweeper.sampler.seed=7")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "optimization_results.2.yaml").read_text() == best
+    assert "optimization_results.yaml as optimization_results.2.yaml" in (
+        second.stdout + second.stderr)
+    third = sweep("folder.overwrite=true", "hydra.sweeper.direction=maximize")
+    assert third.returncode != 0
+    assert "hydra.sweeper.direction=maximize" in third.stderr
+    assert "use hydra.sweeper.direction=minimize" in third.stderr

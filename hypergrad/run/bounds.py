@@ -30,10 +30,11 @@ class Bounds:
     ``"wd[decay]"`` for a PerGroup's group, ``"wd[fc.weight]"`` for a PerTensor's parameter;
     ``"lr[out]"`` bounds every window of group ``out`` of a schedule per group), in place of
     the hyperparameter's pair; an entry's end ``None`` keeps the pair's end on that side
-    (``{"lr": (1e-4, 1), "lr[0]": (None, 0.05)}``: window 0 in ``[1e-4, 0.05]``). An end that is infinite in the raw coordinates on its own side
-    (``low=-inf`` or ``high=inf`` of an identity hyperparameter, ``high=inf`` of a log one, or a
-    number that rounds to one in ``dtype``) is no bound, as ``None``: the search box then fills
-    that side around the initial value. A log or logit hyperparameter's low end is ``None``
+    (``{"lr": (1e-4, 1), "lr[0]": (None, 0.05)}``: window 0 in ``[1e-4, 0.05]``). An end
+    that is infinite in the raw coordinates on its own side (``low=-inf`` or ``high=inf`` of
+    an identity hyperparameter, ``high=inf`` of a log one, or a number that rounds to one in
+    ``dtype``) is no bound, as ``None``: the search box then fills that side around the
+    initial value. A log or logit hyperparameter's low end is ``None``
     for none (``-inf`` and ``0`` lie outside its transform's domain and are refused). An end may
     be a number, a NumPy number or a one-element tensor; a pair, a tuple or a sequence of two.
 

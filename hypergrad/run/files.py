@@ -657,7 +657,8 @@ class RunLock:
         return RunDirError(
             f"{self.who}: run folder {self.run_dir} is in use by another run (process {pid} on "
             f"{host or 'an unknown host'}, lock file {self.path}): {how}. Or use another folder "
-            f"(hypergrad-run: hydra.run.dir=...).")
+            f"(hypergrad-run: hydra.run.dir=...; in a --multirun sweep, each job its own "
+            f"hydra.sweep.subdir, such as the default ${{hydra.job.num}}).")
 
     def release(self) -> None:
         if not self._held:
