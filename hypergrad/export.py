@@ -71,7 +71,8 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     ``clip_grad_norm`` (the optimizer clipped its gradient to that global norm) and ``init``
     (learned initial values: ``{name: {param: scale}}`` of an :class:`~hypergrad.InitScale`, a
     sentence for an :class:`~hypergrad.InitWeights`). See the module docstring for what a
-    schedule assumes. What ``torch.optim`` cannot hold raises ``NotImplementedError`` with the reason."""
+    schedule assumes. What ``torch.optim`` cannot hold raises ``NotImplementedError`` with the
+    reason."""
     hps, opt = problem.hyperparams, problem.optimizer
     hps.check_raw(lam, "learned_settings")
     problem._check_finite_lam(lam)  # a NaN lam was written as lr: nan, and torch took it
