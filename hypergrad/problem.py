@@ -28,6 +28,7 @@ from .errors import (
     PrecisionWarning,
     UnreadParameterWarning,
     UnseededRandomnessWarning,
+    ZeroHypergradientWarning,
     raised_in_hypergrad,
 )
 from .hyperparams import HPValues, HyperParams, Schedule
@@ -787,6 +788,7 @@ class InnerProblem:
         _check_per_example(self.hyperparams, batch0, getattr(src, "n_examples", None))
         data: list[tuple[str, Tensor]] = []
         whole = getattr(src, "data", None)
+        _warn_unread_examples(self.hyperparams, whole, self.steps)
         if whole is not None and hasattr(whole, "tensors"):  # a MiniBatches: all its tensors
             data = [(f"MiniBatches tensor {i}", x) for i, x in enumerate(whole.tensors)]
         elif isinstance(whole, Sequence):
@@ -1652,6 +1654,34 @@ class _Batches:
                     f"partial batch; check a batch_size or a filter that leaves nothing)."
                 )
         return batch
+
+
+def _warn_unread_examples(hyperparams: HyperParams, source: Any, steps: int) -> None:
+    """Where a :class:`~hypergrad.data.MiniBatches` feeds a :class:`PerExample`, warn when
+    some examples are read by no step of the run: their weights get a hypergradient of exactly
+    0 at every point, and keep whatever value the search gives them (the default start draws
+    every weight at one level), so a learned weight file held 816 of 1200 values that said
+    nothing, beside the others."""
+    from .hyperparams import PerExample
+
+    items = [it for it in hyperparams.items if isinstance(it, PerExample)]
+    if not items or not callable(getattr(source, "indices", None)):
+        return
+    n = int(getattr(source, "n", 0))
+    read = torch.zeros(n, dtype=torch.bool)
+    for t in range(steps):
+        read[source.indices(t)] = True
+        if bool(read.all()):
+            return
+    unread = int((~read).sum())
+    per = int(getattr(source, "batch_size", 0)) or 1
+    names = ", ".join(repr(it.name) for it in items)
+    warnings.warn(ZeroHypergradientWarning(
+        f"InnerProblem: {unread} of the {n} training examples are read by no step of the run "
+        f"({steps} steps of {per}), so their entries of PerExample {names} get a hypergradient "
+        f"of exactly 0 and are not learned: the values tuning leaves them (the search's, not "
+        f"the data's) say nothing about them. Train for at least an epoch (steps >= "
+        f"{-(-n // per)}), or weight only the examples the run reads."), stacklevel=4)
 
 
 def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | None) -> None:

@@ -464,3 +464,36 @@ def test_per_example_over_a_subset_names_the_renumbering() -> None:
                                          r"the full data set's indices"):
         p.check(p.init_raw())
 
+
+
+def test_examples_no_step_reads_are_named_for_per_example_weights() -> None:
+    """1200 examples, 6 steps of 64: 816 weights got a hypergradient of exactly 0 at every
+    point and kept the search's values (one level for all, from the default start), written
+    to the learned file beside the others, with no word."""
+    from hypergrad.errors import ZeroHypergradientWarning
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(48, 3, generator=g, dtype=torch.float64), torch.randint(0, 2, (48,),
+                                                                              generator=g)
+    torch.manual_seed(0)
+
+    def make(steps: int) -> hg.InnerProblem:
+        return hg.InnerProblem(
+            nn.Linear(3, 2).double(),
+            lambda m, b, hp: (hp["w"][b[2]] * F.cross_entropy(m(b[0]), b[1],
+                                                             reduction="none")).mean(),
+            hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", n=48, init=1.0)]),
+            MiniBatches(x, y, batch_size=8, seed=0), steps,
+            lambda m, hp: F.cross_entropy(m(x), y))
+
+    p = make(3)
+    with pytest.warns(ZeroHypergradientWarning, match=r"24 of the 48 training examples are "
+                                                      r"read by no step of the run \(3 steps "
+                                                      r"of 8\).*'w'.*steps >= 6"):
+        grad = hg.ReverseMode().hypergradient(p, p.init_raw()).grad
+    read = torch.zeros(48, dtype=torch.bool)
+    for t in range(3):
+        read[p.batch(t)[2]] = True
+    assert int((grad == 0).sum()) == 24 and bool((grad[~read] == 0).all())
+    full = make(6)  # an epoch: every example read, no warning
+    hg.ReverseMode().hypergradient(full, full.init_raw())
