@@ -396,20 +396,7 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
                           f"{err}); results.json is written without it.", HypergradWarning,
                           stacklevel=2)
             extra = {"error": f"{type(err).__name__}: {err}"}
-    compare = {}
-    if cfg.report.compare_methods:
-        lam0 = p.init_raw()
-        ref = None
-        for meth in (ForwardMode(), ReverseMode()):
-            def one(meth: Any = meth) -> Any:
-                return meth.hypergradient(p, lam0)
-
-            hgr, m = measure(one)
-            compare[meth.name] = {"seconds": m["seconds"],
-                                  "peak_extra_mib": m["peak_extra_bytes"] / 2**20}
-            ref = hgr.grad if ref is None else ref
-            compare[meth.name]["rel_diff_to_forward"] = float(
-                (hgr.grad - ref).norm() / ref.norm().clamp_min(1e-300))
+    compare: dict[str, Any] = {}  # after results.json is written (below)
     hps, horizon = p.hyperparams, p.steps
     last_step = (result.last_step if result.last_step is not None else trainer.outer_step
                  ) if not trainer.mode.online and not result.diverged else None
@@ -461,6 +448,22 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
     results["warnings"] = list(said)  # those of the run so far (the plots' come after)
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
+    if cfg.report.compare_methods:
+        # after the results are written: forward mode's hypergradient at K = 1200 took twice
+        # the tuning's time, and a run stopped during it had no results.json
+        lam0 = p.init_raw()
+        ref = None
+        for meth in (ForwardMode(), ReverseMode()):
+            def one(meth: Any = meth) -> Any:
+                return meth.hypergradient(p, lam0)
+
+            hgr, m = measure(one)
+            compare[meth.name] = {"seconds": m["seconds"],
+                                  "peak_extra_mib": m["peak_extra_bytes"] / 2**20}
+            ref = hgr.grad if ref is None else ref
+            compare[meth.name]["rel_diff_to_forward"] = float(
+                (hgr.grad - ref).norm() / ref.norm().clamp_min(1e-300))
+        write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.plots:
         last = (None if last_step is None or result.last_val_loss is None
                 or result.last_values is None

@@ -720,3 +720,23 @@ def test_hypergrad_run_on_the_gpu(preset: str, tmp_path: Path) -> None:
     assert task.problem.device.type == "cuda"
     res = trainer.fit()
     assert all(math.isfinite(h["val_loss"]) for h in res.history)
+
+
+def test_results_are_written_before_the_method_comparison(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """hypercleaning's report.compare_methods takes a forward-mode hypergradient after tuning
+    (27 s at K = 1200, twice the tuning): a run stopped during it had no results.json,
+    learned.yaml or learned_weights.pt."""
+    import hypergrad
+
+    def stopped(self: Any, problem: Any, lam: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hypergrad.ForwardMode, "hypergradient", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run(_compose(["experiment=hypercleaning", "debug=fast", "report.plots=false"]),
+            tmp_path)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["compare_methods"] == {} and "learned" in on_disk
+    assert (tmp_path / "learned_weights.pt").exists()
