@@ -185,9 +185,8 @@ class KeepSweepRecord(Callback):
     described by the settings of the sweep that came last; Optuna's best point was replaced by
     a worse one), writes the sweep's id (:data:`SWEEP_ID`, which keeps two jobs of one sweep
     out of one folder in any launcher), and says which job folders of the earlier sweep are
-    there: a job
-    of the new sweep with the same number resumes, overwrites or is refused as its
-    ``folder.*`` settings say; the others stay as they were."""
+    there: a job of the new sweep with the same number resumes, overwrites or is refused as
+    its ``folder.*`` settings say; the others stay as they were."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         import uuid
