@@ -416,6 +416,33 @@ def test_after_a_divergence_the_checkpoint_holds_the_kept_values(tmp_path: Path)
     tr.close()
 
 
+def test_a_resume_after_a_divergence_takes_the_smaller_sign_steps(tmp_path: Path) -> None:
+    """SignDescent keeps its step sizes in its state: the checkpoint kept the step of 8 that
+    diverged, and a resume with lr=0.2 (logged as replacing it) took that step again and
+    diverged the same way. The state of the undone step is forgotten, as a backtrack does; a
+    resume that changes lr rescales the step sizes of a run that did not diverge."""
+    from hypergrad.run import SignDescent
+
+    res = _trainer(problem=_linear_regression(), outer_steps=3, run_dir=tmp_path,
+                   outer=functools.partial(SignDescent, lr=8.0)).fit()
+    assert res.diverged
+    kept = res.lam.clone()
+    tr = _trainer(problem=_linear_regression(), outer_steps=3, run_dir=tmp_path, resume=True,
+                  outer=functools.partial(SignDescent, lr=0.2), log=lambda _: None)
+    again = tr.fit()
+    assert not again.diverged
+    assert float((tr.lam - kept).abs().max()) <= 2 * 0.2 + 1e-12  # two steps of 0.2 at most
+    # a run that did not diverge, resumed with a smaller lr: its step sizes scale with it
+    other = tmp_path / "other"
+    _trainer(problem=_linear_regression(), outer_steps=2, run_dir=other,
+             outer=functools.partial(SignDescent, lr=0.1)).fit()
+    tr2 = _trainer(problem=_linear_regression(), outer_steps=3, run_dir=other, resume=True,
+                   outer=functools.partial(SignDescent, lr=0.01), log=lambda _: None)
+    sizes = next(iter(tr2.outer.state.values()))["step_size"]
+    assert float(sizes.max()) <= 0.01 + 1e-15
+    tr2.close()
+
+
 def _damage(path: Path, how: str) -> None:
     data = path.read_bytes()
     path.write_bytes({"truncate": data[:len(data) // 2], "empty": b"", "garbage": b"\x00junk" * 50,

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..errors import CheckpointError, CheckpointWarning, ResumeMismatchError, RunDirError
 from ..hyperparams import TRANSFORMS
 from ..problem import InnerProblem, bitwise_equal
+from .outer import SignDescent
 from .files import (
     CHECKPOINT,
     LOCK,
@@ -265,13 +266,18 @@ class RunFolder:
 
     def mark_stopped(self, device: torch.device, lam: Tensor, msg: str) -> None:
         """Rewrite the last checkpoint with the hyperparameters kept after a divergence (not the
-        diverged ones), so a resume (e.g. with a smaller outer learning rate) starts from them."""
+        diverged ones), so a resume (e.g. with a smaller outer learning rate) starts from them,
+        with the outer optimizer's state forgotten, as a backtrack does (its moments and step
+        sizes belong to the steps undone: SignDescent's kept the step of 8 that diverged, and a
+        resume with lr=0.2 took it again)."""
         got = load_checkpoint(self.path, device)
         if got is None:
             return
         ck, _ = got
         ck["lam"] = lam.detach().clone()
         ck["stopped"] = msg
+        if isinstance(ck.get("outer"), dict) and isinstance(ck["outer"].get("state"), dict):
+            ck["outer"]["state"] = {}
         save_checkpoint(self.path, ck)
 
     def close(self) -> None:
@@ -347,6 +353,12 @@ def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
                 continue  # not changed since: the run's own value (a halved lr) carries over
             if k in group and not bitwise_equal(group[k], v):
                 changed.append(f"{k} {group[k]!r} -> {v!r}")
+                if k == "lr" and isinstance(outer, SignDescent) and group[k]:
+                    # its step sizes start at lr and live in its state: rescaled, or the new
+                    # lr was logged and never used
+                    for q in group["params"]:
+                        if "step_size" in outer.state.get(q, {}):
+                            outer.state[q]["step_size"].mul_(v / group[k])
             group[k] = v
     if changed:
         log(f"resume: outer optimizer settings given now replace the "
