@@ -161,7 +161,7 @@ def test_a_sweep_whose_jobs_share_one_folder_keeps_the_first_jobs_run(tmp_path: 
     out = _cli("--multirun", "seed=0,1", "folder.overwrite=true", *FAST, "report.retrain=false",
                f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=one")
     assert out.returncode != 0
-    assert "an earlier job of the same sweep wrote its run" in out.stderr
+    assert "job 0 of the same sweep wrote its run" in out.stderr
     assert "hydra.sweep.subdir=${hydra.job.num}" in out.stderr
     assert (tmp_path / "one" / "results.json").exists()
     assert yaml.safe_load((tmp_path / "one" / "config_resolved.yaml").read_text())["seed"] == 0

@@ -443,6 +443,43 @@ def test_a_resume_after_a_divergence_takes_the_smaller_sign_steps(tmp_path: Path
     tr2.close()
 
 
+def test_backtrack_undoes_a_last_update_that_diverges() -> None:
+    """With Guards(backtrack=1.5) and one outer step, the update to lr = 298 reached the final
+    evaluation, which returned the run as diverged (no state, the checkpoint marked stopped),
+    where with two outer steps the same update was backtracked."""
+    from hypergrad.run import SignDescent
+
+    msgs: list[str] = []
+    with pytest.warns(hg.errors.TuningWarning, match="no outer step improved"):
+        res = make_trainer(digits_case("momentum", "lr", **SMALL), method="forward",
+                           outer=functools.partial(SignDescent, lr=8.0), outer_steps=1,
+                           backtrack=1.5, log=msgs.append).fit()
+    assert not res.diverged and res.state is not None
+    assert res.last_lam is not None and torch.equal(res.last_lam, res.lam)
+    assert res.last_step == 0 and res.last_val_loss == pytest.approx(res.best_val_loss)
+    assert any("after the last update" in m and "undone (Guards(backtrack=1.5))" in m
+               for m in msgs)
+
+
+def test_divergence_messages_give_only_advice_that_applies() -> None:
+    """A float64 hypergradient too large for float64 was told to run in float64 and to try a
+    smaller outer learning rate, right after "the training did not diverge"; an initial point
+    that already diverges was told to try a smaller outer learning rate too."""
+    big = _linear_regression(steps=20)
+    val = big.val_loss
+    big.val_loss = lambda m, hp: 1e300 * val(m, hp)  # type: ignore[method-assign,assignment]
+    res = _trainer(problem=big, outer_steps=2,
+                   outer=functools.partial(torch.optim.Adam, lr=0.3)).fit()
+    assert res.diverged and "too large for float64" in res.message
+    assert "run the problem in float64" not in res.message
+    assert "smaller outer learning rate" not in res.message
+    wild = _linear_regression(steps=60, init=1e6)
+    res = _trainer(problem=wild, outer_steps=2,
+                   outer=functools.partial(torch.optim.Adam, lr=0.3)).fit()
+    assert res.diverged and "the initial hyperparameters already diverge" in res.message
+    assert "smaller outer learning rate" not in res.message
+
+
 def _damage(path: Path, how: str) -> None:
     data = path.read_bytes()
     path.write_bytes({"truncate": data[:len(data) // 2], "empty": b"", "garbage": b"\x00junk" * 50,
@@ -654,7 +691,8 @@ def test_backtrack_says_what_it_did_to_an_outer_optimizer_without_a_learning_rat
     logs: list[str] = []
     tr = _trainer(problem=_linear_regression(), outer_steps=2, log=logs.append, backtrack=1.5,
                   outer=Jump)
-    tr.fit()
+    with pytest.warns(hg.errors.TuningWarning, match="no outer step improved"):
+        tr.fit()  # the last jump is undone at the final evaluation too
     said = [line for line in logs if "back to the best hyperparameters" in line]
     assert said and "Jump's state reset" in said[0] and "halved to ," not in said[0], logs
 

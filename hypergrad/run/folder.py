@@ -30,7 +30,6 @@ from torch import Tensor
 from ..errors import CheckpointError, CheckpointWarning, ResumeMismatchError, RunDirError
 from ..hyperparams import TRANSFORMS
 from ..problem import InnerProblem, bitwise_equal
-from .outer import SignDescent
 from .files import (
     CHECKPOINT,
     LOCK,
@@ -52,6 +51,7 @@ from .files import (
     used_files,
     write_text_atomic,
 )
+from .outer import SignDescent
 
 __all__ = ["SAFE_TO_CHANGE", "problem_fingerprint", "RunFolder", "check_resume", "load_outer",
            "rng_state", "set_rng_state"]

@@ -142,6 +142,10 @@ def _above(v: float, best: float, factor: float) -> bool:
 NONFINITE_GRAD = "hypergradient entries are not finite"
 """How :func:`divergence` names a hypergradient that is not finite where the training was."""
 
+TOO_LARGE = "its square overflows"
+"""How :func:`outer_gradient` names a hypergradient too large for the dtype (the training did
+not diverge)."""
+
 
 def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
                factor: float | None) -> str | None:
@@ -179,11 +183,11 @@ def outer_gradient(grad: Tensor, clip_norm: float | None,
         g = g * (clip_norm / norm)
         norm = clip_norm
     if norm >= math.sqrt(torch.finfo(dtype).max):
+        wider = "" if dtype == torch.float64 else ", or run the problem in float64"
         return None, (f"the hypergradient's norm {norm:.3g} is too large for "
-                      f"{str(dtype).replace('torch.', '')} (its square overflows, which would "
+                      f"{str(dtype).replace('torch.', '')} ({TOO_LARGE}, which would "
                       f"freeze the outer optimizer; the training did not diverge: give "
-                      f"Guards(clip_norm=...), scale the validation loss down, or run the "
-                      f"problem in float64)")
+                      f"Guards(clip_norm=...) or scale the validation loss down{wider})")
     return g.to(dtype), None
 
 

@@ -56,6 +56,7 @@ from .folder import (
 from .guards import (
     MAX_BACKTRACKS,
     NONFINITE_GRAD,
+    TOO_LARGE,
     Guards,
     Tracker,
     divergence,
@@ -407,6 +408,7 @@ class Trainer:
         self.run_state: Any = None  # online: the method's run state
         self._inner: tuple[dict[str, Any], str] | None = None  # resumed within an inner run
         self._backtracks = 0  # in a row
+        self._undone: Tensor | None = None  # a last update undone at the final evaluation
         self._compile_said = False
         self._rough_said = False
         self._fit_start = self._now()
@@ -570,7 +572,8 @@ class Trainer:
         res.problem = self.problem
         res.evaluations = list(self.evaluations)
         res.elapsed = self._elapsed_done = self._elapsed()
-        self.tracker.warn_at_end(res.last_lam, res.diverged, not self.mode.online,
+        self.tracker.warn_at_end(res.last_lam if self._undone is None else self._undone,
+                                 res.diverged, not self.mode.online,
                                  self.history, res.best_step, res.best_val_loss,
                                  res.last_val_loss, searched=bool(self.evaluations))
         self._warn_budget(res)
@@ -1153,21 +1156,35 @@ class Trainer:
                          f"{rep['chosen']} from here on")
         return float(rep["trial_s"])
 
-    def _finish_offline(self) -> TrainResult:
+    def _finish_offline(self, back_to: int | None = None) -> TrainResult:
         """Evaluate the hyperparameters after the last update (no hypergradient: one plain
-        inner run), so the best evaluated point can be returned."""
+        inner run), so the best evaluated point can be returned. With ``Guards(backtrack=...)``
+        a last update that diverges is undone as any other (it returned the run as diverged
+        where one more outer step would have backtracked): the best point is evaluated instead
+        (``back_to``: its outer step)."""
         last = self.lam.detach().clone()
         with torch.no_grad():
             state = self.problem.run(last)
             value = self.problem.objective(state.params, state.buffers, last)
         why = divergence(value, None, self.tracker.best, self.guards.divergence_factor)
+        best = self.tracker.best
+        if (why is not None and back_to is None and self.guards.backtrack is not None
+                and best is not None and math.isfinite(best[0])):
+            self.message(f"after the last update, {why}: undone (Guards(backtrack="
+                         f"{self.guards.backtrack})), back to the best hyperparameters (outer "
+                         f"step {best[2]})")
+            self._undone = last  # it moved: not a hyperparameter that "never moved"
+            with torch.no_grad():
+                self.lam.copy_(best[1])
+            return self._finish_offline(back_to=best[2])
         if why is not None:
             return self._diverged(f"after the last update, {why}", last, value)
         hps = self.problem.hyperparams
         # no update after the last record (the descent ended on a line search that found
         # nothing better): this is that record's point, not the next step's (results.json's
         # last_step named the next step, and the plot left out the last point)
-        last_step = (self.history[-1]["outer_step"] if self.history
+        last_step = (back_to if back_to is not None else
+                     self.history[-1]["outer_step"] if self.history
                      and self.history[-1].get("hyperparams") == hps.describe(last)
                      else self.outer_step)
         self.tracker.track(value, last, None, last_step, first=False)
@@ -1316,10 +1333,14 @@ class Trainer:
                     f"({sel:.4g}), of outer step {keep_step} (validation loss {keep_val:.4g})")
         with torch.no_grad():
             self.lam.copy_(keep)
+        # the outer steps' advice where they led there (not at the initial point, nor for a
+        # hypergradient too large for the dtype, whose message gives its own)
+        advice = (" Try a smaller outer learning rate, Guards(clip_norm=...), or "
+                  "Guards(bounds=...) on learning rates." if self.tracker.best is not None
+                  and TOO_LARGE not in why else "")
         msg = (f"stopped at outer step {self.outer_step}: {why}, with "
-               f"hyperparameters {bad}. The tuning diverged; {kept}: {hps.describe(keep)}. "
-               f"Try a smaller outer learning rate, Guards(clip_norm=...), or "
-               f"Guards(bounds=...) on learning rates.")
+               f"hyperparameters {bad}. The tuning diverged; {kept}: {hps.describe(keep)}."
+               f"{advice}")
         if NONFINITE_GRAD in why:  # the training was finite: not a learning rate's doing
             msg = (f"stopped at outer step {self.outer_step}: {why}, with hyperparameters "
                    f"{bad}: the training was finite, its hypergradient was not. That comes "
