@@ -275,6 +275,12 @@ def test_divergence_factor_can_be_turned_off_and_is_validated() -> None:
     assert on.diverged and not off.diverged and off.history[1]["val_loss"] > 1e20
     with pytest.raises(ValueError, match="divergence_factor=0.5 must be a number > 1"):
         _trainer(divergence_factor=0.5)
+    import numpy as np  # a NumPy number from a grid (np.int64(10) was refused as not > 1)
+
+    g = hg.Guards(divergence_factor=np.int64(10), backtrack=np.float32(1.5))
+    assert g.divergence_factor == 10.0 and g.backtrack == 1.5
+    with pytest.raises(ValueError, match="divergence_factor=np.True_ must be a number"):
+        hg.Guards(divergence_factor=np.bool_(True))
 
 
 @pytest.mark.parametrize("use", [

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -49,7 +50,8 @@ def _number(name: str, value: Any, ok: Callable[[float], bool], must: str) -> fl
     """``value`` as a float, checked: ``None`` or a number (not a bool) for which ``ok`` holds."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+    # a NumPy number too (np.int64(10) from a grid was refused as "must be a number > 1")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(float(value)):
         raise ValueError(f"Guards: {name}={value!r} must be {must}.")
     return float(value)
 
