@@ -34,7 +34,11 @@ def test_final_state_and_objective_are_plain_trainings(opt: str, kind: str) -> N
 
 @pytest.mark.parametrize("steps", [1, 2, 5])
 def test_agrees_with_forward_at_every_horizon(steps: int) -> None:
-    problem = digits_case("momentum", "per_example", **{**SMALL, "steps": steps})
+    # horizons under an epoch read some examples at no step (said, and exactly 0 in both)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hg.errors.ZeroHypergradientWarning)
+        problem = digits_case("momentum", "per_example", **{**SMALL, "steps": steps})
+        problem.check(problem.init_raw())
     lam = problem.init_raw()
     rev = hg.ReverseMode().hypergradient(problem, lam).grad
     assert rel_err(rev, hg.ForwardMode().hypergradient(problem, lam).grad) <= 1e-12

@@ -503,7 +503,7 @@ class ForwardMode(OnlineMethod, name="forward"):
                   + (f", update {gib(update)}" if update else "")
                   + ("" if sz.counted == "shapes" else ", from one real pass") + ")")
         return MemoryEstimate(self.name, total, state, sz.activations, cols,
-                              total - held - sz.activations, 0, detail)
+                              max(total - held - sz.activations, 0), 0, detail)
 
     def _extra_held(self, k: int, state: int) -> float:
         """Bytes a step holds besides the state and its tangents (MARTHE: the discounted copy)."""
