@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -26,6 +27,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if min(args.steps) < 1 or args.hidden < 1:  # a library traceback, not the flag
+        ap.error(f"--steps {args.steps} and --hidden {args.hidden} must be >= 1")
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # found after the run
+        ap.error(f"--json {args.json}: its folder does not exist")
     tune_malloc()
     rows = []
     print(f"{'T':>6}{'K':>4}{'max_rel_diff':>14}{'fwd_s':>9}{'rev_s':>9}{'fwd_MiB':>10}"

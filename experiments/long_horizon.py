@@ -64,6 +64,11 @@ def _num(x: Any) -> float | None:
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
 
 
+SIZE_UNIT = "_size"
+"""The records file's first unit: ``{"size": "quick" | "full"}`` (a file without it, written
+before it was, takes the size of the run that next opens it)."""
+
+
 def summary(records: Records, quick: bool) -> dict[str, Any]:
     """The JSON: ``summary`` (the issue's keys, each ratio with its seeds' standard error as
     ``<key>_se``) and each part's details."""
@@ -198,7 +203,7 @@ def tables(payload: dict[str, Any]) -> str:
 
 def last_line(s: dict[str, Any]) -> str:
     def f(x: Any) -> str:
-        return "nan" if x is None else f"{x:.3g}"
+        return "nan" if x is None else f"{x:.4g}"
 
     return (f"long_horizon mem_ratio_forward={f(s['mem_ratio_forward'])} "
             f"forward_vs_greedy={f(s['forward_vs_greedy'])} "
@@ -231,6 +236,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                            if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     records = Records(out / "long_horizon_records.jsonl")
+    # a smoke run's records (T = 30, 8 CPU s) were summarised as the full study's, and a full
+    # run into their folder skipped its units as done: one size per records file
+    size = "quick" if args.quick else "full"
+    had = records.rows.get(SIZE_UNIT, {}).get("size")
+    if had is not None and had != size:
+        fix = "add --quick" if had == "quick" else "leave out --quick"
+        ap.error(f"--out {out} holds the records of a {had} run; a {size} run"
+                 f"{' (or --summarize)' if size == 'full' else ''} would mix them with its own. "
+                 f"Give another --out, or {fix}.")
+    if had is None:
+        records.add(SIZE_UNIT, {"size": size})
     # forward mode's run folders (checkpoints of hundreds of MB): never under results/
     work = (Path(args.out) / "long_horizon_runs" if args.out else
             ROOT / "outputs" / ("long_horizon_runs_quick" if args.quick else "long_horizon_runs"))

@@ -658,6 +658,18 @@ def _tuner_summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
             "seeds": rs}
 
 
+def _plain_runs(protocol: dict[str, Any], default: int) -> int:
+    """The budget rule of an earlier ``--suite`` run's JSON: its plain runs (read from the
+    budget's words in a JSON written before ``plain_runs`` was; ``default`` where neither
+    says)."""
+    if "plain_runs" in protocol:
+        return int(protocol["plain_runs"])
+    import re
+
+    m = re.search(r"the time of (\d+) plain", str(protocol.get("budget", "")))
+    return int(m.group(1)) if m else default
+
+
 def join_seeds(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The problems of several ``--suite`` runs (path -> its JSON) over disjoint tuning seeds,
     joined seed by seed: each problem's contenders (those every run has) with the union of
@@ -669,6 +681,14 @@ def join_seeds(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         parts = {p: r["problems"][name] for p, r in runs.items() if name in r["problems"]}
         tuners = [t for t in next(iter(parts.values()))["tuners"]
                   if all(t in q["tuners"] for q in parts.values())]
+        every = dict.fromkeys(t for q in parts.values() for t in q["tuners"])
+        dropped = [t for t in every if t not in tuners]
+        if dropped:  # they were left out without a word (a run of fewer contenders joined)
+            short = [p for p, q in parts.items() if not set(dropped) <= set(q["tuners"])]
+            print(f"--join: {name}: contenders {dropped} are not in every joined run "
+                  f"({', '.join(short)} lacks some): left out of the joined table", flush=True)
+        if not tuners:
+            raise SystemExit(f"--join: {name}: no contender is in every joined run")
         seen: dict[int, str] = {}
         for path, q in parts.items():
             for r in q["tuners"][tuners[0]]["seeds"]:
@@ -710,6 +730,10 @@ def replace_tuners(results: dict[str, dict[str, Any]], new: dict[str, dict[str, 
             out[name]["tuners"][t] = col
         out[name]["replaced"] = sorted(r["tuners"])
         out[name]["replaced_budgets_s"] = r["budgets_s"]
+    kept = [n for n in out if n not in new]
+    if kept:  # only the JSON's "replaced": null said so
+        print(f"--replace: {kept} are in no replacing run: their contenders' columns stay the "
+              f"joined runs'", flush=True)
     return out
 
 
@@ -892,6 +916,13 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                          "--join's union: their contenders' columns replace the joined ones; "
                          "only with --join")
     args = ap.parse_args(argv)
+    for flag, v in (("--seeds", args.seeds), ("--retrain-seeds", args.retrain_seeds),
+                    ("--plain-runs", args.plain_runs)):
+        if v is not None and v < 1:  # --seeds -1 wrote a table of NaN; --retrain-seeds 0
+            # failed after the whole run; --plain-runs 0 became the default
+            raise SystemExit(f"vs_optuna --suite: {flag} {v} must be >= 1")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SystemExit(f"vs_optuna --suite: --out {args.out} is a file; give a folder")
     if args.replace and not args.join:
         raise SystemExit("vs_optuna --suite: --replace replaces contenders of a --join; give "
                          "the runs to join too")
@@ -915,7 +946,8 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     n_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
     n_retrain = args.retrain_seeds if args.retrain_seeds is not None else (
         1 if args.quick else len(SUITE_RETRAIN))
-    n_plain = args.plain_runs or (14 if args.quick else suite.BUDGET_PLAIN_RUNS)
+    n_plain = (args.plain_runs if args.plain_runs is not None else
+               14 if args.quick else suite.BUDGET_PLAIN_RUNS)
     seeds = list(range(args.first_seed, args.first_seed + n_seeds))
     retrain = list(range(RETRAIN_SEED0, RETRAIN_SEED0 + n_retrain))
     out = Path(args.out) if args.out else (ROOT / "outputs" / "vs_optuna_suite_quick"
@@ -938,6 +970,12 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
             if r["protocol"]["retrain_seeds"] != retrain:
                 raise SystemExit(f"{flag} {p}: its retraining seeds "
                                  f"{r['protocol']['retrain_seeds']} are not this run's {retrain}")
+            # the budget rule: the joined table was labelled with this command line's (30
+            # plain runs) over runs of 14, and never compared
+            if _plain_runs(r["protocol"], n_plain) != n_plain:
+                raise SystemExit(f"{flag} {p}: its budget is "
+                                 f"{_plain_runs(r['protocol'], n_plain)} plain runs, this "
+                                 f"run's {n_plain} (--plain-runs)")
             seconds[p] = r["seconds"]
         return runs
 
@@ -964,10 +1002,18 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                              f"{proto['retrain_seeds']} are not this run's {seeds} / {retrain}")
         merged[earlier_path] = []
         seconds[earlier_path] = earlier["seconds"]
+        if _plain_runs(proto, n_plain) != n_plain:
+            raise SystemExit(f"--merge {earlier_path}: its budget is "
+                             f"{_plain_runs(proto, n_plain)} plain runs, this run's {n_plain} "
+                             f"(--plain-runs)")
         for n, r in earlier["problems"].items():
             if n not in results and set(tuners) <= set(r["tuners"]):
                 results[n] = {**r, "tuners": {t: r["tuners"][t] for t in tuners}}
                 merged[earlier_path].append(n)
+            elif n not in results:  # it was dropped without a word
+                print(f"--merge {earlier_path}: {n} lacks contenders "
+                      f"{sorted(set(tuners) - set(r['tuners']))} of this run: not merged",
+                      flush=True)
     results = {n: results[n] for h in ("dev", "eval") for n in suite.SPLIT[h] if n in results}
     if not results:
         raise SystemExit("vs_optuna --suite: no problems run or merged")
@@ -976,6 +1022,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summary,
         "split": {**suite.SPLIT, "seed": suite.SPLIT_SEED, "hash": suite.SPLIT_HASH},
         "protocol": {
+            "plain_runs": n_plain,
             "budget": f"the time of {n_plain} plain trainings of each problem (median of "
                       f"5 timed plain runs at its initial point), the same for every contender; "
                       f"measured in this process's CPU time (time.process_time), one thread",

@@ -225,7 +225,7 @@ def test_long_horizon_reruns_chosen_contenders_only(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     units = [json.loads(line)["unit"] for line in
              (tmp_path / "long_horizon_records.jsonl").read_text().splitlines()]
-    assert units == ["schedule/nqm/baselines", "schedule/nqm/recipe/0"]
+    assert units == ["_size", "schedule/nqm/baselines", "schedule/nqm/recipe/0"]
 
 
 def test_long_horizon_reruns_chosen_lm_contenders_only(tmp_path: Path) -> None:
@@ -237,7 +237,14 @@ def test_long_horizon_reruns_chosen_lm_contenders_only(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     units = [json.loads(line)["unit"] for line in
              (tmp_path / "long_horizon_records.jsonl").read_text().splitlines()]
-    assert units == ["lm/schedulefree/0"]
+    assert units == ["_size", "lm/schedulefree/0"]
+    # a full run (or its summary) into a smoke run's records: refused (the smoke rows, T = 30,
+    # were summarised as the study's, and a full run skipped their units as done)
+    mixed = subprocess.run([sys.executable, str(ROOT / "experiments" / "long_horizon.py"),
+                            "--summarize", "--out", str(tmp_path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+    assert mixed.returncode == 2 and "holds the records of a quick run" in mixed.stderr
+    assert "add --quick" in mixed.stderr
 
 
 def test_start_dev_variants_run_and_write_their_summary(tmp_path: Path) -> None:

@@ -126,11 +126,20 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
     second = tmp_path / "seed1.json"
     second.write_text(json.dumps(other))
     common = ["--suite", "--half", "none", "--retrain-seeds", "1", "--out", str(tmp_path / "j")]
+    # the budget rule is the runs' (14 plain runs), checked: the joined table was labelled
+    # with this command line's default of 30
+    with pytest.raises(SystemExit, match=r"its budget is 14 plain runs, this run's 30 "
+                                         r"\(--plain-runs\)"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        vs_optuna.suite_main([*common, "--seeds", "2", "--join", str(first), str(second)])
+    common += ["--plain-runs", "14"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         joined = vs_optuna.suite_main([*common, "--seeds", "2", "--join", str(first),
                                        str(second)])
     assert joined["summary"]["seeds"] == 2 and joined["summary"]["problems"] == 2
+    assert json.loads((tmp_path / "j" / "vs_optuna_suite.json").read_text())["protocol"][
+        "plain_runs"] == 14
     for name in vs_optuna.QUICK_PROBLEMS:
         for t, tr in joined["problems"][name]["tuners"].items():
             assert [r["seed"] for r in tr["seeds"]] == [0, 1]
@@ -138,6 +147,10 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
             assert tr["test_loss"]["mean"] == pytest.approx(1.5 * one)
     for argv, said in (([*common, "--seeds", "1", "--join", str(first), str(second)],
                         r"are not \[0\]"),
+                       ([*common, "--seeds", "-1", "--join", str(first)],
+                        r"--seeds -1 must be >= 1"),
+                       ([*common, "--seeds", "2", "--out", str(first), "--join", str(first),
+                         str(second)], r"--out .* is a file; give a folder"),
                        ([*common, "--seeds", "2", "--join", str(first), str(first)],
                         r"are not \[0, 1\]"),
                        ([*common, "--seeds", "2", "--join", str(second), str(tmp_path
