@@ -2201,10 +2201,24 @@ def tf32_flags(device: torch.device, dtype: torch.dtype, model: nn.Module) -> li
     if device.type != "cuda" or dtype != torch.float32:
         return []
     out = []
-    if torch.backends.cuda.matmul.allow_tf32:
+    if _tf32_on("cuda.matmul", torch.backends.cuda.matmul):
         out.append("torch.backends.cuda.matmul.allow_tf32=True")
-    if torch.backends.cudnn.allow_tf32 and any(
-            isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()):
+    if any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()) and _tf32_on(
+            "cudnn.conv", torch.backends.cudnn):
         out.append("torch.backends.cudnn.allow_tf32=True, torch's default, for its "
                    "convolutions")
     return out
+
+
+def _tf32_on(where: str, legacy: Any) -> bool:
+    """Whether TF32 rounds float32 products at ``where``: the legacy flag ``allow_tf32``, which
+    torch refuses to read (RuntimeError: "a mix of the legacy and new APIs") once TF32 was
+    set through the newer ``fp32_precision`` settings (``torch.backends.fp32_precision =
+    "ieee"``, the documented way off); then the new setting's value."""
+    try:
+        return bool(legacy.allow_tf32)
+    except RuntimeError:
+        node: Any = torch.backends
+        for part in where.split("."):
+            node = getattr(node, part, None)
+        return getattr(node, "fp32_precision", "ieee") == "tf32"

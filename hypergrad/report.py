@@ -27,14 +27,18 @@ MANY = 12
 
 def _cell(v: Any, width: int) -> str:
     """A value in fixed point, or in scientific notation where fixed point would not fit its
-    column (a diverged run's 7.5e55 took 60 characters and ran into the next column); a row
+    column (a diverged run's 7.5e55 took 60 characters and ran into the next column) or would
+    show no digit of it (below 1e-3 in magnitude); a row
     without the column's value (``None``) shows ``-``, a value that is no number as text."""
     if v is None:
         return f"{'-':>{width}}"
     if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
         return f"{str(v):>{width}}"
-    text = f"{float(v):>{width}.4f}"
-    return text if len(text) <= width else f"{float(v):>{width}.4g}"
+    x = float(v)
+    if x != 0 and abs(x) < 1e-3:  # 1.23e-5 printed as 0.0000: a regression's losses read 0
+        return f"{x:>{width}.4g}"
+    text = f"{x:>{width}.4f}"
+    return text if len(text) <= width else f"{x:>{width}.4g}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:

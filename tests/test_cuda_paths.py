@@ -75,6 +75,28 @@ def test_tf32_flags_name_what_rounds_a_float32_cuda_model() -> None:
         b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = saved
 
 
+def test_tf32_flags_read_the_new_api_where_torch_refuses_the_legacy_flags(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once TF32 is set through ``fp32_precision`` (torch's newer API, the documented way
+    off), torch may refuse to read ``allow_tf32`` ("a mix of the legacy and new APIs"): the
+    check raised at the first differentiated pass of every float32 CUDA problem."""
+
+    class Mixed:
+        def __init__(self, precision: str) -> None:
+            self.fp32_precision = precision
+
+        @property
+        def allow_tf32(self) -> bool:
+            raise RuntimeError("you have used a mix of the legacy and new APIs")
+
+    mlp = nn.Sequential(nn.Linear(4, 4))
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.backends.cuda, "matmul", Mixed("tf32"))
+    assert tf32_flags(cuda, torch.float32, mlp) == ["torch.backends.cuda.matmul.allow_tf32=True"]
+    monkeypatch.setattr(torch.backends.cuda, "matmul", Mixed("ieee"))
+    assert tf32_flags(cuda, torch.float32, mlp) == []
+
+
 def test_the_precision_warning_is_said_once_when_the_flags_say_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import hypergrad.problem as P

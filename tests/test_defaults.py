@@ -953,3 +953,17 @@ def test_forward_mode_averages_the_two_orders_as_reverse_mode_does() -> None:
     assert (out["reverse"].history[0]["hypergrad_norm"]
             == pytest.approx(out["forward"].history[0]["hypergrad_norm"], rel=1e-10))
     torch.testing.assert_close(out["reverse"].lam, out["forward"].lam, rtol=1e-8, atol=1e-10)
+
+
+def test_a_records_seconds_are_what_its_outer_step_took() -> None:
+    """The record's seconds held the budget's forecast of the next step (a hypergradient and
+    one line-search trial: 0.14 s where a step of 6 line-search runs took 0.30), printed by
+    Progress and written to metrics.jsonl as the step's time."""
+    tr = hg.Trainer(lr_momentum(), mode=hg.Offline(outer_steps=3, start=0, recheck=0),
+                    callbacks=quiet())
+    unit_clock(tr, plain=1.0, hypergradient=5.0)
+    res = tr.fit()
+    elapsed = [0.0] + [h["elapsed"] for h in res.history]
+    took = [b - a for a, b in zip(elapsed, elapsed[1:])]
+    assert [h["seconds"] for h in res.history] == pytest.approx(took)
+    assert max(took) > 6.0  # a step with more than one line-search trial: not the forecast

@@ -124,3 +124,11 @@ def test_the_table_keeps_its_columns_for_a_diverged_runs_losses() -> None:
     head, first, second = text.splitlines()
     assert len(first) == len(second) == len(head)
     assert first.split() == ["initial", "7.488e+55", "0.5000"]
+
+
+def test_the_table_shows_small_values_not_zeros() -> None:
+    """val_loss 1.23e-5 and test_mse 4.5e-7 were printed as 0.0000 (a regression's retrained
+    table, as hypergrad-run logs it, read all zeros)."""
+    text = report.table([{"hyperparameters": "learned", "val_loss": 1.23e-5, "test_mse": 4.5e-7,
+                          "zero": 0.0, "acc": 0.5}])
+    assert text.splitlines()[1].split() == ["learned", "1.23e-05", "4.5e-07", "0.0000", "0.5000"]

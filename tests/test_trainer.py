@@ -864,3 +864,36 @@ def test_the_last_point_keeps_the_step_it_was_recorded_at() -> None:
     moved = hg.Trainer(p, mode=hg.Offline(outer_steps=2),
                        callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
     assert moved.last_step == 2 and moved.history[-1]["outer_step"] == 1
+
+
+def test_callbacks_see_a_built_trainer_and_their_subclasses_replace_the_defaults() -> None:
+    """on_message ran while the Trainer was half built (reading outer_step raised
+    AttributeError at method='auto''s message); a subclass of Log or Progress left the default
+    beside it (every progress line twice); one callback not in a list failed as 'not
+    iterable'."""
+    from hypergrad.run import Log, Progress
+
+    seen: list[tuple[int, int]] = []
+
+    class Steps(hg.Callback):
+        def on_message(self, trainer: Trainer, text: str) -> None:
+            seen.append((trainer.outer_step, len(trainer.history)))
+
+    class MyLog(Log):
+        pass
+
+    class MyProgress(Progress):
+        pass
+
+    tr = hg.Trainer(_linear_regression(steps=10), "auto", mode=hg.Offline(outer_steps=1),
+                    callbacks=[Steps(), MyLog(None), MyProgress(False)])
+    assert seen and seen[0] == (0, 0)  # method='auto' said what it chose, while building
+    kinds = [type(c) for c in tr.callbacks]
+    assert Log not in kinds and Progress not in kinds and {MyLog, MyProgress} <= set(kinds)
+    with pytest.raises(TypeError, match=r"callbacks=.* must be a list of callbacks, e\.g\. "
+                                        r"callbacks=\["):
+        hg.Trainer(_linear_regression(steps=10), callbacks=Log(None))  # type: ignore[arg-type]
+    # the result's records are its own: editing them left the next checkpoint's changed
+    res = tr.fit()
+    res.history[0]["val_loss"] = -1.0
+    assert tr.history[0]["val_loss"] != -1.0

@@ -38,7 +38,9 @@ class Callback:
         """A message for the user."""
 
     def on_fit_end(self, trainer: Any, result: Any) -> None:
-        """When ``fit()`` returns (also after a divergence)."""
+        """When ``fit()`` returns (also after a divergence): ``result`` its
+        :class:`~hypergrad.TrainResult`; ``None`` when ``fit()`` raised (the error goes on to
+        the caller after every callback's ``on_fit_end``)."""
 
 
 class Log(Callback):
@@ -226,14 +228,18 @@ def default_callbacks() -> list[Callback]:
 
 
 def callbacks(given: Iterable[Callback] | None) -> list[Callback]:
-    """The defaults, each replaced by a given callback of its own type, then the given ones."""
+    """The defaults, each replaced by a given callback of its own type (a subclass too: a
+    ``class MyLog(Log)`` left the default ``Log`` printing beside it), then the given ones."""
+    if isinstance(given, Callback):  # 'Log' object is not iterable
+        raise TypeError(f"Trainer: callbacks={given!r} must be a list of callbacks, e.g. "
+                        f"callbacks=[{given!r}].")
     extra = list(given or [])
     for cb in extra:
         if not isinstance(cb, Callback):
             raise TypeError(f"Trainer: callbacks must be Callback objects (Log, Progress, "
                             f"TensorBoard, or a subclass of hypergrad.Callback), got "
                             f"{type(cb).__name__} {cb!r}.")
-    kept = [d for d in default_callbacks() if not any(type(c) is type(d) for c in extra)]
+    kept = [d for d in default_callbacks() if not any(isinstance(c, type(d)) for c in extra)]
     return kept + extra
 
 

@@ -289,6 +289,10 @@ class Trainer:
         self.strategy = Strategy() if strategy is None else strategy
         _part("strategy", self.strategy, Strategy, "hypergrad.distributed.Ranks()")
         self.callbacks = with_defaults(callbacks) if self.strategy.is_writer else []
+        # what a callback's on_message may read from here on (the method's choice is said
+        # while the Trainer is built: a hook reading outer_step raised AttributeError)
+        self.history: list[dict[str, Any]] = []
+        self.outer_step = 0
         if folder is not None and not isinstance(folder, RunFolder):
             folder = RunFolder(folder)
         self.folder = folder
@@ -403,8 +407,6 @@ class Trainer:
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
         self.tracker = Tracker(p.hyperparams, self.lam)
-        self.history: list[dict[str, Any]] = []
-        self.outer_step = 0
         self.run_state: Any = None  # online: the method's run state
         self._inner: tuple[dict[str, Any], str] | None = None  # resumed within an inner run
         self._backtracks = 0  # in a row
@@ -1104,7 +1106,10 @@ class Trainer:
             if not backtracked:
                 self._backtracks = 0
                 self._recoveries = 0
-            last_seconds = max(self._now() - t0 - once, 0.0)
+            # what this outer step took (its hypergradient and line search), recorded; the
+            # forecast of the next below is the budget's (the record held the forecast: 0.14 s
+            # where a step of 6 line-search runs took 0.30)
+            last_seconds = spent = max(self._now() - t0 - once, 0.0)
             ended = False
             if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
                 # the next outer step is worth taking only with room for its line search's
@@ -1117,7 +1122,7 @@ class Trainer:
                     ended = self.outer.stalled and not self._restart()
             self._note(lam_used, float(value), self._select_value(hg.state, lam_used,
                                                                   float(value)))
-            self._record(value, grad, lam_used, hg.state, last_seconds,
+            self._record(value, grad, lam_used, hg.state, spent,
                          backtracked=backtracked, info=hg.info)
             if (not ended and budget is not None and self.search.rough_plain
                     and self.search.leftover and self._rough_share() is not None):
@@ -1214,7 +1219,7 @@ class Trainer:
             chosen = ("returned" if best_sel is not None or rechecked else "best")
             self.message(f"validation loss: {start}, {chosen} {best_val:.4g} (outer step "
                          f"{best_step}), last {float(value):.4g} (outer step {last_step})")
-        return TrainResult(best_lam.clone(), hps.describe(best_lam), list(self.history),
+        return TrainResult(best_lam.clone(), hps.describe(best_lam), copy.deepcopy(self.history),
                            self.method.name, state=state, last_lam=last,
                            last_values=hps.describe(last), best_step=best_step,
                            best_val_loss=best_val, last_val_loss=float(value),
@@ -1314,7 +1319,7 @@ class Trainer:
         last = self.lam.detach().clone()
         hps = self.problem.hyperparams
         last_val = self.history[-1]["val_loss"] if self.history else None
-        return TrainResult(last, hps.describe(last), list(self.history), m.name,
+        return TrainResult(last, hps.describe(last), copy.deepcopy(self.history), m.name,
                            state=self.run_state.state, last_lam=last.clone(),
                            last_values=hps.describe(last), best_step=self.outer_step,
                            best_val_loss=last_val, last_val_loss=last_val)
@@ -1360,7 +1365,7 @@ class Trainer:
         self.message(msg)
         if self.folder is not None and self.strategy.is_writer:
             self.folder.mark_stopped(self.problem.device, self.lam, msg)
-        return TrainResult(keep.clone(), hps.describe(keep), list(self.history),
+        return TrainResult(keep.clone(), hps.describe(keep), copy.deepcopy(self.history),
                            self.method.name, diverged=True, message=msg, state=None,
                            last_lam=bad_lam, last_values=bad, best_step=keep_step,
                            best_val_loss=None if math.isnan(keep_val) else keep_val,
