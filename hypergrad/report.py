@@ -274,7 +274,10 @@ def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
             files.append(ref)
     if state is not None:
         buf = io.BytesIO()
-        torch.save(trained_state_dict(problem, state), buf)
+        # on the CPU: a model trained on a GPU loads where there is none (own-model.md loads
+        # it without map_location)
+        torch.save({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                    for k, v in trained_state_dict(problem, state).items()}, buf)
         write_bytes_atomic(folder / "model_learned.pt", buf.getvalue())
         files.append("model_learned.pt")
     return files

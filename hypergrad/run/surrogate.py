@@ -194,22 +194,26 @@ class Surrogate(SearchOptimizer):
         sd = dict(state_dict)
         extra = sd.pop("surrogate", None)
         super().load_state_dict(sd)
-        if extra is not None:
-            self.xs = [x.clone() for x in extra["xs"]]
+        if extra is not None:  # the model lives on the CPU (a checkpoint loaded to CUDA)
+            self.xs = [x.detach().cpu().clone() for x in extra["xs"]]
             self.fs = [float(f) for f in extra["fs"]]
-            self.grads = {int(i): g.clone() for i, g in extra["grads"].items()}
-            self.gen.set_state(extra["gen"])
+            self.grads = {int(i): g.detach().cpu().clone() for i, g in extra["grads"].items()}
+            self.gen.set_state(extra["gen"].cpu())
 
     def _unit(self, x: Tensor) -> Tensor:
         if self.box is None:
             raise ValueError("Surrogate: it needs the search box; the Trainer gives it its box "
                              "(outer=functools.partial(Surrogate)), or pass box=(low, high).")
         lo, hi = self.box
-        return ((x.detach().double() - lo.double()) / (hi - lo).double().clamp_min(1e-12))
+        # the model and its candidates on the CPU, whatever the problem's device (a box and
+        # points on CUDA met its CPU-made tensors: a device mismatch at the first fit)
+        x, lo, hi = x.detach().double().cpu(), lo.double().cpu(), hi.double().cpu()
+        return (x - lo) / (hi - lo).clamp_min(1e-12)
 
     def _raw(self, u: Tensor, like: Tensor) -> Tensor:
         lo, hi = self.box  # type: ignore[misc]
-        return (lo.double() + u * (hi - lo).double()).to(like)
+        lo, hi = lo.double().cpu(), hi.double().cpu()
+        return (lo + u.cpu() * (hi - lo)).to(like)
 
     def observe(self, x: Tensor, value: float, grad: Tensor | None = None) -> None:
         """One evaluation: the validation loss at raw ``x`` (and its hypergradient)."""
@@ -227,7 +231,7 @@ class Surrogate(SearchOptimizer):
 
     def _grad_unit(self, g: Tensor) -> Tensor:
         lo, hi = self.box  # type: ignore[misc]
-        return g.detach().double() * (hi - lo).double()
+        return g.detach().double().cpu() * (hi - lo).double().cpu()
 
     def _candidates(self) -> Tensor:
         K = self.xs[0].numel()
