@@ -630,7 +630,7 @@ def test_time_budget_stops_before_an_outer_step_that_would_not_fit(
                    run_dir=tmp_path).fit()
     assert len(res.history) == 2 and res.out_of_time and not res.diverged
     assert [h["elapsed"] for h in res.history] == [0.5, 1.0]
-    assert any("time_budget=1.3 s: stopped after outer step 2" in line for line in logs)
+    assert any("time_budget=1.3 s: stopped before outer step 2" in line for line in logs)
     assert res.last_val_loss is not None  # the point after the last update is still evaluated
     # the budget may change on resume (like outer_steps): each fit() call has its own clock
     more = _trainer(method=_Slow(clock, 0.5), outer_steps=3, time_budget=5.0, run_dir=tmp_path,
@@ -897,3 +897,12 @@ def test_callbacks_see_a_built_trainer_and_their_subclasses_replace_the_defaults
     res = tr.fit()
     res.history[0]["val_loss"] = -1.0
     assert tr.history[0]["val_loss"] != -1.0
+
+
+def test_progress_refuses_a_string() -> None:
+    """Progress("no") was enabled (bool("no") is True)."""
+    from hypergrad.run import Progress
+
+    with pytest.raises(TypeError, match=r"Progress: enabled='no' must be True or False"):
+        Progress("no")  # type: ignore[arg-type]
+    assert Progress(0).enabled is False

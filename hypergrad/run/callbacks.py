@@ -100,6 +100,9 @@ class Progress(Callback):
     per outer step, so log files get no escape codes. ``enabled=False``: neither."""
 
     def __init__(self, enabled: bool = True) -> None:
+        if not isinstance(enabled, (bool, int)):
+            # Progress("no") was enabled: bool("no") is True
+            raise TypeError(f"Progress: enabled={enabled!r} must be True or False.")
         self.enabled = bool(enabled)
         self._outer: Any = None
         self._inner: Any = None

@@ -1061,7 +1061,7 @@ class Trainer:
                     and t0 - self._fit_start + last_seconds > budget - self._reserve()):
                 out_of_time = self._budget_cut = True
                 held = self._reserve()
-                self.message(f"time_budget={budget:g} s: stopped after outer step "
+                self.message(f"time_budget={budget:g} s: stopped before outer step "
                              f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
                              f"take about {last_seconds:.1f} s"
                              + (f", and {held:.1f} s are kept for the re-check and the final "
