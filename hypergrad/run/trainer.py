@@ -536,6 +536,7 @@ class Trainer:
                          f"{self.search.two_orders}; one order: "
                          f"Offline.default(search={{'two_orders': 0}}))")
         self._fit_start = self._now()
+        self._undone = None  # this call's (a second fit() is told of its own last update)
         # the records' elapsed go on from the run's last record (a resume, a second fit()):
         # the time budget is per call, the records' clock is the run's
         # (on a second fit() of this Trainer, from the first call's end: its final evaluation
