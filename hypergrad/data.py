@@ -144,6 +144,14 @@ class MiniBatches:
             self._perm = ((self.seed, epoch), perm)
         return perm[i * self.batch_size:(i + 1) * self.batch_size]
 
+    def read_counts(self, steps: Iterable[int]) -> Tensor:
+        """How many times each example is read by the steps ``steps``: ``(n,)`` int64 (for
+        per-example weights that no step reads, and objectives that are not whole epochs)."""
+        idx = [self.indices(t) for t in steps]
+        if not idx:
+            return torch.zeros(self.n, dtype=torch.long)
+        return torch.bincount(torch.cat(idx), minlength=self.n)
+
     def __call__(self, t: int) -> tuple[Tensor, ...]:
         idx = self.indices(t)
         dev = self.tensors[0].device

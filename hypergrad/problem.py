@@ -1665,15 +1665,12 @@ def _warn_unread_examples(hyperparams: HyperParams, source: Any, steps: int) -> 
     from .hyperparams import PerExample
 
     items = [it for it in hyperparams.items if isinstance(it, PerExample)]
-    if not items or not callable(getattr(source, "indices", None)):
+    if not items or not callable(getattr(source, "read_counts", None)):
         return
-    n = int(getattr(source, "n", 0))
-    read = torch.zeros(n, dtype=torch.bool)
-    for t in range(steps):
-        read[source.indices(t)] = True
-        if bool(read.all()):
-            return
-    unread = int((~read).sum())
+    n = int(source.n)
+    unread = int((source.read_counts(range(steps)) == 0).sum())
+    if not unread:
+        return
     per = int(getattr(source, "batch_size", 0)) or 1
     names = ", ".join(repr(it.name) for it in items)
     warnings.warn(ZeroHypergradientWarning(

@@ -376,8 +376,7 @@ def uneven_coverage(problem: InnerProblem, steps: Sequence[int]) -> str | None:
     if all(e * n + i in given for e in epochs for i in range(n)):
         return None
     data = problem._batch.data
-    counts = torch.bincount(torch.cat([data.indices(t) for t in sorted(given)]),
-                            minlength=data.n)
+    counts = data.read_counts(sorted(given))
     return (f"loss_steps={_steps_repr(steps)} are not whole epochs of the {n} batches per "
             f"epoch (MiniBatches shuffles each epoch), so they read the training examples "
             f"from {int(counts.min())} to {int(counts.max())} times ({int((counts == 0).sum())} "
