@@ -170,6 +170,8 @@ class InnerProblem:
         self.seed = seed
         self.steps = steps
         self._batch = _batch_source(batches, seed)
+        self._batch.per_example = [(it.name, it.shape()[0]) for it in self.hyperparams.items
+                                   if it.kind == "per_example"]
         if self._batch.stream is not None:
             _refuse_single_example_batch(self._batch.stream.source, self.fmodel)
         self._check_binding()
@@ -1638,12 +1640,15 @@ class _Batches:
         (:meth:`InnerProblem.batch`)."""
         self.draws = False
         """Whether that callable was seen drawing from torch's default generator."""
+        self.per_example: list[tuple[str, int]] = []
+        """``(name, n)`` of each :class:`PerExample`: the example indices of every batch not
+        from a MiniBatches (whose indices are its own) are checked against ``n``, where they
+        are on the CPU (on a GPU the check would wait for the device at every step)."""
 
     def __call__(self, t: int) -> Any:
         return self.checked(self._fetch(t), t)
 
-    @staticmethod
-    def checked(batch: Any, t: int) -> Any:
+    def checked(self, batch: Any, t: int) -> Any:
         leaves, _ = tree_flatten(batch)
         for i, x in enumerate(leaves):
             if isinstance(x, Tensor) and x.ndim >= 1 and x.shape[0] == 0:
@@ -1653,6 +1658,11 @@ class _Batches:
                     f"Give every step at least one example (e.g. MiniBatches drops the last "
                     f"partial batch; check a batch_size or a filter that leaves nothing)."
                 )
+        if self.per_example and t > 0 and not hasattr(self.data, "tensors"):
+            idx = _batch_indices(batch)
+            if idx is not None and idx.device.type == "cpu":
+                for name, n in self.per_example:
+                    _check_example_indices(name, n, idx, t, self.n_examples)
         return batch
 
 
@@ -1690,11 +1700,7 @@ def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | N
     items = [it for it in hyperparams.items if isinstance(it, PerExample)]
     if not items:
         return
-    idx = None
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], Tensor):
-        last = batch[-1]
-        if not last.dtype.is_floating_point and last.dtype != torch.bool and last.ndim == 1:
-            idx = last
+    idx = _batch_indices(batch)
     for it in items:
         if n_examples is not None and it.n != n_examples:
             raise ValueError(
@@ -1702,23 +1708,49 @@ def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | N
                 f"{n_examples} examples; PerExample needs one value per training example: "
                 f"n={n_examples}."
             )
-        if idx is not None and idx.numel() and int(idx.min()) < 0:
-            raise ValueError(
-                f"InnerProblem: PerExample({it.name!r}): the first mini-batch's example indices "
-                f"include {int(idx.min())}; a negative index reads weight n + index (Python's "
-                f"indexing), another example's, without an error. Give each example its index "
-                f"in [0, {it.n}) (the last element of a batch, as MiniBatches does), and leave "
-                f"padding out of the batch.")
-        if idx is not None and idx.numel() and int(idx.max()) >= it.n:
-            subset = (" A Subset or random_split keeps the full data set's indices: renumber "
-                      "them 0..len(subset)-1 in the data set, or sample the full data set with "
-                      "a SubsetRandomSampler (n = the full set's size)."
-                      if n_examples is not None and it.n == n_examples else "")
-            raise ValueError(
-                f"InnerProblem: PerExample({it.name!r}) has n={it.n}, but the first mini-batch "
-                f"indexes example {int(idx.max())}; n must be the number of training examples "
-                f"(> every example index).{subset}"
-            )
+        if idx is not None:
+            _check_example_indices(it.name, it.n, idx, 0, n_examples)
+
+
+def _batch_indices(batch: Any) -> Tensor | None:
+    """The example indices of a batch (the last element of a tuple batch, a 1-D integer
+    tensor, as :class:`~hypergrad.data.MiniBatches` gives), or ``None``."""
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], Tensor):
+        last = batch[-1]
+        if not last.dtype.is_floating_point and last.dtype != torch.bool and last.ndim == 1:
+            return last
+    return None
+
+
+def _check_example_indices(name: str, n: int, idx: Tensor, t: int,
+                           n_examples: int | None) -> None:
+    """A :class:`PerExample` ``name`` of ``n`` values against the example indices ``idx`` of
+    the mini-batch of step ``t``: an index outside ``[0, n)`` is an error naming the step (a
+    negative one reads another example's weight without an error; one past the end failed as
+    torch's bare IndexError at that step)."""
+    if not idx.numel():
+        return
+    which = ("the first mini-batch's example indices" if t == 0
+             else f"the example indices of the mini-batch of step {t}")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0:
+        raise ValueError(
+            f"InnerProblem: PerExample({name!r}): {which} "
+            f"include {lo}; a negative index reads weight n + index (Python's "
+            f"indexing), another example's, without an error. Give each example its index "
+            f"in [0, {n}) (the last element of a batch, as MiniBatches does), and leave "
+            f"padding out of the batch.")
+    if hi >= n:
+        subset = (" A Subset or random_split keeps the full data set's indices: renumber "
+                  "them 0..len(subset)-1 in the data set, or sample the full data set with "
+                  "a SubsetRandomSampler (n = the full set's size)."
+                  if n_examples is not None and n == n_examples else "")
+        where = "the first mini-batch" if t == 0 else f"the mini-batch of step {t}"
+        raise ValueError(
+            f"InnerProblem: PerExample({name!r}) has n={n}, but {where} "
+            f"indexes example {hi}; n must be the number of training examples "
+            f"(> every example index).{subset}"
+        )
 
 
 _ALIASES = {"momentum": "momentum", "mom": "momentum", "wd": "weight_decay",

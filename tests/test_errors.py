@@ -238,6 +238,25 @@ def test_a_negative_example_index_is_refused() -> None:
         hg.ForwardMode().hypergradient(q, q.init_raw())
 
 
+@pytest.mark.parametrize("bad, match", [
+    (8, r"PerExample\('w'\) has n=8, but the mini-batch of step 1 indexes example 8"),
+    (-2, r"the example indices of the mini-batch of step 1 include -2")])
+def test_example_indices_of_a_later_batch_are_checked(bad: int, match: str) -> None:
+    """Only the first batch was checked: a later batch indexing past n failed as torch's bare
+    IndexError at that step, and a negative index read another example's weight silently
+    (the per-example data probe)."""
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    batches = [(x[:4], y[:4], torch.arange(4)), (x[4:], y[4:], torch.tensor([4, 5, 6, bad]))]
+    q = hg.InnerProblem(nn.Linear(4, 3).double(),
+                        lambda m, b, hp: (hp["w"][b[2]] * F.cross_entropy(
+                            m(b[0]), b[1], reduction="none")).mean(),
+                        hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=8)]),
+                        batches, 2, lambda m, hp: F.cross_entropy(m(x), y))
+    for method in (hg.ForwardMode(), hg.ReverseMode()):
+        with pytest.raises(ValueError, match=match):
+            method.hypergradient(q, q.init_raw())
+
+
 def test_a_batch_source_shorter_than_the_horizon() -> None:
     x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
     gen = ((x, y) for _ in range(3))
