@@ -8,6 +8,7 @@ import json
 import math
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -484,6 +485,16 @@ def test_divergence_messages_give_only_advice_that_applies() -> None:
                    outer=functools.partial(torch.optim.Adam, lr=0.3)).fit()
     assert res.diverged and "the initial hyperparameters already diverge" in res.message
     assert "smaller outer learning rate" not in res.message
+    # a hypergradient too large because the training itself diverges (a finite but huge loss)
+    # was said to come from a training that "did not diverge"
+    huge = _linear_regression(steps=20, init=1e6)
+    with pytest.warns(TuningWarning, match="inner training diverges"):
+        res = _trainer(problem=huge, outer_steps=2,
+                       outer=functools.partial(torch.optim.Adam, lr=0.3)).fit()
+    assert res.diverged and "too large for float64" in res.message
+    assert "did not diverge" not in res.message
+    assert re.search(r"the inner training diverges, to a validation loss of \S+, above 10 "
+                     r"times the untrained model's .*clip_grad_norm=1\.0", res.message)
 
 
 def _damage(path: Path, how: str) -> None:

@@ -173,10 +173,12 @@ def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
     return None
 
 
-def outer_gradient(grad: Tensor, clip_norm: float | None,
-                   dtype: torch.dtype) -> tuple[Tensor | None, str | None]:
+def outer_gradient(grad: Tensor, clip_norm: float | None, dtype: torch.dtype,
+                   diverged: str | None = None) -> tuple[Tensor | None, str | None]:
     """The (clipped) hypergradient in ``dtype``, or ``None`` and why there is none: the norm is
-    taken in float64, and its square must be representable in ``dtype``."""
+    taken in float64, and its square must be representable in ``dtype``. ``diverged``: how the
+    inner training at that point diverges, where the caller found it does (the message then
+    says so and advises a stable training, not a clip of a sound hypergradient)."""
     g = grad.detach().to(torch.float64)
     norm = float(g.norm())
     if not math.isfinite(norm):
@@ -185,6 +187,13 @@ def outer_gradient(grad: Tensor, clip_norm: float | None,
         g = g * (clip_norm / norm)
         norm = clip_norm
     if norm >= math.sqrt(torch.finfo(dtype).max):
+        if diverged is not None:
+            return None, (f"the hypergradient's norm {norm:.3g} is too large for "
+                          f"{str(dtype).replace('torch.', '')} ({TOO_LARGE}): the inner "
+                          f"training diverges, to {diverged}; make it stable first: a smaller "
+                          f"learning rate (its initial value, or the upper bound in "
+                          f"Guards(bounds=...) if it is tuned), or gradient clipping (the inner "
+                          f"optimizer's clip_grad_norm=1.0)")
         wider = "" if dtype == torch.float64 else ", or run the problem in float64"
         return None, (f"the hypergradient's norm {norm:.3g} is too large for "
                       f"{str(dtype).replace('torch.', '')} ({TOO_LARGE}, which would "

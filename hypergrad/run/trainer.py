@@ -593,22 +593,31 @@ class Trainer:
         best = res.best_val_loss
         if self.mode.online or best is None or not math.isfinite(best):
             return
-        p = self.problem
-        with torch.no_grad():
-            s0 = p.initial_state(res.lam)
-            untrained = float(p.objective(s0.params, s0.buffers, res.lam))
-        factor = self.guards.divergence_factor or 10.0
-        # guards._above's margin, floored: an untrained loss of exactly 0 gives no scale
-        if not math.isfinite(untrained) or best <= untrained + (factor - 1) * max(
-                abs(untrained), 1e-8):
+        far = self._far_above_untrained(best, res.lam)
+        if far is None:
             return
         warnings.warn(TuningWarning(
-            f"Trainer: the inner training diverges: the hyperparameters returned train to a "
-            f"validation loss of {best:.4g}, above {factor:g} times the untrained model's "
-            f"{untrained:.4g} (its initial weights at the same hyperparameters), so they are "
-            f"not a tuned point. Make the inner training stable first: a smaller learning rate "
+            f"Trainer: the inner training diverges: the hyperparameters returned train to {far}, so they "
+            f"are not a tuned point. Make the inner training stable first: a smaller learning rate "
             f"(its initial value, or the upper bound in Guards(bounds=...) if it is tuned), or "
             f"gradient clipping (the inner optimizer's clip_grad_norm=1.0)."), stacklevel=3)
+
+    def _far_above_untrained(self, value: float, lam: Tensor) -> str | None:
+        """Where ``value``, the validation loss trained at ``lam``, is far above the untrained
+        model's (its initial weights at ``lam``; ``divergence_factor`` times, 10 without one):
+        what it is, in words; else ``None``."""
+        p = self.problem
+        with torch.no_grad():
+            s0 = p.initial_state(lam)
+            untrained = float(p.objective(s0.params, s0.buffers, lam))
+        factor = self.guards.divergence_factor or 10.0
+        # guards._above's margin, floored: an untrained loss of exactly 0 gives no scale
+        if not math.isfinite(untrained) or value <= untrained + (factor - 1) * max(
+                abs(untrained), 1e-8):
+            return None
+        return (f"a validation loss of {value:.4g}, above {factor:g} times the "
+                f"untrained model's {untrained:.4g} (its initial weights at the same "
+                f"hyperparameters)")
 
     def _warn_budget(self, res: TrainResult) -> None:
         """Warn when the time budget stopped the outer steps before they could tune: at most
@@ -714,6 +723,11 @@ class Trainer:
         tr.track(value, lam_used, grad, self.outer_step, first=not self.history)
         g, why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype)
         if g is None:
+            assert why is not None
+            if TOO_LARGE in why:  # the training may have diverged: it then says so
+                far = self._far_above_untrained(float(value), lam_used)
+                if far is not None:
+                    why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype, far)[1]
             return why
         tr.keep_grad(lam_used, g)
         if isinstance(self.outer, SearchOptimizer):
