@@ -598,7 +598,8 @@ class Trainer:
             return
         warnings.warn(TuningWarning(
             f"Trainer: the inner training diverges: the hyperparameters returned train to "
-            f"{far}, so they are not a tuned point. Make the inner training stable first: a smaller learning rate "
+            f"{far}, so they are not a tuned point. Make the inner training stable first: a "
+            f"smaller learning rate "
             f"(its initial value, or the upper bound in Guards(bounds=...) if it is tuned), or "
             f"gradient clipping (the inner optimizer's clip_grad_norm=1.0)."), stacklevel=3)
 
