@@ -471,7 +471,8 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
                    else (result.best_val_loss, result.values))
         results["plots"] = plot_run(run_dir, hps, horizon, result.history,
                                     trainer.initial_lam, result.lam, result.best_step, last,
-                                    learned)
+                                    learned, any(e["kind"] == "start"
+                                                 for e in trainer.evaluations))
     text = table(rows)
     if text:
         log.info("\n" + text)

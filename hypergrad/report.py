@@ -82,7 +82,8 @@ def summary(hps: HyperParams, values: Mapping[str, Any], horizon: int) -> str:
 def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0: torch.Tensor,
             lam: torch.Tensor, best_step: int | None = None,
             last: tuple[int, float, Mapping[str, Any]] | None = None,
-            learned: tuple[float, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+            learned: tuple[float, Mapping[str, Any]] | None = None,
+            started: bool = False) -> dict[str, Any]:
     """The figures :func:`plot_run` writes, by file name (matplotlib figures: close them)."""
     import matplotlib
 
@@ -94,7 +95,9 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
     online = bool(history) and "inner_step" in history[0]
     if online:
         last = None
-    xlabel = "inner step (online updates)" if online else "outer step (0: initial)"
+    xlabel = ("inner step (online updates)" if online else
+              "outer step (0: the space-filling start's best point)" if started else
+              "outer step (0: initial)")
     points = [(h["inner_step"] if online else h["outer_step"], h["val_loss"], h["hyperparams"])
               for h in history]
     if last is not None:
@@ -201,7 +204,8 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
 def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[str, Any]],
              lam0: torch.Tensor, lam: torch.Tensor, best_step: int | None = None,
              last: tuple[int, float, Mapping[str, Any]] | None = None,
-             learned: tuple[float, Mapping[str, Any]] | None = None) -> list[str]:
+             learned: tuple[float, Mapping[str, Any]] | None = None,
+             started: bool = False) -> list[str]:
     """Write ``val_curve.png`` (validation loss per outer step, the learned point and the
     backtracked steps marked), ``hyperparams.png`` (each hyperparameter's trajectory, by name)
     and, for schedules, ``schedule.png`` (the learned schedule as a step function over the
@@ -209,12 +213,14 @@ def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[s
     ``best_step``: the learned point's outer step; ``last``: ``(outer step, validation loss,
     values)`` of the point after the last update; ``learned``: ``(validation loss, values)``
     of the learned point (``TrainResult.best_val_loss`` and ``values``), marked with a star
-    (without it, the history's entry of ``best_step``, which a line search's point is not)."""
+    (without it, the history's entry of ``best_step``, which a line search's point is not).
+    ``started``: a space-filling start ran, so outer step 0 is its best point, not the
+    initial one."""
     import matplotlib.pyplot as plt
 
     written = []
     for name, fig in figures(hps, horizon, history, lam0, lam, best_step, last,
-                             learned).items():
+                             learned, started).items():
         try:
             save_figure(fig, run_dir / name)
         finally:

@@ -345,6 +345,26 @@ def test_the_plots_mark_the_returned_point_not_the_history_entry() -> None:
             plt.close(f)
 
 
+def test_after_a_space_filling_start_outer_step_0_is_not_called_initial() -> None:
+    """After a space-filling start, outer step 0 is the start's best point; the x axis said
+    "0: initial" (the callbacks probe)."""
+    import matplotlib.pyplot as plt
+
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, "log")])
+    history = [{"outer_step": k, "val_loss": v, "hyperparams": {"lr": lr}}
+               for k, v, lr in ((0, 2.0, 0.3), (1, 1.5, 0.2))]
+    lam = torch.tensor([0.0])
+    for started, label in ((True, "outer step (0: the space-filling start's best point)"),
+                           (False, "outer step (0: initial)")):
+        figs = figures(hps, 8, history, lam, lam, best_step=1, started=started)
+        try:
+            assert figs["val_curve.png"].axes[0].get_xlabel() == label
+            assert figs["hyperparams.png"].axes[-1].get_xlabel() == label
+        finally:
+            for f in figs.values():
+                plt.close(f)
+
+
 def test_schedule_windows_no_step_reads_keep_their_own_labels() -> None:
     """More windows than steps: the windows no step reads got labels like 'steps 1-0' twice,
     and one window's value was dropped from summaries, results.json and the plots."""
