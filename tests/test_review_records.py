@@ -162,6 +162,16 @@ def test_tensorboard_holds_one_point_per_step_after_a_resume_that_repeats_one(
     assert _tb_steps(tmp_path, "hypergrad_norm") == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("bad", [0, -1, "64", 2.5, True])
+def test_tensorboard_refuses_a_bad_max_values(bad: Any) -> None:
+    """max_values="64" was taken as 64, 2.5 as 2, and 0 summarised every scalar as a min,
+    mean and max of one value (the callbacks probe)."""
+    pytest.importorskip("tensorboard")
+    with pytest.raises(ValueError, match=r"TensorBoard: max_values=.* must be an int >= 1"):
+        hg.run.TensorBoard(max_values=bad)
+    assert hg.run.TensorBoard(max_values=np.int64(8)).max_values == 8
+
+
 @pytest.mark.parametrize("units,refused", [(1, False), (3, True)])
 def test_a_fingerprint_rounded_either_way_on_another_machine_resumes(
         tmp_path: Path, units: int, refused: bool) -> None:

@@ -12,6 +12,7 @@ of its own type (``Log(None)`` silences the messages).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -176,6 +177,11 @@ class TensorBoard(Callback):
         except ImportError as e:  # depends on the environment
             raise ImportError("TensorBoard needs the tensorboard package: pip install "
                               "tensorboard (or pip install hypergrad-forward[tensorboard]).") from e
+        if (isinstance(max_values, bool) or not isinstance(max_values, numbers.Integral)
+                or max_values < 1):
+            raise ValueError(f"TensorBoard: max_values={max_values!r} must be an int >= 1 (a "
+                             f"vector of more values is logged as its min, mean and max), e.g. "
+                             f"TensorBoard(max_values=64).")
         self._writer_class = SummaryWriter
         self.max_values = int(max_values)
         self.writer: Any = None
