@@ -182,8 +182,8 @@ class TensorBoard(Callback):
             raise ValueError(f"TensorBoard: max_values={max_values!r} must be an int >= 1 (a "
                              f"vector of more values is logged as its min, mean and max), e.g. "
                              f"TensorBoard(max_values=64).")
-        self._writer_class = SummaryWriter
-        self.max_values = int(max_values)
+        self._writer_class: Any = SummaryWriter
+        self.max_values: int = int(max_values)
         self.writer: Any = None
 
     def on_fit_start(self, trainer: Any) -> None:
