@@ -119,6 +119,9 @@ class FunctionalModel:
         self.sparse = [m for m in module.modules() if isinstance(m, nn.Embedding) and m.sparse]
         """Embeddings with ``sparse=True``: run dense here (the same values; the optimizers
         and every transform take dense gradients)."""
+        self.attention = any(isinstance(m, _FASTPATH) for m in module.modules())
+        """Whether the model has a module with torch's attention fast path: every call here
+        runs with the fast path off (see :meth:`ModelFn._patched`)."""
         names = {id(p): k for k, p in params.items() if p.requires_grad}
         self.padded = {name: (names[id(m.weight)], m.padding_idx)
                        for name, m in module.named_modules()
@@ -365,6 +368,7 @@ class ModelFn:
         sparse embeddings dense."""
         fm = self._fm
         patched: list[nn.Module] = []
+        fastpath = torch.backends.mha.get_fastpath_enabled()
         try:
             for name, bn in fm.bn.items():
                 bn.forward = _BNForward(self, bn, _pre(name))  # type: ignore[method-assign,assignment]
@@ -379,8 +383,17 @@ class ModelFn:
                 r.flatten_parameters = _Flatten(r)  # type: ignore[method-assign]
             for e in fm.sparse:
                 e.sparse = False
+            if fm.attention:
+                # eager, in eval mode without autograd (finite differences, plain runs, the
+                # validation loss), torch's attention takes its fast path, where a
+                # TransformerEncoder turns a padded batch into a nested tensor and gives zeros
+                # at padded positions; under torch.func it cannot, so the same point had two
+                # validation losses (0.685 and 0.724): every call here takes the regular path
+                torch.backends.mha.set_fastpath_enabled(False)
             yield
         finally:
+            if fm.attention:
+                torch.backends.mha.set_fastpath_enabled(fastpath)
             for m in patched:  # not `del m.forward`: torch.compile cannot trace it, and
                 # every model with BatchNorm ran eager with "'BatchNorm1d' object has no
                 # attribute 'forward'", blaming the model
@@ -389,6 +402,10 @@ class ModelFn:
                 e.sparse = True
             for r in fm.rnn:
                 r.__dict__.pop("flatten_parameters", None)
+
+
+_FASTPATH = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+"""The modules whose forward takes torch's attention fast path (``torch.backends.mha``)."""
 
 
 class _Flatten:

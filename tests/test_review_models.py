@@ -196,3 +196,45 @@ def test_a_cumulative_batchnorm_called_twice_per_step_is_refused() -> None:
     with pytest.raises(ValueError, match=r"BatchNorm '1' with momentum=None .* runs 2 times in "
                                          r"one training step.*torch.cat the inputs"):
         p.run(p.init_raw())
+
+
+class _PaddedEncoder(nn.Module):
+    """A TransformerEncoder (nested tensors on, torch's default) over a padded batch, pooled
+    over every position, padded ones included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(3, 8)
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool)
+        pad[::2, -2:] = True
+        return self.head(self.enc(self.inp(x), src_key_padding_mask=pad).mean(1))
+
+
+def test_attention_fast_path_does_not_give_a_point_a_second_validation_loss() -> None:
+    """Eager in eval mode without autograd (finite differences, the Trainer's plain runs,
+    evaluate), torch's encoder fast path zeroed the padded positions; under torch.func it
+    cannot: one point had validation losses 0.685 and 0.724, finite differences were 13 % off
+    forward mode, and the Trainer dropped an improving step (the RNN/attention probe)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 5, 3, generator=g, dtype=torch.float64)
+    y = (x.sum((1, 2)) > 0).long()
+    torch.manual_seed(0)
+    p = hg.InnerProblem(_PaddedEncoder().double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr", momentum=0.5),
+                        hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                        hg.data.MiniBatches(x, y, batch_size=8, seed=0), 3,
+                        lambda m, hp: F.cross_entropy(m(x[:8]), y[:8]), seed=0)
+    lam = p.init_raw()
+    fw = hg.ForwardMode().hypergradient(p, lam)
+    fd = hg.FiniteDifference().hypergradient(p, lam)
+    assert float(fd.objective) == pytest.approx(float(fw.objective), rel=1e-12)
+    assert hg.testing.rel_err(fw.grad, fd.grad) < 1e-6
+    with torch.no_grad():
+        assert float(F.cross_entropy(p.model(fw.state)(x[:8]), y[:8])) == pytest.approx(
+            float(fw.objective), rel=1e-12)
+    assert torch.backends.mha.get_fastpath_enabled()  # the user's setting is restored
