@@ -497,11 +497,14 @@ class ForwardMode(OnlineMethod, name="forward"):
             new = self._count_update(problem, sz, k)
             update = (w + b) * (k + 1) + new if new is not None else (k + 1) * state + w
             peak = max(call, update)
-        total = held + peak
+        objective = sz.objective()
+        total = held + max(peak, objective)
         phase = "the Hessian-vector products" if call >= update else "the update"
         detail = (f"a step's peak: {phase} (HVP call {gib(call)}"
                   + (f", update {gib(update)}" if update else "")
                   + ("" if sz.counted == "shapes" else ", from one real pass") + ")")
+        if objective > peak:
+            detail = (f"the validation loss's gradient ({gib(objective)}), above {detail}")
         return MemoryEstimate(self.name, total, state, sz.activations, cols,
                               max(total - held - sz.activations, 0), 0, detail)
 

@@ -655,11 +655,12 @@ class ImplicitDiff(Method, name="implicit"):
         """``|s| + 6 |w| + n_L h``: the trained state, the solver's vectors, and for each of the
         ``n_L`` loss steps the retained graph of its gradient with one Hessian-vector product
         (``h``: :class:`~hypergrad.hvp.VmapVJP`'s call on one column, counted on fake tensors:
-        :meth:`Sizes.hvp`)."""
+        :meth:`Sizes.hvp`), or the validation loss's gradient where it is larger
+        (:meth:`Sizes.objective`)."""
         sz = Sizes.of(problem) if sizes is None else sizes
         n_l = 1 if self.loss_steps is None else len(self.loss_steps)
         held = sz.state + 6 * sz.params
-        total = held + sz.hvp(VmapVJP(), 1)[1] * n_l
+        total = held + max(sz.hvp(VmapVJP(), 1)[1] * n_l, sz.objective())
         return MemoryEstimate(self.name, total, sz.state, sz.activations, 0,
                               total - held - sz.activations)
 

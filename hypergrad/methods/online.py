@@ -109,13 +109,12 @@ class HD(OnlineMethod, name="hd"):
 
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate:
-        """``2 |s| + v``: the state and the state before the last step, and the last step's
-        vector-Jacobian product ``v`` (:meth:`Sizes.step_vjp`, counted on fake tensors; its
-        adjoint of the old state, which HD does not take, stands for the validation
-        gradient)."""
+        """``2 |s| + max(v, o)``: the state and the state before the last step, and the larger
+        of the last step's vector-Jacobian product ``v`` (:meth:`Sizes.step_vjp`, counted on
+        fake tensors) and the validation loss's gradient ``o`` (:meth:`Sizes.objective`)."""
         sz = Sizes.of(problem) if sizes is None else sizes
         held = 2 * sz.state
-        total = held + sz.step_vjp()
+        total = held + max(sz.step_vjp(), sz.objective())
         return MemoryEstimate(self.name, total, sz.state, sz.activations, 0,
                               total - held - sz.activations)
 

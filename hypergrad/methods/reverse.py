@@ -182,24 +182,28 @@ class ReverseMode(Method, name="reverse"):
 
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate:
-        """``n |s| + |s| + v``: the ``n`` states held at once (every state of the ``min(truncate,
-        T)`` steps it backpropagates and the final one; checkpointed, ``ceil(n / m) + m + 1``),
-        the adjoint, and one step's vector-Jacobian product ``v`` (its gradient and graph, the
-        new state, the adjoint of the old one and the intermediates: :meth:`Sizes.step_vjp`,
-        counted on fake tensors with :class:`~hypergrad.stepvjp.DoubleBackward`;
-        :class:`~hypergrad.stepvjp.MixedMode` measured 0.98-1.64x its memory). A streamed
-        batch source: the ``n`` batches kept for the replay besides."""
+        """``n |s| + max(|s| + v, o)``: the ``n`` states held at once (every state of the
+        ``min(truncate, T)`` steps it backpropagates and the final one; checkpointed,
+        ``ceil(n / m) + m + 1``), and the larger of the adjoint with one step's vector-Jacobian
+        product ``v`` (its gradient and graph, the new state, the adjoint of the old one and the
+        intermediates: :meth:`Sizes.step_vjp`, counted on fake tensors with
+        :class:`~hypergrad.stepvjp.DoubleBackward`; :class:`~hypergrad.stepvjp.MixedMode`
+        measured 0.98-1.64x its memory) and the validation loss's gradient ``o``
+        (:meth:`Sizes.objective`). A streamed batch source: the ``n`` batches kept for the
+        replay besides."""
         sz = Sizes.of(problem) if sizes is None else sizes
         if self.tape:  # every step's gradient and graph held: a step VJP's peak each, an upper
             # bound (measured 0.3-0.7x of it on an MLP, BatchNorm, attention and an LSTM)
-            total = problem.steps * sz.step_vjp() + 2 * sz.state
+            total = problem.steps * sz.step_vjp() + 2 * sz.state + sz.objective()
             return MemoryEstimate(self.label(), total, sz.state, sz.activations, 0,
                                   total - 2 * sz.state - sz.activations,
                                   detail=f"the tape of {problem.steps} steps' gradients with "
                                          f"their graphs, at most")
         n = self.stored_states(problem.steps)
         kept = self.horizon(problem.steps) * sz.batch if problem.stream is not None else 0
-        total = (n + 1) * sz.state + sz.step_vjp() + kept
+        # the n states are held from the validation loss's gradient (which gives the adjoint)
+        # on through the backward sweep: the larger of the two on top of them
+        total = n * sz.state + max(sz.state + sz.step_vjp(), sz.objective()) + kept
         return MemoryEstimate(self.label(), total, sz.state, sz.activations, 0,
                               total - n * sz.state - sz.activations, n)
 
