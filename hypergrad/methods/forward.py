@@ -154,8 +154,26 @@ def _rows(tree: Any, idx: Tensor) -> Any:
     return _map(lambda v: v.index_select(0, idx), tree)
 
 
+def _map_consuming(f: Callable[[Tensor], Tensor], tree: Any) -> Any:
+    """:func:`_map`, replacing each dict's and list's entries in place as it goes, so a leaf
+    is freed once mapped (where nothing else holds it): ``tree``'s dicts and lists are the
+    caller's to give up."""
+    if isinstance(tree, Tensor):
+        return f(tree)
+    if isinstance(tree, (dict, list)):
+        for key in (list(tree) if isinstance(tree, dict) else range(len(tree))):
+            tree[key] = _map_consuming(f, tree[key])
+        return tree
+    if isinstance(tree, tuple):
+        items = [_map_consuming(f, v) for v in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else tuple(items)
+    return tree_map(f, tree)
+
+
 def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
-    """Rows ``idx`` of a zero tree with leading axis ``k`` set to ``tree``."""
+    """Rows ``idx`` of a zero tree with leading axis ``k`` set to ``tree``, whose dicts and
+    lists it takes over: each leaf of ``n`` rows is freed once its ``k`` rows are made (all of
+    them held until the end had put a step's peak 1.3-1.7x above its estimate)."""
     n = idx.numel()
     prefix = bool(n) and int(idx[-1]) == n - 1
 
@@ -167,7 +185,7 @@ def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
             return out
         return v.new_zeros((k, *v.shape[1:])).index_copy_(0, idx, v)
 
-    return _map(one, tree)
+    return _map_consuming(one, tree)
 
 
 AUTO_COMPILE_AFTER_S = float(os.environ.get("HYPERGRAD_AUTO_COMPILE_AFTER_S", "30"))
@@ -448,6 +466,9 @@ class ForwardMode(OnlineMethod, name="forward"):
         (params, opt), (zp, zo) = out
         tangents = InnerState(zp, zb, zo)
         if live is not None:
+            # the live rows' copy and the products freed before the rows are scattered into
+            # K: the step's peak stays the one its estimate counts (it was 1.3-1.7x above)
+            del out, G, z_in, zp, zb, zo
             tangents = _scatter(tangents, live, n)
             dead = frozenset(range(n)) - frozenset(live.tolist())
             leaf = _first_leaf(tangents)
@@ -499,6 +520,12 @@ class ForwardMode(OnlineMethod, name="forward"):
             peak = max(call, update)
         objective = sz.objective()
         total = held + max(peak, objective)
+        if self.skip_zero_columns and self._plan(problem).has_late:
+            # a step that skips columns scatters the computed rows into K leaf by leaf: one
+            # leaf's computed rows beside its K (at most K rows of the largest parameter)
+            fm = problem.fmodel
+            total += k * max(fm.module.get_parameter(n).numel()
+                             * fm.module.get_parameter(n).element_size() for n in fm.param_names)
         phase = "the Hessian-vector products" if call >= update else "the update"
         detail = (f"a step's peak: {phase} (HVP call {gib(call)}"
                   + (f", update {gib(update)}" if update else "")
