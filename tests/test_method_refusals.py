@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -91,6 +92,26 @@ def test_automode_takes_exact_methods_and_a_budget_in_bytes(kwargs: dict[str, An
     with pytest.raises((ValueError, TypeError), match=match):
         hg.AutoMode(**kwargs)
     hg.AutoMode(forward=MARTHE(mu=1.0), memory_budget=4e9)  # mu = 1 is forward mode
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), True, "2GB", "1e9", [1e9]])
+def test_every_memory_budget_is_checked_as_the_guards_check_it(bad: Any) -> None:
+    """choose_method and check_memory took 0, -1 or NaN as a budget every method exceeds (and
+    advised "a larger memory_budget"), failed on "2GB" as Python's bare conversion error and
+    took "1e9" silently; AutoMode refused NumPy numbers and inf, which Guards takes (the
+    memory probe)."""
+    from hypergrad.methods import check_memory, choose_method
+
+    p, _ = _ridge(hg.optim.sgd(lr=0.05), 4)
+    for call, who in ((lambda: choose_method(p, memory_budget=bad), "choose_method"),
+                      (lambda: check_memory(p, hg.ForwardMode(), memory_budget=bad), "Trainer"),
+                      (lambda: hg.AutoMode(memory_budget=bad), "AutoMode")):
+        with pytest.raises(ValueError, match=rf"{who}: memory_budget=.* must be bytes > 0"):
+            call()
+    for good in (np.int64(10**9), np.float32(1e9), float("inf")):
+        assert hg.AutoMode(memory_budget=good).memory_budget == float(good)
+        assert hg.Guards(memory_budget=good).memory_budget == float(good)
+        assert choose_method(p, memory_budget=good)[0] == "forward"
 
 
 def test_schedulefree_refuses_a_first_beta_of_zero() -> None:

@@ -17,7 +17,7 @@ from ..hvp import HVPStrategy, VmapVJP  # noqa: F401  (VmapVJP: the doctest)
 from ..problem import InnerProblem
 from .base import HyperGradient, MemoryEstimate, Method, Sizes, gib
 from .forward import ForwardMode
-from .memory import budget, options
+from .memory import budget, check_budget, options
 from .reverse import ReverseMode
 
 __all__ = ["AutoMode", "choose_method", "STEP_COST"]
@@ -66,11 +66,7 @@ class AutoMode(Method, name="auto"):
                     f"AutoMode: {arg}={m!r} is not exact ({m.fingerprint()}); AutoMode picks "
                     f"among exact methods only, which agree to rounding. Pass method={m!r} "
                     f"to the Trainer directly to use it.")
-        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(
-                memory_budget, (int, float)) or not 0 < memory_budget < float("inf")):
-            raise ValueError(f"AutoMode: memory_budget={memory_budget!r} must be bytes > 0 "
-                             f"(e.g. memory_budget=4e9), or None for the device's available "
-                             f"memory.")
+        memory_budget = check_budget("AutoMode", memory_budget)
         self.forward = forward if forward is not None else ForwardMode(hvp)
         self.reverse = reverse if reverse is not None else ReverseMode()
         self.checkpointed = (checkpointed if checkpointed is not None else
@@ -123,7 +119,7 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
     reverse, implicit differentiation among them).
     """
     k = problem.num_hyperparams
-    room = budget(problem, memory_budget)
+    room = budget(problem, check_budget("choose_method", memory_budget))
     sizes = Sizes.of(problem)
     methods: dict[str, ForwardMode | ReverseMode] = {
         "forward": forward if forward is not None else ForwardMode(),

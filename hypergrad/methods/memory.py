@@ -44,7 +44,9 @@ honest, for such models.
 from __future__ import annotations
 
 import math
+import numbers
 import os
+from typing import Any
 
 import torch
 
@@ -52,8 +54,8 @@ from ..errors import MemoryBudgetError
 from ..problem import InnerProblem
 from .base import MemoryEstimate, Method, Sizes, create, gib
 
-__all__ = ["available_memory", "budget", "estimate_memory", "check_memory", "options",
-           "is_out_of_memory", "out_of_memory"]
+__all__ = ["available_memory", "budget", "check_budget", "estimate_memory", "check_memory",
+           "options", "is_out_of_memory", "out_of_memory"]
 
 
 def available_memory(device: torch.device | str = "cpu") -> float:
@@ -78,9 +80,24 @@ def available_memory(device: torch.device | str = "cpu") -> float:
         return math.inf
 
 
+def check_budget(who: str, memory_budget: Any) -> float | None:
+    """``memory_budget`` checked as :class:`~hypergrad.Guards` checks it: ``None``, or bytes
+    > 0 as any real number (a NumPy one too; ``inf``: no limit). 0, a negative number, NaN, a
+    bool or a string (``"2GB"``) were taken as a budget every method exceeds, or failed as
+    Python's bare conversion error."""
+    if memory_budget is None:
+        return None
+    if (isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real)
+            or not float(memory_budget) > 0):
+        raise ValueError(f"{who}: memory_budget={memory_budget!r} must be bytes > 0 (e.g. "
+                         f"memory_budget=4e9), or None for the device's available memory.")
+    return float(memory_budget)
+
+
 def budget(problem: InnerProblem, memory_budget: float | None) -> float:
     """``memory_budget`` in bytes, or the device's available memory when ``None``."""
-    return available_memory(problem.device) if memory_budget is None else float(memory_budget)
+    room = check_budget("memory_budget", memory_budget)
+    return available_memory(problem.device) if room is None else room
 
 
 def estimate_memory(problem: InnerProblem, method: Method | str = "forward"
@@ -145,6 +162,7 @@ def check_memory(problem: InnerProblem, method: Method, mode: str = "offline",
     """Raise :class:`~hypergrad.errors.MemoryBudgetError` (with the numbers and the options)
     when ``method`` would not fit ``memory_budget`` (bytes; ``None``: the device's available
     memory). Methods without an estimate (finite differences, your own) are not checked."""
+    check_budget(api, memory_budget)
     sizes = Sizes.of(problem)
     est = method.estimate_memory(problem, sizes)
     if est is None:
