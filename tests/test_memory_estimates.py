@@ -349,8 +349,14 @@ def test_a_method_that_does_not_fit_is_not_offered_as_the_fix(method: str) -> No
     (hg.ReverseMode(checkpoint="sqrt"), ["checkpointed reverse mode", "fewer hyperparameters",
                                          "chunk_size"], ["truncated reverse mode"]),
     (hg.ReverseMode(checkpoint=3), ["checkpointed reverse mode"], ["checkpoint='sqrt'"]),
-    (hg.ReverseMode(truncate=5), ["truncated reverse mode", "fewer hyperparameters"],
-     ["a smaller truncate (now 5", "checkpointed reverse mode"]),
+    # truncated: checkpointing all T steps (more states than its own) was offered as a fix
+    # (the memory probe)
+    (hg.ReverseMode(truncate=5), ["truncated reverse mode", "fewer hyperparameters",
+                                  "checkpointed reverse mode", "sqrt(T)"],
+     ["a smaller truncate (now 5"]),
+    (hg.ReverseMode(truncate=11), ["truncated reverse mode", "sqrt(T)"],
+     ["a smaller truncate (now 11", "checkpoint='sqrt' beside truncate=11 (8 states held "
+                                    "instead of 12)"]),
 ])
 def test_a_reverse_kind_that_does_not_fit_is_not_told_to_be_itself(
         method: hg.ReverseMode, absent: list[str], present: list[str]) -> None:
@@ -381,3 +387,17 @@ def test_the_tape_estimate_does_not_call_its_steps_stored_states() -> None:
     assert "stored states" not in str(est)  # it read "40 stored states: <one state's size>"
     assert "the tape of 40 steps' gradients with their graphs, at most" in str(est)
     assert hg.ReverseMode(checkpoint=1).stored_states(40) == hg.ReverseMode().stored_states(40)
+
+
+def test_forward_mode_is_offered_only_where_it_needs_less_than_the_method_that_failed() -> None:
+    """ReverseMode(truncate=4) at 0.374 MiB was told to use forward mode, which needs 0.386
+    MiB: the suggestion compared forward mode with full reverse mode (the memory probe)."""
+    from hypergrad.methods import check_memory
+
+    p = digits_case("momentum", "per_tensor_wd", steps=16, hidden=32)
+    failed = hg.ReverseMode(truncate=4)
+    fwd, own = estimate_memory(p, "forward").total, estimate_memory(p, failed).total
+    assert own < fwd < estimate_memory(p, "reverse").total
+    with pytest.raises(MemoryBudgetError) as info:
+        check_memory(p, failed, memory_budget=1000)
+    assert "method='forward'" not in str(info.value).split("Options: ", 1)[1]

@@ -115,12 +115,13 @@ def estimate_memory(problem: InnerProblem, method: Method | str = "forward"
 
 def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstimate | None,
             mode: str, ckpt: MemoryEstimate | None = None, chosen: str | None = None,
-            failed: Method | None = None) -> str:
+            failed: Method | None = None, failed_total: float | None = None) -> str:
     """What to do when a method does not fit, in words. ``chosen``: the method that did not
     fit (``"forward"`` or ``"reverse"``; ``"auto"``: neither fits), never suggested as the
     fix; ``failed``: that method itself (a checkpointed or truncated reverse mode is not told
     to checkpoint or truncate, a reverse kind not to drop hyperparameters, which its memory
-    hardly depends on)."""
+    hardly depends on), and ``failed_total`` its estimate (another method is suggested only
+    where it needs less)."""
     from .reverse import ReverseMode
 
     k, t = problem.num_hyperparams, problem.steps
@@ -128,14 +129,20 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
     truncated = isinstance(failed, ReverseMode) and failed.truncate is not None
     opts = []
     if fwd is not None and k > 1 and chosen != "reverse":
-        opts.append(f"fewer hyperparameters (K={k}; forward's tangents take "
-                    f"{gib(2 * k * fwd.state)})")
+        opts.append(f"fewer hyperparameters (K={k}; a forward step holds the old and the new "
+                    f"tangents, {gib(2 * k * fwd.state)})")
         if fwd.columns > 1:
             opts.append("fewer HVP columns per call: chunk_size=1 or a smaller HVP memory_budget "
                         f"(method.hvp.chunk_size / method.hvp.memory_budget in bytes; now "
                         f"{gib(fwd.intermediates)} for {fwd.columns} columns)")
     if rev is not None and mode == "offline":
-        if ckpt is None and not checkpointed:
+        if truncated and not checkpointed and isinstance(failed, ReverseMode):
+            n = failed.stored_states(t)
+            fewer = ReverseMode(truncate=failed.truncate, checkpoint="sqrt").stored_states(t)
+            if fewer < n:
+                opts.append(f"checkpoint='sqrt' beside truncate={failed.truncate} ({fewer} "
+                            f"states held instead of {n})")
+        elif ckpt is None and not checkpointed:
             opts.append(f"checkpointed reverse mode, ReverseMode(checkpoint='sqrt') (method="
                         f"checkpointed: ~2 sqrt(T) states instead of T+1={t + 1})")
         elif checkpointed and isinstance(failed, ReverseMode) and failed.checkpoint != "sqrt":
@@ -146,8 +153,12 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
             opts.append(f"truncated reverse mode, ReverseMode(truncate=k) (method=truncated "
                         f"method.truncate=k: k+1 states, approximate for k < T={t})")
         cheaper = None if fwd is None else "reverse" if rev.total < fwd.total else "forward"
+        if cheaper == "forward" and failed_total is not None and fwd is not None \
+                and fwd.total >= failed_total:
+            cheaper = None  # a truncated or checkpointed reverse mode needs less than forward
         if cheaper is not None and chosen not in (cheaper, "auto"):
-            opts.append(f"method='{cheaper}'")
+            need = (fwd if cheaper == "forward" else rev).total  # type: ignore[union-attr]
+            opts.append(f"method='{cheaper}' (~{gib(need)})")
         opts.append("ImplicitDiff() for hyperparameters of the training loss (method=implicit: "
                     "a few states, approximate, needs a converged inner problem)")
     if mode == "online":
@@ -179,7 +190,7 @@ def check_memory(problem: InnerProblem, method: Method, mode: str = "offline",
     other = rev if est.columns else fwd
     family = "forward" if est.columns else "reverse"
     opts = options(problem, fwd, rev if mode == "offline" else None, mode, chosen=family,
-                   failed=method)
+                   failed=method, failed_total=est.total)
     raise MemoryBudgetError(
         f"{api}: method={est.method} needs about {str(est).removeprefix(est.method + ' ')} > "
         f"memory budget {gib(room)} (K={problem.num_hyperparams}, T={problem.steps}, state "
@@ -229,7 +240,8 @@ def out_of_memory(problem: InnerProblem, method: Method, mode: str,
         fwd = est if est.columns else ForwardMode().estimate_memory(problem)
         rev = ReverseMode().estimate_memory(problem) if mode == "offline" else None
     chosen = None if est is None else "forward" if est.columns else "reverse"
-    opts = options(problem, fwd, rev, mode, chosen=chosen, failed=method)
+    opts = options(problem, fwd, rev, mode, chosen=chosen, failed=method,
+                   failed_total=None if est is None else est.total)
     return MemoryBudgetError(
         f"{api}: out of memory{' ' + where if where else ''} with method={method.name} "
         f"(K={problem.num_hyperparams}, T={problem.steps}): {asked}. {said[0].upper()}"
