@@ -118,7 +118,7 @@ def test_the_choice_counts_cheapest_first_and_equals_the_rule_over_all_counts(
             for b in (room * 0.99, room * 1.01):
                 fits = [n for n in ests if ests[n] <= b]
                 if not fits:
-                    with pytest.raises(MemoryBudgetError, match="neither method fits"):
+                    with pytest.raises(MemoryBudgetError, match="no exact method fits"):
                         choose_method(p, memory_budget=b)
                     continue
                 assert choose_method(p, memory_budget=b)[0] == min(
@@ -135,7 +135,7 @@ def test_the_choice_counts_cheapest_first_and_equals_the_rule_over_all_counts(
 
 def test_nothing_fits_names_the_approximate_options() -> None:
     p = _problem()
-    with pytest.raises(MemoryBudgetError, match=r"neither method fits .*checkpointed reverse .*"
+    with pytest.raises(MemoryBudgetError, match=r"no exact method fits .*checkpointed reverse .*"
                                                 r"Options: .*truncated reverse mode, "
                                                 r"ReverseMode\(truncate=k\).*ImplicitDiff\(\)"):
         choose_method(p, memory_budget=1.0)

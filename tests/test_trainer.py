@@ -157,7 +157,7 @@ def test_auto_method_choice(k: int, t: int, expect: str) -> None:
     problem = digits_case("momentum", kind, **{**SMALL, "steps": t, "n_train": max(k, 8)})
     name, why = choose_method(problem)
     assert name == expect and f"K={k}" in why
-    with pytest.raises(MemoryBudgetError, match="neither method fits"):
+    with pytest.raises(MemoryBudgetError, match="no exact method fits"):
         choose_method(problem, memory_budget=1.0)
     assert choose_method(problem, mode="online")[0] == "forward"
     logs: list[str] = []
@@ -330,7 +330,7 @@ def test_auto_picks_the_method_that_fits() -> None:
     # checkpointed reverse mode fits there (issue 14), and below it nothing does
     assert choose_method(p, memory_budget=rev * 0.9)[0] == "checkpointed"
     ckpt = estimate_memory(p, hg.ReverseMode(checkpoint="sqrt")).total
-    with pytest.raises(MemoryBudgetError, match=r"neither method fits.*forward .*reverse .*"
+    with pytest.raises(MemoryBudgetError, match=r"no exact method fits.*forward .*reverse .*"
                                                 r"Options: .*chunk_size"):
         choose_method(p, memory_budget=ckpt * 0.9)
     q = digits_case("momentum", "lr", **{**SMALL, "steps": 400})  # K = 1, long: forward

@@ -146,7 +146,7 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
     if name is None:
         fwd, rev, ckpt = (ests[n] for n in ("forward", "reverse", "checkpointed"))
         raise MemoryBudgetError(
-            f"method=auto: neither method fits the memory budget of {gib(room)}: {fwd}; "
+            f"method=auto: no exact method fits the memory budget of {gib(room)}: {fwd}; "
             f"{rev}; {ckpt}. Options: {options(problem, fwd, rev, mode, ckpt, chosen='auto')}.")
     words = {"forward": "forward", "reverse": "reverse", "checkpointed": "checkpointed reverse"}
     counted = [n for n in ("forward", "reverse", "checkpointed") if n in ests]
