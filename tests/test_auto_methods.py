@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from fixtures import SMALL
 
 import hypergrad as hg
@@ -220,3 +221,13 @@ def test_auto_mode_takes_the_hvp_strategy_of_its_forward_mode() -> None:
     assert isinstance(AutoMode().forward.hvp, hg.hvp.VmapVJP)
     with pytest.raises(ValueError, match="pass one"):
         AutoMode(forward=hg.ForwardMode(), hvp=hg.hvp.ColumnLoop())
+
+
+def test_auto_mode_called_directly_says_what_it_chose() -> None:
+    """AutoMode().hypergradient returned info=None: which method ran was said nowhere (only
+    the Trainer logs its choice; the memory probe)."""
+    p = digits_case("momentum", "per_tensor_wd", steps=4, hidden=8)
+    got = hg.AutoMode().hypergradient(p, p.init_raw())
+    assert got.info is not None and got.info["auto"].startswith("chose reverse: ")
+    ref = hg.ReverseMode().hypergradient(p, p.init_raw())
+    assert torch.equal(got.grad, ref.grad)

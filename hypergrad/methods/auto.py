@@ -83,7 +83,11 @@ class AutoMode(Method, name="auto"):
         return chosen, f"chose {name}: {why}"
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
-        return self.resolve(problem)[0].hypergradient(problem, lam)
+        """The chosen method's hypergradient; its ``info`` says which method and why
+        (``{"auto": "chose forward: ..."}``: called directly, the choice was said nowhere)."""
+        method, why = self.resolve(problem)
+        out = method.hypergradient(problem, lam)
+        return out._replace(info={**(out.info or {}), "auto": why})
 
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate | None:
