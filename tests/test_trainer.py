@@ -445,9 +445,24 @@ def test_a_resume_after_a_divergence_takes_the_smaller_sign_steps(tmp_path: Path
              outer=functools.partial(SignDescent, lr=0.1)).fit()
     tr2 = _trainer(problem=_linear_regression(), outer_steps=3, run_dir=other, resume=True,
                    outer=functools.partial(SignDescent, lr=0.01), log=lambda _: None)
+    tr2.fit()
     sizes = next(iter(tr2.outer.state.values()))["step_size"]
-    assert float(sizes.max()) <= 0.01 + 1e-15
-    tr2.close()
+    assert 0 < float(sizes.max()) <= 0.01 + 1e-15
+
+
+def test_sign_descent_step_sizes_follow_a_new_lr() -> None:
+    """The step sizes live in SignDescent's state: a new param_groups lr (a scheduler, a
+    resume) was never used by them."""
+    from hypergrad.run import SignDescent
+
+    x = torch.zeros(3, requires_grad=True)
+    opt = SignDescent([x], lr=0.1)
+    for lr, moved in ((0.1, 0.1), (0.01, 0.01), (0.04, 0.04)):
+        opt.param_groups[0]["lr"] = lr
+        before = x.detach().clone()
+        x.grad = torch.ones(3)  # the same sign: no halving
+        opt.step()
+        assert torch.allclose(before - x.detach(), torch.full((3,), moved)), (lr, before - x)
 
 
 def test_backtrack_undoes_a_last_update_that_diverges() -> None:

@@ -51,7 +51,6 @@ from .files import (
     used_files,
     write_text_atomic,
 )
-from .outer import SignDescent
 
 __all__ = ["SAFE_TO_CHANGE", "problem_fingerprint", "RunFolder", "check_resume", "load_outer",
            "rng_state", "set_rng_state"]
@@ -353,12 +352,6 @@ def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
                 continue  # not changed since: the run's own value (a halved lr) carries over
             if k in group and not bitwise_equal(group[k], v):
                 changed.append(f"{k} {group[k]!r} -> {v!r}")
-                if k == "lr" and isinstance(outer, SignDescent) and group[k]:
-                    # its step sizes start at lr and live in its state: rescaled, or the new
-                    # lr was logged and never used
-                    for q in group["params"]:
-                        if "step_size" in outer.state.get(q, {}):
-                            outer.state[q]["step_size"].mul_(v / group[k])
             group[k] = v
     if changed:
         log(f"resume: outer optimizer settings given now replace the "

@@ -38,6 +38,8 @@ class SignDescent(torch.optim.Optimizer):
 
     ``lam -= step * sign(g)``; where ``sign(g)`` differs from the previous one, ``step *= factor``.
     Robust to the scale of hypergradients, which varies by orders of magnitude between kinds.
+    The step sizes start at ``lr`` and scale with it: a new ``param_groups[0]["lr"]`` (a
+    resume that gives another, a scheduler) rescales them at the next step.
     With ``precondition`` (a K x K matrix, e.g. :func:`schedule_smoothing`'s, for a parameter
     of K entries) the sign is taken of ``precondition @ g``: a schedule's windows step together
     instead of following one seed's window-to-window jitter.
@@ -60,6 +62,10 @@ class SignDescent(torch.optim.Optimizer):
                 if not st:
                     st["step_size"] = torch.full_like(p, group["lr"])
                     st["prev_sign"] = torch.zeros_like(p)
+                    st["lr"] = float(group["lr"])
+                if st.get("lr", group["lr"]) != group["lr"]:  # the lr they derive from
+                    st["step_size"].mul_(group["lr"] / st["lr"])
+                st["lr"] = float(group["lr"])
                 g = p.grad
                 if self.precondition is not None:
                     g = (self.precondition.to(g) @ g.reshape(-1)).reshape(g.shape)
