@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import pytest
@@ -238,3 +239,69 @@ def test_attention_fast_path_does_not_give_a_point_a_second_validation_loss() ->
         assert float(F.cross_entropy(p.model(fw.state)(x[:8]), y[:8])) == pytest.approx(
             float(fw.objective), rel=1e-12)
     assert torch.backends.mha.get_fastpath_enabled()  # the user's setting is restored
+
+
+def _scripted(obj: Any) -> Any:
+    with warnings.catch_warnings():  # torch.jit.script is deprecated in recent torch
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(obj)
+
+
+def _small_problem(model: nn.Module) -> hg.InnerProblem:
+    x = torch.randn(16, 4, dtype=torch.float64)
+    y = torch.randint(0, 3, (16,))
+    return hg.InnerProblem(model.double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                           hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                           [(x, y)], 3, lambda m, hp: F.cross_entropy(m(x), y))
+
+
+_ACT = None
+
+
+def test_torchscript_in_the_model_is_refused_by_name() -> None:
+    """Under torch.func, TorchScript code's second derivatives come out as zero: forward mode
+    was 2-3 % off finite differences without a word (scripted submodule or function; the whole
+    model scripted failed as torch's 'get_parameter is not supported') (the module zoo probe)."""
+    global _ACT
+    act = _scripted(lambda_free_tanh)
+    _ACT = act
+
+    class Local(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.o = nn.Linear(4, 6), nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.o(act(self.a(x)))
+
+    class Global(Local):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.o(_ACT(self.a(x)))  # type: ignore[misc]
+
+    sub = nn.Sequential(_scripted(nn.Sequential(nn.Linear(4, 6), nn.Tanh())), nn.Linear(6, 3))
+    for model, match in (
+            (sub, r"module '0' is a TorchScript module"),
+            (_scripted(nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))),
+             r"the model is a TorchScript module"),
+            (Local(), r"calls the TorchScript function 'act'"),
+            (Global(), r"calls the TorchScript function '_ACT'")):
+        with pytest.raises(ValueError, match=match + r".*second derivatives come out as zero"):
+            _small_problem(model)
+
+
+def lambda_free_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x) * 1.5
+
+
+def test_gradient_hooks_are_warned_about_and_module_backward_hooks_refused() -> None:
+    """A parameter's gradient hook (x3) never ran: training differed from torch's with it,
+    without a word; a module's full backward hook got the activation-checkpointing message
+    (the module zoo probe)."""
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    model[0].weight.register_hook(lambda g: g * 3)
+    with pytest.warns(hg.errors.HypergradWarning, match=r"\['0.weight'\] have gradient hooks"):
+        _small_problem(model)
+    other = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    other[2].register_full_backward_hook(lambda m, gi, go: None)
+    with pytest.raises(ValueError, match=r"module '2' \(Linear\) has a module backward hook"):
+        _small_problem(other)
