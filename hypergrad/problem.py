@@ -848,6 +848,7 @@ class InnerProblem:
         self._check_data()
         lam = lam.detach()
         snapshot = {k: v.detach().clone() for k, v in _tensors_of(fm.module).items()}
+        numbers = _numbers_of(fm.module)
         probe = ModelProbe(fm)
         leaves = {k: v.requires_grad_() for k, v in fm.initial_params().items()}
         # one batch for the probe and the in-place check: a source that gives a new tensor at
@@ -878,6 +879,7 @@ class InnerProblem:
         finally:
             changed = _restore(fm.module, snapshot)
             written = _restore_batch(batch0)
+            counted = _restore_numbers(fm.module, numbers)
         if written:
             i, x = written
             raise ValueError(
@@ -888,6 +890,18 @@ class InnerProblem:
                 f"plain runs would change your data set run after run, and torch.func's "
                 f"transforms refuse it ('attempted to call in-place operation ... that would "
                 f"mutate a captured Tensor'). Transform the batch out of place: x = x / 255.")
+        if counted:
+            owner, name, before, after = counted[0]
+            raise ValueError(
+                f"InnerProblem: running the model changed the Python attribute "
+                f"{name!r} of {describe_module(fm, owner)} ({before!r} -> {after!r}; restored "
+                f"now): state kept outside tensors, which training can neither carry nor "
+                f"differentiate, and which every method, running forward a different number "
+                f"of times, would see at other values (forward and reverse mode disagreed). "
+                f"Register it as a buffer (self.register_buffer(...)) and update it out of "
+                f"place, or keep forward free of such writes."
+                + (f" Others changed: {[f'{m}.{a}' if m else a for m, a, _, _ in counted[1:]]}."
+                   if counted[1:] else ""))
         grads = _grads_of(loss, leaves)
         if fm.padded:
             fm.check_padding(leaves, grads)
@@ -1986,6 +2000,28 @@ def _lookup_tensor(module: nn.Module, name: str) -> Tensor | None:
     owner, _, leaf = name.rpartition(".")
     x = getattr(module.get_submodule(owner) if owner else module, leaf, None)
     return x if isinstance(x, Tensor) else None
+
+
+def _numbers_of(module: nn.Module) -> dict[tuple[str, str], Any]:
+    """The Python numbers and bools a module and its submodules hold as public attributes
+    (``training`` aside): what a forward that keeps state outside tensors changes."""
+    return {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()
+            if not k.startswith("_") and k != "training"
+            and isinstance(v, (bool, int, float, complex))}
+
+
+def _restore_numbers(module: nn.Module, snapshot: dict[tuple[str, str], Any]
+                     ) -> list[tuple[str, str, Any, Any]]:
+    """Put back the numbers of :func:`_numbers_of` that changed; returns ``(module, attribute,
+    before, after)`` of each."""
+    changed = []
+    for (name, k), v in snapshot.items():
+        m = module.get_submodule(name)
+        now = getattr(m, k, v)
+        if now is not v and now != v:
+            changed.append((name, k, v, now))
+            setattr(m, k, v)
+    return changed
 
 
 def _restore(module: nn.Module, snapshot: dict[str, Tensor]) -> list[str]:

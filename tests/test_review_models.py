@@ -305,3 +305,30 @@ def test_gradient_hooks_are_warned_about_and_module_backward_hooks_refused() -> 
     other[2].register_full_backward_hook(lambda m, gi, go: None)
     with pytest.raises(ValueError, match=r"module '2' \(Linear\) has a module backward hook"):
         _small_problem(other)
+
+
+class _Counter(nn.Module):
+    """Keeps a running mean in a Python float (train mode) that eval mode subtracts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.mu = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if self.training:
+            self.mu = 0.9 * self.mu + 0.1 * float(h.mean())
+        return h - self.mu
+
+
+def test_state_kept_in_a_python_attribute_is_refused_by_name() -> None:
+    """A float running mean (or a call counter) in a Python attribute: each method runs
+    forward a different number of times, so forward and reverse mode reported other
+    objectives (1.09862 / 1.09879) and disagreed by 2.7e-3, without a word (the module zoo
+    probe)."""
+    model = _Counter()
+    with pytest.raises(ValueError, match=r"changed the Python attribute 'mu' of the model "
+                                         r"\(_Counter\) \(0.0 -> .*restored now\).*buffer"):
+        hg.ForwardMode().hypergradient(p := _small_problem(model), p.init_raw())
+    assert model.mu == 0.0
