@@ -953,6 +953,20 @@ class InnerProblem:
                     f"dtype. Keep its shape and dtype, or keep a cache that does not depend on "
                     f"the weights in a plain attribute."
                 )
+            owner = k.rpartition(".")[0]
+            norm = fm.module.get_submodule(owner) if owner else fm.module
+            if (isinstance(norm, nn.modules.instancenorm._InstanceNorm)
+                    and k in probe.train_writes and old.dtype.is_floating_point):
+                # torch's kernel writes them in place: with tangents, forward and reverse mode
+                # failed as torch's "'native_batch_norm' is not differentiable with respect to
+                # argument 'running_mean'" (validation in train mode, which reads none of them)
+                raise ValueError(
+                    f"InnerProblem: {describe_module(fm, owner)} is {type(norm).__name__}("
+                    f"track_running_stats=True) in training: torch's kernel updates its running "
+                    f"statistics in place, which no method can carry with their derivatives. "
+                    f"Build it with track_running_stats=False (each example is then normalised "
+                    f"by its own statistics in training and evaluation alike), or use "
+                    f"nn.BatchNorm1d/2d, whose running statistics hypergrad carries exactly.")
             if (old.dtype.is_floating_point and k in probe.train_writes
                     and not _reaches(new, leaves)
                     and self._depends_on_weights(k, leaves, run_train)
