@@ -661,7 +661,7 @@ _SCRIPTED = ("under torch.func's transforms, which every method but FiniteDiffer
 
 def _refuse_scripted(module: nn.Module) -> None:
     """TorchScript in the model, refused by name: a scripted (sub)module, or a scripted
-    function its forward calls by a global name or holds as an attribute."""
+    function its forward calls by a global name or a closure's, or holds as an attribute."""
     for name, m in module.named_modules():
         where = f"module {name!r}" if name else "the model"
         if isinstance(m, torch.jit.ScriptModule):
@@ -674,12 +674,20 @@ def _refuse_scripted(module: nn.Module) -> None:
                  if isinstance(scope.get(n), torch.jit.ScriptFunction)]
         cells = getattr(fwd, "__closure__", None) or ()
         found += [n for n, c in zip(code.co_freevars if code is not None else (), cells)
-                  if isinstance(c.cell_contents, torch.jit.ScriptFunction)]
+                  if isinstance(_cell(c), torch.jit.ScriptFunction)]
         found += [n for n, v in vars(m).items() if isinstance(v, torch.jit.ScriptFunction)]
         if found:
             raise ValueError(f"InnerProblem: {where} ({type(m).__name__}) calls the TorchScript "
                              f"function {found[0]!r} (torch.jit.script): " + _SCRIPTED.format(
                                  version=torch.__version__, what="function"))
+
+
+def _cell(c: Any) -> Any:
+    """A closure cell's contents (``None`` for an empty cell)."""
+    try:
+        return c.cell_contents
+    except ValueError:
+        return None
 
 
 def _warn_gradient_hooks(params: Mapping[str, Tensor]) -> None:
