@@ -463,6 +463,16 @@ def test_sign_descent_step_sizes_follow_a_new_lr() -> None:
         x.grad = torch.ones(3)  # the same sign: no halving
         opt.step()
         assert torch.allclose(before - x.detach(), torch.full((3,), moved)), (lr, before - x)
+    # a state saved without its lr (a checkpoint from before): the saved group's lr counts
+    saved = opt.state_dict()
+    del saved["state"][0]["lr"]
+    again = SignDescent([x], lr=0.04)
+    again.load_state_dict(saved)
+    again.param_groups[0]["lr"] = 0.02  # what a resume with lr=0.02 sets
+    before = x.detach().clone()
+    x.grad = torch.ones(3)
+    again.step()
+    assert torch.allclose(before - x.detach(), torch.full((3,), 0.02))
 
 
 def test_backtrack_undoes_a_last_update_that_diverges() -> None:

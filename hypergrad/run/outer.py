@@ -52,6 +52,17 @@ class SignDescent(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, factor=factor))
         self.precondition = _checked_precondition("SignDescent", precondition, self)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As torch's; a state saved before it kept its lr (a checkpoint written before
+        2026-12-06) takes the saved group's, so a resume that gives another lr still rescales
+        the step sizes."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state.get(p)
+                if st and "lr" not in st:
+                    st["lr"] = float(group["lr"])
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         for group in self.param_groups:
