@@ -371,7 +371,7 @@ class ModelFn:
         sparse embeddings dense."""
         fm = self._fm
         patched: list[nn.Module] = []
-        fastpath = torch.backends.mha.get_fastpath_enabled()
+        fastpath = fm.attention and torch.backends.mha.get_fastpath_enabled()  # hot path
         try:
             for name, bn in fm.bn.items():
                 bn.forward = _BNForward(self, bn, _pre(name))  # type: ignore[method-assign,assignment]
