@@ -455,6 +455,9 @@ def main() -> None:
 SUITE_TUNERS = ("hypergrad", "ablation", "tpe", "tpe_hyperband", "random", "cmaes")
 CONTENDERS = ("tpe", "tpe_hyperband", "random", "cmaes")  # eval_worst_ratio's "best contender"
 QUICK_PROBLEMS = ("digits_sgd_lr_wd", "digits_adam_schedule")
+# --suite --quick's budget: the start (3 plain runs) and one reverse-mode hypergradient
+# (~10 plain runs here) with room for a slower hypergradient on a busy machine
+QUICK_PLAIN_RUNS = 20
 CHECKPOINTS = (0.125, 0.25, 0.5, 1.0)  # anytime test losses at these shares of the budget
 
 
@@ -884,8 +887,8 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--suite", action="store_true")
     ap.add_argument("--quick", action="store_true",
                     help=f"{len(QUICK_PROBLEMS)} problems, 1 seed, 1 retraining seed, budgets "
-                         f"of 14 plain runs (room for the start and a hypergradient, also on "
-                         f"a loaded machine)")
+                         f"of {QUICK_PLAIN_RUNS} plain runs (room for the start and a "
+                         f"hypergradient, also on a loaded machine)")
     ap.add_argument("--problems", nargs="+", default=None, choices=list(suite.PROBLEMS))
     ap.add_argument("--half", choices=("dev", "eval", "both", "none"), default="both")
     ap.add_argument("--seeds", type=int, default=None, help="tuning seeds (default 3)")
@@ -947,7 +950,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     n_retrain = args.retrain_seeds if args.retrain_seeds is not None else (
         1 if args.quick else len(SUITE_RETRAIN))
     n_plain = (args.plain_runs if args.plain_runs is not None else
-               14 if args.quick else suite.BUDGET_PLAIN_RUNS)
+               QUICK_PLAIN_RUNS if args.quick else suite.BUDGET_PLAIN_RUNS)
     seeds = list(range(args.first_seed, args.first_seed + n_seeds))
     retrain = list(range(RETRAIN_SEED0, RETRAIN_SEED0 + n_retrain))
     out = Path(args.out) if args.out else (ROOT / "outputs" / "vs_optuna_suite_quick"

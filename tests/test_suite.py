@@ -81,7 +81,7 @@ def test_the_trainer_gets_the_validation_split_cut_in_two_and_the_others_all_of_
 
 def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``vs_optuna.py --suite --quick`` on its 2 problems with budgets of 14 plain runs (room
+    """``vs_optuna.py --suite --quick`` on its 2 problems with budgets of 20 plain runs (room
     for the start and one hypergradient): every contender runs (hypergrad's defaults, the
     ablation, TPE, TPE + Hyperband, random, CMA-ES), the JSON holds the summary the issue asks
     for, and the last line says it."""
@@ -126,20 +126,20 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
     second = tmp_path / "seed1.json"
     second.write_text(json.dumps(other))
     common = ["--suite", "--half", "none", "--retrain-seeds", "1", "--out", str(tmp_path / "j")]
-    # the budget rule is the runs' (14 plain runs), checked: the joined table was labelled
+    # the budget rule is the runs' (20 plain runs), checked: the joined table was labelled
     # with this command line's default of 30
-    with pytest.raises(SystemExit, match=r"its budget is 14 plain runs, this run's 30 "
+    with pytest.raises(SystemExit, match=r"its budget is 20 plain runs, this run's 30 "
                                          r"\(--plain-runs\)"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         vs_optuna.suite_main([*common, "--seeds", "2", "--join", str(first), str(second)])
-    common += ["--plain-runs", "14"]
+    common += ["--plain-runs", "20"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         joined = vs_optuna.suite_main([*common, "--seeds", "2", "--join", str(first),
                                        str(second)])
     assert joined["summary"]["seeds"] == 2 and joined["summary"]["problems"] == 2
     assert json.loads((tmp_path / "j" / "vs_optuna_suite.json").read_text())["protocol"][
-        "plain_runs"] == 14
+        "plain_runs"] == 20
     for name in vs_optuna.QUICK_PROBLEMS:
         for t, tr in joined["problems"][name]["tuners"].items():
             assert [r["seed"] for r in tr["seeds"]] == [0, 1]
