@@ -7,6 +7,8 @@ hypergrad.errors.TuningWarning)`` silences one kind, ``"error"`` turns it into a
 
 from __future__ import annotations
 
+import numbers
+
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
     "CheckpointWarning", "PrecisionWarning", "DetachedValueWarning", "UnseededRandomnessWarning",
@@ -113,6 +115,13 @@ class MemoryBudgetError(ValueError):
 class DistributedError(RuntimeError):
     """A collective of a multi-process run failed: another rank died, or did not arrive within
     the timeout (:mod:`hypergrad.distributed`)."""
+
+
+def is_real(value: object) -> bool:
+    """Whether ``value`` is a real number as a setting takes one: a Python or NumPy int or
+    float, not a bool (``True`` is an ``int`` to Python) and not a string (not exported)."""
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def raised_in_hypergrad(err: BaseException) -> bool:

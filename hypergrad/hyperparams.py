@@ -53,6 +53,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .errors import is_real
+
 __all__ = [
     "TRANSFORMS",
     "HyperParameter",
@@ -872,7 +874,7 @@ def _check_default(api: str, default: Any, rest: str = "not in params",
         default = default.item()
     what = (f"the constant value of the parameters {rest}, e.g. default=0.0 (or None when "
             f"{everyone})")
-    if isinstance(default, bool) or not isinstance(default, numbers.Real):
+    if not is_real(default):
         raise TypeError(f"{api}: default={default!r} ({type(default).__name__}) must be a "
                         f"number, {what}.")
     if not math.isfinite(float(default)):

@@ -14,14 +14,13 @@ finite differences as unreliable for that group instead of failing on them.
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from ..errors import PrecisionWarning
+from ..errors import PrecisionWarning, is_real
 from ..hyperparams import HyperParams
 from ..problem import InnerProblem
 from .base import HyperGradient, Method
@@ -64,7 +63,7 @@ class FiniteDifference(Method, name="finite_difference"):
     """
 
     def __init__(self, eps: float = 1e-5, relative: bool = True) -> None:
-        if (isinstance(eps, bool) or not isinstance(eps, (int, float, numbers.Real))
+        if (not is_real(eps)
                 or not float(eps) > 0 or not math.isfinite(float(eps))):  # inf: a zero gradient
             raise ValueError(f"FiniteDifference: eps={eps!r} must be a finite number > 0, e.g. "
                              f"1e-5 in float64.")

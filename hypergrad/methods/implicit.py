@@ -64,7 +64,7 @@ from torch import Tensor
 from torch.func import grad, grad_and_value, vjp
 from torch.utils._pytree import tree_flatten
 
-from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning
+from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning, is_real
 from ..hvp import VmapVJP
 from ..optim.base import is_zero
 from ..problem import InnerProblem, InnerState
@@ -84,7 +84,7 @@ def _check_int(api: str, name: str, v: Any, low: int = 1) -> int:
 def _check_pos(api: str, name: str, v: Any, allow_none: bool = False) -> float | None:
     if v is None and allow_none:
         return None
-    if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0
+    if (not is_real(v) or not float(v) > 0
             or math.isinf(float(v))):
         none = "None (automatic) or " if allow_none else ""
         raise ValueError(f"{api}: {name}={v!r} must be {none}a finite number > 0.")

@@ -44,13 +44,12 @@ honest, for such models.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from typing import Any
 
 import torch
 
-from ..errors import MemoryBudgetError
+from ..errors import MemoryBudgetError, is_real
 from ..problem import InnerProblem
 from .base import MemoryEstimate, Method, Sizes, create, gib
 
@@ -87,7 +86,7 @@ def check_budget(who: str, memory_budget: Any) -> float | None:
     Python's bare conversion error."""
     if memory_budget is None:
         return None
-    if (isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real)
+    if (not is_real(memory_budget)
             or not float(memory_budget) > 0):
         raise ValueError(f"{who}: memory_budget={memory_budget!r} must be bytes > 0 (e.g. "
                          f"memory_budget=4e9), or None for the device's available memory.")

@@ -22,7 +22,6 @@ in tests/test_online.py.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -31,6 +30,7 @@ from torch import Tensor
 from torch.func import grad_and_value, vjp
 from torch.utils._pytree import tree_map
 
+from ..errors import is_real
 from ..hvp import HVPStrategy
 from ..problem import InnerProblem, InnerState
 from ..tangent import TangentRule
@@ -139,7 +139,7 @@ class MARTHE(ForwardMode, name="marthe"):
     def __init__(self, mu: float = 0.9, hvp: HVPStrategy | None = None, *,
                  tangent: TangentRule | None = None, skip_zero_columns: bool = True,
                  compile: bool | None = None) -> None:
-        if (isinstance(mu, bool) or not isinstance(mu, (int, float, numbers.Real))
+        if (not is_real(mu)
                 or not 0 <= float(mu) <= 1):
             raise ValueError(f"MARTHE: mu={mu!r} must be a number in [0, 1] (1: RTHO / forward "
                              f"mode, 0: greedy one-step HD), e.g. mu=0.9.")

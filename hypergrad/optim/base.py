@@ -31,7 +31,6 @@ from __future__ import annotations
 import abc
 import copy
 import math
-import numbers
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -39,6 +38,8 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
+
+from ..errors import is_real
 
 __all__ = ["Optimizer", "TangentContext", "Params", "Arg", "PerParam", "safe_sqrt", "fma", "owned",
            "is_zero", "const_zero", "flag", "inv_twice", "l2_penalty", "l2_tangent", "register",
@@ -76,7 +77,7 @@ class PerParam:
             if not isinstance(pattern, str):
                 raise TypeError(f"{where}: the key {pattern!r} must be a regular expression on "
                                 f"parameter names (a str), {example}.")
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            if not is_real(v):
                 raise TypeError(f"{where}[{pattern!r}]={v!r} must be a number (a value per "
                                 f"parameter is a constant; tune one with hypergrad.PerGroup), "
                                 f"{example}.")

@@ -9,13 +9,13 @@ transform (a learning rate's bound must be > 0), so a typo fails before any trai
 from __future__ import annotations
 
 import math
-import numbers
 import re
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from ..errors import is_real
 from ..hyperparams import TRANSFORMS, HyperParams, rounded_onto_edge
 
 __all__ = ["Bounds"]
@@ -132,7 +132,7 @@ class Bounds:
                 continue
             if isinstance(v, Tensor) and v.numel() == 1:
                 v = v.item()
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
+            if not is_real(v) or v != v:
                 per_entry = (f" (one pair bounds every entry of the hyperparameter; bound one "
                              f"entry with its own key, e.g. '{name}[0]': (low, high))"
                              if isinstance(v, (Sequence, Tensor)) and not isinstance(v, str)

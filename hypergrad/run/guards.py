@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import TuningWarning, ZeroHypergradientWarning
+from ..errors import TuningWarning, ZeroHypergradientWarning, is_real
 from ..hyperparams import HyperParams
 
 __all__ = ["Guards", "divergence", "outer_gradient", "worse", "Tracker", "Best",
@@ -51,7 +50,7 @@ def _number(name: str, value: Any, ok: Callable[[float], bool], must: str) -> fl
     if value is None:
         return None
     # a NumPy number too (np.int64(10) from a grid was refused as "must be a number > 1")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not ok(float(value)):
+    if not is_real(value) or not ok(float(value)):
         raise ValueError(f"Guards: {name}={value!r} must be {must}.")
     return float(value)
 

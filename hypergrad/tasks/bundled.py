@@ -9,7 +9,6 @@ results.
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import MiniBatches
-from ..errors import HypergradWarning
+from ..errors import HypergradWarning, is_real
 from ..hyperparams import Array, HyperParams, PerExample, Scalar, Schedule
 from ..optim import SGD, Optimizer
 from ..problem import InnerProblem, InnerState
@@ -157,7 +156,7 @@ def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None,
         if name not in problem.hyperparams.by_name:
             raise ValueError(f"grid: {name!r} is not a hyperparameter; defined are "
                              f"{problem.hyperparams.names}.")
-        eg = ([values] if isinstance(values, numbers.Real) and not isinstance(values, bool)
+        eg = ([values] if is_real(values)
               else [0.01, 0.1])
         fix = (f"give a list of numbers, the values of {name!r} to compare: "
                f"grid={{{name!r}: {eg}}} (hypergrad-run: task.grid.{name}="
@@ -168,7 +167,7 @@ def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None,
         transform = problem.hyperparams.by_name[name].transform
         _, _, valid, domain = TRANSFORMS[transform]
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            if not is_real(v):
                 raise ValueError(f"{api}: grid[{name!r}]={list(values)!r} has {v!r} "
                                  f"({type(v).__name__}), not a number; {fix}.")
             t = torch.tensor(float(v), dtype=lam0.dtype)
