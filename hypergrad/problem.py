@@ -1241,6 +1241,8 @@ class InnerProblem:
             except Exception:  # noqa: BLE001 - the losses' own checks report their errors
                 continue
             if off < (1e-4 if fm.dtype == torch.float64 else 1e-2):
+                if how is None and train:  # its backward may still not be differentiable
+                    self._warn_custom_second_order(loss, params, finder.custom)
                 continue
             if how is None:  # a custom autograd.Function's backward is not its derivative
                 functions = ", ".join(finder.custom)
@@ -1286,6 +1288,34 @@ class InnerProblem:
                 f"differences beside the methods, in float64), or silence this with "
                 f"warnings.filterwarnings('ignore', category=hypergrad.errors."
                 f"DetachedValueWarning).", DetachedValueWarning, stacklevel=4)
+
+    def _warn_custom_second_order(self, loss: Callable[[dict[str, Tensor]], Any],
+                                  params: dict[str, Tensor], custom: Sequence[str]) -> None:
+        """Warn (:class:`~hypergrad.errors.DetachedValueWarning`) when the training loss
+        reads a custom ``autograd.Function`` whose backward is right but not itself
+        differentiable (it detaches a saved tensor, runs under no_grad or in NumPy): every
+        method differentiates each training step's update, so it needs the loss's Hessian, and
+        the part through that backward comes out as zero (forward and reverse mode agreed to
+        1e-16 and were both 8e-3 off finite differences, silently, before this check)."""
+        try:
+            off = _hessian_mismatch(loss, params)
+        except Exception:  # noqa: BLE001 - the losses' own checks report their errors
+            return
+        if off < (1e-4 if self.fmodel.dtype == torch.float64 else 5e-2):
+            return
+        warnings.warn(
+            f"InnerProblem: train_loss reads the custom autograd.Function "
+            f"{', '.join(custom)}, whose backward gives the right gradient but is not itself "
+            f"differentiable: a Hessian-vector product of the training loss is {off:.1%} off a "
+            f"central difference of its gradient at the initial weights (a backward that "
+            f"detaches a saved tensor, runs under torch.no_grad() or in NumPy). Every method "
+            f"(forward, reverse, implicit, online) differentiates each training step's "
+            f"update, which needs that second derivative, so hypergradients miss the part "
+            f"through the Function (forward and reverse mode still agree with each other); "
+            f"only FiniteDifference sees it. Write the backward with differentiable torch "
+            f"operations on the saved tensors (no .detach()), or measure how far with "
+            f"hypergrad.testing.hypergradcheck(problem, raise_exception=False).",
+            DetachedValueWarning, stacklevel=5)
 
     def _depends_on_weights(self, k: str, leaves: dict[str, Tensor],
                             run_train: Callable[[dict[str, Tensor], ModelProbe], Any]) -> bool:
@@ -2181,6 +2211,48 @@ def _directional_mismatch(loss: Callable[[dict[str, Tensor]], Any],
         down = float(loss({k: x.detach() - h * v[k] for k, x in params.items()}))
     fd = (up - down) / (2 * h)
     return abs(fd - gv) / max(abs(fd), abs(gv), 1e-12)
+
+
+def _hessian_mismatch(loss: Callable[[dict[str, Tensor]], Any],
+                      params: dict[str, Tensor]) -> float:
+    """``|D - u.Hv| / max(|D|, |u.Hv|, 1e-6 |g|)``: autograd's Hessian-vector product of
+    ``loss`` at ``params`` (double backward) along random unit directions ``u`` and ``v``
+    against ``D``, the central difference of ``u.g`` along ``v`` (a fixed generator; step
+    1e-5 in float64, 1e-2 otherwise)."""
+    gen = torch.Generator().manual_seed(1)
+
+    def unit() -> dict[str, Tensor]:
+        d = {k: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x)
+             for k, x in params.items()}
+        norm = float(sum(float(t.double().pow(2).sum()) for t in d.values())) ** 0.5
+        return {k: t / norm for k, t in d.items()}
+
+    u, v = unit(), unit()
+    names = list(params)
+
+    def ug(at: dict[str, Tensor], create_graph: bool) -> tuple[Tensor | float, float]:
+        gs = torch.autograd.grad(loss(at), [at[k] for k in names], allow_unused=True,
+                                 create_graph=create_graph)
+        dot: Tensor | float = sum(((g * u[k]).sum() for k, g in zip(names, gs)
+                                   if g is not None), 0.0)
+        norm = float(sum(float(g.detach().double().pow(2).sum()) for g in gs
+                         if g is not None)) ** 0.5
+        return dot, norm
+
+    dot, gnorm = ug(params, True)
+    hv = 0.0
+    if isinstance(dot, Tensor) and dot.requires_grad:
+        hs = torch.autograd.grad(dot, [params[k] for k in names], allow_unused=True)
+        hv = sum(float((h.double() * v[k].double()).sum()) for k, h in zip(names, hs)
+                 if h is not None)
+    h = 1e-5 if next(iter(params.values())).dtype == torch.float64 else 1e-2
+
+    def shifted(sign: float) -> float:
+        at = {k: (x.detach() + sign * h * v[k]).requires_grad_() for k, x in params.items()}
+        return float(ug(at, False)[0])
+
+    fd = (shifted(1.0) - shifted(-1.0)) / (2 * h)
+    return abs(fd - hv) / max(abs(fd), abs(hv), 1e-6 * gnorm, 1e-12)
 
 
 _METADATA = frozenset({".dtype", ".device", ".shape", ".ndim", ".layout", ".is_cuda",
