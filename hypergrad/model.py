@@ -122,6 +122,13 @@ class FunctionalModel:
         self.sparse = [m for m in module.modules() if isinstance(m, nn.Embedding) and m.sparse]
         """Embeddings with ``sparse=True``: run dense here (the same values; the optimizers
         and every transform take dense gradients)."""
+        self.aliases = _aliases(module)
+        """A submodule registered under two names (``self.a = self.b = layer``, a ModuleList of
+        one shared block): each tensor's name -> the other names that reach it through another
+        module (tied weights), all given to the functional call with ``tie_weights=False``
+        (torch's own tying swaps the shared module's tensor twice and left the user's module
+        holding this run's plain tensors instead of its parameters); ``None`` where no
+        submodule has two names."""
         self.attention = any(isinstance(m, _FASTPATH) for m in module.modules())
         """Whether the model has a module with torch's attention fast path: every call here
         runs with the fast path off (see :meth:`ModelFn._patched`)."""
@@ -236,6 +243,19 @@ class FunctionalModel:
                     f"own (it reads them from the module). Build the problem from a module you "
                     f"leave as it is (InnerProblem(copy.deepcopy(model), ...)) and train or "
                     f"load the other copy, or build a new problem from the changed module.")
+        trainable = [k for k, t in self.module.named_parameters() if t.requires_grad]
+        if trainable != self.param_names:  # a layer frozen or unfrozen: it trained as before
+            frozen = sorted(set(self.param_names) - set(trainable))
+            thawed = sorted(set(trainable) - set(self.param_names))
+            how = " and ".join(
+                [f"{frozen} set to requires_grad=False"] * bool(frozen)
+                + [f"{thawed} set to requires_grad=True"] * bool(thawed))
+            raise ValueError(
+                f"InnerProblem: the model's parameters {how} after the problem was built; the "
+                f"problem trains the parameters that required grad when it was built, so the "
+                f"change would be ignored. Freeze or unfreeze before building the problem "
+                f"(InnerProblem(model, ...) after model.requires_grad_(...)), or build a new "
+                f"problem from the changed module.")
 
     def initial_params(self) -> dict[str, Tensor]:
         if self.fresh is not None:
@@ -276,6 +296,38 @@ class FunctionalModel:
 
 def _pre(name: str) -> str:
     return f"{name}." if name else ""
+
+
+def _aliases(module: nn.Module) -> dict[str, list[str]] | None:
+    """:attr:`FunctionalModel.aliases`: ``None`` unless a submodule holding tensors is
+    registered under two names; then each parameter's and buffer's name (as
+    ``named_parameters`` / ``named_buffers`` give it) -> the names of its other slots (another
+    module object holding the same tensor: tied weights)."""
+    seen: dict[int, str] = {}
+    shared = False
+    slots: dict[int, dict[tuple[int, str], str]] = {}  # tensor -> (owner, attribute) -> name
+    for name, m in module.named_modules(remove_duplicate=False):
+        own = [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
+        if own and id(m) in seen:
+            shared = True
+        seen.setdefault(id(m), name)
+        for attr, t in own:
+            slots.setdefault(id(t), {}).setdefault((id(m), attr), f"{_pre(name)}{attr}")
+    if not shared:
+        return None
+    out: dict[str, list[str]] = {}
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        out[name] = [n for n in slots.get(id(t), {}).values() if n != name]
+    return out
+
+
+def _untied(tensors: dict[str, Tensor], aliases: dict[str, list[str]]) -> dict[str, Tensor]:
+    """``tensors`` with each tied tensor's value also under its other slots' names."""
+    out = dict(tensors)
+    for k, v in tensors.items():
+        for other in aliases.get(k, ()):
+            out[other] = v
+    return out
 
 
 class ModelFn:
@@ -342,6 +394,9 @@ class ModelFn:
         if fm.generic or self._probe is not None:
             return self._call_reading(tensors, args, kwargs)
         with _mode(fm.named_modules, fm.train_modes if self.train else None), self._patched():
+            if fm.aliases is not None:
+                return functional_call(fm.module, _untied(tensors, fm.aliases), args, kwargs,
+                                       strict=False, tie_weights=False)
             return functional_call(fm.module, tensors, args, kwargs, strict=False)
 
     def _call_reading(self, tensors: dict[str, Tensor], args: Any, kwargs: Any) -> Any:
@@ -355,8 +410,10 @@ class ModelFn:
             tensors = probe.inputs(tensors)
         read = list(tensors) if probe is not None else list(fm.generic)
         with _mode(fm.named_modules, fm.train_modes if self.train else None), self._patched():
-            out, after = functional_call(fm.reader, {"m." + k: v for k, v in tensors.items()},
-                                         (args, kwargs, read), strict=False)
+            given = tensors if fm.aliases is None else _untied(tensors, fm.aliases)
+            out, after = functional_call(fm.reader, {"m." + k: v for k, v in given.items()},
+                                         (args, kwargs, read), strict=False,
+                                         tie_weights=fm.aliases is None)
         for k in fm.generic:
             v = after[k]
             self.new_buffers[k] = v if v.dtype == fm.dtype else v.to(fm.dtype)

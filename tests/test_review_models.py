@@ -367,3 +367,69 @@ def test_the_data_warning_says_forward_and_reverse_mode_differ_through_data() ->
         apart[cut] = hg.testing.rel_err(hg.ForwardMode().hypergradient(p, lam).grad,
                                         hg.ReverseMode().hypergradient(p, lam).grad)
     assert apart["detach"] < 1e-12 < 1e-6 < apart["data"], apart
+
+
+class _Twice(nn.Module):
+    """One block (Linear, BatchNorm) applied twice, and a layer tied to the block's weight;
+    ``alias``: the block registered under two names (a ModuleList of one shared block), else
+    once and called twice."""
+
+    def __init__(self, alias: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.alias = alias
+        self.inp, self.head = nn.Linear(4, 6), nn.Linear(6, 3)
+        blk = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6))
+        self.back = nn.Linear(6, 6, bias=False)
+        self.back.weight = blk[0].weight  # tied across two module objects
+        if alias:
+            self.layers = nn.ModuleList([blk, blk])
+        else:
+            self.blk = blk
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inp(x))
+        for b in (self.layers if self.alias else (self.blk, self.blk)):
+            h = torch.tanh(b(h))
+        return self.head(torch.tanh(self.back(h)))
+
+
+def test_a_submodule_registered_under_two_names_trains_as_one_and_stays_the_users() -> None:
+    """A shared block registered twice (``nn.ModuleList([blk, blk])``): torch's functional
+    call swapped its tensors twice and left the user's module holding plain tensors instead of
+    its parameters, and the problem then blamed the user ('l1.weight was replaced after the
+    problem was built'). It now gives exactly the hypergradient of the same block registered
+    once, tied weights and BatchNorm included, and leaves the module as it was."""
+    got = []
+    for alias in (True, False):
+        m = _Twice(alias).double()
+        x, y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
+        p = hg.InnerProblem(m, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                            hg.optim.sgd(lr="lr", weight_decay="wd"),
+                            hg.HyperParams([hg.Scalar("lr", 0.1, "log"),
+                                            hg.Scalar("wd", 0.01, "log")]),
+                            [(x[:8], y[:8]), (x[8:], y[8:])], 4,
+                            lambda m, hp: F.cross_entropy(m(x), y))
+        r = hg.ForwardMode().hypergradient(p, p.init_raw())
+        got.append(torch.cat([r.objective.reshape(1), r.grad]))
+        if alias:
+            blk = m.layers[0]
+            assert m.layers[1] is blk and type(blk[0].weight) is nn.Parameter
+            assert m.back.weight is blk[0].weight and int(blk[1].num_batches_tracked) == 0
+            assert hypergradcheck(p, raise_exception=False).ok
+    torch.testing.assert_close(got[0], got[1], rtol=1e-12, atol=1e-15)
+
+
+def test_freezing_a_layer_after_the_problem_is_built_is_refused_by_name() -> None:
+    """``model[0].requires_grad_(False)`` after ``InnerProblem(model, ...)`` was ignored: the
+    problem fixed its trainable parameters when built, and that layer went on training."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    p = _small_problem(m)
+    p.run(p.init_raw())
+    m[0].requires_grad_(False)
+    with pytest.raises(ValueError, match=r"parameters \['0.bias', '0.weight'\] set to "
+                                         r"requires_grad=False after the problem was built"):
+        p.run(p.init_raw())
+    m[0].requires_grad_(True)
+    p.run(p.init_raw())  # as built again: runs
