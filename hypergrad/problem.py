@@ -902,7 +902,13 @@ class InnerProblem:
                 f"place, or keep forward free of such writes."
                 + (f" Others changed: {[f'{m}.{a}' if m else a for m, a, _, _ in counted[1:]]}."
                    if counted[1:] else ""))
-        grads = _grads_of(loss, leaves)
+        try:
+            grads = _grads_of(loss, leaves)
+        except RuntimeError as err:  # checkpoint(use_reentrant=True) fails in autograd.grad
+            refusal = _transform_refusal(err)
+            if refusal is None:
+                raise
+            raise refusal from err
         if fm.padded:
             fm.check_padding(leaves, grads)
         if changed:
@@ -1146,21 +1152,9 @@ class InnerProblem:
             with self.cells():  # recurrent layers as the methods' passes run them
                 torch.func.grad(lambda p: self._loss_at_start("train_loss", p, lam=lam))(params)
         except Exception as err:  # noqa: BLE001 - any other error is the losses' checks' to say
-            said = str(err)
-            if "saved tensor hooks" not in said and "setup_context" not in said:
-                return
-            raise ValueError(
-                f"InnerProblem: train_loss runs code that torch.func's transforms cannot "
-                f"differentiate through, and every exact method (forward, reverse, implicit, "
-                f"online) takes each step's derivatives with them. Torch says: "
-                f"{said.splitlines()[0]} The usual cause is activation checkpointing "
-                f"(torch.utils.checkpoint.checkpoint: saved-tensor hooks, or with "
-                f"use_reentrant=True an autograd.Function without setup_context): run the model "
-                f"without it while tuning (forward mode keeps no activations across steps: its "
-                f"memory is the tangent, parameters x K; hypergrad.methods.estimate_memory("
-                f"problem, method) gives each method's), or give your own autograd.Function a "
-                f"setup_context staticmethod (torch's 'Extending torch.func with "
-                f"autograd.Function'). FiniteDifference runs, approximately.") from err
+            refusal = _transform_refusal(err)
+            if refusal is not None:
+                raise refusal from err
 
     def _warn_unseeded(self, lam: Tensor) -> None:
         """Warn (:class:`~hypergrad.errors.UnseededRandomnessWarning`) when a loss evaluated twice
@@ -2024,6 +2018,30 @@ def _nudged(x: Tensor) -> Tensor:
     x = x.detach()
     ramp = torch.linspace(1.0, 2.0, x.numel(), dtype=x.dtype, device=x.device).reshape(x.shape)
     return x + 1e-3 * (x.abs() + 1e-3) * ramp
+
+
+def _transform_refusal(err: Exception) -> ValueError | None:
+    """The refusal of a training loss that torch.func's transforms (and autograd.grad)
+    cannot differentiate through, if ``err`` is torch's error for one (activation
+    checkpointing, a custom autograd.Function without ``setup_context``), else ``None``."""
+    said = str(err)
+    if not any(s in said for s in ("saved tensor hooks", "setup_context", "use_reentrant=True")):
+        return None
+    reentrant = (" (torch's advice, use_reentrant=False, runs saved-tensor hooks, which "
+                 "torch.func cannot differentiate through either)"
+                 if "use_reentrant=True" in said else "")
+    return ValueError(
+        f"InnerProblem: train_loss runs code that torch.func's transforms cannot "
+        f"differentiate through, and every exact method (forward, reverse, implicit, "
+        f"online) takes each step's derivatives with them. Torch says: "
+        f"{said.splitlines()[0]}{reentrant} The usual cause is activation checkpointing "
+        f"(torch.utils.checkpoint.checkpoint: saved-tensor hooks, or with "
+        f"use_reentrant=True an autograd.Function without setup_context): run the model "
+        f"without it while tuning (forward mode keeps no activations across steps: its "
+        f"memory is the tangent, parameters x K; hypergrad.methods.estimate_memory("
+        f"problem, method) gives each method's), or give your own autograd.Function a "
+        f"setup_context staticmethod (torch's 'Extending torch.func with "
+        f"autograd.Function'). FiniteDifference runs, approximately.")
 
 
 def _grads_of(loss: Any, leaves: dict[str, Tensor]) -> dict[str, Tensor | None]:
