@@ -457,15 +457,24 @@ class ForwardOverReverse(HVPStrategy):
         try:
             both = _by_chunks(chunk_of, eye.shape[0], chunk)
         except NotImplementedError as err:
-            if "forward AD" not in str(err):
+            # torch: "... forward AD ..." (an aten kernel), "... forward mode AD ..." (an
+            # autograd.Function without a jvp staticmethod)
+            if "forward AD" not in str(err) and "forward mode AD" not in str(err):
                 raise
             raise NotImplementedError(
                 f"ForwardOverReverse: an operation in the step has no forward-mode derivative "
                 f"in torch {torch.__version__} ({str(err).splitlines()[0]}; e.g. the fused CPU "
-                f"LSTM/GRU kernel, which recurrent layers over packed sequences use). Use "
-                f"VmapVJP() (the default) or BatchedAutograd(), which need only "
-                f"reverse mode.") from err
+                f"LSTM/GRU kernel, which recurrent layers over packed sequences use, or a "
+                f"custom autograd.Function without a jvp staticmethod). Use VmapVJP() (the "
+                f"default) or BatchedAutograd(), which need only reverse mode.") from err
         except RuntimeError as err:
+            if "does not have vmap support" in str(err):  # an autograd.Function's own forward
+                raise NotImplementedError(
+                    f"ForwardOverReverse: {str(err).splitlines()[0]} Forward-over-reverse runs "
+                    f"the step's forward pass under vmap, so a custom autograd.Function needs "
+                    f"generate_vmap_rule = True or a vmap staticmethod. Use VmapVJP() (the "
+                    f"default) or BatchedAutograd(), which vmap only the backward "
+                    f"pass.") from err
             if "ZeroTensors are immutable" not in str(err):
                 raise
             raise RuntimeError(

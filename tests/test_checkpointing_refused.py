@@ -34,6 +34,24 @@ class _OldCube(torch.autograd.Function):
         return 3 * x * x * g
 
 
+class _CubeNoJvp(torch.autograd.Function):
+    """Cube without a jvp staticmethod: reverse mode only."""
+
+    generate_vmap_rule = True
+    forward = Cube.forward
+    setup_context = Cube.setup_context
+    backward = Cube.backward
+
+
+class _CubeNoVmap(torch.autograd.Function):
+    """Cube without a vmap rule."""
+
+    forward = Cube.forward
+    setup_context = Cube.setup_context
+    backward = Cube.backward
+    jvp = Cube.jvp
+
+
 class _Net(nn.Module):
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -44,8 +62,9 @@ class _Net(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.how == "plain":
             return self.b(self.a(x))
-        if self.how in ("old_function", "function"):
-            cube = _OldCube if self.how == "old_function" else Cube
+        if self.how in ("old_function", "function", "no_jvp", "no_vmap"):
+            cube = {"old_function": _OldCube, "function": Cube, "no_jvp": _CubeNoJvp,
+                    "no_vmap": _CubeNoVmap}[self.how]
             return self.b(cube.apply(self.a(x)))
         if self.how == "reentrant_inner":  # its input requires grad: autograd.grad refuses
             return self.b(checkpoint(self.a[1], self.a[0](x), use_reentrant=True))
@@ -78,3 +97,20 @@ def test_activation_checkpointing_is_refused_at_the_check(how: str) -> None:
 def test_without_it_the_same_model_is_exact(how: str) -> None:
     assert hypergradcheck(_problem(how)).ok
 
+
+
+@pytest.mark.parametrize(("how", "why"), [
+    ("no_jvp", "without a jvp staticmethod"),
+    ("no_vmap", "needs generate_vmap_rule = True or a vmap staticmethod")])
+def test_a_strategy_a_custom_function_cannot_run_is_named_and_left_out_of_the_check(
+        how: str, why: str) -> None:
+    """Forward-over-reverse through a custom Function without a jvp (or a vmap rule) failed
+    as torch's bare error (a string match missed torch's 'forward mode AD'), and
+    hypergradcheck's default 'every strategy' crashed on it instead of checking the others."""
+    p = _problem(how)
+    with pytest.raises(NotImplementedError, match=f"ForwardOverReverse: .*{why}"):
+        hypergradcheck(p, strategies=[hg.hvp.ForwardOverReverse()])
+    with pytest.warns(hg.errors.HypergradWarning, match="left out the strategy "
+                                                        "ForwardOverReverse"):
+        report = hypergradcheck(p)
+    assert report.ok and set(report.strategies) == {"lr"}
