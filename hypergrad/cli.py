@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import traceback
 import warnings
@@ -355,6 +356,11 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     resumed = bool(cfg.folder.resume) and bool(used_files(run_dir, (*TRAINER_FILES,
                                                                      *RECORD_FILES)))
     cfg_path = _write_config(cfg, run_dir, resumed=resumed)
+    if resumed:  # an earlier end's reports would read as this run's if it stops before its own
+        gone = clear_run_dir(run_dir, RECORD_FILES, ("learned_*.pt", *PLOTS))
+        if gone:
+            log.info(f"resume: removed the reports of the run's earlier end ({', '.join(gone)}); "
+                     f"this run writes them again when it ends")
     p = task.problem
     # an approximate method's own settings (a truncation, a discount): results.json's
     # "method" is the family ("reverse"), which a truncated run shares with an exact one
@@ -591,14 +597,44 @@ def _to_log_file(msg: str) -> None:
             h.handle(record)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (how SLURM and Kubernetes stop a job) raised in the main thread, handled as an
+    interrupt: the run folder's log says why the run stopped, the lock is released, and the
+    message says how to go on (the process died with no word)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated("SIGTERM")
+
+
+def _interrupted(err: BaseException) -> str:
+    """What an interrupted run's message says: the run folder, and whether it holds a
+    checkpoint to resume from (``hydra.run.dir`` named: the default folder has a time stamp,
+    so the same command with ``folder.resume=true`` alone started afresh in a new folder)."""
+    from .run.files import CHECKPOINT, PREVIOUS
+
+    how = "SIGTERM" if isinstance(err, _Terminated) else "KeyboardInterrupt"
+    try:
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # noqa: BLE001 - outside a Hydra job: the folder is unknown
+        return (f"hypergrad-run: interrupted ({how}); continue in the same run folder with "
+                f"folder.resume=true hydra.run.dir=<the run folder>")
+    if (run_dir / CHECKPOINT).exists() or (run_dir / PREVIOUS).exists():
+        return (f"hypergrad-run: interrupted ({how}); the run folder {run_dir} keeps the last "
+                f"checkpoint and its records: continue with the same command and "
+                f"folder.resume=true hydra.run.dir={run_dir}")
+    return (f"hypergrad-run: interrupted ({how}) before the first checkpoint: the run folder "
+            f"{run_dir} holds none to resume from; run the command again (hydra.run.dir="
+            f"{run_dir} reuses the folder)")
+
+
 def _failed(err: BaseException) -> str:
     """What the run's log file says of an error raised in the run (your model, task or
     optimizer, or hypergrad's own), or of an interruption: its class, message and where it
     was raised, and the cause Hydra wraps (whose message, a missing file's name say, Hydra's
     own line leaves out)."""
     if isinstance(err, KeyboardInterrupt):
-        return ("hypergrad-run: interrupted (KeyboardInterrupt); the run folder keeps the last "
-                "checkpoint and its records: continue with folder.resume=true")
+        return _interrupted(err)
     cause = err.__cause__ if isinstance(err, InstantiationException) else None
     where = traceback.extract_tb((cause or err).__traceback__)
     at = f" (raised at {where[-1].filename}:{where[-1].lineno}" if where else ""
@@ -659,7 +695,7 @@ def _answered_job(cfg: DictConfig) -> float:
         if isinstance(err, KeyboardInterrupt) and not _multirun() and os.environ.get(
                 "HYDRA_FULL_ERROR") != "1":  # what to do next, not 75 lines of traceback
             print(_failed(err), file=sys.stderr)
-            sys.exit(130)
+            sys.exit(143 if isinstance(err, _Terminated) else 130)
         raise
 
 
@@ -776,6 +812,8 @@ def main() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not a launcher's own handler
+        signal.signal(signal.SIGTERM, _on_sigterm)
     _main()
 
 

@@ -67,6 +67,38 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     assert [json.loads(x)["outer_step"] for x in lines] == list(range(25))
 
 
+def test_sigterm_names_the_folder_to_resume_and_a_resume_drops_the_earlier_reports(
+        tmp_path: Path) -> None:
+    """SIGTERM (how SLURM and Kubernetes stop a job) killed the run with no word in cli.log
+    and left its lock; Ctrl-C's message did not name the folder (the same command with
+    folder.resume=true alone started afresh in a new time-stamped folder). A resumed run
+    stopped before its end kept the earlier end's results.json, which read as final (the
+    crash-safety probe). Now: an interrupt like Ctrl-C's (exit status 143), naming the
+    folder; the earlier end's reports go when the resume starts."""
+    args = ["experiment=digits_schedule", "debug=fast", "task.steps=20", "task.dtype=float64",
+            "report.retrain=false", "report.plots=false", f"hydra.run.dir={tmp_path}"]
+    _run([*args, "mode.outer_steps=2"])
+    assert (tmp_path / "results.json").exists()
+    env = {k: v for k, v in ENV.items() if k != "HYDRA_FULL_ERROR"}  # the user's message
+    proc = subprocess.Popen(CLI + [*args, "mode.outer_steps=500", "folder.resume=true"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be stopped"
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    said = (f"hypergrad-run: interrupted (SIGTERM); the run folder {tmp_path} keeps the last "
+            f"checkpoint and its records: continue with the same command and "
+            f"folder.resume=true hydra.run.dir={tmp_path}")
+    assert proc.returncode == 143 and said in err, err
+    assert said in (tmp_path / "cli.log").read_text()
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "run.lock").exists()
+
+
 def test_help_says_what_it_does() -> None:
     out = _run(["--help"], timeout=120).stdout
     assert "tune training hyperparameters" in out and "Examples:" in out

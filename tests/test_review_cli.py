@@ -257,8 +257,9 @@ def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: 
                 "examples; the task needs shape (2, 10)")
         assert said in out.stderr and said in logged
     elif model == "Interrupts":  # what to do next, not a page of traceback (exit status 130)
-        said = ("hypergrad-run: interrupted (KeyboardInterrupt); the run folder keeps the last "
-                "checkpoint and its records: continue with folder.resume=true")
+        said = ("hypergrad-run: interrupted (KeyboardInterrupt) before the first checkpoint: "
+                f"the run folder {run_dir} holds none to resume from; run the command again "
+                f"(hydra.run.dir={run_dir} reuses the folder)")
         assert out.returncode == 130 and said in out.stderr and said in logged
         assert "Traceback" not in out.stderr
     elif model == "Wide":

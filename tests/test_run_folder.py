@@ -102,6 +102,46 @@ def test_a_folder_that_cannot_be_written_is_refused_before_any_work(
         make_trainer(_problem(), run_dir=tmp_path)
 
 
+def test_a_read_only_folder_is_refused_when_the_lock_is_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock is the first file a run writes: on a read-only file system (or a folder
+    without write permission) it failed as the bare OSError of run.lock, and the refusal
+    above was never reached (the crash-safety probe, chattr +i)."""
+    import os
+
+    real = os.open
+
+    def read_only(path: Any, *args: Any, **kw: Any) -> int:
+        if str(path).endswith("run.lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(RunDirError, match=r"cannot write in the run folder .*Read-only file "
+                                          r"system.*chmod u\+w"):
+        make_trainer(_problem(), run_dir=tmp_path)
+
+
+def test_an_interrupted_fit_says_how_to_resume_its_folder(tmp_path: Path) -> None:
+    """Ctrl-C during Trainer.fit ended in a bare KeyboardInterrupt: now a note names the run
+    folder and how to continue it, and resuming there goes on from the checkpoint."""
+    class Stop(hg.Callback):
+        def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+            if record["outer_step"] == 2:
+                raise KeyboardInterrupt
+
+    tr = make_trainer(_problem(), run_dir=tmp_path, outer_steps=6)
+    tr.callbacks.append(Stop())
+    with pytest.raises(KeyboardInterrupt) as got:
+        tr.fit()
+    said = "\n".join(getattr(got.value, "__notes__", []))
+    assert (f"Trainer: interrupted with 3 outer steps done; the run folder {tmp_path} keeps "
+            f"the last checkpoint and its records: continue with folder=hypergrad.RunFolder("
+            f"{str(tmp_path)!r}, resume=True)") in said, said
+    res = make_trainer(_problem(), run_dir=tmp_path, outer_steps=6, resume=True).fit()
+    assert len(res.history) == 6
+
+
 def test_a_folder_given_with_a_tilde_is_the_home_folder() -> None:
     folder = hg.RunFolder("~/hypergrad-runs/x")
     assert folder.path == Path.home() / "hypergrad-runs" / "x"

@@ -590,6 +590,11 @@ class RunLock:
                 if not self._take_over_stale():
                     raise self._busy() from None
                 continue
+            except OSError as err:  # a read-only folder: the lock is the first file written
+                raise RunDirError(
+                    f"{self.who}: cannot write in the run folder {self.run_dir} "
+                    f"({type(err).__name__}: {err.strerror or err}); give it write permission "
+                    f"(chmod u+w) or use another folder.") from err
             with os.fdopen(fd, "w") as fh:
                 fh.write(me)
             _HELD[key] = self

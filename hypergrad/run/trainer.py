@@ -45,6 +45,7 @@ from ..task import Task
 from .bounds import Bounds
 from .callbacks import Callback
 from .callbacks import callbacks as with_defaults
+from .files import CHECKPOINT, PREVIOUS
 from .folder import (
     RunFolder,
     check_resume,
@@ -562,6 +563,14 @@ class Trainer:
                 raise oom from None  # not the allocator's raw error; the records stay
         except BaseException as err:
             self.close()
+            if isinstance(err, KeyboardInterrupt) and self.folder is not None:
+                where = self.folder.path
+                err.add_note(
+                    f"Trainer: interrupted with {self.outer_step} outer steps done; "
+                    + (f"the run folder {where} keeps the last checkpoint and its records: "
+                       f"continue with folder=hypergrad.RunFolder({str(where)!r}, resume=True)"
+                       if (where / CHECKPOINT).exists() or (where / PREVIOUS).exists() else
+                       f"the run folder {where} holds no checkpoint yet (nothing to resume)"))
             # the callbacks still close what they opened; one that fails doing so does not
             # hide the error that stopped the run
             for cb in self.callbacks:
