@@ -835,7 +835,9 @@ def _assign_groups(api: str, groups: Mapping[str, str], default: float | None,
         why = "".join(f"; {g!r} matches only {ns}, taken by an earlier group"
                       for g, ns in won.items() if ns)
         raise ValueError(f"{api}: groups {empty} match no parameter of the model "
-                         f"{list(param_names)}{why}; fix or remove their patterns.")
+                         f"{list(param_names)}{why}; fix or remove their patterns (only "
+                         f"trainable parameters are listed: a frozen one, requires_grad=False, "
+                         f"is never updated, so no hyperparameter of training reaches it).")
     return assignment
 
 

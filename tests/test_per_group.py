@@ -111,6 +111,10 @@ def test_binding_names_what_matched_nothing() -> None:
                                          r"matches only \['0.weight'\], taken by an earlier"):
         hg.PerGroup("wd", 0.1, "log", groups={"all": "weight", "late": r"^0\.w"},
                     default=0.0).bind(names)
+    # a group of frozen parameters: they are not listed, and the message says why
+    with pytest.raises(ValueError, match=r"groups \['first'\] match no parameter .*only "
+                                         r"trainable parameters are listed: a frozen one"):
+        hg.PerGroup("wd", 0.1, "log", groups={"first": r"^2\.", "rest": "."}).bind(names)
     unbound = hg.PerGroup("wd", 0.1, "log", groups=DECAY, default=0.0)
     with pytest.raises(ValueError, match="not bound to a model yet"):
         unbound.value(torch.zeros(1), 0, 1)
