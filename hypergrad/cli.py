@@ -814,7 +814,53 @@ def main() -> None:
         sys.path.insert(0, cwd)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not a launcher's own handler
         signal.signal(signal.SIGTERM, _on_sigterm)
-    _main()
+    try:
+        _main()
+    except SystemExit as err:
+        if err.code not in (0, None):
+            said = _preset_conflict(sys.argv[1:])
+            if said is not None:  # after Hydra's own lines, which name only the key
+                print(said, file=sys.stderr)
+        raise
+
+
+def _preset_conflict(args: list[str]) -> str | None:
+    """What to do when an experiment preset sets a key that the option chosen beside it on
+    the command line does not have (``experiment=digits_schedule mode=online``: the preset's
+    ``mode.outer_steps``): Hydra's message, "Key 'outer_steps' not in 'OnlineConf'", says
+    neither who set the key nor what to do. Composes the command line's overrides again (only
+    after a failed run that named a preset) and explains that error; ``None`` for any other."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    if not any(a.startswith("experiment=") for a in args) or any(
+            a.startswith("-") for a in args):  # --config-dir, --multirun: not re-composed here
+        return None
+    overrides = [a for a in args if "=" in a and not a.startswith("hydra")]
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            compose("config", overrides=overrides)
+    except ConfigCompositionException as err:
+        m = re.search(r"In 'experiment/([\w-]+)': ConfigKeyError.*?Key '(\w+)' not in "
+                      r"'(\w+)Conf'.*?full_key: ([\w.]+)", str(err), re.S)
+        if m is None:
+            return None
+        preset, key, _, full = m.groups()
+        group = full.rpartition(".")[0]
+        chosen = next((a.partition("=")[2] for a in overrides
+                       if a.partition("=")[0].lstrip("+~") == group), None)
+        chosen_s = f"{group}={chosen}" if chosen is not None else f"the {group} chosen"
+        return (f"hypergrad-run: experiment={preset} sets {full} for its own {group} option, "
+                f"and {chosen_s} has no {key!r}: a preset's settings are made for "
+                f"the options it chooses. Run the preset with its own {group}, or copy "
+                f"{CONFIG_DIR / 'experiment' / (preset + '.yaml')} into a config folder of "
+                f"your own without {full} and run it with --config-dir <that folder> "
+                f"experiment=<its name> (docs/configs.md)"
+                + (" (experiment=online_digits is the bundled online preset)"
+                   if group == "mode" and chosen == "online" else "") + ".")
+    except Exception:  # noqa: BLE001 - any other failure: Hydra's message stands alone
+        return None
+    return None
 
 
 if __name__ == "__main__":

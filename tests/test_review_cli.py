@@ -420,3 +420,20 @@ def test_a_kind_option_without_its_required_key_is_a_usage_error(tmp_path: Path)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "hyperparams.items.lr.groups has no value and needs one" in out.stderr
     assert "hyperparams.items.lr.groups=<value>" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("choice", "key"), [("mode=online", "mode.outer_steps"),
+                                             ("inner_optimizer=adam", "inner_optimizer.momentum")])
+def test_a_preset_key_the_option_chosen_beside_it_lacks_is_explained(
+        tmp_path: Path, choice: str, key: str) -> None:
+    """``experiment=digits_schedule mode=online`` failed with Hydra's "Key 'outer_steps' not
+    in 'OnlineConf'" alone: neither who set the key nor what to do."""
+    out = subprocess.run([*CLI, "experiment=digits_schedule", choice,
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True,
+                         env=ENV, timeout=300)
+    group, _, option = choice.partition("=")
+    assert out.returncode == 1 and (
+        f"hypergrad-run: experiment=digits_schedule sets {key} for its own {group} option, "
+        f"and {choice} has no '{key.rpartition('.')[2]}'") in out.stderr, out.stderr
+    assert ("experiment=online_digits is the bundled online preset" in out.stderr) == (
+        option == "online")
