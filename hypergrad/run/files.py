@@ -314,8 +314,11 @@ def load_checkpoint(run_dir: Path, map_location: Any = None, api: str = "Trainer
             problems.append(f"{path} is unreadable: {_reason(err)}")
             continue
         if path.name == PREVIOUS:
+            why = (f"{problems[0]} (the run was stopped while replacing it with the next "
+                   f"outer step's, whose metrics line was not written yet)"
+                   if problems[0].endswith("is missing") else problems[0])
             warnings.warn(CheckpointWarning(
-                f"{api}: {problems[0]}; resuming from the previous checkpoint {path} (outer step "
+                f"{api}: {why}; resuming from the previous checkpoint {path} (outer step "
                 f"{ck['outer_step']}): at most one outer step is computed again."), stacklevel=3)
         return ck, path
     if not found:
