@@ -142,6 +142,25 @@ def test_an_interrupted_fit_says_how_to_resume_its_folder(tmp_path: Path) -> Non
     assert len(res.history) == 6
 
 
+def test_a_run_diverging_at_its_first_outer_step_leaves_why_in_its_folder(
+        tmp_path: Path) -> None:
+    """The first outer step diverged (an inner learning rate of 1e9): the folder stayed
+    empty, no record of why the run stopped (the CLI's results.json said it; the Python API's
+    folder had nothing). Its checkpoint now holds the message and the point kept."""
+    import warnings
+
+    from test_trainer import _linear_regression
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hg.errors.TuningWarning)
+        res = make_trainer(_linear_regression(10, init=1e9), run_dir=tmp_path,
+                           outer_steps=5).fit()
+    assert res.diverged and res.message.startswith("stopped at outer step 0")
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ck["stopped"] == res.message and ck["outer_step"] == 0 and ck["history"] == []
+    assert torch.equal(ck["lam"], res.lam)
+
+
 def test_a_folder_given_with_a_tilde_is_the_home_folder() -> None:
     folder = hg.RunFolder("~/hypergrad-runs/x")
     assert folder.path == Path.home() / "hypergrad-runs" / "x"

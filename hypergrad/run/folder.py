@@ -263,16 +263,22 @@ class RunFolder:
         """``metrics.jsonl`` from ``history`` (after a resume: it agrees with the checkpoint)."""
         write_text_atomic(self.path / METRICS, "".join(dumps(rec) + "\n" for rec in history))
 
-    def mark_stopped(self, device: torch.device, lam: Tensor, msg: str) -> None:
+    def mark_stopped(self, device: torch.device, lam: Tensor, msg: str,
+                     first: Mapping[str, Any] | None = None) -> None:
         """Rewrite the last checkpoint with the hyperparameters kept after a divergence (not the
         diverged ones), so a resume (e.g. with a smaller outer learning rate) starts from them,
         with the outer optimizer's state forgotten, as a backtrack does (its moments and step
         sizes belong to the steps undone: SignDescent's kept the step of 8 that diverged, and a
-        resume with lr=0.2 took it again)."""
+        resume with lr=0.2 took it again). Where the run diverged before its first checkpoint,
+        ``first`` (the Trainer's state) is written instead: the folder stayed empty, with no
+        record of why the run stopped."""
         got = load_checkpoint(self.path, device)
-        if got is None:
+        if got is not None:
+            ck = got[0]
+        elif first is not None:
+            ck = dict(first)
+        else:
             return
-        ck, _ = got
         ck["lam"] = lam.detach().clone()
         ck["stopped"] = msg
         if isinstance(ck.get("outer"), dict) and isinstance(ck["outer"].get("state"), dict):

@@ -1388,8 +1388,12 @@ class Trainer:
                    f"y[keep]) and run again. Returned the initial hyperparameters: "
                    f"{hps.describe(keep)}.")
         self.message(msg)
-        if self.folder is not None and self.strategy.is_writer:
-            self.folder.mark_stopped(self.problem.device, self.lam, msg)
+        if self.folder is not None:
+            # on every rank (a split run gathers its columns): the checkpoint written where the
+            # run diverged before its first, so the folder keeps why it stopped
+            first = self.state_dict()
+            if self.strategy.is_writer:
+                self.folder.mark_stopped(self.problem.device, self.lam, msg, first=first)
         return TrainResult(keep.clone(), hps.describe(keep), copy.deepcopy(self.history),
                            self.method.name, diverged=True, message=msg, state=None,
                            last_lam=bad_lam, last_values=bad, best_step=keep_step,
