@@ -468,13 +468,17 @@ class ForwardOverReverse(HVPStrategy):
                 f"custom autograd.Function without a jvp staticmethod). Use VmapVJP() (the "
                 f"default) or BatchedAutograd(), which need only reverse mode.") from err
         except RuntimeError as err:
-            if "does not have vmap support" in str(err):  # an autograd.Function's own forward
+            said = str(err).splitlines()[0].rstrip(".") + "." if str(err) else ""
+            if "does not have vmap support" in said or "we do not yet support" in said:
+                # the step's forward pass under vmap: a custom autograd.Function without a
+                # vmap rule, or an operation without a batching rule (nn.RReLU in training:
+                # aten::rrelu_with_noise)
                 raise NotImplementedError(
-                    f"ForwardOverReverse: {str(err).splitlines()[0]} Forward-over-reverse runs "
-                    f"the step's forward pass under vmap, so a custom autograd.Function needs "
-                    f"generate_vmap_rule = True or a vmap staticmethod. Use VmapVJP() (the "
-                    f"default) or BatchedAutograd(), which vmap only the backward "
-                    f"pass.") from err
+                    f"ForwardOverReverse: {said} Forward-over-reverse runs the step's forward "
+                    f"pass under vmap, so every operation in it needs a batching rule (a "
+                    f"custom autograd.Function: generate_vmap_rule = True or a vmap "
+                    f"staticmethod). Use VmapVJP() (the default) or BatchedAutograd(), which "
+                    f"vmap only the backward pass.") from err
             if "ZeroTensors are immutable" not in str(err):
                 raise
             raise RuntimeError(

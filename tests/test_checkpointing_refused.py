@@ -114,3 +114,21 @@ def test_a_strategy_a_custom_function_cannot_run_is_named_and_left_out_of_the_ch
                                                         "ForwardOverReverse"):
         report = hypergradcheck(p)
     assert report.ok and set(report.strategies) == {"lr"}
+
+
+def test_an_operation_without_a_batching_rule_is_named_and_left_out_of_the_check() -> None:
+    """nn.RReLU in training (aten::rrelu_with_noise has no batching rule): the default
+    strategy runs, ForwardOverReverse (which vmaps the forward pass) failed as torch's bare
+    'vmap: we do not yet support', and hypergradcheck crashed on it."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.RReLU(), nn.Linear(8, 3)).double()
+    x, y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
+    p = hg.InnerProblem(m, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                        [(x, y)], 5, lambda m, hp: F.cross_entropy(m(x), y))
+    with pytest.raises(NotImplementedError, match=r"ForwardOverReverse: vmap: we do not yet "
+                                                  r"support aten::rrelu_with_noise.*batching"):
+        hg.ForwardMode(hg.hvp.ForwardOverReverse()).hypergradient(p, p.init_raw())
+    with pytest.warns(hg.errors.HypergradWarning, match="left out the strategy "
+                                                        "ForwardOverReverse"):
+        assert hypergradcheck(p).ok
