@@ -101,7 +101,7 @@ def test_without_it_the_same_model_is_exact(how: str) -> None:
 
 @pytest.mark.parametrize(("how", "why"), [
     ("no_jvp", "without a jvp staticmethod"),
-    ("no_vmap", "needs generate_vmap_rule = True or a vmap staticmethod")])
+    ("no_vmap", "custom autograd.Function: generate_vmap_rule = True or a vmap staticmethod")])
 def test_a_strategy_a_custom_function_cannot_run_is_named_and_left_out_of_the_check(
         how: str, why: str) -> None:
     """Forward-over-reverse through a custom Function without a jvp (or a vmap rule) failed
