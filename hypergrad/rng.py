@@ -28,19 +28,39 @@ The kernels of the passes that differentiate the gradient are :mod:`hypergrad.ke
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-__all__ = ["step_seed", "step_rng", "VALIDATION_STEP"]
+__all__ = ["step_seed", "step_rng", "keeps_rng", "VALIDATION_STEP"]
 
 _MASK64 = (1 << 64) - 1
 
 VALIDATION_STEP = -1
 """The stream index of the validation objective (a loss evaluated in train mode may draw)."""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def keeps_rng(fn: _F) -> _F:
+    """``fn`` run with the caller's random state restored after it (torch's default CPU
+    generator and every CUDA device's): a builder that seeds torch's generator for its model's
+    initial weights (``torch.manual_seed(seed)``) leaves the user's stream where it was (the
+    bundled tasks and ``hypergrad.testing``'s cases reset it: after ``torch.manual_seed(42)``
+    and a task built, the user drew the task seed's numbers)."""
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=cuda):
+            return fn(*args, **kwargs)
+
+    return wrapped  # type: ignore[return-value]
 
 
 def step_seed(seed: int, t: int) -> int:

@@ -32,6 +32,7 @@ from .methods.forward import ForwardMode
 from .methods.reverse import ReverseMode
 from .optim import Optimizer, adagrad, adam, adamw, rmsprop, sgd
 from .problem import InnerProblem
+from .rng import keeps_rng
 
 __all__ = ["rel_err", "group_rel_errs", "CheckReport", "HypergradcheckError", "hypergradcheck",
            "OPTIMIZERS", "KINDS", "GRID", "GridOptimizer", "grid_cases", "digits_case",
@@ -294,6 +295,7 @@ def _hyperparameter(opt: str, kind: str, n_train: int, windows: int) -> HyperPar
     return Array("smooth", 0.1, transform="logit")
 
 
+@keeps_rng
 def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batch_size: int = 16,
                 hidden: int = 16, n_val: int = 64, windows: int = 4, batchnorm: bool = False,
                 val_mode: str = "eval", seed: int = 0,
@@ -340,6 +342,7 @@ def digits_case(opt: str, kind: str, *, steps: int = 20, n_train: int = 64, batc
 
 # -- problems with a known or converged answer (implicit differentiation, experiments/methods.py) --
 
+@keeps_rng
 def l2_mlp_case(steps: int = 1000, *, n_train: int = 128, hidden: int = 16, l2: float = 0.1,
                 lr: float = 0.5, momentum: float = 0.9, n_val: int = 200,
                 via_optimizer: bool = False, seed: int = 0) -> InnerProblem:

@@ -106,3 +106,38 @@ def test_per_feature_l2_of_the_right_size_trains() -> None:
     g = hg.ForwardMode().hypergradient(task.problem, lam).grad
     assert g.shape == (10,) and bool(torch.isfinite(g).all())
     assert "skipped" in task.extra(lam)["closed_form"]  # type: ignore[misc]
+
+
+def _builders() -> dict[str, object]:
+    from fixtures import tiny_lm
+
+    from hypergrad.testing import digits_case, l2_mlp_case
+
+    lr = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")])
+    mlp = bundled.mlp_factory((8,))
+    return {
+        "digits_task": lambda: bundled.digits_task(lr, hg.optim.sgd(lr="lr"), mlp, steps=2),
+        "hypercleaning_task": lambda: bundled.hypercleaning_task(
+            hg.HyperParams([hg.PerExample("weights", 0.5, n=100, transform="logit")]),
+            hg.optim.sgd(lr=0.1), mlp, steps=2, n_train=100, n_val=50),
+        "breast_cancer_task": lambda: bundled.breast_cancer_task(
+            hg.HyperParams([hg.Scalar("l2", 0.01, transform="log")]),
+            hg.optim.sgd(lr=0.1), bundled.linear_factory(), steps=2),
+        "charlm_task": lambda: tiny_lm(steps=2),
+        "digits_case": lambda: digits_case("sgd", "lr", steps=2),
+        "l2_mlp_case": lambda: l2_mlp_case(steps=2),
+    }
+
+
+@pytest.mark.parametrize("name", ["digits_task", "hypercleaning_task", "breast_cancer_task",
+                                  "charlm_task", "digits_case", "l2_mlp_case"])
+def test_a_builder_leaves_the_callers_random_stream_where_it_was(name: str) -> None:
+    """Each seeded torch's global generator for its model's initial weights and left it so:
+    after torch.manual_seed(42) and a task built, the user drew the task seed's numbers (the
+    global-state probe)."""
+    build = _builders()[name]
+    torch.manual_seed(42)
+    expected = torch.rand(3)
+    torch.manual_seed(42)
+    build()  # type: ignore[operator]
+    assert torch.equal(torch.rand(3), expected)

@@ -23,6 +23,7 @@ from ..errors import HypergradWarning, is_real
 from ..hyperparams import Array, HyperParams, PerExample, Scalar, Schedule
 from ..optim import SGD, Optimizer
 from ..problem import InnerProblem, InnerState
+from ..rng import keeps_rng
 from ..task import Task
 from .digits import digits_cnn, digits_data, mlp
 from .ridge import ridge_closed_form_hypergradient
@@ -205,6 +206,7 @@ def _check_outputs(api: str, net: nn.Module, x: Tensor, n_out: int) -> None:
             f"(batch, {n_out}) tensor.")
 
 
+@keeps_rng
 def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                 steps: int = 300, n_train: int = 1000, n_val: int = 400, batch_size: int = 64,
                 seed: int = 0, dtype: str = "float32", val_mode: str = "eval",
@@ -253,6 +255,7 @@ def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFact
     return Task(problem, ev, _grid(problem, grid), name="digits")
 
 
+@keeps_rng
 def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                        steps: int = 100, n_train: int = 500, n_val: int = 200,
                        flip_fraction: float = 0.5, seed: int = 0, dtype: str = "float32",
@@ -461,6 +464,7 @@ def _ridge_closed_form_unavailable(problem: InnerProblem, optimizer: Optimizer,
     return ""
 
 
+@keeps_rng
 def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFactory,
                        steps: int = 200, n_train: int = 300, n_val: int = 130, seed: int = 0,
                        dtype: str = "float32", l2_name: str = "l2",

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from ..hyperparams import HyperParams, PerGroup
 from ..optim import Optimizer
 from ..problem import InnerProblem, InnerState
+from ..rng import keeps_rng
 from ..task import Task
 
 __all__ = ["Corpus", "stdlib_corpus", "text_corpus", "CharVocab", "CharTransformer",
@@ -284,6 +285,7 @@ def bits_per_char(model: Any, x: Tensor, y: Tensor, chunk: int = 64) -> float:
     return total / n / LN2
 
 
+@keeps_rng
 def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
                 model: Callable[[int, int], nn.Module], steps: int = 1000,
                 batch_size: int = 16, context: int = 64, seed: int = 0, data_seed: int = 0,
