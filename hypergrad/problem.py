@@ -31,10 +31,11 @@ from .errors import (
     ZeroHypergradientWarning,
     raised_in_hypergrad,
 )
-from .hyperparams import HPValues, HyperParams, Schedule
+from .hyperparams import TRANSFORMS, HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
+from .optim.base import DOMAIN_ENDS, DOMAINS
 from .rng import VALIDATION_STEP, step_rng, step_seed
 from .rnn import RecurrentMode, has_recurrent
 
@@ -360,6 +361,22 @@ class InnerProblem:
                         return f"tensor {i} of mini-batch {t} (shape {tuple(x.shape)}) has {bad}"
         return ""
 
+    def non_finite_closure(self) -> str:
+        """Where a tensor the losses close over (the validation data, a held-out set; best
+        effort, as :func:`_closure_tensors` finds them) holds a NaN or inf (``"val_loss's
+        x_val (shape (200, 64)) has 1 inf entry ..."``), else ``""``: for explaining a
+        non-finite hypergradient at a finite loss."""
+        losses = [("train_loss", self.train_loss), ("val_loss", self.val_loss),
+                  ("select_loss", self.select_loss)]
+        for name, fn in losses:
+            if fn is None:
+                continue
+            for label, x in _closure_tensors(fn, name):
+                bad = _non_finite(x)
+                if bad:
+                    return f"{label} (shape {tuple(x.shape)}) has {bad}"
+        return ""
+
     def first_batch(self) -> Any:
         """Mini-batch 0 as the checks see it: ``batch(0)`` of a sequence or a callable; of a
         stream, batch 0 of a pass with a fixed seed of its own (the same whatever runs have
@@ -647,6 +664,57 @@ class InnerProblem:
             f"inside its transform's range: > 0 for log, in [0, 1] for logit) and keep every "
             f"entry a number.")
 
+    def hyperparameter_domains(self) -> dict[str, tuple[float, float, bool, bool, str]]:
+        """Each hyperparameter that an inner-optimizer argument with a domain reads (a
+        momentum in [0, 1), an eps > 0) -> ``(low, high, low excluded, high excluded, the
+        arguments in words)``, the intersection where several read it. A constant outside its
+        domain is refused when the optimizer is made; a hyperparameter could leave it (an
+        identity-transformed momentum tuned to 1.2 was returned as the best point)."""
+        out: dict[str, tuple[float, float, bool, bool, str]] = {}
+        opt = self.optimizer
+        for name, reads in opt.hyperparameter_domains().items():
+            lo, hi, lo_x, hi_x = -math.inf, math.inf, False, False
+            for _, d in reads:
+                a, b, ax, bx = DOMAIN_ENDS[d]
+                if a > lo or (a == lo and ax):
+                    lo, lo_x = a, ax
+                if b < hi or (b == hi and bx):
+                    hi, hi_x = b, bx
+            words = " and ".join(f"{opt.name}'s {arg} ({DOMAINS[d][1]})" for arg, d in reads)
+            out[name] = (lo, hi, lo_x, hi_x, words)
+        return out
+
+    def _check_domains(self, lam: Tensor) -> None:
+        """Refuse hyperparameter values outside the domain of the optimizer argument reading
+        them (:meth:`hyperparameter_domains`): a momentum of 1 never forgets, an eps of 0 gave
+        NaN losses and hypergradients, an RMSprop alpha of 1 a hypergradient of exactly 0,
+        each without a word (as constants they are refused)."""
+        if (type(lam) is not Tensor and type(lam) is not torch.nn.Parameter) \
+                or torch._C._functorch.is_functorch_wrapped_tensor(lam) \
+                or torch.compiler.is_compiling():
+            return
+        hps = self.hyperparams
+        for name, (lo, hi, lo_x, hi_x, words) in self.hyperparameter_domains().items():
+            if name not in hps.by_name:
+                continue
+            it = hps.by_name[name]
+            raw = lam.detach()[hps.slices[name]][:it.base_numel].double()
+            vals = TRANSFORMS[it.transform][0](raw).tolist()
+            bad = [v for v in vals if not ((lo < v if lo_x else lo <= v)
+                                           and (v < hi if hi_x else v <= hi))]
+            if not bad:
+                continue
+            fix = ("transform='logit' (values in (0, 1))" if hi == 1 else
+                   "transform='log' (values > 0)")
+            raise ValueError(
+                f"InnerProblem: hyperparameter {name!r} is {bad[0]!r}"
+                f"{f' (and {len(bad) - 1} more entries)' if len(bad) > 1 else ''}, read as "
+                f"{words}: outside that domain training is not what the argument means (a "
+                f"momentum of 1 never forgets; an eps of 0 gave NaN hypergradients). Give it "
+                f"a value inside, and {fix} or Guards(bounds=...) to keep it there while "
+                f"tuning (the Trainer holds it inside the domain, with a warning when a step "
+                f"leaves it).")
+
     def check(self, lam: Tensor) -> None:
         """Validate ``lam`` and run the losses once at step 0, before anything costly: scalar
         float losses; finite data, weights and losses (a NaN is named as a data problem, not
@@ -661,6 +729,7 @@ class InnerProblem:
                 f"problem.init_raw() or lam.to({self.dtype})."
             )
         self._check_finite_lam(lam)
+        self._check_domains(lam)
         if self._checked_dtype == lam.dtype:
             return
         self._check_data()
@@ -727,6 +796,13 @@ class InnerProblem:
         data = [f"{d}: {desc(x)}" for d, x in self._data_tensors(which)[:4]]
         params = [f"{k} {tuple(v.shape)}" for k, v in
                   list(self.fmodel.module.named_parameters())[:3]]
+        if "Expected more than 1 value per channel" in str(err):  # torch's BatchNorm
+            err.add_note(
+                f"hypergrad: a BatchNorm layer in training mode got one example per channel "
+                f"({which}'s batch: {'; '.join(data[:2])}): its batch statistics need at least "
+                f"two. Use batch_size >= 2 (a DataLoader whose last batch has one example: "
+                f"drop_last=True).")
+            return
         err.add_note(
             f"hypergrad: raised by {which} at its first call (InnerProblem's check); "
             f"{'; '.join(data) or 'no data tensors found'}; the model's first parameters: "

@@ -497,3 +497,34 @@ def test_examples_no_step_reads_are_named_for_per_example_weights() -> None:
     assert int((grad == 0).sum()) == 24 and bool((grad[~read] == 0).all())
     full = make(6)  # an epoch: every example read, no warning
     hg.ReverseMode().hypergradient(full, full.init_raw())
+
+
+def test_an_inf_the_validation_loss_saturates_is_named_when_the_hypergradient_is_nan() -> None:
+    """One inf in the validation data under tanh: the loss stays finite (1.84), every method's
+    hypergradient is NaN, and the Trainer blamed the method and advised method='reverse'
+    (also NaN) (the numeric-extremes probe)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    xv = torch.randn(10, 3, dtype=D, generator=torch.Generator().manual_seed(1))
+    xv[5, 1] = float("inf")
+    yv = torch.arange(10) % 2
+    x = torch.randn(16, 3, dtype=D)
+    p = hg.InnerProblem(m, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                        [(x, torch.arange(16) % 2)], 3, lambda m, hp: F.cross_entropy(m(xv), yv))
+    res = hg.Trainer(p, callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    assert res.diverged and ("data a loss reads is not: 'xv' (which val_loss closes over) "
+                             "(shape (10, 3)) has 0 NaN and 1 inf entry (the first at index "
+                             "(5, 1))") in res.message, res.message
+
+
+def test_a_batchnorm_batch_of_one_says_so() -> None:
+    """torch's 'Expected more than 1 value per channel' came with a note to check the
+    features and labels."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
+    with pytest.raises(ValueError, match="per channel") as got:
+        _problem([(torch.randn(1, 3, dtype=D), torch.zeros(1, dtype=torch.long))],
+                 model=m).check(hg.HyperParams([hg.Scalar("lr", 0.1)]).init_raw(D))
+    assert any("BatchNorm layer in training mode got one example per channel" in n and
+               "batch_size >= 2" in n for n in getattr(got.value, "__notes__", []))

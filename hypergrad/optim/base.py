@@ -334,6 +334,15 @@ DOMAINS: dict[str, tuple[Callable[[float], bool], str]] = {
 }
 """The domains of optimizer constants: name -> (test, words). NaN and inf pass none."""
 
+DOMAIN_ENDS: dict[str, tuple[float, float, bool, bool]] = {
+    "positive": (0.0, math.inf, True, False),
+    "nonnegative": (0.0, math.inf, False, False),
+    "unit": (0.0, 1.0, False, True),
+    "open_unit": (0.0, 1.0, True, True),
+}
+"""Each domain of :data:`DOMAINS` as ``(low, high, low excluded, high excluded)``: the
+Trainer holds a tuned hyperparameter inside the domain of the argument reading it."""
+
 
 def _check_constant(api: str, where: str, value: Any, domain: str, example: str,
                     key: str) -> None:
@@ -361,9 +370,10 @@ class Optimizer(abc.ABC):
     pair_args: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
     domains: ClassVar[dict[str, str]] = {}
-    """The valid constants of each argument (:data:`DOMAINS` names them: ``"positive"``,
-    ``"nonnegative"``, ``"unit"`` for [0, 1), ``"open_unit"`` for (0, 1)); a hyperparameter's
-    name is not checked here (its value is its transform's business)."""
+    """The valid values of each argument (:data:`DOMAINS` names them: ``"positive"``,
+    ``"nonnegative"``, ``"unit"`` for [0, 1), ``"open_unit"`` for (0, 1)): a constant is
+    checked here, a hyperparameter's values by the problem and the Trainer
+    (:meth:`hyperparameter_domains`)."""
     examples: ClassVar[dict[str, str]] = {}
     """A valid value of each argument, for messages (``lr="0.1"``)."""
     elementwise: bool = False
@@ -434,6 +444,22 @@ class Optimizer(abc.ABC):
     def bound_names(self) -> dict[str, str]:
         """Hyperparameter names this optimizer reads, mapped to the argument that reads them."""
         return {v: arg for arg, v in self._entries() if isinstance(v, str)}
+
+    def hyperparameter_domains(self) -> dict[str, list[tuple[str, str]]]:
+        """Each hyperparameter name this optimizer reads -> the ``(argument, domain)`` pairs
+        (:data:`DOMAINS`) of the arguments that read it: a constant is checked against its
+        domain when the optimizer is made, a hyperparameter's values by the problem (its
+        initial value) and the Trainer (every point it tries). A learning rate may be 0 there
+        (a group held frozen, a warm-up from 0: a window tuned to 0 trains nothing), which as a
+        constant is refused as a likely mistake; below 0 it trains uphill."""
+        out: dict[str, list[tuple[str, str]]] = {}
+        for arg, v in self._entries():
+            domain = self.domains.get(arg.split("[")[0])
+            if arg == "lr" and domain == "positive":
+                domain = "nonnegative"
+            if isinstance(v, str) and domain is not None:
+                out.setdefault(v, []).append((arg, domain))
+        return out
 
     def per_param(self) -> dict[str, PerParam]:
         """The arguments with a constant per parameter (:class:`PerParam`), by argument

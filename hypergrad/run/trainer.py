@@ -332,7 +332,24 @@ class Trainer:
         self._start_in_bounds()
         self.box = search_box(p.hyperparams, self.bounds, self.lam)
         """The search box in raw coordinates ``(low, high)``: the bounds, and where a bound is
-        missing a box around the initial value (:func:`~hypergrad.run.outer.search_box`)."""
+        missing a box around the initial value (:func:`~hypergrad.run.outer.search_box`),
+        inside the domains of the inner optimizer's arguments (:attr:`domain`)."""
+        self.domain = self._domain_bounds()
+        """Where a hyperparameter read by an inner-optimizer argument with a domain (a
+        momentum in [0, 1), an eps > 0) could leave it through its transform (identity, or
+        log for a domain below 1): :class:`~hypergrad.run.bounds.Bounds` at the domain's
+        edges, which every point tried is held inside (an identity momentum tuned to 1.2 was
+        returned as the best point); ``None`` where none can."""
+        if self.domain is not None:
+            for name, (lo, hi) in self.domain.raw.items():
+                sl = p.hyperparams.slices[name]
+                part = slice(sl.start, sl.start + p.hyperparams.by_name[name].base_numel)
+                with torch.no_grad():
+                    if lo is not None:
+                        self.box[0][part] = self.box[0][part].clamp(min=lo.to(self.box[0]))
+                    if hi is not None:
+                        self.box[1][part] = self.box[1][part].clamp(max=hi.to(self.box[1]))
+        self._left_domain: set[str] = set()
         if isinstance(outer, torch.optim.Optimizer):
             raise TypeError(f"Trainer: outer must be a factory params -> optimizer (the Trainer "
                             f"makes the optimizer over its raw hyperparameters), got the "
@@ -759,6 +776,49 @@ class Trainer:
             self.outer.step()
         self.lam.grad = None
         self.bounds.project(self.lam)
+        self._hold_in_domain()
+
+    def _domain_bounds(self) -> Bounds | None:
+        """:attr:`domain`: the domains' edges as bounds on the sides a transform can cross
+        (an excluded edge moved in by one step of the dtype)."""
+        p = self.problem
+        hps = p.hyperparams
+        info = torch.finfo(p.dtype)
+        pairs: dict[str, tuple[float | None, float | None]] = {}
+        for name, (lo, hi, lo_x, hi_x, _) in p.hyperparameter_domains().items():
+            if name not in hps.by_name:
+                continue
+            transform = hps.by_name[name].transform
+            low: float | None = None
+            high: float | None = None
+            if transform == "identity" and math.isfinite(lo):
+                low = (lo + info.tiny) if lo_x else lo
+            if transform in ("identity", "log") and math.isfinite(hi):
+                high = hi - info.eps * max(abs(hi), 1.0) / 2 if hi_x else hi
+            if low is not None or high is not None:
+                pairs[name] = (low, high)
+        return Bounds(hps, p.dtype, pairs, api="Trainer (domains)") if pairs else None
+
+    def _hold_in_domain(self) -> None:
+        """Clamp ``lam`` into :attr:`domain`, warning once per hyperparameter that a step
+        left it."""
+        if self.domain is None:
+            return
+        hps = self.problem.hyperparams
+        before = hps.describe(self.lam)
+        self.domain.project(self.lam)
+        after = hps.describe(self.lam)
+        domains = self.problem.hyperparameter_domains()
+        for name in self.domain.raw:
+            if before[name] == after[name] or name in self._left_domain:
+                continue
+            self._left_domain.add(name)
+            warnings.warn(BoundsWarning(
+                f"Trainer: outer step {self.outer_step} moved {name!r} to {before[name]}, "
+                f"outside the domain of {domains[name][4]}; it is held at the domain's edge "
+                f"({after[name]}). Give it a transform that stays inside (transform='logit' "
+                f"for (0, 1), 'log' for > 0) or Guards(bounds=...) to choose the range."),
+                stacklevel=3)
 
     def _rough_share(self) -> float | None:
         """The noise share of the outer optimizer's last model where it treated the
@@ -1379,6 +1439,15 @@ class Trainer:
                    f"log of 0); compare methods with hypergrad.testing.hypergradcheck in "
                    f"float64, or try method='reverse'. {kept[0].upper()}{kept[1:]}: "
                    f"{hps.describe(keep)}.")
+            data = self.problem.non_finite_closure()
+            if data:  # an inf the loss saturates (tanh) is finite there, its derivative not
+                msg = (f"stopped at outer step {self.outer_step}: {why}, with hyperparameters "
+                       f"{bad}: the training was finite, its hypergradient was not, and data a "
+                       f"loss reads is not: {data}. A layer that saturates (tanh, a clamp) "
+                       f"keeps the loss finite at an inf input, but its derivative there is "
+                       f"NaN (inf x 0), in every method. Clean the data (e.g. keep = "
+                       f"torch.isfinite(x).flatten(1).all(1); x, y = x[keep], y[keep]) and run "
+                       f"again. {kept[0].upper()}{kept[1:]}: {hps.describe(keep)}.")
         if self.tracker.best is None and (data := self.problem.non_finite_batch()):
             # nothing ever trained finitely: a NaN in data read lazily (a stream, a callable;
             # the up-front check sees their batch 0 only) looks like a diverging learning rate
