@@ -169,19 +169,9 @@ def test_a_custom_function_whose_backward_is_not_its_derivative_warns() -> None:
     assert not [w for w in _checked(p) if w.category is DetachedValueWarning]
 
 
-class _TanhFirstOrder(torch.autograd.Function):
+class _TanhFirstOrder(_Tanh):
     """tanh whose backward is its true derivative computed on a detached saved output: right
     gradients, and no second derivative through it."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return torch.tanh(x)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
