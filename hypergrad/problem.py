@@ -456,7 +456,14 @@ class InnerProblem:
         if self.draws is False and torch.compiler.is_compiling():  # nothing to seed; untraceable
             return self.train_loss(model, batch, hp), model.new_buffers
         with step_rng(self.seed, t, self.device, watch=not self.draws) as rng:
-            loss = self.train_loss(model, batch, hp)
+            try:
+                loss = self.train_loss(model, batch, hp)
+            except (IndexError, ValueError, RuntimeError) as err:  # a later batch's data
+                if not raised_in_hypergrad(err):
+                    err.add_note(f"hypergrad: raised by train_loss at inner step {t}, on "
+                                 f"{_describe_batch(batch, t)} (the problem's check runs "
+                                 f"mini-batch 0 only).")
+                raise
             if rng is not None:
                 self.draws = rng.drew()
         return loss, model.new_buffers
@@ -1936,6 +1943,23 @@ def _other_dtype(tensors: list[tuple[str, Tensor]], dtype: torch.dtype, err: str
         if name is not None and x.ndim >= 2 and re.search(rf"\b{name}\b", err):
             return desc, x
     return None
+
+
+def _describe_batch(batch: Any, t: int) -> str:
+    """``"mini-batch 3: tensor 0 (16, 64) float64, tensor 1 (16,) int64 in [0, 10]"``: the
+    shapes and dtypes of a batch's tensors, and the range of its integer ones (labels)."""
+    parts = []
+    for i, x in enumerate(tree_flatten(batch)[0][:4]):
+        if not isinstance(x, Tensor):
+            continue
+        what = f"tensor {i} {tuple(x.shape)} {str(x.dtype).replace('torch.', '')}"
+        if not x.dtype.is_floating_point and x.numel() and x.dtype != torch.bool:
+            try:
+                what += f" in [{int(x.min())}, {int(x.max())}]"
+            except Exception:  # noqa: BLE001 - a tensor that cannot be read here
+                pass
+        parts.append(what)
+    return f"mini-batch {t}: {', '.join(parts) or 'no tensors'}"
 
 
 def _non_finite(x: Any, nan_only: bool = False) -> str:

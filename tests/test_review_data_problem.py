@@ -528,3 +528,16 @@ def test_a_batchnorm_batch_of_one_says_so() -> None:
                  model=m).check(hg.HyperParams([hg.Scalar("lr", 0.1)]).init_raw(D))
     assert any("BatchNorm layer in training mode got one example per channel" in n and
                "batch_size >= 2" in n for n in getattr(got.value, "__notes__", []))
+
+
+def test_an_error_on_a_later_batch_names_the_step_and_the_batch() -> None:
+    """A target out of range in mini-batch 1: torch's bare 'Target 5 is out of bounds.' (the
+    check's note on the shapes covers mini-batch 0 only)."""
+    x, y = _data(8)
+    bad = y.clone()
+    bad[2] = 5
+    p = _problem([(x, y), (x, bad)], steps=2)
+    with pytest.raises(IndexError, match="out of bounds") as got:
+        p.run(p.init_raw())
+    assert any("raised by train_loss at inner step 1, on mini-batch 1: tensor 0 (8, 3) float64, "
+               "tensor 1 (8,) int64 in [0, 5]" in n for n in getattr(got.value, "__notes__", []))
