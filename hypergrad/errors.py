@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
     "CheckpointWarning", "PrecisionWarning", "DetachedValueWarning", "UnseededRandomnessWarning",
@@ -122,6 +124,14 @@ def is_real(value: object) -> bool:
     float, not a bool (``True`` is an ``int`` to Python) and not a string (not exported)."""
 
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def flag(api: str, key: str, value: object) -> bool:
+    """A boolean option as a bool; anything but True/False (or 1/0, NumPy's too) is refused:
+    ``bool("no")`` is True (``RunFolder(overwrite="no")`` threw the run away)."""
+    if not isinstance(value, (bool, numbers.Integral, np.bool_)) or value not in (0, 1):
+        raise TypeError(f"{api}: {key}={value!r} must be True or False, e.g. {key}=True.")
+    return bool(value)
 
 
 def raised_in_hypergrad(err: BaseException) -> bool:

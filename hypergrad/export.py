@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -248,6 +249,10 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     if "not_written" in settings:
         raise ValueError(f"optimizer_from_settings: these settings were not written: "
                          f"{settings['not_written']}")
+    if isinstance(settings, (str, os.PathLike)):  # its keys were the path's characters
+        raise TypeError(f"optimizer_from_settings: settings={str(settings)!r} is a path; pass "
+                        f"its contents: yaml.safe_load(open({str(settings)!r})), or "
+                        f"learned_settings(problem, lam).")
     if "optimizer" not in settings:
         raise ValueError(f"optimizer_from_settings: settings has no 'optimizer' (its keys: "
                          f"{sorted(settings)}); pass learned_settings(problem, lam) or "

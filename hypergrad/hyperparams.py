@@ -210,8 +210,10 @@ class HyperParameter:
                 f"{api}: init={_short_init(self.init)} is outside the domain of transform="
                 f"{self.transform!r} ({domain}){where}"
                 f"{rounded_onto_edge(self.init, dtype, valid)}; pass an init in that domain "
-                f"(a warm-up from 0 under 'log': start at a small positive value) or another "
-                f"transform."
+                + ("(a warm-up from 0 under 'log': start at a small positive value)"
+                   if self.transform == "log" else "(strictly between 0 and 1 under 'logit', "
+                   "e.g. 0.999 for 1)" if self.transform == "logit" else "")
+                + " or another transform."
             )
         return inverse(v)
 
@@ -1121,6 +1123,10 @@ class HyperParams:
         if isinstance(items, HyperParams):  # 'HyperParams' object is not iterable
             raise TypeError("HyperParams: items is a HyperParams already; pass it as it is, or "
                             "HyperParams([*hps.items, ...]) to add items.")
+        if isinstance(items, HyperParameter) or items is None or isinstance(items, str):
+            # 'Scalar' object is not iterable
+            raise TypeError(f"HyperParams: items={items!r} must be a list of hyperparameters, "
+                            f"e.g. HyperParams([Scalar('lr', 0.1, transform='log')]).")
         if isinstance(items, Mapping):
             for key, it in items.items():
                 if getattr(it, "name", key) != key:

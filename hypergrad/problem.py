@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import math
+import numbers
 import os
 import re
 import warnings
@@ -122,7 +123,8 @@ class InnerProblem:
                  | Iterable[Any], steps: int, val_loss: ValLoss, val_mode: str = "eval",
                  seed: int = 0, model_factory: Callable[[], nn.Module] | None = None,
                  select_loss: ValLoss | None = None) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        count: Any = steps
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
             raise ValueError(
                 f"InnerProblem: steps={steps!r} must be an int >= 1 (the horizon T); with T = 0 "
                 f"the hyperparameters influence nothing."
@@ -149,6 +151,10 @@ class InnerProblem:
             raise TypeError(f"InnerProblem: select_loss={select_loss!r} must be a callable "
                             f"like val_loss, select_loss(model, hp) -> scalar, on validation "
                             f"data that val_loss does not use (or None).")
+        for which, fn, args in (("train_loss", train_loss, "model, batch, hp"),
+                                ("val_loss", val_loss, "model, hp"),
+                                ("select_loss", select_loss, "model, hp")):
+            _check_arity(which, fn, args)
         if model_factory is not None and (not callable(model_factory)
                                           or isinstance(model_factory, nn.Module)):
             raise TypeError(f"InnerProblem: model_factory={model_factory!r} must be a callable "
@@ -169,7 +175,7 @@ class InnerProblem:
         self.select_loss = select_loss
         self.val_mode = val_mode
         self.seed = seed
-        self.steps = steps
+        self.steps = int(steps)  # a NumPy integer (from a grid) as Python's
         self._batch = _batch_source(batches, seed)
         self._batch.per_example = [(it.name, it.shape()[0]) for it in self.hyperparams.items
                                    if it.kind == "per_example"]
@@ -630,7 +636,10 @@ class InnerProblem:
             if name not in hps.by_name:
                 raise ValueError(
                     f"InnerProblem: optimizer argument {arg}={name!r} names no hyperparameter; "
-                    f"defined are {hps.names}. Fix the name or add it to HyperParams."
+                    f"defined are {hps.names}. Fix the name or add it to HyperParams"
+                    + (f" (a string always names a hyperparameter: for the constant, give the "
+                       f"number, {arg.split('[')[0]}={name})" if _is_number(name) else "")
+                    + "."
                 )
             item = hps.by_name[name]
             if item.initializes:
@@ -931,7 +940,7 @@ class InnerProblem:
         self._check_data()
         lam = lam.detach()
         snapshot = {k: v.detach().clone() for k, v in _tensors_of(fm.module).items()}
-        numbers = _numbers_of(fm.module)
+        attrs = _numbers_of(fm.module)
         probe = ModelProbe(fm)
         leaves = {k: v.requires_grad_() for k, v in fm.initial_params().items()}
         # one batch for the probe and the in-place check: a source that gives a new tensor at
@@ -962,7 +971,7 @@ class InnerProblem:
         finally:
             changed = _restore(fm.module, snapshot)
             written = _restore_batch(batch0)
-            counted = _restore_numbers(fm.module, numbers)
+            counted = _restore_numbers(fm.module, attrs)
         if written:
             i, x = written
             raise ValueError(
@@ -1943,6 +1952,35 @@ def _other_dtype(tensors: list[tuple[str, Tensor]], dtype: torch.dtype, err: str
         if name is not None and x.ndim >= 2 and re.search(rf"\b{name}\b", err):
             return desc, x
     return None
+
+
+def _is_number(text: str) -> bool:
+    """Whether ``text`` reads as a number ("0.1", "1e-3"): a constant given as a string."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_arity(which: str, fn: Any, args: str) -> None:
+    """Refuse a loss that cannot be called with its arguments (``train_loss(model, batch,
+    hp)``, ``val_loss(model, hp)``): a ``lambda m, b:`` failed at the first call as Python's
+    "takes 2 positional arguments but 3 were given". Skipped where the signature cannot be
+    read (a builtin)."""
+    if fn is None:
+        return
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*(None,) * (args.count(",") + 1))
+    except TypeError as err:
+        raise TypeError(f"InnerProblem: {which} is called as {which}({args}), and yours, "
+                        f"{getattr(fn, '__name__', type(fn).__name__)}{sig}, cannot take that "
+                        f"({err}); give it those {args.count(',') + 1} arguments (an argument "
+                        f"it does not need can be named _).") from None
 
 
 def _describe_batch(batch: Any, t: int) -> str:

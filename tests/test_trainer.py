@@ -926,8 +926,8 @@ def test_callbacks_see_a_built_trainer_and_their_subclasses_replace_the_defaults
     assert seen and seen[0] == (0, 0)  # method='auto' said what it chose, while building
     kinds = [type(c) for c in tr.callbacks]
     assert Log not in kinds and Progress not in kinds and {MyLog, MyProgress} <= set(kinds)
-    with pytest.raises(TypeError, match=r"callbacks=.* must be a list of callbacks, e\.g\. "
-                                        r"callbacks=\["):
+    with pytest.raises(TypeError, match=r"callbacks=.* must be a list of Callback objects, "
+                                        r"e\.g\. callbacks=\["):
         hg.Trainer(_linear_regression(steps=10), callbacks=Log(None))  # type: ignore[arg-type]
     # the result's records are its own: editing them left the next checkpoint's changed
     res = tr.fit()

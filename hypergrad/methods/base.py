@@ -53,6 +53,18 @@ ENTRY_POINTS = "hypergrad.methods"
 _REGISTRY: dict[str, type[Method]] = {}
 
 
+def checked(who: str, problem: Any, lam: Any) -> None:
+    """``problem.check(lam)``, after the arguments' types: a :class:`~hypergrad.Task` or the
+    arguments swapped failed as ``'Task' object has no attribute 'check'``."""
+    if not isinstance(problem, InnerProblem):
+        hint = (" (the arguments are swapped: hypergradient(problem, lam))"
+                if isinstance(lam, InnerProblem) else
+                ": give task.problem" if hasattr(problem, "problem") else "")
+        raise TypeError(f"{who}: problem must be an InnerProblem, got "
+                        f"{type(problem).__name__}{hint}.")
+    problem.check(lam)
+
+
 def gib(x: float) -> str:
     """Bytes in words: GiB from 1 GiB up, MiB below."""
     return f"{x / 2**30:.3g} GiB" if x >= 2**30 else f"{x / 2**20:.3g} MiB"

@@ -20,10 +20,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..errors import PrecisionWarning, is_real
+from ..errors import PrecisionWarning, flag, is_real
 from ..hyperparams import HyperParams
 from ..problem import InnerProblem
-from .base import HyperGradient, Method
+from .base import HyperGradient, Method, checked
 
 __all__ = ["FiniteDifference", "FDEstimate"]
 
@@ -68,7 +68,7 @@ class FiniteDifference(Method, name="finite_difference"):
             raise ValueError(f"FiniteDifference: eps={eps!r} must be a finite number > 0, e.g. "
                              f"1e-5 in float64.")
         self.eps = float(eps)
-        self.relative = bool(relative)
+        self.relative = flag("FiniteDifference", "relative", relative)
         self._warned = False  # the float32 warning, once per instance
 
     def steps_for(self, lam: Tensor, hyperparams: HyperParams | None = None) -> Tensor:
@@ -106,7 +106,7 @@ class FiniteDifference(Method, name="finite_difference"):
         return out
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
-        problem.check(lam)
+        checked(type(self).__name__, problem, lam)
         if lam.dtype != torch.float64 and not self._warned:
             self._warned = True
             rounding = float(torch.finfo(lam.dtype).eps) / self.eps
@@ -129,7 +129,7 @@ class FiniteDifference(Method, name="finite_difference"):
         estimate per coordinate: ``|D(h/2) - D(h)|`` (the disagreement of the two steps: about
         the truncation error where the objective is smooth, large where it is rough at that
         scale) plus the rounding error ``4 eps_dtype |E| / h``."""
-        problem.check(lam)
+        checked(type(self).__name__, problem, lam)
         with problem.fixed_pass():  # all 4K + 1 runs read the same batches
             state = problem.run(lam)
             with torch.no_grad():

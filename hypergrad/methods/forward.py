@@ -40,12 +40,13 @@ from torch import Tensor
 from torch.func import grad_and_value, jvp, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..errors import flag
 from ..footprint import mark as _fp_mark
 from ..hvp import HVPStrategy, VmapVJP
 from ..hyperparams import HyperParameter
 from ..problem import InnerProblem, InnerState
 from ..tangent import AutoTangent, TangentRule, UpdateStep
-from .base import MemoryEstimate, OnlineMethod, Sizes, gib
+from .base import MemoryEstimate, OnlineMethod, Sizes, checked, gib
 
 __all__ = ["ForwardMode", "ForwardState", "ColumnPlan", "initial_tangents"]
 
@@ -357,7 +358,7 @@ class ForwardMode(OnlineMethod, name="forward"):
         self._auto = (_AutoCompile() if compile is None and isinstance(self.hvp, VmapVJP)
                       and not self.hvp.compile else None)
         self.tangent = tangent if tangent is not None else AutoTangent()
-        self.skip_zero_columns = bool(skip_zero_columns)
+        self.skip_zero_columns = flag("ForwardMode", "skip_zero_columns", skip_zero_columns)
         self._plans: weakref.WeakKeyDictionary[InnerProblem, ColumnPlan] = (
             weakref.WeakKeyDictionary())
         self._zero_memo: tuple[weakref.ref[Tensor], frozenset[int]] | None = None
@@ -377,7 +378,7 @@ class ForwardMode(OnlineMethod, name="forward"):
         tangents' rows; ``None``: all K), as a column-parallel rank does. A new inner run:
         a streamed batch source begins a fresh pass (:meth:`InnerProblem.begin_run
         <hypergrad.InnerProblem.begin_run>`), of which a step holds only its own batch."""
-        problem.check(lam)
+        checked(type(self).__name__, problem, lam)
         problem.begin_run()
         if state is None and problem.init_items:
             return ForwardState(*initial_tangents(problem, lam, columns), 0)

@@ -64,11 +64,11 @@ from torch import Tensor
 from torch.func import grad, grad_and_value, vjp
 from torch.utils._pytree import tree_flatten
 
-from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning, is_real
+from ..errors import InnerNotConvergedWarning, SolverNotConvergedWarning, flag, is_real
 from ..hvp import VmapVJP
 from ..optim.base import is_zero
 from ..problem import InnerProblem, InnerState
-from .base import HyperGradient, MemoryEstimate, Method, Sizes
+from .base import HyperGradient, MemoryEstimate, Method, Sizes, checked
 
 __all__ = ["LinearSolver", "CG", "Neumann", "FixedPoint", "ImplicitDiff", "SOLVERS"]
 
@@ -446,7 +446,7 @@ class ImplicitDiff(Method, name="implicit"):
         self.solver = solver if solver is not None else CG()
         self.loss_steps = loss_steps
         self.grad_tol = tol
-        self.warm_start = bool(warm_start)
+        self.warm_start = flag("ImplicitDiff", "warm_start", warm_start)
         self._last: weakref.WeakKeyDictionary[InnerProblem, Tensor] = (
             weakref.WeakKeyDictionary())
         self._told: weakref.WeakSet[InnerProblem] = weakref.WeakSet()  # uneven_coverage
@@ -538,14 +538,14 @@ class ImplicitDiff(Method, name="implicit"):
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
         """Train ``T`` plain steps, then :meth:`at_state`."""
-        problem.check(lam)
+        checked(type(self).__name__, problem, lam)
         self.check(problem)
         return self.at_state(problem, problem.run(lam), lam)
 
     def at_state(self, problem: InnerProblem, state: InnerState, lam: Tensor) -> HyperGradient:
         """The implicit hypergradient at ``state`` (taken as the inner optimum), e.g. a state
         you trained yourself. ``dE/dlam|direct - (d^2 L / dlam dw) H^{-1} grad_w E``."""
-        problem.check(lam)
+        checked(type(self).__name__, problem, lam)
         self.check(problem)
         w, b = state.params, state.buffers
         if self.loss_steps is not None and problem not in self._told:

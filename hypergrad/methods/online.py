@@ -34,7 +34,7 @@ from ..errors import is_real
 from ..hvp import HVPStrategy
 from ..problem import InnerProblem, InnerState
 from ..tangent import TangentRule
-from .base import MemoryEstimate, OnlineMethod, Sizes
+from .base import MemoryEstimate, OnlineMethod, Sizes, checked
 from .forward import ForwardMode, ForwardState
 
 __all__ = ["HD", "HDState", "MARTHE"]
@@ -65,7 +65,7 @@ class HD(OnlineMethod, name="hd"):
     reaches_initial_weights = False
 
     def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None) -> HDState:
-        problem.check(lam)
+        checked(type(self).__name__, problem, lam)
         problem.begin_run()  # a new inner run; the last batch read stays for the step's VJP
         s = problem.initial_state(lam) if state is None else state
         return HDState(s, s, 0)

@@ -46,7 +46,14 @@ from ..errors import ZeroHypergradientWarning
 from ..hyperparams import Schedule
 from ..problem import InnerProblem, InnerState
 from ..stepvjp import DoubleBackward, StepVJP
-from .base import HyperGradient, MemoryEstimate, Method, Sizes, refuse_initial_weights
+from .base import (
+    HyperGradient,
+    MemoryEstimate,
+    Method,
+    Sizes,
+    checked,
+    refuse_initial_weights,
+)
 
 __all__ = ["ReverseMode"]
 
@@ -224,7 +231,7 @@ class ReverseMode(Method, name="reverse"):
                                    f"{problem.steps} steps", "ReverseMode() (or truncate >= T)")
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
-        problem.check(lam)
+        checked(type(self).__name__, problem, lam)
         self.check(problem)
         if self.tape:
             with problem.inner_run():

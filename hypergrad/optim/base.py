@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-from ..errors import is_real
+from ..errors import flag, is_real
 
 __all__ = ["Optimizer", "TangentContext", "Params", "Arg", "PerParam", "safe_sqrt", "fma", "owned",
            "is_zero", "const_zero", "flag", "inv_twice", "l2_penalty", "l2_tangent", "register",
@@ -240,14 +240,6 @@ def is_zero(a: Any) -> bool:
 def const_zero(a: Any) -> bool:
     """Whether a value read at a step is the number 0 (a hyperparameter's tensor never is)."""
     return isinstance(a, (int, float)) and a == 0
-
-
-def flag(api: str, key: str, value: Any) -> bool:
-    """A boolean option (``nesterov``, ``centered``) as a bool; anything but True/False (or
-    1/0) is refused: ``bool("false")`` is True."""
-    if not isinstance(value, (bool, int)) or value not in (0, 1):
-        raise TypeError(f"{api}: {key}={value!r} must be True or False, e.g. {key}=True.")
-    return bool(value)
 
 
 def fma(a: Tensor, b: Tensor, s: Any, inplace: bool) -> Tensor:

@@ -15,9 +15,12 @@ import math
 import numbers
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from ..errors import HypergradWarning
 
 __all__ = ["Callback", "Log", "Progress", "TensorBoard", "default_callbacks", "callbacks",
            "standard"]
@@ -51,8 +54,13 @@ class Log(Callback):
 
     def __init__(self, fn: Callable[[str], Any] | str | os.PathLike[str] | Any | None = print,
                  prefix: str = "[hypergrad] ") -> None:
+        if not isinstance(prefix, str):  # None failed at the first message: 'NoneType' + str
+            raise TypeError(f"Log: prefix={prefix!r} must be a str ('' for none).")
         if isinstance(fn, (str, os.PathLike)):
             path = Path(fn).expanduser()
+            if not path.parent.is_dir():  # failed at the first message, in the run
+                raise ValueError(f"Log: the folder of {str(path)!r} does not exist; create it "
+                                 f"first (Log appends lines to the file, making the file only).")
 
             def append(text: str) -> None:
                 with path.open("a") as fh:
@@ -239,15 +247,24 @@ def default_callbacks() -> list[Callback]:
 def callbacks(given: Iterable[Callback] | None) -> list[Callback]:
     """The defaults, each replaced by a given callback of its own type (a subclass too: a
     ``class MyLog(Log)`` left the default ``Log`` printing beside it), then the given ones."""
-    if isinstance(given, Callback):  # 'Log' object is not iterable
-        raise TypeError(f"Trainer: callbacks={given!r} must be a list of callbacks, e.g. "
-                        f"callbacks=[{given!r}].")
+    if isinstance(given, (Callback, str)):  # 'Log' object is not iterable; a str's letters
+        raise TypeError(f"Trainer: callbacks={given!r} must be a list of Callback objects, "
+                        f"e.g. callbacks=[hypergrad.run.Log(None)]"
+                        + (f" or callbacks=[{given!r}]." if isinstance(given, Callback) else "."))
     extra = list(given or [])
+    hooks = {n for n in vars(Callback) if n.startswith("on_")}
     for cb in extra:
         if not isinstance(cb, Callback):
             raise TypeError(f"Trainer: callbacks must be Callback objects (Log, Progress, "
                             f"TensorBoard, or a subclass of hypergrad.Callback), got "
                             f"{type(cb).__name__} {cb!r}.")
+        stray = sorted(n for klass in type(cb).__mro__ if klass is not object
+                       for n in vars(klass) if n.startswith("on_") and n not in hooks)
+        if stray:  # a misspelt hook is never called, without a word
+            warnings.warn(HypergradWarning(
+                f"Trainer: callback {type(cb).__name__} defines {stray}, which no run calls: "
+                f"the hooks are {sorted(hooks)}; rename it to one of them (or drop the 'on_' "
+                f"prefix of a helper)."), stacklevel=3)
     kept = [d for d in default_callbacks() if not any(isinstance(c, type(d)) for c in extra)]
     return kept + extra
 

@@ -16,6 +16,7 @@ goes in them and whether a run may continue from them:
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import random
 import warnings
@@ -27,7 +28,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import CheckpointError, CheckpointWarning, ResumeMismatchError, RunDirError
+from ..errors import (
+    CheckpointError,
+    CheckpointWarning,
+    ResumeMismatchError,
+    RunDirError,
+    flag,
+)
 from ..hyperparams import TRANSFORMS
 from ..problem import InnerProblem, bitwise_equal
 from .files import (
@@ -163,15 +170,17 @@ class RunFolder:
                              "resume continues the run in the folder, overwrite discards it; "
                              "pass one of them.")
         if inner_every is not None and (isinstance(inner_every, bool)
-                                        or not isinstance(inner_every, int) or inner_every < 1):
+                                        or not isinstance(inner_every, numbers.Integral)
+                                        or inner_every < 1):
             raise ValueError(f"RunFolder: inner_every={inner_every!r} must be an int >= 1 (inner "
                              f"steps between checkpoints within an inner run) or None.")
-        self.inner_every = inner_every
+        self.inner_every = None if inner_every is None else int(inner_every)
         self._shown = Path(path).expanduser()
         # absolute now: a change of the working folder during the run (a notebook's %cd) put
         # the records in another folder than the lock and the check of a run already there
         self.path = self._shown.absolute()
-        self.resume, self.overwrite = bool(resume), bool(overwrite)
+        self.resume = flag("RunFolder", "resume", resume)
+        self.overwrite = flag("RunFolder", "overwrite", overwrite)
         self.extra = dict(fingerprint or {})
         self.lock = RunLock(self.path)
         self._open = False  # a Trainer uses it (open() until close())

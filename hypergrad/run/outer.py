@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import is_real
+
 __all__ = ["SignDescent", "SearchOptimizer", "QuasiNewton", "OuterOptimizerFactory",
            "default_outer", "schedule_smoothing", "search_box", "shrink_lr", "SURROGATE_K"]
 
@@ -47,9 +49,16 @@ class SignDescent(torch.optim.Optimizer):
 
     def __init__(self, params: Any, lr: float = 0.1, factor: float = 0.5,
                  precondition: Tensor | None = None) -> None:
-        if not lr > 0 or not 0 < factor <= 1:
-            raise ValueError(f"SignDescent: lr={lr!r} must be > 0 and factor={factor!r} in (0, 1].")
-        super().__init__(params, dict(lr=lr, factor=factor))
+        if not is_real(lr) or not 0 < float(lr) < math.inf:  # "0.1" failed as '>' not supported
+            raise ValueError(f"SignDescent: lr={lr!r} must be a number > 0 (the initial step in "
+                             f"raw coordinates), e.g. lr=0.1.")
+        if not is_real(factor) or not 0 < float(factor) <= 1:
+            raise ValueError(f"SignDescent: factor={factor!r} must be a number in (0, 1] (the "
+                             f"step's shrink on a sign flip), e.g. factor=0.5.")
+        if precondition is not None and not isinstance(precondition, Tensor):
+            raise TypeError(f"SignDescent: precondition must be a K x K tensor or None, got "
+                            f"{type(precondition).__name__}.")
+        super().__init__(params, dict(lr=float(lr), factor=float(factor)))
         self.precondition = _checked_precondition("SignDescent", precondition, self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

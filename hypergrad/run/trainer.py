@@ -232,6 +232,16 @@ def _each(callbacks: list[Callback], call: Callable[[Callback], Any]) -> None:
         raise first
 
 
+def _qualified(cls: type) -> str:
+    """How a user names ``cls``: ``torch.optim.Adam``, ``hypergrad.SignDescent``."""
+    mod = cls.__module__
+    if mod.startswith("torch.optim"):
+        return f"torch.optim.{cls.__name__}"
+    if mod.startswith("hypergrad."):
+        return f"hypergrad.{cls.__name__}"
+    return f"{mod}.{cls.__name__}"
+
+
 class Trainer:
     """Tune a problem's hyperparameters by gradient descent on the validation objective ``E``.
 
@@ -354,8 +364,7 @@ class Trainer:
             raise TypeError(f"Trainer: outer must be a factory params -> optimizer (the Trainer "
                             f"makes the optimizer over its raw hyperparameters), got the "
                             f"optimizer {type(outer).__name__}(...) itself; pass e.g. "
-                            f"outer=functools.partial(torch.optim.{type(outer).__name__}, "
-                            f"lr=0.05).")
+                            f"outer=functools.partial({_qualified(type(outer))}, lr=0.05).")
         if outer is not None and not callable(outer):  # outer="adam": 'str' not callable
             raise TypeError(f"Trainer: outer={outer!r} must be a factory params -> optimizer, "
                             f"e.g. outer=functools.partial(torch.optim.Adam, lr=0.05), "
