@@ -349,3 +349,35 @@ def test_ranks_check_their_reduction_when_built() -> None:
     with pytest.raises(ValueError, match=r"Ranks: reduction='avg'; use 'mean'"):
         Ranks(reduction="avg")
     assert Ranks(reduction="sum").reduction == "sum"
+
+
+def test_tensorboard_has_each_step_on_disk_before_the_next(tmp_path: Path) -> None:
+    """TensorBoard's writer queued the scalars and flushed by count or every 120 s: a run
+    killed after outer step 5's checkpoint had val_loss@5 but none of its hyperparameter
+    scalars, and the resume (purging from step 6 on) never wrote them (the callbacks probe)."""
+    pytest.importorskip("tensorboard")
+    seen: list[list[int]] = []
+
+    class Look(hg.Callback):  # after TensorBoard's own hook, as the probe's killer was
+        def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+            seen.append(_tb_steps(tmp_path, "hyperparams/lr"))
+
+    _trainer(tmp_path, 3, hg.run.TensorBoard(), Look()).fit()
+    assert seen == [[0], [0, 1], [0, 1, 2]]
+
+
+def test_a_callback_that_moves_lam_is_refused(tmp_path: Path) -> None:
+    """A callback setting trainer.lam in on_outer_step: the step's checkpoint was written
+    before it, so a run killed and resumed went on from the point before the change and ended
+    elsewhere than the straight run (lr 0.158, 0.501 against 0.261, 0.378), without a word."""
+    class Nudge(hg.Callback):
+        def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+            with torch.no_grad():
+                trainer.lam.add_(0.1)
+
+    tr = _trainer(tmp_path, 3, Nudge())
+    with pytest.raises(RuntimeError, match=r"callback Nudge.on_outer_step changed trainer.lam "
+                                           r"\(restored\)"):
+        tr.fit()
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert torch.equal(ck["lam"], tr.lam)  # the checkpoint and the Trainer agree

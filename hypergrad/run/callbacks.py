@@ -1,8 +1,11 @@
 """What happens beside the Trainer's loop: messages, progress, TensorBoard, your own code.
 
 A :class:`Callback` gets the Trainer and an event: ``on_fit_start``, ``on_inner_step`` (every
-inner step the Trainer itself runs: the hypergradient's inner run offline, the run online),
-``on_outer_step`` (a copy of the record written to ``metrics.jsonl``), ``on_message`` (a line
+inner step the Trainer itself runs: the hypergradient's inner run offline with a method the
+Trainer steps (forward mode, HD, MARTHE; reverse mode and implicit differentiation take theirs
+in one call, with no such event), the run online; not the plain runs of the search),
+``on_outer_step`` (a copy of the record written to ``metrics.jsonl``, after its checkpoint: a
+callback observes, and one that changes ``trainer.lam`` is refused), ``on_message`` (a line
 of text), ``on_fit_end`` (the :class:`~hypergrad.TrainResult`). Only the process that writes (rank 0
 under torchrun) calls them. :func:`default_callbacks` gives :class:`Log` (messages to ``print``)
 and :class:`Progress`; a list passed to the Trainer is added to them, and replaces the default
@@ -227,6 +230,9 @@ class TensorBoard(Callback):
                 self.writer.add_scalar(k, v, step)
         for name, v in self._named(trainer, record["hyperparams"]).items():
             self.writer.add_scalar(f"hyperparams/{name}", v, step)
+        # on disk with the step's checkpoint: a run killed later lost this step's queued
+        # scalars for good (the resume purges from the next step on)
+        self.writer.flush()
 
     def on_fit_end(self, trainer: Any, result: Any) -> None:
         if self.writer is None:

@@ -542,8 +542,24 @@ class Trainer:
     def _emit_record(self, rec: dict[str, Any]) -> None:
         """``on_outer_step`` with a copy of the record for each callback: one that edits what it
         is given (rounds it for its log, pops a key) changes neither the history, the result and
-        the checkpoints nor what the next callback sees."""
-        _each(self.callbacks, lambda cb: cb.on_outer_step(self, copy.deepcopy(rec)))
+        the checkpoints nor what the next callback sees. One that moves ``trainer.lam`` is
+        refused: this step's checkpoint was written before the callbacks, so a resume went on
+        from the point before the change and ended elsewhere than the straight run."""
+        lam = self.lam.detach().clone()
+
+        def call(cb: Callback) -> None:
+            cb.on_outer_step(self, copy.deepcopy(rec))
+            if not torch.equal(self.lam, lam):
+                with torch.no_grad():
+                    self.lam.copy_(lam)
+                raise RuntimeError(
+                    f"Trainer: callback {type(cb).__name__}.on_outer_step changed trainer.lam "
+                    f"(restored): callbacks observe the run, and this outer step's checkpoint "
+                    f"was written before them, so a resume would go on from the point before "
+                    f"the change. Set hyperparameters before fit() (a new Trainer, or "
+                    f"Guards(bounds=...) to keep them in a range).")
+
+        _each(self.callbacks, call)
 
     @property
     def inner_step(self) -> int:
