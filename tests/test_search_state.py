@@ -293,8 +293,8 @@ def test_a_hypergradient_is_taken_only_with_room_for_its_line_search() -> None:
         res = tr.fit()
         assert res.history
         for rec in res.history:  # every hypergradient has a line-search trial after it
-            k = rec["outer_step"]
-            assert any(e["kind"] == "line search" and e["outer_step"] == k
+            k = rec["outer_step"]  # its trials are the points of step k + 1 (best_step's count)
+            assert any(e["kind"] == "line search" and e["outer_step"] == k + 1
                        for e in res.evaluations), (budget, k)
 
 
@@ -333,3 +333,17 @@ def test_evaluations_and_rechecked_points_carry_their_values() -> None:
     assert res.evaluations and res.rechecked
     for e in [*res.evaluations, *res.rechecked]:
         assert e["hyperparams"] == p.hyperparams.describe(e["lam"])
+
+
+def test_an_evaluation_and_best_step_count_its_outer_step_alike() -> None:
+    """The same point was 'line search' at outer_step 3 in evaluations and best_step 4 (the
+    callbacks probe): an evaluation's outer_step is now best_step's count."""
+    tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                    mode=hg.Offline(outer_steps=4, start=2, recheck=0), callbacks=quiet())
+    res = tr.fit()
+    best = [e for e in res.evaluations if e["val_loss"] == res.best_val_loss]
+    if best:  # the best point was a plain run's: its step is best_step
+        assert best[0]["outer_step"] == res.best_step
+    for e in res.evaluations:
+        if e["kind"] == "line search":
+            assert 1 <= e["outer_step"] <= len(res.history)

@@ -953,7 +953,9 @@ class Trainer:
         self._note(lam, value, sel, step)
         self.evaluations.append({"elapsed": self._elapsed(),
                                  "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
-                                 "outer_step": self.outer_step,
+                                 # as best_step and the tracker count it (it said outer step 3
+                                 # where best_step said 4, for the same point)
+                                 "outer_step": step,
                                  "hyperparams": self.problem.hyperparams.describe(lam)})
         if isinstance(self.outer, SearchOptimizer):  # a surrogate model keeps it
             self.outer.observe(lam, value)
