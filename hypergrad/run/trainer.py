@@ -106,8 +106,9 @@ class TrainResult:
     transformed. Online, the validation loss is measured on a moving inner state, so ``lam`` is
     the last value there, after the last update; ``best_val_loss`` (= ``last_val_loss``) is the
     last record's, the run's final state, trained before that update (``best_step`` counts the
-    updates, one past the last record's ``outer_step``). ``best_step``: how many outer updates led to ``lam`` (0: where the
-    descent started: the initial hyperparameters, or the best point of a space-filling start).
+    updates, one past the last record's ``outer_step``). ``best_step``: how many outer updates
+    led to ``lam`` (0: where the descent started: the initial hyperparameters, or the best
+    point of a space-filling start).
     ``last_lam`` / ``last_values``: where the outer optimizer ended (on a divergence: the
     hyperparameters that diverged), ``last_val_loss`` their validation loss.
     ``state``: the inner state trained at ``last_lam`` (offline: by the final evaluation; online:
