@@ -21,9 +21,11 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .rng import STATE_LOCK
 from .rnn import RecurrentMode
 
 __all__ = ["second_order", "AttentionProbe"]
@@ -37,8 +39,11 @@ def second_order(recurrent: bool = False) -> Iterator[None]:
     linear in the sequence length). Other ops are unaffected."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel([SDPBackend.MATH]), (RecurrentMode() if recurrent
-                                          else contextlib.nullcontext()):
+    # the kernel choice is the process's: another thread's plain pass took the math kernel
+    # too (1e-16 apart from a sequential run), so one thread at a time (:data:`STATE_LOCK`)
+    lock = contextlib.nullcontext() if torch.compiler.is_compiling() else STATE_LOCK
+    with lock, sdpa_kernel([SDPBackend.MATH]), (RecurrentMode() if recurrent
+                                                else contextlib.nullcontext()):
         yield
 
 

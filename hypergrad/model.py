@@ -34,6 +34,8 @@ from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import parametrizations as _pz
 
+from .rng import STATE_LOCK
+
 __all__ = ["FunctionalModel", "ModelFn", "ModelProbe"]
 
 _SpectralNorm: type[nn.Module] = _pz._SpectralNorm
@@ -428,6 +430,9 @@ class ModelFn:
         sparse embeddings dense."""
         fm = self._fm
         patched: list[nn.Module] = []
+        # the flag and the patches are the process's (another thread's call would save the
+        # flag this one set, or unpatch a shared module mid-call): one thread at a time
+        locked = not torch.compiler.is_compiling() and STATE_LOCK.acquire()
         fastpath = fm.attention and torch.backends.mha.get_fastpath_enabled()  # hot path
         try:
             for name, bn in fm.bn.items():
@@ -462,6 +467,8 @@ class ModelFn:
                 e.sparse = True
             for r in fm.rnn:
                 r.__dict__.pop("flatten_parameters", None)
+            if locked:
+                STATE_LOCK.release()
 
 
 _FASTPATH = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -37,13 +38,20 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-__all__ = ["step_seed", "step_rng", "keeps_rng", "VALIDATION_STEP"]
+__all__ = ["step_seed", "step_rng", "keeps_rng", "STATE_LOCK", "VALIDATION_STEP"]
 
 _MASK64 = (1 << 64) - 1
 
 VALIDATION_STEP = -1
 """The stream index of the validation objective (a loss evaluated in train mode may draw)."""
 
+
+STATE_LOCK = threading.RLock()
+"""Held while hypergrad sets torch's process-wide state for a pass (the default generators
+of :func:`step_rng`, the attention fast-path flag and the module patches of a model call):
+one thread at a time. Two runs in two threads drew each other's dropout masks (hypergradients
+3-20 % off a sequential run, silently) and left the fast path off for the process; with the
+lock the passes of concurrent runs take turns, and each is bitwise a sequential run."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -57,7 +65,7 @@ def keeps_rng(fn: _F) -> _F:
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=cuda):
+        with STATE_LOCK, torch.random.fork_rng(devices=cuda):  # two builders in two threads
             return fn(*args, **kwargs)
 
     return wrapped  # type: ignore[return-value]
@@ -99,14 +107,15 @@ def step_rng(seed: int, t: int, device: torch.device, watch: bool = False
     if device.type == "cuda":
         idx = device.index if device.index is not None else torch.cuda.current_device()
         gens.append(torch.cuda.default_generators[idx])
-    saved = [g.get_state() for g in gens]  # cheaper than fork_rng (a few microseconds)
-    for g in gens:
-        g.manual_seed(s)
-    try:
-        # not on fake tensors (a memory count, :mod:`hypergrad.footprint`): random ops on
-        # tensors without data draw nothing, so it cannot tell; a real evaluation finds out
-        yield (_StepRNG(gens, [g.get_state() for g in gens]) if watch and not _faking()
-               else None)
-    finally:
-        for g, st in zip(gens, saved):
-            g.set_state(st)
+    with STATE_LOCK:  # the generators are the process's: another thread's run would reseed them
+        saved = [g.get_state() for g in gens]  # cheaper than fork_rng (a few microseconds)
+        for g in gens:
+            g.manual_seed(s)
+        try:
+            # not on fake tensors (a memory count, :mod:`hypergrad.footprint`): random ops on
+            # tensors without data draw nothing, so it cannot tell; a real evaluation finds out
+            yield (_StepRNG(gens, [g.get_state() for g in gens]) if watch and not _faking()
+                   else None)
+        finally:
+            for g, st in zip(gens, saved):
+                g.set_state(st)

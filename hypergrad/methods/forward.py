@@ -363,6 +363,19 @@ class ForwardMode(OnlineMethod, name="forward"):
             weakref.WeakKeyDictionary())
         self._zero_memo: tuple[weakref.ref[Tensor], frozenset[int]] | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the per-problem caches (weak references, which do not pickle): a
+        ``ForwardMode()`` or a Trainer sent to a worker process (multiprocessing, joblib) failed
+        with "cannot pickle 'weakref.ReferenceType' object"."""
+        state = dict(self.__dict__)
+        state["_plans"] = None
+        state["_zero_memo"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._plans = weakref.WeakKeyDictionary()
+
     def _plan(self, problem: InnerProblem) -> ColumnPlan:
         plan = self._plans.get(problem)
         if plan is None or plan.k != problem.num_hyperparams or plan.horizon != problem.steps:

@@ -56,7 +56,7 @@ import math
 import numbers
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -434,7 +434,8 @@ class ImplicitDiff(Method, name="implicit"):
             raise TypeError(f"ImplicitDiff: solver must be a LinearSolver such as CG(), "
                             f"Neumann() or FixedPoint(), got {type(solver).__name__}.")
         if loss_steps is not None:
-            steps = list(loss_steps)
+            steps = (list(loss_steps) if isinstance(loss_steps, Iterable)
+                     and not isinstance(loss_steps, (str, bytes)) else [])  # 3: not iterable
             if not steps or any(isinstance(t, bool) or not isinstance(t, numbers.Integral)
                                 or t < 0 for t in steps):
                 raise ValueError(f"ImplicitDiff: loss_steps={loss_steps!r} must be None (the "
@@ -450,6 +451,18 @@ class ImplicitDiff(Method, name="implicit"):
         self._last: weakref.WeakKeyDictionary[InnerProblem, Tensor] = (
             weakref.WeakKeyDictionary())
         self._told: weakref.WeakSet[InnerProblem] = weakref.WeakSet()  # uneven_coverage
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the per-problem warm starts and notes (weak references, which do not
+        pickle): the method can be sent to a worker process."""
+        state = dict(self.__dict__)
+        state["_last"] = state["_told"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._last = weakref.WeakKeyDictionary()
+        self._told = weakref.WeakSet()
 
     def check(self, problem: InnerProblem) -> None:
         """Raise where the implicit function theorem does not apply to ``problem``'s

@@ -35,6 +35,13 @@ def _checked_precondition(who: str, precondition: Tensor | None,
     return precondition
 
 
+def _whole(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """An optimizer's attributes for pickling: torch's ``__getstate__`` keeps its defaults,
+    state and groups only, so a Trainer sent to a worker process lost a search's box (and
+    failed there), a precondition, a surrogate's points. Its hooks are torch's to remake."""
+    return {k: v for k, v in opt.__dict__.items() if not k.startswith("_optimizer_")}
+
+
 class SignDescent(torch.optim.Optimizer):
     """Sign steps with per-coordinate halving on a sign flip (FDS-style; Micaelli & Storkey 2021).
 
@@ -60,6 +67,9 @@ class SignDescent(torch.optim.Optimizer):
                             f"{type(precondition).__name__}.")
         super().__init__(params, dict(lr=float(lr), factor=float(factor)))
         self.precondition = _checked_precondition("SignDescent", precondition, self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _whole(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As torch's; a state saved before it kept its lr (a checkpoint written before
@@ -180,6 +190,9 @@ class SearchOptimizer(torch.optim.Optimizer):
       time) to :meth:`observe`, and spends the time left after the last hypergradient on
       :meth:`next_point`'s points (``None``: quasi-random ones).
     """
+
+    def __getstate__(self) -> dict[str, Any]:
+        return _whole(self)
 
     def __init__(self, params: Any, defaults: dict[str, Any],
                  box: tuple[Tensor, Tensor] | None = None) -> None:
