@@ -817,7 +817,7 @@ def main() -> None:
     try:
         _main()
     except SystemExit as err:
-        if err.code not in (0, None):
+        if err.code == 1:  # Hydra's own failure (a composition error among them)
             said = _preset_conflict(sys.argv[1:])
             if said is not None:  # after Hydra's own lines, which name only the key
                 print(said, file=sys.stderr)
