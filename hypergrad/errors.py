@@ -122,7 +122,6 @@ class DistributedError(RuntimeError):
 def is_real(value: object) -> bool:
     """Whether ``value`` is a real number as a setting takes one: a Python or NumPy int or
     float, not a bool (``True`` is an ``int`` to Python) and not a string (not exported)."""
-
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 

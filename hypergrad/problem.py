@@ -806,10 +806,7 @@ class InnerProblem:
         if raised_in_hypergrad(err):
             return  # its own message says what it is
 
-        def desc(x: Tensor) -> str:
-            return f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}"
-
-        data = [f"{d}: {desc(x)}" for d, x in self._data_tensors(which)[:4]]
+        data = [f"{d}: {_shape_dtype(x)}" for d, x in self._data_tensors(which)[:4]]
         params = [f"{k} {tuple(v.shape)}" for k, v in
                   list(self.fmodel.module.named_parameters())[:3]]
         if "Expected more than 1 value per channel" in str(err):  # torch's BatchNorm
@@ -1983,6 +1980,11 @@ def _check_arity(which: str, fn: Any, args: str) -> None:
                         f"it does not need can be named _).") from None
 
 
+def _shape_dtype(x: Tensor) -> str:
+    """``"(16, 64) float64"``: a tensor's shape and dtype, for messages."""
+    return f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}"
+
+
 def _describe_batch(batch: Any, t: int) -> str:
     """``"mini-batch 3: tensor 0 (16, 64) float64, tensor 1 (16,) int64 in [0, 10]"``: the
     shapes and dtypes of a batch's tensors, and the range of its integer ones (labels)."""
@@ -1990,7 +1992,7 @@ def _describe_batch(batch: Any, t: int) -> str:
     for i, x in enumerate(tree_flatten(batch)[0][:4]):
         if not isinstance(x, Tensor):
             continue
-        what = f"tensor {i} {tuple(x.shape)} {str(x.dtype).replace('torch.', '')}"
+        what = f"tensor {i} {_shape_dtype(x)}"
         if not x.dtype.is_floating_point and x.numel() and x.dtype != torch.bool:
             try:
                 what += f" in [{int(x.min())}, {int(x.max())}]"

@@ -832,10 +832,12 @@ class Trainer:
         left it."""
         if self.domain is None:
             return
-        hps = self.problem.hyperparams
-        before = hps.describe(self.lam)
+        raw = self.lam.detach().clone()
         self.domain.project(self.lam)
-        after = hps.describe(self.lam)
+        if torch.equal(raw, self.lam):  # the usual case: nothing to describe or say
+            return
+        hps = self.problem.hyperparams
+        before, after = hps.describe(raw), hps.describe(self.lam)
         domains = self.problem.hyperparameter_domains()
         for name in self.domain.raw:
             if before[name] == after[name] or name in self._left_domain:
