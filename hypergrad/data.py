@@ -349,10 +349,11 @@ class Stream:
       batch; a method that replays steps backwards asks the pass to keep the batches of those
       steps (``keep_from``) and drops them at the end (:meth:`release`). A step before the last
       one read and not kept is read again from the start of the same pass (the same batches).
-    - **Every pass fixed by a seed.** Pass ``i`` has the seed ``step_seed(seed, i)`` (a hash:
-      :func:`hypergrad.rng.step_seed`). Starting an epoch of a pass seeds the generators its
-      ``iter()`` draws from: the source's own ``generator`` and its sampler's (the shuffle, and
-      the workers' base seed that a DataLoader draws from it per iterator), and torch's global
+    - **Every pass fixed by a seed.** Pass ``i`` has the seed :meth:`pass_seed` ``(i)``,
+      drawn from ``seed`` with :func:`hypergrad.rng.step_seed` (a hash). Starting an epoch of
+      a pass seeds the generators its ``iter()`` draws from: the source's own ``generator``
+      and its sampler's (the shuffle, and the workers' base seed that a DataLoader draws from
+      it per iterator), and torch's global
       CPU generator (the sampler's and the base seed's source when no generator is given);
       a sampler's epoch (``set_epoch``, as ``DistributedSampler``, whose shuffle follows it) is
       set from the same seed; reading each batch runs under torch's, Python's and NumPy's

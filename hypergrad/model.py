@@ -42,6 +42,11 @@ _SpectralNorm: type[nn.Module] = _pz._SpectralNorm
 _WeightNorm: type[nn.Module] = _pz._WeightNorm
 
 
+def _dense_copy(t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """A copy of ``t`` (in ``dtype`` if given) in torch's default contiguous layout."""
+    return t.to(dtype=dtype or t.dtype, memory_format=torch.contiguous_format, copy=True)
+
+
 class FunctionalModel:
     """A module split into trainable parameters, tracked buffers (state) and constants.
 
@@ -260,17 +265,20 @@ class FunctionalModel:
                 f"problem from the changed module.")
 
     def initial_params(self) -> dict[str, Tensor]:
+        """Copies of the initial weights, in torch's default (contiguous) layout: a model
+        moved to ``channels_last`` failed in every batched product with torch's "NYI:
+        querying is_contiguous inside of vmap" (the layout changes no value)."""
         if self.fresh is not None:
-            return {k: self.fresh[k].clone() for k in self.param_names}
+            return {k: _dense_copy(self.fresh[k]) for k in self.param_names}
         self.unchanged()
-        return {k: self.module.get_parameter(k).detach().clone() for k in self.param_names}
+        return {k: _dense_copy(self.module.get_parameter(k).detach()) for k in self.param_names}
 
     def initial_buffers(self) -> dict[str, Tensor]:
         out = {}
         for k in self.state_buffer_names:
             b = (self.fresh[k] if self.fresh is not None and k in self.fresh
                  else self.module.get_buffer(k).detach())
-            out[k] = b.to(self.dtype) if k in self.generic and b.dtype != self.dtype else b.clone()
+            out[k] = _dense_copy(b, self.dtype if k in self.generic else None)
         return out
 
     def bind(self, params: dict[str, Tensor], buffers: dict[str, Tensor], train: bool,

@@ -433,3 +433,29 @@ def test_freezing_a_layer_after_the_problem_is_built_is_refused_by_name() -> Non
         p.run(p.init_raw())
     m[0].requires_grad_(True)
     p.run(p.init_raw())  # as built again: runs
+
+
+def test_a_channels_last_model_gets_forward_mode_hypergradients() -> None:
+    """``model.to(memory_format=torch.channels_last)`` (the usual setting for a CNN on a GPU)
+    failed in every batched product with torch's "NYI: querying is_contiguous inside of vmap"
+    (the CNN probe); the weights are now copied in the default layout."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(),
+                          nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(4 * 2 * 2, 3)).double()
+    model = model.to(memory_format=torch.channels_last)
+    assert not model[3].weight.is_contiguous()
+    x = torch.randn(8, 1, 5, 5, dtype=torch.float64).contiguous(
+        memory_format=torch.channels_last)
+    y = torch.randint(0, 3, (8,))
+    p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr", momentum="mom"),
+                        hg.HyperParams([hg.Scalar("lr", 0.1, "log"),
+                                        hg.Scalar("mom", 0.5, "logit")]),
+                        [(x, y)], 3, lambda m, hp: F.cross_entropy(m(x), y))
+    lam = p.init_raw()
+    fwd = hg.ForwardMode().hypergradient(p, lam).grad
+    rev = hg.ReverseMode().hypergradient(p, lam).grad
+    assert hg.testing.rel_err(fwd, rev) < 1e-12
+    # the module keeps its layout
+    assert model[3].weight.is_contiguous(memory_format=torch.channels_last)

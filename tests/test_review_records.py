@@ -329,6 +329,22 @@ def test_a_failing_callback_keeps_no_record_from_the_others_nor_hides_the_error(
                for n in getattr(got.value, "__notes__", []))
 
 
+def test_a_callback_failing_at_fit_end_loses_no_result(tmp_path: Path) -> None:
+    # the fit had finished (records and checkpoint written), but the TrainResult was lost
+    class Closing(hg.Callback):
+        def on_fit_end(self, trainer: Any, result: Any) -> None:
+            raise OSError("disk full")
+
+    trainer = _trainer(tmp_path, 2, Closing())
+    assert trainer.result is None
+    with pytest.raises(OSError, match="disk full") as got:
+        trainer.fit()
+    assert any("trainer.result" in n for n in getattr(got.value, "__notes__", []))
+    res = trainer.result
+    assert res is not None and len(res.history) == 2
+    assert torch.equal(res.lam, trainer.lam)
+
+
 def test_a_mode_setting_at_its_default_is_shown_as_its_value_in_a_resume_message() -> None:
     """The offline mode records start and recheck only where they are not 0: a resume that
     set start=2 read ``trainer.mode.start: '<absent>' -> 2``."""

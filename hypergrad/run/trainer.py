@@ -425,6 +425,9 @@ class Trainer:
         """Offline with the problem's ``select_loss``: every finite evaluation (hypergradient,
         plain run, final evaluation) as ``{"lam", "val_loss", "select_loss", "outer_step"}``;
         the point returned is chosen by ``select_loss`` among them."""
+        self.result: TrainResult | None = None
+        """The last finished ``fit()``'s :class:`~hypergrad.TrainResult` (also kept when a
+        callback's ``on_fit_end`` raised after the fit had finished)."""
         self._plain_seconds: float | None = None
         self._plain_recent: list[float] = []  # the seconds of this fit's plain runs
         self._rechecks = 0  # points to re-check before returning one (set by fit())
@@ -635,7 +638,13 @@ class Trainer:
                                  res.last_val_loss, searched=bool(self.evaluations))
         self._warn_budget(res)
         self._warn_untrained(res)
-        self._emit("on_fit_end", res)
+        self.result = res
+        try:
+            self._emit("on_fit_end", res)
+        except Exception as err:
+            err.add_note("Trainer: the fit had finished before this callback raised; its "
+                         "TrainResult is trainer.result")
+            raise
         return res
 
     def _warn_untrained(self, res: TrainResult) -> None:
