@@ -142,6 +142,35 @@ def test_an_ended_descent_spends_the_time_left_and_says_it_ran_out_of_it() -> No
     assert [e["kind"] for e in res.evaluations].count("leftover") >= 5
 
 
+class _Stop(hg.Callback):
+    def on_outer_step(self, trainer: Any, rec: dict[str, Any]) -> None:
+        raise KeyboardInterrupt("killed after the record")
+
+
+def test_a_run_killed_after_its_descent_ended_resumes_to_the_same_end(tmp_path: Path) -> None:
+    """The end of the descent is in the checkpoint: a run killed after the last record (its
+    final evaluation and re-checks still to come) resumed with one more outer step at the same
+    point, the line search's runs again and a restart (the resume probe)."""
+    def trainer(folder: Any, *extra: Any, said: Any = None) -> hg.Trainer:
+        return hg.Trainer(_small_regression(),
+                          guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, divergence_factor=1.5),
+                          mode=hg.Offline(outer_steps=10, start=4, recheck=2), folder=folder,
+                          callbacks=quiet(hg.run.Log(said), *extra))
+
+    straight = trainer(None).fit()
+    assert len(straight.history) == 1
+    with pytest.raises(KeyboardInterrupt):
+        trainer(tmp_path, _Stop()).fit()
+    said: list[str] = []
+    resumed = trainer(hg.RunFolder(tmp_path, resume=True), said=said.append).fit()
+    assert len(resumed.history) == 1
+    assert torch.equal(resumed.lam, straight.lam)
+    assert ([(e["kind"], e["val_loss"]) for e in resumed.evaluations]
+            == [(e["kind"], e["val_loss"]) for e in straight.evaluations])
+    assert any("descent ended at outer step 0" in m and "no outer step is added" in m
+               for m in said)
+
+
 def test_a_restart_point_within_half_the_divergence_margin_is_taken() -> None:
     """The restart's margin is half the divergence margin, (factor - 1) / 2: a point 1.2x
     the best is taken at factor 1.5 (it was refused at any factor below 2)."""
@@ -347,3 +376,73 @@ def test_an_evaluation_and_best_step_count_its_outer_step_alike() -> None:
     for e in res.evaluations:
         if e["kind"] == "line search":
             assert 1 <= e["outer_step"] <= len(res.history)
+
+
+@pytest.mark.parametrize("at", [2, 9, 16])
+def test_fit_again_after_an_interrupt_within_an_outer_step_goes_on_as_the_run(at: int) -> None:
+    """Ctrl-C within a line search (or the start) left the Trainer there: a second fit() took
+    the next hypergradient at a trial point, with the quasi-Newton memory half updated, and
+    ended elsewhere than the run not interrupted (the resume probe). It now goes back to the
+    outer step's start. (at: the plain run interrupted, within the start, the first and a
+    later line search.)"""
+    def trainer() -> hg.Trainer:
+        return hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
+                          mode=hg.Offline(outer_steps=4, start=4, recheck=2),
+                          callbacks=quiet())
+
+    straight = trainer().fit()
+    tr = trainer()
+    run, calls = tr.problem.run, [0]
+
+    def interrupted(*args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == at:
+            raise KeyboardInterrupt
+        return run(*args, **kw)
+
+    tr.problem.run = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt) as got:
+        tr.fit()
+    assert any("fit() again goes on" in n for n in got.value.__notes__)
+    tr.problem.run = run  # type: ignore[method-assign]
+    again = tr.fit()
+    assert torch.equal(again.lam, straight.lam) and again.best_step == straight.best_step
+    assert [h["val_loss"] for h in again.history] == [h["val_loss"] for h in straight.history]
+    assert ([(e["kind"], e["val_loss"]) for e in again.evaluations]
+            == [(e["kind"], e["val_loss"]) for e in straight.evaluations])
+
+
+def test_state_dict_is_a_copy_the_run_does_not_change() -> None:
+    """It held the live history and evaluations: a dict taken at outer step 1 and loaded
+    after the run's end doubled the records (the resume probe)."""
+    class Take(hg.Callback):
+        sd: dict[str, Any] = {}
+
+        def on_outer_step(self, trainer: Any, rec: dict[str, Any]) -> None:
+            if rec["outer_step"] == 1:
+                Take.sd = trainer.state_dict()
+
+    hg.Trainer(lr_momentum(), mode=hg.Offline(outer_steps=4, start=4, recheck=0),
+               callbacks=quiet(Take())).fit()
+    assert Take.sd["outer_step"] == 2 and len(Take.sd["history"]) == 2
+    assert all(e["outer_step"] <= 2 for e in Take.sd["search"]["evaluations"])
+
+
+def test_a_resume_given_other_outer_settings_outside_the_groups_says_so(
+        tmp_path: Path) -> None:
+    """Surrogate(seed=..., grad_noise=...) and a preconditioner changed on a resume were taken
+    (or, the seed, ignored) without a word: the resumed run matched neither setting's run."""
+    import functools
+
+    def trainer(steps: int, folder: Any, said: Any = None, **kw: Any) -> hg.Trainer:
+        return hg.Trainer(lr_momentum(), outer=functools.partial(hg.run.Surrogate, **kw),
+                          mode=hg.Offline(outer_steps=steps, start=3, recheck=0),
+                          folder=folder, callbacks=quiet(hg.run.Log(said)))
+
+    trainer(2, tmp_path).fit()
+    said: list[str] = []
+    trainer(3, hg.RunFolder(tmp_path, resume=True), said.append, seed=5,
+            grad_noise=(0.0,)).fit()
+    changed = [m for m in said if "resume: outer optimizer settings" in m]
+    assert len(changed) == 1 and "grad_noise" in changed[0] and "-> (0.0,)" in changed[0]
+    assert "seed 0 -> 5 (not used" in changed[0]

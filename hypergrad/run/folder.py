@@ -368,6 +368,19 @@ def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
             if k in group and not bitwise_equal(group[k], v):
                 changed.append(f"{k} {group[k]!r} -> {v!r}")
             group[k] = v
+    now = getattr(outer, "resume_settings", None)
+    was = ck.get("outer_settings")
+    if callable(now) and isinstance(was, Mapping):
+        for k, v in now().items():
+            if k not in was or bitwise_equal(was[k], v):
+                continue
+            if k == "seed":
+                changed.append(f"seed {was[k]!r} -> {v!r} (not used: the checkpoint's "
+                               f"candidate generator goes on; a seed starts a run)")
+            elif isinstance(v, Tensor) or isinstance(was[k], Tensor):
+                changed.append(f"{k} (another tensor given)")
+            else:
+                changed.append(f"{k} {was[k]!r} -> {v!r}")
     if changed:
         log(f"resume: outer optimizer settings given now replace the "
             f"checkpoint's: {', '.join(changed)}")

@@ -71,6 +71,11 @@ class SignDescent(torch.optim.Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         return _whole(self)
 
+    def resume_settings(self) -> dict[str, Any]:
+        """Its settings outside its parameter groups (the preconditioner), which a checkpoint
+        records so that a resume given others says so."""
+        return {"precondition": self.precondition}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As torch's; a state saved before it kept its lr (a checkpoint written before
         2026-12-06) takes the saved group's, so a resume that gives another lr still rescales
@@ -214,6 +219,11 @@ class SearchOptimizer(torch.optim.Optimizer):
         """A plain run the Trainer made at raw ``x`` (validation loss ``value``); nothing here
         (a surrogate model keeps it)."""
 
+    def resume_settings(self) -> dict[str, Any]:
+        """Its settings outside its parameter groups, which a checkpoint records so that a
+        resume given others says so (none here)."""
+        return {}
+
     def next_point(self, like: Tensor) -> Tensor | None:
         """The next point worth a plain run when no hypergradient fits any more (raw, like
         ``like``); ``None``: the Trainer's quasi-random points."""
@@ -294,6 +304,10 @@ class QuasiNewton(SearchOptimizer):
         super().__init__(params, dict(step=step, memory=memory, expand=expand,
                                       backtrack=backtrack, min_step=min_step), box=box)
         self.precondition = _checked_precondition("QuasiNewton", precondition, self)
+
+    def resume_settings(self) -> dict[str, Any]:
+        """The preconditioner (see :meth:`SearchOptimizer.resume_settings`)."""
+        return {"precondition": self.precondition}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float | None] | None = None  # type: ignore[override]

@@ -176,6 +176,11 @@ class Surrogate(SearchOptimizer):
         self.fs: list[float] = []
         self.grads: dict[int, Tensor] = {}  # index -> gradient in box units
 
+    def resume_settings(self) -> dict[str, Any]:
+        """The seed and the gradients' noise shares (see
+        :meth:`SearchOptimizer.resume_settings`)."""
+        return {"seed": self.seed, "grad_noise": self.grad_noise}
+
     def seed_with(self, seed: int) -> None:
         """Seed the candidate generator (the Trainer's call where ``seed`` was not given)."""
         self.seed = int(seed)

@@ -222,6 +222,16 @@ def _check_outer(opt: Any, lam: Tensor) -> None:
             f"outer=functools.partial(hypergrad.run.QuasiNewton)).")
 
 
+_OVER = {
+    "ended": ("the line search found nothing better and no restart point is near the best",
+              "the descent ends here"),
+    "rough": ("the surrogate model treats the hypergradients as noise",
+              "the time left goes to plain runs at its proposals, not to more hypergradients "
+              "(SearchSettings(rough_plain=False) keeps taking them)")}
+"""Why an offline descent ended before its steps or budget (``Trainer._over``, checkpointed),
+and what follows."""
+
+
 def _each(callbacks: list[Callback], call: Callable[[Callback], Any]) -> None:
     """``call`` every callback, also after one raised (a record one of them failed on still
     reaches TensorBoard and the others); then the first error is raised."""
@@ -425,6 +435,8 @@ class Trainer:
         """Offline with the problem's ``select_loss``: every finite evaluation (hypergradient,
         plain run, final evaluation) as ``{"lam", "val_loss", "select_loss", "outer_step"}``;
         the point returned is chosen by ``select_loss`` among them."""
+        self._over: str | None = None  # why the descent ended (_OVER), else None
+        self._good: dict[str, Any] | None = None  # where an interrupted fit() goes back to
         self.result: TrainResult | None = None
         """The last finished ``fit()``'s :class:`~hypergrad.TrainResult` (also kept when a
         callback's ``on_fit_end`` raised after the fit had finished)."""
@@ -599,6 +611,8 @@ class Trainer:
             self.folder.lock.acquire()
         try:
             self._emit("on_fit_start")
+            self._good = None
+            self._mark_good()
             try:
                 res = self._fit_online() if self.mode.online else self._fit_offline()
             except (MemoryError, RuntimeError) as err:  # torch.OutOfMemoryError is one
@@ -610,6 +624,7 @@ class Trainer:
                     raise
                 raise oom from None  # not the allocator's raw error; the records stay
         except BaseException as err:
+            self._go_back(err)
             self.close()
             if isinstance(err, KeyboardInterrupt) and self.folder is not None:
                 where = self.folder.path
@@ -646,6 +661,25 @@ class Trainer:
                          "TrainResult is trainer.result")
             raise
         return res
+
+    def _go_back(self, err: BaseException) -> None:
+        """After ``err`` stopped an offline fit within an outer step: the Trainer back at that
+        step's start (:meth:`_mark_good`), so that ``fit()`` again goes on as the run not
+        stopped would. It was left within a line search: the next hypergradient was taken at
+        a trial point, the quasi-Newton memory half updated, the start cut short."""
+        good, self._good = self._good, None
+        if good is None:
+            return
+        try:
+            self.outer.load_state_dict(copy.deepcopy(good["outer"]))
+            self._restore(good)
+        except Exception as late:  # noqa: BLE001 - kept as a note of the error that stopped it
+            err.add_note(f"Trainer: going back to the start of outer step "
+                         f"{good['outer_step']} failed ({type(late).__name__}: {late}); build "
+                         f"a new Trainer")
+            return
+        err.add_note(f"Trainer: back at the start of outer step {self.outer_step}, as the run "
+                     f"left it: fit() again goes on from there")
 
     def _warn_untrained(self, res: TrainResult) -> None:
         """Warn when the point returned trains to a validation loss far above the untrained
@@ -748,7 +782,7 @@ class Trainer:
         """A checkpoint within this outer step's inner run (``RunFolder(inner_every=...)``): the
         outer step's checkpoint plus the method's run state, its ``lam`` and the stream."""
         assert self.folder is not None and isinstance(self.method, OnlineMethod)
-        ck = self.state_dict()
+        ck = self._checkpoint()
         ck["inner"] = {"outer_step": self.outer_step, "lam": lam.detach().clone(),
                        "run": self.method.state_dict(self.problem, run),
                        "batches": ck.get("batches"),
@@ -1181,16 +1215,20 @@ class Trainer:
             self.message(f"resume: the run already has {self.outer_step} outer steps, more "
                          f"than outer_steps={self.mode.outer_steps}: none is added (a resume "
                          f"can only ask for more); the result is the run's so far")
-        while self.outer_step < self.mode.steps(budget):
+        if self._over is not None:  # a resume (or a second fit()) of a run whose descent ended
+            self.message(f"the run's descent ended at outer step {self.outer_step - 1} "
+                         f"({_OVER[self._over][0]}): no outer step is added")
+            out_of_time = self._end_descent(budget)
+        while self._over is None and self.outer_step < self.mode.steps(budget):
             t0 = self._now()
             if (budget is not None and last_seconds is not None
                     and t0 - self._fit_start + last_seconds > budget - self._reserve()):
                 out_of_time = self._budget_cut = True
                 held = self._reserve()
                 self.message(f"time_budget={budget:g} s: stopped before outer step "
-                             f"{self.outer_step} ({t0 - self._fit_start:.1f} s; the next would "
-                             f"take about {last_seconds:.1f} s"
-                             + (f", and {held:.1f} s are kept for the re-check and the final "
+                             f"{self.outer_step} ({t0 - self._fit_start:.3g} s; the next would "
+                             f"take about {last_seconds:.2g} s"
+                             + (f", and {held:.2g} s are kept for the re-check and the final "
                                 f"run" if held > 0 else "") + ")")
                 if self.search.leftover and isinstance(self.outer, SearchOptimizer):
                     self._leftover()
@@ -1248,28 +1286,32 @@ class Trainer:
                     ended = self.outer.stalled and not self._restart()
             self._note(lam_used, float(value), self._select_value(hg.state, lam_used,
                                                                   float(value)))
+            # decided before the record, so that its checkpoint holds it: a run killed after
+            # it resumed with one more outer step than the straight run (the same point's
+            # hypergradient again, the line search's runs again, a restart)
+            if ended:
+                self._over = "ended"
+            elif (budget is not None and self.search.rough_plain and self.search.leftover
+                  and self._rough_share() is not None):
+                self._over = "rough"
             self._record(value, grad, lam_used, hg.state, spent,
                          backtracked=backtracked, info=hg.info)
-            if (not ended and budget is not None and self.search.rough_plain
-                    and self.search.leftover and self._rough_share() is not None):
-                self.message(f"outer step {self.outer_step - 1}: the surrogate model treats "
-                             f"the hypergradients as noise: the time left goes to plain runs at "
-                             f"its proposals, not to more hypergradients "
-                             f"(SearchSettings(rough_plain=False) keeps taking them)")
-                self._leftover()
-                out_of_time = True
-                break
-            if ended:
-                self.message(f"outer step {self.outer_step - 1}: the line search found nothing "
-                             f"better and no restart point is near the best: the descent "
-                             f"ends here")
-                if budget is not None and self.search.leftover:
-                    self._leftover()  # plain runs until the budget's end
-                    out_of_time = True
+            if self._over is not None:
+                self.message(f"outer step {self.outer_step - 1}: "
+                             + ": ".join(_OVER[self._over]))
+                out_of_time = self._end_descent(budget)
                 break
         res = self._finish_offline()
         res.out_of_time = out_of_time and not res.diverged
         return res
+
+    def _end_descent(self, budget: float | None) -> bool:
+        """After the descent ended (:data:`_OVER`): with a time budget, the time left goes to
+        plain runs (``search.leftover``). Returns whether it did (the run is out of time)."""
+        if self._over == "rough" or (budget is not None and self.search.leftover):
+            self._leftover()  # plain runs until the budget's end
+            return True
+        return False
 
     def _say_compile(self) -> float:
         """Once: what ``ForwardMode(compile=None)`` measured and chose; returns the seconds of
@@ -1501,7 +1543,7 @@ class Trainer:
         if self.folder is not None:
             # on every rank (a split run gathers its columns): the checkpoint written where the
             # run diverged before its first, so the folder keeps why it stopped
-            first = self.state_dict()
+            first = self._checkpoint()
             if self.strategy.is_writer:
                 self.folder.mark_stopped(self.problem.device, self.lam, msg, first=first)
         return TrainResult(keep.clone(), hps.describe(keep), copy.deepcopy(self.history),
@@ -1530,16 +1572,35 @@ class Trainer:
         self.history.append(rec)
         self.outer_step += 1
         if self.folder is not None:
-            ck = self.state_dict()  # on every rank: a split run's columns are gathered
+            ck = self._checkpoint()  # on every rank: a split run's columns are gathered
             if self.strategy.is_writer:
                 self.folder.write(ck, rec)
+        self._mark_good()
         self._emit_record(rec)
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint: ``lam``, the outer optimizer, the history, the guards' tracker, the
         random generators, a streamed batch source's passes (:meth:`Stream.state_dict
         <hypergrad.data.Stream.state_dict>`) and, online, the method's run state (every rank
-        of a split run must call it: the columns are gathered)."""
+        of a split run must call it: the columns are gathered). A copy: the run going on
+        changes nothing in it (it held the live history, so a dict taken at outer step 3 and
+        loaded at the end doubled the records)."""
+        return copy.deepcopy(self._checkpoint())
+
+    def _mark_good(self) -> None:
+        """Keep where an interrupted :meth:`fit` goes back to (the end of the last outer step,
+        or the fit's start): offline, in one process. The records (history, evaluations,
+        selections, points searched from) are only ever appended to: the copy shares them."""
+        if self.mode.online or type(self.strategy) is not Strategy:
+            return
+        ck = self._checkpoint()
+        memo: dict[int, Any] = {id(x): x for rows in (self.history, self.evaluations,
+                                                      self.selections, self._searched)
+                                for x in rows}
+        self._good = copy.deepcopy(ck, memo)
+
+    def _checkpoint(self) -> dict[str, Any]:
+        """:meth:`state_dict` without the copy: what is written at once."""
         ck: dict[str, Any] = {
             "version": CHECKPOINT_VERSION, "mode": self.mode.name,
             "outer_step": self.outer_step, "lam": self.lam.detach().clone(),
@@ -1550,6 +1611,11 @@ class Trainer:
             **self.tracker.state_dict()}
         if self.selections:
             ck["selections"] = self.selections
+        settings = getattr(self.outer, "resume_settings", None)
+        if callable(settings):
+            ck["outer_settings"] = settings()
+        if self._over is not None:
+            ck["descent_over"] = self._over
         if self._first_point is not None:
             ck["first_point"] = self._first_point
         if self.evaluations or self._starts_used or self._searched or self._recoveries:
@@ -1584,12 +1650,30 @@ class Trainer:
                 self.message(f"resume: the online run state of {entry['method']} "
                              f"carries over to {self.method.name}, whose hypergradients are "
                              f"used from here on")
-        self.history = list(ck["history"])
         if ck.get("inner") is not None and not self.mode.online:  # written within an inner run
             self._inner = (ck["inner"], str(path))
+        self._restore(ck)
+        if self.folder is not None and self.strategy.is_writer:
+            self.folder.rewrite_metrics(self.history)  # agrees with the checkpoint again
+        self.message(f"resumed from {path} at outer step {self.outer_step}")
+        if ck.get("stopped"):
+            self.message(f"that run had stopped on a divergence; continuing from "
+                         f"the hyperparameters it kept: "
+                         f"{self.problem.hyperparams.describe(self.lam)}")
+
+    def _restore(self, ck: dict[str, Any]) -> None:
+        """The run's state from a checkpoint (:meth:`load_state_dict`, after its checks and
+        the outer optimizer's and online state's) or from the last outer step's end (an
+        interrupted :meth:`fit`)."""
+        with torch.no_grad():
+            self.lam.copy_(ck["lam"])
+        self.history = list(ck["history"])
         self.tracker.load_state_dict(ck, self.lam)
         self.selections = [dict(r, lam=r["lam"].to(self.lam)) for r in ck.get("selections", [])]
         self._backtracks = int(ck.get("backtracks", 0))
+        over = ck.get("descent_over")
+        self._over = over if over in _OVER else None
+        self._first_point = None
         if ck.get("first_point") is not None:
             v, x, k = ck["first_point"]
             self._first_point = (float(v), x.to(self.lam), int(k))
@@ -1605,10 +1689,3 @@ class Trainer:
         set_rng_state(ck["rng"])
         if self.problem.stream is not None and ck.get("batches") is not None:
             self.problem.stream.load_state_dict(ck["batches"])  # after the online run's init
-        if self.folder is not None and self.strategy.is_writer:
-            self.folder.rewrite_metrics(self.history)  # agrees with the checkpoint again
-        self.message(f"resumed from {path} at outer step {self.outer_step}")
-        if ck.get("stopped"):
-            self.message(f"that run had stopped on a divergence; continuing from "
-                         f"the hyperparameters it kept: "
-                         f"{self.problem.hyperparams.describe(self.lam)}")
