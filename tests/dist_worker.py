@@ -170,6 +170,43 @@ def mismatch(out: Path, what: str) -> None:
     torch.save(said, out / f"rank{hd.rank()}.pt")
 
 
+def settings(out: Path) -> None:
+    """Rank 1 builds its Trainer with another outer learning rate: every rank refuses,
+    naming it (each rank stepped its own outer optimizer: rank 0 summed hypergradients taken
+    at rank 1's other points, and the run ended with exit status 0)."""
+    import functools
+
+    import hypergrad as hg
+    from hypergrad import distributed as hd
+
+    lr = 0.1 if hd.rank() == 1 else 0.05
+    try:
+        hg.Trainer(mixed(), "forward", functools.partial(torch.optim.Adam, lr=lr),
+                   hg.Offline(outer_steps=2), callbacks=[hg.run.Progress(False)],
+                   strategy=hd.Ranks())
+        said = "built"
+    except ValueError as err:
+        said = str(err)
+    torch.save(said, out / f"rank{hd.rank()}.pt")
+
+
+def follow(run_dir: Path, out: Path, resume: bool) -> None:
+    """An offline run of 2 outer steps in ``run_dir``; with ``--resume``, 3, where only rank 0
+    is given resume=True: rank 1 follows rank 0's resumed run (it started afresh beside it)."""
+    import functools
+
+    import hypergrad as hg
+    from hypergrad import distributed as hd
+
+    trainer = hg.Trainer(mixed(), "forward", functools.partial(torch.optim.Adam, lr=0.05),
+                         hg.Offline(outer_steps=3 if resume else 2),
+                         folder=hg.RunFolder(run_dir, resume=resume and hd.rank() == 0),
+                         callbacks=[hg.run.Progress(False)], strategy=hd.Ranks())
+    res = trainer.fit()
+    torch.save({"lam": res.lam, "history": [h["val_loss"] for h in res.history]},
+               out / f"rank{hd.rank()}.pt")
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     torch.set_num_threads(1)
@@ -185,6 +222,10 @@ def main() -> None:
             hang(Path(args[0]))
         elif case == "mismatch":
             mismatch(Path(args[0]), args[1])
+        elif case == "settings":
+            settings(Path(args[0]))
+        elif case == "follow":
+            follow(Path(args[0]), Path(args[1]), "--resume" in args)
         else:
             raise SystemExit(f"unknown case {case!r}")
 

@@ -182,6 +182,29 @@ def test_ranks_holding_different_problems_are_refused_on_every_rank(what: str,
             assert f"rank 1: {differs}" in said[r][name], said[r][name]
 
 
+def test_ranks_built_with_other_run_settings_refuse_together(tmp_path: Path) -> None:
+    """A rank given another outer learning rate went its own way: rank 0's result was a
+    hypergradient sum at two points, with exit status 0 (the distributed probe)."""
+    _ok(launch("settings", str(tmp_path)))
+    said = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for r in range(2):
+        assert "the processes hold different run settings" in said[r], said[r]
+        assert "rank 1: trainer.outer_given[0][lr]: 0.05 -> 0.1" in said[r], said[r]
+
+
+def test_a_rank_not_given_resume_follows_rank_0s_resumed_run(tmp_path: Path) -> None:
+    """Only rank 0 was given resume=True: rank 1 started afresh beside the resumed rank 0,
+    which wrote a wrong record before the run failed (the distributed probe)."""
+    run = tmp_path / "run"
+    _ok(launch("follow", str(run), str(tmp_path)))
+    first = torch.load(tmp_path / "rank0.pt")
+    _ok(launch("follow", str(run), str(tmp_path), "--resume"))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0]["history"][:2] == first["history"] and len(ranks[0]["history"]) == 3
+    assert ranks[1]["history"] == ranks[0]["history"]
+    assert torch.equal(ranks[1]["lam"], ranks[0]["lam"])
+
+
 def test_one_process_runs_the_parallel_methods_as_the_plain_ones() -> None:
     p = dist_worker.mixed()
     lam = dist_worker.lam_of(p)

@@ -345,6 +345,19 @@ def test_a_callback_failing_at_fit_end_loses_no_result(tmp_path: Path) -> None:
     assert torch.equal(res.lam, trainer.lam)
 
 
+def test_a_mismatch_in_a_dict_or_list_names_the_entry_that_differs() -> None:
+    """The whole dict was shown, cut at 60 characters before the entry that differed: both
+    sides read alike (initial values of 'lr' and 'mom', 'mom' differing; the distributed
+    probe)."""
+    from hypergrad.run import files
+
+    old = {"problem.initial_values": {"lr": [0.10000000000000002, 0.1, 0.1], "mom": [0.8]}}
+    new = {"problem.initial_values": {"lr": [0.10000000000000002, 0.1, 0.1], "mom": [0.7]}}
+    assert files.fingerprint_diff(old, new) == ["problem.initial_values[mom]: [0.8] -> [0.7]"]
+    many = files.fingerprint_diff({"w": list(range(50))}, {"w": list(range(1, 51))})
+    assert many == ["w: 50 entries differ (w[0]: 0 -> 1, ...)"]
+
+
 def test_a_mode_setting_at_its_default_is_shown_as_its_value_in_a_resume_message() -> None:
     """The offline mode records start and recheck only where they are not 0: a resume that
     set start=2 read ``trainer.mode.start: '<absent>' -> 2``."""

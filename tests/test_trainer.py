@@ -389,7 +389,8 @@ def test_resume_refuses_a_run_that_differs(change: dict[str, Any], key: str,
     base = {"problem": _linear_regression(12)} if key == "problem.initial_values" else {}
     _mk(tmp_path, outer_steps=1, **base).fit()
     first = (tmp_path / "metrics.jsonl").read_text()
-    with pytest.raises(ResumeMismatchError, match=rf"(?s)cannot resume .*\n  {key}: .* -> "):
+    with pytest.raises(ResumeMismatchError,
+                       match=rf"(?s)cannot resume .*\n  {re.escape(key)}(\[\w+\])?: .* -> "):
         _mk(tmp_path, resume=True, **{**base, **change})
     assert (tmp_path / "metrics.jsonl").read_text() == first  # nothing mixed in
 

@@ -71,21 +71,30 @@ def check_same_problem(problem: InnerProblem, who: str) -> None:
     gathered from every rank."""
     if world_size() == 1 or problem in _AGREED:
         return
-    from ..run.files import fingerprint_diff
     from ..run.folder import problem_fingerprint
 
-    everyone = gather_objects(problem_fingerprint(problem, {}, {}),
-                              "comparing the ranks' problems")
+    check_same_facts(problem_fingerprint(problem, {}, {}), who, "problems",
+                     "Every rank must build the same problem (the same data and batches, T, "
+                     "seed, model and initial values): each computes its share of the "
+                     "hypergradient of that one problem (its columns, or its part of each "
+                     "mini-batch).")
+    _AGREED.add(problem)
+
+
+def check_same_facts(facts: dict[str, Any], who: str, what: str, fix: str) -> None:
+    """Refuse ranks whose ``facts`` (a fingerprint: plain values) differ, on every rank at
+    once (all raise together: none is left waiting in a collective), naming each rank's
+    differing keys (rank 0's value -> theirs) and ``fix``."""
+    from ..run.files import fingerprint_diff
+
+    everyone = gather_objects(facts, f"comparing the ranks' {what}")
     differ = [(r, d) for r, fp in enumerate(everyone) if (d := fingerprint_diff(everyone[0], fp))]
     if differ:
         shown = "\n  ".join(f"rank {r}: {', '.join(d[:3])}{' ...' if len(d) > 3 else ''}"
                             for r, d in differ[:4])
         raise ValueError(
-            f"{who}: the processes hold different problems (rank 0's value -> theirs):\n  "
-            f"{shown}\nEvery rank must build the same problem (the same data and batches, T, "
-            f"seed, model and initial values): each computes its share of the hypergradient of "
-            f"that one problem (its columns, or its part of each mini-batch).")
-    _AGREED.add(problem)
+            f"{who}: the processes hold different {what} (rank 0's value -> theirs):\n  "
+            f"{shown}\n{fix}")
 
 
 class SummedHVP(HVPStrategy):

@@ -13,8 +13,8 @@ from ..methods.forward import ForwardMode
 from ..methods.reverse import ReverseMode
 from ..run.files import load_checkpoint
 from ..run.strategy import Strategy
-from .parallel import ParallelForward, ParallelReverse
-from .process import barrier, broadcast_object, init, is_writer, world_size
+from .parallel import ParallelForward, ParallelReverse, check_same_facts
+from .process import broadcast_object, init, is_writer, world_size
 
 __all__ = ["Ranks"]
 
@@ -88,14 +88,29 @@ class Ranks(Strategy):
                 f"world size it started with: relaunch with {how}, or start a new run (another "
                 f"run folder, or overwrite=True).")
 
-    def follow(self, path: Path, resume: bool, device: torch.device
+    def check_same_run(self, settings: dict[str, Any]) -> None:
+        """Refuse ranks whose Trainers differ in what defines the run (the mode, the guards,
+        the bounds, the outer optimizer and its settings, the run folder): each rank steps its
+        own outer optimizer, so one with another learning rate or step count went its own
+        way, and rank 0 summed hypergradients taken at other points (exit status 0)."""
+        if world_size() == 1:
+            return
+        check_same_facts(settings, "Trainer", "run settings",
+                         "Every rank must build the same Trainer (the same mode, guards, "
+                         "bounds, outer optimizer and run folder): give each the same "
+                         "arguments (one script, one config).")
+
+    def follow(self, path: Path, resumed: bool, device: torch.device
                ) -> tuple[dict[str, Any], Path] | None:
         """After rank 0 opened the run folder: the other ranks load the same checkpoint
-        (read-only; the folder must be one all ranks see)."""
+        (read-only; the folder must be one all ranks see) where rank 0 resumed (``resumed``,
+        rank 0's: a rank given resume=False started afresh beside a resumed rank 0, which
+        wrote a wrong record before the run failed)."""
         if world_size() == 1:
             return None
-        barrier("waiting for rank 0 to open the run folder")
-        if is_writer() or not resume:
+        loaded = bool(broadcast_object(bool(resumed) if is_writer() else None,
+                                       "waiting for rank 0 to open the run folder"))
+        if is_writer() or not loaded:
             return None
         return load_checkpoint(path, device)
 

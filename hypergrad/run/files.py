@@ -407,9 +407,29 @@ def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
         # inf or NumPy number compares equal to what it is stored as now)
         a = json_safe(_plain(old.get(key, absent)))
         b = json_safe(_plain(new.get(key, missing)))
-        if not _same(a, b):
-            out.append(f"{key}: {_short(a)} -> {_short(b)}")
+        out.extend(_differing(key, a, b))
     return out
+
+
+def _differing(key: str, a: Any, b: Any) -> list[str]:
+    """The lines of :func:`fingerprint_diff` for one key: a dict (or a list of one length)
+    by its entries that differ, so that the one that differs is shown (a dict of initial
+    values was cut at 60 characters before it, and both sides read alike)."""
+    if _same(a, b):
+        return []
+    parts: list[tuple[Any, Any, Any]] = []
+    if isinstance(a, dict) and isinstance(b, dict):
+        parts = [(k, a.get(k, "<absent>"), b.get(k, "<absent>"))
+                 for k in sorted(set(a) | set(b), key=str)]
+    elif (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+          and (len(a) > 1 or isinstance(a[0], (dict, list)))):
+        parts = list(zip(range(len(a)), a, b))
+    if not parts:
+        return [f"{key}: {_short(a)} -> {_short(b)}"]
+    lines = [line for k, x, y in parts for line in _differing(f"{key}[{k}]", x, y)]
+    if len(lines) <= 3:
+        return lines
+    return [f"{key}: {len(lines)} entries differ ({lines[0]}, ...)"]
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -52,9 +52,13 @@ class Strategy:
                 f"processes, this run has 1. Relaunch with torchrun --nproc_per_node={was} "
                 f"and strategy=hypergrad.distributed.Ranks(), or start a new run.")
 
-    def follow(self, path: Path, resume: bool, device: torch.device
+    def check_same_run(self, settings: dict[str, Any]) -> None:
+        """Refuse processes built with other run settings (nothing to compare here)."""
+
+    def follow(self, path: Path, resumed: bool, device: torch.device
                ) -> tuple[dict[str, Any], Path] | None:
-        """On a process that does not write: the checkpoint the writer opened (``None`` here)."""
+        """On a process that does not write: the checkpoint the writer opened (``resumed``:
+        whether it did; ``None`` here)."""
         return None
 
     def now(self, seconds: float) -> float:

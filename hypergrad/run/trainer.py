@@ -462,6 +462,7 @@ class Trainer:
         self._elapsed_before = 0.0  # the run's seconds before this fit() call (its records)
         self._elapsed_done = 0.0  # the run's seconds at the end of this Trainer's last fit()
         self._fingerprint: dict[str, Any] = {}
+        self.strategy.check_same_run(self._run_settings())
         if self.folder is not None:
             self._open_folder(self.folder)
 
@@ -532,6 +533,17 @@ class Trainer:
                 "trainer.outer_optimizer": type(self.outer).__name__,
                 **self.method.fingerprint()}
 
+    def _run_settings(self) -> dict[str, Any]:
+        """:meth:`settings` and what else every process of a run must share: the outer
+        optimizer's settings (also those a resume may change) and the run folder."""
+        more = getattr(self.outer, "resume_settings", None)
+        outer = more() if callable(more) else {}
+        return {**self.settings(), "trainer.outer_given": self._outer_given,
+                **{f"trainer.outer.{k}": ([list(v.shape), float(v.double().abs().sum())]
+                                          if isinstance(v, Tensor) else v)
+                   for k, v in outer.items()},
+                "trainer.folder": None if self.folder is None else str(self.folder.path)}
+
     def _open_folder(self, folder: RunFolder) -> None:
         p = self.problem
         self._fingerprint = problem_fingerprint(
@@ -541,7 +553,7 @@ class Trainer:
         # included: closing it here released that Trainer's lock)
         got = folder.open(p.device, self.message) if self.strategy.is_writer else None
         try:
-            got = self.strategy.follow(folder.path, folder.resume, p.device) or got
+            got = self.strategy.follow(folder.path, got is not None, p.device) or got
             if got is not None:
                 self.load_state_dict(*got)
         except BaseException:
