@@ -266,7 +266,8 @@ def _write_config(cfg: DictConfig, run_dir: Path, resumed: bool) -> Path:
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Build, tune, evaluate from scratch, report. Returns what ``results.json`` holds.
+    """Build, tune, evaluate from scratch, report. Returns what ``results.json`` holds, and
+    ``plots`` (the paths of the plots written).
 
     The run folder is locked (``run.lock``) for the whole run; a folder that already holds a
     run is refused unless ``folder.resume`` or ``folder.overwrite``."""
@@ -494,8 +495,9 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     where = "" if result.best_step is None else f" (outer step {result.best_step})"
     log.info(f"learned hyperparameters{where}: {summary(hps, result.values, horizon)}")
     if result.last_values is not None and result.last_values != result.values:
-        log.info(f"last hyperparameters (outer step {last_step}): "
-                 f"{summary(hps, result.last_values, horizon)}")
+        when = (f" (outer step {last_step})" if last_step is not None
+                else " (where the run diverged)" if result.diverged else "")
+        log.info(f"last hyperparameters{when}: {summary(hps, result.last_values, horizon)}")
     if result.diverged:
         log.warning(result.message)
     log.info(f"results: {run_dir / 'results.json'}")

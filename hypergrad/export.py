@@ -341,7 +341,15 @@ def _named(params: Mapping[str, Tensor] | nn.Module | Iterable[Tensor], api: str
             f"{api}: the learned hyperparameters include initial values ({sorted(init)}), "
             f"applied to parameters by name; pass the model (or {{name: tensor}}), not an "
             f"iterable of tensors.")
-    return {str(i): p for i, p in enumerate(params)}
+    try:
+        out = {str(i): p for i, p in enumerate(params)}
+    except TypeError:  # 'method' object is not iterable (problem.model, not called)
+        out = {}
+    if not out or not all(isinstance(p, Tensor) for p in out.values()):
+        raise TypeError(f"{api}: params={params!r:.80} must be the model (an nn.Module), "
+                        f"{{name: tensor}}, or an iterable of its parameter tensors, e.g. "
+                        f"{api}(settings, model).")
+    return out
 
 
 def _check_params(learned: Mapping[str, Any] | None, named: Mapping[str, Tensor]) -> None:

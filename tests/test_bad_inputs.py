@@ -102,6 +102,11 @@ def test_messages_name_the_fix(problem: hg.InnerProblem, tmp_path: Path) -> None
     with pytest.raises(TypeError, match=r"settings='learned.yaml' is a path; pass its "
                                         r"contents: yaml.safe_load"):
         optimizer_from_settings("learned.yaml", problem.fmodel.module)  # type: ignore[arg-type]
+    settings = {"optimizer": {"class": "torch.optim.SGD", "defaults": {"lr": 0.1},
+                              "param_groups": []}}
+    with pytest.raises(TypeError, match=r"params=.* must be the model \(an nn.Module\)"):
+        # problem.model (a method), not the module: "'method' object is not iterable"
+        optimizer_from_settings(settings, problem.run)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"strictly between 0 and 1 under 'logit'"):
         hg.HyperParams([hg.Scalar("m", 1.0, transform="logit")]).init_raw()
     with pytest.raises(TypeError, match=r"HyperParams: items=Scalar.* must be a list"):

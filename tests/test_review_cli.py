@@ -72,6 +72,21 @@ def test_a_diverged_run_gives_sweepers_inf_and_no_learned_settings(tmp_path: Pat
     assert cli.objective({"table": [], "learned_val_loss": 0.5}) == 0.5
 
 
+def test_a_run_diverged_after_a_step_names_where_its_last_values_come_from(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The log said 'last hyperparameters (outer step None)' for a run that diverged at outer
+    step 1 (the records probe)."""
+    caplog.set_level("INFO")
+    results = cli.run(_compose(*FAST, "experiment=ridge_diabetes", "mode.outer_steps=4",
+                               "outer_optimizer.lr=4", "hyperparams.items.l2.init=1.0",
+                               "hyperparams.items.l2.transform=identity",
+                               "report.retrain=false"), tmp_path)
+    assert results["diverged"]
+    log = caplog.text
+    assert "outer step None" not in log
+    assert "last hyperparameters (where the run diverged)" in log
+
+
 def test_resuming_a_folder_without_a_checkpoint_is_a_usage_error(tmp_path: Path) -> None:
     """A run with mode.outer_steps=0 (an Optuna trial's) writes no checkpoint; resuming its
     folder ended in CheckpointError's traceback (status 1)."""

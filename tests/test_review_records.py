@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -410,3 +411,24 @@ def test_a_callback_that_moves_lam_is_refused(tmp_path: Path) -> None:
         tr.fit()
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert torch.equal(ck["lam"], tr.lam)  # the checkpoint and the Trainer agree
+
+
+def test_tensorboard_files_of_a_run_resumed_in_the_same_second_read_in_order(
+        tmp_path: Path) -> None:
+    """TensorBoard reads event files in name order (the second, then a counter as text): a
+    run resumed in the same process and second wrote ``...9`` then ``...11``, the resumed
+    run's file was read first, and the earlier one's steps purged its steps (the records
+    probe). The resumed run's file now starts in a later second; and the learned entry is
+    the run's one (an extended run kept the earlier one beside it)."""
+    pytest.importorskip("tensorboard")
+    tb = tmp_path / "tb"
+    tb.mkdir()
+    now = int(time.time())
+    (tb / f"events.out.tfevents.{now}.host.1.9").write_bytes(b"")
+    _trainer(tmp_path, 1, hg.run.TensorBoard()).fit()
+    stamps = [int(f.name.split(".")[3]) for f in tb.glob("events.out.tfevents.*")]
+    assert len(stamps) == 2 and max(stamps) > now
+    (tb / f"events.out.tfevents.{now}.host.1.9").unlink()
+    _trainer(hg.RunFolder(tmp_path, resume=True), 2, hg.run.TensorBoard()).fit()
+    assert _tb_steps(tmp_path) == [0, 1]
+    assert len(list((tb / "learned").glob("events.out.tfevents.*"))) == 1

@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import shutil
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -205,6 +207,7 @@ class TensorBoard(Callback):
         # outer step): TensorBoard drops the killed run's points from the next one on
         last = trainer.history[-1] if trainer.history else None
         purge = 0 if last is None else int(last.get("inner_step", last["outer_step"])) + 1
+        _after_earlier_files(trainer.folder.path / "tb")
         self.writer = self._writer_class(str(trainer.folder.path / "tb"), purge_step=purge)
 
     def _named(self, trainer: Any, values: dict[str, Any]) -> dict[str, float]:
@@ -238,11 +241,30 @@ class TensorBoard(Callback):
         if self.writer is None:
             return
         if result is not None and result.best_val_loss is not None:
+            # the run's one result: a resumed or extended run's earlier entry stayed beside it
+            shutil.rmtree(Path(self.writer.log_dir) / "learned", ignore_errors=True)
             self.writer.add_hparams(self._named(trainer, result.values),
                                     {"hparam/learned_val_loss": result.best_val_loss},
                                     run_name="learned")
         self.writer.close()
         self.writer = None
+
+
+def _after_earlier_files(folder: Path) -> None:
+    """Wait until the clock's second is past every TensorBoard event file's in ``folder`` (at
+    most a second): the files are read in name order, and a name holds the second and a
+    counter, so a run resumed in the same process and second (counter 11 after 9) was read
+    first, and the earlier file's steps then purged the resumed run's."""
+    stamps = []
+    for f in folder.glob("events.out.tfevents.*"):
+        try:
+            stamps.append(int(f.name.split(".")[3]))
+        except (IndexError, ValueError):
+            continue
+    if stamps:
+        wait = max(stamps) + 1 - time.time()
+        if 0 < wait <= 1.0:
+            time.sleep(wait + 0.01)
 
 
 def default_callbacks() -> list[Callback]:

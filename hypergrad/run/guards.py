@@ -76,17 +76,22 @@ class Guards:
         bounds: ``{name: (low, high)}`` in *value* space, the search box; ``lam`` is projected
             into it after every update (e.g. per-example weights in ``[0, 1]``, a learning rate
             ``<= 1``).
-        time_budget: offline: seconds of wall clock for the outer steps of one ``fit()`` call
-            (``None``: no limit). An outer step starts only if it is expected to finish within
-            the budget (as long as the previous one); the first always runs, and the final
-            evaluation of the last point (one plain inner run) follows.
+        time_budget: offline: seconds on the ``clock`` for the outer steps of one ``fit()``
+            call (``None``: no limit). An outer step starts only if it is expected to finish
+            within the budget (as long as the median of the last three); the first always
+            runs, and the final evaluation of the last point (one plain inner run) follows.
+            The default search keeps room for the re-check of its best points (a plain run
+            each) and runs them past the budget by at most that room where a slow run ate
+            it.
         memory_budget: bytes the method may use (``None``: the device's available memory); a
             method that would not fit is refused before anything is allocated.
         clock: what ``time_budget`` and the records' ``seconds`` / ``elapsed`` measure:
             ``"wall"`` (default, ``time.perf_counter``) or ``"cpu"`` (``time.process_time``:
-            this process's CPU time, which other processes' load does not inflate; equal to the
-            wall clock for a single-threaded run on a quiet machine; used by
-            ``experiments/vs_optuna.py --suite`` to give every contender the same budget).
+            this process's CPU time, all its threads together: with torch's two intra-op
+            threads about twice the wall clock on a quiet machine; other processes' load
+            inflates it less than the wall clock, but not to nothing (a thread that waits for
+            its peer on a busy core spins); used by ``experiments/vs_optuna.py --suite``, on
+            one thread, to give every contender the same budget).
 
     Example:
         >>> Guards(backtrack=1.5, bounds={"lr": (1e-4, 1.0)})

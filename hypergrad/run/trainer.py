@@ -26,6 +26,7 @@ import contextlib
 import copy
 import inspect
 import math
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -940,8 +941,11 @@ class Trainer:
         """A plain run's seconds: the median of this fit's plain runs (runs at points where
         training blows up can take 10x longer, on overflows and subnormal numbers; a few of
         them do not move it), times ``margin`` (the reserve's: a run's time varies, and the
-        end of the run must fit the budget)."""
-        recent = sorted(self._plain_recent or [self._plain_seconds or 0.0])
+        end of the run must fit the budget). The fit's first run, which carries a fresh
+        process's warm-up (0.82 s against 0.01-0.09 s after it), is left out once there are
+        others."""
+        runs = self._plain_recent[1:] or self._plain_recent or [self._plain_seconds or 0.0]
+        recent = sorted(runs)
         return margin * recent[len(recent) // 2]
 
     def _timed_value(self, lam: Tensor, variant: int) -> tuple[float, float | None]:
@@ -993,11 +997,13 @@ class Trainer:
     def _no_room(self, before: float = 0.0, reserve: bool = True) -> bool:
         """Whether the time budget has no room for one more plain run after ``before`` seconds
         of other work (keeping :meth:`_reserve` for the runs that end the run, unless
-        ``reserve`` is False: those runs themselves)."""
+        ``reserve`` is False: those runs themselves, which may go past the budget by the
+        reserve's length: one slow run before them, a pause or another process's burst,
+        had eaten the reserve and left the point returned unchecked)."""
         budget = self.guards.time_budget
         if budget is None or self._plain_seconds is None:
             return False
-        held = self._reserve() if reserve else 0.0
+        held = self._reserve() if reserve else -self._reserve()
         return self._now() - self._fit_start + before + self._plain_slow() > budget - held
 
     def _plain(self, lam: Tensor, kind: str) -> float | None:
@@ -1218,7 +1224,11 @@ class Trainer:
     def _fit_offline(self) -> TrainResult:
         assert isinstance(self.mode, Offline)
         budget = self.guards.time_budget
-        last_seconds: float | None = None  # of the previous outer step of this fit() call
+        # the forecasts of the last outer steps of this fit() call: the next is forecast by
+        # their median, so that one slow step (a pause, another process's burst: 10-50x on
+        # a busy 2-core machine) neither stops the descent early nor eats the re-checks' time
+        forecasts: list[float] = []
+        last_seconds: float | None = None
         out_of_time = self._budget_cut = False
         if self.outer_step == 0 and self.mode.start != 0 and not any(
                 e["kind"] == "start" for e in self.evaluations):  # not again on a resume
@@ -1233,6 +1243,7 @@ class Trainer:
             out_of_time = self._end_descent(budget)
         while self._over is None and self.outer_step < self.mode.steps(budget):
             t0 = self._now()
+            last_seconds = statistics.median(forecasts[-3:]) if forecasts else None
             if (budget is not None and last_seconds is not None
                     and t0 - self._fit_start + last_seconds > budget - self._reserve()):
                 out_of_time = self._budget_cut = True
@@ -1275,7 +1286,7 @@ class Trainer:
                 else:
                     why = self._step(value, grad, lam_used)
             if why is not None and self._recover(why, lam_used, float(value)):
-                last_seconds = hg_seconds
+                forecasts.append(hg_seconds)
                 continue
             if why is not None:
                 return self._diverged(why, lam_used, value)
@@ -1285,13 +1296,15 @@ class Trainer:
             # what this outer step took (its hypergradient and line search), recorded; the
             # forecast of the next below is the budget's (the record held the forecast: 0.14 s
             # where a step of 6 line-search runs took 0.30)
-            last_seconds = spent = max(self._now() - t0 - once, 0.0)
+            forecast = spent = max(self._now() - t0 - once, 0.0)
             ended = False
             if isinstance(self.outer, SearchOptimizer):  # its search checks the budget itself
                 # the next outer step is worth taking only with room for its line search's
                 # first trial: a hypergradient with no trial after it moves nothing
-                last_seconds = hg_seconds + (self._plain_slow() if self.search.trial_forecast
-                                               else 0.0)
+                forecast = hg_seconds + (self._plain_slow() if self.search.trial_forecast
+                                         else 0.0)
+            forecasts.append(forecast)
+            if isinstance(self.outer, SearchOptimizer):
                 # stalled, and no restart point to go on from: the next hypergradient would be
                 # this one again (the same point, the same run), so the descent ends here
                 with self._next_step_points():
@@ -1671,7 +1684,10 @@ class Trainer:
         if ck.get("stopped"):
             self.message(f"that run had stopped on a divergence; continuing from "
                          f"the hyperparameters it kept: "
-                         f"{self.problem.hyperparams.describe(self.lam)}")
+                         f"{self.problem.hyperparams.describe(self.lam)} (with the same "
+                         f"settings it takes the same steps again: change what diverged, e.g. "
+                         f"Guards(backtrack=1.5), a smaller outer learning rate or tighter "
+                         f"bounds)")
 
     def _restore(self, ck: dict[str, Any]) -> None:
         """The run's state from a checkpoint (:meth:`load_state_dict`, after its checks and
