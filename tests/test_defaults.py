@@ -5,6 +5,7 @@ part does what its docstring says."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any
@@ -967,3 +968,57 @@ def test_a_records_seconds_are_what_its_outer_step_took() -> None:
     took = [b - a for a, b in zip(elapsed, elapsed[1:])]
     assert [h["seconds"] for h in res.history] == pytest.approx(took)
     assert max(took) > 6.0  # a step with more than one line-search trial: not the forecast
+
+
+def _spiking_clock(tr: hg.Trainer, costs: list[float]) -> list[float]:
+    """:func:`unit_clock` (a plain run 1) whose hypergradients cost ``costs`` in turn (then
+    5 each)."""
+    clock = unit_clock(tr, plain=1.0, hypergradient=0.0)
+    grad, left = tr.method.hypergradient, list(costs)
+
+    def spiking(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += left.pop(0) if left else 5.0
+        return grad(*args, **kwargs)
+
+    tr.method.hypergradient = spiking  # type: ignore[method-assign]
+    return clock
+
+
+def test_one_slow_outer_step_does_not_end_the_descent() -> None:
+    """The next outer step was forecast as long as the last: one slow step (a pause, another
+    process's burst: 10-50x on a busy 2-core machine) stopped the descent with most of the
+    budget left (the time budget probe); the median of the last three forecasts it now."""
+    def trainer() -> hg.Trainer:
+        return hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)},
+                                                          time_budget=140.0),
+                          mode=hg.Offline(outer_steps=None, start=0, recheck=2),
+                          outer=functools.partial(hg.run.QuasiNewton, step=0.05),
+                          callbacks=quiet())
+
+    steady = trainer()
+    _spiking_clock(steady, [])
+    spiked = trainer()
+    _spiking_clock(spiked, [5.0, 5.0, 5.0, 60.0])  # two orders: outer step 1 is slow
+    n_steady, n_spiked = len(steady.fit().history), len(spiked.fit().history)
+    assert n_steady >= 8 and n_spiked >= 5  # it stopped after 2
+
+
+def test_a_slow_run_before_the_re_checks_does_not_leave_the_point_unchecked() -> None:
+    """The last plain run before the end took 5x its time and ate the reserve kept for the
+    re-checks: none ran, and the run warned (the guide's example, 3 of 5 runs on a busy
+    machine). They may now run past the budget by the reserve's length."""
+    tr = hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)},
+                                                    time_budget=140.0),
+                    mode=hg.Offline(outer_steps=None, start=0, recheck=2),
+                    outer=functools.partial(hg.run.QuasiNewton, step=0.05), callbacks=quiet())
+    clock = unit_clock(tr, plain=0.0, hypergradient=5.0)
+    run = tr.problem.run
+
+    def slow_at_the_end(*args: Any, **kwargs: Any) -> Any:
+        clock[0] += 5.0 if 133.0 <= clock[0] < 134.6 else 1.0
+        return run(*args, **kwargs)
+
+    tr.problem.run = slow_at_the_end  # type: ignore[method-assign]
+    res = tr.fit()
+    assert len(res.rechecked) == 2
+    assert 140.0 < clock[0] <= 140.0 + 3 * 1.5 + 1.0  # past the budget by the reserve at most
