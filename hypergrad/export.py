@@ -195,7 +195,33 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     init = _learned_init(hps, values)
     if init:
         out["init"] = init
+        # what the scaled weights were: a model given twice (scaled twice: s^2 w_0) or
+        # given trained is refused, not rescaled in silence
+        module = problem.fmodel.module
+        out["init_norms"] = {p: _norm(module.get_parameter(p)) for per in init.values()
+                             if isinstance(per, Mapping) for p in per}
     return out
+
+
+def _norm(t: Tensor) -> float:
+    return float(t.detach().double().norm())
+
+
+def _check_initial(named: Mapping[str, Tensor], norms: Mapping[str, Any] | None,
+                   api: str, drop: str) -> None:
+    """Refuse parameters that are not the initial weights the scales were learned at (their
+    norms, ``norms``; ``None``: settings written before 2026-12-06, not checked)."""
+    for p, was in (norms or {}).items():
+        if p not in named:
+            continue
+        now = _norm(named[p])
+        if abs(now - float(was)) > 1e-6 * max(abs(float(was)), 1e-30):
+            raise ValueError(
+                f"{api}: {p} is not at the initial weights its learned scale applies to "
+                f"(norm {now:.6g}; learned at {float(was):.6g}): scaled already (a second "
+                f"call on the same model), trained, or initialised otherwise. Pass a fresh "
+                f"copy of the model at its initial weights (copy.deepcopy before any "
+                f"training); to scale other initial weights anyway, {drop}.")
 
 
 def _learned_init(hps: HyperParams, values: Mapping[str, Tensor]) -> dict[str, Any]:
@@ -270,6 +296,8 @@ def optimizer_from_settings(settings: Mapping[str, Any],
             f"those entries ({{**settings, 'init': {{k: v for k, v in settings['init'].items() "
             f"if k not in {weights!r}}}}}: the learned initial scales stay and are applied), or "
             f"use TrainResult.learned_optimizer(model), which loads them.")
+    _check_initial(named, settings.get("init_norms") if init else None,
+                   "optimizer_from_settings", "pass the settings without 'init_norms'")
     _scale_initial_weights(init, named)
     in_groups = {n for g in o["param_groups"] for n in g["params"]}
     missing = sorted(in_groups - set(named))
@@ -411,6 +439,7 @@ def learned_optimizer(problem: InnerProblem, lam: Tensor,
     into them (pass the model at its initial weights, once)."""
     settings = learned_settings(problem, lam)
     init = settings.pop("init", None) or {}
+    norms = settings.pop("init_norms", None)
     named = _named(params, "learned_optimizer", init)
     if init:
         missing = sorted({p for it in problem.hyperparams.init_items
@@ -419,15 +448,18 @@ def learned_optimizer(problem: InnerProblem, lam: Tensor,
             raise ValueError(f"learned_optimizer: the learned initial values name parameters "
                              f"{missing}, which params does not have; pass the model the "
                              f"hyperparameters were learned for.")
-        own = {id(t) for t in problem.fmodel.module.parameters()}
+        # by storage: the module's state_dict() or {n: p.data} are other tensor objects
+        own = {t.untyped_storage().data_ptr() for t in problem.fmodel.module.parameters()}
         at = problem.hyperparams.values(lam.detach())
         written = sorted(p for it in problem.hyperparams.init_items for p in at[it.name]
-                         if p in named and id(named[p]) in own)
+                         if p in named and named[p].untyped_storage().data_ptr() in own)
         if written:  # scaled in place, they would move the problem's own start
             raise ValueError(f"learned_optimizer: params are the problem's own module "
                              f"({written}): the learned initial values would be written into "
                              f"the weights every run of the problem starts from. Pass a copy "
                              f"at its initial weights: copy.deepcopy(model).")
+        _check_initial(named, norms, "learned_optimizer",
+                       "scale them yourself: w.mul_(scale) with result.values' scales")
         values = problem.hyperparams.values(lam.detach())
         with torch.no_grad():
             for it in problem.hyperparams.init_items:

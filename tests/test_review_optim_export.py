@@ -218,6 +218,31 @@ def test_learned_optimizer_in_process_matches_the_yaml() -> None:
     _assert_same(net, state)
 
 
+def test_learned_scales_are_not_applied_to_weights_scaled_already_or_trained() -> None:
+    """A second call on the same copy scaled it again (s^2 w_0), a trained model was rescaled,
+    and the problem's own module given as its state_dict (other tensor objects, the same
+    storage) passed the refusal and was scaled in place (the init probe)."""
+    problem, model = _problem(hg.optim.sgd(lr="lr"), [
+        hg.Scalar("lr", 0.1, transform="log"), hg.InitScale("init", 1.0, params=["0.weight"])])
+    lam = _lam(problem)
+    w0 = model[0].weight.detach().clone()
+    settings = yaml.safe_load(yaml.safe_dump(learned_settings(problem, lam)))
+    net = copy.deepcopy(model)
+    optimizer_from_settings(settings, net)
+    with pytest.raises(ValueError, match=r"0.weight is not at the initial weights .*scaled "
+                                         r"already"):
+        optimizer_from_settings(settings, net)
+    with pytest.raises(ValueError, match=r"not at the initial weights"):
+        learned_optimizer(problem, lam, net)
+    with pytest.raises(ValueError, match=r"the problem's own module"):
+        learned_optimizer(problem, lam, model.state_dict())
+    assert torch.equal(model[0].weight, w0)  # the problem's start untouched
+    fresh = copy.deepcopy(model)
+    learned_optimizer(problem, lam, fresh)  # a fresh copy at its initial weights is taken
+    other = {k: v for k, v in settings.items() if k != "init_norms"}
+    optimizer_from_settings(other, net)  # without the record: the user's choice
+
+
 def test_what_the_export_dropped_or_took_silently_is_refused(tmp_path: Path) -> None:
     """Found by a user's probe (2026-12-06): Adam's eps_root was left out of the torch.optim
     twin (8e-2 off in 10 steps); a NaN lam was written as lr: nan; a model with parameters the
