@@ -118,8 +118,9 @@ def test_a_resume_whose_values_apply_to_other_parameters_is_refused(kind: str,
                           callbacks=quiet()).fit()
 
     fit("0", 1, False)
-    with pytest.raises(ResumeMismatchError, match=r"problem.bindings: .*'0.weight'.* -> "
-                                                  r".*'2.weight'"):
+    # the entry that differs is named: problem.bindings[wd][params]: ['0.weight'] -> ...
+    with pytest.raises(ResumeMismatchError, match=r"problem.bindings\[wd\]\S*: "
+                                                  r"\['0.weight'\] -> \['2.weight'\]"):
         fit("2", 2, True)
     assert len(fit("0", 2, True).history) == 2  # the same binding resumes
 
