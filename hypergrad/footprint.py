@@ -148,6 +148,10 @@ def peak_bytes(run: Callable[..., Any], *inputs: Any,
     return live.peak
 
 
+def _unused(packed: Any) -> Any:
+    raise RuntimeError("hypergrad.footprint.saved_bytes: its graph is for counting only")
+
+
 def saved_bytes(f: Callable[..., Any], params: dict[str, Tensor], buffers: dict[str, Tensor],
                 lam: Tensor, fake: bool = True) -> int:
     """Bytes of the tensors the forward pass of ``f(params, buffers, lam)`` saves for backward:
@@ -158,20 +162,27 @@ def saved_bytes(f: Callable[..., Any], params: dict[str, Tensor], buffers: dict[
     seen: dict[int, int] = {}
     inputs: set[int] = set()
 
-    def pack(x: Tensor) -> Tensor:
+    held: list[Tensor] = []  # alive for the pass (a freed storage's key is reused)
+
+    def pack(x: Tensor) -> None:
+        # the graph keeps nothing (it is never run backward): returning ``x`` tied a tensor
+        # an op saves of its own output (tanh, log_softmax) into a cycle through its grad_fn
+        # that Python's collector cannot see, so every Trainer built left ~10 tensors alive
+        # (a real pass: its whole forward graph, 25 MB per fit of a 512-wide MLP)
+        held.append(x)
         if x.layout == torch.strided:
             key = storage_key(x)
             if key not in inputs:
                 seen[key] = int(x.untyped_storage().nbytes())
-        return x
 
     def run(p: dict[str, Tensor], b: dict[str, Tensor], lm: Tensor) -> None:
         p = {k: v.detach().requires_grad_() for k, v in p.items()}
         b = {k: v.detach().requires_grad_() for k, v in b.items()}
         lm = lm.detach().requires_grad_()
         inputs.update(storage_key(x) for x in (*p.values(), *b.values(), lm))
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, _unused):
             f(p, b, lm)
+        held.clear()
 
     if fake:
         with fake_mode():

@@ -139,3 +139,56 @@ def test_online_tuning_refuses_initialisation_hyperparameters() -> None:
                                              r"mode=hg.Offline"):
             hg.Trainer(problem, method, mode=hg.Online(interval=3))
     hg.Trainer(problem, "forward", mode=hg.Offline(outer_steps=1))  # offline they are tuned
+
+
+def _online_trainer(method: str, *extra: hg.Callback) -> hg.Trainer:
+    from fixtures import TINY
+
+    return hg.Trainer(digits_case("momentum", "lr", steps=10, **TINY), method,
+                      mode=hg.Online(interval=3),
+                      callbacks=[hg.run.Log(None), hg.run.Progress(False), *extra])
+
+
+class _StopAt(hg.Callback):
+    """Raise in ``on_inner_step`` at inner step ``at`` (once)."""
+
+    def __init__(self, at: int, take: bool = False) -> None:
+        self.at, self.take, self.state = at, take, None
+
+    def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
+        if step == self.at and self.state is None:
+            self.state = trainer.state_dict() if self.take else {}
+            if not self.take:
+                raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("method", ["forward", "hd"])
+@pytest.mark.parametrize("at", [3, 10])
+def test_online_fit_again_after_an_interrupt_at_an_update_step_is_the_straight_run(
+        method: str, at: int) -> None:
+    """Stopped after an update step's inner step but before its update (Ctrl-C in the
+    progress bar's on_inner_step, or in the validation gradient), fit() again went on from
+    the next step: that update was skipped without a word (the online probe)."""
+    straight = _online_trainer(method).fit()
+    tr = _online_trainer(method, _StopAt(at))
+    with pytest.raises(KeyboardInterrupt) as got:
+        tr.fit()
+    assert any("fit() again goes on" in n for n in got.value.__notes__)
+    again = tr.fit()
+    assert [h["inner_step"] for h in again.history] == [3, 6, 9, 10]
+    assert torch.equal(again.lam, straight.lam)
+
+
+@pytest.mark.parametrize("at", [3, 9])
+def test_an_online_state_taken_at_an_update_step_does_that_update_first(at: int) -> None:
+    """A state_dict taken in on_inner_step at an update step, before its update, loaded into
+    a fresh Trainer, skipped that update (the online probe)."""
+    straight = _online_trainer("forward").fit()
+    taker = _StopAt(at, take=True)
+    _online_trainer("forward", taker).fit()
+    fresh = _online_trainer("forward")
+    assert taker.state is not None
+    fresh.load_state_dict(taker.state, "in memory")  # type: ignore[arg-type]
+    res = fresh.fit()
+    assert [h["inner_step"] for h in res.history] == [3, 6, 9, 10]
+    assert torch.equal(res.lam, straight.lam)

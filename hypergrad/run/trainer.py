@@ -438,6 +438,7 @@ class Trainer:
         the point returned is chosen by ``select_loss`` among them."""
         self._over: str | None = None  # why the descent ended (_OVER), else None
         self._good: dict[str, Any] | None = None  # where an interrupted fit() goes back to
+        self._good_run: Any = None  # and, online, its run state
         self.result: TrainResult | None = None
         """The last finished ``fit()``'s :class:`~hypergrad.TrainResult` (also kept when a
         callback's ``on_fit_end`` raised after the fit had finished)."""
@@ -686,13 +687,17 @@ class Trainer:
         try:
             self.outer.load_state_dict(copy.deepcopy(good["outer"]))
             self._restore(good)
+            self.run_state = self._good_run
         except Exception as late:  # noqa: BLE001 - kept as a note of the error that stopped it
             err.add_note(f"Trainer: going back to the start of outer step "
                          f"{good['outer_step']} failed ({type(late).__name__}: {late}); build "
                          f"a new Trainer")
             return
-        err.add_note(f"Trainer: back at the start of outer step {self.outer_step}, as the run "
-                     f"left it: fit() again goes on from there")
+        where = (f"at inner step {0 if self.run_state is None else int(self.run_state.step)}, "
+                 f"after its last update" if self.mode.online
+                 else f"at the start of outer step {self.outer_step}")
+        err.add_note(f"Trainer: back {where}, as the run left it: fit() again goes on from "
+                     f"there")
 
     def _warn_untrained(self, res: TrainResult) -> None:
         """Warn when the point returned trains to a validation loss far above the untrained
@@ -1494,12 +1499,21 @@ class Trainer:
         if self.run_state is None:
             self.run_state = m.init(p, self.lam.detach().clone())
         t0 = self._now()
-        while self.run_state.step < p.steps:
+
+        def owed() -> bool:  # the run state is at an update that has no record yet
+            step = int(self.run_state.step)
+            return (step > 0 and (step % mode.interval == 0 or step == p.steps)
+                    and not (self.history and self.history[-1].get("inner_step") == step))
+
+        while True:
             lam_used = self.lam.detach().clone()
-            self.run_state = m.step(p, self.run_state, lam_used)
-            self._emit("on_inner_step", int(self.run_state.step), p.steps)
-            if self.run_state.step % mode.interval and self.run_state.step < p.steps:
-                continue
+            if not owed():  # (a state taken at an update, before it, does it first)
+                if self.run_state.step >= p.steps:
+                    break
+                self.run_state = m.step(p, self.run_state, lam_used)
+                self._emit("on_inner_step", int(self.run_state.step), p.steps)
+                if not owed():
+                    continue
             value, grad = m.hypergradient_at(p, self.run_state, lam_used)
             why = self._step(value, grad, lam_used)
             if why is not None:
@@ -1614,18 +1628,22 @@ class Trainer:
 
     def _mark_good(self) -> None:
         """Keep where an interrupted :meth:`fit` goes back to (the end of the last outer step,
-        or the fit's start): offline, in one process. The records (history, evaluations,
+        or the fit's start), in one process. The records (history, evaluations,
         selections, points searched from) are only ever appended to: the copy shares them."""
-        if self.mode.online or type(self.strategy) is not Strategy:
+        if type(self.strategy) is not Strategy:
             return
-        ck = self._checkpoint()
+        ck = self._checkpoint(online=False)
         memo: dict[int, Any] = {id(x): x for rows in (self.history, self.evaluations,
                                                       self.selections, self._searched)
                                 for x in rows}
         self._good = copy.deepcopy(ck, memo)
+        # online: the run state itself (a method's step returns a new one, and leaves the
+        # one it was given as it was)
+        self._good_run = self.run_state
 
-    def _checkpoint(self) -> dict[str, Any]:
-        """:meth:`state_dict` without the copy: what is written at once."""
+    def _checkpoint(self, online: bool = True) -> dict[str, Any]:
+        """:meth:`state_dict` without the copy: what is written at once (``online``: with the
+        online method's run state, gathered from every rank)."""
         ck: dict[str, Any] = {
             "version": CHECKPOINT_VERSION, "mode": self.mode.name,
             "outer_step": self.outer_step, "lam": self.lam.detach().clone(),
@@ -1648,7 +1666,7 @@ class Trainer:
                 "evaluations": self.evaluations, "starts_used": self._starts_used,
                 "searched": self._searched, "recoveries": self._recoveries,
                 "plain_seconds": self._plain_seconds}  # the reserve's forecast on a resume
-        if self.run_state is not None:
+        if online and self.run_state is not None:
             assert isinstance(self.method, OnlineMethod)
             ck["online"] = self.method.state_dict(self.problem, self.run_state)
         if self.problem.stream is not None:  # a DataLoader's passes: shuffles, worker seeds
