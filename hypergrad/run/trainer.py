@@ -46,7 +46,7 @@ from ..task import Task
 from .bounds import Bounds
 from .callbacks import Callback
 from .callbacks import callbacks as with_defaults
-from .files import CHECKPOINT, PREVIOUS
+from .files import CHECKPOINT, PREVIOUS, digest
 from .folder import (
     RunFolder,
     check_resume,
@@ -541,8 +541,7 @@ class Trainer:
         more = getattr(self.outer, "resume_settings", None)
         outer = more() if callable(more) else {}
         return {**self.settings(), "trainer.outer_given": self._outer_given,
-                **{f"trainer.outer.{k}": ([list(v.shape), float(v.double().abs().sum())]
-                                          if isinstance(v, Tensor) else v)
+                **{f"trainer.outer.{k}": digest(v) if isinstance(v, Tensor) else v
                    for k, v in outer.items()},
                 "trainer.folder": None if self.folder is None else str(self.folder.path)}
 
@@ -1614,7 +1613,9 @@ class Trainer:
             ck = self._checkpoint()  # on every rank: a split run's columns are gathered
             if self.strategy.is_writer:
                 self.folder.write(ck, rec)
-        self._mark_good()
+            self._mark_good(ck)  # the same state, not built again
+        else:
+            self._mark_good()
         self._emit_record(rec)
 
     def state_dict(self) -> dict[str, Any]:
@@ -1626,13 +1627,15 @@ class Trainer:
         loaded at the end doubled the records)."""
         return copy.deepcopy(self._checkpoint())
 
-    def _mark_good(self) -> None:
+    def _mark_good(self, ck: dict[str, Any] | None = None) -> None:
         """Keep where an interrupted :meth:`fit` goes back to (the end of the last outer step,
         or the fit's start), in one process. The records (history, evaluations,
-        selections, points searched from) are only ever appended to: the copy shares them."""
+        selections, points searched from) are only ever appended to: the copy shares them.
+        ``ck``: the checkpoint just written, where there is one (not built twice)."""
         if type(self.strategy) is not Strategy:
             return
-        ck = self._checkpoint(online=False)
+        ck = (self._checkpoint(online=False) if ck is None
+              else {k: v for k, v in ck.items() if k != "online"})  # (the run state: below)
         memo: dict[int, Any] = {id(x): x for rows in (self.history, self.evaluations,
                                                       self.selections, self._searched)
                                 for x in rows}
