@@ -378,20 +378,22 @@ def test_an_evaluation_and_best_step_count_its_outer_step_alike() -> None:
             assert 1 <= e["outer_step"] <= len(res.history)
 
 
+@pytest.mark.parametrize("folder", [False, True])
 @pytest.mark.parametrize("at", [2, 9, 16])
-def test_fit_again_after_an_interrupt_within_an_outer_step_goes_on_as_the_run(at: int) -> None:
+def test_fit_again_after_an_interrupt_within_an_outer_step_goes_on_as_the_run(
+        at: int, folder: bool, tmp_path: Path) -> None:
     """Ctrl-C within a line search (or the start) left the Trainer there: a second fit() took
     the next hypergradient at a trial point, with the quasi-Newton memory half updated, and
     ended elsewhere than the run not interrupted (the resume probe). It now goes back to the
     outer step's start. (at: the plain run interrupted, within the start, the first and a
     later line search.)"""
-    def trainer() -> hg.Trainer:
+    def trainer(where: Any = None) -> hg.Trainer:
         return hg.Trainer(lr_momentum(), guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}),
                           mode=hg.Offline(outer_steps=4, start=4, recheck=2),
-                          callbacks=quiet())
+                          folder=where, callbacks=quiet())
 
     straight = trainer().fit()
-    tr = trainer()
+    tr = trainer(tmp_path if folder else None)  # with a folder: the snapshot is its checkpoint
     run, calls = tr.problem.run, [0]
 
     def interrupted(*args: Any, **kw: Any) -> Any:
