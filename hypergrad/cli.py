@@ -431,6 +431,11 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
                        "values": hps.describe(r["lam"]),
                        "returned": bool(torch.equal(r["lam"], result.lam))}
                       for r in result.rechecked],
+        # the search's plain runs (the space-filling start, the line search): metrics.jsonl
+        # has a line per hypergradient only, and the learned point may be one of these
+        "evaluations": [{"outer_step": e["outer_step"], "kind": e["kind"],
+                         "val_loss": e["val_loss"], "elapsed": e["elapsed"],
+                         "values": e["hyperparams"]} for e in result.evaluations],
         # where the outer optimizer ended: the point after the last update
         "last": result.last_values, "last_step": last_step,
         "last_val_loss": result.last_val_loss, "table": rows,

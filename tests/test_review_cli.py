@@ -404,6 +404,15 @@ def test_results_json_says_what_the_recheck_saw(tmp_path: Path) -> None:
     back = next(r for r in checked if r["returned"])
     assert back["values"] == res["learned"] and back["val_loss"] == res["learned_val_loss"]
     assert min(checked, key=lambda r: max(r["val_loss"], r["variant_val_loss"])) is back
+    # the search's plain runs are kept too (metrics.jsonl has the hypergradients' points
+    # only): the start's points, each with its values, and every re-checked point is one of
+    # the points evaluated
+    evals = res["evaluations"]
+    assert sum(e["kind"] == "start" for e in evals) >= 2
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    seen = [(e["values"], e["val_loss"]) for e in evals] + [
+        (r["hyperparams"], r["val_loss"]) for r in lines if "hyperparams" in r]
+    assert all((r["values"], r["val_loss"]) in seen for r in checked)
 
 
 def test_a_sweep_keeps_a_line_per_job_whatever_the_launcher(tmp_path: Path) -> None:
