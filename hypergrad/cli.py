@@ -48,6 +48,7 @@ from .errors import (
     ConfigError,
     HypergradWarning,
     MemoryBudgetError,
+    RanksMismatchError,
     ResumeMismatchError,
     RunDirError,
     raised_in_hypergrad,
@@ -365,8 +366,9 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     p = task.problem
     # an approximate method's own settings (a truncation, a discount): results.json's
     # "method" is the family ("reverse"), which a truncated run shares with an exact one
+    # (not the ranks' split of an exact method under torchrun: distributed.mesh)
     approx = {k.removeprefix("method."): v for k, v in trainer.method.fingerprint().items()
-              if k != "method"}
+              if k != "method" and not k.startswith("distributed.")}
     # the method as it runs, with every setting (a checkpointed run says it checkpoints)
     method = repr(trainer.method)
     log.info(f"{cfg.name}: task={task.name} K={p.num_hyperparams} T={p.steps} "
@@ -533,10 +535,17 @@ def _row_metrics(task: Task, p: InnerProblem, state: Any, lam: torch.Tensor,
     return row
 
 
+HYDRA_OWN = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", ".hydra")
+"""What Hydra writes in a job's folder before the job runs, beside its log (``<job>.log``)."""
+
+
 def _shared_run_dir(run_dir: Path) -> Path:
     """Under torchrun: rank 0's run folder on every rank (Hydra names it from the clock, which
-    the ranks read apart); the folder Hydra made for another rank alone is removed. The logs of
-    ranks other than 0 are kept to warnings."""
+    the ranks read apart). The folder Hydra made for another rank alone is removed where it
+    holds nothing but Hydra's own files (:data:`HYDRA_OWN`, its log): a rank given another
+    ``hydra.run.dir`` (an earlier run's folder, or rank 0's own through another path, a link
+    or another node's mount) deleted that run's records, and a resume then started afresh.
+    The logs of ranks other than 0 are kept to warnings."""
     if not distributed.active():
         return run_dir
     if not distributed.is_writer():
@@ -544,14 +553,25 @@ def _shared_run_dir(run_dir: Path) -> Path:
     shared = Path(distributed.broadcast_object(str(run_dir), "agreeing on the run folder"))
     if shared != run_dir and not distributed.is_writer():
         with contextlib.suppress(OSError):
-            for q in sorted(run_dir.rglob("*"), reverse=True):
+            if shared.exists() and shared.samefile(run_dir):
+                return shared
+            held = sorted(q.relative_to(run_dir).as_posix() for q in run_dir.rglob("*"))
+            if any(q not in HYDRA_OWN and not ("/" not in q and q.endswith(".log"))
+                   for q in held):
+                log.warning(f"(rank {distributed.rank()}) Hydra's run folder {run_dir} is not "
+                            f"rank 0's ({shared}), where the run writes; it holds other files "
+                            f"than Hydra's, so it is kept as it is (Hydra rewrote its .hydra/ "
+                            f"there)")
+                return shared
+            for name in sorted(held, reverse=True):
+                q = run_dir / name
                 q.rmdir() if q.is_dir() else q.unlink()
             run_dir.rmdir()
     return shared
 
 
 USAGE_ERRORS = (ConfigError, RunDirError, ResumeMismatchError, MemoryBudgetError,
-                CheckpointError)
+                CheckpointError, RanksMismatchError)
 """What the command answers with its message alone and exit status 2 (the user's settings or
 its run folder are the cause; a traceback into hypergrad's code would only hide the message)."""
 
@@ -621,6 +641,9 @@ def _interrupted(err: BaseException) -> str:
     from .run.files import CHECKPOINT, PREVIOUS
 
     how = "SIGTERM" if isinstance(err, _Terminated) else "KeyboardInterrupt"
+    if isinstance(err, _Terminated) and distributed.launched():
+        # torchrun stops every rank with SIGTERM when one of them failed
+        how += ", which torchrun also sends when another rank failed: see its error above"
     try:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # noqa: BLE001 - outside a Hydra job: the folder is unknown
@@ -821,6 +844,10 @@ def main() -> None:
         sys.path.insert(0, cwd)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not a launcher's own handler
         signal.signal(signal.SIGTERM, _on_sigterm)
+    said = _multirun_under_torchrun(sys.argv[1:])
+    if said is not None:
+        print(said, file=sys.stderr)
+        raise SystemExit(2)
     try:
         _main()
     except SystemExit as err:
@@ -829,6 +856,22 @@ def main() -> None:
             if said is not None:  # after Hydra's own lines, which name only the key
                 print(said, file=sys.stderr)
         raise
+
+
+def _multirun_under_torchrun(args: list[str]) -> str | None:
+    """Why ``--multirun`` is refused under torchrun (``None`` where it is not asked for or
+    not under torchrun): every job of the sweep starts the process group again in the same
+    processes, which torchrun's rendezvous store does not answer; the second job hung for the
+    group's timeout (10 minutes), and every rank wrote the sweep's own records."""
+    asked = any(a in ("-m", "--multirun") or a.replace(" ", "").lower() == "hydra.mode=multirun"
+                for a in args)
+    if not asked or not distributed.launched():
+        return None
+    return ("hypergrad-run: --multirun under torchrun is refused: each job would start the "
+            "ranks' process group again in the same processes, which torchrun does not allow "
+            "(the second job hangs). Run the sweep with a launcher whose jobs each run "
+            "torchrun (docs/distributed.md, 'Many runs: Hydra launchers'), or one torchrun per "
+            "run: for s in 0 1 2; do torchrun ... -m hypergrad.cli seed=$s ...; done.")
 
 
 def _preset_conflict(args: list[str]) -> str | None:

@@ -17,6 +17,7 @@ __all__ = [
     "UnreadParameterWarning",
     "CheckpointError", "ConfigError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
     "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
+    "RanksMismatchError",
 ]
 
 
@@ -117,6 +118,12 @@ class MemoryBudgetError(ValueError):
 class DistributedError(RuntimeError):
     """A collective of a multi-process run failed: another rank died, or did not arrive within
     the timeout (:mod:`hypergrad.distributed`)."""
+
+
+class RanksMismatchError(ValueError):
+    """The processes of a multi-process run hold different problems or run settings (each
+    rank's script or config built another one): every rank raises it together, naming the
+    differing entries. ``hypergrad-run`` answers it as a usage error (status 2)."""
 
 
 def is_real(value: object) -> bool:

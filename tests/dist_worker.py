@@ -179,14 +179,18 @@ def settings(out: Path) -> None:
     import hypergrad as hg
     from hypergrad import distributed as hd
 
-    lr = 0.1 if hd.rank() == 1 else 0.05
-    try:
-        hg.Trainer(mixed(), "forward", functools.partial(torch.optim.Adam, lr=lr),
-                   hg.Offline(outer_steps=2), callbacks=[hg.run.Progress(False)],
-                   strategy=hd.Ranks())
-        said = "built"
-    except ValueError as err:
-        said = str(err)
+    said = {}
+    one = hd.rank() == 1
+    # another outer learning rate; another step count (rank 1 aborted in a collective with 3
+    # steps beside rank 0's 4, and with 5 after rank 0 had written a finished run)
+    for what, lr, steps in (("lr", 0.1 if one else 0.05, 2), ("steps", 0.05, 3 if one else 2)):
+        try:
+            hg.Trainer(mixed(), "forward", functools.partial(torch.optim.Adam, lr=lr),
+                       hg.Offline(outer_steps=steps), callbacks=[hg.run.Progress(False)],
+                       strategy=hd.Ranks())
+            said[what] = "built"
+        except ValueError as err:
+            said[what] = str(err)
     torch.save(said, out / f"rank{hd.rank()}.pt")
 
 

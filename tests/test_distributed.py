@@ -188,8 +188,9 @@ def test_ranks_built_with_other_run_settings_refuse_together(tmp_path: Path) -> 
     _ok(launch("settings", str(tmp_path)))
     said = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for r in range(2):
-        assert "the processes hold different run settings" in said[r], said[r]
-        assert "rank 1: trainer.outer_given[0][lr]: 0.05 -> 0.1" in said[r], said[r]
+        assert "the processes hold different run settings" in said[r]["lr"], said[r]
+        assert "rank 1: trainer.outer_given[0][lr]: 0.05 -> 0.1" in said[r]["lr"], said[r]
+        assert "rank 1: trainer.mode.outer_steps: 2 -> 3" in said[r]["steps"], said[r]
 
 
 def test_a_rank_not_given_resume_follows_rank_0s_resumed_run(tmp_path: Path) -> None:
@@ -314,12 +315,80 @@ def test_the_cli_under_torchrun_splits_the_columns_and_rank_0_writes(tmp_path: P
     assert "method=ParallelForward" in out.stdout + out.stderr
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["outer_steps"] == 2 and res["method"] == "forward"
+    assert res["method_settings"] == {}  # exact: not the ranks' split (distributed.mesh)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2  # once, by rank 0
     # Hydra's record of the invocation once too (each rank wrote one: .hydra and .hydra.2)
     assert sorted(p.name for p in tmp_path.glob(".hydra*")) == [".hydra"]
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ck["fingerprint"]["distributed.world_size"] == 2
     assert ck["fingerprint"]["distributed.mesh"] == [1, 2]
+
+
+def _cli_ranks(tmp_path: Path, rank1: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``hypergrad-run`` of a one-step ``digits_schedule`` under the real torchrun, 2 ranks,
+    rank 1 given the override ``rank1`` too."""
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text("import os, sys\n"
+                       "if os.environ['RANK'] == '1':\n"
+                       "    sys.argv.append(os.environ['RANK1_ARG'])\n"
+                       "from hypergrad.cli import main\nmain()\n")
+    env = {**os.environ, **rank_env(2), "OMP_NUM_THREADS": "1", "RANK1_ARG": rank1,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(wrapper), "experiment=digits_schedule", "debug=fast", "mode.outer_steps=1",
+         "report.retrain=false", "report.plots=false", *args], capture_output=True, text=True,
+        cwd=ROOT, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_ranks_of_the_cli_given_other_problems_are_refused_as_a_usage_error(
+        tmp_path: Path) -> None:
+    """Rank 1 given another seed: the refusal came as a ValueError with Hydra's traceback,
+    where one of another run setting is a usage error's message (the CLI probe)."""
+    out = _cli_ranks(tmp_path, "seed=1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode != 0
+    assert "the processes hold different problems" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr.split("the processes hold different problems")[0]
+    assert "exitcode  : 2" in out.stderr  # torchrun's report of the ranks' status
+
+
+@pytest.mark.slow
+def test_a_rank_given_another_run_folder_under_torchrun_deletes_no_run(tmp_path: Path) -> None:
+    """Rank 1 given another ``hydra.run.dir`` (an earlier run's folder; or rank 0's through a
+    link, another node's mount) removed everything in it: a finished run's records, or on a
+    resume the run's own checkpoint, which then started afresh (the CLI probe). A folder that
+    holds only what Hydra wrote for rank 1 is still removed."""
+    victim, fresh = tmp_path / "earlier", tmp_path / "fresh"
+    victim.mkdir()
+    for name in ("results.json", "metrics.jsonl"):
+        (victim / name).write_text("{}\n")
+    for i, other in enumerate((victim, fresh)):
+        run = tmp_path / f"run{i}"
+        out = _cli_ranks(tmp_path, f"hydra.run.dir={other}", f"hydra.run.dir={run}")
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert (run / "results.json").exists()
+    assert {p.name for p in victim.iterdir()} - {".hydra", "cli.log"} == {
+        "metrics.jsonl", "results.json"}
+    assert (victim / "results.json").read_text() == "{}\n"
+    assert not fresh.exists()  # Hydra's own files alone: removed
+
+
+def test_a_sweep_under_torchrun_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """``--multirun`` under torchrun: the second job started the process group again in the
+    same processes and hung for the group's timeout; every rank wrote the sweep's records
+    (the CLI probe). Refused up front, on each rank, with what to run instead."""
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    for flag in ("--multirun", "-m", "hydra.mode=MULTIRUN"):
+        out = subprocess.run([sys.executable, "-m", "hypergrad.cli", flag, "seed=0,1",
+                              f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True,
+                             text=True, cwd=ROOT, env=env, timeout=120)
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert "--multirun under torchrun is refused" in out.stderr
+        assert "Many runs: Hydra launchers" in out.stderr
+    assert not (tmp_path / "sweep").exists()
+    assert "## Many runs: Hydra launchers" in (ROOT / "docs" / "distributed.md").read_text()
 
 
 def test_the_docs_torchrun_example_ends_with_status_0_on_every_rank(tmp_path: Path) -> None:

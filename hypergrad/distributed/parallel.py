@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.func import grad, vjp
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import ResumeMismatchError
+from ..errors import RanksMismatchError, ResumeMismatchError
 from ..hvp import HVPResult, HVPStrategy, LossFn
 from ..methods.base import HyperGradient, MemoryEstimate, Method, OnlineMethod, Sizes
 from ..methods.forward import ColumnPlan, ForwardMode, ForwardState
@@ -92,7 +92,7 @@ def check_same_facts(facts: dict[str, Any], who: str, what: str, fix: str) -> No
     if differ:
         shown = "\n  ".join(f"rank {r}: {', '.join(d[:3])}{' ...' if len(d) > 3 else ''}"
                             for r, d in differ[:4])
-        raise ValueError(
+        raise RanksMismatchError(
             f"{who}: the processes hold different {what} (rank 0's value -> theirs):\n  "
             f"{shown}\n{fix}")
 

@@ -86,7 +86,7 @@ class Ranks(Strategy):
                 f"Trainer: cannot resume from {path}: it was written by a run of {was} "
                 f"process{'es' if was > 1 else ''}, this run has {now}. A run resumes under the "
                 f"world size it started with: relaunch with {how}, or start a new run (another "
-                f"run folder, or overwrite=True).")
+                f"run folder, or overwrite=True; folder.overwrite=true on the command line).")
 
     def check_same_run(self, settings: dict[str, Any]) -> None:
         """Refuse ranks whose Trainers differ in what defines the run (the mode, the guards,

@@ -537,10 +537,18 @@ class Trainer:
 
     def _run_settings(self) -> dict[str, Any]:
         """:meth:`settings` and what else every process of a run must share: the outer
-        optimizer's settings (also those a resume may change) and the run folder."""
+        optimizer's settings, the step count and the guards' stopping rules (also those a
+        resume may change: a rank given 3 outer steps beside rank 0's 4 aborted in a
+        collective, one given 5 after rank 0 had written a finished run), and the run
+        folder."""
         more = getattr(self.outer, "resume_settings", None)
         outer = more() if callable(more) else {}
+        g = self.guards
         return {**self.settings(), "trainer.outer_given": self._outer_given,
+                "trainer.mode.outer_steps": getattr(self.mode, "outer_steps", None),
+                "trainer.guards.divergence_factor": g.divergence_factor,
+                "trainer.guards.time_budget": g.time_budget,
+                "trainer.guards.clock": g.clock_name,
                 **{f"trainer.outer.{k}": digest(v) if isinstance(v, Tensor) else v
                    for k, v in outer.items()},
                 "trainer.folder": None if self.folder is None else str(self.folder.path)}
