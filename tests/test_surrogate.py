@@ -305,3 +305,93 @@ def test_the_time_left_goes_to_the_surrogates_proposals() -> None:
         assert bool(((e["lam"] >= lo) & (e["lam"] <= hi)).all())
         assert any(torch.allclose(sur._unit(e["lam"]), x, atol=1e-12) for x in sur.xs)
         assert not any(torch.allclose(e["lam"], x) for x in sobol)
+
+
+def _observed(n: int, K: int, with_grads: int, seed: int = 0) -> Surrogate:
+    """A standalone Surrogate in the unit box of ``K`` with ``n`` observations of a smooth
+    function, ``with_grads`` of them with its gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.zeros(K, dtype=torch.float64, requires_grad=True)
+    box = (torch.zeros(K, dtype=torch.float64), torch.ones(K, dtype=torch.float64))
+    sur = Surrogate([x], box=box, candidates=64, seed=seed)
+    for i in range(n):
+        u = torch.rand(K, generator=gen, dtype=torch.float64)
+        v = float((u - 0.3).pow(2).sum())
+        sur.observe(u, v, 2 * (u - 0.3) if i < with_grads else None)
+    return sur
+
+
+def test_within_its_caps_the_model_is_fitted_to_every_observation() -> None:
+    """The caps (MAX_VALUES, MAX_ROWS) leave a run within them as it was: the model sees
+    every value and hypergradient, and the proposal is the one of the model of all."""
+    from hypergrad.run.surrogate import _key
+
+    sur = _observed(30, 5, 6)
+    assert sur._kept() == (list(range(30)), list(range(6)))
+    state = sur.gen.get_state()
+    got = sur.propose()
+    sur.gen.set_state(state)  # the same candidates, for the model of everything by hand
+    cand = sur._candidates()
+    u, f = torch.stack(sur.xs), torch.tensor(sur.fs, dtype=torch.float64)
+    gp = GradientGP().fit(u, f, torch.arange(6), torch.stack([sur.grads[i] for i in range(6)]))
+    seen = {_key(x) for x in sur.xs}
+    cand = cand[torch.tensor([_key(c) not in seen for c in cand])]
+    mu, sd = gp.predict(cand)
+    assert torch.equal(got, cand[int(torch.argmax(expected_improvement(mu, sd,
+                                                                        gp.warp(float(f.min())))))])
+
+
+def test_a_long_run_fits_its_model_to_a_bounded_number_of_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model grew by K rows per hypergradient and cost O((steps K)^3) per proposal: 7.5 s
+    per outer step at K = 64 after 25 steps (the long-runs probe). Past the caps it keeps the
+    lowest losses' hypergradients (and the best and most recent values)."""
+    from hypergrad.run.surrogate import MAX_ROWS, MAX_VALUES
+
+    sizes: list[tuple[int, int]] = []
+    fit = GradientGP.fit
+
+    def spy(self: GradientGP, u: torch.Tensor, f: torch.Tensor, gi: torch.Tensor,
+            g: torch.Tensor) -> GradientGP:
+        sizes.append((len(u), len(u) + g.numel()))
+        return fit(self, u, f, gi, g)
+
+    monkeypatch.setattr(GradientGP, "fit", spy)
+    sur = _observed(MAX_VALUES + 100, 20, 60)
+    points, grads = sur._kept()
+    assert len(points) == MAX_VALUES and len(points) + 20 * len(grads) <= MAX_ROWS
+    best = sorted(range(len(sur.fs)), key=sur.fs.__getitem__)
+    assert set(best[:MAX_VALUES // 2]) <= set(points)
+    assert set(range(len(sur.fs) - 50, len(sur.fs))) <= set(points)  # the most recent
+    with_grad = [i for i in best if i in sur.grads and i in set(points)]
+    assert grads == sorted(with_grad[:len(grads)]) and len(grads) == (MAX_ROWS - MAX_VALUES) // 20
+    sur.propose()
+    assert sizes == [(MAX_VALUES, len(points) + 20 * len(grads))]
+    # a hypergradient wider than the cap: the best one is still kept
+    wide = _observed(10, MAX_ROWS + 8, 3)
+    assert len(wide._kept()[1]) == 1
+
+
+def test_the_budget_forecasts_a_step_with_the_searchs_own_time() -> None:
+    """A surrogate's proposals take time of their own (a model refitted per trial: 4 s a step
+    where its runs took 0.05): the next step's forecast was its hypergradient and one plain
+    run alone (6 here), and the run went past its budget. On a clock where a proposal costs 3,
+    a plain run 1 and a hypergradient 5, the next step is forecast at 5 + 1 + 3."""
+    said: list[str] = []
+    tr = hg.Trainer(lr_momentum(), outer=functools.partial(Surrogate, trials=2),
+                    guards=hg.Guards(bounds={"lr": (1e-3, 1.0)}, time_budget=60.0),
+                    mode=hg.Offline.default(search={"two_orders": 0}),
+                    callbacks=[hg.run.Log(said.append), hg.run.Progress(False)])
+    clock = unit_clock(tr)
+    assert isinstance(tr.outer, Surrogate)
+    propose = tr.outer.propose
+
+    def slow() -> torch.Tensor:
+        clock[0] += 3.0
+        return propose()
+
+    tr.outer.propose = slow  # type: ignore[method-assign]
+    tr.fit()
+    stop = next(m for m in said if "stopped before outer step" in m)
+    assert "the next would take about 9 s" in stop, stop
+    assert clock[0] <= 60.0

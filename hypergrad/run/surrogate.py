@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .outer import SearchOptimizer
 
-__all__ = ["Surrogate", "GradientGP", "GRAD_NOISE", "ROUGH_SHARE"]
+__all__ = ["Surrogate", "GradientGP", "GRAD_NOISE", "ROUGH_SHARE", "MAX_ROWS", "MAX_VALUES"]
 
 LENGTHSCALES = (0.05, 0.1, 0.2, 0.4, 0.8)
 """Isotropic length scales (in units of the box) the model chooses among, by marginal
@@ -32,6 +32,17 @@ loss is rough in the hyperparameters at the scale of the box (a long unrolled ru
 long-horizon language model's hypergradients are a hundred times its slope over a tenth of a
 factor, ``experiments/lm_roughness.py``), exact hypergradients describe ripples the values
 between points do not show, and a model bound to them forgets the values."""
+
+MAX_ROWS = 512
+"""The most rows (a value each, K per hypergradient) of the model's kernel matrix: a model of
+every observation grew by K rows per outer step and cost O((steps K)^3) per proposal (30
+factorisations of it, three proposals a step): 7.5 s per outer step at K = 64 after 25 steps,
+where a step's runs took 0.1 s. Past it, the hypergradients of the points with the lowest
+losses are kept (at least one)."""
+
+MAX_VALUES = 256
+"""The most values the model is fitted to: past it, the half with the lowest losses and the
+most recent others."""
 
 ROUGH_SHARE = 100.0
 """A chosen gradient noise share from which the Trainer says, once, that the hypergradients do
@@ -59,8 +70,10 @@ class GradientGP:
         k = torch.exp(-0.5 * lam * r.pow(2).sum(-1))  # (n, m)
         K = a.shape[1]
         # cov(f(a), d f(b) / d b_j) = k lam r_j ; cov(d f(a)/d a_i, f(b)) = -k lam r_i
-        fg = (k[:, :, None] * lam * r)[:, gb, :].reshape(len(a), -1)
-        gf = (-k[:, :, None] * lam * r)[ga, :, :].permute(0, 2, 1).reshape(-1, len(b))
+        # (the rows and columns of the gradients alone: the whole (n, m, K) product, then cut,
+        # was most of a proposal's time against many candidates)
+        fg = (k[:, gb, None] * lam * r[:, gb, :]).reshape(len(a), -1)
+        gf = (-k[ga, :, None] * lam * r[ga, :, :]).permute(0, 2, 1).reshape(-1, len(b))
         rr = r[ga][:, gb]  # (na, nb, K)
         gg = k[ga][:, gb][:, :, None, None] * (
             lam * torch.eye(K, dtype=a.dtype)[None, None] - lam ** 2 * rr[..., :, None]
@@ -127,6 +140,12 @@ class GradientGP:
         v = torch.cholesky_solve(Ks.T, self.L)
         var = (1.0 - (Ks * v.T).sum(1)).clamp_min(1e-12)
         return self.mean + self.scale * mu, self.scale * var.sqrt()
+
+
+def _key(x: Tensor) -> bytes:
+    """A point's float64 coordinates as bytes, equal exactly where the points are (``+ 0.0``
+    makes -0.0 into 0.0)."""
+    return (x.detach().double().contiguous() + 0.0).numpy().tobytes()
 
 
 def expected_improvement(mu: Tensor, sd: Tensor, best: float) -> Tensor:
@@ -254,19 +273,45 @@ class Surrogate(SearchOptimizer):
                                                                dtype=torch.float64)
         return torch.cat([glob, local.clamp(0.0, 1.0)])
 
+    def _kept(self) -> tuple[list[int], list[int]]:
+        """The observations the model is fitted to: the points whose values it takes and,
+        among them, those whose hypergradients it takes, in the order observed (all of them
+        within :data:`MAX_VALUES` and :data:`MAX_ROWS`)."""
+        n, K = len(self.xs), self.xs[0].numel()
+        by_loss = sorted(range(n), key=self.fs.__getitem__)
+        points = list(range(n))
+        if n > MAX_VALUES:
+            keep = set(by_loss[:MAX_VALUES // 2])
+            for i in reversed(range(n)):  # the most recent others
+                if len(keep) >= MAX_VALUES:
+                    break
+                keep.add(i)
+            points = sorted(keep)
+        grads = sorted(i for i in points if i in self.grads)
+        if len(points) + K * len(grads) > MAX_ROWS:
+            room = max((MAX_ROWS - len(points)) // K, 1)
+            kept = set(points)
+            grads = sorted([i for i in by_loss if i in self.grads and i in kept][:room])
+        return points, grads
+
     def propose(self) -> Tensor:
         """The candidate of highest expected improvement (box units)."""
-        u = torch.stack(self.xs)
-        f = torch.tensor(self.fs, dtype=torch.float64)
-        gi = torch.tensor(sorted(self.grads), dtype=torch.long)
-        g = (torch.stack([self.grads[i] for i in sorted(self.grads)]) if self.grads
+        points, grads = self._kept()
+        where = {i: j for j, i in enumerate(points)}
+        u = torch.stack([self.xs[i] for i in points])
+        f = torch.tensor([self.fs[i] for i in points], dtype=torch.float64)
+        gi = torch.tensor([where[i] for i in grads], dtype=torch.long)
+        g = (torch.stack([self.grads[i] for i in grads]) if grads
              else torch.zeros(0, u.shape[1], dtype=torch.float64))
         gp = GradientGP(grad_noise=self.grad_noise).fit(u, f, gi, g)
         self.last_fit = (gp.ell, gp.grad_share)
         cand = self._candidates()
         # not a point evaluated already (a local candidate clamped onto the box's edge): one
         # training seed gives it the same loss again, a plain run spent for nothing
-        new = ~(cand[:, None, :] == u[None]).all(-1).any(-1)
+        # (by their bytes: comparing every candidate with every point took candidates x
+        # points x K booleans, 100 MB per proposal after 400 points at K = 64)
+        seen = {_key(x) for x in self.xs}
+        new = torch.tensor([_key(c) not in seen for c in cand])
         cand = cand[new] if bool(new.any()) else cand
         mu, sd = gp.predict(cand)
         ei = expected_improvement(mu, sd, gp.warp(float(f[torch.isfinite(f)].min())))
