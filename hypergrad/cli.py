@@ -376,6 +376,7 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
              f"(config: {cfg_path.name})")
     result, fit = measure(trainer.fit)
     rows: list[dict[str, Any]] = []
+    other: dict[str, Any] = {}
     learned_state = None
     if cfg.report.retrain:
         points = {"initial": trainer.initial_lam, "learned": result.lam}
@@ -392,6 +393,7 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
             rows.insert(1, {"hyperparameters": ONLINE_ROW,
                             **_row_metrics(task, p, result.state, result.lam, "online run")})
         _mark_best_of_grid(rows)
+        other = _other_orders(cfg, task, p, {**points, **task.references})
     extra: dict[str, Any] = {}
     if task.extra is not None:
         try:  # a report step: its failure must not lose the tuning's results
@@ -441,6 +443,9 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         # where the outer optimizer ended: the point after the last update
         "last": result.last_values, "last_step": last_step,
         "last_val_loss": result.last_val_loss, "table": rows,
+        # the same points trained in batch orders the tuning never saw (their mean): the
+        # table's own order is the one the learned point was chosen in
+        **({"table_other_orders": other} if other else {}),
         "extra": extra, "compare_methods": compare, "diverged": result.diverged,
         "message": result.message,
         # stopped before mode.outer_steps by guards.time_budget (resume to go on)
@@ -490,6 +495,10 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     text = table(rows)
     if text:
         log.info("\n" + text)
+    if other:
+        log.info(f"the same points, the mean of {len(other['variants'])} batch orders the "
+                 f"tuning never saw (variants {other['variants']} of the problem):\n"
+                 + table(other["rows"]))
     for k, v in extra.items():
         log.info(f"{k}: {v['summary'] if isinstance(v, dict) and 'summary' in v else v}")
     for k, v in compare.items():
@@ -509,6 +518,42 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         log.warning(result.message)
     log.info(f"results: {run_dir / 'results.json'}")
     return results
+
+
+ORDERS_FROM = 3
+"""The first :meth:`InnerProblem.variant <hypergrad.InnerProblem.variant>` of the retrained
+rows' other batch orders (``report.orders``): the tuning's re-check trains in variant 1, its
+second order of each hypergradient in variant 2."""
+
+
+def _other_orders(cfg: DictConfig, task: Task, p: InnerProblem,
+                  points: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The retrained points trained again in ``report.orders`` batch orders the tuning never
+    saw (:data:`ORDERS_FROM` on), each row the mean of their metrics: the table's own rows are
+    trained in the order the learned point was chosen in, which favours it (the demo's lead
+    on validation over the best grid point was gone in other orders). ``{}`` where
+    ``report.orders`` is 0 or every run at a point is the same (:attr:`InnerProblem.varies`)."""
+    n = cfg.report.get("orders", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"hypergrad-run: report.orders={n!r} must be an int >= 0 (the "
+                          f"batch orders the retrained points are also trained in; 0: none).")
+    if n == 0 or not p.varies:
+        return {}
+    variants = list(range(ORDERS_FROM, ORDERS_FROM + n))
+    rows = []
+    for label, lam in points.items():
+        got: dict[str, list[float]] = {}
+        for k in variants:
+            with p.variant(k):
+                state = p.run(lam)
+                for key, v in _row_metrics(task, p, state, lam, label).items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        got.setdefault(key, []).append(float(v))
+        rows.append({"hyperparameters": label,
+                     **{key: sum(vs) / len(vs) for key, vs in got.items()
+                        if len(vs) == len(variants)}})
+    _mark_best_of_grid(rows)
+    return {"variants": variants, "rows": rows}
 
 
 def _row_metrics(task: Task, p: InnerProblem, state: Any, lam: torch.Tensor,

@@ -260,6 +260,8 @@ def _parent_key(*, _parent_: Any) -> str:
 class ReportConf:
     plots: bool = True
     retrain: bool = True  # evaluate initial / learned / reference hyperparameters from scratch
+    # ... and in this many batch orders the tuning never saw (their mean; 0: not)
+    orders: int = 3
     compare_methods: bool = False  # time + peak memory of one forward and one reverse hypergrad
 
 

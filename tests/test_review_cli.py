@@ -461,3 +461,45 @@ def test_a_preset_key_the_option_chosen_beside_it_lacks_is_explained(
         f"and {choice} has no '{key.rpartition('.')[2]}'") in out.stderr, out.stderr
     assert ("experiment=online_digits is the bundled online preset" in out.stderr) == (
         option == "online")
+
+
+def test_the_retrained_points_are_also_trained_in_orders_the_tuning_never_saw(
+        tmp_path: Path) -> None:
+    """The retrained table trains every point in the tuning's batch order, the one the learned
+    point was chosen in: the demo's learned row led the best grid point on validation there,
+    and in other orders the grid point had the lower test loss (the reports probe).
+    ``table_other_orders`` holds each point's mean over report.orders orders the tuning never
+    saw (variants 3, 4), the best grid point marked by those."""
+    import torch
+
+    from hypergrad.config import build
+
+    out = _cli(*FAST, "report.orders=2", "mode.outer_steps=1", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    res = json.loads((tmp_path / "results.json").read_text())
+    other = res["table_other_orders"]
+    assert other["variants"] == [3, 4]
+    assert [r["hyperparameters"] for r in other["rows"]] == [
+        r["hyperparameters"] for r in res["table"]]
+    assert "batch orders the tuning never saw" in (tmp_path / "cli.log").read_text()
+    task, _ = build(_compose(*FAST, "report.orders=2"))
+    p = task.problem
+    initial = next(r for r in other["rows"] if r["hyperparameters"] == "initial")
+    vals = []
+    for k in (3, 4):
+        with p.variant(k), torch.no_grad():
+            s = p.run(p.init_raw())
+            vals.append(float(p.objective(s.params, s.buffers, p.init_raw())))
+    assert initial["val_loss"] == pytest.approx(sum(vals) / 2, rel=1e-6)
+    assert initial["val_loss"] != next(r for r in res["table"]
+                                       if r["hyperparameters"] == "initial")["val_loss"]
+    grid = [r for r in other["rows"] if r["hyperparameters"].startswith("grid ")]
+    assert [r.get("best_of_grid", False) for r in grid] == [
+        r["val_loss"] == min(g["val_loss"] for g in grid) for r in grid]
+    # 0: none; a bad value is refused
+    out = _cli(*FAST, "report.orders=0", "mode.outer_steps=1",
+               f"hydra.run.dir={tmp_path / 'none'}")
+    assert out.returncode == 0 and "table_other_orders" not in json.loads(
+        (tmp_path / "none" / "results.json").read_text())
+    out = _cli(*FAST, "report.orders=-1", f"hydra.run.dir={tmp_path / 'bad'}")
+    assert out.returncode == 2 and "report.orders=-1 must be an int >= 0" in out.stderr
