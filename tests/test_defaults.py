@@ -552,6 +552,22 @@ def test_schedule_smoothing_couples_the_windows_of_each_schedule_only() -> None:
     assert schedule_smoothing(hg.HyperParams([items[0], items[2]]).items, 0.2) is None
 
 
+def test_schedule_smoothing_builds_no_matrix_when_nothing_is_coupled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing to couple it built a K x K identity all the same: 1.95 GB for 16000
+    per-example weights on every Trainer built (the per-example probe)."""
+    from hypergrad.run.outer import schedule_smoothing
+
+    def no_eye(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise AssertionError("a K x K identity was built")
+
+    weights = hg.HyperParams([hg.PerExample("w", 1.0, n=16000),
+                              hg.Schedule("wd", 0.1, windows=2)])
+    monkeypatch.setattr(torch, "eye", no_eye)
+    assert schedule_smoothing(weights.items, 0.2) is None
+    assert schedule_smoothing(weights.items, None) is None
+
+
 def test_a_preconditioned_line_search_descends_along_the_smoothed_gradient() -> None:
     from hypergrad.run.outer import schedule_smoothing
 

@@ -131,6 +131,11 @@ def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
     shrinks); the identity elsewhere. ``None`` when there is nothing to couple (no such
     schedule, or ``length`` is ``None``)."""
     items = list(items)
+    if length is None or not any(it.kind == "schedule" and getattr(it, "windows", it.numel) >= 3
+                                 for it in items):
+        # nothing to couple: no K x K identity built (1.95 GB at K = 16000 per-example
+        # weights, on every Trainer built)
+        return None
     k = sum(it.numel for it in items)
     out = torch.eye(k, dtype=torch.float64)
     coupled, at = False, 0
