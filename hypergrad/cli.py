@@ -488,10 +488,17 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
                 else (last_step, result.last_val_loss, result.last_values))
         learned = (None if result.best_val_loss is None
                    else (result.best_val_loss, result.values))
+        # where a run diverged: its outer step and loss (the plot dropped that point and did
+        # not say the run diverged)
+        stopped = ((trainer.outer_step, result.last_val_loss) if result.diverged
+                   and result.last_values is not None else None)
         results["plots"] = plot_run(run_dir, hps, horizon, result.history,
                                     trainer.initial_lam, result.lam, result.best_step, last,
                                     learned, any(e["kind"] == "start"
-                                                 for e in trainer.evaluations))
+                                                 for e in trainer.evaluations), stopped)
+        # results.json was written before the plots (a run stopped while plotting keeps it):
+        # once more, naming them
+        write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     text = table(rows)
     if text:
         log.info("\n" + text)
@@ -508,7 +515,9 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
               if resumed else "")
     log.info(f"tuning took {fit['seconds']:.1f} s{so_far}, peak extra memory "
              f"{fit['peak_extra_bytes'] / 2**20:.1f} MiB ({result.method} mode)")
-    where = "" if result.best_step is None else f" (outer step {result.best_step})"
+    where = ("" if result.best_step is None else
+             f" (after update {result.best_step}, inner step {horizon})" if trainer.mode.online
+             else f" (outer step {result.best_step})")
     log.info(f"learned hyperparameters{where}: {summary(hps, result.values, horizon)}")
     if result.last_values is not None and result.last_values != result.values:
         when = (f" (outer step {last_step})" if last_step is not None
@@ -531,7 +540,7 @@ def _other_orders(cfg: DictConfig, task: Task, p: InnerProblem,
     """The retrained points trained again in ``report.orders`` batch orders the tuning never
     saw (:data:`ORDERS_FROM` on), each row the mean of their metrics: the table's own rows are
     trained in the order the learned point was chosen in, which favours it (the demo's lead
-    on validation over the best grid point was gone in other orders). ``{}`` where
+    in test loss over the best grid point was gone in other orders). ``{}`` where
     ``report.orders`` is 0 or every run at a point is the same (:attr:`InnerProblem.varies`)."""
     n = cfg.report.get("orders", 0)
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:

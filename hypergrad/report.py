@@ -9,6 +9,7 @@ initial ones); the point after the last update is outer step ``N``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,8 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
             lam: torch.Tensor, best_step: int | None = None,
             last: tuple[int, float, Mapping[str, Any]] | None = None,
             learned: tuple[float, Mapping[str, Any]] | None = None,
-            started: bool = False) -> dict[str, Any]:
+            started: bool = False,
+            diverged: tuple[int, float | None] | None = None) -> dict[str, Any]:
     """The figures :func:`plot_run` writes, by file name (matplotlib figures: close them)."""
     import matplotlib
 
@@ -103,6 +105,15 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
     if last is not None:
         points.append(last)
     x = [pt[0] for pt in points]
+    if online and history:
+        # each record's values were used over the interval before its inner step: drawn from
+        # its start (they sat one interval late), and the values after the last update (the
+        # learned ones) at its end (they were not drawn)
+        starts = [0, *(h["inner_step"] for h in history[:-1])]
+        hp_x = [*starts, history[-1]["inner_step"]]
+        hp_points = [*(pt[2] for pt in points), hps.describe(lam)]
+    else:
+        hp_x, hp_points = x, [pt[2] for pt in points]
     if history:
         fig, ax = plt.subplots(figsize=(6, 3.6))
         ys = [pt[1] for pt in points]
@@ -112,7 +123,17 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
             ax.plot(*zip(*back), "x", color="C3", ms=8, mew=2,
                     label="backtracked (not used: back to the best point)")
         if last is not None and last[0] != best_step:
-            ax.plot([last[0]], [last[1]], "s", color="C2", ms=6, label="after the last update")
+            again = learned is not None and dict(last[2]) == dict(learned[1])
+            ax.plot([last[0]], [last[1]], "s", color="C2", ms=6,
+                    label="after the last update" + (" (the learned point again)"
+                                                     if again else ""))
+        if diverged is not None:
+            at, v = diverged
+            if v is not None and math.isfinite(v):
+                ax.plot([at], [v], "X", color="C3", ms=10, label=f"diverged (outer step {at})")
+                ys = [*ys, v]
+            ax.set_title(f"validation objective while tuning: diverged at outer step {at}",
+                         fontsize=9)
         if best_step is not None and not online:
             # the returned point is often a line search's, evaluated during outer step k, not
             # history[k]: its own validation loss
@@ -124,7 +145,11 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(xlabel)
         ax.set_ylabel("validation loss E")
-        ax.set_title("validation objective while tuning")
+        if diverged is None:
+            ax.set_title("validation objective while tuning")
+        shown = [y for y in ys if y is not None and math.isfinite(y)]
+        if shown and min(shown) > 0 and max(shown) / min(shown) > 20:  # a descent not squashed
+            ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -135,17 +160,19 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
                                  squeeze=False)
         for ax, name in zip(axes[:, 0], names):
             one = HyperParams([hps.by_name[name]])
-            named = [named_values(one, {name: pt[2][name]}, horizon) for pt in points]
+            named = [named_values(one, {name: pt[name]}, horizon) for pt in hp_points]
             labels = list(named[0])
             if len(labels) <= MANY:
                 for j, label in enumerate(labels):
-                    ax.plot(x, [n[label] for n in named], marker=".", ms=3, label=label,
-                            color=f"C{j % 10}")
+                    # past 10 lines the colours repeat: another dash (two lines shared one
+                    # colour, the learned star's among them)
+                    ax.plot(hp_x, [n[label] for n in named], marker=".", ms=3, label=label,
+                            color=f"C{j % 10}", ls=("-", "--", ":")[j // 10 % 3])
                 ax.legend(fontsize=6, ncol=2 if len(labels) > 4 else 1, loc="best")
             else:
                 t = torch.tensor([list(n.values()) for n in named])
-                ax.plot(x, t.mean(1), label=f"mean of {len(labels)}")
-                ax.fill_between(x, t.min(1).values, t.max(1).values, alpha=0.3,
+                ax.plot(hp_x, t.mean(1), label=f"mean of {len(labels)}")
+                ax.fill_between(hp_x, t.min(1).values, t.max(1).values, alpha=0.3,
                                 label="min - max")
                 ax.legend(fontsize=6)
             vs = [v for n in named for v in n.values()]
@@ -205,7 +232,8 @@ def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[s
              lam0: torch.Tensor, lam: torch.Tensor, best_step: int | None = None,
              last: tuple[int, float, Mapping[str, Any]] | None = None,
              learned: tuple[float, Mapping[str, Any]] | None = None,
-             started: bool = False) -> list[str]:
+             started: bool = False,
+             diverged: tuple[int, float | None] | None = None) -> list[str]:
     """Write ``val_curve.png`` (validation loss per outer step, the learned point and the
     backtracked steps marked), ``hyperparams.png`` (each hyperparameter's trajectory, by name)
     and, for schedules, ``schedule.png`` (the learned schedule as a step function over the
@@ -215,12 +243,14 @@ def plot_run(run_dir: Path, hps: HyperParams, horizon: int, history: list[dict[s
     of the learned point (``TrainResult.best_val_loss`` and ``values``), marked with a star
     (without it, the history's entry of ``best_step``, which a line search's point is not).
     ``started``: a space-filling start ran, so outer step 0 is its best point, not the
-    initial one."""
+    initial one. ``diverged``: ``(outer step, validation loss or None)`` where the run
+    diverged, marked and named in the title. Online, each record's values are drawn from the
+    inner step their interval began at, and the learned values (``lam``) at the end."""
     import matplotlib.pyplot as plt
 
     written = []
     for name, fig in figures(hps, horizon, history, lam0, lam, best_step, last,
-                             learned, started).items():
+                             learned, started, diverged).items():
         try:
             save_figure(fig, run_dir / name)
         finally:

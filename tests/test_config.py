@@ -311,6 +311,7 @@ def test_preset_runs_end_to_end_with_debug(preset: str, tmp_path: Path) -> None:
     assert len(lines) == on_disk["outer_steps"]
     for png in results["plots"]:
         assert (tmp_path / png).stat().st_size > 1000
+    assert on_disk["plots"] == results["plots"]  # results.json names them (it never did)
     assert (tmp_path / "config_resolved.yaml").exists()
     assert {"learned.yaml", "model_learned.pt"} <= set(on_disk["learned_files"])
     assert (tmp_path / "model_learned.pt").stat().st_size > 0

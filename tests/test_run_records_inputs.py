@@ -5,6 +5,7 @@ inputs refused with the argument, the value and the fix."""
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -342,6 +343,57 @@ def test_the_plots_mark_the_returned_point_not_the_history_entry() -> None:
     finally:
         import matplotlib.pyplot as plt
 
+        for f in figs.values():
+            plt.close(f)
+
+
+def test_the_plots_say_what_the_records_say() -> None:
+    """The reports probe: a diverged run's plot dropped the point where it diverged and did
+    not say so; online, each value was drawn one interval late and the learned (final) one
+    not at all; a last point that is the learned one was drawn as another; a descent over
+    decades was squashed on a linear axis; past 10 lines two shared a colour and a dash."""
+    import matplotlib.pyplot as plt
+
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, "log")])
+    lam = torch.tensor([0.0])
+
+    def lines(fig: Any) -> dict[str, Any]:
+        return {str(ln.get_label()): ln for ln in fig.axes[0].get_lines()}
+
+    history = [{"outer_step": k, "val_loss": v, "hyperparams": {"lr": lr}}
+               for k, v, lr in ((0, 2.0, 0.1), (1, 0.05, 0.2))]
+    figs = figures(hps, 8, history, lam, lam, best_step=1, learned=(0.05, {"lr": 0.2}),
+                   last=(2, 0.05, {"lr": 0.2}), diverged=(3, 40.0))
+    try:
+        val = figs["val_curve.png"].axes[0]
+        got = lines(figs["val_curve.png"])
+        assert [float(v) for v in got["diverged (outer step 3)"].get_ydata()] == [40.0]
+        assert "diverged at outer step 3" in val.get_title()
+        assert "after the last update (the learned point again)" in got
+        assert val.get_yscale() == "log"  # 0.05 to 40
+    finally:
+        for f in figs.values():
+            plt.close(f)
+    online = [{"outer_step": k, "inner_step": 10 * (k + 1), "val_loss": 1.0 - 0.1 * k,
+               "hyperparams": {"lr": lr}} for k, lr in ((0, 0.1), (1, 0.2))]
+    final = hps.init_raw().clone().fill_(math.log(0.3))
+    figs = figures(hps, 20, online, lam, final, best_step=2)
+    try:
+        (curve,) = figs["hyperparams.png"].axes[0].get_lines()
+        assert [float(v) for v in curve.get_xdata()] == [0.0, 10.0, 20.0]
+        assert [float(v) for v in curve.get_ydata()] == pytest.approx([0.1, 0.2, 0.3])
+        assert figs["val_curve.png"].axes[0].get_yscale() == "linear"
+    finally:
+        for f in figs.values():
+            plt.close(f)
+    twelve = hg.HyperParams([hg.Schedule("lr", 0.1, windows=12)])
+    hist = [{"outer_step": 0, "val_loss": 1.0, "hyperparams": twelve.describe(twelve.init_raw())}]
+    figs = figures(twelve, 24, hist, twelve.init_raw(), twelve.init_raw())
+    try:
+        drawn = figs["hyperparams.png"].axes[0].get_lines()
+        styles = [(ln.get_color(), ln.get_linestyle()) for ln in drawn]
+        assert len(drawn) == 12 and len(set(styles)) == 12
+    finally:
         for f in figs.values():
             plt.close(f)
 
