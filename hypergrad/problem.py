@@ -243,6 +243,13 @@ class InnerProblem:
         ``None`` for a sequence or a callable (random access by step, nothing per run)."""
         return self._batch.stream
 
+    @property
+    def counts_reads(self) -> bool:
+        """Whether the batch source counts up front which examples the run reads (a
+        :class:`~hypergrad.data.MiniBatches`: the problem then warns about per-example weights
+        no step reads when it checks its data)."""
+        return callable(getattr(getattr(self._batch, "data", None), "read_counts", None))
+
     def begin_run(self, keep_from: int | None = None) -> None:
         """An inner run starts (every method calls this at the start of one: an online
         method's ``init``, reverse mode, :meth:`run` from step 0): a streamed source begins a

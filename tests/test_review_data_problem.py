@@ -4,6 +4,7 @@ fails without its fix."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -497,6 +498,44 @@ def test_examples_no_step_reads_are_named_for_per_example_weights() -> None:
     assert int((grad == 0).sum()) == 24 and bool((grad[~read] == 0).all())
     full = make(6)  # an epoch: every example read, no warning
     hg.ReverseMode().hypergradient(full, full.init_raw())
+
+
+def test_weights_no_step_reads_from_a_list_of_batches_are_named_by_the_trainer() -> None:
+    """A list of batches read by 2 of its 4 steps (or a DataLoader drawing with replacement,
+    ``n`` above the data's size): half the weights got a hypergradient of exactly 0 and kept
+    the search's values, with no word; only a MiniBatches counted its reads up front (the
+    per-example probe). The Trainer names them at its first hypergradient, once."""
+    from hypergrad.errors import ZeroHypergradientWarning
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 3, generator=g, dtype=torch.float64), torch.randint(0, 2, (40,),
+                                                                              generator=g)
+    idx = torch.arange(40)
+    batches = [(x[i:i + 10], y[i:i + 10], idx[i:i + 10]) for i in range(0, 40, 10)]
+
+    def make(source: Any, steps: int) -> hg.InnerProblem:
+        torch.manual_seed(0)
+        return hg.InnerProblem(
+            nn.Linear(3, 2).double(),
+            lambda m, b, hp: (hp["w"][b[2]] * F.cross_entropy(m(b[0]), b[1],
+                                                             reduction="none")).mean(),
+            hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", n=40, init=1.0)]),
+            source, steps, lambda m, hp: F.cross_entropy(m(x), y))
+
+    tr = hg.Trainer(make(batches, 2), "reverse", mode=hg.Offline(outer_steps=2),
+                    callbacks=[hg.run.Log(None), hg.run.Progress(False)])
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        tr.fit()
+    said = [str(w.message) for w in got if issubclass(w.category, ZeroHypergradientWarning)]
+    assert len(said) == 1 and "20 of the 40 entries of PerExample 'w'" in said[0], said
+    # every example read: nothing said; a MiniBatches already said it when its data was checked
+    for source, steps in ((batches, 4), (MiniBatches(x, y, batch_size=10, seed=0), 2)):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            hg.Trainer(make(source, steps), "reverse", mode=hg.Offline(outer_steps=1),
+                       callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+        assert not [w for w in got if "at the first outer step" in str(w.message)]
 
 
 def test_an_inf_the_validation_loss_saturates_is_named_when_the_hypergradient_is_nan() -> None:

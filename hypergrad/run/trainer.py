@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import BoundsWarning, CheckpointWarning, TuningWarning
+from ..errors import BoundsWarning, CheckpointWarning, TuningWarning, ZeroHypergradientWarning
 from ..methods.auto import AutoMode
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
 from ..methods.memory import check_memory, out_of_memory
@@ -833,6 +833,31 @@ class Trainer:
                      f"{int(run.step)} of {self.problem.steps}")
         return run
 
+    def _warn_unread_weights(self, grad: Tensor) -> None:
+        """At the first hypergradient: per-example weights of which some (not all) entries
+        have a hypergradient of exactly 0, the examples no step read (a list of batches or a
+        DataLoader that does not reach them, one that draws with replacement, ``n`` above the
+        data's size), where the source cannot say so up front as a
+        :class:`~hypergrad.data.MiniBatches` does: they kept the search's values without a
+        word."""
+        if self.problem.counts_reads:
+            return  # the problem warned when it checked its data (... read by no step)
+        for it in self.problem.hyperparams.items:
+            if it.kind != "per_example":
+                continue
+            g = grad[self.problem.hyperparams.slices[it.name]]
+            zero = int((g == 0).sum())
+            if 0 < zero < g.numel():
+                n = getattr(it, "n", g.numel())
+                warnings.warn(ZeroHypergradientWarning(
+                    f"Trainer: {zero} of the {g.numel()} entries of PerExample {it.name!r} have "
+                    f"a hypergradient of exactly 0 at the first outer step: the examples no "
+                    f"step of the run reads (a batch source that does not reach them, one "
+                    f"that draws with replacement, or n={n} above the data's size) are not "
+                    f"learned, and keep the values the search gives them. Read every example "
+                    f"(an epoch or more: hypergrad.data.MiniBatches counts them up front), or "
+                    f"weight only those the run reads."), stacklevel=5)
+
     def _step(self, value: Tensor, grad: Tensor, lam_used: Tensor) -> str | None:
         """Guard, track the best, update ``lam``; returns why the run diverged, or ``None``."""
         tr = self.tracker
@@ -843,6 +868,8 @@ class Trainer:
                 # later ones stay out, so the search can go back to a point it can step from
                 tr.track(value, lam_used, None, self.outer_step, first=False)
             return why
+        if not self.history and not tr.zero_warned:
+            self._warn_unread_weights(grad)
         tr.track(value, lam_used, grad, self.outer_step, first=not self.history)
         g, why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype)
         if g is None:
