@@ -4,6 +4,8 @@ step, the objective's direct term, frozen parameters and per-tensor defaults (fl
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -73,6 +75,44 @@ def test_a_non_zero_tangent_is_never_skipped() -> None:
     b = hg.ForwardMode(skip_zero_columns=False).step(problem, fs0, lam)
     for x, y in zip(tree_flatten(a.tangents)[0], tree_flatten(b.tangents)[0]):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+
+
+def test_a_tangent_row_set_in_place_after_a_step_is_not_taken_as_zero() -> None:
+    """The state a step returned, a row of a window not yet started then set in place: the
+    next step trusted its memo of zero rows (the same tensors) and overwrote the row with
+    zeros (the intermediate-steps probe: 0.0 where a copy of the same state gave 1.02)."""
+    problem = digits_case("momentum", "schedule", steps=6, windows=3, **TINY)
+    lam = problem.init_raw()
+    m = hg.ForwardMode()
+    fs = m.step(problem, m.init(problem, lam), lam)  # window 2 starts at step 4
+
+    def set_row(state: Any) -> None:
+        for v in state.tangents.params.values():
+            v[2].fill_(1e-3)
+
+    copied = fs._replace(tangents=tree_map(torch.clone, fs.tangents))
+    set_row(fs)
+    set_row(copied)
+    a = m.step(problem, fs, lam)
+    b = hg.ForwardMode(skip_zero_columns=False).step(problem, copied, lam)
+    assert float(a.tangents.params["0.weight"][2].abs().sum()) > 0
+    for x, y in zip(tree_flatten(a.tangents)[0], tree_flatten(b.tangents)[0]):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+
+
+def test_a_step_past_the_horizon_is_refused() -> None:
+    """ForwardMode.step (and HD's, MARTHE's) at step T went on: the schedule read its last
+    window again and schedule-free AdamW trained from its averaged point, and the
+    hypergradients of that other run were returned without a word (run(stop=T + 1) was
+    refused)."""
+    problem = digits_case("momentum", "schedule", steps=3, windows=3, **TINY)
+    lam = problem.init_raw()
+    for m in (hg.ForwardMode(), hg.MARTHE(0.9), hg.HD()):
+        run = m.run(problem, m.init(problem, lam), lam)
+        assert run.step == 3
+        with pytest.raises(ValueError, match=r"step: the run is at step 3, the end of the "
+                                             r"problem's horizon T = 3"):
+            m.step(problem, run, lam)
 
 
 def test_plan_reads_schedule_windows() -> None:

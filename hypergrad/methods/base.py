@@ -53,6 +53,19 @@ ENTRY_POINTS = "hypergrad.methods"
 _REGISTRY: dict[str, type[Method]] = {}
 
 
+def within_horizon(who: str, problem: InnerProblem, t: int) -> None:
+    """Refuse a step at ``t >= T``: past the problem's horizon a schedule reads its last window
+    again and schedule-free AdamW's last step has handed out its averaged point, so the
+    hypergradients that follow are of another run than the one defined (they were returned
+    without a word)."""
+    if t >= problem.steps:
+        raise ValueError(
+            f"{who}.step: the run is at step {t}, the end of the problem's horizon T = "
+            f"{problem.steps}; a step past it is not part of the run the hyperparameters "
+            f"define (a schedule's windows cover steps 0..T-1 only). For a longer run, build "
+            f"the problem with more steps.")
+
+
 def checked(who: str, problem: Any, lam: Any) -> None:
     """``problem.check(lam)``, after the arguments' types: a :class:`~hypergrad.Task` or the
     arguments swapped failed as ``'Task' object has no attribute 'check'``."""

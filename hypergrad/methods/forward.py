@@ -46,7 +46,7 @@ from ..hvp import HVPStrategy, VmapVJP
 from ..hyperparams import HyperParameter
 from ..problem import InnerProblem, InnerState
 from ..tangent import AutoTangent, TangentRule, UpdateStep
-from .base import MemoryEstimate, OnlineMethod, Sizes, checked, gib
+from .base import MemoryEstimate, OnlineMethod, Sizes, checked, gib, within_horizon
 
 __all__ = ["ForwardMode", "ForwardState", "ColumnPlan", "initial_tangents"]
 
@@ -137,6 +137,12 @@ def _map(f: Callable[[Tensor], Tensor], tree: Any, consume: bool = False) -> Any
     if isinstance(tree, list):
         return [_map(f, v) for v in tree]
     return tree_map(f, tree)  # anything else: the generic path
+
+
+def _versions(tree: Any) -> tuple[int, ...]:
+    """The in-place versions of a tangent state's tensors (``Tensor._version``): an edit of
+    one in place since the last step changes them."""
+    return tuple(x._version for x in tree_flatten(tree)[0] if isinstance(x, Tensor))
 
 
 def _first_leaf(tree: Any) -> Tensor | None:
@@ -361,7 +367,7 @@ class ForwardMode(OnlineMethod, name="forward"):
         self.skip_zero_columns = flag("ForwardMode", "skip_zero_columns", skip_zero_columns)
         self._plans: weakref.WeakKeyDictionary[InnerProblem, ColumnPlan] = (
             weakref.WeakKeyDictionary())
-        self._zero_memo: tuple[weakref.ref[Tensor], frozenset[int]] | None = None
+        self._zero_memo: tuple[weakref.ref[Tensor], frozenset[int], tuple[int, ...]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Without the per-problem caches (weak references, which do not pickle): a
@@ -414,6 +420,7 @@ class ForwardMode(OnlineMethod, name="forward"):
         (indices into ``lam``, in the order of the tangents' rows, as :meth:`init` made them).
         With ``columns`` the HVP strategy may get no column at all at a step (a rank whose
         columns have not started), and must still return the gradient."""
+        within_horizon(type(self).__name__, problem, fs.step)
         auto = self._auto
         if auto is None or auto.report is not None:
             return self._step(problem, fs, lam, columns)
@@ -476,17 +483,20 @@ class ForwardMode(OnlineMethod, name="forward"):
             tangents = _scatter(tangents, live, n)
             dead = frozenset(range(n)) - frozenset(live.tolist())
             leaf = _first_leaf(tangents)
-            self._zero_memo = None if leaf is None else (weakref.ref(leaf), dead)
+            self._zero_memo = (None if leaf is None else
+                               (weakref.ref(leaf), dead, _versions(tangents)))
         return ForwardState(InnerState(params, new_b, opt), tangents, t + 1)
 
     def _known_zero(self, z: InnerState, cols: list[int]) -> bool:
         """Whether ``z`` is the tangent state the last step returned with the rows ``cols`` left
-        at zero (then the check over the tensors is not needed)."""
+        at zero, not edited in place since (then the check over the tensors is not needed; a
+        row a user set in place was taken as zero and overwritten)."""
         if self._zero_memo is None:
             return False
-        ref, dead = self._zero_memo
+        ref, dead, versions = self._zero_memo
         first = _first_leaf(z)
-        return first is not None and ref() is first and dead.issuperset(cols)
+        return (first is not None and ref() is first and dead.issuperset(cols)
+                and _versions(z) == versions)
 
     def estimate_memory(self, problem: InnerProblem,
                         sizes: Sizes | None = None) -> MemoryEstimate:

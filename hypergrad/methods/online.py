@@ -34,7 +34,7 @@ from ..errors import is_real
 from ..hvp import HVPStrategy
 from ..problem import InnerProblem, InnerState
 from ..tangent import TangentRule
-from .base import MemoryEstimate, OnlineMethod, Sizes, checked
+from .base import MemoryEstimate, OnlineMethod, Sizes, checked, within_horizon
 from .forward import ForwardMode, ForwardState
 
 __all__ = ["HD", "HDState", "MARTHE"]
@@ -72,6 +72,7 @@ class HD(OnlineMethod, name="hd"):
 
     def step(self, problem: InnerProblem, run: HDState, lam: Tensor) -> HDState:
         """One plain inner step; the state before it is kept for the hypergradient."""
+        within_horizon(type(self).__name__, problem, run.step)
         with torch.no_grad():
             new = problem.step(run.state, lam, run.step)
         return HDState(new, run.state, run.step + 1)
