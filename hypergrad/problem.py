@@ -2132,11 +2132,12 @@ def _cut_from_weights(which: str) -> str:
     else:
         effect = ("its gradient would be exactly zero, so the inner optimizer would not train "
                   "the model")
-    return (f"InnerProblem: {which} does not depend on the model's weights: its value is cut "
-            f"from the network's output (torch.no_grad(), .detach(), .item(), float() or "
-            f"numpy on it), so {effect}. Return the loss as a tensor computed from the model's "
-            f"output with autograd on; hypergrad itself turns gradients off where none are "
-            f"needed.")
+    return (f"InnerProblem: {which} does not depend on the model's weights: it does not call "
+            f"the model, or its value is cut from the network's output (torch.no_grad(), "
+            f".detach(), .item(), float() or numpy on it), so {effect}. Return the loss as a "
+            f"tensor computed from the model's output with autograd on (a penalty on the "
+            f"hyperparameters may be added to it); hypergrad itself turns gradients off where "
+            f"none are needed.")
 
 
 def _reachable(out: Any) -> set[int]:

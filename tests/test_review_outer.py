@@ -177,6 +177,20 @@ def test_a_divergence_stop_at_a_best_of_zero_or_below_says_the_factor_has_no_sca
     assert "Guards(divergence_factor=None)" in near_zero.message
 
 
+def test_a_divergence_stop_between_losses_near_zero_says_they_may_be_rounding() -> None:
+    """A noise-free fit: the validation loss went from 2.1e-19 to 3.3e-16 (both rounding), and
+    the run stopped as diverged with only the advice of a smaller outer learning rate (the
+    objectives probe)."""
+    from hypergrad.run.guards import divergence
+
+    lam = torch.zeros(1)
+    why = divergence(torch.tensor(3.3e-16), None, (2.1e-19, lam, 0), 10.0)
+    assert why is not None and "both losses are near 0" in why
+    assert "Guards(divergence_factor=None)" in why
+    why = divergence(torch.tensor(3.3), None, (0.2, lam, 0), 10.0)  # a real rise: no hint
+    assert why is not None and "near 0" not in why
+
+
 def test_a_second_fit_counts_the_first_calls_end_in_elapsed() -> None:
     """TrainResult.elapsed is the run's seconds over every fit() call; a second fit() of the
     same Trainer went on from the first call's last record, so the first call's end (its final

@@ -943,3 +943,18 @@ def test_progress_refuses_a_string() -> None:
     with pytest.raises(TypeError, match=r"Progress: enabled='no' must be True or False"):
         Progress("no")  # type: ignore[arg-type]
     assert Progress(0).enabled is False
+
+
+def test_a_results_repr_is_short_at_high_k() -> None:
+    """repr(TrainResult) printed every record's K values: 140 KB at K = 300 after 20 outer
+    steps, a notebook cell flooded (the long-runs probe)."""
+    many = {"w": [0.5] * 300}
+    res = hg.TrainResult(torch.zeros(300), many, [{"outer_step": k, "hyperparams": many}
+                                                  for k in range(20)], "forward",
+                         best_step=3, best_val_loss=0.25, last_values={"w": [0.25] * 300})
+    text = repr(res)
+    assert len(text) < 600, len(text)
+    assert "values={'w': '<300 values>'}" in text and "history=<20 records>" in text
+    assert "best_val_loss=0.25" in text
+    small = hg.TrainResult(torch.zeros(2), {"lr": 0.1, "m": [0.5, 0.6]}, [], "reverse")
+    assert "values={'lr': 0.1, 'm': [0.5, 0.6]}" in repr(small)

@@ -153,6 +153,11 @@ TOO_LARGE = "its square overflows"
 not diverge)."""
 
 
+NEAR_ZERO = 1e-8
+"""A validation loss below this (and above 0) that exceeds ``divergence_factor`` times the best
+is named as possibly rounding, not a diverging training, in the divergence message."""
+
+
 def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
                factor: float | None) -> str | None:
     """Why an evaluation means the tuning diverged, or ``None``."""
@@ -172,6 +177,10 @@ def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
                 f"factor no scale, the margin being (factor - 1) * |best| = "
                 f"{(factor - 1) * abs(best[0]):.3g}: add a constant that keeps it positive, "
                 f"or give Guards(divergence_factor=None)")
+        if best[0] > 0 and v < NEAR_ZERO:  # a noise-free fit: both are rounding
+            hint = ("; both losses are near 0, where a rise by any factor can be rounding "
+                    "(a noise-free fit): give Guards(divergence_factor=None), or add a "
+                    "constant to the validation loss")
         return (f"the validation loss {v:.4g} exceeds divergence_factor={factor:g} times the "
                 f"best seen ({best[0]:.4g}, outer step {best[2]}){hint}")
     return None
@@ -282,8 +291,10 @@ class Tracker:
             warnings.warn(ZeroHypergradientWarning(
                 f"Trainer: the hypergradient of {zero} is exactly zero at the first outer step: "
                 f"the losses do not change with {one} here (0 * hp, round(hp), a step function "
-                f"of it), so tuning will not move {one}. Make the losses depend on it smoothly, "
-                f"or remove it."), stacklevel=5)
+                f"of it, or a stationary point: an objective at its minimum in it), so "
+                f"hypergradients will not move {one} (a search's plain runs may, to values the "
+                f"losses do not tell apart). Make the losses depend on it smoothly, or remove "
+                f"it."), stacklevel=5)
 
     def _keep(self, v: float, lam: Tensor, step: int) -> None:
         for i, (w, x, _) in enumerate(self.top):

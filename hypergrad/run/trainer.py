@@ -98,7 +98,7 @@ coordinate (the line search's smallest step): neighbours from one line search sc
 any batch order."""
 
 
-@dataclass
+@dataclass(repr=False)
 class TrainResult:
     """What :meth:`Trainer.fit` returns.
 
@@ -152,6 +152,24 @@ class TrainResult:
     last_step: int | None = None
     """Offline: the outer step whose point ``last_lam`` is (the last record's where the descent
     ended without an update after it, as a line search that found nothing better)."""
+
+    def __repr__(self) -> str:
+        """The outcome in a few lines: long value lists and the records counted, not printed
+        (the whole history and the K values of every record made 140 KB at K = 300)."""
+        def short(v: Any) -> Any:
+            return f"<{len(v)} values>" if isinstance(v, (list, tuple)) and len(v) > 12 else v
+
+        def values(d: Mapping[str, Any] | None) -> Any:
+            return None if d is None else {k: short(v) for k, v in d.items()}
+
+        msg = self.message if len(self.message) <= 200 else self.message[:200] + "..."
+        return (f"TrainResult(method={self.method!r}, values={values(self.values)}, "
+                f"best_step={self.best_step}, best_val_loss={self.best_val_loss}, "
+                f"last_values={values(self.last_values)}, last_step={self.last_step}, "
+                f"last_val_loss={self.last_val_loss}, history=<{len(self.history)} records>, "
+                f"evaluations=<{len(self.evaluations)}>, rechecked=<{len(self.rechecked)}>, "
+                f"diverged={self.diverged}, out_of_time={self.out_of_time}, "
+                f"elapsed={self.elapsed:.3g}, message={msg!r})")
 
     def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
         """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
