@@ -5,6 +5,7 @@ Surrogate outer optimizer in the Trainer."""
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import pytest
@@ -395,3 +396,6 @@ def test_the_budget_forecasts_a_step_with_the_searchs_own_time() -> None:
     stop = next(m for m in said if "stopped before outer step" in m)
     assert "the next would take about 9 s" in stop, stop
     assert clock[0] <= 60.0
+    # the point returned named by its loss too: points of one outer step share its number
+    back = next(m for m in said if m.startswith("re-checked"))
+    assert re.search(r"returned the one of outer step \d+ at [\d.]+ in the tuning's order", back)

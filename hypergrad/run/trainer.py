@@ -1548,8 +1548,11 @@ class Trainer:
         where = " and where the descent started" if first is not None else ""
         self.message(f"re-checked {len(out)} points (the best{where}) in another batch order "
                      f"({said}); "
-                     f"returned the one of outer step {pick['outer_step']} "
-                     f"({'the worse' if worse else 'mean'} {what} {score(pick):.4g})")
+                     f"returned the one of outer step {pick['outer_step']} at {pick[key]:.4g} "
+                     f"in the tuning's order ({'the worse' if worse else 'mean'} {what} "
+                     f"{score(pick):.4g}"
+                     + ("; points of one outer step are its line search's trials"
+                        if len({r["outer_step"] for r in out}) < len(out) else "") + ")")
         return out, pick
 
     def _fit_online(self) -> TrainResult:
