@@ -50,7 +50,11 @@ from .errors import ConfigError
 __all__ = ["build", "register_configs", "config_fingerprint", "schema", "targets", "CONFIG_DIR",
            "SAFE_CONFIG_KEYS", "TASK_ARGS", "check_keys", "unknown_keys", "global_groups"]
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = (Path(__file__).resolve().parent / "configs"
+              if (Path(__file__).resolve().parent / "configs" / "config.yaml").exists()
+              else Path(__file__).resolve().parent.parent / "configs")
+"""The Hydra presets: ``hypergrad/configs`` in an installed wheel, the checkout's ``configs/``
+in a source tree (an editable install)."""
 
 TASK_ARGS = ("hyperparams", "optimizer", "model")
 """A task builder's arguments that :func:`build` passes (the instantiated other groups), not

@@ -1,12 +1,22 @@
 """The declared Python range is the one that is checked: ``requires-python``'s floor is the
-version ruff and mypy target, the README's, and the interpreter CI prefers."""
+version ruff and mypy target, the README's, and the interpreter CI prefers. The built wheel: a
+user who installs ``hypergrad-forward`` (not an editable checkout) runs ``hypergrad-run``,
+whose Hydra presets must ship inside the package (the packaging probe: the wheel had no
+configs/, and every hypergrad-run command failed with "Primary config directory not
+found")."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,3 +31,44 @@ def test_the_python_floor_is_declared_once_and_checked() -> None:
     assert f"Python >= {major}.{minor}" in (ROOT / "README.md").read_text()
     assert f"python{major}.{minor}" in (ROOT / ".ci" / "run").read_text()
     assert sys.version_info >= (major, minor)
+
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_configs_and_runs_hypergrad_run_from_elsewhere(
+        tmp_path: Path) -> None:
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 77:  # pyproject's build requirement
+        pytest.skip(f"setuptools {setuptools.__version__} < 77 cannot build this pyproject")
+    dist, target, away = tmp_path / "dist", tmp_path / "site", tmp_path / "away"
+    away.mkdir()
+    pip = [sys.executable, "-m", "pip"]
+    src = tmp_path / "src"  # a copy: the build writes build/ and *.egg-info beside the sources
+    shutil.copytree(ROOT, src, ignore=lambda d, names: [
+        n for n in names if Path(d) == ROOT and n not in ("pyproject.toml", "README.md",
+                                                          "LICENSE", "hypergrad", "configs")])
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
+                    str(src)], check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("hypergrad_forward-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {n.removeprefix("hypergrad/configs/") for n in names
+               if n.startswith("hypergrad/configs/") and n.endswith(".yaml")}
+    assert shipped == {p.relative_to(ROOT / "configs").as_posix()
+                       for p in (ROOT / "configs").rglob("*.yaml")}
+    assert "hypergrad/py.typed" in names
+    assert not any(n.startswith(("tests/", "experiments/", "docs/")) for n in names)
+    subprocess.run([*pip, "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
+    where = subprocess.run(
+        [sys.executable, "-c", "import hypergrad, hypergrad.config as c; "
+                               "print(hypergrad.__file__); print(c.CONFIG_DIR)"],
+        capture_output=True, text=True, cwd=away, env=env, timeout=120, check=True)
+    module, configs = where.stdout.split()
+    assert Path(module).is_relative_to(target) and Path(configs) == target / "hypergrad" / "configs"
+    out = subprocess.run([sys.executable, "-m", "hypergrad.cli", "experiment=digits_schedule",
+                          "debug=fast", "report.plots=false", "report.retrain=false",
+                          f"hydra.run.dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, cwd=away, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "run" / "results.json").exists()
