@@ -53,6 +53,8 @@ def test_a_refused_overwrite_keeps_the_old_run_and_an_overwrite_removes_its_tb_l
     cli.run(_compose(*FAST, "report.retrain=false"), tmp_path)
     (tmp_path / "tb").mkdir()
     (tmp_path / "tb" / "events.out.tfevents.1.host").write_bytes(b"old")
+    (tmp_path / "tb" / "learned").mkdir()  # the learned point's HParams entry (it stayed)
+    (tmp_path / "tb" / "learned" / "events.out.tfevents.1.host").write_bytes(b"old")
     before = _files(tmp_path)
     assert "checkpoint.pt" in before and "results.json" in before
     with pytest.raises(ConfigError, match=r"bounds name 'lrr' is not a hyperparameter"):
@@ -61,6 +63,7 @@ def test_a_refused_overwrite_keeps_the_old_run_and_an_overwrite_removes_its_tb_l
     assert _files(tmp_path) == before
     cli.run(_compose(*FAST, "report.retrain=false", "folder.overwrite=true"), tmp_path)
     assert not (tmp_path / "tb" / "events.out.tfevents.1.host").exists()
+    assert not (tmp_path / "tb" / "learned" / "events.out.tfevents.1.host").exists()
 
 
 def test_a_resume_that_does_not_retrain_leaves_no_model_of_other_values(

@@ -432,3 +432,25 @@ def test_tensorboard_files_of_a_run_resumed_in_the_same_second_read_in_order(
     _trainer(hg.RunFolder(tmp_path, resume=True), 2, hg.run.TensorBoard()).fit()
     assert _tb_steps(tmp_path) == [0, 1]
     assert len(list((tb / "learned").glob("events.out.tfevents.*"))) == 1
+
+
+def test_an_empty_lock_is_refused_as_one_being_written_and_a_live_lock_names_a_copy(
+        tmp_path: Path) -> None:
+    """An empty lock (another run's, written this moment) was refused as held by 'process
+    None on an unknown host'; a copy of a running run's folder carries its lock, and the
+    refusal told the user to kill the healthy original (the live-reading probe)."""
+    lock = tmp_path / "run.lock"
+    lock.write_text("")
+    with pytest.raises(RunDirError, match=r"is being locked by another run \(its lock file "
+                                          r".* is empty or unreadable"):
+        files.RunLock(tmp_path).acquire()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(f"{live.pid} {socket.gethostname()}\n")
+        os.utime(lock, (time.time() - 60, time.time() - 60))
+        with pytest.raises(RunDirError, match=r"If this folder is a copy of a running run's "
+                                              r"folder, its run.lock came with the copy"):
+            files.RunLock(tmp_path).acquire()
+    finally:
+        live.kill()
+        live.communicate()

@@ -1,8 +1,9 @@
 """The run folder: checkpoints that survive a kill, fingerprints, a lock, and strict JSON.
 
 - :func:`save_checkpoint` writes to a unique temporary file in the run folder, fsyncs it,
-  moves the current ``checkpoint.pt`` to ``checkpoint.prev.pt`` and renames the new file into
-  place, then fsyncs the folder. A kill at any moment leaves ``checkpoint.pt`` or
+  keeps the current ``checkpoint.pt`` as ``checkpoint.prev.pt`` (a hard link, so that
+  ``checkpoint.pt`` never disappears for a reader) and renames the new file into place, then
+  fsyncs the folder. A kill at any moment leaves ``checkpoint.pt`` or
   ``checkpoint.prev.pt`` complete, so at most one outer step is lost. A full disk gives a clear
   ``OSError`` (errno ``ENOSPC``) and no temporary file is left behind.
 - :func:`load_checkpoint` loads with ``weights_only=True``; an unreadable ``checkpoint.pt``
@@ -23,7 +24,7 @@ For tests only, the environment variable ``HYPERGRAD_TEST_CHECKPOINT_FAULT`` mak
 :func:`save_checkpoint` kill its own process (SIGKILL) in the middle of a write:
 ``"step=3,kill-after-bytes=2048"`` (after that many bytes of the temporary file),
 ``"step=3,kill-before-rename"`` (temporary file complete, not yet renamed) or
-``"step=3,kill-after-rotate"`` (the old checkpoint moved to ``checkpoint.prev.pt``, the new one
+``"step=3,kill-after-rotate"`` (the old checkpoint also ``checkpoint.prev.pt``, the new one
 not yet in place); ``step`` is the checkpoint's ``outer_step``.
 """
 
@@ -73,7 +74,7 @@ RECORD_FILES = ("results.json", "learned.yaml", "model_learned.pt")
 PLOTS = ("val_curve.png", "hyperparams.png", "schedule.png")
 """The plots of a run (:func:`hypergrad.report.plot_run`)."""
 RECORD_PATTERNS = ("config_resolved*.yaml", UNREADABLE, *PLOTS, "learned_*.pt",
-                   "tb/events.out.tfevents.*")
+                   "tb/events.out.tfevents.*", "tb/learned/events.out.tfevents.*")
 """What else an overwrite removes: the resolved configs, an unreadable checkpoint set aside,
 plots, per-variant models and TensorBoard's event files of the run it discards."""
 _TMP_PREFIX = ".tmp-"
@@ -210,7 +211,7 @@ def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
         if "kill-before-rename" in fault:
             _die()
         if path.exists():
-            os.replace(path, prev)
+            _keep_previous(path, prev)
         if "kill-after-rotate" in fault:
             _die()
         os.replace(tmp, path)
@@ -222,6 +223,18 @@ def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
             raise _no_space(path, "the checkpoint", cause) from err
         raise
     return path
+
+
+def _keep_previous(path: Path, prev: Path) -> None:
+    """``path`` becomes ``prev`` too: a hard link, so that ``path`` never disappears while the
+    next file is renamed over it (a reader polling the folder, or a copy taken mid-run, found
+    no checkpoint.pt in that moment: 3 of 150 copies); a rename where the file system has no
+    hard links."""
+    try:
+        prev.unlink(missing_ok=True)
+        os.link(path, prev)
+    except OSError:
+        os.replace(path, prev)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -676,12 +689,19 @@ class RunLock:
     def _busy(self) -> RunDirError:
         owner = self._owner()
         pid, host = owner.pid, owner.host
+        if pid is None:  # empty or unreadable: a lock another run is writing this moment
+            return RunDirError(
+                f"{self.who}: run folder {self.run_dir} is being locked by another run (its "
+                f"lock file {self.path} is empty or unreadable, as while it is written); run "
+                f"again in a moment: an unreadable lock older than a few seconds is taken "
+                f"over. Or use another folder (hypergrad-run: hydra.run.dir=...).")
         here = owner.here()
         space = "" if host != socket.gethostname() else " (another container: pid namespace)"
         how = (f"if process {pid}{space} is gone (e.g. a node or container that died), delete "
                f"{self.path} and run again" if not here else
                f"wait for it to finish, or stop it (kill {pid}); a lock left by a process that "
-               f"has died is taken over by itself")
+               f"has died is taken over by the next run. If this folder is a copy of a running "
+               f"run's folder, its run.lock came with the copy: delete it")
         return RunDirError(
             f"{self.who}: run folder {self.run_dir} is in use by another run (process {pid} on "
             f"{host or 'an unknown host'}, lock file {self.path}): {how}. Or use another folder "
