@@ -454,3 +454,30 @@ def test_an_empty_lock_is_refused_as_one_being_written_and_a_live_lock_names_a_c
     finally:
         live.kill()
         live.communicate()
+
+
+def test_a_checkpoint_walks_only_the_records_added_since_the_last_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every checkpoint walked the whole history for NumPy values: 130 ms a save after 200
+    outer steps at K = 300, 7 ms at the first (the long-runs probe). Records found loadable
+    are known by identity; a new one is still converted."""
+    values = [0.5, 0.25]
+    history: list[dict[str, Any]] = [{"outer_step": 0, "hyperparams": {"w": values}}]
+    walked = []
+    loadable = files._loadable
+
+    def spy(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if obj is values:
+            walked.append(1)
+        return loadable(obj, *args, **kwargs)
+
+    monkeypatch.setattr(files, "_loadable", spy)
+    checked: dict[int, Any] = {}
+    files.save_checkpoint(tmp_path, {"outer_step": 1, "history": history}, checked)
+    history.append({"outer_step": 1, "val_loss": np.float64(0.5)})
+    files.save_checkpoint(tmp_path, {"outer_step": 2, "history": history}, checked)
+    assert len(walked) == 1  # the first record once, not again
+    back = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert back["history"][1]["val_loss"] == 0.5 and type(back["history"][1]["val_loss"]) is float
+    files.save_checkpoint(tmp_path, {"outer_step": 2, "history": history})  # no memory: walked
+    assert len(walked) == 2

@@ -156,10 +156,14 @@ def _no_space(path: Path, what: str, err: BaseException) -> OSError:
                    f"({type(err).__name__}: {err})")
 
 
-def _loadable(obj: Any) -> Any:
+def _loadable(obj: Any, checked: dict[int, Any] | None = None, item: bool = False) -> Any:
     """``obj`` with NumPy numbers and arrays as Python numbers and tensors: ``torch.load`` with
     ``weights_only=True`` refuses them, so one in a record (a method's ``info``) made every
-    checkpoint of the run unreadable. Containers are copied only where something changed."""
+    checkpoint of the run unreadable. Containers are copied only where something changed.
+    ``checked``: the records (dicts with an ``outer_step`` in a list: the history, the
+    evaluations, which are only appended to) found loadable by an earlier checkpoint of the
+    run, by identity, not walked again (every checkpoint walked the whole history: 130 ms a
+    save after 200 outer steps at K = 300, where the first took 7)."""
     if isinstance(obj, Tensor) or type(obj) in (float, int, str, bool) or obj is None:
         return obj
     if isinstance(obj, np.generic):
@@ -167,14 +171,18 @@ def _loadable(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return torch.from_numpy(obj.copy())
     if isinstance(obj, dict):
-        new = {k: _loadable(v) for k, v in obj.items()}
+        if item and checked is not None and checked.get(id(obj)) is obj:
+            return obj
+        new = {k: _loadable(v, checked) for k, v in obj.items()}
         if all(new[k] is v for k, v in obj.items()):
+            if item and checked is not None and "outer_step" in obj:
+                checked[id(obj)] = obj  # held: its id is not reused while it is known
             return obj
         out = obj.copy()
         out.update(new)
         return out
     if isinstance(obj, (list, tuple)):
-        items = [_loadable(v) for v in obj]
+        items = [_loadable(v, checked, item=True) for v in obj]
         if all(a is b for a, b in zip(items, obj)):
             return obj
         return items if isinstance(obj, list) else tuple(items)
@@ -190,9 +198,12 @@ def next_numbered(folder: Path, name: str) -> Path:
     return folder / name.format(n)
 
 
-def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
+def save_checkpoint(run_dir: Path, ck: Mapping[str, Any],
+                    checked: dict[int, Any] | None = None) -> Path:
     """Write ``ck`` to ``run_dir/checkpoint.pt`` safely against kills (see the module
-    docstring); the previous checkpoint becomes ``checkpoint.prev.pt``. Returns the path."""
+    docstring); the previous checkpoint becomes ``checkpoint.prev.pt``. Returns the path.
+    ``checked``: the run's records already found loadable (:func:`_loadable`), kept by the
+    caller from one checkpoint to the next."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path, prev = run_dir / CHECKPOINT, run_dir / PREVIOUS
     fault = _fault(ck.get("outer_step"))
@@ -205,7 +216,7 @@ def save_checkpoint(run_dir: Path, ck: Mapping[str, Any]) -> Path:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), _MODE)
             writer = _Writer(fh, kill_after)
-            torch.save(_loadable(dict(ck)), writer)  # type: ignore[arg-type]  # a file-like object
+            torch.save(_loadable(dict(ck), checked), writer)  # type: ignore[arg-type]
             fh.flush()
             os.fsync(fh.fileno())
         if "kill-before-rename" in fault:

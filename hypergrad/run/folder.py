@@ -184,6 +184,8 @@ class RunFolder:
         self.extra = dict(fingerprint or {})
         self.lock = RunLock(self.path)
         self._open = False  # a Trainer uses it (open() until close())
+        # the run's records its checkpoints found loadable (files._loadable): not walked again
+        self._checked: dict[int, Any] = {}
 
     def open(self, device: torch.device, log: Log) -> tuple[dict[str, Any], Path] | None:
         """Take the lock; return the checkpoint to resume from (and its path), or ``None`` for a
@@ -194,6 +196,7 @@ class RunFolder:
                 f"Trainer: {self!r} is in use by another Trainer (it holds the folder's lock); "
                 f"a folder holds one run at a time. Give each Trainer its own RunFolder (another "
                 f"path), or close the other first (trainer.close()).")
+        self._checked = {}
         self.lock.acquire()
         self._open = True
         try:
@@ -261,12 +264,12 @@ class RunFolder:
 
     def write(self, ck: Mapping[str, Any], rec: Mapping[str, Any]) -> None:
         """An outer step: its checkpoint first, then its metrics line."""
-        save_checkpoint(self.path, ck)
+        save_checkpoint(self.path, ck, self._checked)
         append_line(self.path / METRICS, dumps(rec))
 
     def write_inner(self, ck: Mapping[str, Any]) -> None:
         """A checkpoint within an inner run (``inner_every``): no metrics line."""
-        save_checkpoint(self.path, ck)
+        save_checkpoint(self.path, ck, self._checked)
 
     def rewrite_metrics(self, history: list[dict[str, Any]]) -> None:
         """``metrics.jsonl`` from ``history`` (after a resume: it agrees with the checkpoint)."""
