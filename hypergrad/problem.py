@@ -1741,15 +1741,21 @@ def _refuse_data_as_batches(batches: Any) -> None:
 
 def bitwise_equal(a: Any, b: Any) -> bool:
     """Whether two trees of tensors (dicts, tuples, an :class:`InnerState`) have the same
-    structure and, leaf by leaf, the same dtype, shape and bits (``False`` for tensors without
-    data: a count on fake tensors)."""
+    structure and, leaf by leaf, the same dtype, layout, shape and bits (a sparse COO tensor's
+    entries; ``False`` for tensors without data: a count on fake tensors)."""
     xs, sa = tree_flatten(a)
     ys, sb = tree_flatten(b)
 
     def same(x: Any, y: Any) -> bool:
         if isinstance(x, Tensor) or isinstance(y, Tensor):
-            return (isinstance(x, Tensor) and isinstance(y, Tensor) and x.dtype == y.dtype
-                    and torch.equal(x, y))
+            if not (isinstance(x, Tensor) and isinstance(y, Tensor) and x.dtype == y.dtype
+                    and x.layout == y.layout and x.shape == y.shape):
+                return False
+            if x.layout == torch.sparse_coo:  # torch.equal has no sparse kernel
+                x, y = x.coalesce(), y.coalesce()
+                return (torch.equal(x.indices(), y.indices())
+                        and torch.equal(x.values(), y.values()))
+            return torch.equal(x, y)
         return bool(x == y)
 
     try:

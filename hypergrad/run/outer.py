@@ -128,8 +128,9 @@ def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
     within a :class:`~hypergrad.Schedule` of ``n >= 3`` windows, a Gaussian kernel over the
     window index with length scale ``length * n`` windows, scaled so that its largest
     eigenvalue is 1 (a schedule's smooth changes keep their size, window-to-window jitter
-    shrinks); the identity elsewhere. ``None`` when there is nothing to couple (no such
-    schedule, or ``length`` is ``None``)."""
+    shrinks); the identity elsewhere. A sparse (COO) tensor holding the blocks and the
+    identity's diagonal (``.to_dense()`` gives the matrix); ``None`` when there is nothing
+    to couple (no such schedule, or ``length`` is ``None``)."""
     items = list(items)
     if length is None or not any(it.kind == "schedule" and getattr(it, "windows", it.numel) >= 3
                                  for it in items):
@@ -137,19 +138,30 @@ def schedule_smoothing(items: Any, length: float | None) -> Tensor | None:
         # weights, on every Trainer built)
         return None
     k = sum(it.numel for it in items)
-    out = torch.eye(k, dtype=torch.float64)
-    coupled, at = False, 0
+    rows, cols, vals = [], [], []
+    plain = torch.ones(k, dtype=torch.bool)  # the identity's diagonal outside the blocks
+    at = 0
     for it in items:
         n = getattr(it, "windows", it.numel)  # a schedule per group: each group's windows
-        if length is not None and it.kind == "schedule" and n >= 3:
+        if it.kind == "schedule" and n >= 3:
             i = torch.arange(n, dtype=torch.float64)
             block = torch.exp(-(i[:, None] - i[None, :]) ** 2 / (2 * (length * n) ** 2))
             block = block / torch.linalg.eigvalsh(block)[-1]
+            r, c = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
             for row in range(at, at + it.base_numel, n):  # not a schedule's scales
-                out[row:row + n, row:row + n] = block
-            coupled = True
+                rows.append(r.reshape(-1) + row)
+                cols.append(c.reshape(-1) + row)
+                vals.append(block.reshape(-1))
+                plain[row:row + n] = False
         at += it.numel
-    return out if coupled else None
+    eye = torch.arange(k)[plain]
+    rows.append(eye)
+    cols.append(eye)
+    vals.append(torch.ones(len(eye), dtype=torch.float64))
+    # sparse: with a schedule beside thousands of per-example weights the dense matrix was
+    # the Trainer's largest object, and written into every checkpoint (2 GB at K = 16000)
+    return torch.sparse_coo_tensor(torch.stack([torch.cat(rows), torch.cat(cols)]),
+                                   torch.cat(vals), (k, k), check_invariants=True).coalesce()
 
 
 def default_outer(params: list[Tensor], box: tuple[Tensor, Tensor] | None = None,
