@@ -46,6 +46,7 @@ from .errors import (
     BoundsWarning,
     CheckpointError,
     ConfigError,
+    ConfigWarning,
     HypergradWarning,
     MemoryBudgetError,
     RanksMismatchError,
@@ -347,6 +348,9 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
     )
 
     run_dir = folder.path
+    lost = _lost_preset_settings()
+    if lost:
+        warnings.warn(lost, ConfigWarning, stacklevel=1)
     with _settings_refused(), _bounds_refused_in_a_sweep():
         task, trainer = build(cfg, folder)
     if not distributed.is_writer():  # under torchrun: tune with rank 0, which alone reports
@@ -807,6 +811,99 @@ def _refused_setting(err: InstantiationException) -> ConfigError | None:
     return refused
 
 
+def _user_config_dirs(hydra_cfg: Any) -> list[Path]:
+    """The config folders of the search path other than the bundled presets' (``--config-dir``,
+    ``hydra.searchpath``)."""
+    out = []
+    for source in hydra_cfg.runtime.config_sources:
+        if source.schema == "file" and Path(source.path).resolve() != CONFIG_DIR.resolve():
+            out.append(Path(source.path))
+    return out
+
+
+def _shadowed_options(hydra_cfg: Any) -> None:
+    """A chosen option that a config folder of yours holds under a bundled option's name
+    (``conf/model/mlp.yaml``, ``model=mlp``) is refused: Hydra reads the bundled file first,
+    and yours was never read, without a word."""
+    for key, choice in hydra_cfg.runtime.choices.items():
+        group = str(key).partition("@")[0]
+        if not isinstance(choice, str) or group.startswith("hydra"):
+            continue
+        bundled = CONFIG_DIR / group / f"{choice}.yaml"
+        if not bundled.is_file():
+            continue
+        for folder in _user_config_dirs(hydra_cfg):
+            mine = folder / group / f"{choice}.yaml"
+            if mine.is_file() and mine.read_bytes() != bundled.read_bytes():
+                raise ConfigError(
+                    f"hypergrad-run: {mine} has the name of a bundled option ({group}={choice}), "
+                    f"and Hydra reads the bundled {bundled} first: yours was never read. "
+                    f"Give yours a name of its own ({folder / group / (choice + '_mine.yaml')}, "
+                    f"then {group}={choice}_mine).")
+
+
+def _extended_presets(name: str, folders: list[Path], seen: set[str] | None = None
+                      ) -> list[str]:
+    """The experiment presets that experiment ``name`` (a file in one of ``folders``) extends
+    through its defaults list (``- digits_schedule``, ``- /experiment: digits_schedule``),
+    and theirs."""
+    import yaml  # type: ignore[import-untyped]
+
+    seen = set() if seen is None else seen
+    path = next((f / "experiment" / f"{name}.yaml" for f in folders
+                 if (f / "experiment" / f"{name}.yaml").is_file()), None)
+    if path is None or name in seen:
+        return []
+    seen.add(name)
+    try:
+        entries = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+    out: list[str] = []
+    for entry in entries:
+        parent = None
+        if isinstance(entry, str) and "/" not in entry and entry != "_self_":
+            parent = entry  # a config of the same group
+        elif isinstance(entry, str) and entry.startswith("/experiment/"):
+            parent = entry.removeprefix("/experiment/")
+        elif isinstance(entry, dict) and len(entry) == 1:
+            (k, v), = entry.items()
+            if str(k).split()[-1] == "/experiment" and isinstance(v, str):
+                parent = v
+        if parent:
+            out += [parent, *_extended_presets(parent, folders, seen)]
+    return out
+
+
+def _lost_preset_settings() -> str | None:
+    """What a preset of yours that extends a bundled one does not inherit: the bundled
+    preset's settings of its outer optimizer (``experiment_outer/<preset>_<optimizer>.yaml``)
+    are chosen by the experiment's name, so ``experiment=mine`` extending digits_schedule
+    ran sign steps of 0.1 (sign's own) instead of the preset's 0.5, without a word."""
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    choices = hydra_cfg.runtime.choices
+    name, opt = choices.get("experiment"), choices.get("outer_optimizer")
+    if not isinstance(name, str) or not isinstance(opt, str):
+        return None
+    folders = [*_user_config_dirs(hydra_cfg), CONFIG_DIR]
+    own = f"experiment_outer/{name}_{opt}.yaml"
+    if any((f / own).is_file() for f in folders):
+        return None
+    for parent in _extended_presets(name, folders):
+        theirs = CONFIG_DIR / "experiment_outer" / f"{parent}_{opt}.yaml"
+        if theirs.is_file():
+            mine = _user_config_dirs(hydra_cfg)
+            where = (mine[0] if mine else Path("<your config folder>")) / own
+            return (f"experiment={name} extends experiment={parent}, but not its settings of "
+                    f"outer_optimizer={opt} ({theirs}), which apply by the experiment's name: "
+                    f"this run uses outer_optimizer={opt}'s own. To inherit them, copy that "
+                    f"file to {where}; to keep {opt}'s own and silence this, create {where} "
+                    f"empty (docs/configs.md).")
+    return None
+
+
 def _job(cfg: DictConfig) -> float:
     from . import alloc
 
@@ -822,6 +919,7 @@ def _job(cfg: DictConfig) -> float:
                           f"--help lists the options).")
     check_keys(cfg, [g for g in hydra_cfg.runtime.choices if "/" not in g
                      and not g.startswith("hydra") and g not in top])
+    _shadowed_options(hydra_cfg)
     direction = hydra_cfg.sweeper.get("direction") if _multirun() else None
     if direction is not None and "max" in str(direction).lower():
         # Optuna's sweeper: a diverged job's inf became the best value and its point the best
@@ -958,7 +1056,9 @@ def _preset_conflict(args: list[str]) -> str | None:
                 f"and {chosen_s} has no {key!r}: a preset's settings are made for "
                 f"the options it chooses. Run the preset with its own {group}, or copy "
                 f"{CONFIG_DIR / 'experiment' / (preset + '.yaml')} into a config folder of "
-                f"your own without {full} and run it with --config-dir <that folder> "
+                f"your own under a name of its own, without {full}, with the preset's "
+                f"experiment_outer/{preset}_<optimizer>.yaml files as <its name>_<optimizer>"
+                f".yaml, and run it with --config-dir <that folder> "
                 f"experiment=<its name> (docs/configs.md)"
                 + (" (experiment=online_digits is the bundled online preset)"
                    if group == "mode" and chosen == "online" else "") + ".")

@@ -454,6 +454,14 @@ def check_keys(cfg: DictConfig, groups: Sequence[str] = ()) -> None:
         left = _left_from_option(cfg, [k for k, _ in bad])
         if left:  # model._target_=mine over model=mlp: mlp's settings stay, mine takes none
             node, target, keys = left
+            mine = _hydra_choices().get(node)
+            if mine and not (CONFIG_DIR / node / f"{mine}.yaml").is_file():
+                raise ConfigError(  # already a file of its own, extending a bundled option
+                    f"hypergrad-run: {node}._target_={target} does not take "
+                    f"{', '.join(keys)}: they are settings of the bundled {node} option that "
+                    f"your {node}={mine} extends in its defaults list and whose _target_ it "
+                    f"replaced. Drop that entry from your file's defaults list and give "
+                    f"your builder's own settings there (docs/own-model.md).")
             raise ConfigError(
                 f"hypergrad-run: {node}._target_={target} does not take {', '.join(keys)}: they "
                 f"are settings of the {node} option whose _target_ it replaced, and a command "
@@ -577,6 +585,39 @@ def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
     else:
         out[prefix[:-1]] = node
     return out
+
+
+def _check_groups_given(cfg: DictConfig) -> None:
+    """A config group left null (a preset of yours with a ``mode:`` line and nothing under it,
+    or only another option's settings merged into it) is a
+    :class:`~hypergrad.errors.ConfigError`: it replaced the option chosen, also one
+    chosen on the command line (``mode=online``), and the Trainer ran its own default in its
+    place without a word."""
+    # (null merged with a later option's settings, debug=fast's mode.interval: a mapping
+    # without the group's _target_, which every option of it has)
+    empty = [g for g in GROUPS if g in cfg and (cfg[g] is None or (
+        OmegaConf.is_dict(cfg[g]) and "_target_" not in cfg[g].keys()))]  # (??? is not "in")
+    if not empty:
+        return
+    chosen = _hydra_choices()
+    said = ", ".join(f"{g} (chosen: {g}={chosen[g]})" if chosen.get(g) else g for g in empty)
+    raise ConfigError(
+        f"hypergrad-run: {said} {'is' if len(empty) == 1 else 'are'} null (or only settings, no "
+        f"option) in the composed "
+        f"config: a config file of yours has a `{empty[0]}:` line with nothing under it (or "
+        f"`{empty[0]}: null`), which replaces the option chosen, and the Trainer would run its "
+        f"own default instead. Remove that line, or put the settings under it "
+        f"(hypergrad-run --cfg job ... shows the composed config).")
+
+
+def _hydra_choices() -> dict[str, str]:
+    """The Hydra job's group choices (``{}`` outside a Hydra job: the compose API)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    return {str(k): str(v) for k, v in HydraConfig.get().runtime.choices.items()
+            if v is not None}
 
 
 def _check_resolves(cfg: DictConfig, keys: Sequence[str] | None = None) -> None:
@@ -774,6 +815,7 @@ def build(cfg: DictConfig, folder: Any = None, log: Callable[[str], Any] | None 
     if cfg.seed < 0:  # numpy's generators (the data split, the batch order) take none
         raise ConfigError(f"seed={cfg.seed}: a seed must be an int >= 0; pass seed=0, 1, ...")
     _check_resolves(cfg, [*GROUPS, "seed", "device"])  # what is built here
+    _check_groups_given(cfg)
     _locate_targets(cfg)
     chosen = _chosen_groups() if groups is None else list(groups)
     try:

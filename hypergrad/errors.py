@@ -14,7 +14,7 @@ import numpy as np
 __all__ = [
     "HypergradWarning", "ZeroHypergradientWarning", "TuningWarning", "BoundsWarning",
     "CheckpointWarning", "PrecisionWarning", "DetachedValueWarning", "UnseededRandomnessWarning",
-    "UnreadParameterWarning",
+    "UnreadParameterWarning", "ConfigWarning",
     "CheckpointError", "ConfigError", "RunDirError", "ResumeMismatchError", "MemoryBudgetError",
     "InnerNotConvergedWarning", "SolverNotConvergedWarning", "DistributedError",
     "RanksMismatchError",
@@ -87,6 +87,12 @@ class UnreadParameterWarning(HypergradWarning):
     step (toward 0 under a decay), where ``torch.optim`` skips a parameter whose ``.grad`` is
     ``None``. The hypergradients are exact for hypergrad's update; freeze the parameter
     (``requires_grad_(False)``) to train as torch does, or give it no decay."""
+
+
+class ConfigWarning(HypergradWarning):
+    """A ``hypergrad-run`` configuration that runs, but not as its files suggest: a preset of
+    yours that extends a bundled one without the bundled preset's settings of its outer
+    optimizer (``configs/experiment_outer/``), which apply by the experiment's name."""
 
 
 class CheckpointError(RuntimeError):

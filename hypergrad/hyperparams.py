@@ -113,9 +113,17 @@ def _check_init(api: str, init: Any) -> None:
         except (TypeError, ValueError, RuntimeError):
             bad = True
     if bad:
+        env = ""
+        if isinstance(init, str):
+            try:
+                float(init)
+                env = (" (a number as a string: ${oc.env:NAME} in a config gives one, "
+                       "${oc.decode:${oc.env:NAME}} parses it)")
+            except ValueError:
+                pass
         raise TypeError(
             f"{api}: init={init!r} ({type(init).__name__}) must be a number, a list of numbers "
-            f"or a tensor, in value space (after the transform), e.g. init=0.1."
+            f"or a tensor, in value space (after the transform), e.g. init=0.1{env}."
         )
 
 

@@ -1,0 +1,156 @@
+"""A user's own config folder on top of the bundled presets (``--config-dir``): what it
+changes must be what runs, and what it cannot change must be said (the config-folder probe,
+2026-12-07)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hypergrad.config import CONFIG_DIR, build, register_configs
+from hypergrad.errors import ConfigError
+
+register_configs()
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "hypergrad.cli"]
+FAST = ["debug=fast", "report.plots=false", "report.retrain=false", "callbacks.progress=false",
+        "mode.outer_steps=1"]
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
+
+
+EXTENDS = """# @package _global_
+defaults:
+  - digits_schedule
+  - _self_
+name: mine
+hyperparams:
+  items:
+    momentum: {init: 0.7}
+"""
+
+
+def _run(tmp_path: Path, conf: Path, *args: str) -> tuple[subprocess.CompletedProcess[str],
+                                                          dict]:
+    out = _cli("--config-dir", str(conf), *args, *FAST, f"hydra.run.dir={tmp_path / 'run'}",
+               "folder.overwrite=true", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    resolved = (tmp_path / "run" / "config_resolved.yaml").read_text()
+    import yaml
+
+    return out, {"config": yaml.safe_load(resolved),
+                 "results": json.loads((tmp_path / "run" / "results.json").read_text())}
+
+
+def test_a_preset_extending_a_bundled_one_says_what_it_does_not_inherit(tmp_path: Path) -> None:
+    """digits_schedule's sign steps of 0.5 live in experiment_outer/digits_schedule_sign.yaml,
+    chosen by the experiment's name: a preset of yours extending it ran sign's 0.1 without a
+    word (a different run: val loss 0.789 against 0.390 at debug=fast)."""
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "mine.yaml").write_text(EXTENDS)
+    out, got = _run(tmp_path, conf, "experiment=mine")
+    assert got["config"]["outer_optimizer"]["lr"] == 0.1
+    assert "experiment=mine extends experiment=digits_schedule" in out.stderr
+    said = [w for w in got["results"]["warnings"] if w.startswith("ConfigWarning")]
+    assert len(said) == 1 and "experiment_outer/mine_sign.yaml" in said[0], said
+    # what the warning says to do: inherit them (a copy), or keep sign's own (an empty file)
+    (conf / "experiment_outer").mkdir()
+    shutil.copy(CONFIG_DIR / "experiment_outer" / "digits_schedule_sign.yaml",
+                conf / "experiment_outer" / "mine_sign.yaml")
+    out, got = _run(tmp_path, conf, "experiment=mine")
+    assert got["config"]["outer_optimizer"]["lr"] == 0.5 and "ConfigWarning" not in out.stderr
+    (conf / "experiment_outer" / "mine_sign.yaml").write_text("")
+    out, got = _run(tmp_path, conf, "experiment=mine")
+    assert got["config"]["outer_optimizer"]["lr"] == 0.1 and "ConfigWarning" not in out.stderr
+    # another outer optimizer than the one digits_schedule has settings for: nothing lost
+    out, got = _run(tmp_path, conf, "experiment=mine", "outer_optimizer=adam")
+    assert "ConfigWarning" not in out.stderr
+
+
+def test_a_file_of_yours_under_a_bundled_options_name_is_refused(tmp_path: Path) -> None:
+    """conf/model/mlp.yaml beside the bundled model/mlp.yaml: Hydra read the bundled one, and
+    the user's (width 8 here) was never read, without a word."""
+    conf = tmp_path / "conf"
+    (conf / "model").mkdir(parents=True)
+    text = (CONFIG_DIR / "model" / "mlp.yaml").read_text()
+    (conf / "model" / "mlp.yaml").write_text(text + "\n# mine\n")
+    out = _cli("--config-dir", str(conf), "model=mlp", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+               cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "has the name of a bundled option (model=mlp)" in out.stderr
+    assert "model=mlp_mine" in out.stderr and not (tmp_path / "r" / "results.json").exists()
+    # the same bytes (a copy of the bundled folder): nothing is lost, nothing refused
+    (conf / "model" / "mlp.yaml").write_text(text)
+    out = _cli("--config-dir", str(conf), "model=mlp", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+               cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("group", ["mode", "guards", "outer_optimizer"])
+def test_a_group_left_empty_in_a_file_of_yours_is_refused(tmp_path: Path, group: str) -> None:
+    """A preset with a ``mode:`` line and nothing under it made the group null: the Trainer
+    ran its own default in place of the option chosen, mode=online on the command line
+    included (it ran offline), guards without the preset's bounds, QuasiNewton for sign."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "empty.yaml").write_text(
+        f"# @package _global_\ndefaults:\n  - digits_schedule\n  - _self_\n{group}:\n")
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra.searchpath=[file://{tmp_path}]",
+                                           "experiment=empty"])
+    with pytest.raises(ConfigError, match=rf"{group} is null .* a config file of yours has a "
+                                          rf"`{group}:` line with nothing under it"):
+        build(cfg)
+
+
+def test_an_empty_mode_is_refused_also_where_debug_fills_it(tmp_path: Path) -> None:
+    """With debug=fast its mode part merged into the null group (mode.outer_steps offline,
+    mode.interval online): the Trainer refused 'got dict {'interval': 4}', naming no file."""
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "empty.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - digits_schedule\n  - _self_\nmode:\n")
+    out = _cli("--config-dir", str(conf), "experiment=empty", *FAST[:-1],
+               f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "mode (chosen: mode=offline) is null" in out.stderr
+
+
+def test_a_task_file_extending_a_bundled_one_is_told_to_drop_that_entry(tmp_path: Path) -> None:
+    """A task file of yours with ``defaults: [digits]`` and its own ``_target_`` kept digits'
+    settings, and the refusal told the user to write the file they had already written
+    ('a command line cannot remove them ... give your task a config file of its own')."""
+    conf = tmp_path / "conf"
+    (conf / "task").mkdir(parents=True)
+    (conf / "task" / "mix.yaml").write_text(
+        "defaults:\n  - digits\n  - _self_\n_target_: hypergrad.Task\n")
+    out = _cli("--config-dir", str(conf), "task=mix", *FAST, f"hydra.run.dir={tmp_path / 'r'}",
+               cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "your task=mix extends in its defaults list" in out.stderr
+    assert "Drop that entry" in out.stderr and "a command line cannot" not in out.stderr
+
+
+def test_a_number_given_as_a_string_names_oc_decode() -> None:
+    """``init: ${oc.env:LR}`` gives the string '0.3': the refusal named the type only."""
+    import hypergrad as hg
+
+    with pytest.raises(TypeError, match=r"init='0.3' \(str\) must be a number.*oc\.decode"):
+        hg.Scalar("lr", "0.3")
+    with pytest.raises(TypeError) as info:
+        hg.Scalar("lr", "abc")
+    assert "oc.decode" not in str(info.value)
