@@ -170,10 +170,10 @@ def figures(hps: HyperParams, horizon: int, history: list[dict[str, Any]], lam0:
                             color=f"C{j % 10}", ls=("-", "--", ":")[j // 10 % 3])
                 ax.legend(fontsize=6, ncol=2 if len(labels) > 4 else 1, loc="best")
             else:
-                t = torch.tensor([list(n.values()) for n in named])
+                # NumPy arrays: matplotlib 3.6.0's fill_between failed on torch tensors
+                t = torch.tensor([list(n.values()) for n in named], dtype=torch.float64).numpy()
                 ax.plot(hp_x, t.mean(1), label=f"mean of {len(labels)}")
-                ax.fill_between(hp_x, t.min(1).values, t.max(1).values, alpha=0.3,
-                                label="min - max")
+                ax.fill_between(hp_x, t.min(1), t.max(1), alpha=0.3, label="min - max")
                 ax.legend(fontsize=6)
             vs = [v for n in named for v in n.values()]
             if best_step is not None and not online:

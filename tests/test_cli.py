@@ -25,7 +25,17 @@ def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[s
     return out
 
 
-@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def _has_joblib_launcher() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("launcher", ["basic", pytest.param("joblib", marks=pytest.mark.skipif(
+    not _has_joblib_launcher(), reason="the sweep extra (hydra-joblib-launcher) not installed"))])
 def test_multirun_over_seeds(launcher: str, tmp_path: Path) -> None:
     _run(["--multirun", "experiment=ridge_diabetes", "debug=fast", "seed=0,1",
           f"hydra/launcher={launcher}", f"hydra.sweep.dir={tmp_path}"])
