@@ -274,3 +274,66 @@ def test_a_file_where_the_run_folder_should_be_is_refused_with_the_fix(tmp_path:
                                           r"\((NotADirectoryError|FileExistsError)"):
         make_trainer(_problem(), run_dir=taken / "a", outer_steps=1)
     assert taken.read_text() == ""  # untouched
+
+
+def test_long_lists_of_values_are_packed_in_a_checkpoint_and_read_back_bit_for_bit(
+        tmp_path: Path) -> None:
+    """A record's values of thousands of per-example weights were pickled float by float:
+    at K = 16010 the checkpoints took 24.6 s of a 30 s run (40 outer steps; the last 1.3 s).
+    They are a float64 tensor in the file now, and the same list of floats once loaded."""
+    import struct
+
+    odd = [0.1 * i for i in range(100)] + [float("nan"), -0.0, float("inf"), 5e-324]
+    ck = {"outer_step": 1, "lam": torch.zeros(3), "history": [
+        {"outer_step": 0, "hyperparams": {"w": odd, "lr": 0.1, "few": [1.0, 2.0],
+                                          "mixed": [1] + [1.0] * 100}}]}
+    files.save_checkpoint(tmp_path, ck)
+    raw = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert set(raw["history"][0]["hyperparams"]["w"]) == {files.PACKED}
+    got = files.load_checkpoint(tmp_path)
+    assert got is not None
+    back = got[0]["history"][0]["hyperparams"]
+    assert type(back["w"]) is list and all(type(v) is float for v in back["w"])
+    assert [struct.pack("<d", v) for v in back["w"]] == [struct.pack("<d", v) for v in odd]
+    assert back["few"] == [1.0, 2.0] and back["mixed"] == [1] + [1.0] * 100
+    assert type(back["mixed"][0]) is int and back["lr"] == 0.1
+
+
+def test_a_resumed_run_of_many_weights_has_the_records_of_a_run_straight_through(
+        tmp_path: Path) -> None:
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+
+    n = 120
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (n,), generator=g)
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return (hp["w"][b[2]] * F.cross_entropy(m(b[0]), b[1], reduction="none")).mean()
+
+    def trainer(folder: Path, steps: int, resume: bool = False) -> hg.Trainer:
+        torch.manual_seed(0)
+        p = hg.InnerProblem(torch.nn.Linear(4, 3).double(), tl, hg.optim.sgd(lr=0.1),
+                            hg.HyperParams([hg.PerExample("w", 0.5, n=n, transform="logit")]),
+                            MiniBatches(x, y, batch_size=40, seed=0), 3,
+                            lambda m, hp: F.cross_entropy(m(x[:50]), y[:50]))
+        return hg.Trainer(p, method="reverse", callbacks=[hg.run.Log(None)],
+                          folder=hg.run.RunFolder(folder, resume=resume),
+                          mode=hg.Offline(outer_steps=steps, start=0))
+
+    straight = trainer(tmp_path / "a", 3).fit()
+    trainer(tmp_path / "b", 2).fit()
+    resumed = trainer(tmp_path / "b", 3, resume=True).fit()
+    assert len(straight.history) == 3
+
+    def untimed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in ("seconds", "elapsed")} for r in records]
+
+    assert untimed(resumed.history) == untimed(straight.history)
+    assert torch.equal(resumed.lam, straight.lam)
+    assert [e["hyperparams"] for e in resumed.evaluations] == [
+        e["hyperparams"] for e in straight.evaluations]
+    raw = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
+    assert set(raw["history"][-1]["hyperparams"]["w"]) == {files.PACKED}
