@@ -318,6 +318,13 @@ _PICKED_GROUPS = {"debug/for_mode", "experiment_outer"}
 """Groups that config.yaml's defaults choose from other choices, never a user."""
 
 
+_GROUP_NOTES = {
+    "debug": " (fast_online: with an online preset or mode=online)",
+    "sweep": " (as +sweep=<option>, with the sweep-optuna extra)",
+}
+"""What ``--help`` says beside a group whose options need more than ``group=option``."""
+
+
 def _choices() -> str:
     """``${hg.choices:}``: the groups and the options a user chooses from, for ``--help``
     (Hydra's own list, without the ``schema_*`` entries the options extend, and without the
@@ -337,7 +344,7 @@ def _choices() -> str:
             opts = sorted(o for o in loader.get_group_options(name, ObjectType.CONFIG)
                           if not o.startswith("schema_"))
             if opts:
-                lines.append(f"{name}: {', '.join(opts)}")
+                lines.append(f"{name}: {', '.join(opts)}{_GROUP_NOTES.get(name, '')}")
             walk(name)
 
     walk("")

@@ -130,7 +130,7 @@ class MARTHE(ForwardMode, name="marthe"):
     Args:
         mu: the discount in ``[0, 1]``: 1 is RTHO / forward mode, 0 the one-step greedy
             hypergradient (HD with the validation gradient).
-        hvp, tangent, skip_zero_columns: as :class:`~hypergrad.ForwardMode`.
+        hvp, tangent, skip_zero_columns, compile: as :class:`~hypergrad.ForwardMode`.
 
     Example:
         >>> MARTHE(mu=0.9)

@@ -108,7 +108,12 @@ class Adagrad(Optimizer):
 def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: Arg = 1e-10,
             initial_accumulator_value: float = 0.0,
             clip_grad_norm: float | None = None) -> Optimizer:
-    """Adagrad as ``torch.optim.Adagrad`` (same defaults).
+    """Adagrad as ``torch.optim.Adagrad`` (same defaults): ``lr``, ``lr_decay``,
+    ``weight_decay``, ``eps``, ``initial_accumulator_value`` as torch's.
+    The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
+    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
+    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
+    differentiated exactly); ``None``: no clipping.
 
     Example:
         >>> sorted(adagrad(lr="lr", weight_decay="wd").bound_names())

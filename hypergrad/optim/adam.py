@@ -190,6 +190,12 @@ def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
     ``eps_root`` is added under the square root (optax's guard); the square root itself is
     :func:`safe_sqrt`, so tangents stay finite when a second moment is exactly 0.
     ``amsgrad=True`` is refused (named, rather than Python's "unexpected keyword").
+    ``lr``, ``betas``, ``eps``, ``weight_decay``: as ``torch.optim.Adam``'s (the same
+    defaults).
+    The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
+    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
+    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
+    differentiated exactly); ``None``: no clipping.
     """
     _no_amsgrad("adam", amsgrad)
     return with_clip(Adam(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
@@ -201,7 +207,13 @@ def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8
           weight_decay: Arg = 1e-2, eps_root: float = 0.0,
           clip_grad_norm: float | None = None, amsgrad: bool = False) -> Optimizer:
     """AdamW as ``torch.optim.AdamW`` (Loshchilov & Hutter 2019): ``w *= 1 - lr * wd`` first.
-    ``amsgrad=True`` is refused."""
+    ``amsgrad=True`` is refused. ``lr``, ``betas``, ``eps``, ``weight_decay``: as
+    ``torch.optim.AdamW``'s (the same defaults); ``eps_root``: as :func:`adam`'s.
+    The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
+    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
+    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
+    differentiated exactly); ``None``: no clipping.
+    """
     _no_amsgrad("adamw", amsgrad)
     return with_clip(AdamW(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            eps_root=_eps_root("adamw", eps_root)), clip_grad_norm)

@@ -154,7 +154,12 @@ class RMSprop(Optimizer):
 def rmsprop(lr: Arg = 1e-2, alpha: Arg = 0.99, eps: Arg = 1e-8, weight_decay: Arg = 0.0,
             momentum: Arg = 0.0, centered: bool = False,
             clip_grad_norm: float | None = None) -> Optimizer:
-    """RMSprop as ``torch.optim.RMSprop`` (same defaults).
+    """RMSprop as ``torch.optim.RMSprop`` (same defaults): ``lr``, ``alpha``, ``eps``,
+    ``weight_decay``, ``momentum``, ``centered`` as torch's.
+    The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
+    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
+    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
+    differentiated exactly); ``None``: no clipping.
 
     Example:
         >>> sorted(rmsprop(lr="lr", alpha="alpha", momentum=0.9).bound_names())

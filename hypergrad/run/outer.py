@@ -269,8 +269,9 @@ class SearchOptimizer(torch.optim.Optimizer):
 
 
 class QuasiNewton(SearchOptimizer):
-    """The Trainer's default outer optimizer: L-BFGS directions built from the hypergradients, a
-    line search of plain inner runs along each, steps measured in the search box.
+    """The Trainer's default outer optimizer for K <= 15 and K > 100 (:func:`default_outer`;
+    16 <= K <= 100: the Surrogate): L-BFGS directions built from the hypergradients, a line
+    search of plain inner runs along each, steps measured in the search box.
 
     Every outer step the Trainer hands it the hypergradient ``g`` at the current point ``x``
     (``p.grad``) and a ``closure(x) -> validation loss`` that trains one plain inner run (about

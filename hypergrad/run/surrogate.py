@@ -166,9 +166,21 @@ class Surrogate(SearchOptimizer):
     model. The Trainer's offline default for 16 <= K <= 100
     (:data:`~hypergrad.run.outer.SURROGATE_K`); elsewhere ``outer=functools.partial(Surrogate)``.
 
+    Args:
+        box: ``(low, high)`` raw-coordinate tensors of the search box (the Trainer's
+            :attr:`~hypergrad.Trainer.box`, from ``Guards(bounds=...)``, where not given).
+        trials: plain runs per outer step, at the points of highest expected improvement.
+        candidates: the points scored per proposal (quasi-random in the box, and
+            perturbations of the best points).
+        seed: the candidate generator's seed (``None``: the Trainer seeds it with the
+            problem's seed).
+        grad_noise: the shares of gradient noise the model chooses among
+            (:data:`GRAD_NOISE`; ``(0.0,)`` takes the hypergradients as exact slopes).
+
     Example:
         >>> trainer = Trainer(problem, outer=functools.partial(Surrogate),
-        ...                   guards=Guards(bounds=box, time_budget=30))  # doctest: +SKIP
+        ...                   guards=Guards(bounds={"lr": (1e-3, 1.0)},
+        ...                                 time_budget=30))  # doctest: +SKIP
     """
 
     def __init__(self, params: Any, box: tuple[Tensor, Tensor] | None = None, trials: int = 3,

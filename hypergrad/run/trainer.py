@@ -128,7 +128,10 @@ class TrainResult:
     lowest worse of it in both orders, ``"select_loss"`` and ``"variant_select_loss"`` in
     ``rechecked``), ``best_select_loss`` its value. ``elapsed``: the run's seconds on the
     guards' clock, over every ``fit()`` call that led to it (a resumed run counts its earlier
-    calls up to their last checkpoint), as the records' ``elapsed``.
+    calls up to their last checkpoint), as the records' ``elapsed``. ``method``: the name of
+    the method that ran (``method.resolve``'s: the one ``"auto"`` picked); ``diverged`` and
+    ``message``: whether and why the run stopped on a divergence (or another guard); ``history``:
+    a record per hypergradient (``metrics.jsonl``'s lines); ``problem``: the problem tuned.
     """
 
     lam: Tensor
@@ -291,8 +294,11 @@ class Trainer:
         outer: the outer optimizer, a factory ``params -> torch.optim.Optimizer`` over the raw
             hyperparameters, e.g. ``functools.partial(torch.optim.Adam, lr=0.05)`` or
             ``functools.partial(SignDescent, lr=0.5)``; default offline
-            :class:`~hypergrad.run.outer.QuasiNewton` in the search box (L-BFGS directions from
-            the hypergradients, a line search of plain runs along each), online Adam with lr
+            (:func:`~hypergrad.run.outer.default_outer`), in the search box: for 16 <= K <= 100
+            :class:`~hypergrad.run.surrogate.Surrogate` (a model of the validation loss from
+            the plain runs and the hypergradients), else
+            :class:`~hypergrad.run.outer.QuasiNewton` (L-BFGS directions from the
+            hypergradients, a line search of plain runs along each); online Adam with lr
             0.05 (one run has no plain runs to search with).
         mode: :class:`~hypergrad.Offline` or :class:`~hypergrad.Online` (needs an
             :class:`~hypergrad.OnlineMethod`); default :meth:`Offline.default()
