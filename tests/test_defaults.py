@@ -5,6 +5,7 @@ part does what its docstring says."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -625,6 +626,18 @@ def test_a_schedule_beside_thousands_of_weights_keeps_its_coupling_sparse(
     again.fit()
     assert again.outer_step == 2 and any("resumed from" in line for line in log)
     assert not any("settings given now replace" in line for line in log), log  # the same
+    # a checkpoint of the version before (2026-12-06) holds the matrix dense: the same one
+    from hypergrad.run.files import load_checkpoint, save_checkpoint
+
+    got = load_checkpoint(tmp_path / "run")
+    assert got is not None
+    ck = got[0]
+    ck["outer_settings"]["precondition"] = ck["outer_settings"]["precondition"].to_dense()
+    save_checkpoint(tmp_path / "run", ck)
+    log.clear()
+    trainer(3, resume=True).fit()
+    assert any("resumed from" in line for line in log)
+    assert not any("another tensor given" in line for line in log), log
     assert not any("another tensor given" in line for line in log)
 
 
@@ -786,8 +799,9 @@ def test_a_point_without_a_usable_hypergradient_sends_the_search_back_to_its_bes
 
 def test_search_settings_are_checked_and_enter_the_runs_fingerprint(tmp_path: Any) -> None:
     """``Offline(search=...)``: each setting checked (naming it and the fix); a changed one is
-    in the mode's settings (absent at the defaults: older checkpoints resume), so a run
-    resumed with another search is refused, naming the key."""
+    in the mode's settings (every one, at the defaults too, since 2026-12-07: older
+    checkpoints, which recorded the changed ones only, resume), so a run resumed with another
+    search is refused, naming the key."""
     with pytest.raises(ValueError, match=r"shared_start names unknown kinds \['window'\]"):
         SearchSettings(shared_start=("window",))
     with pytest.raises(TypeError, match="shared_start='schedule' must be a list"):
@@ -798,8 +812,10 @@ def test_search_settings_are_checked_and_enter_the_runs_fingerprint(tmp_path: An
         SearchSettings(leftover=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"unknown settings \['recheck_frist'\]"):
         hg.Offline(search={"recheck_frist": False})
+    defaults = {f"mode.search.{k}": list(v) if isinstance(v, tuple) else v
+                for k, v in dataclasses.asdict(SearchSettings()).items()}
     assert hg.Offline.default().settings() == {"mode": "offline", "mode.start": "auto",
-                                               "mode.recheck": "auto"}
+                                               "mode.recheck": "auto", **defaults}
     mode = hg.Offline(outer_steps=2, search={"shared_start": ["schedule"],
                                              "trial_forecast": False})
     assert mode.search == SearchSettings(shared_start=("schedule",), trial_forecast=False)
@@ -1101,3 +1117,37 @@ def test_a_slow_run_before_the_re_checks_does_not_leave_the_point_unchecked() ->
     res = tr.fit()
     assert len(res.rechecked) == 2
     assert 140.0 < clock[0] <= 140.0 + 3 * 1.5 + 1.0  # past the budget by the reserve at most
+
+
+def test_a_checkpoint_of_an_earlier_version_says_which_search_settings_it_goes_on_with(
+        tmp_path: Any) -> None:
+    """Checkpoints recorded only the search settings that differed from their version's
+    defaults: a run begun before two_orders existed (one batch order per hypergradient) went
+    on with two after an upgrade without a word, and giving two_orders=0 to continue as it
+    began was refused ('<absent>' -> 0; the version-skew probe). Every setting is recorded
+    now; an earlier checkpoint's missing ones are not compared, and said."""
+    from hypergrad.errors import CheckpointWarning, ResumeMismatchError
+    from hypergrad.run.files import load_checkpoint, save_checkpoint
+
+    def trainer(steps: int, resume: bool, **search: Any) -> Any:
+        return hg.Trainer(lr_momentum(), callbacks=quiet(),
+                          folder=hg.RunFolder(tmp_path, resume=resume),
+                          mode=hg.Offline(outer_steps=steps, search=search))
+
+    trainer(1, False).fit()
+    got = load_checkpoint(tmp_path)
+    assert got is not None
+    ck = got[0]
+    recorded = {k: v for k, v in ck["fingerprint"].items() if k.startswith("trainer.mode.search.")}
+    assert recorded["trainer.mode.search.two_orders"] == 100 and len(recorded) == 8
+    with pytest.raises(ResumeMismatchError, match=r"two_orders: 100 -> 0"):
+        trainer(2, True, two_orders=0)  # recorded now: a change is refused
+    for k in recorded:  # as a checkpoint of 2026-12-06 holds them at the defaults
+        del ck["fingerprint"][k]
+    save_checkpoint(tmp_path, ck)
+    with pytest.warns(CheckpointWarning, match=r"recorded only the search settings it changed: "
+                                               r"the run goes on with .*two_orders=100"):
+        assert trainer(2, True).fit() is not None
+    save_checkpoint(tmp_path, ck)
+    with pytest.warns(CheckpointWarning, match="two_orders=0"):
+        assert trainer(2, True, two_orders=0).outer_step == 1  # as it began: not refused

@@ -154,3 +154,37 @@ def test_a_number_given_as_a_string_names_oc_decode() -> None:
     with pytest.raises(TypeError) as info:
         hg.Scalar("lr", "abc")
     assert "oc.decode" not in str(info.value)
+
+
+def test_a_folder_of_an_earlier_version_resumes_through_the_cli(tmp_path: Path) -> None:
+    """A run folder written before 2026-12-06 holds ``config.mode.search: None`` (later left
+    out at null) and no ``multipliers`` / ``scales`` keys (added later at null): every such
+    folder was refused, 'config.mode.search: None -> '<absent>'', and no command could give
+    the 'original settings' the message asked for (the version-skew probe). A key set to a
+    value still counts."""
+    import torch
+
+    from hypergrad.run.files import load_checkpoint, save_checkpoint
+
+    run = tmp_path / "run"
+    args = ["experiment=digits_schedule", *FAST[:-1], f"hydra.run.dir={run}"]
+    out = _cli(*args, "mode.outer_steps=1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = load_checkpoint(run)
+    assert got is not None
+    ck = got[0]
+    fp = ck["fingerprint"]
+    added = [k for k in fp if k.startswith("config.") and k.endswith(
+        (".multipliers", ".scales", ".groups", ".default")) and fp[k] is None]
+    assert added  # the keys an earlier version did not have
+    for k in added:
+        del fp[k]
+    fp["config.mode.search"] = None
+    save_checkpoint(run, ck)
+    out = _cli(*args, "mode.outer_steps=2", "folder.resume=true", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["outer_step"] == 2
+    fp["config.task.steps"] = 99  # a real difference is still refused
+    save_checkpoint(run, ck)
+    out = _cli(*args, "mode.outer_steps=3", "folder.resume=true", cwd=tmp_path)
+    assert out.returncode == 2 and "config.task.steps: 99 -> 12" in out.stderr, out.stderr[-800:]

@@ -54,7 +54,7 @@ from ..errors import CheckpointError, CheckpointWarning, RunDirError
 
 __all__ = ["CHECKPOINT", "PREVIOUS", "UNREADABLE", "METRICS", "LOCK", "TRAINER_FILES",
            "RECORD_FILES", "RECORD_PATTERNS", "PLOTS", "save_checkpoint",
-           "load_checkpoint", "fingerprint_diff", "digest", "json_safe", "dumps",
+           "load_checkpoint", "fingerprint_diff", "digest", "json_safe", "dumps", "SEARCH_KEYS",
            "write_text_atomic", "write_bytes_atomic", "append_line", "RunLock", "used_files",
            "clear_run_dir"]
 
@@ -449,6 +449,12 @@ and ``select_loss``, in the fingerprint since 2026-11-27; what per-parameter val
 since 2026-11-28; the training loss at the start, since 2026-12-06)."""
 
 
+SEARCH_KEYS = "trainer.mode.search."
+"""The default search's settings: a checkpoint before 2026-12-07 recorded only those that
+differed from the defaults of its version, so one absent there was that version's default,
+which may not be this one's: not compared (a resumed run says which it goes on with)."""
+
+
 ABSENT_MEANS: dict[str, Any] = {"method": "<an exact method: forward or reverse mode>",
                                 "trainer.mode.start": 0, "trainer.mode.recheck": 0}
 """What a fingerprint key's absence means, for the resume message: the exact methods record
@@ -465,14 +471,23 @@ def fingerprint_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     for key in sorted(set(old) | set(new)):
         missing = ABSENT_MEANS.get(key, "<absent>")
         absent = ADDED_KEYS.get(key, missing)
-        if key not in old and absent == NOT_RECORDED:
+        if key not in old and (absent == NOT_RECORDED or key.startswith(SEARCH_KEYS)):
             continue
         # as plain JSON, as fingerprints are stored since 2026-11-27 (an earlier checkpoint's
         # inf or NumPy number compares equal to what it is stored as now)
         a = json_safe(_plain(old.get(key, absent)))
         b = json_safe(_plain(new.get(key, missing)))
+        if key.startswith("config.") and _unset(a) and _unset(b):
+            # a config key at null is one not given: a setting added later at its default of
+            # null (multipliers, groups), or one a later version leaves out at null
+            # (mode.search), refused every folder written before them ("'<absent>' -> None")
+            continue
         out.extend(_differing(key, a, b))
     return out
+
+
+def _unset(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and v == "<absent>")
 
 
 def _differing(key: str, a: Any, b: Any) -> list[str]:

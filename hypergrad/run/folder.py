@@ -44,6 +44,7 @@ from .files import (
     NOT_RECORDED,
     RECORD_FILES,
     RECORD_PATTERNS,
+    SEARCH_KEYS,
     TRAINER_FILES,
     UNREADABLE,
     RunLock,
@@ -309,9 +310,12 @@ class RunFolder:
         return f"RunFolder({str(self._shown)!r}{flags})"
 
 
-def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: int) -> None:
+def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: int,
+                 searching: bool = False) -> None:
     """Refuse a checkpoint of another fingerprint or another K, in at most ten lines: the
-    differing keys (old -> new) and where the original run's settings are."""
+    differing keys (old -> new) and where the original run's settings are. ``searching``: the
+    run uses the default search's settings (a :class:`~hypergrad.run.outer.SearchOptimizer`
+    offline): a checkpoint that did not record them all is said."""
     old = ck.get("fingerprint")
     if old is None:
         warnings.warn(CheckpointWarning(
@@ -334,6 +338,17 @@ def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: in
                 f"settings, or start a new run: another folder (hydra.run.dir=...) or "
                 f"overwrite=True (folder.overwrite=true); docs/troubleshooting.md lists what may "
                 f"change on resume.")
+    unknown = [key.removeprefix(SEARCH_KEYS) for key in fp
+               if key.startswith(SEARCH_KEYS) and old is not None and key not in old]
+    if unknown and searching:
+        now = ", ".join(f"{key}={fp[SEARCH_KEYS + key]!r}" for key in unknown)
+        warnings.warn(CheckpointWarning(
+            f"Trainer: checkpoint {path} was written by an earlier hypergrad, which recorded "
+            f"only the search settings it changed: the run goes on with this version's "
+            f"{now}, which may not be those it began with (before 2026-11-29: one batch "
+            f"order per hypergradient, two_orders=0; the re-check by the mean, "
+            f"recheck_pick='mean'; rough_plain=False). Offline.default(search={{...}}) "
+            f"sets them (hypergrad-run: mode.search.<name>=...)."), stacklevel=4)
     if ck["lam"].shape[0] != k:
         raise ResumeMismatchError(
             f"Trainer: checkpoint {path} has K={ck['lam'].shape[0]} hyperparameters, this "

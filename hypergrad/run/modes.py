@@ -324,8 +324,12 @@ class Offline(Mode):
             out["mode.start"] = self.start
         if self.recheck != 0:
             out["mode.recheck"] = self.recheck
-        for k, v in self.search.changed().items():  # absent at the defaults (older checkpoints)
-            out[f"mode.search.{k}"] = v
+        # every setting, at its default too (since 2026-12-07): a checkpoint that recorded only
+        # the changed ones resumed under a later version's new default without a word (a run
+        # begun with one batch order per hypergradient went on with two)
+        for f in dataclasses.fields(self.search):
+            v = getattr(self.search, f.name)
+            out[f"mode.search.{f.name}"] = list(v) if isinstance(v, tuple) else v
         return out
 
     def __repr__(self) -> str:

@@ -1748,7 +1748,8 @@ class Trainer:
     def load_state_dict(self, ck: dict[str, Any], path: Path) -> None:
         """Continue from a checkpoint (see :meth:`state_dict`), after checking it fits."""
         self.strategy.check_resume(ck.get("fingerprint"), path)
-        check_resume(ck, path, self._fingerprint, self.lam.shape[0])
+        check_resume(ck, path, self._fingerprint, self.lam.shape[0],
+                     searching=not self.mode.online and isinstance(self.outer, SearchOptimizer))
         load_outer(self.outer, ck, path, self.message)
         name = ck.get("method", self.method.name)
         if not self.mode.online and name != self.method.name:
