@@ -337,3 +337,19 @@ def test_a_resumed_run_of_many_weights_has_the_records_of_a_run_straight_through
         e["hyperparams"] for e in straight.evaluations]
     raw = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
     assert set(raw["history"][-1]["hyperparams"]["w"]) == {files.PACKED}
+
+
+def test_a_checkpoint_of_a_later_format_is_refused_naming_both(tmp_path: Path) -> None:
+    """A later version's checkpoint (another layout of its records: packed lists of values
+    since format 5) was read as if it were this one's; refused now, with what to do."""
+    from hypergrad.run.trainer import CHECKPOINT_VERSION
+
+    make_trainer(_problem(), run_dir=tmp_path, outer_steps=1).fit()
+    got = files.load_checkpoint(tmp_path)
+    assert got is not None and got[0]["version"] == CHECKPOINT_VERSION
+    got[0]["version"] = CHECKPOINT_VERSION + 1
+    files.save_checkpoint(tmp_path, got[0])
+    with pytest.raises(ResumeMismatchError, match=rf"written by a later hypergrad \(checkpoint "
+                                                  rf"format {CHECKPOINT_VERSION + 1}; this one "
+                                                  rf"reads formats up to {CHECKPOINT_VERSION}\)"):
+        make_trainer(_problem(), run_dir=tmp_path, outer_steps=2, resume=True).fit()

@@ -37,7 +37,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import BoundsWarning, CheckpointWarning, TuningWarning, ZeroHypergradientWarning
+from ..errors import (
+    BoundsWarning,
+    CheckpointWarning,
+    ResumeMismatchError,
+    TuningWarning,
+    ZeroHypergradientWarning,
+)
 from ..methods.auto import AutoMode
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
 from ..methods.memory import check_memory, out_of_memory
@@ -80,7 +86,10 @@ from .surrogate import ROUGH_SHARE, Surrogate
 
 __all__ = ["Trainer", "TrainResult"]
 
-CHECKPOINT_VERSION = 4
+CHECKPOINT_VERSION = 5
+"""The checkpoint's format; a checkpoint of a later one is refused on resume, naming both (5
+since 2026-12-07: a record's long lists of values are packed into tensors, which a reader of 4
+would take for the values)."""
 
 RECORD_FIELDS = ("outer_step", "val_loss", "hypergrad_norm", "seconds", "elapsed",
                  "hyperparams", "inner_step", "backtracked", "info")
@@ -1747,6 +1756,13 @@ class Trainer:
 
     def load_state_dict(self, ck: dict[str, Any], path: Path) -> None:
         """Continue from a checkpoint (see :meth:`state_dict`), after checking it fits."""
+        version = ck.get("version", 0)
+        if not isinstance(version, int) or version > CHECKPOINT_VERSION:
+            raise ResumeMismatchError(
+                f"Trainer: cannot resume from {path}: it was written by a later hypergrad "
+                f"(checkpoint format {version!r}; this one reads formats up to "
+                f"{CHECKPOINT_VERSION}). Resume with that version (pip install -U "
+                f"hypergrad-forward), or start a new run.")
         self.strategy.check_resume(ck.get("fingerprint"), path)
         check_resume(ck, path, self._fingerprint, self.lam.shape[0],
                      searching=not self.mode.online and isinstance(self.outer, SearchOptimizer))
