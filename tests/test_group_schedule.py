@@ -124,8 +124,9 @@ def test_values_labels_and_binding() -> None:
 
 def test_the_smoothing_couples_windows_within_each_group_only() -> None:
     p = layered_problem(hg.optim.sgd(lr="lr"), [_lr()], steps=9)
-    kernel = schedule_smoothing(p.hyperparams.items, 0.5)
-    assert kernel is not None and kernel.shape == (6, 6)
+    sparse = schedule_smoothing(p.hyperparams.items, 0.5)
+    assert sparse is not None and sparse.shape == (6, 6) and sparse.is_sparse
+    kernel = sparse.to_dense()
     assert torch.count_nonzero(kernel[:3, 3:]) == 0 and torch.count_nonzero(kernel[3:, :3]) == 0
     torch.testing.assert_close(kernel[:3, :3], kernel[3:, 3:])
     assert kernel[0, 1] > 0

@@ -167,8 +167,9 @@ def test_the_start_draws_the_windows_at_one_level_and_each_scale_on_its_own() ->
 
 def test_the_smoothing_couples_the_windows_only() -> None:
     p = layered_problem(hg.optim.sgd(lr="lr"), [_lr(0.05, windows=4)], steps=8)
-    kernel = schedule_smoothing(p.hyperparams.items, 0.5)
-    assert kernel is not None and kernel.shape == (6, 6)
+    sparse = schedule_smoothing(p.hyperparams.items, 0.5)
+    assert sparse is not None and sparse.shape == (6, 6) and sparse.is_sparse
+    kernel = sparse.to_dense()
     assert kernel[0, 1] > 0
     torch.testing.assert_close(kernel[4:, :], torch.eye(6, dtype=torch.float64)[4:])
     torch.testing.assert_close(kernel[:, 4:], torch.eye(6, dtype=torch.float64)[:, 4:])

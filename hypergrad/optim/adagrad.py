@@ -111,9 +111,8 @@ def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: A
     """Adagrad as ``torch.optim.Adagrad`` (same defaults): ``lr``, ``lr_decay``,
     ``weight_decay``, ``eps``, ``initial_accumulator_value`` as torch's.
     The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
-    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
-    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
-    differentiated exactly); ``None``: no clipping.
+    ``clip_grad_norm``: the gradient's global norm clipped to it before the update
+    (:func:`~hypergrad.optim.clip.clip_grad_norm`); ``None``: no clipping.
 
     Example:
         >>> sorted(adagrad(lr="lr", weight_decay="wd").bound_names())

@@ -193,9 +193,8 @@ def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
     ``lr``, ``betas``, ``eps``, ``weight_decay``: as ``torch.optim.Adam``'s (the same
     defaults).
     The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
-    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
-    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
-    differentiated exactly); ``None``: no clipping.
+    ``clip_grad_norm``: the gradient's global norm clipped to it before the update
+    (:func:`~hypergrad.optim.clip.clip_grad_norm`); ``None``: no clipping.
     """
     _no_amsgrad("adam", amsgrad)
     return with_clip(Adam(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
@@ -210,9 +209,8 @@ def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8
     ``amsgrad=True`` is refused. ``lr``, ``betas``, ``eps``, ``weight_decay``: as
     ``torch.optim.AdamW``'s (the same defaults); ``eps_root``: as :func:`adam`'s.
     The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
-    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
-    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
-    differentiated exactly); ``None``: no clipping.
+    ``clip_grad_norm``: the gradient's global norm clipped to it before the update
+    (:func:`~hypergrad.optim.clip.clip_grad_norm`); ``None``: no clipping.
     """
     _no_amsgrad("adamw", amsgrad)
     return with_clip(AdamW(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,

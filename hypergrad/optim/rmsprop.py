@@ -157,9 +157,8 @@ def rmsprop(lr: Arg = 1e-2, alpha: Arg = 0.99, eps: Arg = 1e-8, weight_decay: Ar
     """RMSprop as ``torch.optim.RMSprop`` (same defaults): ``lr``, ``alpha``, ``eps``,
     ``weight_decay``, ``momentum``, ``centered`` as torch's.
     The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
-    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
-    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
-    differentiated exactly); ``None``: no clipping.
+    ``clip_grad_norm``: the gradient's global norm clipped to it before the update
+    (:func:`~hypergrad.optim.clip.clip_grad_norm`); ``None``: no clipping.
 
     Example:
         >>> sorted(rmsprop(lr="lr", alpha="alpha", momentum=0.9).bound_names())

@@ -270,9 +270,8 @@ def adamw_schedulefree(lr: Arg = 0.0025, betas: tuple[Arg, Arg] = (0.9, 0.999), 
     problem's last step returns the averaged point ``x`` (``opt.eval()``), where the validation
     loss is taken. ``lr``, ``betas``, ``eps``, ``weight_decay`` take numbers or hyperparameter
     names; ``warmup_steps``, ``r`` and ``weight_lr_power`` are fixed options.
-    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
-    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
-    differentiated exactly); ``None``: no clipping.
+    ``clip_grad_norm``: the gradient's global norm clipped to it before the update
+    (:func:`~hypergrad.optim.clip.clip_grad_norm`); ``None``: no clipping.
     """
     return with_clip(AdamWScheduleFree(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                        warmup_steps=warmup_steps, r=r,

@@ -209,9 +209,8 @@ def sgd(lr: Arg, momentum: Arg = 0.0, dampening: Arg = 0.0, nesterov: bool = Fal
     ``buf_0 = g_0``; ``buf_t = momentum * buf_{t-1} + (1 - dampening) * g_t``;
     ``w -= lr * (g + momentum * buf if nesterov else buf)``.
     The arguments typed ``Arg`` take a number or a hyperparameter's name (``lr="lr"``).
-    ``clip_grad_norm``: the gradient clipped to this global norm before the update, as
-    ``torch.nn.utils.clip_grad_norm_`` (:class:`~hypergrad.optim.clip.ClipGradNorm`,
-    differentiated exactly); ``None``: no clipping.
+    ``clip_grad_norm``: the gradient's global norm clipped to it before the update
+    (:func:`~hypergrad.optim.clip.clip_grad_norm`); ``None``: no clipping.
 
     Example:
         >>> opt = sgd(lr="lr", momentum=0.9, weight_decay="wd")
