@@ -436,7 +436,8 @@ def learned_optimizer(problem: InnerProblem, lam: Tensor,
     ``problem``, for ``params`` (see :func:`optimizer_from_settings`). Learned initial values
     are applied to the named parameters in place, in the problem's order: an
     :class:`~hypergrad.InitScale` multiplies them, an :class:`~hypergrad.InitWeights` is copied
-    into them (pass the model at its initial weights, once)."""
+    into them (pass the model at its initial weights, once). ``steps``: the scheduler's length
+    in steps (default: the problem's ``T``; see :func:`optimizer_from_settings`)."""
     settings = learned_settings(problem, lam)
     init = settings.pop("init", None) or {}
     norms = settings.pop("init_norms", None)

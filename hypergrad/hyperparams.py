@@ -646,7 +646,11 @@ def _short_init(init: Any) -> str:
 
 @dataclass
 class PerExample(HyperParameter):
-    """One value per training example (``n`` of them): the loss indexes it with batch indices."""
+    """One value per training example (``n`` of them): the loss indexes it with batch indices.
+    ``init``: the initial value in value space (after the transform), a number for every
+    entry or one per entry; ``transform``: ``"identity"``, ``"log"`` (positive values) or
+    ``"logit"`` (values in (0, 1)).
+    """
 
     n: int = 0
     kind: str = field(init=False, default="per_example")
@@ -676,6 +680,9 @@ class PerTensor(HyperParameter):
     value; ``None`` means every trainable parameter, resolved when the problem is built. Parameters
     left out read the constant ``default`` (required when ``params`` is a strict subset).
     Training reads a ``dict`` parameter name -> scalar tensor.
+    ``init``: the initial value in value space (after the transform), a number for every
+    entry or one per entry; ``transform``: ``"identity"``, ``"log"`` (positive values) or
+    ``"logit"`` (values in (0, 1)).
     """
 
     params: Sequence[str] | None = None
@@ -754,6 +761,9 @@ class PerGroup(HyperParameter):
     (``r"(fc|conv|proj)\\w*\\.weight$"``), or put the norms in a group of their own.
 
     Every group must match at least one parameter (a typo in a pattern would tune nothing).
+    ``init``: the initial value in value space (after the transform), a number for every
+    group or one per group; ``transform``: ``"identity"``, ``"log"`` (positive values) or
+    ``"logit"`` (values in (0, 1)).
     """
 
     groups: Mapping[str, str] = field(default_factory=dict)

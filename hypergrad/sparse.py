@@ -785,7 +785,9 @@ def load_npz(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None,
              index_dtype: torch.dtype | None = None,
              device: torch.device | str | None = None) -> SparseOperator:
     """A :class:`SparseOperator` from a ``scipy.sparse.save_npz`` file (CSR, CSC or COO; other
-    scipy formats are converted). ``dtype=None`` keeps the file's float type.
+    scipy formats are converted). ``dtype=None`` keeps the file's float type;
+    ``index_dtype``: the indices' integer type (``None``: int32 where the matrix fits, else
+    int64); ``device``: where the operator's tensors go (``None``: the CPU).
 
     Raises ValueError for files that are not scipy sparse ``.npz``, arrays of inconsistent
     shapes, index types too narrow for the matrix size, out-of-range indices or non-finite values.
@@ -890,7 +892,9 @@ def load_svmlight(path: str | os.PathLike[str], n_features: int | None = None, *
     Returns ``(op, y)``: the design matrix as a :class:`SparseOperator` of shape
     ``(n_samples, n_features)`` and the targets ``y`` of shape ``(n_samples,)``, both in
     ``dtype`` (default ``torch.get_default_dtype()``). ``n_features=None`` infers the width from
-    the file. Raises ValueError for unparsable files, a too small ``n_features`` and non-finite
+    the file. ``index_dtype`` and ``device`` as :func:`load_npz`'s; ``zero_based``: whether the
+    file's feature indices start at 0 (``"auto"``: scikit-learn's guess from the file).
+    Raises ValueError for unparsable files, a too small ``n_features`` and non-finite
     features or targets.
     """
     api = "load_svmlight"

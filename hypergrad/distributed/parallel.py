@@ -302,7 +302,9 @@ class DataParallelVJP(StepVJP):
 class ParallelReverse(ReverseMode):
     """Reverse mode with each mini-batch split across ``data`` ranks (all of them by default;
     see the module docstring). Its truncation and checkpointing are ``reverse``'s; the step's VJP
-    is split as described there (``reverse.step_vjp`` is not used)."""
+    is split as described there (``reverse.step_vjp`` is not used). ``reduction``: how the
+    training loss combines a batch's examples, as :class:`ParallelForward`'s (``"mean"``, the
+    default, or ``"sum"``)."""
 
     def __init__(self, reverse: ReverseMode | None = None, *, data: int | None = None,
                  reduction: str = "mean") -> None:
