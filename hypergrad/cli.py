@@ -887,14 +887,14 @@ def _lost_preset_settings() -> str | None:
     name, opt = choices.get("experiment"), choices.get("outer_optimizer")
     if not isinstance(name, str) or not isinstance(opt, str):
         return None
-    folders = [*_user_config_dirs(hydra_cfg), CONFIG_DIR]
+    mine = _user_config_dirs(hydra_cfg)
+    folders = [*mine, CONFIG_DIR]
     own = f"experiment_outer/{name}_{opt}.yaml"
     if any((f / own).is_file() for f in folders):
         return None
     for parent in _extended_presets(name, folders):
         theirs = CONFIG_DIR / "experiment_outer" / f"{parent}_{opt}.yaml"
         if theirs.is_file():
-            mine = _user_config_dirs(hydra_cfg)
             where = (mine[0] if mine else Path("<your config folder>")) / own
             return (f"experiment={name} extends experiment={parent}, but not its settings of "
                     f"outer_optimizer={opt} ({theirs}), which apply by the experiment's name: "

@@ -500,12 +500,8 @@ def _options_taking(target: Any, leaf: str, node: str) -> list[tuple[str, str]]:
 def _set_by_preset(keys: Sequence[str]) -> dict[str, str]:
     """``{key: "debug=fast"}`` for the ``keys`` that a preset chosen in the Hydra job running
     (an option of :func:`global_groups`: ``experiment``, ``debug``, ``sweep``) sets."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return {}
     out: dict[str, str] = {}
-    choices = HydraConfig.get().runtime.choices
+    choices = _hydra_choices()
     for group in sorted(global_groups()):
         option = choices.get(group)
         path = CONFIG_DIR / group / f"{option}.yaml"
