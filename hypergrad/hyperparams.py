@@ -201,6 +201,10 @@ class HyperParameter:
                 hint = (f" ({self.windows} values, one per window, the scales starting at 1, "
                         f"or {self.numel}: the windows, then a scale per group of "
                         f"{list(self.scales)})")
+            if isinstance(self, PerTensor) and self.params is not None:
+                hint = (f" (one value per tuned parameter, in this order: "
+                        f"{_short_init(list(self.params))}; or a dict by name, "
+                        f"init={{name: value}})")
             raise ValueError(
                 f"{api}: init has shape {tuple(v.shape)}, expected a number or shape "
                 f"{self.shape()}{hint}."
@@ -680,9 +684,11 @@ class PerTensor(HyperParameter):
     value; ``None`` means every trainable parameter, resolved when the problem is built. Parameters
     left out read the constant ``default`` (required when ``params`` is a strict subset).
     Training reads a ``dict`` parameter name -> scalar tensor.
-    ``init``: the initial value in value space (after the transform), a number for every
-    entry or one per entry; ``transform``: ``"identity"``, ``"log"`` (positive values) or
-    ``"logit"`` (values in (0, 1)).
+    ``init``: the initial value in value space (after the transform): a number for every
+    entry, a list of one per entry in the order of ``params`` (with ``params=None``, the order
+    of ``model.named_parameters()``), or a ``dict`` parameter name -> number that names every
+    entry (``{"fc1.weight": 1e-4, "fc1.bias": 0.0}``: no order to get wrong); ``transform``:
+    ``"identity"``, ``"log"`` (positive values) or ``"logit"`` (values in (0, 1)).
     """
 
     params: Sequence[str] | None = None
@@ -690,9 +696,18 @@ class PerTensor(HyperParameter):
     kind: str = field(init=False, default="per_tensor")
 
     def __post_init__(self) -> None:
+        api = f"PerTensor({self.name!r})"
+        named = _check_named_init(api, self.init) if isinstance(self.init, Mapping) else None
+        if named is not None:
+            self.init = 0.0  # the checks below; the values take their places once names are
+            # known (here, or when the problem binds params=None to the model)
         super().__post_init__()
-        _check_params(f"PerTensor({self.name!r})", self.params)
-        self.default = _check_default(f"PerTensor({self.name!r})", self.default)
+        _check_params(api, self.params)
+        self.default = _check_default(api, self.default)
+        if named is not None:
+            # a dict until bind() knows the names (shape() refuses to be read before)
+            self.init = named if self.params is None else _place_named_init(  # type: ignore
+                api, named, self.params)
 
     def shape(self) -> tuple[int, ...]:
         if self.params is None:
@@ -869,6 +884,37 @@ def _group_binding(groups: Mapping[str, str], default: float | None,
         return {"patterns": dict(groups), "default": default}
     return {"groups": [[g, sorted(n for n, j in assignment.items() if j == i)]
                        for i, g in enumerate(groups)], "default": default}
+
+
+def _check_named_init(api: str, init: Mapping[Any, Any]) -> dict[str, Any]:
+    """``init={name: number}`` of a per-tensor kind: names as keys, a number each."""
+    named = dict(init)
+    if not named:
+        raise ValueError(f"{api}: init={{}} names no parameter; give a value per tuned "
+                         f"parameter by name, or one number for all.")
+    keys = [k for k in named if not isinstance(k, str)]
+    if keys:
+        raise TypeError(f"{api}: init={named!r} has keys {keys} that are not parameter names "
+                        f"(strings, as in model.named_parameters()).")
+    for k, v in named.items():
+        _check_init(f"{api}: init[{k!r}]", v)
+        if torch.as_tensor(v, dtype=torch.float64).ndim != 0:
+            raise ValueError(f"{api}: init[{k!r}]={_short_init(v)} must be one number (the "
+                             f"tensor's value), not a list or a tensor.")
+    return named
+
+
+def _place_named_init(api: str, named: Mapping[str, Any], params: Sequence[str]) -> list[Any]:
+    """``init={name: number}`` as the list in the order of ``params``; every entry named."""
+    unknown = [k for k in named if k not in params]
+    missing = [p for p in params if p not in named]
+    if unknown or missing:
+        what = "; ".join(x for x in (
+            f"names {unknown}, which are not tuned" if unknown else "",
+            f"gives no value for {missing}" if missing else "") if x)
+        raise ValueError(f"{api}: init {what}; the tuned parameters are {list(params)}: name "
+                         f"each of them once, or give one number for all.")
+    return [named[p] for p in params]
 
 
 def _check_params(api: str, params: Any) -> None:

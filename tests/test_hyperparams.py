@@ -41,6 +41,30 @@ def test_per_tensor_default_for_unlisted() -> None:
     assert v["b"] == 0.0 and float(v["a"]) == 0.0
 
 
+def test_per_tensor_init_by_name_is_placed_by_name(f64: torch.dtype) -> None:
+    # a list is read in the order of params (the model's order with params=None), which a user
+    # of their own model can get wrong silently; a dict names each entry
+    names = ["0.weight", "0.bias", "2.weight"]
+    by_name = {"2.weight": 0.3, "0.weight": 0.1, "0.bias": 0.2}
+    bound = hg.PerTensor("wd", by_name).bind(names)  # params=None: placed when bound
+    assert bound.init == [0.1, 0.2, 0.3]
+    torch.testing.assert_close(bound.init_raw(f64), torch.tensor([0.1, 0.2, 0.3], dtype=f64))
+    listed = hg.PerTensor("wd", {"2.weight": 0.3, "0.bias": 0.2}, params=["0.bias", "2.weight"],
+                          default=0.0)
+    assert listed.init == [0.2, 0.3]
+    with pytest.raises(ValueError, match=r"gives no value for \['0.bias', '2.weight'\]"):
+        hg.PerTensor("wd", {"0.weight": 0.1}).bind(names)
+    with pytest.raises(ValueError, match=r"names \['fc1.weight'\], which are not tuned"):
+        hg.PerTensor("wd", {**by_name, "fc1.weight": 1.0}).bind(names)
+    with pytest.raises(ValueError, match=r"init\['0.bias'\]=\[1, 2\] must be one number"):
+        hg.PerTensor("wd", {**by_name, "0.bias": [1, 2]})
+    with pytest.raises(TypeError, match="keys \\[3\\] that are not parameter names"):
+        hg.PerTensor("wd", {3: 0.1})
+    # a list of the wrong length says the order it is read in
+    with pytest.raises(ValueError, match=r"in this order: \['0.weight', '0.bias', '2.weight'\]"):
+        hg.PerTensor("wd", [0.1, 0.2]).bind(names).init_raw(f64)
+
+
 def test_minibatches_are_deterministic_epochs() -> None:
     x = torch.arange(10.0)[:, None]
     mb = MiniBatches(x, batch_size=3, seed=4)

@@ -188,3 +188,19 @@ def test_a_folder_of_an_earlier_version_resumes_through_the_cli(tmp_path: Path) 
     save_checkpoint(run, ck)
     out = _cli(*args, "mode.outer_steps=3", "folder.resume=true", cwd=tmp_path)
     assert out.returncode == 2 and "config.task.steps: 99 -> 12" in out.stderr, out.stderr[-800:]
+
+
+def test_a_per_tensor_init_by_name_reaches_the_problem_by_name() -> None:
+    """``hyperparams.items.wd.init={name: value}`` on the command line: each value goes to the
+    parameter it names, whatever the model's order (a list is read in that order)."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "experiment=digits_schedule", "debug=fast",
+            "hyperparams.items.wd.init={2.bias:1e-5,0.weight:1e-4,0.bias:1e-3,2.weight:1e-2}"])
+    task, _ = build(cfg)
+    import hypergrad as hg
+
+    wd = next(h for h in task.problem.hyperparams.items if h.name == "wd")
+    assert isinstance(wd, hg.PerTensor)
+    assert dict(zip(wd.params, wd.init)) == {"0.weight": 1e-4, "0.bias": 1e-3,
+                                             "2.weight": 1e-2, "2.bias": 1e-5}
