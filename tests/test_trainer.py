@@ -958,3 +958,32 @@ def test_a_results_repr_is_short_at_high_k() -> None:
     assert "best_val_loss=0.25" in text
     small = hg.TrainResult(torch.zeros(2), {"lr": 0.1, "m": [0.5, 0.6]}, [], "reverse")
     assert "values={'lr': 0.1, 'm': [0.5, 0.6]}" in repr(small)
+
+
+def test_a_state_is_checked_against_the_problem_also_without_a_folder(tmp_path: Path) -> None:
+    """A Trainer without a folder had an empty fingerprint: another problem's state_dict was
+    loaded without a word, and its best loss returned as this problem's (the reuse probe,
+    2026-12-07)."""
+
+    def trainer(opt: str, steps: int = 2, run_dir: Any = None) -> hg.Trainer:
+        return make_trainer(digits_case(opt, "lr", **{**SMALL, "steps": 6}), method="forward",
+                            outer=functools.partial(SignDescent, lr=0.3), outer_steps=steps,
+                            run_dir=run_dir)
+
+    first = trainer("momentum")
+    first.fit()
+    state = first.state_dict()
+    assert state["fingerprint"]["problem.optimizer"][0] == "sgd"
+    with pytest.raises(hg.errors.ResumeMismatchError, match=r"problem\.optimizer"):
+        trainer("adam", 3).load_state_dict(state)
+    same = trainer("momentum", 3)
+    same.load_state_dict(state, "state.pt")  # a str path is a label
+    assert same.outer_step == 2 and len(same.history) == len(first.history)
+    # a folder's state into a Trainer without one: the same run
+    folder = trainer("momentum", run_dir=tmp_path / "run")
+    folder.fit()
+    trainer("momentum", 3).load_state_dict(folder.state_dict())
+    # a state of a Trainer without a folder written before its fingerprint was kept
+    state["fingerprint"] = {}
+    with pytest.warns(hg.errors.CheckpointWarning, match="cannot be checked"):
+        trainer("momentum", 3).load_state_dict(state)

@@ -317,10 +317,11 @@ def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: in
     run uses the default search's settings (a :class:`~hypergrad.run.outer.SearchOptimizer`
     offline): a checkpoint that did not record them all is said."""
     old = ck.get("fingerprint")
-    if old is None:
+    if not old:  # None: before fingerprints; {}: a Trainer without a folder before 2026-12-07
         warnings.warn(CheckpointWarning(
             f"Trainer: checkpoint {path} was written by an older hypergrad without a "
             f"fingerprint: whether this run matches it cannot be checked."), stacklevel=4)
+        old = None
     else:
         diff = fingerprint_diff(old, fp)
         if diff:

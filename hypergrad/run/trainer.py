@@ -586,11 +586,19 @@ class Trainer:
                    for k, v in outer.items()},
                 "trainer.folder": None if self.folder is None else str(self.folder.path)}
 
+    def _run_fingerprint(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What defines this run (:func:`problem_fingerprint`), made once: at the folder's
+        opening (``extra``: its own keys), else when a state is first taken or loaded (a
+        Trainer without a folder compared nothing, and took another problem's state)."""
+        if not self._fingerprint or extra is not None:
+            self._fingerprint = problem_fingerprint(
+                self.problem, self.settings(), {**(extra or {}), **self.task.fingerprint,
+                                                **self.strategy.fingerprint(self.method)})
+        return self._fingerprint
+
     def _open_folder(self, folder: RunFolder) -> None:
         p = self.problem
-        self._fingerprint = problem_fingerprint(
-            p, self.settings(), {**folder.extra, **self.task.fingerprint,
-                                 **self.strategy.fingerprint(self.method)})
+        self._run_fingerprint(folder.extra)
         # open() gives the lock back when it refuses (a folder that another Trainer holds
         # included: closing it here released that Trainer's lock)
         got = folder.open(p.device, self.message) if self.strategy.is_writer else None
@@ -1703,6 +1711,7 @@ class Trainer:
         of a split run must call it: the columns are gathered). A copy: the run going on
         changes nothing in it (it held the live history, so a dict taken at outer step 3 and
         loaded at the end doubled the records)."""
+        self._run_fingerprint()
         return copy.deepcopy(self._checkpoint())
 
     def _mark_good(self, ck: dict[str, Any] | None = None) -> None:
@@ -1754,8 +1763,11 @@ class Trainer:
             ck["batches"] = self.problem.stream.state_dict()
         return ck
 
-    def load_state_dict(self, ck: dict[str, Any], path: Path) -> None:
-        """Continue from a checkpoint (see :meth:`state_dict`), after checking it fits."""
+    def load_state_dict(self, ck: dict[str, Any], path: Path | str | None = None) -> None:
+        """Continue from a checkpoint (see :meth:`state_dict`), after checking it fits: the
+        same problem and settings (a :class:`~hypergrad.errors.ResumeMismatchError` names what
+        differs). ``path``: where it was read from, for the messages."""
+        path = Path(path) if path is not None else Path("<the state given>")
         version = ck.get("version", 0)
         if not isinstance(version, int) or version > CHECKPOINT_VERSION:
             raise ResumeMismatchError(
@@ -1764,7 +1776,7 @@ class Trainer:
                 f"{CHECKPOINT_VERSION}). Resume with that version (pip install -U "
                 f"hypergrad-forward), or start a new run.")
         self.strategy.check_resume(ck.get("fingerprint"), path)
-        check_resume(ck, path, self._fingerprint, self.lam.shape[0],
+        check_resume(ck, path, self._run_fingerprint(), self.lam.shape[0],
                      searching=not self.mode.online and isinstance(self.outer, SearchOptimizer))
         load_outer(self.outer, ck, path, self.message)
         name = ck.get("method", self.method.name)
