@@ -469,7 +469,10 @@ def learned_optimizer(problem: InnerProblem, lam: Tensor,
                         named[p].mul_(v)
                     else:
                         named[p].copy_(v)
-    return optimizer_from_settings(settings, named, steps)
+    # an iterable (model.parameters()) stays one: by position, as optimizer_from_settings
+    # reads it (as {'0': ...} it was refused for names the settings do not have)
+    by_name = isinstance(params, (Mapping, nn.Module))
+    return optimizer_from_settings(settings, named if by_name else list(named.values()), steps)
 
 
 def trained_state_dict(problem: InnerProblem, state: InnerState) -> dict[str, Tensor]:

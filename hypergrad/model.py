@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,6 +45,21 @@ _WeightNorm: type[nn.Module] = _pz._WeightNorm
 def _dense_copy(t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """A copy of ``t`` (in ``dtype`` if given) in torch's default contiguous layout."""
     return t.to(dtype=dtype or t.dtype, memory_format=torch.contiguous_format, copy=True)
+
+
+def _sums(tensors: Sequence[Tensor]) -> Tensor | None:
+    """Each tensor's sum and sum of squares in float64, stacked on the first one's device:
+    what tells a write through ``.data`` (which leaves ``_version`` as it was) in one
+    comparison per run."""
+    rows = []
+    for t in tensors:
+        x = t.detach()
+        if x.is_meta:
+            continue
+        x = torch.view_as_real(x) if x.is_complex() else x
+        x = x.to(torch.float64)
+        rows.append(torch.stack([x.sum(), x.square().sum()]).to(tensors[0].device))
+    return torch.stack(rows) if rows else None
 
 
 class FunctionalModel:
@@ -168,6 +183,9 @@ class FunctionalModel:
         """Each parameter and buffer with its version counter when the problem was built: the
         initial weights are read from the module at every run, so training the module (or
         scaling it in place) afterwards moved every later run's start with no word."""
+        self._built_sums = _sums([t for t, _ in self._as_built.values()])
+        """Their sums and sums of squares then (:meth:`unchanged`: a write through ``.data``
+        leaves the version counter as it was)."""
         self.fresh: dict[str, Tensor] | None = None
         """Other initial weights (and running statistics) training starts from instead of the
         module's, by name: set inside :meth:`InnerProblem.variant
@@ -240,8 +258,18 @@ class FunctionalModel:
         """Refuse a module whose parameters or buffers were written in place, or replaced,
         since the problem was built (its runs would start from other weights)."""
         now = {k: t for k, t in [*self.module.named_parameters(), *self.module.named_buffers()]}
+        # a write through .data (a hand-written training loop's p.data -= lr * p.grad)
+        # keeps the version counter: the values tell it (one comparison, one sync)
+        changed: set[str] = set()
+        built = self._built_sums
+        sums = _sums([t for t, _ in self._as_built.values()]) if built is not None else None
+        if sums is not None and built is not None and sums.shape == built.shape:
+            differ = ~((sums == built) | (sums.isnan() & built.isnan())).all(dim=1)
+            if bool(differ.any()):
+                names = [k for k, (t, _) in self._as_built.items() if not t.is_meta]
+                changed = {names[i] for i in differ.nonzero().flatten().tolist()}
         for k, (t, version) in self._as_built.items():
-            if now.get(k) is not t or t._version != version:
+            if now.get(k) is not t or t._version != version or k in changed:
                 how = ("replaced" if now.get(k) is not t else "written in place (trained, "
                        "rescaled or loaded)")
                 raise ValueError(

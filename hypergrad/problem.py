@@ -187,8 +187,13 @@ class InnerProblem:
         self.attention_dropout: bool | None = None
         """Whether attention draws dropout masks (found on the first plain step; then every
         evaluation of a step runs the math kernel, whose masks all methods share)."""
-        self._hp_memo: tuple[Tensor, int, tuple[int, ...], dict[str, Any]] | None = None
+        self._hp_memo: tuple[Tensor, tuple[int, int], tuple[int, ...], dict[str, Any]] | None
+        self._hp_memo = None
         """The last plain step's hyperparameter values (:meth:`_step_values`)."""
+        self.run_count = 0
+        """How many inner runs have started (:meth:`initial_state`): values kept for a run's
+        steps are kept for that run only (a ``lam`` written through ``.data`` between runs
+        keeps its version counter, and the next run trained at the values before)."""
         self.draws: bool | None = None
         """Whether the training loss draws random numbers (known after its first evaluation;
         once ``True``, it stays ``True``)."""
@@ -446,6 +451,7 @@ class InnerProblem:
         scales); the two are equal for problems without initialisation hyperparameters."""
         if not self.fmodel.probed:  # the state's buffers are known after the probe pass
             self._probe_model(self.init_raw() if lam is None else lam)
+        self.run_count += 1  # a run starts here
         params = self.fmodel.initial_params()
         if lam is not None and self.init_items:
             params = self.hyperparams.apply_init(params, lam)
@@ -500,11 +506,11 @@ class InnerProblem:
         key = hps.step_key(t, self.steps)
         memo = self._hp_memo
         if (key is not None and memo is not None and memo[0] is lam
-                and memo[1] == lam._version and memo[2] == key):
+                and memo[1] == (lam._version, self.run_count) and memo[2] == key):
             return memo[3]
         values = hps.values(lam, t, self.steps)
         if key is not None:
-            self._hp_memo = (lam, lam._version, key, values)
+            self._hp_memo = (lam, (lam._version, self.run_count), key, values)
         return values
 
     def step(self, state: InnerState, lam: Tensor, t: int) -> InnerState:
@@ -1116,7 +1122,20 @@ class InnerProblem:
         if type(opt).__module__.startswith("hypergrad."):
             return
         name = type(opt).__name__
-        params, opt_state, (got,) = self._zero_gradient_updates(lam, [0])
+        with torch.no_grad():
+            state = self.initial_state(lam)
+        inputs = [x for x in tree_flatten((state.params, state.opt))[0] if isinstance(x, Tensor)]
+        versions = [x._version for x in inputs]
+        params, opt_state, (got,) = self._zero_gradient_updates(lam, [0], state)
+        if any(x._version != v for x, v in zip(inputs, versions)):
+            raise TypeError(
+                f"InnerProblem: {name}.update writes its inputs in place (the state or the "
+                f"parameters: torch.optim's buf.mul_(...).add_(g) habit), which the "
+                f"differentiation through it cannot follow (torch's 'a leaf Variable that "
+                f"requires grad is being used in an in-place operation'); compute new tensors "
+                f"and return them, e.g. buf = momentum * state.buf[k] + g "
+                f"(docs/extending.md).")
+        self._check_own_state(name, opt_state, params)
         if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Mapping)):
             raise TypeError(f"InnerProblem: {name}.update returned {type(got).__name__}; it "
                             f"must return (new_params, new_state): a dict of the parameters "
@@ -1139,12 +1158,43 @@ class InnerProblem:
                              f"{type(opt_state).__name__}); it must return the state as init "
                              f"built it, its entries updated.")
 
-    def _zero_gradient_updates(self, lam: Tensor, steps: Sequence[int]
+    def _check_own_state(self, name: str, state: Any, params: Mapping[str, Tensor]) -> None:
+        """The state ``init`` gives: forward mode carries a tangent for each of its tensors,
+        so they are floating point (a step counter failed in torch's jvp, "Expected primal to
+        be floating point"), and where the optimizer says ``elementwise = True`` each field
+        is a dict by parameter name (a tensor field failed with "'Tensor' object has no
+        attribute 'items'")."""
+        fields = getattr(state, "_fields", None)
+        for f in fields or ():
+            v = getattr(state, f)
+            leaves = tree_flatten(v)[0]
+            bad = [x for x in leaves if not (isinstance(x, Tensor) and x.is_floating_point())]
+            if bad:
+                x = bad[0]
+                what = f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+                raise TypeError(
+                    f"InnerProblem: {name}.init gives a state whose field {f!r} holds {what}; "
+                    f"forward mode carries a tangent for every state tensor, so each must be a "
+                    f"floating-point tensor (the parameters' dtype). A step counter is the "
+                    f"`step` argument update receives (the inner step, from 0), not state "
+                    f"(docs/extending.md).")
+            if getattr(self.optimizer, "elementwise", False) and not (
+                    isinstance(v, Mapping) and set(v) <= set(params)):
+                raise TypeError(
+                    f"InnerProblem: {name} says elementwise = True, whose tangent reads each "
+                    f"state field as a dict parameter name -> tensor, and its state's field "
+                    f"{f!r} is {type(v).__name__}"
+                    f"{'' if not isinstance(v, Mapping) else f' with keys {sorted(v)[:4]}'}: "
+                    f"keep one entry per parameter, by name, or set elementwise = False.")
+
+    def _zero_gradient_updates(self, lam: Tensor, steps: Sequence[int],
+                               state: InnerState | None = None
                                ) -> tuple[dict[str, Tensor], Any, list[Any]]:
         """The initial parameters, the optimizer's initial state, and what one update with zero
-        gradients from them returns at each of ``steps`` (the checks of the update)."""
+        gradients from them returns at each of ``steps`` (the checks of the update; ``state``:
+        the initial state, if made already)."""
         with torch.no_grad():
-            state = self.initial_state(lam)
+            state = self.initial_state(lam) if state is None else state
             params = {k: v.detach() for k, v in state.params.items()}
             zeros = {k: torch.zeros_like(v) for k, v in params.items()}
             return params, state.opt, [self.update(zeros, state.opt, params, lam, t)
@@ -1921,6 +1971,16 @@ _ALIASES = {"momentum": "momentum", "mom": "momentum", "wd": "weight_decay",
 
 
 def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
+    hyper = getattr(optimizer, "hyper_args", ())
+    fixed = [(a, v) for a, v in optimizer.args.items()
+             if isinstance(v, str) and v in unused and a not in hyper]
+    if fixed:  # an optimizer of one's own that lists the argument among its fixed settings
+        a, v = fixed[0]
+        return (f"InnerProblem: hyperparameter {v!r} is given as {optimizer.name}'s {a}={v!r}, "
+                f"but {a!r} is one of its fixed settings (options = {tuple(optimizer.options)}), "
+                f"not of those a hyperparameter may set (hyper_args = {tuple(hyper)}): move "
+                f"{a!r} to hyper_args and read it with self.read(self.args[{a!r}], hp, name) "
+                f"(docs/extending.md).")
     args = [a for a in optimizer.args if a not in ("nesterov", "eps_root")]
     examples = []
     for name in unused:

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 from torch.func import jvp, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -131,11 +132,11 @@ def _hp_scalars(problem: InnerProblem, t: int, lam: Tensor, cols: list[int]
     caller then takes the general path.
 
     Within an inner run ``lam`` is one tensor and the values change only with a schedule's
-    window: the last result is kept per problem and reused while ``lam`` (the same tensor, not
-    modified in place), the columns and every schedule's window are the same."""
+    window: the last result is kept per problem and reused while the run, ``lam`` (the same
+    tensor, not modified in place), the columns and every schedule's window are the same."""
     hps = problem.hyperparams
     windows = tuple(it.window(t, problem.steps) for it in hps.items if isinstance(it, Schedule))
-    key = (id(lam), lam._version, tuple(cols), windows)
+    key = (id(lam), lam._version, problem.run_count, tuple(cols), windows)
     hit = _HP_CACHE.get(problem)
     if hit is not None and hit[0][0] == key and hit[0][1]() is lam:
         return hit[1]  # type: ignore[no-any-return]
@@ -287,11 +288,13 @@ def _add_rows(tree: Any, pos: list[int], rows: Any, inputs: Any) -> Any:
     """``tree[pos] += rows`` leafwise (few rows: one in-place add each); in place where the leaf
     owns its memory and is none of ``inputs`` (an update may pass a tangent through)."""
     leaves, spec = tree_flatten(tree)
-    taken = {x.untyped_storage().data_ptr() for x in tree_flatten(inputs)[0]}
+    # under a FakeTensorMode (estimate_memory) a data pointer is deprecated (a UserWarning,
+    # an error under -W error): a copy there allocates nothing
+    taken = {x.untyped_storage().data_ptr() for x in tree_flatten(inputs)[0] if not is_fake(x)}
     out = []
     for v, r in zip(leaves, tree_flatten(rows)[0]):
-        if not (v.is_contiguous() and v._base is None
-                and v.untyped_storage().data_ptr() not in taken):
+        if is_fake(v) or not (v.is_contiguous() and v._base is None
+                              and v.untyped_storage().data_ptr() not in taken):
             v = v.clone()
         for i, p in enumerate(pos):
             v[p].add_(r[i])

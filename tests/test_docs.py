@@ -102,6 +102,8 @@ def test_extending_modules_work_by_import_path(tmp_path: Path,
     assert type(hypergrad.methods.create("my_methods:ForwardFD")) is type(method)
     opt = hypergrad.optim.create("my_optimizers.normalized_sgd", lr="lr")
     assert type(opt).__module__ == "my_optimizers" and opt.bound_names() == {"lr": "lr"}
+    clipped = hypergrad.optim.create("my_optimizers.normalized_sgd", lr="lr", clip_grad_norm=1.0)
+    assert clipped.max_norm == 1.0 and clipped.name == "NormalizedSGD"
     for module in ("my_methods", "my_optimizers"):
         sys.modules.pop(module, None)
 

@@ -164,3 +164,22 @@ def test_a_schedule_of_another_argument_is_named() -> None:
                         problem.val_loss)
     with pytest.raises(NotImplementedError, match=r"schedules of \['mom \(momentum\)'\]"):
         learned_settings(p, p.init_raw())
+
+
+def test_learned_optimizer_takes_model_parameters_as_an_iterable() -> None:
+    """``learned_optimizer(problem, lam, model.parameters())`` named the tensors '0', '1', ...
+    and refused them as "not the trained parameters" (params has ['0', ...]); by position, as
+    optimizer_from_settings reads an iterable, unless the settings name parameters (the reuse
+    probe, 2026-12-07)."""
+    from hypergrad.export import learned_optimizer
+    from hypergrad.tasks import mlp
+    from hypergrad.testing import digits_case
+
+    small = dict(steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+    p = digits_case("momentum", "lr", **small)
+    model = mlp([64, 8, 10]).double()
+    opt, _ = learned_optimizer(p, p.init_raw(), model.parameters())
+    assert [len(g["params"]) for g in opt.param_groups] == [4]
+    per_tensor = digits_case("momentum", "per_tensor_wd", **small)
+    with pytest.raises(ValueError, match=r"learned parameter groups name .*pass the model"):
+        learned_optimizer(per_tensor, per_tensor.init_raw(), model.parameters())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 
 import pytest
 import torch
@@ -61,6 +62,32 @@ def test_training_the_problems_own_module_afterwards_is_refused() -> None:
             w.mul_(2.0)
     after = q.run(q.init_raw()).params
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_writes_through_data_are_seen_by_the_model_and_the_hyperparameters() -> None:
+    """``.data`` writes keep a tensor's version counter, which the checks read: a hand-written
+    loop's ``p.data -= lr * p.grad`` on the problem's module made the next run start from the
+    trained weights, and ``lam.data -= ...`` between runs left the steps' kept values (plain and
+    forward mode) at the old point (the reuse probe, 2026-12-07)."""
+    torch.manual_seed(0)
+    model = mlp([64, 8, 10]).double()
+    p = _problem(model)
+    p.run(p.init_raw())
+    model[2].bias.data.mul_(0.5)
+    with pytest.raises(ValueError, match=r"the model's '2.bias' was written in place"):
+        p.run(p.init_raw())
+    torch.manual_seed(0)
+    p = _problem(mlp([64, 8, 10]).double())
+    lam = p.init_raw()
+    first = p.run(lam).params["0.weight"]
+    ref = hg.ForwardMode().hypergradient(p, lam)
+    lam.data.fill_(math.log(0.5))
+    fresh = lam.clone()
+    assert not torch.equal(p.run(lam).params["0.weight"], first)
+    assert torch.equal(p.run(lam).params["0.weight"], p.run(fresh).params["0.weight"])
+    got, want = (hg.ForwardMode().hypergradient(p, x) for x in (lam, fresh))
+    assert float(got.objective) == float(want.objective) != float(ref.objective)
+    torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=0)
 
 
 def test_learned_initial_scales_are_not_written_into_the_problems_own_module() -> None:

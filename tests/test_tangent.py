@@ -267,3 +267,133 @@ def test_what_an_optimizer_of_ones_own_returns_is_checked(bend: Any, match: str)
         val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
     with pytest.raises(ValueError, match=match):
         hg.Trainer(p, method="forward", mode=hg.Offline(outer_steps=1), callbacks=[])
+
+
+class _CountState(NamedTuple):
+    m: Any
+    count: Any
+
+
+@pytest.mark.parametrize("elementwise,count,match", [
+    (False, torch.zeros((), dtype=torch.int64),
+     r"_Counting.init gives a state whose field 'count' holds dtype torch.int64; forward mode "
+     r"carries a tangent .* the `step` argument update receives"),
+    (True, torch.zeros((), dtype=torch.float64),
+     r"_Counting says elementwise = True, .* field 'count' is Tensor"),
+])
+def test_an_optimizer_state_without_tangents_is_named(elementwise: bool, count: torch.Tensor,
+                                                      match: str) -> None:
+    """A step counter in the state (torch.optim's habit) failed in torch's jvp ("Expected
+    primal to be floating point") or, elementwise, with "'Tensor' object has no attribute
+    'items'" (the reuse probe, 2026-12-07)."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    class _Counting(hg.optim.Optimizer):
+        hyper_args = ("lr",)
+
+        def init(self, params: dict) -> _CountState:
+            return _CountState({k: torch.zeros_like(w) for k, w in params.items()}, count)
+
+        def update(self, grads: dict, state: _CountState, params: dict, hp: Any, step: int
+                   ) -> tuple[dict, _CountState]:
+            lr = self.read(self.args["lr"], hp, "")
+            m = {k: 0.9 * state.m[k] + grads[k] for k in params}
+            return {k: w - lr * m[k] for k, w in params.items()}, _CountState(m, state.count + 1)
+
+    _Counting.elementwise = elementwise
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    torch.manual_seed(0)
+    p = hg.InnerProblem(
+        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        _Counting(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.3, transform="log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    with pytest.raises(TypeError, match=match):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+
+
+def test_the_memory_estimate_of_an_optimizer_of_ones_own_warns_nothing() -> None:
+    """The generic (jvp) tangent read data pointers of fake tensors in estimate_memory: a
+    torch UserWarning ("Accessing the data pointer of FakeTensor is deprecated"), an error
+    under -W error (the reuse probe, 2026-12-07)."""
+    import warnings
+
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.methods import estimate_memory
+    from hypergrad.tasks import digits_data, mlp
+
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    torch.manual_seed(0)
+    p = hg.InnerProblem(
+        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        _NormalizedSGD(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.3, transform="log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        est = estimate_memory(p, "forward")
+    assert est.total > 0
+    assert not [w for w in seen if "FakeTensor" in str(w.message)], [str(w.message) for w in seen]
+
+
+def test_a_hyperparameter_given_to_a_fixed_setting_says_where_to_declare_it() -> None:
+    """An argument listed in ``options`` and given a hyperparameter's name was told to do
+    what it did (``e.g. Mis(..., momentum='mom')``)."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    class _Mis(_NormalizedSGD):
+        options = ("momentum",)
+
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    p = hg.InnerProblem(
+        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        _Mis(lr="lr", momentum="mom"),
+        hg.HyperParams([hg.Scalar("lr", 0.3, "log"), hg.Scalar("mom", 0.5, "logit")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    with pytest.raises(ValueError, match=r"'momentum' is one of its fixed settings \(options = "
+                                         r"\('momentum',\)\).*move 'momentum' to hyper_args"):
+        hg.ForwardMode().hypergradient(p, p.init_raw())
+
+
+def test_an_update_that_writes_its_state_in_place_is_named() -> None:
+    """torch.optim's habit, ``buf.mul_(momentum).add_(g)``, failed with torch's "a leaf
+    Variable that requires grad is being used in an in-place operation" in reverse mode and
+    "captured Tensor" errors in forward mode (the reuse probe, 2026-12-07)."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    class _InPlace(hg.optim.Optimizer):
+        hyper_args = ("lr",)
+
+        def init(self, params: dict) -> _CountState:
+            return _CountState({k: torch.zeros_like(w) for k, w in params.items()},
+                               torch.zeros(()))
+
+        def update(self, grads: dict, state: _CountState, params: dict, hp: Any, step: int
+                   ) -> tuple[dict, _CountState]:
+            lr = self.read(self.args["lr"], hp, "")
+            for k in params:
+                state.m[k].mul_(0.9).add_(grads[k])
+            return {k: w - lr * state.m[k] for k, w in params.items()}, state
+
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    torch.manual_seed(0)
+    p = hg.InnerProblem(
+        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        _InPlace(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.3, transform="log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    for method in (hg.ForwardMode(), hg.ReverseMode()):
+        with pytest.raises(TypeError, match=r"_InPlace.update writes its inputs in place"):
+            method.hypergradient(p, p.init_raw())
