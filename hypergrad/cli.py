@@ -519,9 +519,16 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
               if resumed else "")
     log.info(f"tuning took {fit['seconds']:.1f} s{so_far}, peak extra memory "
              f"{fit['peak_extra_bytes'] / 2**20:.1f} MiB ({result.method} mode)")
-    where = ("" if result.best_step is None else
-             f" (after update {result.best_step}, inner step {horizon})" if trainer.mode.online
-             else f" (outer step {result.best_step})")
+    # online: the values after k updates, which the steps up to record k's inner step used,
+    # or, after the last update, the run's end (a run that diverged at step 8 said "inner
+    # step 40" of the point its first 4 steps used)
+    at = [h.get("inner_step") for h in result.history if h.get("outer_step") == result.best_step]
+    k = result.best_step
+    where = ("" if k is None else
+             (f" (after {k} update{'' if k == 1 else 's'}: the values of inner steps up to "
+              f"{at[-1]})" if at and at[-1] is not None else
+              f" (after {k} update{'' if k == 1 else 's'}, at the end: inner step {horizon})")
+             if trainer.mode.online else f" (outer step {k})")
     log.info(f"learned hyperparameters{where}: {summary(hps, result.values, horizon)}")
     if result.last_values is not None and result.last_values != result.values:
         when = (f" (outer step {last_step})" if last_step is not None

@@ -503,3 +503,15 @@ def test_the_retrained_points_are_also_trained_in_orders_the_tuning_never_saw(
         (tmp_path / "none" / "results.json").read_text())
     out = _cli(*FAST, "report.orders=-1", f"hydra.run.dir={tmp_path / 'bad'}")
     assert out.returncode == 2 and "report.orders=-1 must be an int >= 0" in out.stderr
+
+
+def test_an_online_run_that_diverged_says_which_steps_its_point_trained(tmp_path: Path) -> None:
+    """It logged "after update 0, inner step 40" for a run stopped at step 8 whose point the
+    first 4 steps used (the online probe, 2026-12-07)."""
+    out = _cli("experiment=online_digits", *FAST, "task.steps=40",
+               "mode.interval=4", "outer_optimizer=sgd", "outer_optimizer.lr=300",
+               "guards.bounds.lr=[1e-4,1e6]", "report.orders=0", "report.retrain=false",
+               f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    log = out.stdout + out.stderr
+    assert "learned hyperparameters (after 0 updates: the values of inner steps up to 4)" in log

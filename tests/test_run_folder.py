@@ -297,6 +297,9 @@ def test_long_lists_of_values_are_packed_in_a_checkpoint_and_read_back_bit_for_b
     assert [struct.pack("<d", v) for v in back["w"]] == [struct.pack("<d", v) for v in odd]
     assert back["few"] == [1.0, 2.0] and back["mixed"] == [1] + [1.0] * 100
     assert type(back["mixed"][0]) is int and back["lr"] == 0.1
+    # a folder given as a str, as configs.md's reading recipe writes it (it was a TypeError)
+    again = files.load_checkpoint(str(tmp_path))
+    assert again is not None and again[1] == tmp_path / "checkpoint.pt"
 
 
 def test_a_resumed_run_of_many_weights_has_the_records_of_a_run_straight_through(

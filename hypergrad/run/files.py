@@ -354,12 +354,13 @@ def _read(path: Path, map_location: Any) -> dict[str, Any]:
     return _unpacked(ck)  # type: ignore[no-any-return]
 
 
-def load_checkpoint(run_dir: Path, map_location: Any = None, api: str = "Trainer"
+def load_checkpoint(run_dir: Path | str, map_location: Any = None, api: str = "Trainer"
                     ) -> tuple[dict[str, Any], Path] | None:
-    """The newest readable checkpoint of ``run_dir`` and its path; ``None`` when the folder has
-    no checkpoint file at all. Falls back to ``checkpoint.prev.pt`` (with a
-    :class:`CheckpointWarning` naming the unreadable file); raises :class:`CheckpointError` when
-    files exist but none is readable."""
+    """The newest readable checkpoint of ``run_dir`` and its path, ``(checkpoint, path)``;
+    ``None`` when the folder has no checkpoint file at all. Falls back to
+    ``checkpoint.prev.pt`` (with a :class:`CheckpointWarning` naming the unreadable file);
+    raises :class:`CheckpointError` when files exist but none is readable."""
+    run_dir = Path(run_dir)
     problems: list[str] = []
     found = False
     for path in (run_dir / CHECKPOINT, run_dir / PREVIOUS):

@@ -754,13 +754,17 @@ class Trainer:
         lr=5 returned a "best" validation loss of 2.6e44 without a word: the divergence guard
         measures against the best point seen, and every point was diverged)."""
         best = res.best_val_loss
-        if self.mode.online or best is None or not math.isfinite(best):
+        if best is None or not math.isfinite(best):
             return
         far = self._far_above_untrained(best, res.lam)
         if far is None:
             return
+        # online: the run's own training (along its updates) ended there; it was not warned
+        # (lr 2000: validation losses 963-1327 against the untrained 2.3, learned.yaml lr 1803)
+        what = ("the online run's training (with the hyperparameters returned) ends at"
+                if self.mode.online else "the hyperparameters returned train to")
         warnings.warn(TuningWarning(
-            f"Trainer: the inner training diverges: the hyperparameters returned train to "
+            f"Trainer: the inner training diverges: {what} "
             f"{far}, so they are not a tuned point. Make the inner training stable first: a "
             f"smaller learning rate "
             f"(its initial value, or the upper bound in Guards(bounds=...) if it is tuned), or "
@@ -909,9 +913,13 @@ class Trainer:
                 # later ones stay out, so the search can go back to a point it can step from
                 tr.track(value, lam_used, None, self.outer_step, first=False)
             return why
-        if not self.history and not tr.zero_warned:
+        # the first hypergradient's checks (a zero column, per-example weights no step
+        # reads) hold for a whole run; online it covers the first interval's steps only (a
+        # momentum has no effect on SGD's first step: "exactly zero", and it then moved)
+        first = not self.history and not self.mode.online
+        if first and not tr.zero_warned:
             self._warn_unread_weights(grad)
-        tr.track(value, lam_used, grad, self.outer_step, first=not self.history)
+        tr.track(value, lam_used, grad, self.outer_step, first=first)
         g, why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype)
         if g is None:
             assert why is not None
@@ -1801,12 +1809,17 @@ class Trainer:
             self.folder.rewrite_metrics(self.history)  # agrees with the checkpoint again
         self.message(f"resumed from {path} at outer step {self.outer_step}")
         if ck.get("stopped"):
+            # online: Guards(backtrack=...) is refused, and the update undone is not taken
+            # again from the same state
+            change = ("a smaller outer learning rate, tighter bounds or a longer interval"
+                      if self.mode.online else "Guards(backtrack=1.5), a smaller outer "
+                      "learning rate or tighter bounds")
+            again = ("" if self.mode.online else "with the same settings it takes the same "
+                     "steps again: ")
             self.message(f"that run had stopped on a divergence; continuing from "
                          f"the hyperparameters it kept: "
-                         f"{self.problem.hyperparams.describe(self.lam)} (with the same "
-                         f"settings it takes the same steps again: change what diverged, e.g. "
-                         f"Guards(backtrack=1.5), a smaller outer learning rate or tighter "
-                         f"bounds)")
+                         f"{self.problem.hyperparams.describe(self.lam)} ({again}change what "
+                         f"diverged, e.g. {change})")
 
     def _restore(self, ck: dict[str, Any]) -> None:
         """The run's state from a checkpoint (:meth:`load_state_dict`, after its checks and
