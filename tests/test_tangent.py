@@ -175,6 +175,24 @@ def test_a_terms_zero_derivatives_add_nothing_and_skip_its_value() -> None:
     assert torch.isnan(z[1]).all() and torch.equal(z[[0, 2, 3, 4]], want[[0, 2, 3, 4]])
 
 
+def _own_optimizer_problem(opt: Any, *items: hg.HyperParameter, steps: int = 3
+                           ) -> hg.InnerProblem:
+    """A float64 digits MLP trained by ``opt`` (an optimizer of one's own) with ``items``
+    (default: a log-scale ``lr``)."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data, mlp
+
+    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
+    torch.manual_seed(0)
+    return hg.InnerProblem(
+        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]), opt,
+        hg.HyperParams(list(items) or [hg.Scalar("lr", 0.3, transform="log")]),
+        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=steps,
+        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+
+
 class _NormState(NamedTuple):
     """:class:`_NormalizedSGD` keeps nothing between steps."""
 
@@ -199,19 +217,8 @@ def test_an_optimizer_that_does_not_say_it_is_elementwise_gets_the_jvp_tangent()
     diagonal Jacobian's tangent, and forward mode's hypergradient was 10 % off reverse mode's
     with no word. The default is False (jvp, right for any update); the built-in elementwise
     optimizers say True."""
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
-    from hypergrad.tasks import digits_data, mlp
-
-    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
-    torch.manual_seed(0)
-    p = hg.InnerProblem(
-        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        _NormalizedSGD(lr="lr"), hg.HyperParams([hg.PerTensor("lr", init=0.3,
-                                                               transform="log")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=6,
-        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    p = _own_optimizer_problem(_NormalizedSGD(lr="lr"),
+                               hg.PerTensor("lr", init=0.3, transform="log"), steps=6)
     assert not p.optimizer.elementwise
     lam = p.init_raw()
     rev = hg.ReverseMode().hypergradient(p, lam).grad
@@ -247,10 +254,6 @@ def test_an_optimizer_of_ones_own_is_named_as_written_and_created_by_a_colon_pat
 def test_what_an_optimizer_of_ones_own_returns_is_checked(bend: Any, match: str) -> None:
     """A wrong shape, a missing parameter or another dtype failed deep inside torch ("Mismatch
     in shape: grad_output[0]...", a pytree error) without naming the optimizer."""
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
-    from hypergrad.tasks import digits_data, mlp
 
     class _Bent(_NormalizedSGD):
         def update(self, grads: dict, state: _NormState, params: dict, hp: Any, step: int
@@ -258,13 +261,7 @@ def test_what_an_optimizer_of_ones_own_returns_is_checked(bend: Any, match: str)
             new, st = super().update(grads, state, params, hp, step)
             return bend(new), st
 
-    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
-    torch.manual_seed(0)
-    p = hg.InnerProblem(
-        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        _Bent(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.3, transform="log")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
-        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    p = _own_optimizer_problem(_Bent(lr="lr"))
     with pytest.raises(ValueError, match=match):
         hg.Trainer(p, method="forward", mode=hg.Offline(outer_steps=1), callbacks=[])
 
@@ -286,10 +283,6 @@ def test_an_optimizer_state_without_tangents_is_named(elementwise: bool, count: 
     """A step counter in the state (torch.optim's habit) failed in torch's jvp ("Expected
     primal to be floating point") or, elementwise, with "'Tensor' object has no attribute
     'items'" (the reuse probe, 2026-12-07)."""
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
-    from hypergrad.tasks import digits_data, mlp
 
     class _Counting(hg.optim.Optimizer):
         hyper_args = ("lr",)
@@ -304,13 +297,7 @@ def test_an_optimizer_state_without_tangents_is_named(elementwise: bool, count: 
             return {k: w - lr * m[k] for k, w in params.items()}, _CountState(m, state.count + 1)
 
     _Counting.elementwise = elementwise
-    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
-    torch.manual_seed(0)
-    p = hg.InnerProblem(
-        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        _Counting(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.3, transform="log")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
-        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    p = _own_optimizer_problem(_Counting(lr="lr"))
     with pytest.raises(TypeError, match=match):
         hg.ForwardMode().hypergradient(p, p.init_raw())
 
@@ -321,19 +308,9 @@ def test_the_memory_estimate_of_an_optimizer_of_ones_own_warns_nothing() -> None
     under -W error (the reuse probe, 2026-12-07)."""
     import warnings
 
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
     from hypergrad.methods import estimate_memory
-    from hypergrad.tasks import digits_data, mlp
 
-    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
-    torch.manual_seed(0)
-    p = hg.InnerProblem(
-        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        _NormalizedSGD(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.3, transform="log")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
-        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    p = _own_optimizer_problem(_NormalizedSGD(lr="lr"))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         est = estimate_memory(p, "forward")
@@ -344,21 +321,12 @@ def test_the_memory_estimate_of_an_optimizer_of_ones_own_warns_nothing() -> None
 def test_a_hyperparameter_given_to_a_fixed_setting_says_where_to_declare_it() -> None:
     """An argument listed in ``options`` and given a hyperparameter's name was told to do
     what it did (``e.g. Mis(..., momentum='mom')``)."""
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
-    from hypergrad.tasks import digits_data, mlp
 
     class _Mis(_NormalizedSGD):
         options = ("momentum",)
 
-    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
-    p = hg.InnerProblem(
-        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        _Mis(lr="lr", momentum="mom"),
-        hg.HyperParams([hg.Scalar("lr", 0.3, "log"), hg.Scalar("mom", 0.5, "logit")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
-        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    p = _own_optimizer_problem(_Mis(lr="lr", momentum="mom"), hg.Scalar("lr", 0.3, "log"),
+                               hg.Scalar("mom", 0.5, "logit"))
     with pytest.raises(ValueError, match=r"'momentum' is one of its fixed settings \(options = "
                                          r"\('momentum',\)\).*move 'momentum' to hyper_args"):
         hg.ForwardMode().hypergradient(p, p.init_raw())
@@ -368,10 +336,6 @@ def test_an_update_that_writes_its_state_in_place_is_named() -> None:
     """torch.optim's habit, ``buf.mul_(momentum).add_(g)``, failed with torch's "a leaf
     Variable that requires grad is being used in an in-place operation" in reverse mode and
     "captured Tensor" errors in forward mode (the reuse probe, 2026-12-07)."""
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
-    from hypergrad.tasks import digits_data, mlp
 
     class _InPlace(hg.optim.Optimizer):
         hyper_args = ("lr",)
@@ -387,13 +351,7 @@ def test_an_update_that_writes_its_state_in_place_is_named() -> None:
                 state.m[k].mul_(0.9).add_(grads[k])
             return {k: w - lr * state.m[k] for k, w in params.items()}, state
 
-    data = digits_data(n_train=32, n_val=32, dtype=torch.float64)
-    torch.manual_seed(0)
-    p = hg.InnerProblem(
-        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        _InPlace(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.3, transform="log")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=8), steps=3,
-        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    p = _own_optimizer_problem(_InPlace(lr="lr"))
     for method in (hg.ForwardMode(), hg.ReverseMode()):
         with pytest.raises(TypeError, match=r"_InPlace.update writes its inputs in place"):
             method.hypergradient(p, p.init_raw())
