@@ -987,3 +987,44 @@ def test_a_state_is_checked_against_the_problem_also_without_a_folder(tmp_path: 
     state["fingerprint"] = {}
     with pytest.warns(hg.errors.CheckpointWarning, match="cannot be checked"):
         trainer("momentum", 3).load_state_dict(state)
+
+
+def test_an_interrupt_before_the_first_step_leaves_the_folder_free(tmp_path: Path) -> None:
+    """A KeyboardInterrupt from a callback's on_message at fit()'s first message (the two
+    batch orders') kept the run folder locked for the rest of the process ("in use by another
+    run in this process") and had no note (the repeated-resume probe, 2026-12-07)."""
+
+    class _Stop(hg.Callback):
+        def on_message(self, trainer: Any, text: str) -> None:
+            if "two batch orders" in text:
+                raise KeyboardInterrupt
+
+    def trainer(*extra: hg.Callback) -> hg.Trainer:
+        return hg.Trainer(digits_case("momentum", "per_example", **{**SMALL, "steps": 6}),
+                          mode=hg.Offline(outer_steps=1, start="auto", recheck="auto"),
+                          folder=hg.RunFolder(tmp_path / "run", resume=True),
+                          callbacks=[hg.run.Log(None), hg.run.Progress(False), *extra])
+
+    with pytest.raises(KeyboardInterrupt) as got:
+        trainer(_Stop()).fit()
+    assert "holds no checkpoint yet" in " ".join(got.value.__notes__)
+    assert trainer().fit().history  # the folder is free: no "in use by another run"
+
+
+def test_a_resume_under_a_time_budget_says_the_budget_starts_again(tmp_path: Path) -> None:
+    """A finished run resumed with its time budget (a requeued job) tuned for a whole new
+    budget, and said only "resumed from ..." (the repeated-resume probe, 2026-12-07)."""
+    def trainer(log: list[str]) -> hg.Trainer:
+        return hg.Trainer(digits_case("momentum", "lr", **{**SMALL, "steps": 6}),
+                          guards=hg.Guards(time_budget=2.0),
+                          folder=hg.RunFolder(tmp_path / "run", resume=True),
+                          callbacks=[hg.run.Log(log.append), hg.run.Progress(False)])
+
+    first: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hg.errors.TuningWarning)  # a budget this short
+        trainer(first).fit()
+        log: list[str] = []
+        trainer(log).fit()
+    assert any("time_budget=2 s counts this invocation's time, so a run that had ended on "
+               "its budget tunes for another" in line for line in log), log

@@ -641,6 +641,17 @@ class Trainer:
 
         _each(self.callbacks, call)
 
+    def _note_interrupt(self, err: BaseException) -> None:
+        """Where an interrupted run's folder stands, as a note of the ``KeyboardInterrupt``."""
+        if isinstance(err, KeyboardInterrupt) and self.folder is not None:
+            where = self.folder.path
+            err.add_note(
+                f"Trainer: interrupted with {self.outer_step} outer steps done; "
+                + (f"the run folder {where} keeps the last checkpoint and its records: "
+                   f"continue with folder=hypergrad.RunFolder({str(where)!r}, resume=True)"
+                   if (where / CHECKPOINT).exists() or (where / PREVIOUS).exists() else
+                   f"the run folder {where} holds no checkpoint yet (nothing to resume)"))
+
     @property
     def inner_step(self) -> int:
         """Online: the index of the next inner step of the run (0 before it starts)."""
@@ -650,14 +661,19 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Run to the end (or resume to the end); returns the best and the last hyperparameters
         (:class:`TrainResult`)."""
-        self.problem.check(self.lam)
-        self._rechecks = (self.mode.recheck_points(self.problem)
-                          if isinstance(self.mode, Offline) else 0)
-        if self._two_orders() and not self.history:
-            self.message(f"each hypergradient is the mean of two batch orders' (K = "
-                         f"{self.problem.num_hyperparams} <= search.two_orders = "
-                         f"{self.search.two_orders}; one order: "
-                         f"Offline.default(search={{'two_orders': 0}}))")
+        try:  # an error here (a check, a callback's on_message) kept the folder locked
+            self.problem.check(self.lam)
+            self._rechecks = (self.mode.recheck_points(self.problem)
+                              if isinstance(self.mode, Offline) else 0)
+            if self._two_orders() and not self.history:
+                self.message(f"each hypergradient is the mean of two batch orders' (K = "
+                             f"{self.problem.num_hyperparams} <= search.two_orders = "
+                             f"{self.search.two_orders}; one order: "
+                             f"Offline.default(search={{'two_orders': 0}}))")
+        except BaseException as err:
+            self.close()
+            self._note_interrupt(err)
+            raise
         self._fit_start = self._now()
         self._undone = None  # this call's (a second fit() is told of its own last update)
         # the records' elapsed go on from the run's last record (a resume, a second fit()):
@@ -688,14 +704,7 @@ class Trainer:
         except BaseException as err:
             self._go_back(err)
             self.close()
-            if isinstance(err, KeyboardInterrupt) and self.folder is not None:
-                where = self.folder.path
-                err.add_note(
-                    f"Trainer: interrupted with {self.outer_step} outer steps done; "
-                    + (f"the run folder {where} keeps the last checkpoint and its records: "
-                       f"continue with folder=hypergrad.RunFolder({str(where)!r}, resume=True)"
-                       if (where / CHECKPOINT).exists() or (where / PREVIOUS).exists() else
-                       f"the run folder {where} holds no checkpoint yet (nothing to resume)"))
+            self._note_interrupt(err)
             # the callbacks still close what they opened; one that fails doing so does not
             # hide the error that stopped the run
             for cb in self.callbacks:
@@ -1807,7 +1816,12 @@ class Trainer:
         self._restore(ck)
         if self.folder is not None and self.strategy.is_writer:
             self.folder.rewrite_metrics(self.history)  # agrees with the checkpoint again
-        self.message(f"resumed from {path} at outer step {self.outer_step}")
+        budget = self.guards.time_budget
+        # the budget is per fit() call: a finished run resumed (a requeued job) tunes again
+        self.message(f"resumed from {path} at outer step {self.outer_step}" + (
+            f"; time_budget={budget:g} s counts this invocation's time, so a run that had "
+            f"ended on its budget tunes for another" if budget is not None
+            and not self.mode.online else ""))
         if ck.get("stopped"):
             # online: Guards(backtrack=...) is refused, and the update undone is not taken
             # again from the same state
