@@ -38,7 +38,8 @@ class Callback:
         """Before the first outer step of a ``fit()`` call."""
 
     def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
-        """After inner step ``step`` (1-based) of ``total``."""
+        """After inner step ``step`` (1-based) of ``total``, in a hypergradient's inner run
+        (or online's one run); the default search's plain runs do not call it."""
 
     def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
         """After an outer step, with a copy of its record (as in ``metrics.jsonl``)."""
