@@ -282,8 +282,9 @@ def make_trainer(problem: Any, method: Any = "forward", outer: Any = None, *,
     return hg.Trainer(task, method, outer, m, hg.Guards(**guards), folder, cbs)
 
 
-def lr_momentum(steps: int = 8) -> hg.InnerProblem:
-    """A float64 MLP on 32 digits, SGD: a learning rate (log) and a momentum (logit), K = 2."""
+def lr_momentum(steps: int = 8, lr: float = 0.02) -> hg.InnerProblem:
+    """A float64 MLP on 32 digits, SGD: a learning rate (log, starting at ``lr``) and a
+    momentum (logit), K = 2."""
     from hypergrad.tasks import digits_data, mlp
 
     torch.manual_seed(0)
@@ -294,7 +295,7 @@ def lr_momentum(steps: int = 8) -> hg.InnerProblem:
 
     return hg.InnerProblem(
         mlp([64, 8, 10]).double(), loss, hg.optim.sgd(lr="lr", momentum="momentum"),
-        hg.HyperParams([hg.Scalar("lr", 0.02, "log"), hg.Scalar("momentum", 0.5, "logit")]),
+        hg.HyperParams([hg.Scalar("lr", lr, "log"), hg.Scalar("momentum", 0.5, "logit")]),
         MiniBatches(data.x_train, data.y_train, batch_size=8), steps,
         lambda m, hp: torch.nn.functional.cross_entropy(m(data.x_val), data.y_val))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from fixtures import SMALL, mixed_problem, model_problem
+from fixtures import SMALL, lr_momentum, mixed_problem, model_problem
 from torch.utils._pytree import tree_flatten
 
 import hypergrad as hg
@@ -194,31 +194,14 @@ def test_an_online_state_taken_at_an_update_step_does_that_update_first(at: int)
     assert torch.equal(res.lam, straight.lam)
 
 
-def _sgd_problem(lr: float, steps: int = 12) -> hg.InnerProblem:
-    import torch.nn.functional as F
-
-    from hypergrad.data import MiniBatches
-    from hypergrad.tasks import digits_data, mlp
-
-    data = digits_data(n_train=48, n_val=64, dtype=torch.float64)
-    torch.manual_seed(0)
-    return hg.InnerProblem(
-        mlp([64, 8, 10]).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-        hg.optim.sgd(lr="lr", momentum="mom"),
-        hg.HyperParams([hg.Scalar("lr", lr, "log"), hg.Scalar("mom", 0.5, "logit")]),
-        MiniBatches(data.x_train, data.y_train, batch_size=16), steps,
-        val_loss=lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
-
-
 def test_an_online_run_whose_training_blows_up_says_so() -> None:
     """lr 1000: validation losses of 963-1327 against the untrained model's 2.4, returned as
     learned without a word (the offline check was skipped online; the divergence guard
     compares with the best seen, itself blown up; the online probe, 2026-12-07)."""
     import functools
 
-    tr = hg.Trainer(_sgd_problem(1e3), "forward", outer=functools.partial(torch.optim.Adam,
-                                                                           lr=0.2),
-                    mode=hg.Online(interval=4),
+    tr = hg.Trainer(lr_momentum(12, lr=1e3), "forward",
+                    outer=functools.partial(torch.optim.Adam, lr=0.2), mode=hg.Online(interval=4),
                     callbacks=[hg.run.Log(None), hg.run.Progress(False)])
     with pytest.warns(hg.errors.TuningWarning, match=r"the online run's training \(with the "
                                                      r"hyperparameters returned\) ends at a "
@@ -231,6 +214,6 @@ def test_online_first_update_does_not_call_a_momentum_unlearnable() -> None:
     """At interval 1 the first hypergradient of a momentum is exactly zero (it has no effect
     on SGD's first step): the first-step check said it 'will not move', and it moved from 0.5
     to 0.86 (pytest turns that warning into an error)."""
-    res = hg.Trainer(_sgd_problem(0.1), "forward", mode=hg.Online(interval=1),
+    res = hg.Trainer(lr_momentum(12, lr=0.1), "forward", mode=hg.Online(interval=1),
                      callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
-    assert res.values["mom"] > 0.6
+    assert res.values["momentum"] > 0.6
