@@ -332,7 +332,8 @@ def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: in
             # .hydra/ is the folder's first invocation's, which an overwrite discarded
             resolved = folder / "config_resolved.yaml"
             where = (f"The original run's settings: {resolved} (each invocation's command "
-                     f"line: .hydra*/overrides.yaml). " if resolved.exists() else "")
+                     f"line: .hydra*/overrides.yaml). " if path.is_file() and resolved.exists()
+                     else "")  # (a state given in memory has no folder)
             raise ResumeMismatchError(
                 f"Trainer: cannot resume from {path}: this run differs from the one in the "
                 f"checkpoint (old -> new):\n  {lines}\n{where}Resume with the original "
