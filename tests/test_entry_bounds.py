@@ -62,6 +62,27 @@ def test_a_schedule_window_by_index_and_a_tensor_by_name() -> None:
     assert values["wd"][3] == pytest.approx(1e-3, rel=1e-12)  # 2.bias, the fourth tensor
 
 
+def test_an_entry_moved_onto_its_own_bounds_leaves_the_others_default_range() -> None:
+    """The default range of a hyperparameter's unbounded entries spans their own initial
+    values: the start of an entry with bounds of its own, moved onto them, is not among them
+    (wd[3] in [0.05, 0.06] made the other entries' box reach 5.0 instead of 0.1)."""
+    p = _problem(hg.Scalar("lr", 0.3, "log"), hg.PerTensor("wd", 1e-3, "log"))
+    with pytest.warns(BoundsWarning, match=r"moved onto the bounds: wd="):
+        trainer = hg.Trainer(p, guards=hg.Guards(bounds={"wd[3]": (0.05, 0.06)}),
+                             callbacks=[hg.run.Log(None)])
+    sl = p.hyperparams.slices["wd"]
+    box = torch.exp(torch.stack([trainer.box[0][sl], trainer.box[1][sl]], 1))
+    torch.testing.assert_close(box, torch.tensor([[1e-5, 0.1]] * 3 + [[0.05, 0.06]],
+                                                 dtype=torch.float64))
+    # one side of its own: the entry's other side is filled past its bound as before
+    one = Bounds(p.hyperparams, torch.float64, {"wd[0]": (0.05, None)})
+    lam = p.init_raw()
+    one.project(lam)
+    lo, hi = search_box(p.hyperparams, one, lam)
+    assert torch.exp(hi[sl][1:]).tolist() == pytest.approx([0.1] * 3)
+    assert float(torch.exp(hi[sl][0])) == pytest.approx(5.0)  # its bound * 100
+
+
 def test_an_entry_pair_replaces_the_hyperparameter_pair_in_the_box_and_the_projection() -> None:
     p = _problem(hg.Schedule("lr", 0.1, "log", windows=3), hg.Scalar("wd", 1e-3, "log"))
     hps = p.hyperparams

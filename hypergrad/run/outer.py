@@ -469,7 +469,8 @@ def search_box(hps: Any, raw_bounds: Any, lam0: Tensor) -> tuple[Tensor, Tensor]
     ``log`` transforms (values from init / 100 to init * 100), ``[-6, 6]`` (or wider, to hold
     the initial value) for ``logit``, ``init +- 1`` for ``identity``; a side filled so reaches
     at least half that box's width past a bound given on the other side. Each entry takes its
-    own bounds where it has them (``Guards(bounds={"lr[0]": ...})``). A schedule's tuned
+    own bounds where it has them (``Guards(bounds={"lr[0]": ...})``), and the default range of
+    the others spans their initial values alone. A schedule's tuned
     ``scales`` are filled around their own initial values (1/100 to 100 of the schedule), never
     by the windows' pair."""
     lo = torch.empty_like(lam0)
@@ -486,7 +487,14 @@ def search_box(hps: Any, raw_bounds: Any, lam0: Tensor) -> tuple[Tensor, Tensor]
         for part, pair in ((slice(sl.start, mid), whole), (slice(mid, sl.stop), (None, None))):
             if part.start == part.stop:
                 continue
-            x = lam0[part]
+            entries = [(sl.start + i, e) for i, e in own.items()
+                       if part.start <= sl.start + i < part.stop]
+            # the default range spans the entries bounded by nothing of their own: an entry's
+            # start moved onto its own bounds (wd[3] in [0.05, 0.06], the others at 1e-3)
+            # widened every other entry's range to 5.0 instead of 0.1
+            free = torch.ones(part.stop - part.start, dtype=torch.bool)
+            free[[i - part.start for i, _ in entries]] = False
+            x = lam0[part][free.to(lam0.device)] if bool(free.any()) else lam0[part]
             if item.transform == "log":
                 d_lo, d_hi, width = x.min() - LOG_RANGE, x.max() + LOG_RANGE, 2 * LOG_RANGE
             elif item.transform == "logit":
@@ -494,8 +502,6 @@ def search_box(hps: Any, raw_bounds: Any, lam0: Tensor) -> tuple[Tensor, Tensor]
                                      torch.clamp(x.max(), min=6.0), 12.0)
             else:
                 d_lo, d_hi, width = x.min() - 1.0, x.max() + 1.0, 2.0
-            entries = [(sl.start + i, e) for i, e in own.items()
-                       if part.start <= sl.start + i < part.stop]
             for where, (b_lo, b_hi) in [(part, pair)] + entries:
                 # a side filled by default reaches past the bound given on the other side: a
                 # logit's [-6, 6] with low=0.999 (raw 6.9) was the box [6.9, 6.9], and the
