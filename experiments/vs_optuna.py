@@ -459,6 +459,10 @@ QUICK_PROBLEMS = ("digits_sgd_lr_wd", "digits_adam_schedule")
 # (~10 plain runs here) with room for a slower hypergradient on a busy machine
 QUICK_PLAIN_RUNS = 20
 CHECKPOINTS = (0.125, 0.25, 0.5, 1.0)  # anytime test losses at these shares of the budget
+# --join warns where a problem's pieces measured budgets further apart than this (max / min):
+# pieces of 2026-11-29 run side by side agreed within 1.07x, those of 2026-12-07 (one
+# process at a time, tests now and then on the other core) differed by up to 1.49x
+BUDGET_SPREAD = 1.15
 
 
 def _suite_task(name: str, seed: int, select: bool = False) -> Any:
@@ -486,6 +490,24 @@ def _plain_seconds(name: str, repeats: int = 5) -> float:
             t0 = CLOCK()
             p.run(lam)
             ts.append(CLOCK() - t0)
+    return statistics.median(ts)
+
+
+def _hypergradient_seconds(name: str, repeats: int = 3) -> float:
+    """Median CPU seconds of one reverse-mode hypergradient (the method the defaults pick on
+    every suite problem) at the initial point, after a warm-up one: with the plain run's, what
+    a hypergradient costs in the budget's units (its ratio moves with either's speed)."""
+    import hypergrad as hg
+
+    task = _suite_task(name, 0)
+    p, lam = task.problem, task.problem.init_raw()
+    method = hg.ReverseMode()
+    method.hypergradient(p, lam)
+    ts = []
+    for _ in range(repeats):
+        t0 = CLOCK()
+        method.hypergradient(p, lam)
+        ts.append(CLOCK() - t0)
     return statistics.median(ts)
 
 
@@ -614,10 +636,12 @@ def suite_problem(name: str, seeds: list[int], retrain: list[int], n_plain: int,
 
     plain = _plain_seconds(name)
     budget = n_plain * plain
+    cost = _hypergradient_seconds(name) / plain
     K = suite.PROBLEMS[name].K
     log(f"\n== {name} (K={K}, plain run {plain:.3f} s, budget {budget:.2f} s = {n_plain} plain "
-        f"runs)")
+        f"runs; a hypergradient {cost:.2f} plain runs)")
     out: dict[str, Any] = {"K": K, "plain_run_s": plain, "budget_s": budget,
+                           "hypergradient_plain_runs": cost,
                            "note": suite.PROBLEMS[name].note, "tuners": {}}
     per: dict[str, list[dict[str, Any]]] = {t: [] for t in tuners}
     for i, seed in enumerate(seeds):
@@ -702,7 +726,18 @@ def join_seeds(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 seen[r["seed"]] = path
         first = next(iter(parts.values()))
         budgets = [q["budget_s"] for q in parts.values()]
+        spread = max(budgets) / min(budgets)
+        if spread > BUDGET_SPREAD:  # the pieces' tuners had budgets this far apart
+            print(f"--join: {name}: the joined runs measured budgets "
+                  f"{', '.join(f'{b:.2f}' for b in budgets)} s ({spread:.2f}x apart, over "
+                  f"{BUDGET_SPREAD}x): the machine's load differed between them; rerun the "
+                  f"pieces on a machine as loaded in each (nothing else running, or both "
+                  f"halves side by side)", flush=True)
+        costs = [q["hypergradient_plain_runs"] for q in parts.values()
+                 if "hypergradient_plain_runs" in q]  # runs before 2026-12-07 lack it
         out[name] = {**first, "budget_s": statistics.fmean(budgets), "budgets_s": budgets,
+                     "budget_spread": spread,
+                     "hypergradient_plain_runs": statistics.fmean(costs) if costs else None,
                      "plain_run_s": statistics.fmean(q["plain_run_s"] for q in parts.values()),
                      "tuners": {t: _tuner_summary(sorted(
                          (r for q in parts.values() for r in q["tuners"][t]["seeds"]),
@@ -796,6 +831,9 @@ def suite_summary(results: dict[str, Any], split: dict[str, list[str]],
         out[f"{half}_paired"] = {n: {f"vs_{t}": paired(results, n, "hypergrad", t)
                                      for t in ("tpe", "ablation")} for n in names}
     out["ablation_win_rate"] = out.get("eval_ablation_win_rate")
+    # joined runs: how far apart their budgets were (1.0 for one run; see BUDGET_SPREAD)
+    out["max_budget_spread"] = max((r.get("budget_spread", 1.0) for r in results.values()),
+                                   default=None)
     return out
 
 

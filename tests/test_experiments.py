@@ -132,6 +132,21 @@ def test_bench_tape_times_both_reverse_modes_with_the_same_hypergradient(tmp_pat
     assert row["reverse_func_x_plain"] > 1 and row["direct_vs_func"] > 0
 
 
+def test_bench_code_versions_times_a_revision_in_its_own_tree(tmp_path: Path) -> None:
+    """HEAD's tree extracted and timed in a fresh process: a hypergradient costs more than a
+    plain run; a revision that is no commit is named."""
+    out = _script("experiments/benchmarks/bench_code_versions.py", "--code", "HEAD",
+                  "--problems", "wine_per_tensor_lr", "--rounds", "1", "--repeats", "1",
+                  "--no-wait", "--out", str(tmp_path / "c.json"))
+    assert re.fullmatch(r"code_versions HEAD=\S+", out.strip().splitlines()[-1])
+    got = json.loads((tmp_path / "c.json").read_text())["code"]["HEAD"]
+    assert len(got["commit"]) == 40 and got["problems"]["wine_per_tensor_lr"]["plain_runs"] > 1
+    bad = subprocess.run([sys.executable, "experiments/benchmarks/bench_code_versions.py",
+                          "--code", "no-such-rev", "--no-wait"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=60)
+    assert bad.returncode != 0 and "--code 'no-such-rev' is not a commit" in bad.stderr
+
+
 def test_bench_tape_times_the_language_model_with_dropout_on_the_direct_route(
         tmp_path: Path) -> None:
     """``--lm``: the char LM (dropout) as a row, its reverse mode on the direct route (its draws

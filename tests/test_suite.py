@@ -111,6 +111,8 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
             assert run["evals"] >= 1 and math.isfinite(run["test_loss"])
             assert len(run["anytime_test"]) == len(vs_optuna.CHECKPOINTS)
         assert tuners["hypergrad"]["seeds"][0]["hypergradients"] >= 1
+        # what a hypergradient costs in the budget's units: more than a plain run
+        assert payload["problems"][name]["hypergradient_plain_runs"] > 1
     assert (tmp_path / "vs_optuna_suite_dev.png").exists()
     assert (tmp_path / "vs_optuna_suite_eval.png").exists()
 
@@ -119,6 +121,7 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
     first = tmp_path / "vs_optuna_suite_quick.json"
     other = json.loads(first.read_text())
     for prob in other["problems"].values():
+        prob["budget_s"] *= 1.3  # measured on a busier machine: --join says so
         for tr in prob["tuners"].values():
             for run in tr["seeds"]:
                 run["seed"] += 1
@@ -138,6 +141,8 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
         joined = vs_optuna.suite_main([*common, "--seeds", "2", "--join", str(first),
                                        str(second)])
     assert joined["summary"]["seeds"] == 2 and joined["summary"]["problems"] == 2
+    assert joined["summary"]["max_budget_spread"] == pytest.approx(1.3)
+    assert "(1.30x apart, over 1.15x): the machine's load differed" in capsys.readouterr().out
     assert json.loads((tmp_path / "j" / "vs_optuna_suite.json").read_text())["protocol"][
         "plain_runs"] == 20
     for name in vs_optuna.QUICK_PROBLEMS:
