@@ -10,6 +10,7 @@ returns one, yours included).
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -110,6 +111,8 @@ class Task:
                             f"{out!r}; it must return a mapping {{metric name: number}}, e.g. "
                             f"{{'test_loss': 0.31}}.")
         fields = fields or {}
+        # a diverged run's metrics are NaN for that reason, which the record already says
+        diverged = any(isinstance(v, float) and not math.isfinite(v) for v in fields.values())
         metrics: dict[str, float] = {}
         for k, v in out.items():
             if not isinstance(k, str):
@@ -120,6 +123,13 @@ class Task:
             except (TypeError, ValueError):
                 raise TypeError(f"Task {self.name!r}: evaluate returned {k}={v!r}; a metric "
                                 f"must be a number (a float or a one-element tensor).") from None
+            if not math.isfinite(x) and not diverged and f"finite:{k}" not in self._said:
+                self._said.add(f"finite:{k}")
+                warnings.warn(
+                    f"Task {self.name!r}: evaluate returned {k}={x} for a model whose "
+                    f"losses are finite: a mean over no examples (an empty test or validation "
+                    f"split: check how evaluate cuts the data) or a metric that overflows; "
+                    f"kept as it is.", HypergradWarning, stacklevel=3)
             own = fields.get(k)
             if k in fields and isinstance(own, (int, float)) and not isinstance(own, bool) and (
                     x == own or abs(x - own) <= 1e-5 * max(1.0, abs(own))):

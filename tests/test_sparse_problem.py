@@ -85,7 +85,7 @@ def test_loads_user_matrix_from_npz_and_svmlight(tmp_path: Path) -> None:
 
 def test_missing_targets_file(tmp_path: Path) -> None:
     sp.save_npz(tmp_path / "B.npz", sp.random(10, 4, density=0.5, format="csr"))
-    with pytest.raises(FileNotFoundError, match=r"B_y.npy"):
+    with pytest.raises(ValueError, match=r"B_y.npy"):
         sparse_regression_task(sparse_hps(2, 2), hg.optim.sgd(lr=0.3),
                                data_path=str(tmp_path / "B.npz"), groups=2, feature_groups=2)
     with pytest.raises(ValueError, match=r"corrupted=4 must be in \[0, groups=4\)"):

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import sys
 import sysconfig
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import HypergradWarning
 from ..hyperparams import HyperParams, PerGroup
 from ..optim import Optimizer
 from ..problem import InnerProblem, InnerState
@@ -123,7 +126,13 @@ def stdlib_corpus(train_chars: int = 1_000_000, val_chars: int = 100_000,
 def text_corpus(path: str | Path, fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)
                 ) -> Corpus:
     """Any text file (UTF-8), cut into three contiguous parts (train, validation, test)."""
-    data = Path(path).expanduser().read_bytes()
+    file = Path(path).expanduser()
+    if not file.is_file():  # a ValueError: hypergrad-run answers it as a setting refused
+        where = "" if file.is_absolute() else f" (relative to {os.getcwd()})"
+        raise ValueError(f"text_corpus: {'a folder' if file.is_dir() else 'no file'} at "
+                         f"{file}{where}; give a UTF-8 text file (hypergrad-run: "
+                         f"task.text_file=<path>).")
+    data = file.read_bytes()
     if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data:
         # UTF-16 text of ASCII characters is valid UTF-8 with a NUL after each character
         raise ValueError(f"text_corpus: {path} holds NUL bytes or a UTF-16 byte-order mark: it "
@@ -141,6 +150,27 @@ def text_corpus(path: str | Path, fractions: tuple[float, float, float] = (0.9, 
     a = int(fractions[0] * len(text))
     b = a + int(fractions[1] * len(text))
     return Corpus(text[:a], text[a:b], text[b:], f"text file {path}")
+
+
+UNSEEN_SHARE = 0.01
+"""The share of a validation or test text's characters outside the training text's vocabulary
+above which :func:`charlm_task` warns (each is id 0, one "unknown" character)."""
+
+
+def _warn_unseen(part: str, text: Corpus, ids: Tensor) -> None:
+    """Warn where much of the validation or test text is made of characters the training text
+    lacks: they all read as one unknown character, so the validation loss (what tuning
+    minimises) and the bits per character measure mostly how well the model predicts it."""
+    unseen = int((ids == 0).sum())
+    if unseen <= UNSEEN_SHARE * ids.numel():
+        return
+    chars = sorted(set(text.val if part == "validation" else text.test) - set(text.train))
+    warnings.warn(f"charlm_task: {unseen} of the {ids.numel()} characters of the {part} text of "
+                  f"{text.source} ({unseen / ids.numel():.0%}) never occur in its training text "
+                  f"(e.g. {''.join(chars[:10])!r}) and all read as one unknown character: its "
+                  f"losses measure mostly that. Give a text whose parts share their characters "
+                  f"(the file is cut 90 / 5 / 5 % in order: mix or reorder its contents).",
+                  HypergradWarning, stacklevel=3)
 
 
 class CharVocab:
@@ -323,6 +353,8 @@ def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
                              f"characters, fewer than context + 1 = {context + 1} (one window); "
                              f"give a longer text (corpus='stdlib': larger val_chars and "
                              f"test_chars) or a smaller context.")
+    for part, ids in (("validation", val_ids), ("test", test_ids)):
+        _warn_unseen(part, text, ids)
     xv, yv = windows(val_ids, context, val_windows)
     ev_val = windows(val_ids, context, eval_windows)
     ev_test = windows(test_ids, context, eval_windows)

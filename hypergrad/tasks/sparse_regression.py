@@ -72,14 +72,17 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
                            corruption: float = 3.0, seed: int = 0,
                            dtype: str = "float32", weights: str = "res_w", l2: str = "l2",
                            data_path: str | None = None, val_fraction: float = 0.2,
-                           device: str = "cpu") -> Task:
+                           zero_based: bool | None = None, device: str = "cpu") -> Task:
     """Learn residual-group weights (``hp[weights]``, shape ``(groups,)``) and feature-group L2
     coefficients (``hp[l2]``, shape ``(feature_groups,)``) of a weighted sparse least squares.
 
     The matrix is generated (``m + m_val`` rows; the first ``corrupted`` residual groups of
     the training rows get N(0, corruption^2) noise added to y) or, with ``data_path``, loaded
     from a scipy ``.npz`` (targets in a sibling ``<name>_y.npy``) or an svmlight file; then the
-    last ``val_fraction`` of rows are validation and nothing is marked corrupted.
+    last ``val_fraction`` of rows are validation (in the file's order, not shuffled) and
+    nothing is marked corrupted. ``zero_based``: whether an svmlight file's feature indices
+    start at 0 (``None``: scikit-learn's guess, which takes a file whose column 0 is empty as
+    one-based and shifts its columns by one).
     ``mask_fraction`` (in ``[0, 1)``) of training residuals get mask 0 (the seed's ``RF_mask``).
     Every group must hold something: ``groups`` <= the training rows, ``feature_groups`` <= the
     columns (an empty group's hypergradient is zero: refused). ``model`` is
@@ -112,9 +115,12 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
             raise ValueError(f"sparse_regression_task: val_fraction={val_fraction} must be "
                              f"inside (0, 1): the share of the rows of {data_path} held out "
                              f"for validation (e.g. 0.2).")
-        op_all, y_all = _load(data_path, dt)
+        op_all, y_all = _load(data_path, dt, zero_based)
         m_tr = int(round(op_all.shape[0] * (1 - val_fraction)))
         corrupted = 0
+        if op_all.shape[0] == 0:
+            raise ValueError(f"sparse_regression_task: {data_path} has no rows; give a file "
+                             f"with at least two (one training, one validation).")
         if not 1 <= m_tr < op_all.shape[0]:  # an empty split's loss is NaN
             raise ValueError(f"sparse_regression_task: val_fraction={val_fraction} of the "
                              f"{op_all.shape[0]} rows of {data_path} leaves {m_tr} training "
@@ -140,6 +146,7 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
                              f"hyperparams.items.{name}.shape=[${{task.{arg}}}]); defined are "
                              f"{hyperparams.names}.")
     rows_csr = op_all.to_sparse_csr()
+    _check_feature_groups(rows_csr, m_tr, feature_groups, data_path)
     a_tr = SparseOperator(_row_slice(rows_csr, 0, m_tr), device=dev)
     a_val = SparseOperator(_row_slice(rows_csr, m_tr, op_all.shape[0]), device=dev)
     y_tr, y_val = y_all[:m_tr].clone(), y_all[m_tr:].to(dev)
@@ -220,17 +227,60 @@ def _row_slice(a: Tensor, start: int, stop: int) -> Tensor:
                                    (stop - start, a.shape[1]), check_invariants=False)
 
 
-def _load(path: str, dtype: torch.dtype) -> tuple[SparseOperator, Tensor]:
+def _check_feature_groups(rows_csr: Tensor, m_tr: int, feature_groups: int,
+                          data_path: str | None) -> None:
+    """Every feature group must have a non-zero entry in the training rows: the weights of an
+    empty one start at 0 and only their penalty moves them, so its L2 coefficient's
+    hypergradient is exactly zero and tuning would report its initial value as learned."""
+    n = rows_csr.shape[1]
+    cols = rows_csr.col_indices()[:int(rows_csr.crow_indices()[m_tr])]
+    vals = rows_csr.values()[:cols.numel()]
+    used = torch.zeros(n, dtype=torch.bool)
+    used[cols[vals != 0].cpu()] = True
+    group = torch.as_tensor(np.arange(n) * feature_groups // n)
+    filled = torch.zeros(feature_groups, dtype=torch.bool).index_put_(
+        (group[used],), torch.tensor(True))
+    empty = (~filled).nonzero()[:, 0].tolist()
+    if empty:
+        g = empty[0]
+        lo, hi = (int(i) for i in (group == g).nonzero()[[0, -1], 0])
+        where = data_path if data_path is not None else "the generated matrix"
+        raise ValueError(f"sparse_regression_task: feature groups {empty[:8]}"
+                         f"{' ...' if len(empty) > 8 else ''} of feature_groups={feature_groups} "
+                         f"have no non-zero entry in the training rows of {where} (group {g}: "
+                         f"columns {lo}..{hi}), so their L2 hypergradients stay zero and tuning "
+                         f"would report their initial values as learned. Drop the empty columns, "
+                         f"or use fewer feature_groups (and the hyperparameter's shape with it).")
+
+
+def _load(path: str, dtype: torch.dtype, zero_based: bool | None = None
+          ) -> tuple[SparseOperator, Tensor]:
+    import os
     from pathlib import Path
 
-    p = Path(path)
-    if p.suffix == ".npz":
+    p = Path(path).expanduser()
+    if not p.is_file():  # a ValueError: hypergrad-run answers it as a setting refused
+        where = "" if p.is_absolute() else f" (relative to {os.getcwd()})"
+        raise ValueError(f"sparse_regression_task: data_path={path!r}: "
+                         f"{'a folder' if p.is_dir() else 'no file'} at {p}{where}; give a "
+                         f"scipy .npz (scipy.sparse.save_npz) or an svmlight file.")
+    if p.suffix.lower() == ".npy":
+        raise ValueError(f"sparse_regression_task: data_path={path!r} is a dense numpy .npy; "
+                         f"give the matrix as a scipy .npz (scipy.sparse.save_npz(path, "
+                         f"scipy.sparse.csr_matrix(X))) with its targets in <name>_y.npy, or an "
+                         f"svmlight file.")
+    if p.suffix.lower() == ".npz":
         op = load_npz(p, dtype=dtype)
         y_path = p.with_name(p.stem + "_y.npy")
         if not y_path.exists():
-            raise FileNotFoundError(f"sparse_regression_task: targets for {p} are expected in "
-                                    f"{y_path} (numpy .npy of shape ({op.shape[0]},)).")
-        arr = np.load(y_path)
+            raise ValueError(f"sparse_regression_task: targets for {p} are expected in "
+                             f"{y_path} (numpy .npy of shape ({op.shape[0]},)).")
+        try:
+            arr = np.load(y_path)
+        except ValueError as err:  # an object array (pandas) needs pickle, which is refused
+            raise ValueError(f"sparse_regression_task: {y_path} could not be read without "
+                             f"pickle ({err}): it holds objects (an array from pandas?); save "
+                             f"numbers: np.save(path, np.asarray(y, dtype=float)).") from None
         if arr.dtype.kind not in "biuf":
             raise ValueError(f"sparse_regression_task: {y_path} holds {arr.dtype} targets; "
                              f"save numbers: np.save(path, y.astype(float)).")
@@ -240,7 +290,7 @@ def _load(path: str, dtype: torch.dtype) -> tuple[SparseOperator, Tensor]:
                              f"expected ({op.shape[0]},) (one target per row of A).")
         _check_finite(y, y_path)
         return op, y
-    op, y = load_svmlight(p, dtype=dtype)
+    op, y = load_svmlight(p, dtype=dtype, zero_based="auto" if zero_based is None else zero_based)
     y = torch.as_tensor(y, dtype=dtype)
     _check_finite(y, p)
     return op, y
