@@ -74,6 +74,8 @@ def test_explicit_parts_keep_their_old_behaviour() -> None:
         hg.Offline(start=-1)
     with pytest.raises(ValueError, match="recheck=-1"):
         hg.Offline(recheck=-1)
+    with pytest.raises(ValueError, match=r"recheck=1 compares nothing: .* needs 2 or more"):
+        hg.Offline(recheck=1)  # accepted, and re-checked nothing
 
 
 def test_a_variant_draws_another_batch_order_and_restores_the_problem() -> None:

@@ -250,7 +250,8 @@ class Offline(Mode):
             ``"auto"``: 15% of the time budget (2 to 8 points), or 4 points without a budget.
             ``0`` (default here): start at the initial point. The Trainer's default mode
             (``mode=None``) is :meth:`Offline.default`.
-        recheck: before returning, ``recheck`` distinct points evaluated (the best ones and
+        recheck: before returning, ``recheck`` (0, or 2 or more) distinct points evaluated (the
+            best ones and
             the point the first hypergradient was taken at, where the descent started:
             ``search.recheck_first``) are trained
             again in another draw of the run's randomness (another mini-batch order and other
@@ -285,6 +286,11 @@ class Offline(Mode):
         self.start = start
         if recheck != "auto":
             recheck = _count("Offline", "recheck", recheck, 0, auto=True)
+            if recheck == 1:  # it ran without a word and re-checked nothing
+                raise ValueError("Offline: recheck=1 compares nothing: the re-check chooses "
+                                 "among the points it trains again, so it needs 2 or more "
+                                 "(\"auto\": 3 where the problem's runs vary); give 0 for "
+                                 "none.")
         self.recheck = recheck
         self.search = SearchSettings.of(search)
 
