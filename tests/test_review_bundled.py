@@ -141,3 +141,19 @@ def test_a_builder_leaves_the_callers_random_stream_where_it_was(name: str) -> N
     torch.manual_seed(42)
     build()  # type: ignore[operator]
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_hypercleaning_references_say_the_other_hyperparameters_stay_initial() -> None:
+    """The baseline and oracle rows set the weights alone: with a learning rate tuned beside
+    them, a learned row beat the "oracle" by its learning rate, the labels silent about it."""
+    mlp = bundled.mlp_factory([16])
+    weights = hg.PerExample("weights", 0.5, n=100, transform="logit")
+    alone = bundled.hypercleaning_task(hg.HyperParams([weights]), hg.optim.sgd(lr=0.1), mlp,
+                                       steps=2, n_train=100, n_val=50)
+    assert sorted(alone.references) == ["baseline (noisy, weights 1)",
+                                        "oracle (clean examples only)"]
+    both = bundled.hypercleaning_task(hg.HyperParams([weights, hg.Scalar("lr", 0.1, "log")]),
+                                      hg.optim.sgd(lr="lr"), mlp, steps=2, n_train=100,
+                                      n_val=50)
+    assert sorted(both.references) == ["baseline (noisy, weights 1; the rest initial)",
+                                       "oracle (clean examples only; the rest initial)"]

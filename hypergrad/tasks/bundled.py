@@ -307,9 +307,13 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     problem = InnerProblem(net, train_loss, optimizer, hyperparams,
                            [(data.x_train, y_noisy, idx_all)], steps, val_loss, seed=seed)
     clean = torch.as_tensor(~flipped, dtype=dt, device=dev)
-    refs = {"baseline (noisy, weights 1)": lam_with(problem, problem.init_raw(), weights, 1.0),
-            "oracle (clean examples only)": lam_with(problem, problem.init_raw(), weights,
-                                                      clean)}
+    # the other hyperparameters (a learning rate tuned beside the weights) at their initial
+    # values: a learned row could beat the "oracle" by its learning rate alone, unlabelled
+    others = "" if hyperparams.names == [weights] else "; the rest initial"
+    refs = {f"baseline (noisy, weights 1{others})": lam_with(problem, problem.init_raw(),
+                                                              weights, 1.0),
+            f"oracle (clean examples only{others})": lam_with(problem, problem.init_raw(),
+                                                               weights, clean)}
 
     def extra(lam: Tensor) -> dict[str, Any]:
         w = problem.hyperparams.values(lam)[weights]
