@@ -199,3 +199,25 @@ def test_an_entry_end_none_keeps_the_hyperparameter_end() -> None:
     with pytest.raises(ValueError, match=r"bounds\['lr\[0\]'\]=\(None, 0.0001\) keeps the low "
                                          r"end of bounds\['lr'\]=\(0.001, 1\).*give both ends"):
         Bounds(hps, torch.float64, {"lr": (1e-3, 1.0), "lr[0]": (None, 1e-4)})
+
+
+def test_entries_bound_by_the_names_the_outputs_give_them() -> None:
+    """results.json's learned_named and the log name a schedule's window by its steps and an
+    array's entry by its indices; bounds took only the flat index ('lr[steps 3-5]' and
+    'l2[1, 2]' were refused)."""
+    hps = hg.HyperParams([hg.Schedule("lr", 0.3, "log", windows=3),
+                          hg.Array("l2", 1e-3, shape=(2, 3))])
+    named = list(hps.named(hps.values(hps.init_raw(torch.float64)), 12))
+    assert named[:3] == ["lr[steps 0-3]", "lr[steps 4-7]", "lr[steps 8-11]"]
+    by_name = Bounds(hps, torch.float64, {"lr[steps 4-7]": (0.01, 0.02), "l2[1, 2]": (0.5, 1)},
+                     horizon=12)
+    by_index = Bounds(hps, torch.float64, {"lr[1]": (0.01, 0.02), "l2[5]": (0.5, 1)})
+    assert by_name.entries == by_index.entries
+    with pytest.raises(ValueError, match=r"has no entry 'steps 4-7'"):
+        Bounds(hps, torch.float64, {"lr[steps 4-7]": (0.01, 0.02)})  # no horizon: no steps
+    with pytest.raises(ValueError, match=r"has no entry '2, 0'"):
+        Bounds(hps, torch.float64, {"l2[2, 0]": (0.5, 1)})
+    p = _problem(hg.Schedule("lr", 0.3, "log", windows=3), hg.Scalar("wd", 1e-3, "log"))
+    with pytest.warns(BoundsWarning, match=r"moved onto the bounds: lr="):
+        values = _fit(p, {"lr[steps 4-7]": (0.01, 0.02)}, steps=1)
+    assert 0.01 - 1e-12 <= values["lr"][1] <= 0.02 + 1e-12

@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import is_real
-from ..hyperparams import TRANSFORMS, HyperParams, rounded_onto_edge
+from ..hyperparams import TRANSFORMS, HyperParams, Schedule, rounded_onto_edge
 
 __all__ = ["Bounds"]
 
@@ -50,8 +52,11 @@ class Bounds:
 
     def __init__(self, hps: HyperParams, dtype: torch.dtype,
                  bounds: Mapping[str, Sequence[float | None]] | None = None,
-                 api: str = "Trainer") -> None:
+                 api: str = "Trainer", horizon: int | None = None) -> None:
         self.hps = hps
+        self.horizon = horizon
+        """The inner steps (to read a schedule's window by the label outputs name it by,
+        ``'lr[steps 40-59]'``; ``None``: by index only)."""
         self.raw: dict[str, tuple[Tensor | None, Tensor | None]] = {}
         """Raw bounds of whole hyperparameters, by name."""
         self.entries: dict[str, dict[int, tuple[Tensor | None, Tensor | None]]] = {}
@@ -110,10 +115,36 @@ class Bounds:
             return name, found
         if label.isdigit() and int(label) < item.numel:
             return name, [int(label)]
+        at = self._named_entry(item, label)
+        if at is not None:
+            return name, [at]
         labels = item.entry_labels()
         named = f" or one of {labels}" if labels else ""
+        if isinstance(item, Schedule) and self.horizon is not None:
+            spans = [f"steps {a}-{b}" for a, b in item.steps(self.horizon)[:2]]
+            named += f", or a window by its steps as the outputs name it ({', '.join(spans)}, ...)"
         raise ValueError(f"{api}: bounds name {key!r}: {name!r} has no entry {label!r}; its "
                          f"entries are the indices 0-{item.numel - 1}{named}.")
+
+    def _named_entry(self, item: Any, label: str) -> int | None:
+        """The entry that ``label`` names as the outputs do (results.json's ``learned_named``,
+        the log): a schedule's window by its steps (``'steps 40-59'``, ``'early, steps
+        0-9'``) or an array's entry by its indices (``'1, 2'``); ``None``: no such entry."""
+        if isinstance(item, Schedule) and self.horizon is not None:
+            groups = [f"{g}, " for g in item.groups] if item.groups is not None else [""]
+            for gi, g in enumerate(groups):
+                for w, (a, b) in enumerate(item.steps(self.horizon)):
+                    span = f"steps {a}-{b}" if a <= b else f"window {w}: no step"
+                    if label == f"{g}{span}":
+                        return gi * item.windows + w
+            return None
+        shape = item.shape()
+        parts = label.split(",")
+        if len(shape) == len(parts) > 1 and all(x.strip().isdigit() for x in parts):
+            idx = tuple(int(x) for x in parts)
+            if all(i < n for i, n in zip(idx, shape)):
+                return int(np.ravel_multi_index(idx, shape))
+        return None
 
     @staticmethod
     def _raw_pair(name: str, transform: str, lohi: Sequence[float | None], dtype: torch.dtype,

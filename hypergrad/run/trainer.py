@@ -385,7 +385,7 @@ class Trainer:
                 f"{'update' if self.mode.online else 'outer step'} only. For checkpoints "
                 f"within the inner run use method='forward' offline (hypergrad-run: "
                 f"method=forward), or drop inner_every."), stacklevel=2)
-        self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds)
+        self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds, horizon=p.steps)
         self._start_in_bounds()
         self.box = search_box(p.hyperparams, self.bounds, self.lam)
         """The search box in raw coordinates ``(low, high)``: the bounds, and where a bound is
