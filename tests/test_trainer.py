@@ -29,6 +29,7 @@ from hypergrad import SignDescent, Trainer
 from hypergrad.errors import (
     CheckpointError,
     CheckpointWarning,
+    HypergradWarning,
     MemoryBudgetError,
     ResumeMismatchError,
     RunDirError,
@@ -605,7 +606,9 @@ def test_the_run_lock_keeps_a_second_process_out(tmp_path: Path) -> None:
 
 
 def test_metrics_write_nan_as_null(tmp_path: Path) -> None:
-    _trainer(outer_steps=1, run_dir=tmp_path, evaluate=lambda s: {"test_acc": float("nan")}).fit()
+    with pytest.warns(HypergradWarning, match=r"evaluate returned test_acc=nan"):
+        _trainer(outer_steps=1, run_dir=tmp_path,
+                 evaluate=lambda s: {"test_acc": float("nan")}).fit()
     line = (tmp_path / "metrics.jsonl").read_text().splitlines()[0]
     rec = json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics.jsonl"))
     assert rec["test_acc"] is None
