@@ -12,6 +12,8 @@ Validation: ``E = 1/2 mean((A_val x - y_val)^2)`` on held-out rows.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -255,9 +257,6 @@ def _check_feature_groups(rows_csr: Tensor, m_tr: int, feature_groups: int,
 
 def _load(path: str, dtype: torch.dtype, zero_based: bool | None = None
           ) -> tuple[SparseOperator, Tensor]:
-    import os
-    from pathlib import Path
-
     p = Path(path).expanduser()
     if not p.is_file():  # a ValueError: hypergrad-run answers it as a setting refused
         where = "" if p.is_absolute() else f" (relative to {os.getcwd()})"
