@@ -221,9 +221,9 @@ class HyperParameter:
             raise ValueError(
                 f"{api}: init={_short_init(self.init)} is outside the domain of transform="
                 f"{self.transform!r} ({domain}){where}"
-                f"{rounded_onto_edge(self.init, dtype, valid)}; pass an init in that domain "
-                + ("(a warm-up from 0 under 'log': start at a small positive value)"
-                   if self.transform == "log" else "(strictly between 0 and 1 under 'logit', "
+                f"{rounded_onto_edge(self.init, dtype, valid)}; pass an init in that domain"
+                + (" (a warm-up from 0 under 'log': start at a small positive value)"
+                   if self.transform == "log" else " (strictly between 0 and 1 under 'logit', "
                    "e.g. 0.999 for 1)" if self.transform == "logit" else "")
                 + " or another transform."
             )

@@ -164,9 +164,12 @@ class InnerProblem:
         self.fmodel = FunctionalModel(model)
         _refuse_eval_model(model)
         self.recurrent = has_recurrent(model)
-        self._precision_checked = False
         """Whether the model has an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` (its differentiated
         passes then run them through :mod:`hypergrad.rnn`)."""
+        self._has_conv: bool | None = None
+        self._precision_seen: set[tuple[tuple[str, ...], str | None]] = set()
+        """The TF32 flags and autocast dtypes differentiated passes ran with (each warned
+        about once)."""
         self.hyperparams = hyperparams.bind(self.fmodel.param_names,
                                             self.fmodel.initial_params())
         self.optimizer = optimizer.for_horizon(steps)  # schedule-free: x at the last step
@@ -406,31 +409,44 @@ class InnerProblem:
         """The context of the passes that differentiate this problem's gradient (HVPs, step
         VJPs): attention through the math kernel, recurrent layers through
         :mod:`hypergrad.rnn` (:func:`hypergrad.kernels.second_order`)."""
-        if not self._precision_checked:
-            self._precision_checked = True
-            flags = tf32_flags(self.device, self.dtype, self.fmodel.module)
-            if flags:
-                warnings.warn(PrecisionWarning(
-                    f"InnerProblem: hypergradients of this float32 model on {self.device} run "
-                    f"with TF32 ({', '.join(flags)}): products round to a 10-bit mantissa. "
-                    f"Measured on an H100 (a CNN, 50 steps): 2-3e-2 relative error against "
-                    f"float64 with TF32, 2-4e-3 without. Fix: set "
-                    f"torch.backends.cudnn.allow_tf32 = False and "
-                    f"torch.backends.cuda.matmul.allow_tf32 = False before training (or use "
-                    f"float64); to accept it, filter hypergrad.errors.PrecisionWarning."),
-                    stacklevel=3)
-            kind = self.device.type
-            if torch.is_autocast_enabled(kind):
-                low = str(torch.get_autocast_dtype(kind)).replace("torch.", "")
-                warnings.warn(PrecisionWarning(
-                    f"InnerProblem: hypergradients run under torch.autocast({kind!r}, "
-                    f"dtype={low}): its products round to {low}'s 8 to 11 bits, and the "
-                    f"tangents carried over the steps with them (measured: a digits MLP over 30 "
-                    f"steps 2.5e-4 relative error against float64 under bfloat16 autocast, "
-                    f"6e-8 in float32). Take hypergradients outside autocast (and not inside "
-                    f"the losses); to accept it, filter hypergrad.errors.PrecisionWarning."),
-                    stacklevel=3)
+        self._check_precision()
         return second_order(self.recurrent)
+
+    def _check_precision(self) -> None:
+        """Warn where a differentiated pass runs with TF32 or under ``torch.autocast``: both are
+        settings of the call, not of the problem, so every pass is checked (only the first was:
+        hypergradients taken under autocast after one outside it were 3-5 % off without a word),
+        and each setting is warned about once per problem."""
+        kind = self.device.type
+        if self._has_conv is None:  # the model's modules, walked once
+            self._has_conv = any(isinstance(m, nn.modules.conv._ConvNd)
+                                 for m in self.fmodel.module.modules())
+        flags = tuple(tf32_flags(self.device, self.dtype, self._has_conv))
+        low = (str(torch.get_autocast_dtype(kind)).replace("torch.", "")
+               if torch.is_autocast_enabled(kind) else None)
+        if (flags, low) in self._precision_seen:
+            return
+        self._precision_seen.add((flags, low))
+        if flags:
+            warnings.warn(PrecisionWarning(
+                f"InnerProblem: hypergradients of this float32 model on {self.device} run "
+                f"with TF32 ({', '.join(flags)}): products round to a 10-bit mantissa. "
+                f"Measured on an H100 (a CNN, 50 steps): 2-3e-2 relative error against "
+                f"float64 with TF32, 2-4e-3 without. Fix: set "
+                f"torch.backends.cudnn.allow_tf32 = False and "
+                f"torch.backends.cuda.matmul.allow_tf32 = False before training (or use "
+                f"float64); to accept it, filter hypergrad.errors.PrecisionWarning."),
+                stacklevel=4)
+        if low is not None:
+            warnings.warn(PrecisionWarning(
+                f"InnerProblem: hypergradients run under torch.autocast({kind!r}, "
+                f"dtype={low}): its products round to {low}'s 8 to 11 bits, and the "
+                f"tangents carried over the steps with them (measured: a digits MLP 64-16-10 "
+                f"with momentum, forward mode against float64 under bfloat16 autocast: "
+                f"1.1e-3 relative error over 5 steps, 5.3e-2 over 30; 2e-7 in float32). Take "
+                f"hypergradients outside autocast (and not inside the losses); to accept it, "
+                f"filter hypergrad.errors.PrecisionWarning."),
+                stacklevel=4)
 
     def cells(self) -> contextlib.AbstractContextManager[None]:
         """Recurrent layers through :mod:`hypergrad.rnn`'s cells (nothing else changed), for the
@@ -2585,17 +2601,16 @@ class _DetachFinder(TorchFunctionMode):
         return out
 
 
-def tf32_flags(device: torch.device, dtype: torch.dtype, model: nn.Module) -> list[str]:
-    """The TF32 settings that round a float32 ``model``'s products on ``device`` (CUDA only):
+def tf32_flags(device: torch.device, dtype: torch.dtype, has_conv: bool) -> list[str]:
+    """The TF32 settings that round a float32 model's products on ``device`` (CUDA only):
     ``torch.backends.cuda.matmul.allow_tf32``, and ``torch.backends.cudnn.allow_tf32`` when the
-    model has convolutions (cuDNN's other float32 kernels do not use it)."""
+    model has convolutions (``has_conv``; cuDNN's other float32 kernels do not use it)."""
     if device.type != "cuda" or dtype != torch.float32:
         return []
     out = []
     if _tf32_on("cuda.matmul", torch.backends.cuda.matmul):
         out.append("torch.backends.cuda.matmul.allow_tf32=True")
-    if any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()) and _tf32_on(
-            "cudnn.conv", torch.backends.cudnn):
+    if has_conv and _tf32_on("cudnn.conv", torch.backends.cudnn):
         out.append("torch.backends.cudnn.allow_tf32=True, torch's default, for its "
                    "convolutions")
     return out

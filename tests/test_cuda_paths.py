@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 from torch.overrides import _get_current_function_mode_stack
 
 import hypergrad as hg
@@ -55,8 +54,7 @@ def test_no_wrapped_tensor_reaches_torchs_rnn_kernel(method: Any,
 
 
 def test_tf32_flags_name_what_rounds_a_float32_cuda_model() -> None:
-    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten())
-    mlp = nn.Sequential(nn.Linear(4, 4))
+    conv, mlp = True, False  # whether the model has convolutions
     cuda = torch.device("cuda")
     b = torch.backends
     saved = b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32
@@ -89,7 +87,7 @@ def test_tf32_flags_read_the_new_api_where_torch_refuses_the_legacy_flags(
         def allow_tf32(self) -> bool:
             raise RuntimeError("you have used a mix of the legacy and new APIs")
 
-    mlp = nn.Sequential(nn.Linear(4, 4))
+    mlp = False  # no convolutions
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.backends.cuda, "matmul", Mixed("tf32"))
     assert tf32_flags(cuda, torch.float32, mlp) == ["torch.backends.cuda.matmul.allow_tf32=True"]
