@@ -1737,6 +1737,13 @@ def _batch_source(batches: Any, seed: int) -> _Batches:
             batches.seed = seed
         return _Batches(batches.batch, _dataset_size(batches.source), stream=batches)
     _refuse_data_as_batches(batches)
+    if inspect.isgeneratorfunction(batches):  # callable, so it was read as t -> batch
+        name = getattr(batches, "__name__", "it")
+        raise ValueError(
+            f"InnerProblem: batches is a generator function ({name}): a callable is read as "
+            f"t -> the mini-batch of step t, and {name}(t) returns a one-shot generator, not a "
+            f"batch. Pass a list of batches, hypergrad.data.MiniBatches, a DataLoader, or an "
+            f"object whose __iter__ returns {name}() (a fresh pass on each iter()).")
     if callable(batches) and not isinstance(batches, (Sequence, Tensor)):
         mb = isinstance(batches, MiniBatches)
         return _Batches(batches, getattr(batches, "n", None) if mb else None,
@@ -1877,6 +1884,12 @@ class _Batches:
         return self.checked(self._fetch(t), t)
 
     def checked(self, batch: Any, t: int) -> Any:
+        if isinstance(batch, Iterator) and not isinstance(batch, Tensor):
+            raise TypeError(
+                f"InnerProblem: the mini-batch of step {t} is a {type(batch).__name__}, an "
+                f"iterator: a callable batches must return step t's mini-batch itself (e.g. a "
+                f"tuple (x, y)), not a generator of them; for a source to iterate, pass an "
+                f"object whose __iter__ starts a fresh pass (a DataLoader).")
         leaves, _ = tree_flatten(batch)
         for i, x in enumerate(leaves):
             if isinstance(x, Tensor) and x.ndim >= 1 and x.shape[0] == 0:
@@ -1940,13 +1953,22 @@ def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | N
             _check_example_indices(it.name, it.n, idx, 0, n_examples)
 
 
+INDEX_KEYS = ("idx", "index", "indices", "example_index", "example_indices")
+"""The keys of a dict batch (a ``collate_fn`` of one's own) read as its example indices."""
+
+
 def _batch_indices(batch: Any) -> Tensor | None:
-    """The example indices of a batch (the last element of a tuple batch, a 1-D integer
-    tensor, as :class:`~hypergrad.data.MiniBatches` gives), or ``None``."""
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], Tensor):
-        last = batch[-1]
-        if not last.dtype.is_floating_point and last.dtype != torch.bool and last.ndim == 1:
-            return last
+    """The example indices of a batch (a 1-D integer tensor: the last element of a tuple
+    batch, as :class:`~hypergrad.data.MiniBatches` gives, or a dict batch's entry under one of
+    :data:`INDEX_KEYS`), or ``None``."""
+    found = None
+    if isinstance(batch, (tuple, list)) and batch:
+        found = batch[-1]
+    elif isinstance(batch, Mapping):  # a dict batch's negative index read another example's
+        found = next((batch[k] for k in INDEX_KEYS if k in batch), None)  # weight silently
+    if isinstance(found, Tensor) and not found.dtype.is_floating_point \
+            and found.dtype != torch.bool and found.ndim == 1:
+        return found
     return None
 
 
@@ -1966,7 +1988,8 @@ def _check_example_indices(name: str, n: int, idx: Tensor, t: int,
             f"InnerProblem: PerExample({name!r}): {which} "
             f"include {lo}; a negative index reads weight n + index (Python's "
             f"indexing), another example's, without an error. Give each example its index "
-            f"in [0, {n}) (the last element of a batch, as MiniBatches does), and leave "
+            f"in [0, {n}) (the last element of a tuple batch, as MiniBatches does, or a "
+            f"dict batch's 'idx'), and leave "
             f"padding out of the batch.")
     if hi >= n:
         subset = (" A Subset or random_split keeps the full data set's indices: renumber "

@@ -257,6 +257,52 @@ def test_example_indices_of_a_later_batch_are_checked(bad: int, match: str) -> N
             method.hypergradient(q, q.init_raw())
 
 
+@pytest.mark.parametrize("bad, match", [
+    (-1, r"the example indices of the mini-batch of step 1 include -1"),
+    (8, r"PerExample\('w'\) has n=8, but the mini-batch of step 1 indexes example 8")])
+def test_example_indices_of_a_dict_batch_are_checked(bad: int, match: str) -> None:
+    """Dict batches (a collate_fn returning {"x", "y", "idx"}) were not checked: a negative
+    index read another example's weight without an error, one past the end failed as torch's
+    bare IndexError (the DataLoader probe)."""
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    batches = [{"x": x[:4], "y": y[:4], "idx": torch.arange(4)},
+               {"x": x[4:], "y": y[4:], "idx": torch.tensor([4, 5, 6, bad])}]
+    q = hg.InnerProblem(nn.Linear(4, 3).double(),
+                        lambda m, b, hp: (hp["w"][b["idx"]] * F.cross_entropy(
+                            m(b["x"]), b["y"], reduction="none")).mean(),
+                        hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=8)]),
+                        batches, 2, lambda m, hp: F.cross_entropy(m(x), y))
+    with pytest.raises(ValueError, match=match):
+        hg.ForwardMode().hypergradient(q, q.init_raw())
+    batches[1]["idx"] = torch.tensor([4, 5, 6, 7])
+    hg.ForwardMode().hypergradient(q, q.init_raw())
+
+
+def test_a_generator_function_as_batches_is_named() -> None:
+    """A generator function is callable, so it was read as t -> batch: ``gen()`` failed with
+    "takes 0 positional arguments but 1 was given", and ``gen(epochs=3)`` handed the loss a
+    generator ("'generator' object is not subscriptable"; the DataLoader probe)."""
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+
+    def gen(epochs: int = 3) -> Any:
+        for _ in range(epochs):
+            yield x, y
+
+    def build(batches: Any) -> hg.InnerProblem:
+        return hg.InnerProblem(nn.Linear(4, 3).double(),
+                               lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                               hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]),
+                               batches, 2, lambda m, hp: F.cross_entropy(m(x), y))
+
+    with pytest.raises(ValueError, match=r"batches is a generator function \(gen\): .*an object "
+                                         r"whose __iter__ returns gen\(\)"):
+        build(gen)
+    q = build(lambda t: gen())  # a callable returning a generator: named at the first batch
+    with pytest.raises(TypeError, match=r"the mini-batch of step 0 is a generator, an iterator: "
+                                        r"a callable batches must return step t's mini-batch"):
+        hg.ForwardMode().hypergradient(q, q.init_raw())
+
+
 def test_a_batch_source_shorter_than_the_horizon() -> None:
     x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
     gen = ((x, y) for _ in range(3))
