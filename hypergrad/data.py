@@ -470,7 +470,10 @@ class Stream:
             f"compare runs on other batches (forward 63 % off reverse on a fixed pass of a small "
             f"problem with NumPy augmentation, measured), and a resumed run does not repeat. "
             f"Draw augmentation from torch's, NumPy's or Python's global generator (np.random."
-            f"normal, random.random, torch.randn without generator=), which every pass seeds.",
+            f"normal, random.random, torch.randn without generator=), which every pass seeds. "
+            f"A sampler of your own that shuffles with a NumPy or Python generator of its own: "
+            f"shuffle with a torch.Generator held as its `generator` attribute (a pass seeds "
+            f"the DataLoader's and its sampler's `generator`), or DataLoader(shuffle=True).",
             UnseededRandomnessWarning, stacklevel=2)
 
     def _check_fresh(self, it: Any) -> None:
