@@ -9,8 +9,10 @@ results.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,8 @@ from .digits import digits_cnn, digits_data, mlp
 from .ridge import ridge_closed_form_hypergradient
 
 __all__ = ["mlp_factory", "linear_factory", "cnn_factory", "digits_task",
-           "hypercleaning_task", "ridge_diabetes_task", "breast_cancer_task", "dtype_of"]
+           "hypercleaning_task", "ridge_diabetes_task", "breast_cancer_task", "dtype_of",
+           "user_file"]
 
 ModelFactory = Callable[[int, int], nn.Module]
 
@@ -54,6 +57,19 @@ def dtype_of(name: str | torch.dtype) -> torch.dtype:
     if name not in table:
         raise ValueError(f"dtype={name!r}; use 'float32' or 'float64'.")
     return table[name]
+
+
+def user_file(path: str | os.PathLike[str], api: str, fix: str) -> Path:
+    """``path`` (``~`` expanded) where it names a file; else a ``ValueError`` (``hypergrad-run``
+    answers it as a refused setting: a ``FileNotFoundError`` was a traceback) saying what is
+    there and, for a relative path, the folder it was read from (with ``hydra.job.chdir=true``,
+    the run folder), then ``fix``."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        where = "" if p.is_absolute() else f" (relative to {os.getcwd()})"
+        raise ValueError(f"{api}: {'a folder' if p.is_dir() else 'no file'} at {p}{where}; "
+                         f"{fix}.")
+    return p
 
 
 def device_of(spec: str | torch.device | None) -> torch.device:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import sys
 import sysconfig
 import warnings
@@ -126,13 +125,10 @@ def stdlib_corpus(train_chars: int = 1_000_000, val_chars: int = 100_000,
 def text_corpus(path: str | Path, fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)
                 ) -> Corpus:
     """Any text file (UTF-8), cut into three contiguous parts (train, validation, test)."""
-    file = Path(path).expanduser()
-    if not file.is_file():  # a ValueError: hypergrad-run answers it as a setting refused
-        where = "" if file.is_absolute() else f" (relative to {os.getcwd()})"
-        raise ValueError(f"text_corpus: {'a folder' if file.is_dir() else 'no file'} at "
-                         f"{file}{where}; give a UTF-8 text file (hypergrad-run: "
-                         f"task.text_file=<path>).")
-    data = file.read_bytes()
+    from .bundled import user_file
+
+    data = user_file(path, "text_corpus",
+                     "give a UTF-8 text file (hypergrad-run: task.text_file=<path>)").read_bytes()
     if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data:
         # UTF-16 text of ASCII characters is valid UTF-8 with a NUL after each character
         raise ValueError(f"text_corpus: {path} holds NUL bytes or a UTF-16 byte-order mark: it "

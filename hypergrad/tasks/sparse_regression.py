@@ -12,8 +12,6 @@ Validation: ``E = 1/2 mean((A_val x - y_val)^2)`` on held-out rows.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +23,7 @@ from ..optim import Optimizer
 from ..problem import InnerProblem, InnerState
 from ..sparse import SparseOperator, load_npz, load_svmlight
 from ..task import Task
-from .bundled import device_of, dtype_of
+from .bundled import device_of, dtype_of, user_file
 
 __all__ = ["SparseLinear", "generate_sparse_regression", "sparse_regression_task"]
 
@@ -257,12 +255,8 @@ def _check_feature_groups(rows_csr: Tensor, m_tr: int, feature_groups: int,
 
 def _load(path: str, dtype: torch.dtype, zero_based: bool | None = None
           ) -> tuple[SparseOperator, Tensor]:
-    p = Path(path).expanduser()
-    if not p.is_file():  # a ValueError: hypergrad-run answers it as a setting refused
-        where = "" if p.is_absolute() else f" (relative to {os.getcwd()})"
-        raise ValueError(f"sparse_regression_task: data_path={path!r}: "
-                         f"{'a folder' if p.is_dir() else 'no file'} at {p}{where}; give a "
-                         f"scipy .npz (scipy.sparse.save_npz) or an svmlight file.")
+    p = user_file(path, f"sparse_regression_task: data_path={path!r}",
+                  "give a scipy .npz (scipy.sparse.save_npz) or an svmlight file")
     if p.suffix.lower() == ".npy":
         raise ValueError(f"sparse_regression_task: data_path={path!r} is a dense numpy .npy; "
                          f"give the matrix as a scipy .npz (scipy.sparse.save_npz(path, "
