@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hypergrad as hg
-from hypergrad.testing import digits_case, hypergradcheck, rel_err
+from hypergrad.testing import FD_SLACK, digits_case, hypergradcheck, rel_err
 
 SMALL = dict(steps=4, n_train=16, batch_size=8, hidden=6, n_val=16)
 
@@ -66,7 +66,8 @@ def test_rough_objective_is_reported_not_failed(f64: torch.dtype) -> None:
     problem.val_loss = val_loss2
     rep = hypergradcheck(problem, lam, fd_eps=1e-4, raise_exception=False)
     assert rep.max("fwd_vs_rev") <= 1e-12
-    assert "lr" in rep.fd_unreliable and rep.fd_tolerance["lr"] == float("inf")
+    assert "lr" in rep.fd_unreliable
+    assert rep.fd_tolerance["lr"] == pytest.approx(FD_SLACK * rep.fd_error["lr"])
     assert rep.ok  # reported, not failed
     assert "finite differences unreliable" in str(rep)
 
@@ -77,3 +78,30 @@ def test_a_wrong_gradient_still_fails_where_finite_differences_are_reliable() ->
     assert rep.ok and not rep.fd_unreliable
     rep.fwd_vs_fd["lr"] = 1e-3  # as if forward were off by 0.1%
     assert not rep.ok
+
+
+def test_a_gap_far_beyond_unreliable_finite_differences_still_fails() -> None:
+    """Where finite differences' own error estimate exceeded rtol_fd, the group was not
+    checked at all: a training loss reading half its L2 coefficient through .item() (the
+    hypergradient half the true one) passed with fwd_vs_fd = 0.5 beside fd_error = 1.4e-5 (the
+    methods probe). Here rtol_fd below every estimate makes every group "unreliable"."""
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 5, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
+    hps = hg.HyperParams([hg.Scalar("l2", 0.1, "log")])
+
+    def build(cut: bool) -> hg.InnerProblem:
+        def train_loss(m, b, hp):  # type: ignore[no-untyped-def]
+            sq = (m.params["weight"] ** 2).sum()
+            c = 0.5 * hp["l2"] + 0.5 * (hp["l2"].item() if cut else hp["l2"])
+            return ((m(b[0])[:, 0] - b[1]) ** 2).mean() + c * sq
+
+        torch.manual_seed(0)
+        return hg.InnerProblem(torch.nn.Linear(5, 1).double(), train_loss,
+                               hg.optim.sgd(lr=0.1), hps, [(x, y)], 8,
+                               lambda m, hp: ((m(x)[:, 0] - y) ** 2).mean())
+
+    good = hypergradcheck(build(False), rtol_fd=1e-14, raise_exception=False)
+    assert good.fd_unreliable == ["l2"] and good.ok, str(good)
+    bad = hypergradcheck(build(True), rtol_fd=1e-14, raise_exception=False)
+    assert bad.fd_unreliable == ["l2"] and bad.fwd_vs_fd["l2"] > 0.3
+    assert not bad.ok and "fwd_vs_fd l2" in "; ".join(bad.failures()), str(bad)
