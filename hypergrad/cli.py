@@ -114,12 +114,22 @@ SWEEP_JOB = ".hypergrad_sweep_job"
 later job of the same sweep (in any process) is refused the folder."""
 
 
+def _sweep_folder(h: Any) -> Path:
+    """The sweep's folder (``hydra.sweep.dir``) from a job: a relative one is relative to the
+    folder the command ran in (``hydra.runtime.cwd``), where the sweep made it, not to the job's
+    working directory (with ``hydra.job.chdir=true``, its run folder: the job lines and the
+    sweep id were looked for there, so no summary was written and two jobs could share a
+    folder)."""
+    folder = Path(str(h.sweep.dir))
+    return folder if folder.is_absolute() else Path(str(h.runtime.cwd)) / folder
+
+
 def _sweep_job() -> tuple[str | None, int | None]:
     """This ``--multirun`` job's sweep id (``None`` where the sweep wrote none: a config without
     :class:`KeepSweepRecord`) and job number."""
     h = HydraConfig.get()
     with contextlib.suppress(OSError):
-        return (Path(str(h.sweep.dir), SWEEP_ID).read_text().strip() or None,
+        return (_sweep_folder(h).joinpath(SWEEP_ID).read_text().strip() or None,
                 int(h.job.num))
     return None, int(h.job.num)
 
@@ -710,17 +720,22 @@ def _interrupted(err: BaseException) -> str:
         # torchrun stops every rank with SIGTERM when one of them failed
         how += ", which torchrun also sends when another rank failed: see its error above"
     try:
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        h = HydraConfig.get()
+        run_dir = Path(h.runtime.output_dir)
     except Exception:  # noqa: BLE001 - outside a Hydra job: the folder is unknown
         return (f"hypergrad-run: interrupted ({how}); continue in the same run folder with "
                 f"folder.resume=true hydra.run.dir=<the run folder>")
+    # a sweep's jobs go where hydra.sweep.dir says (a --multirun ignores hydra.run.dir: the
+    # advice restarted every job afresh in a new folder)
+    where = (f"hydra.sweep.dir={_sweep_folder(h)} (the sweep's folder: each job resumes its "
+             f"own)" if _multirun() else f"hydra.run.dir={run_dir}")
     if (run_dir / CHECKPOINT).exists() or (run_dir / PREVIOUS).exists():
         return (f"hypergrad-run: interrupted ({how}); the run folder {run_dir} keeps the last "
                 f"checkpoint and its records: continue with the same command and "
-                f"folder.resume=true hydra.run.dir={run_dir}")
+                f"folder.resume=true {where}")
     return (f"hypergrad-run: interrupted ({how}) before the first checkpoint: the run folder "
-            f"{run_dir} holds none to resume from; run the command again (hydra.run.dir="
-            f"{run_dir} reuses the folder)")
+            f"{run_dir} holds none to resume from; run the command again ({where} reuses the "
+            f"folder{'s' if _multirun() else ''})")
 
 
 def _failed(err: BaseException) -> str:
@@ -972,7 +987,7 @@ def _sweep_line(status: str, **fields: Any) -> None:
         h = HydraConfig.get()
         line = dumps({"job": h.job.num, "overrides": list(h.overrides.task),
                       "folder": h.runtime.output_dir, "status": status, **fields}) + "\n"
-        fd = os.open(Path(h.sweep.dir) / SWEEP_SUMMARY, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+        fd = os.open(_sweep_folder(h) / SWEEP_SUMMARY, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                      0o644)
         try:
             os.write(fd, line.encode())

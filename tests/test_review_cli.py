@@ -435,6 +435,41 @@ def test_a_sweep_keeps_a_line_per_job_whatever_the_launcher(tmp_path: Path) -> N
     assert failed["error"].startswith("ConfigError: ") and "lr" in failed["error"]
 
 
+def test_an_interrupted_sweep_job_names_the_sweep_folder_to_resume(tmp_path: Path) -> None:
+    """A --multirun job interrupted said to continue with hydra.run.dir=<its folder>, which a
+    sweep ignores: following it restarted every job afresh in a new folder."""
+    (tmp_path / "my_models.py").write_text(MODELS)
+    conf = tmp_path / "conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text("_target_: my_models.Interrupts\n_partial_: true\n")
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([*CLI, "--multirun", "--config-dir", str(tmp_path / "conf"),
+                          "model=mine", *FAST, "report.retrain=false", "seed=0",
+                          f"hydra.sweep.dir={sweep}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    assert out.returncode != 0
+    logged = (sweep / "0" / "cli.log").read_text()
+    assert (f"run the command again (hydra.sweep.dir={sweep} (the sweep's folder: each job "
+            f"resumes its own) reuses the folders)") in logged, logged
+    assert "hydra.run.dir" not in logged
+
+
+def test_a_sweep_into_a_relative_folder_with_chdir_keeps_its_record(tmp_path: Path) -> None:
+    """With hydra.job.chdir=true a relative hydra.sweep.dir (the default is one) was looked
+    for from each job's run folder: no sweep_summary.jsonl was written, without a word, and
+    no job marked its folder (the guard that keeps two jobs of one sweep apart was off)."""
+    out = subprocess.run([*CLI, "--multirun", *FAST, "report.retrain=false", "seed=0,1",
+                          "hydra.job.chdir=true", "hydra.sweep.dir=rel/sweep"],
+                         capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    folder = tmp_path / "rel" / "sweep"
+    lines = [json.loads(x) for x in (folder / cli.SWEEP_SUMMARY).read_text().splitlines()]
+    assert sorted(r["job"] for r in lines) == [0, 1]
+    assert all(r["status"] == "done" for r in lines)
+    for job in ("0", "1"):
+        assert json.loads((folder / job / cli.SWEEP_JOB).read_text())["job"] == int(job)
+
+
 def test_a_kind_option_without_its_required_key_is_a_usage_error(tmp_path: Path) -> None:
     """``hyperparams/kind@hyperparams.items.lr=per_group`` without ``groups`` ended in a 40-line
     traceback through Hydra's instantiate (omegaconf's MissingMandatoryValue, exit status 1):
