@@ -65,7 +65,8 @@ class AutoMode(Method, name="auto"):
                 raise ValueError(
                     f"AutoMode: {arg}={m!r} is not exact ({m.fingerprint()}); AutoMode picks "
                     f"among exact methods only, which agree to rounding. Pass method={m!r} "
-                    f"to the Trainer directly to use it.")
+                    f"to the Trainer directly to use it (hypergrad-run: method=truncated "
+                    f"for a truncated reverse mode, with its own options under method.*).")
         memory_budget = check_budget("AutoMode", memory_budget)
         self.forward = forward if forward is not None else ForwardMode(hvp)
         self.reverse = reverse if reverse is not None else ReverseMode()

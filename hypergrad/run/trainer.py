@@ -447,7 +447,7 @@ class Trainer:
                 f"hypergradient alone: outer=None (the default, Adam with lr 0.05), "
                 f"functools.partial(torch.optim.Adam, lr=...) or hypergrad.SignDescent "
                 f"(hypergrad-run: outer_optimizer=adam or sign), or tune offline "
-                f"(mode=Offline()).")
+                f"(mode=Offline(); hypergrad-run: mode=offline).")
         self._outer_given = [{k: v for k, v in g.items() if k != "params"}
                              for g in self.outer.param_groups]
         """The outer optimizer's settings as built (a resume compares its own with them)."""
@@ -534,7 +534,8 @@ class Trainer:
                 f"Trainer: online tuning needs hypergradients during training, from an "
                 f"OnlineMethod (ForwardMode, MARTHE or HD); {type(chosen).__name__} gives one "
                 f"only after a whole run. Use method='forward', 'marthe' or 'hd', or "
-                f"mode=Offline().")
+                f"mode=Offline() (hypergrad-run: method=forward, marthe or hd, or "
+                f"mode=offline).")
         chosen.check(self.problem)
         if not isinstance(method, AutoMode):  # AutoMode's pick was picked to fit
             check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget)
