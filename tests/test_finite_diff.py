@@ -105,3 +105,22 @@ def test_a_gap_far_beyond_unreliable_finite_differences_still_fails() -> None:
     bad = hypergradcheck(build(True), rtol_fd=1e-14, raise_exception=False)
     assert bad.fd_unreliable == ["l2"] and bad.fwd_vs_fd["l2"] > 0.3
     assert not bad.ok and "fwd_vs_fd l2" in "; ".join(bad.failures()), str(bad)
+
+
+def test_a_zero_finite_difference_of_a_float32_problem_names_rounding() -> None:
+    """A weight decay of 1e-8 moves a float32 validation loss by less than its rounding: its
+    finite difference is exactly 0, and the Trainer's warning blamed the losses ("0 * hp,
+    round(hp), a step function"; the methods probe)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 5), torch.randn(32)
+    p = hg.InnerProblem(torch.nn.Linear(5, 1), lambda m, b, hp: ((m(b[0])[:, 0] - b[1]) ** 2)
+                        .mean(), hg.optim.sgd(lr="lr", weight_decay="wd"),
+                        hg.HyperParams([hg.Scalar("lr", 0.1, "log"),
+                                        hg.Scalar("wd", 1e-8, "log")]),
+                        [(x, y)], 5, lambda m, hp: ((m(x)[:, 0] - y) ** 2).mean())
+    with pytest.warns(hg.errors.ZeroHypergradientWarning,
+                      match=r"\['wd'\] is exactly zero.*finite differences of a float32 "
+                            r"problem may be the cause"), \
+            pytest.warns(hg.errors.PrecisionWarning):
+        hg.Trainer(p, method=hg.FiniteDifference(), mode=hg.Offline(outer_steps=1),
+                   callbacks=[hg.run.Log(None)]).fit()

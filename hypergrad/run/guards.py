@@ -242,6 +242,9 @@ class Tracker:
         self.last_good_val = math.nan  # and its validation loss
         self.nonzero: set[str] = set()
         self.zero_warned: set[str] = set()
+        self.zero_hint = ""
+        """What else can make a hypergradient exactly zero with the run's method (its
+        warning's last words; finite differences in float32: rounding)."""
         self.top: list[Best] = []
         """The best distinct points evaluated, lowest validation loss first (at most
         :data:`TOP`; the first of equal losses first): the candidates the Trainer re-checks
@@ -294,7 +297,7 @@ class Tracker:
                 f"of it, or a stationary point: an objective at its minimum in it), so "
                 f"hypergradients will not move {one} (a search's plain runs may, to values the "
                 f"losses do not tell apart). Make the losses depend on it smoothly, or remove "
-                f"it."), stacklevel=5)
+                f"it.{self.zero_hint}"), stacklevel=5)
 
     def _keep(self, v: float, lam: Tensor, step: int) -> None:
         for i, (w, x, _) in enumerate(self.top):

@@ -46,6 +46,7 @@ from ..errors import (
 )
 from ..methods.auto import AutoMode
 from ..methods.base import HyperGradient, Method, OnlineMethod, create
+from ..methods.finite_diff import FiniteDifference
 from ..methods.memory import check_memory, out_of_memory
 from ..problem import InnerProblem, InnerState
 from ..task import Task
@@ -487,6 +488,13 @@ class Trainer:
         self.initial_lam = self.lam.detach().clone()
         """The raw hyperparameters tuning starts from (the problem's, moved into the bounds)."""
         self.tracker = Tracker(p.hyperparams, self.lam)
+        if isinstance(self.method, FiniteDifference) and p.dtype != torch.float64:
+            self.tracker.zero_hint = (
+                f" Here finite differences of a {str(p.dtype).replace('torch.', '')} problem "
+                f"may be the cause: a difference of the validation loss below its rounding "
+                f"comes out 0 (a weight decay of 1e-4 in float32). Take them in float64 "
+                f"(model.double() and the data), with a larger eps, or use forward or reverse "
+                f"mode (method='auto').")
         self.run_state: Any = None  # online: the method's run state
         self._inner: tuple[dict[str, Any], str] | None = None  # resumed within an inner run
         self._backtracks = 0  # in a row
