@@ -1365,12 +1365,15 @@ class InnerProblem:
                 f"InnerProblem: {which} gave {a:.10g} and then {b:.10g} at the same weights, "
                 f"batch and step: it draws randomness that hypergrad does not seed per step "
                 f"(Python's random, NumPy, a torch.Generator of your own; torch's default "
-                f"generator is seeded per step, hypergrad.rng). Every method evaluates a step a "
+                f"generator is seeded per step, hypergrad.rng), or reads state that changes "
+                f"from call to call (a counter, a cache). Every method evaluates a step a "
                 f"different number of times, so forward mode, reverse mode and finite "
                 f"differences would differentiate different functions (8 % apart on a small "
                 f"MLP with NumPy input noise, measured), and no run repeats. Draw it with "
                 f"torch's default generator (torch.rand / torch.randn without generator=, "
-                f"nn.Dropout), or in the batch source, which every method reads alike.",
+                f"nn.Dropout), or in the batch source, which every method reads alike; make "
+                f"a loss's state a function of the step t (the batch source's, or a "
+                f"hyperparameter) rather than of how often it was called.",
                 UnseededRandomnessWarning, stacklevel=4)
 
     def _warn_detached(self, lam: Tensor) -> None:
