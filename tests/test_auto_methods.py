@@ -134,6 +134,17 @@ def test_the_choice_counts_cheapest_first_and_equals_the_rule_over_all_counts(
     assert name == "reverse" and why.endswith(")") and "forward needs" not in why
 
 
+def test_a_reverse_mode_given_checkpoints_is_costed_and_named_as_such() -> None:
+    """method=auto method.reverse.checkpoint=sqrt said "chose reverse ... reverse ~4" where the
+    method it ran recomputes the states (~5 gradients a step; the methods probe)."""
+    p = _problem()
+    name, why = choose_method(p)
+    assert name == "reverse" and "reverse ~4" in why
+    name, why = choose_method(p, reverse=hg.ReverseMode(checkpoint="sqrt"))
+    assert name == "reverse" and "reverse (checkpointed as given) ~5" in why, why
+    assert "reverse ~4" not in why
+
+
 def test_nothing_fits_names_the_approximate_options() -> None:
     p = _problem()
     with pytest.raises(MemoryBudgetError, match=r"no exact method fits .*checkpointed reverse .*"

@@ -138,7 +138,11 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
                 f"method=auto: online tuning needs forward mode, which needs about {fwd} > "
                 f"memory budget {gib(room)}. Options: {options(problem, fwd, None, mode)}.")
         return "forward", "online tuning needs hypergradients during training (forward mode)"
-    cost = {"forward": 1 + 2 * k, "reverse": 4, "checkpointed": 5}
+    # a reverse mode given checkpoints of its own (method.reverse.checkpoint=sqrt) recomputes
+    # the states as the checkpointed one does: its cost and name said plain reverse mode's
+    given = reverse if reverse is not None else ReverseMode()
+    own_ckpt = given.segment(problem.steps) < given.horizon(problem.steps)
+    cost = {"forward": 1 + 2 * k, "reverse": 5 if own_ckpt else 4, "checkpointed": 5}
     # counted cheapest first, until one fits: a count on fake tensors costs a few plain runs of
     # a small model, and a method that costs more per step than one that fits is never picked
     ests: dict[str, MemoryEstimate] = {}
@@ -153,15 +157,17 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
         raise MemoryBudgetError(
             f"method=auto: no exact method fits the memory budget of {gib(room)}: {fwd}; "
             f"{rev}; {ckpt}. Options: {options(problem, fwd, rev, mode, ckpt, chosen='auto')}.")
-    words = {"forward": "forward", "reverse": "reverse", "checkpointed": "checkpointed reverse"}
+    words = {"forward": "forward",
+             "reverse": "reverse (checkpointed as given)" if own_ckpt else "reverse",
+             "checkpointed": "checkpointed reverse"}
     counted = [n for n in ("forward", "reverse", "checkpointed") if n in ests]
     needs = ", ".join(f"{words[n]}{' needs' if i == 0 else ''} ~{gib(ests[n].total)}"
                       for i, n in enumerate(counted))
     both = f"{needs}, budget {gib(room)}"
     why_fit = "; ".join(f"{words[n]} mode would not fit" for n in ("forward", "reverse")
                         if n in ests and n != name)
-    costs = (f"K={k}: forward costs ~{1 + 2 * k} gradients per step, reverse ~4, checkpointed "
-             f"reverse ~5")
+    costs = (f"K={k}: forward costs ~{1 + 2 * k} gradients per step, {words['reverse']} "
+             f"~{cost['reverse']}, checkpointed reverse ~5")
     if name == "forward" and not why_fit:
         return "forward", f"{costs}, and forward's memory is independent of T ({both})"
     if name == "reverse" and not why_fit:
