@@ -479,18 +479,23 @@ thread, ``torch.set_num_threads(1)``), which other processes' load does not infl
 quiet machine it equals the wall clock."""
 
 
+def _median_seconds(fn: Any, repeats: int) -> float:
+    """Median CPU seconds (:data:`CLOCK`) of ``repeats`` calls of ``fn``, after a warm-up one."""
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = CLOCK()
+        fn()
+        ts.append(CLOCK() - t0)
+    return statistics.median(ts)
+
+
 def _plain_seconds(name: str, repeats: int = 5) -> float:
     """Median CPU seconds of a plain training at the initial point (after a warm-up run)."""
     task = _suite_task(name, 0)
     p, lam = task.problem, task.problem.init_raw()
     with torch.no_grad():
-        p.run(lam)
-        ts = []
-        for _ in range(repeats):
-            t0 = CLOCK()
-            p.run(lam)
-            ts.append(CLOCK() - t0)
-    return statistics.median(ts)
+        return _median_seconds(lambda: p.run(lam), repeats)
 
 
 def _hypergradient_seconds(name: str, repeats: int = 3) -> float:
@@ -502,13 +507,7 @@ def _hypergradient_seconds(name: str, repeats: int = 3) -> float:
     task = _suite_task(name, 0)
     p, lam = task.problem, task.problem.init_raw()
     method = hg.ReverseMode()
-    method.hypergradient(p, lam)
-    ts = []
-    for _ in range(repeats):
-        t0 = CLOCK()
-        method.hypergradient(p, lam)
-        ts.append(CLOCK() - t0)
-    return statistics.median(ts)
+    return _median_seconds(lambda: method.hypergradient(p, lam), repeats)
 
 
 def _variants() -> dict[str, Any]:

@@ -126,9 +126,10 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
     k = problem.num_hyperparams
     room = budget(problem, check_budget("choose_method", memory_budget))
     sizes = Sizes.of(problem)
+    reverse_mode = reverse if reverse is not None else ReverseMode()
     methods: dict[str, ForwardMode | ReverseMode] = {
         "forward": forward if forward is not None else ForwardMode(),
-        "reverse": reverse if reverse is not None else ReverseMode(),
+        "reverse": reverse_mode,
         "checkpointed": (checkpointed if checkpointed is not None
                          else ReverseMode(checkpoint="sqrt"))}
     if mode == "online":
@@ -140,8 +141,7 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
         return "forward", "online tuning needs hypergradients during training (forward mode)"
     # a reverse mode given checkpoints of its own (method.reverse.checkpoint=sqrt) recomputes
     # the states as the checkpointed one does: its cost and name said plain reverse mode's
-    given = reverse if reverse is not None else ReverseMode()
-    own_ckpt = given.segment(problem.steps) < given.horizon(problem.steps)
+    own_ckpt = reverse_mode.segment(problem.steps) < reverse_mode.horizon(problem.steps)
     cost = {"forward": 1 + 2 * k, "reverse": 5 if own_ckpt else 4, "checkpointed": 5}
     # counted cheapest first, until one fits: a count on fake tensors costs a few plain runs of
     # a small model, and a method that costs more per step than one that fits is never picked
