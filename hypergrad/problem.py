@@ -780,9 +780,9 @@ class InnerProblem:
         self._check_data()
         self._probe_model(lam)
         with step_rng(self.seed, 0, self.device):
-            loss, hp, reach, weights_t = self._probe_loss("train_loss", lam)
+            loss, hp, reach, weights_t, cuts_t = self._probe_loss("train_loss", lam)
             _check_scalar("train_loss", loss, self.dtype)
-            val, hpv, reach_v, weights_v = self._probe_loss("val_loss", lam)
+            val, hpv, reach_v, weights_v, cuts_v = self._probe_loss("val_loss", lam)
             _check_scalar("val_loss", val, self.dtype)
         self._check_finite_losses(loss, val, lam)
         for which, reaches in (("train_loss", weights_t), ("val_loss", weights_v)):
@@ -812,6 +812,7 @@ class InnerProblem:
                if n not in bound and n not in reach | reach_v]
         if cut:
             raise ValueError(self._cut_message(cut, lam, hp.accessed, hpv.accessed))
+        self._warn_partial_cuts(lam, {"train_loss": cuts_t, "val_loss": cuts_v})
         self._check_windows(hp.accessed, hpv.accessed)
         self._check_own_update(lam)
         self._checked_dtype = lam.dtype
@@ -1502,10 +1503,12 @@ class InnerProblem:
         return any(isinstance(a, Tensor) and isinstance(b, Tensor)
                    and not torch.equal(a.detach(), b.detach()) for a, b in zip(base, moved))
 
-    def _probe_loss(self, which: str, lam: Tensor) -> tuple[Any, HPValues, set[str], bool]:
+    def _probe_loss(self, which: str, lam: Tensor
+                    ) -> tuple[Any, HPValues, set[str], bool, dict[str, str]]:
         """One loss at the initial state, each hyperparameter group and each weight a leaf of
-        its own: the loss, what it read, the groups its autograd graph reaches, and whether it
-        reaches a weight (or the model has none)."""
+        its own: the loss, what it read, the groups its autograd graph reaches, whether it
+        reaches a weight (or the model has none), and the operations that cut a group's values
+        from the graph on the way (group -> the first)."""
         hps = self.hyperparams
         leaves = {n: v.detach().clone().requires_grad_() for n, v in hps.split(lam).items()}
         s = self.initial_state()
@@ -1547,7 +1550,59 @@ class InnerProblem:
         reaches_w = not weights or any(id(w) in ids for w in weights.values())
         if isinstance(out, Tensor):
             out = out.detach()  # the graph's work is done; the checks read the value
-        return out, hp, {n for n, v in leaves.items() if id(v) in ids}, reaches_w
+        return (out, hp, {n for n, v in leaves.items() if id(v) in ids}, reaches_w,
+                dict(finder.cuts))
+
+    def _warn_partial_cuts(self, lam: Tensor, cuts: dict[str, dict[str, str]]) -> None:
+        """Warn (:class:`~hypergrad.errors.DetachedValueWarning`) when a loss reads a
+        hyperparameter both as a tensor (or it is bound to an optimizer argument) and through
+        an operation that cuts it from the autograd graph, and the cut value feeds the loss
+        (``wd * l2 + wd.item() * l1``): every method differentiates the loss as if that value
+        were a constant, so the hypergradient misses that part (half of it, silently, before
+        this check; a group cut everywhere is refused by :meth:`check`). A cut value that only
+        steers a branch or is logged changes nothing near the point: a central difference of
+        the loss in the group's raw values along a random direction tells them apart."""
+        raw = {n: v.detach() for n, v in self.hyperparams.split(lam.detach()).items()}
+        for which, found in cuts.items():
+            for name, how in found.items():
+                def loss(leaf: dict[str, Tensor], which: str = which,
+                         name: str = name) -> Any:
+                    return self._loss_at_raw(which, {**raw, name: leaf[name]})
+
+                try:
+                    off = _directional_mismatch(
+                        loss, {name: raw[name].clone().requires_grad_()})
+                except Exception:  # noqa: BLE001 - the losses' own checks report their errors
+                    continue
+                if off < (1e-4 if self.dtype == torch.float64 else 1e-2):
+                    continue
+                what = ("each training step's update" if which == "train_loss"
+                        else "the validation loss")
+                warnings.warn(
+                    f"InnerProblem: {which} reads hyperparameter {name!r} through {how}, which "
+                    f"cuts it from the autograd graph, and that value feeds the loss: the "
+                    f"loss's derivative in {name!r} is {off:.1%} off a central difference at "
+                    f"the initial point. Every method (forward, reverse, implicit, online) "
+                    f"differentiates {what} as if that value were a constant, so {name!r}'s "
+                    f"hypergradient misses that part; only FiniteDifference sees it. Use "
+                    f"hp[{name!r}] as a tensor in torch operations (no .item(), float(), "
+                    f".detach(), torch.tensor(...), torch.no_grad() or numpy on it), or "
+                    f"measure how far with hypergrad.testing.hypergradcheck(problem, "
+                    f"raise_exception=False).", DetachedValueWarning, stacklevel=4)
+
+    def _loss_at_raw(self, which: str, raw: dict[str, Tensor]) -> Any:
+        """``which`` at the initial state (the training loss on the first batch at step 0),
+        the hyperparameters from their raw values by group, under the step's random stream."""
+        fm = self.fmodel
+        train = which == "train_loss"
+        step = 0 if train else None
+        with (torch.enable_grad(), step_rng(self.seed, 0 if train else VALIDATION_STEP,
+                                            self.device), _quiet()):
+            hp = HPValues(self.hyperparams.values_from(raw, step, self.steps), which)
+            model = ModelFn(fm, fm.initial_params(), fm.initial_buffers(),
+                            train or self.val_mode == "train", 0 if train else self.steps)
+            return (self.train_loss(model, self.first_batch(), hp) if train
+                    else self.val_loss(model, hp))
 
     def _find_cuts(self, which: str, lam: Tensor) -> dict[str, str]:
         """The first operation that cut each hyperparameter group from the graph in one run
@@ -2479,7 +2534,8 @@ def _directional_mismatch(loss: Callable[[dict[str, Tensor]], Any],
     norm = float(sum(float(d.double().pow(2).sum()) for d in v.values())) ** 0.5
     v = {k: d / norm for k, d in v.items()}
     value = loss(params)
-    grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
+    grads = (torch.autograd.grad(value, list(params.values()), allow_unused=True)
+             if value.requires_grad else (None,) * len(params))  # no path: a zero gradient
     gv = sum(float((g.double() * v[k].double()).sum()) for k, g in zip(params, grads)
              if g is not None)
     h = 1e-5 if next(iter(params.values())).dtype == torch.float64 else 1e-2

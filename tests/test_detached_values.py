@@ -199,3 +199,77 @@ def test_a_custom_function_whose_backward_is_not_differentiable_warns() -> None:
         warnings.simplefilter("ignore", DetachedValueWarning)
         r = hg.testing.hypergradcheck(p, strategies=[], raise_exception=False)
     assert max(r.fwd_vs_rev.values()) < 1e-10 and max(r.fwd_vs_fd.values()) > 1e-4, r
+
+
+# -- a hyperparameter read both as a tensor and through a cut ------------------------------------
+def _with_wd(train: Loss, val: Loss | None = None) -> hg.InnerProblem:
+    """``_problem``'s model and data, and an L2 coefficient ``wd`` the losses read."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x, y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
+    xv, yv = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
+    hps = hg.HyperParams([hg.Scalar("lr", 0.3, transform="log"),
+                          hg.Scalar("wd", 0.05, transform="log")])
+    return hg.InnerProblem(m, train, hg.optim.sgd(lr="lr"), hps, [(x, y)], 20,
+                           (lambda m, hp: val(m, hp, xv, yv)) if val
+                           else (lambda m, hp: F.cross_entropy(m(xv), yv)))
+
+
+def _l2(m: Any) -> torch.Tensor:
+    return sum((w ** 2).sum() for w in m.parameters())  # type: ignore[return-value]
+
+
+def _half_item(m: Any, b: Any, hp: Any) -> torch.Tensor:
+    wd = hp["wd"]
+    return F.cross_entropy(m(b[0]), b[1]) + 0.5 * wd * _l2(m) + 0.5 * wd.item() * _l2(m)
+
+
+def test_a_hyperparameter_partly_read_through_item_warns_and_is_what_fd_sees() -> None:
+    p = _with_wd(_half_item)
+    got = _checked(p)
+    assert len(got) == 1, [str(w.message) for w in got]
+    assert ("train_loss reads hyperparameter 'wd' through .item(), which cuts it from the "
+            "autograd graph, and that value feeds the loss") in str(got[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DetachedValueWarning)
+        r = hg.testing.hypergradcheck(p, strategies=[], raise_exception=False)
+    assert r.fwd_vs_rev["wd"] < 1e-10 and r.fwd_vs_fd["wd"] > 0.1, r  # what it warns about
+
+
+def test_a_hyperparameter_partly_detached_in_the_validation_loss_warns() -> None:
+    def val(m: Any, hp: Any, xv: torch.Tensor, yv: torch.Tensor) -> torch.Tensor:
+        wd = hp["wd"]
+        return F.cross_entropy(m(xv), yv) + wd * _l2(m) + wd.detach() ** 2
+
+    def train(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        return F.cross_entropy(m(b[0]), b[1]) + hp["wd"] * _l2(m)
+
+    got = _checked(_with_wd(train, val))
+    assert len(got) == 1 and "val_loss reads hyperparameter 'wd' through .detach()" in str(
+        got[0].message)
+
+
+def test_an_optimizer_argument_read_through_a_cut_that_feeds_the_loss_warns() -> None:
+    def train(m: Any, b: Any, hp: Any) -> torch.Tensor:  # lr is bound to SGD, and read here
+        return (F.cross_entropy(m(b[0]), b[1]) + hp["wd"] * _l2(m)
+                + float(hp["lr"]) * _l2(m))
+
+    got = _checked(_with_wd(train))
+    assert len(got) == 1 and "hyperparameter 'lr' through float()" in str(got[0].message)
+
+
+def _branch(m: Any, b: Any, hp: Any) -> torch.Tensor:
+    loss = F.cross_entropy(m(b[0]), b[1])
+    if hp["wd"] > 0.01:  # a branch: the cut value steers, it does not feed the loss
+        loss = loss + hp["wd"] * _l2(m)
+    return loss
+
+
+def _logged_hp(m: Any, b: Any, hp: Any) -> torch.Tensor:
+    _ = (hp["wd"].item(), hp["lr"].item())  # read for a log
+    return F.cross_entropy(m(b[0]), b[1]) + hp["wd"] * _l2(m)
+
+
+@pytest.mark.parametrize("loss", [_branch, _logged_hp])
+def test_a_hyperparameter_cut_where_the_loss_does_not_read_it_does_not_warn(loss: Loss) -> None:
+    assert _checked(_with_wd(loss)) == []
