@@ -639,12 +639,24 @@ class InnerProblem:
         """Plain training from ``state`` (default: the initial one at ``lam``) over steps
         ``start..stop-1``. From ``start=0`` it is a new inner run (:meth:`begin_run`); from a
         later step it continues the current one."""
+        end = self.steps if stop is None else stop
+        for arg, v in (("start", start), ("stop", end)):
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+                raise TypeError(f"InnerProblem.run: {arg} must be an int step, got {v!r} "
+                                f"({type(v).__name__}).")
+        if not 0 <= start <= end <= self.steps:
+            raise ValueError(
+                f"InnerProblem.run: start={start}, stop={end} must satisfy 0 <= start <= stop <= "
+                f"steps={self.steps}: the problem's run is {self.steps} steps (its schedules' "
+                f"windows are spread over them; a step past the last would reuse the last "
+                f"window). For a longer run build the problem with more steps; for a shorter "
+                f"horizon, stop < steps.")
         self.check(lam)
         if start == 0:  # a new inner run (a stream begins a fresh pass); later: this one goes on
             self.begin_run()
         s = self.initial_state(lam) if state is None else state
         with torch.no_grad():
-            for t in range(start, self.steps if stop is None else stop):
+            for t in range(int(start), int(end)):
                 s = self.step(s, lam, t)
         return s
 
@@ -821,11 +833,16 @@ class InnerProblem:
     def _call(self, which: str, fn: Callable[..., Any], *args: Any) -> Any:
         """A loss called by a check: torch's dtype error of a model and data in different
         dtypes becomes one that names both and the fix; so does a training loss that unpacks
-        a :class:`~hypergrad.data.MiniBatches` batch without its example indices."""
+        a :class:`~hypergrad.data.MiniBatches` batch without its example indices, and a torch
+        function given a differentiated tensor where it takes a number or has no derivative."""
         try:
             return fn(*args)
+        except TypeError as err:
+            _no_derivative(which, err)
+            raise
         except (ValueError, RuntimeError, IndexError) as err:
             self._translate(which, err)
+            _no_derivative(which, err)
             self._note_shapes(which, err)
             raise
 
@@ -1102,7 +1119,10 @@ class InnerProblem:
                 fix = (f"Write the update out of place without no_grad or detach (hypergrad runs "
                        f"forward functionally and keeps no graph across steps), e.g. self.{leaf} "
                        f"= (1 - m) * self.{leaf} + m * mean, or use nn.BatchNorm1d/2d, whose "
-                       f"statistics hypergrad carries exactly.")
+                       f"statistics hypergrad carries exactly. Where forward also reads the "
+                       f"updated buffer in training, that update then enters the training "
+                       f"gradient, which torch's detached update leaves out: the training "
+                       f"differs slightly from the module's under torch.optim.")
                 if isinstance(fm.module.get_submodule(owner) if owner else fm.module,
                               nn.modules.instancenorm._InstanceNorm):
                     fix = ("Build it with track_running_stats=False (each example is then "
@@ -1638,6 +1658,9 @@ class InnerProblem:
         how = found.get(name, "one of .item(), float(), .detach(), .data, torch.no_grad() or "
                               "numpy (the usual causes)")
         more = f" Also cut: {cut[1:]}." if cut[1:] else ""
+        if how.startswith("a comparison"):
+            more = (f" For min() or max() against a number, torch.clamp(hp[{name!r}], max=...) "
+                    f"keeps the derivative where the hyperparameter is the one returned.{more}")
         return (
             f"InnerProblem: hyperparameter {name!r} is read by {where}, but {how} cuts it from "
             f"the autograd graph, so its hypergradient is structurally zero and tuning would "
@@ -2094,13 +2117,73 @@ def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
         f"InnerProblem: hyperparameters {unused} are bound to nothing: no optimizer argument "
         f"names them and neither train_loss nor val_loss reads them (hp[...]). Bind each to what "
         f"it should set: an optimizer argument, {how} (hypergrad-run: "
-        f"inner_optimizer.<argument>=<name>), or read it in a loss as hp[{unused[0]!r}]; or "
-        f"remove it."
+        f"inner_optimizer.<argument>=<name>), or read it in a loss as hp[{unused[0]!r}] at "
+        f"every call (a value read once and cached, in an attribute or a closure, is not "
+        f"read by this check's calls, nor differentiated); or remove it."
     )
 
 
 # -- helpers of the checks ------------------------------------------------------------------------
 _UNPACK = re.compile(r"too many values to unpack \(expected (\d+)")
+_NUMBER_ARG = re.compile(r"(\w+)\(\): argument '(\w+)' (?:\(position \d+\) )?must be "
+                         r"(?:float|Number|int|double|Scalar), not Tensor")
+_NOT_DIFFERENTIABLE = re.compile(r"function '(\w+)' is not differentiable with respect to "
+                                 r"argument '(\w+)'")
+_WRITTEN_OUT = {
+    ("cross_entropy_loss", "label_smoothing"):
+        "(1 - s) * F.cross_entropy(out, y) - s * F.log_softmax(out, 1).mean(1).mean()",
+    ("dropout", "p"):
+        "none: a dropout mask's draws do not move smoothly with p, so p has no "
+        "hypergradient; Gaussian dropout, x * (1 + s * torch.randn_like(x)), has one in s",
+    ("leaky_relu", "negative_slope"): "torch.where(x >= 0, x, slope * x)",
+    ("elu", "alpha"): "torch.where(x > 0, x, alpha * torch.expm1(x))",
+    ("softplus", "beta"): "F.softplus(beta * x) / beta",
+    ("huber_loss", "delta"):
+        "d = pred - target; torch.where(d.abs() < delta, 0.5 * d ** 2, "
+        "delta * (d.abs() - 0.5 * delta)).mean()",
+    ("smooth_l1_loss", "beta"):
+        "d = pred - target; torch.where(d.abs() < beta, 0.5 * d ** 2 / beta, "
+        "d.abs() - 0.5 * beta).mean()",
+    ("margin_ranking_loss", "margin"): "torch.relu(margin - t * (x1 - x2)).mean()",
+    ("nll_loss_forward", "weight"):
+        "w = hp['class_weights'][y]; (w * F.cross_entropy(out, y, reduction='none')).sum() "
+        "/ w.sum()",
+    ("binary_cross_entropy_with_logits", "pos_weight"):
+        "-(pos_weight * t * F.logsigmoid(z) + (1 - t) * F.logsigmoid(-z)).mean()",
+    ("binary_cross_entropy", "weight"):
+        "(w * F.binary_cross_entropy(p, t, reduction='none')).mean()",
+}
+"""How to write out a torch function's argument that takes no differentiated tensor (torch
+refuses one: a number, or no derivative), keyed by the function and argument torch's message
+names."""
+
+
+def _no_derivative(which: str, err: BaseException) -> None:
+    """Raise what a torch function's refusal of a differentiated tensor as one of its arguments
+    means (a hyperparameter given where torch takes a Python number, or where its kernel has no
+    derivative: ``F.cross_entropy(label_smoothing=hp["s"])``, ``weight=hp["w"]``), with the
+    operation written out; nothing for other errors."""
+    text = str(err)
+    number = _NUMBER_ARG.search(text) if isinstance(err, TypeError) else None
+    none = _NOT_DIFFERENTIABLE.search(text) if isinstance(err, RuntimeError) else None
+    found = number or none
+    if found is None:
+        return
+    fn, arg = found[1], found[2]
+    why = ("takes a Python number there (float(hp[...]) would cut the hyperparameter from the "
+           "autograd graph: refused, as no method could differentiate it)" if number else
+           "has no derivative in it")
+    written = _WRITTEN_OUT.get((fn, arg))
+    fix = (f"Write the operation out with torch operations on the tensor: {written}" if written
+           and not written.startswith("none") else
+           f"There is no way to differentiate it: {written[6:]}" if written else
+           "Write the operation out with torch operations on the tensor (e.g. compute the loss "
+           "with reduction='none' and weight it yourself)")
+    raise ValueError(
+        f"InnerProblem: {which} gives torch's {fn} a tensor that hypergrad differentiates (a "
+        f"hyperparameter, or a value computed from one or from the model's weights) as its "
+        f"argument {arg!r}, and torch {why} ({text.splitlines()[0]}). {fix}."
+    ) from err
 _DTYPE_ERROR = re.compile(r"dtype|scalar type|type \(\w+\) and|Double|Float|Half|BFloat16")
 _TO = {torch.float32: ".float()", torch.float64: ".double()"}
 
@@ -2451,6 +2534,11 @@ _CUTTERS = {
 }
 
 
+_COMPARISONS = frozenset({"gt", "lt", "ge", "le", "eq", "ne", "greater", "less",
+                          "greater_equal", "less_equal", "not_equal"})
+"""Torch functions that compare: a hyperparameter cut by one was read in a branch."""
+
+
 def _op_name(func: Any) -> str:
     """A torch function's name as :data:`_CUTTERS` keys it (a property by its attribute:
     ``.data``)."""
@@ -2512,7 +2600,9 @@ class _CutFinder(TorchFunctionMode):
             self._cut(groups, f"torch.no_grad() (around {fname})")
         elif (outs and any(x.requires_grad for x in inputs)
               and not any(x.requires_grad for x in outs) and fname not in _CUTTERS):
-            self._cut(groups, f"{fname} (it has no derivative)")
+            self._cut(groups, f"a comparison ({fname}: a Python if, min() or max() against a "
+                              f"number, a torch.where condition; it has no derivative)"
+                      if fname in _COMPARISONS else f"{fname} (it has no derivative)")
         for x in outs:
             if x.requires_grad:
                 self.tags[id(x)] = (x, frozenset(groups))

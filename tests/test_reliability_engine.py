@@ -212,7 +212,12 @@ CUTS: dict[str, tuple[Any, str]] = {
     "data": (lambda v: v.data, r"\.data"),
     "no_grad": (_no_grad_double, r"torch\.no_grad\(\) \(around mul\)"),
     "numpy": (lambda v: torch.as_tensor(np.exp(v.detach().numpy())), r"\.detach\(\)"),
-    "where": (lambda v: torch.where(v > 0, 1.0, 0.0), r"gt \(it has no derivative\)"),
+    "where": (lambda v: torch.where(v > 0, 1.0, 0.0),
+              r"a comparison \(gt: a Python if, min\(\) or max\(\) against a number, a "
+              r"torch.where condition; it has no derivative\)"),
+    "min": (lambda v: torch.as_tensor(min(v, 0.05)),
+            r"a comparison \((gt|lt): a Python if, min\(\) or max\(\) against a number, a "
+            r"torch.where condition; it has no derivative\)"),
 }
 
 
@@ -261,6 +266,78 @@ def test_a_numerically_zero_derivative_is_not_a_cut(use: Any) -> None:
 
     _check(_problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("scale", 0.5)],
                     train_loss=tl))
+
+
+# torch functions that take a number where a hyperparameter is given, or have no derivative
+NO_DERIVATIVE: dict[str, tuple[Any, str]] = {
+    "label_smoothing": (lambda o, y, s: F.cross_entropy(o, y, label_smoothing=s),
+                        r"torch's cross_entropy_loss .* argument 'label_smoothing', and torch "
+                        r"takes a Python number there.*\(1 - s\) \* F.cross_entropy"),
+    "dropout": (lambda o, y, s: F.cross_entropy(F.dropout(o, p=s), y),
+                r"torch's dropout .* argument 'p'.*There is no way to differentiate it: a "
+                r"dropout mask's draws"),
+    "leaky_relu": (lambda o, y, s: F.cross_entropy(F.leaky_relu(o, negative_slope=s), y),
+                   r"torch's leaky_relu .*argument 'negative_slope'.*"
+                   r"torch.where\(x >= 0, x, slope \* x\)"),
+    "class_weights": (lambda o, y, s: F.cross_entropy(o, y, weight=s * torch.ones(3, dtype=D)),
+                      r"torch's nll_loss_forward .* argument 'weight', and torch has no "
+                      r"derivative in it.*w = hp\['class_weights'\]\[y\]"),
+}
+
+
+@pytest.mark.parametrize("use", NO_DERIVATIVE)
+def test_a_torch_argument_without_a_derivative_is_named_with_the_operation_written_out(
+        use: str) -> None:
+    """torch's own TypeError (``must be float, not Tensor``) or RuntimeError (``not
+    differentiable with respect to argument 'weight'``) came with a note about the data's
+    shapes (the losses probe)."""
+    loss, words = NO_DERIVATIVE[use]
+    p = _problem([hg.Scalar("lr", 0.1, transform="log"), hg.Scalar("s", 0.1)],
+                 train_loss=lambda m, b, hp: loss(m(b[0]), b[1], hp["s"]))
+    with pytest.raises(ValueError, match=r"^InnerProblem: train_loss gives " + words):
+        _check(p)
+
+
+def test_the_written_out_operations_are_torchs() -> None:
+    """Each operation the refusal above writes out equals torch's own at a number."""
+    from hypergrad.problem import _WRITTEN_OUT
+
+    g = torch.Generator().manual_seed(0)
+    out, x2 = torch.randn(6, 3, generator=g, dtype=D), torch.randn(6, 3, generator=g, dtype=D)
+    y, t = torch.randint(0, 3, (6,), generator=g), torch.rand(6, 3, generator=g, dtype=D)
+    s = slope = alpha = beta = delta = margin = 0.3
+    x, z, pred, target, x1, p = out, out, out, x2, out[:, 0], out.sigmoid()
+    sign = torch.tensor([1.0, -1, 1, 1, -1, -1], dtype=D)
+    w3 = torch.tensor([0.5, 2.0, 1.5], dtype=D)
+    hp = {"class_weights": w3}
+    pos_weight, w = w3, w3
+    expected = {
+        "label_smoothing": F.cross_entropy(out, y, label_smoothing=s),
+        "negative_slope": F.leaky_relu(x, slope), "alpha": F.elu(x, alpha),
+        "softplus": F.softplus(x, beta), "delta": F.huber_loss(pred, target, delta=delta),
+        "smooth_l1_loss": F.smooth_l1_loss(pred, target, beta=beta),
+        "margin": F.margin_ranking_loss(x1, x2[:, 0], sign, margin=margin),
+        "nll_loss_forward": F.cross_entropy(out, y, weight=w3),
+        "pos_weight": F.binary_cross_entropy_with_logits(z, t, pos_weight=w3),
+        "binary_cross_entropy": F.binary_cross_entropy(p, t, weight=w3),
+    }
+    checked = 0
+    for (fn, arg), code in _WRITTEN_OUT.items():
+        if code.startswith("none"):
+            continue
+        names = {"x": x, "out": out, "y": y, "t": sign if fn == "margin_ranking_loss" else t,
+                 "z": z, "pred": pred, "target": target, "x1": x1, "x2": x2[:, 0], "p": p,
+                 "s": s, "slope": slope, "alpha": alpha, "beta": beta, "delta": delta,
+                 "margin": margin, "hp": hp, "pos_weight": pos_weight, "w": w, "F": F,
+                 "torch": torch}
+        *pre, last = code.split("; ")
+        for stmt in pre:
+            exec(stmt, names)  # noqa: S102 - the message's own code
+        got = eval(last, names)  # noqa: S307
+        key = fn if fn in expected else arg
+        torch.testing.assert_close(got, expected[key], rtol=1e-12, atol=1e-12, msg=fn)
+        checked += 1
+    assert checked == len(expected)
 
 
 def test_a_hyperparameter_bound_to_the_optimizer_may_be_read_as_a_number() -> None:
@@ -575,3 +652,26 @@ def test_a_constant_buffer_of_minus_infinity_is_a_mask_not_a_fault() -> None:
     model.mask[0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"buffer 'mask' has 1 NaN"):
         problem().check(p.init_raw())
+
+
+@pytest.mark.parametrize(("start", "stop", "error"),
+                         [(0, 6, ValueError), (0, -2, ValueError), (3, 2, ValueError),
+                          (0, 2.5, TypeError), (True, 3, TypeError)])
+def test_a_plain_run_outside_the_horizon_is_refused(start: Any, stop: Any, error: type) -> None:
+    """run(stop=T + 3) trained past the horizon on the last window's values, and stop=-2
+    returned the initial state, without a word (the intermediate-steps probe)."""
+    p = _problem([hg.Schedule("lr", 0.1, windows=2, transform="log")], steps=4)
+    with pytest.raises(error, match=r"^InnerProblem.run: "):
+        p.run(p.init_raw(), start=start, stop=stop)
+    full = p.run(p.init_raw())
+    part = p.run(p.init_raw(), state=p.run(p.init_raw(), stop=2), start=2, stop=4)
+    assert all(torch.equal(full.params[k], part.params[k]) for k in full.params)
+
+
+def test_a_non_integer_step_is_named() -> None:
+    p = _problem(steps=3)
+    fwd = hg.ForwardMode()
+    run = fwd.init(p, p.init_raw())._replace(step=1.5)
+    with pytest.raises(TypeError, match=r"ForwardMode.step: the run's step must be an int >= 0, "
+                                        r"got 1.5 \(float\)"):
+        fwd.step(p, run, p.init_raw())

@@ -294,7 +294,8 @@ class Tracker:
             warnings.warn(ZeroHypergradientWarning(
                 f"Trainer: the hypergradient of {zero} is exactly zero at the first outer step: "
                 f"the losses do not change with {one} here (0 * hp, round(hp), a step function "
-                f"of it, or a stationary point: an objective at its minimum in it), so "
+                f"of it, a value of it cached at an earlier call and read instead of hp[...], "
+                f"or a stationary point: an objective at its minimum in it), so "
                 f"hypergradients will not move {one} (a search's plain runs may, to values the "
                 f"losses do not tell apart). Make the losses depend on it smoothly, or remove "
                 f"it.{self.zero_hint}"), stacklevel=5)
