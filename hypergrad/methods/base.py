@@ -29,6 +29,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
+import math
 import numbers
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -58,6 +59,9 @@ def within_horizon(who: str, problem: InnerProblem, t: int) -> None:
     again and schedule-free AdamW's last step has handed out its averaged point, so the
     hypergradients that follow are of another run than the one defined (they were returned
     without a word)."""
+    if not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 0:
+        raise TypeError(f"{who}.step: the run's step must be an int >= 0, got {t!r} "
+                        f"({type(t).__name__}); it counts the steps taken since init().")
     if t >= problem.steps:
         raise ValueError(
             f"{who}.step: the run is at step {t}, the end of the problem's horizon T = "
@@ -79,8 +83,19 @@ def checked(who: str, problem: Any, lam: Any) -> None:
 
 
 def gib(x: float) -> str:
-    """Bytes in words: GiB from 1 GiB up, MiB below."""
+    """Bytes in words: GiB from 1 GiB up, MiB below (no limit for ``inf``)."""
+    if math.isinf(x):
+        return "no limit (inf)"
     return f"{x / 2**30:.3g} GiB" if x >= 2**30 else f"{x / 2**20:.3g} MiB"
+
+
+def budget_words(room: float) -> str:
+    """A memory budget in words, with the likely unit mistake named where it is under 1 MiB
+    (``memory_budget=2.0`` meant as GiB: every method is refused for a 2-byte budget)."""
+    if room >= 2**20:
+        return gib(room)
+    return (f"{gib(room)} ({room:g} bytes: memory_budget is in bytes; {room:g} GiB would be "
+            f"memory_budget={room * 2**30:.4g})")
 
 
 class HyperGradient(NamedTuple):

@@ -396,7 +396,13 @@ class ForwardMode(OnlineMethod, name="forward"):
         ``columns``: carry only these tangent columns (indices into ``lam``, in the order of the
         tangents' rows; ``None``: all K), as a column-parallel rank does. A new inner run:
         a streamed batch source begins a fresh pass (:meth:`InnerProblem.begin_run
-        <hypergrad.InnerProblem.begin_run>`), of which a step holds only its own batch."""
+        <hypergrad.InnerProblem.begin_run>`), of which a step holds only its own batch.
+
+        The run starts at step 0 whatever ``state`` is (the schedules' window 0, batch 0): a
+        state from ``problem.run(lam, stop=t)`` starts a new run there, it does not continue
+        the one at step t. To continue from step t with the tangents reset there (a horizon
+        truncated at t), ``forward.init(problem, lam, state)._replace(step=t)`` (a sequence or
+        callable batch source: batches are read by step)."""
         checked(type(self).__name__, problem, lam)
         problem.begin_run()
         if state is None and problem.init_items:

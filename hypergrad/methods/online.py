@@ -65,6 +65,9 @@ class HD(OnlineMethod, name="hd"):
     reaches_initial_weights = False
 
     def init(self, problem: InnerProblem, lam: Tensor, state: InnerState | None = None) -> HDState:
+        """The run at step 0 from ``state`` (default the initial one): as
+        :meth:`ForwardMode.init <hypergrad.ForwardMode.init>`, a state taken at step t starts
+        a new run at step 0 (``._replace(step=t)`` continues from step t)."""
         checked(type(self).__name__, problem, lam)
         problem.begin_run()  # a new inner run; the last batch read stays for the step's VJP
         s = problem.initial_state(lam) if state is None else state
