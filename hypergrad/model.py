@@ -97,6 +97,7 @@ class FunctionalModel:
                 f"InnerProblem: model must be a torch.nn.Module, got {type(module).__name__}."
             )
         _refuse_scripted(module)
+        _refuse_lazy(module)
         self.module = module
         params = dict(module.named_parameters())
         self.param_names = [k for k, p in params.items() if p.requires_grad]
@@ -757,6 +758,25 @@ _SCRIPTED = ("under torch.func's transforms, which every method but FiniteDiffer
              "come out as zero (torch {version}), so hypergradients are off by a few per cent "
              "without an error (2-3 % against finite differences, measured). Pass the "
              "un-scripted {what} while tuning (script the trained model afterwards).")
+
+
+def _refuse_lazy(module: nn.Module) -> None:
+    """A lazy module (``nn.LazyLinear``) before its first call has parameters without a shape:
+    torch's own error came from hypergrad's internals (``Attempted to use an uninitialized
+    parameter in <method 'detach'>``)."""
+    from torch.nn.parameter import is_lazy
+
+    lazy = [k for k, t in [*module.named_parameters(), *module.named_buffers()] if is_lazy(t)]
+    if lazy:
+        owner = lazy[0].rpartition(".")[0]
+        kind = type(module.get_submodule(owner)).__name__ if owner else type(module).__name__
+        raise ValueError(
+            f"InnerProblem: the model's {lazy[0]!r} ({kind}"
+            f"{f' {owner!r}' if owner else ''}) is a lazy module's parameter that torch has "
+            f"not initialised yet (it gets its shape at the module's first call; "
+            f"{len(lazy)} such tensor{'s' if len(lazy) > 1 else ''}). Call the model once on a "
+            f"batch before building the problem, e.g. model(x[:2]), so that its parameters "
+            f"exist (and hypergrad trains them from those initial values).")
 
 
 def _refuse_scripted(module: nn.Module) -> None:

@@ -132,3 +132,26 @@ def test_an_operation_without_a_batching_rule_is_named_and_left_out_of_the_check
     with pytest.warns(hg.errors.HypergradWarning, match="left out the strategy "
                                                         "ForwardOverReverse"):
         assert hypergradcheck(p).ok
+
+
+def test_a_strategy_torch_fails_inside_is_left_out_of_the_default_check() -> None:
+    """BatchedAutograd through GroupNorm's double backward fails with torch's shape error, and
+    ForwardOverReverse through F.mse_loss with its RuntimeError: hypergradcheck's default
+    'every strategy' lost the whole check (the architectures probe); a strategy chosen by the
+    caller still raises."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 8), nn.GroupNorm(2, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    x, y = torch.randn(16, 6, dtype=torch.float64), torch.randn(16, 2, dtype=torch.float64)
+    p = hg.InnerProblem(m, lambda m, b, hp: F.mse_loss(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr", momentum=0.9),
+                        hg.HyperParams([hg.Scalar("lr", 0.05, "log")]), [(x, y)], 4,
+                        lambda m, hp: F.mse_loss(m(x), y))
+    with pytest.raises(RuntimeError):
+        hypergradcheck(p, strategies=[hg.hvp.BatchedAutograd()])
+    with pytest.warns(hg.errors.HypergradWarning) as got:
+        report = hypergradcheck(p)
+    said = " | ".join(str(w.message) for w in got)
+    for strategy in ("BatchedAutograd", "ForwardOverReverse"):
+        assert (f"left out the strategy {strategy}, which cannot run on this problem "
+                f"(RuntimeError: ") in said, said
+    assert report.ok and report.fwd_vs_fd["lr"] < 1e-6, str(report)

@@ -459,3 +459,27 @@ def test_a_channels_last_model_gets_forward_mode_hypergradients() -> None:
     assert hg.testing.rel_err(fwd, rev) < 1e-12
     # the module keeps its layout
     assert model[3].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_lazy_module_not_called_yet_is_refused_and_runs_once_called() -> None:
+    """nn.LazyLinear before its first call failed inside hypergrad with torch's
+    'Attempted to use an uninitialized parameter in <method 'detach'>' (the architectures
+    probe)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
+    model = nn.Sequential(nn.LazyLinear(8), nn.Tanh(), nn.Linear(8, 3)).double()
+
+    def build() -> hg.InnerProblem:
+        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                               hg.optim.sgd(lr="lr"),
+                               hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), [(x, y)], 3,
+                               lambda m, hp: F.cross_entropy(m(x), y))
+
+    with pytest.raises(ValueError, match=r"the model's '0.weight' \(LazyLinear '0'\) is a lazy "
+                                         r"module's parameter .* 2 such tensors\). Call the "
+                                         r"model once on a batch"):
+        build()
+    model(x[:2])
+    p = build()
+    g = hg.ForwardMode().hypergradient(p, p.init_raw()).grad
+    assert torch.allclose(g, hg.ReverseMode().hypergradient(p, p.init_raw()).grad, rtol=1e-10)
