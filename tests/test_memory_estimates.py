@@ -426,3 +426,25 @@ def test_counting_saved_bytes_keeps_no_tensor_alive(fake: bool) -> None:
                     torch.ones(1, dtype=torch.float64), fake=fake)
     gc.collect()
     assert n > 0 and seen and all(r() is None for r in seen)
+
+
+def test_a_budget_that_looks_like_gib_is_named_and_chunks_are_not_advised_where_useless() -> None:
+    """memory_budget=2.0 (meant as GiB) was read as 2 bytes: the refusal said "1.91e-06 MiB"
+    and advised fewer HVP columns per call, which cannot help where forward mode's state and
+    tangents alone exceed the budget (the scale probe); check_memory called directly said
+    "Trainer:"."""
+    from hypergrad.methods import check_memory
+
+    p = digits_case("momentum", "per_tensor_wd", steps=16, hidden=32)
+    with pytest.raises(MemoryBudgetError) as info:
+        check_memory(p, hg.ForwardMode(), memory_budget=2.0)
+    said = str(info.value)
+    assert said.startswith("check_memory: method=forward needs about "), said
+    assert ("(2 bytes: memory_budget is in bytes; 2 GiB would be memory_budget=2.147e+09)"
+            in said), said
+    assert "chunk_size=1" not in said, said
+    est = estimate_memory(p, "forward")
+    room = est.total - est.intermediates / 2  # the columns' part is what does not fit
+    with pytest.raises(MemoryBudgetError) as info:
+        check_memory(p, hg.ForwardMode(), memory_budget=room)
+    assert "chunk_size=1" in str(info.value)

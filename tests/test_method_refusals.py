@@ -104,7 +104,8 @@ def test_every_memory_budget_is_checked_as_the_guards_check_it(bad: Any) -> None
 
     p, _ = _ridge(hg.optim.sgd(lr=0.05), 4)
     for call, who in ((lambda: choose_method(p, memory_budget=bad), "choose_method"),
-                      (lambda: check_memory(p, hg.ForwardMode(), memory_budget=bad), "Trainer"),
+                      (lambda: check_memory(p, hg.ForwardMode(), memory_budget=bad),
+                       "check_memory"),
                       (lambda: hg.AutoMode(memory_budget=bad), "AutoMode")):
         with pytest.raises(ValueError, match=rf"{who}: memory_budget=.* must be bytes > 0"):
             call()

@@ -15,7 +15,7 @@ from torch import Tensor
 from ..errors import MemoryBudgetError
 from ..hvp import HVPStrategy, VmapVJP  # noqa: F401  (VmapVJP: the doctest)
 from ..problem import InnerProblem
-from .base import HyperGradient, MemoryEstimate, Method, Sizes, gib
+from .base import HyperGradient, MemoryEstimate, Method, Sizes, budget_words, gib
 from .forward import ForwardMode
 from .memory import budget, check_budget, options
 from .reverse import ReverseMode
@@ -137,7 +137,8 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
         if fwd.total > room:
             raise MemoryBudgetError(
                 f"method=auto: online tuning needs forward mode, which needs about {fwd} > "
-                f"memory budget {gib(room)}. Options: {options(problem, fwd, None, mode)}.")
+                f"memory budget {budget_words(room)}. Options: "
+                f"{options(problem, fwd, None, mode, room=room)}.")
         return "forward", "online tuning needs hypergradients during training (forward mode)"
     # a reverse mode given checkpoints of its own (method.reverse.checkpoint=sqrt) recomputes
     # the states as the checkpointed one does: its cost and name said plain reverse mode's
@@ -155,8 +156,9 @@ def choose_method(problem: InnerProblem, mode: str = "offline",
     if name is None:
         fwd, rev, ckpt = (ests[n] for n in ("forward", "reverse", "checkpointed"))
         raise MemoryBudgetError(
-            f"method=auto: no exact method fits the memory budget of {gib(room)}: {fwd}; "
-            f"{rev}; {ckpt}. Options: {options(problem, fwd, rev, mode, ckpt, chosen='auto')}.")
+            f"method=auto: no exact method fits the memory budget of {budget_words(room)}: "
+            f"{fwd}; {rev}; {ckpt}. Options: "
+            f"{options(problem, fwd, rev, mode, ckpt, chosen='auto', room=room)}.")
     words = {"forward": "forward",
              "reverse": "reverse (checkpointed as given)" if own_ckpt else "reverse",
              "checkpointed": "checkpointed reverse"}

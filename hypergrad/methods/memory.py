@@ -51,7 +51,7 @@ import torch
 
 from ..errors import MemoryBudgetError, is_real
 from ..problem import InnerProblem
-from .base import MemoryEstimate, Method, Sizes, create, gib
+from .base import MemoryEstimate, Method, Sizes, budget_words, create, gib
 
 __all__ = ["available_memory", "budget", "check_budget", "estimate_memory", "check_memory",
            "options", "is_out_of_memory", "out_of_memory"]
@@ -114,13 +114,15 @@ def estimate_memory(problem: InnerProblem, method: Method | str = "forward"
 
 def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstimate | None,
             mode: str, ckpt: MemoryEstimate | None = None, chosen: str | None = None,
-            failed: Method | None = None, failed_total: float | None = None) -> str:
+            failed: Method | None = None, failed_total: float | None = None,
+            room: float | None = None) -> str:
     """What to do when a method does not fit, in words. ``chosen``: the method that did not
     fit (``"forward"`` or ``"reverse"``; ``"auto"``: neither fits), never suggested as the
     fix; ``failed``: that method itself (a checkpointed or truncated reverse mode is not told
     to checkpoint or truncate, a reverse kind not to drop hyperparameters, which its memory
     hardly depends on), and ``failed_total`` its estimate (another method is suggested only
-    where it needs less)."""
+    where it needs less); ``room``: the budget (fewer HVP columns are not suggested where the
+    forward state and its tangents alone exceed it)."""
     from .reverse import ReverseMode
 
     k, t = problem.num_hyperparams, problem.steps
@@ -130,7 +132,7 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
     if fwd is not None and k > 1 and chosen != "reverse":
         opts.append(f"fewer hyperparameters (K={k}; a forward step holds the old and the new "
                     f"tangents, {gib(2 * k * fwd.state)})")
-        if fwd.columns > 1:
+        if fwd.columns > 1 and (room is None or fwd.total - fwd.intermediates <= room):
             opts.append("fewer HVP columns per call: chunk_size=1 or a smaller HVP memory_budget "
                         f"(method.hvp.chunk_size / method.hvp.memory_budget in bytes; now "
                         f"{gib(fwd.intermediates)} for {fwd.columns} columns)")
@@ -168,7 +170,7 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
 
 
 def check_memory(problem: InnerProblem, method: Method, mode: str = "offline",
-                 memory_budget: float | None = None, api: str = "Trainer") -> None:
+                 memory_budget: float | None = None, api: str = "check_memory") -> None:
     """Raise :class:`~hypergrad.errors.MemoryBudgetError` (with the numbers and the options)
     when ``method`` would not fit ``memory_budget`` (bytes; ``None``: the device's available
     memory). Methods without an estimate (finite differences, your own) are not checked."""
@@ -189,11 +191,11 @@ def check_memory(problem: InnerProblem, method: Method, mode: str = "offline",
     other = rev if est.columns else fwd
     family = "forward" if est.columns else "reverse"
     opts = options(problem, fwd, rev if mode == "offline" else None, mode, chosen=family,
-                   failed=method, failed_total=est.total)
+                   failed=method, failed_total=est.total, room=room)
     raise MemoryBudgetError(
         f"{api}: method={est.method} needs about {str(est).removeprefix(est.method + ' ')} > "
-        f"memory budget {gib(room)} (K={problem.num_hyperparams}, T={problem.steps}, state "
-        f"{gib(est.state)}); {other.method} would need ~{gib(other.total)}. Options: {opts}.")
+        f"memory budget {budget_words(room)} (K={problem.num_hyperparams}, T={problem.steps}, "
+        f"state {gib(est.state)}); {other.method} would need ~{gib(other.total)}. Options: {opts}.")
 
 
 _OOM_TEXT = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory",

@@ -546,7 +546,8 @@ class Trainer:
                 f"mode=offline).")
         chosen.check(self.problem)
         if not isinstance(method, AutoMode):  # AutoMode's pick was picked to fit
-            check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget)
+            check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget,
+                         "Trainer")
         return chosen
 
     def _start_in_bounds(self) -> None:
