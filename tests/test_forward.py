@@ -183,3 +183,27 @@ def test_direct_term_of_the_objective() -> None:
     without = hg.ForwardMode().hypergradient(base, lam).grad
     assert rel_err(fwd, fd) <= 1e-6
     assert rel_err(without, fd) > 1e-2  # the direct term is not negligible here
+
+
+def test_a_run_state_of_another_problem_is_refused_by_name() -> None:
+    """A K = 37 state stepped with a K = 3 problem read its tangents as 3 rows, silently, and
+    the other way round failed as torch's IndexError or a reshape error (the any-step
+    probe)."""
+    from fixtures import lr_momentum
+
+    p3 = lr_momentum(steps=4)
+    fwd = hg.ForwardMode()
+    lam = p3.init_raw()
+    run = fwd.init(p3, lam)
+    wide = run._replace(tangents=tree_map(lambda v: torch.cat([v, v]), run.tangents))
+    with pytest.raises(ValueError, match=r"ForwardMode.step: the run state's tangents have "
+                                         rf"\[{2 * lam.shape[0]}\] rows but this problem has "
+                                         rf"K = {lam.shape[0]} hyperparameters"):
+        fwd.step(p3, wide, lam)
+    with pytest.raises(ValueError, match=r"ForwardMode.hypergradient_at: the run state's "
+                                         r"tangents"):
+        fwd.hypergradient_at(p3, wide, lam)
+    renamed = run._replace(state=run.state._replace(
+        params={f"x.{k}": v for k, v in run.state.params.items()}))
+    with pytest.raises(ValueError, match=r"the run state's parameters are not this problem's"):
+        fwd.step(p3, renamed, lam)

@@ -242,6 +242,27 @@ class _AutoCompile:
         return out
 
 
+def _check_run(who: str, problem: InnerProblem, fs: ForwardState, lam: Tensor,
+               columns: Sequence[int] | None) -> None:
+    """Refuse a run state made for another problem: other parameters, or tangent rows for
+    another number of hyperparameters (a K = 3 state stepped with a K = 37 problem failed as
+    an IndexError, the other way round it was read as 3 rows, silently)."""
+    names, want = set(fs.state.params), set(problem.fmodel.param_names)
+    if names != want:
+        extra, missing = sorted(names - want)[:3], sorted(want - names)[:3]
+        raise ValueError(
+            f"{who}: the run state's parameters are not this problem's (not in the problem: "
+            f"{extra}; missing: {missing}): pass the state that init() made for this problem.")
+    k = lam.shape[0] if columns is None else len(columns)
+    rows = {int(v.shape[0]) for v in tree_flatten(fs.tangents)[0] if isinstance(v, Tensor)}
+    if rows and rows != {k}:
+        raise ValueError(
+            f"{who}: the run state's tangents have {sorted(rows)} rows but this problem has "
+            f"K = {k} {'columns here' if columns is not None else 'hyperparameters'}: a state "
+            f"made by init() for another problem (or other columns). Pass the state that "
+            f"init() made for this problem and lam.")
+
+
 class _Trial:
     """Stands in for the products of one step: runs ``eager`` and ``compiled`` on its inputs,
     times both, and returns eager's result."""
@@ -427,6 +448,7 @@ class ForwardMode(OnlineMethod, name="forward"):
         With ``columns`` the HVP strategy may get no column at all at a step (a rank whose
         columns have not started), and must still return the gradient."""
         within_horizon(type(self).__name__, problem, fs.step)
+        _check_run(f"{type(self).__name__}.step", problem, fs, lam, columns)
         auto = self._auto
         if auto is None or auto.report is not None:
             return self._step(problem, fs, lam, columns)
@@ -642,6 +664,7 @@ class ForwardMode(OnlineMethod, name="forward"):
                          columns: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
         """``(E, dE/dlam)`` at the current step: ``Z^T grad_s E + dE/dlam|direct``. With
         ``columns`` (a state made with them), the rows of those columns, zero elsewhere."""
+        _check_run(f"{type(self).__name__}.hypergradient_at", problem, fs, lam, columns)
         s, z = fs.state, fs.tangents
         (dp, db, direct), value = grad_and_value(problem.objective, argnums=(0, 1, 2))(
             s.params, s.buffers, lam)
