@@ -522,6 +522,11 @@ class Stream:
             self._current.kept = {}
             self._current.keep_from = None
 
+    @property
+    def fixed_seed(self) -> int | None:
+        """The seed of the pass every pass begun repeats (inside :meth:`fixed`), else None."""
+        return self._fixed
+
     @contextlib.contextmanager
     def fixed(self, seed: int | None = None) -> Iterator[int]:
         """Inside, every pass begun is the same pass, read from its start: ``seed``, or the

@@ -77,6 +77,19 @@ def schedule_only(steps: int = 6) -> Any:
                            steps, val_loss)
 
 
+def streamed(steps: int = 4) -> Any:
+    """The MLP trained on a shuffled DataLoader (a streamed batch source: a pass per run)."""
+    import hypergrad as hg
+
+    (model, batches), val_loss = _data()
+    x, y = batches.tensors[:2]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=7,
+                                         shuffle=True)
+    return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                           hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                           loader, steps, val_loss)
+
+
 def lam_of(problem: Any) -> torch.Tensor:
     g = torch.Generator().manual_seed(3)
     return problem.init_raw() + 0.2 * torch.randn(problem.num_hyperparams, generator=g,
@@ -155,15 +168,19 @@ def mismatch(out: Path, what: str) -> None:
     import hypergrad as hg
     from hypergrad import distributed as hd
 
-    p = mixed(steps=7 if what == "steps" and hd.rank() == 1 else 6)
+    p = streamed() if what == "pass" else mixed(
+        steps=7 if what == "steps" and hd.rank() == 1 else 6)
     if what == "data" and hd.rank() == 1:
         mb = p._batch.data  # its MiniBatches
         mb.tensors = (mb.tensors[0] + 1.0, *mb.tensors[1:])
+    lam = lam_of(p) + (0.05 if what == "lam" and hd.rank() == 1 else 0.0)
+    if what == "pass" and hd.rank() == 0:
+        p.run(lam)  # a plain run on rank 0 only (a log): it reads the next shuffled pass
     said = {}
     for name, method in (("column", hd.column_parallel()),
                          ("reverse", hd.data_parallel(hg.ReverseMode()))):
         try:
-            method.hypergradient(p, lam_of(p))
+            method.hypergradient(p, lam)
             said[name] = "ran"
         except ValueError as err:
             said[name] = str(err)

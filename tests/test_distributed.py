@@ -182,6 +182,22 @@ def test_ranks_holding_different_problems_are_refused_on_every_rank(what: str,
             assert f"rank 1: {differs}" in said[r][name], said[r][name]
 
 
+@pytest.mark.parametrize("what", ["lam", "pass"])
+def test_ranks_called_at_other_points_or_passes_are_refused_on_every_rank(
+        what: str, tmp_path: Path) -> None:
+    """Rank 1 given lam + 0.05: column parallel returned a hypergradient 2e-3 off, data
+    parallel reverse mode a different vector on each rank; rank 0 alone running a plain run
+    of a shuffled DataLoader problem: the ranks' sum mixed two passes, 0.37-11x off, silently
+    (the distributed probe). The problems' comparison runs once and saw neither."""
+    _ok(launch("mismatch", str(tmp_path), what))
+    said = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    differs = {"lam": "lam: ", "pass": "batch source passes begun: 1 -> 0"}[what]
+    for r in range(2):
+        for name in ("column", "reverse"):
+            assert "the processes hold different arguments" in said[r][name], said[r][name]
+            assert f"rank 1: {differs}" in said[r][name], said[r][name]
+
+
 def test_ranks_built_with_other_run_settings_refuse_together(tmp_path: Path) -> None:
     """A rank given another outer learning rate went its own way: rank 0's result was a
     hypergradient sum at two points, with exit status 0 (the distributed probe)."""

@@ -77,8 +77,36 @@ def check_same_problem(problem: InnerProblem, who: str) -> None:
                      "Every rank must build the same problem (the same data and batches, T, "
                      "seed, model and initial values): each computes its share of the "
                      "hypergradient of that one problem (its columns, or its part of each "
-                     "mini-batch).")
+                     "mini-batch). A DistributedSampler gives each rank other batches: give "
+                     "every rank the whole DataLoader (data_parallel splits each mini-batch "
+                     "itself).")
     _AGREED.add(problem)
+
+
+def check_same_call(problem: InnerProblem, lam: Tensor, who: str) -> None:
+    """Refuse ranks called with different ``lam`` or at different passes of a streamed batch
+    source, at every hypergradient (one gather of a few numbers): the problem's comparison
+    (:func:`check_same_problem`) runs once and sees neither, and a rank that ran one extra
+    plain run (a log on rank 0 only) read the next shuffled pass, so the ranks' sum mixed two
+    passes (0.37 to 11x off, silently; the distributed probe), as a rank given another point
+    mixed two points (data parallel reverse mode returned a different vector on each rank)."""
+    if world_size() == 1:
+        return
+    import hashlib
+
+    raw = lam.detach().to("cpu", torch.float64).contiguous()
+    facts: dict[str, Any] = {
+        "lam": f"{list(raw.shape)} {hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]}"}
+    if problem.stream is not None:
+        state = problem.stream.state_dict()
+        facts["batch source passes begun"] = state["passes"]
+        facts["batch source's fixed pass"] = problem.stream.fixed_seed
+    check_same_facts(
+        facts, who, "arguments",
+        "Every rank must call the method with the same lam (broadcast it from rank 0: "
+        "torch.distributed.broadcast(lam, 0)) and read the same passes of a streamed batch "
+        "source: run anything that reads the problem (problem.run, a hypergradient, a log of "
+        "the validation loss) on every rank, not on rank 0 only.")
 
 
 def check_same_facts(facts: dict[str, Any], who: str, what: str, fix: str) -> None:
@@ -187,6 +215,7 @@ class ParallelForward(OnlineMethod):
     def init(self, problem: InnerProblem, lam: Tensor,
              state: InnerState | None = None) -> ForwardState:
         check_same_problem(problem, "ParallelForward")
+        check_same_call(problem, lam, "ParallelForward")
         return self.runner.init(problem, lam, state, columns=self.columns(problem))
 
     def step(self, problem: InnerProblem, fs: ForwardState, lam: Tensor) -> ForwardState:
@@ -326,6 +355,7 @@ class ParallelReverse(ReverseMode):
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
         check_same_problem(problem, "ParallelReverse")
+        check_same_call(problem, lam, "ParallelReverse")
         if self.mesh.data == 1:
             return self.base.hypergradient(problem, lam)
         return super().hypergradient(self._shards(problem), lam)
