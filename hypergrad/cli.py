@@ -88,6 +88,8 @@ def _prepare_run_dir(folder: RunFolder) -> None:
             f"for both). Give each job its own folder: hydra.sweep.subdir=${{hydra.job.num}} "
             f"(the default).")
     used = used_files(folder.path, (*TRAINER_FILES, *RECORD_FILES))
+    if used and folder.resume and _multirun():
+        _check_resumed_job(path)
     if used and not folder.resume and not folder.overwrite:
         other = ("hydra.sweep.dir=... or hydra.sweep.subdir=..." if _multirun()
                  else "hydra.run.dir=...")
@@ -101,8 +103,8 @@ def _prepare_run_dir(folder: RunFolder) -> None:
             from .run.files import write_text_atomic
 
             folder.path.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(folder.path / SWEEP_JOB,
-                              json.dumps({"sweep": sweep, "job": job}) + "\n")
+            write_text_atomic(folder.path / SWEEP_JOB, json.dumps(
+                {"sweep": sweep, "job": job, "overrides": _job_overrides()}) + "\n")
 
 
 SWEEP_ID = ".hypergrad_sweep"
@@ -132,6 +134,41 @@ def _sweep_job() -> tuple[str | None, int | None]:
         return (_sweep_folder(h).joinpath(SWEEP_ID).read_text().strip() or None,
                 int(h.job.num))
     return None, int(h.job.num)
+
+
+def _job_overrides() -> dict[str, str]:
+    """This job's overrides by key (the command line's and the sweeper's values), but the
+    ``folder.*`` ones (how the folder is used, not what runs in it)."""
+    pairs = (str(o).partition("=") for o in HydraConfig.get().overrides.task)
+    return {k.lstrip("+~"): v for k, _, v in pairs if not k.lstrip("+~").startswith("folder.")}
+
+
+def _check_resumed_job(path: Path) -> None:
+    """Refuse to resume a sweep job's run made with other values than this job's: a sweep run
+    again proposes its own values (Optuna's sampler new ones, a changed grid other ones), and
+    job N resumed folder N's run whatever it was made with: a finished run returned its old
+    loss, recorded under the new values, and an interrupted one finished under them (the
+    Optuna probe: trial 6 stored lr=0.0123 -> trial 3's loss at lr=0.0748)."""
+    try:
+        mark = json.loads((path / SWEEP_JOB).read_text())
+    except (OSError, ValueError):
+        return
+    before = mark.get("overrides") if isinstance(mark, dict) else None
+    if not isinstance(before, dict):
+        return
+    now = _job_overrides()
+    differ = [f"{k}: {before.get(k, '<not given>')} -> {now.get(k, '<not given>')}"
+              for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    if differ:
+        raise RunDirError(
+            f"hypergrad-run: folder.resume=true in a sweep, but {path} holds the run of job "
+            f"{mark.get('job')} made with other values than this job's ({'; '.join(differ[:4])}"
+            f"{' ...' if len(differ) > 4 else ''}): resumed, its result would be recorded "
+            f"under this job's values. A sweep run again proposes values of its own (an "
+            f"Optuna sweeper new ones; its study continues from its storage and study_name, "
+            f"not from the job folders): resume a sweep only with the same settings and "
+            f"grid; otherwise run it into a new hydra.sweep.dir, or rerun the jobs afresh with "
+            f"folder.overwrite=true.")
 
 
 def _earlier_job(path: Path, sweep: str | None, job: int | None) -> int | None:
@@ -729,6 +766,12 @@ def _interrupted(err: BaseException) -> str:
     # advice restarted every job afresh in a new folder)
     where = (f"hydra.sweep.dir={_sweep_folder(h)} (the sweep's folder: each job resumes its "
              f"own)" if _multirun() else f"hydra.run.dir={run_dir}")
+    if _multirun() and "optuna" in str(h.sweeper.get("_target_", "")).lower():
+        # run again, Optuna proposes new values: job N's folder holds another point's run
+        return (f"hypergrad-run: interrupted ({how}); an Optuna sweep run again proposes new "
+                f"values, so its jobs' runs cannot be resumed (refused): run it again into a "
+                f"new hydra.sweep.dir (its study continues where hydra.sweeper.storage and "
+                f"study_name keep it); {run_dir} keeps this job's records")
     if (run_dir / CHECKPOINT).exists() or (run_dir / PREVIOUS).exists():
         return (f"hypergrad-run: interrupted ({how}); the run folder {run_dir} keeps the last "
                 f"checkpoint and its records: continue with the same command and "
@@ -943,12 +986,21 @@ def _job(cfg: DictConfig) -> float:
                      and not g.startswith("hydra") and g not in top])
     _shadowed_options(hydra_cfg)
     direction = hydra_cfg.sweeper.get("direction") if _multirun() else None
+    if OmegaConf.is_list(direction) or isinstance(direction, (list, tuple)):
+        # a multi-objective study: every job trained, then Optuna failed each trial ("Return
+        # value must be a list") and the sweep ended with no solution (the Optuna probe)
+        wanted = list(direction)  # type: ignore[arg-type]
+        raise ConfigError(
+            f"hypergrad-run: hydra.sweeper.direction={wanted} asks for a study of "
+            f"{len(wanted)} objectives, but each job returns one loss (the learned point's "
+            f"validation loss): use hydra.sweeper.direction=minimize.")
     if direction is not None and "max" in str(direction).lower():
         # Optuna's sweeper: a diverged job's inf became the best value and its point the best
         raise ConfigError(
             f"hypergrad-run: hydra.sweeper.direction={direction}, but each job returns a loss "
-            f"to minimise (the learned point's validation loss; inf for a run that diverged, "
-            f"which maximising would pick as the best): use hydra.sweeper.direction=minimize.")
+            f"to minimise (the learned point's validation loss; inf for a run that diverged "
+            f"at its start, which maximising would pick as the best): use "
+            f"hydra.sweeper.direction=minimize.")
     out = Path(hydra_cfg.runtime.output_dir)
     tilde = [part for part in out.parts if part.startswith("~")]
     if tilde:

@@ -384,8 +384,9 @@ def test_two_jobs_of_one_sweep_never_share_a_folder_in_any_process(tmp_path: Pat
             job(1, "first")
         assert (run_dir / "results.json").exists()
         job(1, "second")  # a sweep run again into the folder: its job 1 may overwrite
-        assert json.loads((run_dir / cli.SWEEP_JOB).read_text()) == {"sweep": "second",
-                                                                    "job": 1}
+        mark = json.loads((run_dir / cli.SWEEP_JOB).read_text())
+        assert (mark["sweep"], mark["job"]) == ("second", 1)
+        assert mark["overrides"]["debug"] == "fast"  # what a resume of the job compares
     finally:
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
         cli._SWEEP_FOLDERS.clear()
@@ -550,3 +551,23 @@ def test_an_online_run_that_diverged_says_which_steps_its_point_trained(tmp_path
     assert out.returncode == 0, out.stderr[-2000:]
     log = out.stdout + out.stderr
     assert "learned hyperparameters (after 0 updates: the values of inner steps up to 4)" in log
+
+
+def test_a_sweep_resumed_with_other_values_is_refused_and_with_the_same_resumes(
+        tmp_path: Path) -> None:
+    """A sweep run again with folder.resume=true resumed job N's run whatever values the new
+    sweep gave job N: an Optuna sweep proposes new ones, and the study recorded lr=0.0123 with
+    the loss of the run made at lr=0.0748 (the Optuna probe). Here a grid stands in for the
+    sampler's new proposals."""
+    args = ["--multirun", "experiment=ridge_diabetes", "mode.outer_steps=1", *FAST,
+            "report.retrain=false", f"hydra.sweep.dir={tmp_path}"]
+    first = _cli(*args, "seed=0,1")
+    assert first.returncode == 0, first.stderr
+    again = _cli(*args, "seed=0,1", "folder.resume=true")
+    assert again.returncode == 0, again.stderr
+    other = _cli(*args, "seed=1,0", "folder.resume=true")
+    assert other.returncode != 0
+    said = other.stdout + other.stderr
+    assert ("folder.resume=true in a sweep, but " in said and "holds the run of job 0 made "
+            "with other values than this job's (seed: 0 -> 1)" in said), said[-3000:]
+

@@ -80,3 +80,6 @@ def test_a_second_optuna_sweep_keeps_the_first_ones_best_and_maximize_is_refused
     assert third.returncode != 0
     assert "hydra.sweeper.direction=maximize" in third.stderr
     assert "use hydra.sweeper.direction=minimize" in third.stderr
+    fourth = sweep("folder.overwrite=true", "hydra.sweeper.direction=[minimize,minimize]")
+    assert fourth.returncode != 0  # every job trained, then Optuna failed each trial
+    assert "asks for a study of 2 objectives, but each job returns one loss" in fourth.stderr
