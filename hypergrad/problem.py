@@ -168,6 +168,7 @@ class InnerProblem:
         passes then run them through :mod:`hypergrad.rnn`)."""
         self._has_conv: bool | None = None
         self._precision_seen: set[tuple[tuple[str, ...], str | None]] = set()
+        self._near_one_warned: set[str] = set()
         """The TF32 flags and autocast dtypes differentiated passes ran with (each warned
         about once)."""
         self.hyperparams = hyperparams.bind(self.fmodel.param_names,
@@ -760,6 +761,7 @@ class InnerProblem:
             bad = [v for v in vals if not ((lo < v if lo_x else lo <= v)
                                            and (v < hi if hi_x else v <= hi))]
             if not bad:
+                self._warn_near_one(name, vals, hi, words)
                 continue
             fix = ("transform='logit' (values in (0, 1))" if hi == 1 else
                    "transform='log' (values > 0)")
@@ -771,6 +773,28 @@ class InnerProblem:
                 f"a value inside, and {fix} or Guards(bounds=...) to keep it there while "
                 f"tuning (the Trainer holds it inside the domain, with a warning when a step "
                 f"leaves it).")
+
+    def _warn_near_one(self, name: str, vals: list[float], hi: float, words: str) -> None:
+        """Warn (:class:`~hypergrad.errors.PrecisionWarning`, once per hyperparameter) where a
+        value read as a momentum or beta (domain up to 1) is within 100 rounding units of 1 in
+        the problem's dtype: the update's ``1 - beta`` and its derivative are then rounding
+        (Adam's beta2 = 0.9999999 in float32: a hypergradient of -7e-9 where float64 gives
+        +1e-10, forward and reverse mode 35 % apart, silently; the numerics probe)."""
+        if hi != 1 or self.dtype == torch.float64 or name in self._near_one_warned:
+            return
+        eps = torch.finfo(self.dtype).eps
+        close = [v for v in vals if 1 - v < 100 * eps]
+        if not close:
+            return
+        self._near_one_warned.add(name)
+        warnings.warn(PrecisionWarning(
+            f"InnerProblem: hyperparameter {name!r} is {close[0]!r}, read as {words}: 1 - "
+            f"{name} = {1 - close[0]:.3g} is within 100 rounding units of {self.dtype} (eps "
+            f"{eps:.3g}), so the update's 1 - {name} and its derivative are rounding: "
+            f"hypergradients in {self.dtype} can have the wrong sign (Adam's beta2 = "
+            f"0.9999999 in float32 gave -7e-9 where float64 gives +1e-10). Build the problem "
+            f"in float64 (model.double() and float64 data), or keep the value further from 1 "
+            f"(Guards(bounds=...))."), stacklevel=5)
 
     def check(self, lam: Tensor) -> None:
         """Validate ``lam`` and run the losses once at step 0, before anything costly: scalar

@@ -204,6 +204,9 @@ def test_clip_arguments() -> None:
     for bad in (0.0, -1.0, float("inf"), float("nan"), True, "1.0"):
         with pytest.raises(ValueError, match="clip_grad_norm"):
             hg.optim.sgd(lr=0.1, clip_grad_norm=bad)
+    with pytest.raises(ValueError, match="The threshold is a constant: it cannot be a "
+                                         "hyperparameter"):  # a name, as lr takes one
+        hg.optim.sgd(lr=0.1, clip_grad_norm="c")
     with pytest.raises(ValueError, match="already clipped"):
         clip_grad_norm(opt, 2.0)
     assert clip_grad_norm(hg.optim.sgd(lr=0.1), None).__class__ is hg.optim.SGD

@@ -168,3 +168,32 @@ def test_the_cli_refuses_implicit_for_the_learning_rate_as_a_usage_error(tmp_pat
     assert out.stderr.startswith("hypergrad-run: ImplicitDiff: hyperparameters ['lr']")
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize(("beta2", "warned"), [(0.9999999, True), (0.999, False)])
+def test_a_beta_within_rounding_of_one_in_float32_warns(beta2: float, warned: bool) -> None:
+    """Adam's beta2 = 0.9999999 tuned in float32: 1 - beta2 is 1.2e-7, a rounding unit, and
+    the hypergradient came out -7e-9 where float64 gives +1e-10 (forward and reverse 35 %
+    apart), without a word (the numerics probe)."""
+    import warnings
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 4, generator=g), torch.randint(0, 3, (16,), generator=g)
+    torch.manual_seed(0)
+    p = hg.InnerProblem(nn.Linear(4, 3), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.adam(lr=0.01, betas=(0.9, "b2")),
+                        hg.HyperParams([hg.Scalar("b2", beta2, transform="logit")]),
+                        [(x, y)], 4, lambda m, hp: F.cross_entropy(m(x), y))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        p.check(p.init_raw())
+        p.check(p.init_raw())  # once per hyperparameter
+    said = [str(w.message) for w in got if issubclass(w.category, hg.errors.PrecisionWarning)]
+    assert len(said) == (1 if warned else 0), said
+    if warned:
+        assert "hyperparameter 'b2' is 0.999999" in said[0], said[0]
+        assert "within 100 rounding units of torch.float32" in said[0], said[0]
+        assert "Build the problem in float64" in said[0], said[0]

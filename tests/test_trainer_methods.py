@@ -228,6 +228,45 @@ def test_what_a_method_of_ones_own_returns_is_checked(bend: Any, error: type,
                    callbacks=[]).fit()
 
 
+class _NaNReverse(hg.ReverseMode):
+    """Reverse mode whose adjoints overflowed: a NaN hypergradient beside a finite loss."""
+
+    def hypergradient(self, problem: hg.InnerProblem, lam: torch.Tensor) -> Any:
+        h = super().hypergradient(problem, lam)
+        return h._replace(grad=torch.full_like(h.grad, math.nan))
+
+
+def test_reverse_modes_overflow_in_a_diverging_training_is_blamed_on_the_training() -> None:
+    """SGD with momentum at lr 1000: the training stays finite (a validation loss of 1e254)
+    and reverse mode's adjoints overflowed to NaN where forward mode's tangents did not. The
+    message blamed the method and advised method='reverse' to reverse mode itself (the
+    numerics probe)."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    g = torch.Generator().manual_seed(0)
+    x, xv = (10 * torch.randn(n, 5, generator=g, dtype=torch.float64) for n in (24, 16))
+    y, yv = (torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (24, 16))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    p = hg.InnerProblem(model, lambda m, b, hp: F.mse_loss(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr", momentum=0.9),
+                        hg.HyperParams([hg.Scalar("lr", 1e3, "log")]),
+                        [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)], 40,
+                        lambda m, hp: F.mse_loss(m(xv), yv))
+    with pytest.warns(hg.errors.TuningWarning):
+        res = hg.Trainer(p, method=_NaNReverse(), callbacks=[],
+                         mode=hg.Offline(outer_steps=2, start=0, recheck=0)).fit()
+    assert res.diverged
+    assert "the training was finite but diverging (a validation loss of" in res.message
+    assert "try method='reverse'" not in res.message and "from the method" not in res.message
+    stable = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+    res = hg.Trainer(stable, method=_NaNReverse(), mode=hg.Offline(outer_steps=2),
+                     callbacks=[]).fit()
+    assert "from the method (ReverseMode())" in res.message, res.message
+    assert "try method='reverse'" not in res.message
+
+
 def test_a_non_finite_hypergradient_of_a_finite_training_is_not_blamed_on_the_values() -> None:
     """A method returning NaN where training was finite: the run said "the initial
     hyperparameters already diverge ... start from values that train without diverging (a

@@ -107,9 +107,11 @@ class ClipGradNorm(Optimizer):
             raise ValueError(f"clip_grad_norm: {inner!r} is already clipped; clip once.")
         if (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float))
                 or not 0 < max_norm < math.inf):
+            tuned = (" The threshold is a constant: it cannot be a hyperparameter (tuned) "
+                     "here." if isinstance(max_norm, (str, torch.Tensor)) else "")
             raise ValueError(f"clip_grad_norm={max_norm!r} must be a number > 0 (the largest "
                              f"global norm of the gradient), e.g. clip_grad_norm=1.0, or None "
-                             f"for no clipping.")
+                             f"for no clipping.{tuned}")
         # no Optimizer.__init__: the inner optimizer checked its own arguments
         self.inner = inner
         self.max_norm = float(max_norm)

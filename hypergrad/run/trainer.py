@@ -1665,13 +1665,26 @@ class Trainer:
         msg = (f"stopped at outer step {self.outer_step}: {why}, with "
                f"hyperparameters {bad}. The tuning diverged; {kept}: {hps.describe(keep)}."
                f"{advice}")
-        if NONFINITE_GRAD in why:  # the training was finite: not a learning rate's doing
+        far = (self._far_above_untrained(float(value), lam_used)
+               if NONFINITE_GRAD in why and math.isfinite(float(value)) else None)
+        if NONFINITE_GRAD in why and far is not None:  # finite, but a diverging training
+            # (reverse mode's adjoints overflowed where forward mode's tangents did not: the
+            # advice blamed the method and advised method='reverse' to reverse mode itself)
+            msg = (f"stopped at outer step {self.outer_step}: {why}, with hyperparameters "
+                   f"{bad}: the training was finite but diverging ({far}), and the "
+                   f"derivatives of such a training overflow. Make the inner training stable "
+                   f"first: a smaller learning rate (Guards(bounds=...) on it), or the inner "
+                   f"optimizer's clip_grad_norm. {kept[0].upper()}{kept[1:]}: "
+                   f"{hps.describe(keep)}.")
+        elif NONFINITE_GRAD in why:  # the training was finite: not a learning rate's doing
+            other = ("" if self.method.name == "reverse"
+                     else ", or try method='reverse'")
             msg = (f"stopped at outer step {self.outer_step}: {why}, with hyperparameters "
                    f"{bad}: the training was finite, its hypergradient was not. That comes "
                    f"from the method ({_named(self.method)}), the inner optimizer's tangent "
                    f"rule, or a loss whose derivative is not finite there (sqrt or abs at 0, a "
                    f"log of 0); compare methods with hypergrad.testing.hypergradcheck in "
-                   f"float64, or try method='reverse'. {kept[0].upper()}{kept[1:]}: "
+                   f"float64{other}. {kept[0].upper()}{kept[1:]}: "
                    f"{hps.describe(keep)}.")
             data = self.problem.non_finite_closure()
             if data:  # an inf the loss saturates (tanh) is finite there, its derivative not
