@@ -445,6 +445,7 @@ def test_a_budget_that_looks_like_gib_is_named_and_chunks_are_not_advised_where_
     assert "chunk_size=1" not in said, said
     est = estimate_memory(p, "forward")
     room = est.total - est.intermediates / 2  # the columns' part is what does not fit
+    assert room > 2**10  # no unit hint
     with pytest.raises(MemoryBudgetError) as info:
         check_memory(p, hg.ForwardMode(), memory_budget=room)
     assert "chunk_size=1" in str(info.value)

@@ -332,8 +332,10 @@ def test_auto_picks_the_method_that_fits() -> None:
     assert choose_method(p, memory_budget=rev * 0.9)[0] == "checkpointed"
     ckpt = estimate_memory(p, hg.ReverseMode(checkpoint="sqrt")).total
     with pytest.raises(MemoryBudgetError, match=r"no exact method fits.*forward .*reverse .*"
-                                                r"Options: .*chunk_size"):
+                                                r"Options: .*truncated reverse") as info:
         choose_method(p, memory_budget=ckpt * 0.9)
+    # forward mode's tangents and state alone exceed that budget: no chunk size helps
+    assert "chunk_size" not in str(info.value)
     q = digits_case("momentum", "lr", **{**SMALL, "steps": 400})  # K = 1, long: forward
     fwd, rev = estimate_memory(q, "forward").total, estimate_memory(q, "reverse").total
     assert fwd < rev and choose_method(q, memory_budget=(rev + fwd) / 2)[0] == "forward"

@@ -132,7 +132,8 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
     if fwd is not None and k > 1 and chosen != "reverse":
         opts.append(f"fewer hyperparameters (K={k}; a forward step holds the old and the new "
                     f"tangents, {gib(2 * k * fwd.state)})")
-        if fwd.columns > 1 and (room is None or fwd.total - fwd.intermediates <= room):
+        held = fwd.total - fwd.activations - fwd.intermediates  # tangents and state
+        if fwd.columns > 1 and (room is None or held < room):
             opts.append("fewer HVP columns per call: chunk_size=1 or a smaller HVP memory_budget "
                         f"(method.hvp.chunk_size / method.hvp.memory_budget in bytes; now "
                         f"{gib(fwd.intermediates)} for {fwd.columns} columns)")
