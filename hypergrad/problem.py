@@ -2125,7 +2125,8 @@ def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
                 f"not of those a hyperparameter may set (hyper_args = {tuple(hyper)}): move "
                 f"{a!r} to hyper_args and read it with self.read(self.args[{a!r}], hp, name) "
                 f"(docs/extending.md).")
-    args = [a for a in optimizer.args if a not in ("nesterov", "eps_root")]
+    options = set(getattr(optimizer, "options", ()))  # fixed settings: never bound
+    args = [a for a in optimizer.args if a not in ("nesterov", "eps_root") and a not in options]
     examples = []
     for name in unused:
         arg = name if name in args else _ALIASES.get(name, "")

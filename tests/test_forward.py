@@ -207,3 +207,58 @@ def test_a_run_state_of_another_problem_is_refused_by_name() -> None:
         params={f"x.{k}": v for k, v in run.state.params.items()}))
     with pytest.raises(ValueError, match=r"the run state's parameters are not this problem's"):
         fwd.step(p3, renamed, lam)
+
+
+def test_a_closed_form_tangent_of_another_shape_is_named() -> None:
+    """An inner optimizer's own tangent() that returned tangents of another shape was blamed
+    on the caller's run state at the next step ("a state made by init() for another
+    problem"), or failed in torch (the extending probe)."""
+    from typing import NamedTuple
+
+    class Empty(NamedTuple):
+        pass
+
+    class Rows(hg.optim.Optimizer):
+        hyper_args = ("lr",)
+        options = ()
+
+        def init(self, params: Any) -> Any:
+            return Empty()
+
+        def update(self, grads: Any, state: Any, params: Any, hp: Any, step: int) -> Any:
+            return {k: w - self.read(self.args["lr"], hp, k) * grads[k]
+                    for k, w in params.items()}, state
+
+        def tangent(self, ctx: Any, new_params: Any, new_state: Any) -> Any:
+            return {k: z[:1] for k, z in ctx.z_params.items()}, Empty()  # rows dropped
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,))
+    torch.manual_seed(0)
+    p = hg.InnerProblem(nn.Linear(4, 3).double(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        Rows(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log"),
+                                                       hg.Scalar("s", 0.5)]),
+                        [(x, y)], 3, lambda m, hp: F.cross_entropy(m(x), y) * (1 + hp["s"]))
+    with pytest.raises(ValueError, match=r"ForwardMode: the tangent rule of .* returned the "
+                                         r"tangent of '.*' with shape \(1, .*where it was given "
+                                         r"\(2, "):
+        hg.ForwardMode(tangent=hg.tangent.ClosedForm()).hypergradient(p, p.init_raw())
+
+
+def test_a_per_parameter_mapping_on_a_fixed_setting_is_refused_when_built() -> None:
+    """It was accepted and failed mid-run with torch's "unsupported operand type(s) for +:
+    'Tensor' and 'dict'" (the extending probe)."""
+
+    class Eps(hg.optim.Optimizer):
+        hyper_args = ("lr",)
+        options = ("eps",)
+
+        def init(self, params: Any) -> Any:
+            return ()
+
+        def update(self, grads: Any, state: Any, params: Any, hp: Any, step: int) -> Any:
+            return params, state
+
+    with pytest.raises(ValueError, match=r"eps=.* is a per-parameter mapping, but 'eps' is one "
+                                         r"of its fixed settings"):
+        Eps(lr=0.1, eps={r"bias$": 1.0, r".*": 1e-8})

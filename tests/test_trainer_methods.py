@@ -282,3 +282,45 @@ def test_a_non_finite_hypergradient_of_a_finite_training_is_not_blamed_on_the_va
     assert "hypergradient entries are not finite at a finite validation loss" in res.message
     assert "the training was finite, its hypergradient was not" in res.message
     assert "from the method (_OwnMethod)" in res.message and "already diverge" not in res.message
+
+
+class _PlainFD(hg.Method):
+    """A method of one's own with a step and no fingerprint of its own (one-sided
+    differences)."""
+
+    def __init__(self, h: float = 1e-4) -> None:
+        self.h = h
+
+    def hypergradient(self, problem: hg.InnerProblem, lam: torch.Tensor) -> Any:
+        def value(at: torch.Tensor) -> Any:
+            with torch.no_grad():
+                s = problem.run(at)
+                return problem.objective(s.params, s.buffers, at), s
+
+        v, s = value(lam)
+        g = torch.stack([(value(lam + self.h * e)[0] - v) / self.h
+                         for e in torch.eye(lam.shape[0], dtype=lam.dtype)])
+        return hg.HyperGradient(v, g, s)
+
+
+class _OtherFD(_PlainFD):
+    pass
+
+
+def test_a_method_of_ones_own_is_resumed_only_as_itself_with_its_settings(
+        tmp_path: Path) -> None:
+    """Its fingerprint defaults to {} ("an exact method, which a resume may switch"): a step
+    changed 1e-4 -> 1e-2 was resumed silently, and a subclass of the same settings resumed the
+    run as another method (the extending probe)."""
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+
+    def trainer(method: hg.Method, **kw: Any) -> Trainer:
+        return Trainer(p, method=method, mode=hg.Offline(outer_steps=1), callbacks=[],
+                       folder=hg.RunFolder(tmp_path, **kw))
+
+    trainer(_PlainFD()).fit()
+    with pytest.raises(ResumeMismatchError, match=r"method.h: 0.0001 -> 0.01"):
+        trainer(_PlainFD(h=1e-2), resume=True)
+    with pytest.raises(ResumeMismatchError, match=r"method.class: .*_PlainFD' -> .*_OtherFD'"):
+        trainer(_OtherFD(), resume=True)
+    trainer(_PlainFD(), resume=True)  # the same method and step: resumed

@@ -82,6 +82,24 @@ def checked(who: str, problem: Any, lam: Any) -> None:
     problem.check(lam)
 
 
+def run_fingerprint(method: Method) -> dict[str, Any]:
+    """What a resume compares of ``method``: its :meth:`~Method.fingerprint`, and for a
+    method of one's own its class (a subclass of the same settings resumed a run as another
+    method) and, where it keeps the default fingerprint, its attributes that are plain
+    numbers, strings or bools (a finite-difference step changed 1e-4 -> 1e-2 was resumed
+    silently: the default ``{}`` reads "an exact method, which a resume may switch"; the
+    extending probe)."""
+    fp = dict(method.fingerprint())
+    cls = type(method)
+    if cls.__module__.partition(".")[0] == "hypergrad":
+        return fp
+    own: dict[str, Any] = {"method.class": f"{cls.__module__}.{cls.__qualname__}"}
+    if cls.fingerprint is Method.fingerprint:
+        own.update({f"method.{k}": v for k, v in sorted(vars(method).items())
+                    if not k.startswith("_") and isinstance(v, (bool, int, float, str))})
+    return {**own, **fp}
+
+
 def gib(x: float) -> str:
     """Bytes in words: GiB from 1 GiB up, MiB below (no limit for ``inf``)."""
     if math.isinf(x):
@@ -90,9 +108,9 @@ def gib(x: float) -> str:
 
 
 def budget_words(room: float) -> str:
-    """A memory budget in words, with the likely unit mistake named where it is under 1 MiB
+    """A memory budget in words, with the likely unit mistake named where it is 1 KiB or less
     (``memory_budget=2.0`` meant as GiB: every method is refused for a 2-byte budget)."""
-    if room >= 2**20:
+    if room > 2**10:
         return gib(room)
     return (f"{gib(room)} ({room:g} bytes: memory_budget is in bytes; {room:g} GiB would be "
             f"memory_budget={room * 2**30:.4g})")
@@ -417,7 +435,9 @@ class Method(abc.ABC):
         return None
 
     def fingerprint(self) -> dict[str, Any]:
-        """The settings a resume must match (``{}`` for an exact method)."""
+        """The settings a resume must match (``{}`` for an exact method). A method of one's
+        own (defined outside hypergrad) is also matched by its class, and where it does not
+        override this, by its plain settings (:func:`run_fingerprint`)."""
         return {}
 
     def across_ranks(self, ranks: Any) -> Method:
@@ -427,7 +447,10 @@ class Method(abc.ABC):
         raise NotImplementedError(
             f"{type(self).__name__} does not run across processes; under torchrun use "
             f"method='forward' (its columns split) or 'reverse' (its batches split), or run one "
-            f"process.")
+            f"process"
+            + ("; a method of one's own runs across processes where it overrides "
+               "across_ranks(ranks) (docs/extending.md)."
+               if type(self).__module__.partition(".")[0] != "hypergrad" else "."))
 
 
 class OnlineMethod(Method):

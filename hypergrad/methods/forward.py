@@ -242,6 +242,27 @@ class _AutoCompile:
         return out
 
 
+def _check_tangent_shapes(problem: InnerProblem, before: dict[str, Tensor],
+                          after: dict[str, Tensor]) -> None:
+    """Refuse parameter tangents a tangent rule returned in another shape than it was given
+    (rows x the parameter's shape): an inner optimizer's own closed form that got them wrong
+    was blamed on the caller's run state at the next step, or failed in torch (the extending
+    probe)."""
+    if set(after) != set(before):
+        missing, extra = sorted(set(before) - set(after))[:3], sorted(set(after) - set(before))[:3]
+        raise ValueError(
+            f"ForwardMode: the tangent rule of {problem.optimizer!r} returned parameter "
+            f"tangents for other parameters (missing: {missing}; not parameters: {extra}): its "
+            f"tangent() must return one tangent per parameter it was given (docs/extending.md).")
+    for k, z in before.items():
+        if after[k].shape != z.shape:
+            raise ValueError(
+                f"ForwardMode: the tangent rule of {problem.optimizer!r} returned the tangent of "
+                f"{k!r} with shape {tuple(after[k].shape)}, where it was given {tuple(z.shape)} "
+                f"(tangent rows x the parameter's shape): its tangent() must keep each "
+                f"tangent's shape (docs/extending.md).")
+
+
 def _check_run(who: str, problem: InnerProblem, fs: ForwardState, lam: Tensor,
                columns: Sequence[int] | None) -> None:
     """Refuse a run state made for another problem: other parameters, or tangent rows for
@@ -503,6 +524,7 @@ class ForwardMode(OnlineMethod, name="forward"):
             raise ValueError(f"ForwardMode(tangent={self.tangent!r}): that rule does not apply "
                              f"to {problem.optimizer!r}; use AutoTangent() (the default).")
         (params, opt), (zp, zo) = out
+        _check_tangent_shapes(problem, z_in.params, zp)
         tangents = InnerState(zp, zb, zo)
         if live is not None:
             # the live rows' copy and the products freed before the rows are scattered into

@@ -382,6 +382,12 @@ class Optimizer(abc.ABC):
         self.args: dict[str, Any] = dict(args)
         for key, val in self.args.items():
             if key in self.options:
+                if isinstance(val, Mapping):  # it failed mid-run ("Tensor + dict")
+                    raise ValueError(
+                        f"{api}: {key}={val!r} is a per-parameter mapping, but {key!r} is one "
+                        f"of its fixed settings (options = {tuple(self.options)}), read as one "
+                        f"value for every parameter; a {{pattern: value}} mapping is for the "
+                        f"arguments that may be tuned ({tuple(self.hyper_args)}).")
                 continue
             if key not in self.hyper_args and key not in self.pair_args:
                 raise TypeError(f"{api}: unexpected argument {key!r}; arguments are "

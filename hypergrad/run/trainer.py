@@ -45,7 +45,7 @@ from ..errors import (
     ZeroHypergradientWarning,
 )
 from ..methods.auto import AutoMode
-from ..methods.base import HyperGradient, Method, OnlineMethod, create
+from ..methods.base import HyperGradient, Method, OnlineMethod, create, run_fingerprint
 from ..methods.finite_diff import FiniteDifference
 from ..methods.memory import check_memory, out_of_memory
 from ..problem import InnerProblem, InnerState
@@ -576,7 +576,7 @@ class Trainer:
                 **{f"trainer.{k}": v for k, v in self.guards.settings().items()},
                 "trainer.bounds": self.bounds.values(),
                 "trainer.outer_optimizer": type(self.outer).__name__,
-                **self.method.fingerprint()}
+                **run_fingerprint(self.method)}
 
     def _run_settings(self) -> dict[str, Any]:
         """:meth:`settings` and what else every process of a run must share: the outer
