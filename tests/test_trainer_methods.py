@@ -281,7 +281,7 @@ def test_a_non_finite_hypergradient_of_a_finite_training_is_not_blamed_on_the_va
         assert res.best_val_loss == float(p.objective(s.params, s.buffers, p.init_raw()))
     assert "hypergradient entries are not finite at a finite validation loss" in res.message
     assert "the training was finite, its hypergradient was not" in res.message
-    assert "from the method (_OwnMethod)" in res.message and "already diverge" not in res.message
+    assert "from the method (_OwnMethod())" in res.message and "already diverge" not in res.message
 
 
 class _PlainFD(hg.Method):
@@ -324,3 +324,18 @@ def test_a_method_of_ones_own_is_resumed_only_as_itself_with_its_settings(
     with pytest.raises(ResumeMismatchError, match=r"method.class: .*_PlainFD' -> .*_OtherFD'"):
         trainer(_OtherFD(), resume=True)
     trainer(_PlainFD(), resume=True)  # the same method and step: resumed
+
+
+def test_a_memory_budget_a_method_cannot_be_checked_against_is_said() -> None:
+    """A method without a memory estimate dropped Guards(memory_budget=...) without a word
+    (the extending probe)."""
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+    with pytest.warns(hg.errors.ConfigWarning, match=r"Guards\(memory_budget=1e\+09\) is not "
+                                                     r"checked: .* has no memory estimate"):
+        Trainer(p, method=_PlainFD(), guards=hg.Guards(memory_budget=1e9), callbacks=[])
+
+
+def test_a_method_of_ones_own_is_named_by_its_class_and_settings() -> None:
+    """The run log showed method=<my_methods.ForwardFD object at 0x...> (the extending
+    probe)."""
+    assert repr(_PlainFD(h=0.01)) == "_PlainFD(h=0.01)"

@@ -434,6 +434,13 @@ class Method(abc.ABC):
         when it has no estimate (then no memory check applies)."""
         return None
 
+    def __repr__(self) -> str:
+        """The class and its plain settings (a method of one's own was logged as ``<... object
+        at 0x...>``); the built-in methods write their own."""
+        plain = [f"{k}={v!r}" for k, v in vars(self).items()
+                 if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str)))]
+        return f"{type(self).__name__}({', '.join(plain)})"
+
     def fingerprint(self) -> dict[str, Any]:
         """The settings a resume must match (``{}`` for an exact method). A method of one's
         own (defined outside hypergrad) is also matched by its class, and where it does not

@@ -40,6 +40,7 @@ from torch import Tensor
 from ..errors import (
     BoundsWarning,
     CheckpointWarning,
+    ConfigWarning,
     ResumeMismatchError,
     TuningWarning,
     ZeroHypergradientWarning,
@@ -548,6 +549,14 @@ class Trainer:
         if not isinstance(method, AutoMode):  # AutoMode's pick was picked to fit
             check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget,
                          "Trainer")
+            if (self.guards.memory_budget is not None
+                    and chosen.estimate_memory(self.problem) is None):
+                # the budget given was dropped without a word (the extending probe)
+                warnings.warn(ConfigWarning(
+                    f"Trainer: Guards(memory_budget={self.guards.memory_budget:g}) is not "
+                    f"checked: {_named(chosen)} has no memory estimate (its estimate_memory "
+                    f"returns None; a method of one's own may give one, docs/extending.md)."),
+                    stacklevel=4)
         return chosen
 
     def _start_in_bounds(self) -> None:
