@@ -168,9 +168,10 @@ class InnerProblem:
         passes then run them through :mod:`hypergrad.rnn`)."""
         self._has_conv: bool | None = None
         self._precision_seen: set[tuple[tuple[str, ...], str | None]] = set()
-        self._near_one_warned: set[str] = set()
         """The TF32 flags and autocast dtypes differentiated passes ran with (each warned
         about once)."""
+        self._near_one_warned: set[str] = set()
+        """The hyperparameters warned about as within rounding of 1 (:meth:`_warn_near_one`)."""
         self.hyperparams = hyperparams.bind(self.fmodel.param_names,
                                             self.fmodel.initial_params())
         self.optimizer = optimizer.for_horizon(steps)  # schedule-free: x at the last step
