@@ -1297,16 +1297,23 @@ class InnerProblem:
             f"model.", UnreadParameterWarning, stacklevel=4)
 
     def _loss_at_start(self, which: str, params: dict[str, Tensor], mode: Any = None, *,
-                       lam: Tensor) -> Any:
+                       lam: Tensor | None = None, raw: dict[str, Tensor] | None = None) -> Any:
         """``which`` (``"train_loss"`` on the first batch at step 0, or ``"val_loss"``) at
         ``params`` and the initial buffers, under its step's random stream (and ``mode``, a
-        torch function mode, if given)."""
+        torch function mode, if given); the hyperparameters from ``lam``, or from ``raw``, the
+        raw values by group (a group a leaf of its own)."""
         fm = self.fmodel
         train = which == "train_loss"
+        step = 0 if train else None
         with (torch.enable_grad(), step_rng(self.seed, 0 if train else VALIDATION_STEP,
                                             self.device), _quiet(),
               mode if mode is not None else contextlib.nullcontext()):
-            hp = HPValues(self.hyperparams.values(lam, 0 if train else None, self.steps), which)
+            hps = self.hyperparams
+            if raw is None:
+                assert lam is not None, "lam or raw"
+                hp = HPValues(hps.values(lam, step, self.steps), which)
+            else:
+                hp = HPValues(hps.values_from(raw, step, self.steps), which)
             model = ModelFn(fm, params, fm.initial_buffers(), train or self.val_mode == "train",
                             0 if train else self.steps)
             return (self.train_loss(model, self.first_batch(), hp) if train
@@ -1607,12 +1614,13 @@ class InnerProblem:
         this check; a group cut everywhere is refused by :meth:`check`). A cut value that only
         steers a branch or is logged changes nothing near the point: a central difference of
         the loss in the group's raw values along a random direction tells them apart."""
-        raw = {n: v.detach() for n, v in self.hyperparams.split(lam.detach()).items()}
+        raw = self.hyperparams.split(lam.detach())
+        weights = self.fmodel.initial_params()
         for which, found in cuts.items():
             for name, how in found.items():
                 def loss(leaf: dict[str, Tensor], which: str = which,
                          name: str = name) -> Any:
-                    return self._loss_at_raw(which, {**raw, name: leaf[name]})
+                    return self._loss_at_start(which, weights, raw={**raw, name: leaf[name]})
 
                 try:
                     off = _directional_mismatch(
@@ -1634,20 +1642,6 @@ class InnerProblem:
                     f".detach(), torch.tensor(...), torch.no_grad() or numpy on it), or "
                     f"measure how far with hypergrad.testing.hypergradcheck(problem, "
                     f"raise_exception=False).", DetachedValueWarning, stacklevel=4)
-
-    def _loss_at_raw(self, which: str, raw: dict[str, Tensor]) -> Any:
-        """``which`` at the initial state (the training loss on the first batch at step 0),
-        the hyperparameters from their raw values by group, under the step's random stream."""
-        fm = self.fmodel
-        train = which == "train_loss"
-        step = 0 if train else None
-        with (torch.enable_grad(), step_rng(self.seed, 0 if train else VALIDATION_STEP,
-                                            self.device), _quiet()):
-            hp = HPValues(self.hyperparams.values_from(raw, step, self.steps), which)
-            model = ModelFn(fm, fm.initial_params(), fm.initial_buffers(),
-                            train or self.val_mode == "train", 0 if train else self.steps)
-            return (self.train_loss(model, self.first_batch(), hp) if train
-                    else self.val_loss(model, hp))
 
     def _find_cuts(self, which: str, lam: Tensor) -> dict[str, str]:
         """The first operation that cut each hyperparameter group from the graph in one run

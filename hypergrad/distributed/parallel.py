@@ -34,6 +34,7 @@ on plain tensors, outside every transform.
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from typing import Any
 
@@ -92,14 +93,11 @@ def check_same_call(problem: InnerProblem, lam: Tensor, who: str) -> None:
     mixed two points (data parallel reverse mode returned a different vector on each rank)."""
     if world_size() == 1:
         return
-    import hashlib
-
     raw = lam.detach().to("cpu", torch.float64).contiguous()
     facts: dict[str, Any] = {
         "lam": f"{list(raw.shape)} {hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]}"}
     if problem.stream is not None:
-        state = problem.stream.state_dict()
-        facts["batch source passes begun"] = state["passes"]
+        facts["batch source passes begun"] = problem.stream.passes
         facts["batch source's fixed pass"] = problem.stream.fixed_seed
     check_same_facts(
         facts, who, "arguments",

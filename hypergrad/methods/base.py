@@ -91,13 +91,24 @@ def run_fingerprint(method: Method) -> dict[str, Any]:
     extending probe)."""
     fp = dict(method.fingerprint())
     cls = type(method)
-    if cls.__module__.partition(".")[0] == "hypergrad":
+    if _built_in(cls):
         return fp
     own: dict[str, Any] = {"method.class": f"{cls.__module__}.{cls.__qualname__}"}
     if cls.fingerprint is Method.fingerprint:
-        own.update({f"method.{k}": v for k, v in sorted(vars(method).items())
-                    if not k.startswith("_") and isinstance(v, (bool, int, float, str))})
+        own.update({f"method.{k}": v for k, v in sorted(_plain_settings(method).items())})
     return {**own, **fp}
+
+
+def _built_in(cls: type) -> bool:
+    """Whether ``cls`` is one of hypergrad's own (not a method of one's own)."""
+    return cls.__module__.partition(".")[0] == "hypergrad"
+
+
+def _plain_settings(method: Method) -> dict[str, Any]:
+    """``method``'s public attributes that are plain values (None, bools, numbers, strings):
+    the settings of a method of one's own, for its repr and its resume fingerprint."""
+    return {k: v for k, v in vars(method).items()
+            if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str)))}
 
 
 def gib(x: float) -> str:
@@ -437,9 +448,8 @@ class Method(abc.ABC):
     def __repr__(self) -> str:
         """The class and its plain settings (a method of one's own was logged as ``<... object
         at 0x...>``); the built-in methods write their own."""
-        plain = [f"{k}={v!r}" for k, v in vars(self).items()
-                 if not k.startswith("_") and (v is None or isinstance(v, (bool, int, float, str)))]
-        return f"{type(self).__name__}({', '.join(plain)})"
+        plain = ", ".join(f"{k}={v!r}" for k, v in _plain_settings(self).items())
+        return f"{type(self).__name__}({plain})"
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a resume must match (``{}`` for an exact method). A method of one's
@@ -457,7 +467,7 @@ class Method(abc.ABC):
             f"process"
             + ("; a method of one's own runs across processes where it overrides "
                "across_ranks(ranks) (docs/extending.md)."
-               if type(self).__module__.partition(".")[0] != "hypergrad" else "."))
+               if not _built_in(type(self)) else "."))
 
 
 class OnlineMethod(Method):

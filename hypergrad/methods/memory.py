@@ -171,18 +171,20 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
 
 
 def check_memory(problem: InnerProblem, method: Method, mode: str = "offline",
-                 memory_budget: float | None = None, api: str = "check_memory") -> None:
+                 memory_budget: float | None = None, api: str = "check_memory"
+                 ) -> MemoryEstimate | None:
     """Raise :class:`~hypergrad.errors.MemoryBudgetError` (with the numbers and the options)
     when ``method`` would not fit ``memory_budget`` (bytes; ``None``: the device's available
-    memory). Methods without an estimate (finite differences, your own) are not checked."""
+    memory); else return its estimate. Methods without an estimate (finite differences, your
+    own) are not checked: ``None``."""
     check_budget(api, memory_budget)
     sizes = Sizes.of(problem)
     est = method.estimate_memory(problem, sizes)
     if est is None:
-        return
+        return None
     room = budget(problem, memory_budget)
     if est.total <= room:
-        return
+        return est
     from .forward import ForwardMode
     from .reverse import ReverseMode
 

@@ -197,12 +197,6 @@ class TrainResult:
         return learned_optimizer(self.problem, self.lam, params, steps)
 
 
-def _named(method: Method) -> str:
-    """The method's repr where its class writes one, else its class's name (not ``<... object
-    at 0x...>``)."""
-    return repr(method) if type(method).__repr__ is not object.__repr__ else type(method).__name__
-
-
 def _checked(method: Method, lam: Tensor, got: Any) -> HyperGradient:
     """What a method returned, if it is a :class:`~hypergrad.HyperGradient` whose ``grad`` has
     ``lam``'s shape; a method of one's own that returned another shape, a tuple or ``None``
@@ -547,14 +541,13 @@ class Trainer:
                 f"mode=offline).")
         chosen.check(self.problem)
         if not isinstance(method, AutoMode):  # AutoMode's pick was picked to fit
-            check_memory(self.problem, chosen, self.mode.name, self.guards.memory_budget,
-                         "Trainer")
-            if (self.guards.memory_budget is not None
-                    and chosen.estimate_memory(self.problem) is None):
+            est = check_memory(self.problem, chosen, self.mode.name,
+                               self.guards.memory_budget, "Trainer")
+            if self.guards.memory_budget is not None and est is None:
                 # the budget given was dropped without a word (the extending probe)
                 warnings.warn(ConfigWarning(
                     f"Trainer: Guards(memory_budget={self.guards.memory_budget:g}) is not "
-                    f"checked: {_named(chosen)} has no memory estimate (its estimate_memory "
+                    f"checked: {repr(chosen)} has no memory estimate (its estimate_memory "
                     f"returns None; a method of one's own may give one, docs/extending.md)."),
                     stacklevel=4)
         return chosen
@@ -1690,7 +1683,7 @@ class Trainer:
                      else ", or try method='reverse'")
             msg = (f"stopped at outer step {self.outer_step}: {why}, with hyperparameters "
                    f"{bad}: the training was finite, its hypergradient was not. That comes "
-                   f"from the method ({_named(self.method)}), the inner optimizer's tangent "
+                   f"from the method ({repr(self.method)}), the inner optimizer's tangent "
                    f"rule, or a loss whose derivative is not finite there (sqrt or abs at 0, a "
                    f"log of 0); compare methods with hypergrad.testing.hypergradcheck in "
                    f"float64{other}. {kept[0].upper()}{kept[1:]}: "
