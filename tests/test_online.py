@@ -5,6 +5,7 @@ mode's increments."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -217,3 +218,29 @@ def test_online_first_update_does_not_call_a_momentum_unlearnable() -> None:
     res = hg.Trainer(lr_momentum(12, lr=0.1), "forward", mode=hg.Online(interval=1),
                      callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
     assert res.values["momentum"] > 0.6
+
+
+def test_an_outer_step_to_infinity_is_divergence_not_the_domain_edge() -> None:
+    """An outer lr of inf stepped an identity-transformed learning rate to -inf; the domain's
+    clamp (sgd's lr >= 0) made it 0.0 and the run returned lr=0 as learned, diverged=False
+    (the implicit/online probe, 2026-12-07)."""
+    import functools
+
+    class Point(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+
+        def forward(self, x: Any) -> torch.Tensor:
+            return self.w
+
+    a = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    problem = hg.InnerProblem(
+        Point(), lambda m, batch, hp: 0.5 * ((m(None) - a) ** 2 * torch.tensor([1.0, 4.0])).sum(),
+        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]), [None], 10,
+        lambda m, hp: 0.5 * ((m(None) - 0.5) ** 2).sum())
+    res = hg.Trainer(problem, "hd", outer=functools.partial(torch.optim.SGD, lr=math.inf),
+                     mode=hg.Online(interval=1),
+                     callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    assert res.diverged and "non-finite" in (res.message or "")
+    assert res.values["lr"] == pytest.approx(0.1)

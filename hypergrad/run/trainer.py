@@ -952,12 +952,16 @@ class Trainer:
         tr.keep_grad(lam_used, g)
         if isinstance(self.outer, SearchOptimizer):
             self.outer.value = float(value)
-        self._update(g)
-        if not bool(torch.isfinite(self.lam).all()):
+        if not self._update(g, keep_nonfinite=True):
             return "the outer optimizer's update made the hyperparameters non-finite"
         return None
 
-    def _update(self, g: Tensor) -> None:
+    def _update(self, g: Tensor, keep_nonfinite: bool = False) -> bool:
+        """One step of the outer optimizer along ``g``, then ``lam`` projected into the bounds
+        and the domains; ``False`` (and no projection, where ``keep_nonfinite``) when the step
+        made ``lam`` non-finite: an outer learning rate of 1e300 stepped a log learning rate to
+        -inf, which the domain's clamp turned into 0.0, and the run went on as if it had not
+        diverged."""
         self.lam.grad = g
         if isinstance(self.outer, SearchOptimizer) and not self.mode.online:
             # offline, its line search runs plain inner runs; online (one run) there are none,
@@ -968,8 +972,12 @@ class Trainer:
         else:
             self.outer.step()
         self.lam.grad = None
+        finite = bool(torch.isfinite(self.lam).all())
+        if not finite and keep_nonfinite:
+            return False
         self.bounds.project(self.lam)
         self._hold_in_domain()
+        return finite
 
     def _domain_bounds(self) -> Bounds | None:
         """:attr:`domain`: the domains' edges as bounds on the sides a transform can cross
