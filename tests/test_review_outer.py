@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,6 +206,23 @@ def test_a_second_fit_counts_the_first_calls_end_in_elapsed() -> None:
     assert first.elapsed == clock[0] == 11.0  # two hypergradients, the final evaluation
     second = tr.fit()  # no outer step left: the final evaluation again
     assert second.elapsed == clock[0] == 12.0
+
+
+def test_a_resumed_run_counts_the_last_fits_end_in_elapsed(tmp_path: Path) -> None:
+    """The same across a resume in a new Trainer: it went on from the checkpoint's last record,
+    so the run's elapsed went down, 0.1085 s and then 0.1052 s (the callbacks and records
+    probe, 2026-12-07). The fit's end is now kept in the checkpoint."""
+    from fixtures import unit_clock
+
+    def fit() -> hg.TrainResult:
+        tr = hg.Trainer(_regression(steps=5), "reverse",
+                        functools.partial(torch.optim.Adam, lr=0.1), hg.Offline(outer_steps=2),
+                        callbacks=_quiet(), folder=hg.run.RunFolder(tmp_path, resume=True))
+        unit_clock(tr)
+        return tr.fit()
+
+    assert fit().elapsed == 11.0  # two hypergradients, the final evaluation
+    assert fit().elapsed == 12.0  # no outer step left: the final evaluation again
 
 
 def test_a_zero_hypergradient_sends_the_default_search_elsewhere_not_round_again() -> None:

@@ -234,9 +234,10 @@ def next_numbered(folder: Path, name: str) -> Path:
 
 
 def save_checkpoint(run_dir: Path, ck: Mapping[str, Any],
-                    checked: dict[int, Any] | None = None) -> Path:
+                    checked: dict[int, Any] | None = None, rotate: bool = True) -> Path:
     """Write ``ck`` to ``run_dir/checkpoint.pt`` safely against kills (see the module
-    docstring); the previous checkpoint becomes ``checkpoint.prev.pt``. Returns the path.
+    docstring); the previous checkpoint becomes ``checkpoint.prev.pt`` (not where ``rotate``
+    is false: the same outer step written again). Returns the path.
     ``checked``: the run's records already found loadable (:func:`_loadable`), kept by the
     caller from one checkpoint to the next."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -256,7 +257,7 @@ def save_checkpoint(run_dir: Path, ck: Mapping[str, Any],
             os.fsync(fh.fileno())
         if "kill-before-rename" in fault:
             _die()
-        if path.exists():
+        if rotate and path.exists():
             _keep_previous(path, prev)
         if "kill-after-rotate" in fault:
             _die()

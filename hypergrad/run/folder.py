@@ -298,6 +298,18 @@ class RunFolder:
             ck["outer"]["state"] = {}
         save_checkpoint(self.path, ck)
 
+    def note_elapsed(self, device: torch.device, elapsed: float) -> None:
+        """Keep the run's seconds at the end of a fit (after its final evaluation, which
+        comes after the last checkpoint) in that checkpoint, for a resume's clock."""
+        path = self.path / CHECKPOINT
+        try:
+            ck = torch.load(path, map_location=device, weights_only=True)
+            ck["elapsed_done"] = float(elapsed)
+            # the same outer step: checkpoint.prev.pt stays the step before, for a fallback
+            save_checkpoint(self.path, ck, self._checked, rotate=False)
+        except Exception:  # noqa: BLE001 - a clock's nicety: the run and its records stand
+            return
+
     def close(self) -> None:
         """Give the lock back."""
         self._open = False
