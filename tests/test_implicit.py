@@ -345,6 +345,65 @@ def test_loss_steps_that_are_not_whole_epochs_are_named() -> None:
     assert said == []
 
 
+def test_loss_steps_that_are_not_whole_passes_of_batches_in_order_are_named() -> None:
+    """MiniBatches(shuffle=False) with 3 batches per epoch and loss_steps of 8 steps: some
+    examples counted 3 times, others twice, and no word (the coverage check returned early for
+    any unshuffled source); only "train longer", which cannot mend the objective (the implicit
+    probe, 2026-12-07). Any 3 steps in a row are one whole pass."""
+    from hypergrad.data import MiniBatches
+    from hypergrad.tasks import digits_data
+
+    data = digits_data(48, 48, 1, seed=0, dtype=torch.float64)
+    torch.manual_seed(0)
+    problem = hg.InnerProblem(
+        torch.nn.Linear(64, 10).double(),
+        lambda m, batch, hp: F.cross_entropy(m(batch[0]), batch[1]),
+        hg.optim.sgd(lr=0.5, weight_decay="wd"), hg.HyperParams([hg.Scalar("wd", 0.05)]),
+        MiniBatches(data.x_train, data.y_train, batch_size=16, shuffle=False), 40,
+        lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+    lam = problem.init_raw()
+
+    def told(steps: range) -> list[str]:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            hg.ImplicitDiff(loss_steps=steps, grad_tol=1e9).hypergradient(problem, lam)
+        return [str(w.message) for w in said if w.category is InnerNotConvergedWarning]
+
+    said = told(range(32, 40))
+    assert len(said) == 1, said
+    assert ("loss_steps=range(32, 40) are not whole passes of the 3 batches per epoch "
+            "(MiniBatches reads them in order), so they read the training examples from 2 to 3 "
+            "times" in said[0] and "e.g. loss_steps=range(37, 40), the last whole pass"
+            in said[0]), said
+    assert told(range(34, 40)) == [] and told(range(35, 38)) == []
+
+
+@pytest.mark.parametrize("solver", [hg.methods.CG(), hg.methods.Neumann(),
+                                    hg.methods.FixedPoint()], ids=lambda s: type(s).__name__)
+def test_a_validation_loss_flat_in_the_weights_is_solved_by_every_solver(
+        solver: hg.methods.LinearSolver) -> None:
+    """grad_w E = 0 (a validation loss that reads only the hyperparameter): Neumann and
+    FixedPoint started their power iteration from the zero vector and refused the problem as
+    "not at a minimum"; CG and forward mode gave the hypergradient (the implicit probe,
+    2026-12-07)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(50, 5, dtype=torch.float64), torch.randn(50, dtype=torch.float64)
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        r = m(batch[0])[:, 0] - batch[1]
+        return 0.5 * (r * r).mean() + 0.5 * hp["l2"] * (m.params["weight"] ** 2).sum()
+
+    problem = hg.InnerProblem(
+        torch.nn.Linear(5, 1, bias=False).double(), train_loss, hg.optim.sgd(lr=0.3),
+        hg.HyperParams([hg.Scalar("l2", 0.1)]), [(x, y)], 300,
+        lambda m, hp: (hp["l2"] - 1.0) ** 2 + 0.0 * m.params["weight"].sum())
+    lam = problem.init_raw()
+    r = hg.ImplicitDiff(solver).hypergradient(problem, lam)
+    assert r.info is not None and r.info["converged"]
+    assert torch.allclose(r.grad, torch.tensor([-1.8], dtype=torch.float64), rtol=1e-12)
+    assert torch.allclose(r.grad, hg.ForwardMode().hypergradient(problem, lam).grad, rtol=1e-12)
+
+
 def test_numpy_numbers_are_accepted_and_an_infinite_step_refused() -> None:
     """np.int64(50) was refused as 'must be an int >= 1' (a count from a NumPy grid); eps=inf
     gave a zero hypergradient without a word."""

@@ -122,8 +122,14 @@ class LinearSolver(abc.ABC):
             count[0] += 1
             return hvp(v)
 
-        x, info = self._solve(counted, b, x0)
         bn = float(b.norm())
+        if not bn > 0:
+            # H x = 0 is solved by 0: a validation loss flat in the weights (one that reads only
+            # the hyperparameters) made the stepped solvers' power iteration start from the zero
+            # vector and refuse the problem as "not at a minimum"
+            return torch.zeros_like(b), {"solver": self.name, "iterations": 0, "hvps": 0,
+                                         "residual": 0.0, "converged": True}
+        x, info = self._solve(counted, b, x0)
         res = float((counted(x) - b).norm()) / bn if bn > 0 else float((counted(x)).norm())
         info = {"solver": self.name, **info, "hvps": count[0], "residual": res,
                 "converged": res <= self.tol}
@@ -362,6 +368,12 @@ def _last_epoch(problem: InnerProblem, n: int) -> str:
     return f"range({end - n}, {end})" if end >= n else f"range(0, {n}) (T >= {n})"
 
 
+def _last_n(problem: InnerProblem, n: int) -> str:
+    """The last ``n`` steps, as a ``range`` to give (a pass over batches read in order)."""
+    t = problem.steps
+    return f"range({t - n}, {t})" if t >= n else f"range(0, {n}) (T >= {n})"
+
+
 def uneven_coverage(problem: InnerProblem, steps: Sequence[int]) -> str | None:
     """Why the mini-batches of ``steps`` are not whole epochs of a
     :class:`~hypergrad.data.MiniBatches` source shuffled per epoch (``range(T - n, T)`` with
@@ -369,20 +381,28 @@ def uneven_coverage(problem: InnerProblem, steps: Sequence[int]) -> str | None:
     some never), so the objective is not the training loss; ``None`` when they are, or when
     the source does not say."""
     n = _epoch(problem)
-    if n is None or not problem._batch.data.shuffle:  # unshuffled: any n steps in a row
-        return None
-    given = set(steps)
-    epochs = {t // n for t in given}
-    if all(e * n + i in given for e in epochs for i in range(n)):
+    if n is None:
         return None
     data = problem._batch.data
-    counts = data.read_counts(sorted(given))
-    return (f"loss_steps={_steps_repr(steps)} are not whole epochs of the {n} batches per "
-            f"epoch (MiniBatches shuffles each epoch), so they read the training examples "
+    given = set(steps)
+    if data.shuffle:
+        epochs = {t // n for t in given}
+        if all(e * n + i in given for e in epochs for i in range(n)):
+            return None
+        counts = data.read_counts(sorted(given))
+        what, order = "whole epochs", "MiniBatches shuffles each epoch"
+    else:  # in order: any n steps in a row read each example once (8 steps of 3 batches did not)
+        counts = data.read_counts(sorted(given))
+        if int(counts.min()) == int(counts.max()):
+            return None
+        what, order = "whole passes", "MiniBatches reads them in order"
+    return (f"loss_steps={_steps_repr(steps)} are not {what} of the {n} batches per "
+            f"epoch ({order}), so they read the training examples "
             f"from {int(counts.min())} to {int(counts.max())} times ({int((counts == 0).sum())} "
             f"of {data.n} never): the objective is not the training loss, and a per-example "
             f"weight of an example never read gets a hypergradient of 0. Give whole epochs, "
-            f"e.g. loss_steps={_last_epoch(problem, n)}, the last whole epoch")
+            f"e.g. loss_steps={_last_epoch(problem, n) if data.shuffle else _last_n(problem, n)}"
+            f", the last whole {'epoch' if data.shuffle else 'pass'}")
 
 
 def _steps_repr(steps: Sequence[int]) -> str:
@@ -605,7 +625,11 @@ class ImplicitDiff(Method, name="implicit"):
         if self.warm_start:
             self._last[problem] = v.detach()
         if not info["converged"]:
-            other = "" if isinstance(self.solver, CG) else ", use CG()"
+            # a stepped solver on a singular Hessian keeps the right-hand side's part in the
+            # null space as its residual, whatever maxiter: CG names that case
+            other = ("" if isinstance(self.solver, CG) else
+                     ", use CG() (it tells a singular or indefinite Hessian, where more "
+                     "terms cannot help)")
             fix = (self._diverging_fix(hvp, rhs, info) or
                    f"Raise maxiter{other}, or check that the inner problem converged."
                    if "breakdown" not in info else
