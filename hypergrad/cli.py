@@ -501,6 +501,7 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
         "message": result.message,
         # stopped before mode.outer_steps by guards.time_budget (resume to go on)
         "out_of_time": result.out_of_time,
+        "stopped": result.stopped,  # a callback's Trainer.stop (its reason), else ""
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }
     # what this run does not write again must not stay from an earlier one (a resume with
@@ -1078,7 +1079,7 @@ def main() -> None:
         _main()
     except SystemExit as err:
         if err.code == 1:  # Hydra's own failure (a composition error among them)
-            said = _preset_conflict(sys.argv[1:])
+            said = _preset_conflict(sys.argv[1:]) or _bare_word(sys.argv[1:])
             if said is not None:  # after Hydra's own lines, which name only the key
                 print(said, file=sys.stderr)
         raise
@@ -1098,6 +1099,29 @@ def _multirun_under_torchrun(args: list[str]) -> str | None:
             "(the second job hangs). Run the sweep with a launcher whose jobs each run "
             "torchrun (docs/distributed.md, 'Many runs: Hydra launchers'), or one torchrun per "
             "run: for s in 0 1 2; do torchrun ... -m hypergrad.cli seed=$s ...; done.")
+
+
+_TAKES_VALUE = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p",
+                "--package", "-i", "--info")
+
+
+def _bare_word(args: list[str]) -> str | None:
+    """What to do with a word that is no override (``hypergrad-run report``, or a preset's
+    name alone): Hydra says only "missing EQUAL"; ``None`` where every argument is one."""
+    words = [a for i, a in enumerate(args)
+             if "=" not in a and not a.startswith(("-", "~"))
+             and not (i > 0 and args[i - 1] in _TAKES_VALUE)]
+    if not words:
+        return None
+    presets = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+    word = words[0]
+    if word in presets:
+        return (f"hypergrad-run: {word!r} is a preset: give it as experiment={word} (the "
+                f"arguments are Hydra overrides, key=value; docs/configs.md).")
+    return (f"hypergrad-run: {word!r} is not an override: the arguments are Hydra overrides, "
+            f"key=value (experiment=<preset>, one of {', '.join(presets)}; docs/configs.md). "
+            f"There are no subcommands: a run's results are in its folder (results.json, "
+            f"learned.yaml, cli.log, metrics.jsonl).")
 
 
 def _preset_conflict(args: list[str]) -> str | None:

@@ -294,6 +294,13 @@ def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
             "of training (see 'assumes').\n" if "not_written" not in settings else
             "# Not written: torch.optim cannot hold what hypergrad learned (the reason below); "
             "the learned values are in results.json.\n")
+    cls = str((settings.get("optimizer") or {}).get("class", ""))
+    if "schedulefree" in cls.lower().replace("_", ""):
+        # following the guide gave 0.2064 against the run's 0.1989: the optimizer comes back
+        # in train mode, and only its docstring said to call eval()
+        head += ("# Schedule-free: the optimizer comes back in train mode; call "
+                 "optimizer.eval() before evaluating or saving the model, as hypergrad's "
+                 "last step did.\n")
     if settings.get("schedule"):
         settings["schedule"]["assumes"] = (
             "windows are fractions of the run: training for another number of steps stretches "

@@ -228,6 +228,23 @@ def follow(run_dir: Path, out: Path, resume: bool) -> None:
                out / f"rank{hd.rank()}.pt")
 
 
+def stop(out: Path) -> None:
+    """An offline run whose callback (called on rank 0 alone) stops it after outer step 1:
+    every rank ends there, with rank 0's reason (``rank<r>.pt``)."""
+    import hypergrad as hg
+    from hypergrad import distributed as hd
+
+    class StopAt(hg.Callback):
+        def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+            if record["outer_step"] == 1:
+                trainer.stop("enough")
+
+    trainer = hg.Trainer(mixed(steps=4), "forward", mode=hg.Offline(outer_steps=4),
+                         callbacks=[StopAt(), hg.run.Progress(False)], strategy=hd.Ranks())
+    res = trainer.fit()
+    torch.save({"steps": len(res.history), "stopped": res.stopped}, out / f"rank{hd.rank()}.pt")
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     torch.set_num_threads(1)
@@ -245,6 +262,8 @@ def main() -> None:
             mismatch(Path(args[0]), args[1])
         elif case == "settings":
             settings(Path(args[0]))
+        elif case == "stop":
+            stop(Path(args[0]))
         elif case == "follow":
             follow(Path(args[0]), Path(args[1]), "--resume" in args)
         else:

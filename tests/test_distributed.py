@@ -209,6 +209,14 @@ def test_ranks_built_with_other_run_settings_refuse_together(tmp_path: Path) -> 
         assert "rank 1: trainer.mode.outer_steps: 2 -> 3" in said[r]["steps"], said[r]
 
 
+def test_a_stop_asked_by_a_callback_on_rank_0_ends_every_rank(tmp_path: Path) -> None:
+    """Only rank 0 calls callbacks: a stop decided there alone would end its loop and leave
+    the other ranks waiting in the next step's collectives."""
+    _ok(launch("stop", str(tmp_path)))
+    for r in range(2):
+        assert torch.load(tmp_path / f"rank{r}.pt") == {"steps": 2, "stopped": "enough"}
+
+
 def test_a_rank_not_given_resume_follows_rank_0s_resumed_run(tmp_path: Path) -> None:
     """Only rank 0 was given resume=True: rank 1 started afresh beside the resumed rank 0,
     which wrote a wrong record before the run failed (the distributed probe)."""

@@ -499,6 +499,21 @@ def test_a_preset_key_the_option_chosen_beside_it_lacks_is_explained(
         option == "online")
 
 
+@pytest.mark.parametrize(("word", "said"), [
+    ("report", "'report' is not an override: the arguments are Hydra overrides, key=value"),
+    ("digits_schedule", "'digits_schedule' is a preset: give it as experiment=digits_schedule")])
+def test_a_word_that_is_no_override_is_explained(tmp_path: Path, word: str, said: str) -> None:
+    """``hypergrad-run report`` (there is no report command) and a preset's name alone got
+    only Hydra's "Error parsing override ... missing EQUAL" (the callbacks and records probe,
+    2026-12-07)."""
+    from hypergrad.cli import _bare_word
+
+    out = subprocess.run([*CLI, word, f"hydra.run.dir={tmp_path}"], capture_output=True,
+                         text=True, env=ENV, timeout=300)
+    assert out.returncode == 1 and said in out.stderr, out.stderr
+    assert _bare_word(["--config-dir", "mine", "experiment=charlm", "~seed", "-m"]) is None
+
+
 def test_the_retrained_points_are_also_trained_in_orders_the_tuning_never_saw(
         tmp_path: Path) -> None:
     """The retrained table trains every point in the tuning's batch order, the one the learned

@@ -305,3 +305,44 @@ def test_a_backtrack_searches_from_the_best_points_loss(monkeypatch: Any) -> Non
     searched = [(v, b) for v, b in seen if not math.isnan(v)]
     assert searched
     assert all(v == b for v, b in searched), searched
+
+
+class _StopAt(hg.Callback):
+    """Early stopping: asks the Trainer to stop at outer step ``at``."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_outer_step(self, trainer: hg.Trainer, record: dict[str, Any]) -> None:
+        if record["outer_step"] == self.at:
+            trainer.stop(f"no gain at step {self.at}")
+
+
+@pytest.mark.parametrize("online", [False, True], ids=["offline", "online"])
+def test_a_callback_stops_the_fit_and_the_next_goes_on(tmp_path: Path, online: bool) -> None:
+    """No callback could end a run cleanly: raising stopped it with no TrainResult
+    (``trainer.result`` None, ``on_fit_end(None)``; the callbacks probe, 2026-12-07).
+    Trainer.stop ends the fit after the outer step with a result, and a resume goes on to the
+    run a straight fit gives."""
+    mode = (hg.Online(interval=10) if online else hg.Offline(outer_steps=4))
+
+    def trainer(*extra: hg.Callback, folder: Path | None = None) -> hg.Trainer:
+        return hg.Trainer(_regression(steps=40), "forward",
+                          functools.partial(torch.optim.Adam, lr=0.05), mode,
+                          callbacks=[*extra, *_quiet()],
+                          folder=None if folder is None else hg.run.RunFolder(folder,
+                                                                              resume=True))
+
+    straight = trainer().fit()
+    stopped = trainer(_StopAt(1), folder=tmp_path).fit()
+    assert stopped.stopped == "no gain at step 1" and not stopped.diverged
+    assert len(stopped.history) == 2 and "stopped='no gain at step 1'" in repr(stopped)
+    if online:  # the one run stopped at its second update, not trained to the end
+        assert stopped.state is not None and stopped.history[-1]["inner_step"] == 20
+    else:
+        assert stopped.best_val_loss is not None and stopped.state is not None
+    went_on = trainer(folder=tmp_path).fit()
+    assert went_on.stopped == "" and len(went_on.history) == len(straight.history)
+    assert torch.equal(went_on.lam, straight.lam)
+    with pytest.raises(TypeError, match=r"Trainer.stop: reason=3 must be a non-empty str"):
+        trainer().stop(3)  # type: ignore[arg-type]

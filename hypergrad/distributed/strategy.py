@@ -114,6 +114,13 @@ class Ranks(Strategy):
             return None
         return load_checkpoint(path, device)
 
+    def writers_value(self, value: Any, what: str) -> Any:
+        """Rank 0's ``value`` on every rank: only rank 0 calls the callbacks, so a stop one of
+        them asked for would end rank 0's loop alone, and the others would wait on it."""
+        if world_size() == 1:
+            return value
+        return broadcast_object(value, what)
+
     def now(self, seconds: float) -> float:
         """Rank 0's clock reading on every rank: each rank's own clock (its CPU time, or a wall
         clock read a moment apart) would decide a time budget, the start's points and a line

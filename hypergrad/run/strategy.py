@@ -61,6 +61,11 @@ class Strategy:
         whether it did; ``None`` here)."""
         return None
 
+    def writers_value(self, value: Any, what: str) -> Any:
+        """The writing process's ``value`` on every process (what its callbacks decided):
+        this process's own."""
+        return value
+
     def now(self, seconds: float) -> float:
         """The clock reading every process decides by (a time budget, a line search's room):
         this process's own."""

@@ -141,7 +141,9 @@ class TrainResult:
     guards' clock, over every ``fit()`` call that led to it (a resumed run counts its earlier
     calls up to their last checkpoint), as the records' ``elapsed``. ``method``: the name of
     the method that ran (``method.resolve``'s: the one ``"auto"`` picked); ``diverged`` and
-    ``message``: whether and why the run stopped on a divergence (or another guard); ``history``:
+    ``message``: whether and why the run stopped on a divergence (or another guard);
+    ``stopped``: the reason given to :meth:`Trainer.stop` where a callback ended the fit
+    (``""`` otherwise); ``history``:
     a record per hypergradient (``metrics.jsonl``'s lines); ``problem``: the problem tuned.
     """
 
@@ -166,6 +168,7 @@ class TrainResult:
     last_step: int | None = None
     """Offline: the outer step whose point ``last_lam`` is (the last record's where the descent
     ended without an update after it, as a line search that found nothing better)."""
+    stopped: str = ""
 
     def __repr__(self) -> str:
         """The outcome in a few lines: long value lists and the records counted, not printed
@@ -183,7 +186,8 @@ class TrainResult:
                 f"last_val_loss={self.last_val_loss}, history=<{len(self.history)} records>, "
                 f"evaluations=<{len(self.evaluations)}>, rechecked=<{len(self.rechecked)}>, "
                 f"diverged={self.diverged}, out_of_time={self.out_of_time}, "
-                f"elapsed={self.elapsed:.3g}, message={msg!r})")
+                + (f"stopped={self.stopped!r}, " if self.stopped else "")
+                + f"elapsed={self.elapsed:.3g}, message={msg!r})")
 
     def learned_optimizer(self, params: Any, steps: int | None = None) -> tuple[Any, Any]:
         """``(optimizer, scheduler)`` of ``torch.optim`` at the learned hyperparameters
@@ -466,6 +470,7 @@ class Trainer:
         plain run, final evaluation) as ``{"lam", "val_loss", "select_loss", "outer_step"}``;
         the point returned is chosen by ``select_loss`` among them."""
         self._over: str | None = None  # why the descent ended (_OVER), else None
+        self._stop_asked: str | None = None  # Trainer.stop's reason within this fit()
         self._good: dict[str, Any] | None = None  # where an interrupted fit() goes back to
         self._good_run: Any = None  # and, online, its run state
         self.result: TrainResult | None = None
@@ -689,6 +694,7 @@ class Trainer:
             raise
         self._fit_start = self._now()
         self._undone = None  # this call's (a second fit() is told of its own last update)
+        self._stop_asked = None
         # the records' elapsed go on from the run's last record (a resume, a second fit()):
         # the time budget is per call, the records' clock is the run's
         # (on a second fit() of this Trainer, from the first call's end: its final evaluation
@@ -828,6 +834,29 @@ class Trainer:
             f"than the initial hyperparameters was found, and they are returned. Give the "
             f"budget room for several outer steps (the defaults spend 15 % of it on a "
             f"space-filling start)."), stacklevel=3)
+
+    def stop(self, reason: str = "Trainer.stop()") -> None:
+        """End the :meth:`fit` under way after its current outer step, e.g. from a callback's
+        ``on_outer_step`` (early stopping). Offline, the result is chosen as after the last outer
+        step (the final evaluation and re-checks run); online, the one inner run stops at that
+        update, its state the run's so far. ``TrainResult.stopped`` holds ``reason``. Only this
+        ``fit()`` ends: the next, or a resume, goes on. Under torchrun the writing rank's
+        callbacks decide, for every rank."""
+        if not isinstance(reason, str) or not reason:
+            raise TypeError(f"Trainer.stop: reason={reason!r} must be a non-empty str (it is "
+                            f"kept as TrainResult.stopped).")
+        self._stop_asked = reason
+
+    def _stopping(self) -> bool:
+        """Whether :meth:`stop` was asked (after a record: its callbacks ran); the writing
+        process's answer on every process, which only it calls callbacks on."""
+        asked = self.strategy.writers_value(self._stop_asked, "agreeing on Trainer.stop")
+        if asked is None:
+            return False
+        self._stop_asked = asked
+        self.message(f"outer step {self.outer_step - 1}: stopped by Trainer.stop ({asked}); "
+                     f"fit() again, or a resume, goes on from here")
+        return True
 
     def close(self) -> None:
         """Release the run folder's lock without fitting (``fit`` releases it when it ends)."""
@@ -1451,6 +1480,8 @@ class Trainer:
             self._record(value, grad, lam_used, hg.state, spent,
                          backtracked=backtracked, info=hg.info)
             forecasts[-1] += self._now() - saved  # its checkpoint and callbacks, every step
+            if self._stopping():
+                break
             if self._over is not None:
                 self.message(f"outer step {self.outer_step - 1}: "
                              + ": ".join(_OVER[self._over]))
@@ -1458,6 +1489,7 @@ class Trainer:
                 break
         res = self._finish_offline()
         res.out_of_time = out_of_time and not res.diverged
+        res.stopped = self._stop_asked or ""
         return res
 
     def _end_descent(self, budget: float | None) -> bool:
@@ -1651,13 +1683,16 @@ class Trainer:
             self._record(value, grad, lam_used, self.run_state.state,
                          self._now() - t0, inner_step=self.run_state.step)
             t0 = self._now()
+            if self._stopping():
+                break
         last = self.lam.detach().clone()
         hps = self.problem.hyperparams
         last_val = self.history[-1]["val_loss"] if self.history else None
         return TrainResult(last, hps.describe(last), copy.deepcopy(self.history), m.name,
                            state=self.run_state.state, last_lam=last.clone(),
                            last_values=hps.describe(last), best_step=self.outer_step,
-                           best_val_loss=last_val, last_val_loss=last_val)
+                           best_val_loss=last_val, last_val_loss=last_val,
+                           stopped=self._stop_asked or "")
 
     def _diverged(self, why: str, lam_used: Tensor, value: Tensor) -> TrainResult:
         hps = self.problem.hyperparams
