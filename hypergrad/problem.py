@@ -204,14 +204,20 @@ class InnerProblem:
         once ``True``, it stays ``True``)."""
         self.eager_draws: bool | None = None
         """For a loss that draws: whether plain steps may take eager autograd, which draws the
-        same numbers as ``torch.func`` for this loss (found on its first plain step by
-        computing the gradient both ways: bitwise equal gradients and running statistics, or
-        ``False``)."""
+        same numbers as ``torch.func`` for this loss (found on its first plain step that draws
+        by computing the gradient both ways: bitwise equal gradients and running statistics,
+        or ``False``)."""
         self.direct_draws: bool | None = None
         """For a loss that draws, with :attr:`eager_draws`: whether the step's VJP on autograd
         directly (:class:`~hypergrad.stepvjp.DoubleBackward`'s direct route) equals
-        ``torch.func.vjp``'s bit for bit (found on its first step VJP by computing it both ways;
-        the later ones take the direct route where they agree)."""
+        ``torch.func.vjp``'s bit for bit (found on its first step VJP that draws by computing
+        it both ways; the later ones take the direct route where they agree)."""
+        self.step_drew: bool | None = None
+        """Whether the last evaluation of the training loss drew random numbers, while that is
+        watched (until :attr:`eager_draws` and :attr:`direct_draws` are known): a step that
+        draws nothing agrees both ways whatever the loss draws at other steps, so it decides
+        neither (a dropout switched on at step 1 was judged at step 0, and the later plain
+        steps drew other masks than the differentiated passes: 2e-3 between methods)."""
 
     # -- basic facts ------------------------------------------------------------------------------
     @property
@@ -492,7 +498,9 @@ class InnerProblem:
         model = self.fmodel.bind(params, buffers, train=True, step=t, fused=fused)
         if self.draws is False and torch.compiler.is_compiling():  # nothing to seed; untraceable
             return self.train_loss(model, batch, hp), model.new_buffers
-        with step_rng(self.seed, t, self.device, watch=not self.draws) as rng:
+        watch = (not self.draws or self.eager_draws is None
+                 or bool(self.eager_draws and self.direct_draws is None))
+        with step_rng(self.seed, t, self.device, watch=watch) as rng:
             try:
                 loss = self.train_loss(model, batch, hp)
             except (IndexError, ValueError, RuntimeError) as err:  # a later batch's data
@@ -502,7 +510,8 @@ class InnerProblem:
                                  f"mini-batch 0 only).")
                 raise
             if rng is not None:
-                self.draws = rng.drew()
+                self.step_drew = rng.drew()
+                self.draws = bool(self.draws) or self.step_drew
         return loss, model.new_buffers
 
     def update(self, grads: dict[str, Tensor], opt: NamedTuple, params: dict[str, Tensor],
@@ -567,7 +576,13 @@ class InnerProblem:
                   ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         batch = self.batch(t)
         if plain and self.draws is False:
-            return self._eager_grad(state.params, state.buffers, lam, t, batch)
+            got = self._eager_grad(state.params, state.buffers, lam, t, batch)
+            if not self.draws:
+                return got
+            # this step drew, the first to (a dropout switched on after step 0): eager
+            # autograd laid its draws out in memory order, torch.func in logical order, so the
+            # first run differed from every later one and from the differentiated passes
+            # (2e-3 between methods); taken again below as every later evaluation takes it
         # attention: the differentiated passes run the math kernel (a double backward); plain
         # steps keep the fused kernels unless attention draws dropout masks (the kernels draw
         # them differently); the first plain step finds out, with the math kernel
@@ -591,7 +606,8 @@ class InnerProblem:
             # skip torch.func's wrappers (a quarter of the char LM's plain step)
             with kernel():
                 eg, eb = self._eager_grad(state.params, state.buffers, lam, t, batch, fused=False)
-            self.eager_draws = bitwise_equal((g, new_buffers), (eg, eb))
+            if self.step_drew:  # else decided at a step that draws
+                self.eager_draws = bitwise_equal((g, new_buffers), (eg, eb))
         return g, new_buffers
 
     def _detect_draws(self, lam: Tensor) -> None:

@@ -104,13 +104,19 @@ class DoubleBackward(StepVJP):
         if self.direct and _plain_step(problem) and (
                 problem.draws is False
                 or (problem.draws and problem.eager_draws and problem.direct_draws is not False)):
+            drew = problem.draws
             got = self._direct(problem, state, lam, t, adj)
+            if got is not None and drew is False and problem.draws:
+                # this step drew, the first to (draws that start after step 0): in the
+                # differentiated passes' order, as in every later evaluation
+                return self._func(problem, state, lam, t, adj)
             if got is not None:
                 if problem.draws and problem.direct_draws is None:
                     # a loss that draws: the first step VJP is also taken by torch.func.vjp;
                     # the direct route is kept where the two agree bit for bit
                     ref = self._func(problem, state, lam, t, adj)
-                    problem.direct_draws = bitwise_equal(got, ref)
+                    if problem.step_drew:  # else decided at a step that draws
+                        problem.direct_draws = bitwise_equal(got, ref)
                     return ref
                 return got
         return self._func(problem, state, lam, t, adj)

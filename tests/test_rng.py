@@ -86,6 +86,54 @@ def test_plain_steps_that_draw_take_eager_autograd_where_it_draws_the_same() -> 
     assert transformer.draws is True and transformer.eager_draws is False
 
 
+def _late_dropout(warm: int, until: int = 5) -> hg.InnerProblem:
+    """Dropout of a transposed tensor (memory order is not logical order), switched on from
+    step ``warm`` to ``until`` by a flag in the batch (an augmentation warm-up)."""
+    import torch.nn.functional as F
+
+    from hypergrad.tasks import digits_data
+
+    data = digits_data(n_train=64, n_val=50, dtype=torch.float64)
+
+    class Source:
+        seed = 0
+
+        def __call__(self, t: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+            i = torch.arange(16) + 16 * (t % 4)
+            return data.x_train[i], data.y_train[i], warm <= t < until
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        x, y, on = batch
+        return F.cross_entropy(m(F.dropout(x.t(), 0.3).t() if on else x), y)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 10)).double()
+    return hg.InnerProblem(
+        model, train_loss, hg.optim.sgd(lr="lr", momentum=0.9), hg.HyperParams(
+            [hg.Scalar("lr", 0.1, "log")]), Source(), 5,
+        lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val))
+
+
+def test_draws_that_start_after_step_0_are_the_same_in_every_method_and_run() -> None:
+    """Dropout switched on at step 1: its first plain run drew step 1's masks by eager
+    autograd (memory order), every later one by torch.func (logical order), so the first two
+    runs differed (1.94386, 1.94542); and the eager-or-torch.func check, made at step 0 (no
+    draws: equal), sent later plain steps to eager masks the differentiated passes never
+    drew: forward mode 2.1e-3 from reverse mode, finite differences 6.5e-3 (the randomness
+    probe, 2026-12-07)."""
+    p = _late_dropout(1)
+    lam = p.init_raw()
+    first, second = p.run(lam), p.run(lam)
+    assert all(torch.equal(first.params[k], second.params[k]) for k in first.params)
+    q = _late_dropout(1)  # forward mode first: draws learned inside torch.func
+    fwd = hg.ForwardMode().hypergradient(q, lam).grad
+    rev = hg.ReverseMode().hypergradient(q, lam).grad
+    fd = hg.FiniteDifference().estimate(q, lam)
+    assert q.eager_draws is False
+    assert rel_err(fwd, rev) < 1e-12 and rel_err(fwd, fd.grad) < 1e-8
+
+
 def test_a_problems_first_plain_run_repeats_bit_for_bit() -> None:
     """The first plain step finds out whether attention draws dropout masks in the math
     kernel; where it does not, the step is computed again in the fused kernels every later
