@@ -1394,16 +1394,24 @@ class InnerProblem:
         generator of its own), so each method's evaluations of a step see other draws and the
         methods differentiate different functions (forward and reverse mode 8 % apart on a small
         MLP with NumPy input noise, measured). Likewise a callable batch source whose step 0,
-        read twice, gives two batches."""
+        middle or last step, read twice, gives two batches (a source whose NumPy noise began
+        at step 2 passed the check of step 0 alone). The losses are checked at step 0, by
+        :data:`UNSEEDED_CALLS` calls: a draw made only at later steps, or rarely, can pass."""
         losses = ["train_loss", "val_loss"]
         if self._batch.own:
             from .data import batch_fingerprint
 
-            first, again = (batch_fingerprint(self.batch(0)) for _ in range(2))
-            if first is not None and again is not None and first != again:
-                losses.remove("train_loss")  # its two values would differ for that reason
+            for t in sorted({0, self.steps // 2, self.steps - 1}):
+                first, again = (batch_fingerprint(self.batch(t)) for _ in range(2))
+                if first is not None and again is not None and first != again:
+                    break
+            else:
+                first = again = None
+            if first != again:
+                if t == 0:
+                    losses.remove("train_loss")  # its two values would differ for that reason
                 warnings.warn(
-                    "InnerProblem: batches gave two mini-batches for step 0 when read twice: "
+                    f"InnerProblem: batches gave two mini-batches for step {t} when read twice: "
                     "the callable draws randomness that hypergrad does not seed per step "
                     "(Python's random, NumPy, a generator of its own; torch's default "
                     "generator is seeded per step), or keeps state that reading changes. "

@@ -297,6 +297,24 @@ def test_a_callable_drawing_from_numpy_is_warned_about() -> None:
         p.check(p.init_raw())
 
 
+def test_a_callable_drawing_from_numpy_from_a_later_step_on_is_warned_about() -> None:
+    """NumPy noise from step 2 on passed the check, which read step 0 alone: forward mode
+    1.1e-3 from reverse mode, checkpointed reverse 4.7e-3, no word (the randomness probe,
+    2026-12-07). The check reads the middle and last steps too."""
+    x, y = _data(32)
+    rng = np.random.default_rng(0)
+
+    def noisy(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        xb = x[:8] + (0.1 * torch.from_numpy(rng.normal(size=(8, x.shape[1]))).to(x.dtype)
+                      if t >= 2 else 0.0)
+        return xb, y[:8]
+
+    p = _problem(noisy, steps=6)
+    with pytest.warns(UnseededRandomnessWarning, match=r"batches gave two mini-batches for "
+                                                       r"step 3"):
+        p.check(p.init_raw())
+
+
 def test_a_loss_unpacking_minibatches_without_the_indices_is_told_so() -> None:
     # x, y = batch on a MiniBatches batch (x, y, idx): "too many values to unpack (expected 2)"
     x, y = _data()
