@@ -138,11 +138,20 @@ class Task:
                 if k not in self._said:
                     self._said.add(k)
                     was = f" (the record's: {own!r})" if k in fields else ""
+                    # the bundled tasks' evaluate runs the model in eval mode: with
+                    # val_mode='train' its val_loss is another number, not a misnamed metric
+                    # (the advice to rename a metric the user never wrote: the reports probe)
+                    why = (" The record's is the objective's, with the model in train mode "
+                           "(the problem's val_mode='train': dropout on, BatchNorm on the "
+                           "validation batch's statistics); an evaluate that runs it in eval "
+                           "mode, as the bundled tasks' does, gives another value. Both are "
+                           "kept." if k == "val_loss" and self.problem.val_mode == "train"
+                           else " Rename the metric (e.g. 'test_loss') to keep it under a "
+                           "name of its own.")
                     warnings.warn(
                         f"Task {self.name!r}: evaluate returned {k}={x:.6g}, a name the "
                         f"record uses for its own field{was}; kept as 'evaluate.{k}', the "
-                        f"record's value unchanged. Rename the metric (e.g. 'test_loss') to "
-                        f"keep it under a name of its own.", HypergradWarning, stacklevel=3)
+                        f"record's value unchanged.{why}", HypergradWarning, stacklevel=3)
                 k = f"evaluate.{k}"
             metrics[k] = x
         return metrics

@@ -597,3 +597,18 @@ def test_the_closing_message_calls_a_rechecked_point_returned_not_best() -> None
     res = tr.fit()
     last = [m for m in said if "validation loss: initial" in m][-1]
     assert res.rechecked and ", returned " in last and ", best " not in last
+
+
+def test_a_val_loss_in_eval_mode_beside_a_train_mode_objective_is_explained() -> None:
+    """With val_mode='train' the bundled tasks' evaluate (the model in eval mode) reports
+    another val_loss than the record's, and the warning advised renaming a metric the user
+    never wrote (the reports probe, 2026-12-07)."""
+    from hypergrad.errors import HypergradWarning
+
+    problem = small()
+    problem.val_mode = "train"
+    task = hg.Task(problem, evaluate=lambda s: {"val_loss": 2.0}, name="bn")
+    with pytest.warns(HypergradWarning, match=r"val_mode='train'.*Both are kept") as rec:
+        assert task.metrics(None, fields={"val_loss": 1.0}) == {  # type: ignore[arg-type]
+            "evaluate.val_loss": 2.0}
+    assert "Rename" not in str(rec[0].message)

@@ -546,6 +546,13 @@ class Trainer:
                 f"mode=Offline() (hypergrad-run: method=forward, marthe or hd, or "
                 f"mode=offline).")
         chosen.check(self.problem)
+        if self.mode.online and self.problem.select_loss is not None:
+            # best_select_loss came back None without a word (the reports probe)
+            warnings.warn(ConfigWarning(
+                "Trainer: the problem's select_loss is not used online: the one run's "
+                "hyperparameters are returned where they ended, with no points to choose "
+                "among. Tune offline (mode=Offline()) to have the returned point chosen by "
+                "select_loss, or build the problem without it."), stacklevel=4)
         if not isinstance(method, AutoMode):  # AutoMode's pick was picked to fit
             est = check_memory(self.problem, chosen, self.mode.name,
                                self.guards.memory_budget, "Trainer")
