@@ -134,6 +134,23 @@ class Records:
         return [r for r in self.rows.values() if all(r.get(k) == v for k, v in match.items())]
 
 
+def resumed_rows(out: Path, key: str, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows ``out`` holds under ``key`` where a run of the same ``settings`` wrote it (a
+    resume goes on from them), ``[]`` where there is no file. A file written under other
+    settings is refused, naming them: a smoke run's rows were taken as the full study's (the
+    full command trained nothing and printed them), and rows of two sizes met in one table.
+    A setting the file does not record (one written before it was) is not compared."""
+    if not out.exists():
+        return []
+    data = json.loads(out.read_text())
+    other = {k: (data[k], v) for k, v in settings.items() if k in data and data[k] != v}
+    if other:
+        said = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in other.items())
+        raise SystemExit(f"{out} holds rows of a run with other settings ({said}): resume it "
+                         f"with its settings, or give another --out.")
+    return list(data[key])
+
+
 def mean_se(xs: Sequence[float]) -> tuple[float, float]:
     """Mean and standard error of the mean (``nan`` for fewer than 2 values)."""
     xs = [float(x) for x in xs]

@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from horizon_common import resumed_rows  # noqa: E402
 from horizon_lm import lm_study  # noqa: E402
 
 import hypergrad as hg  # noqa: E402
@@ -64,9 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" /
                                          "lm_roughness.json"))
     a = ap.parse_args(argv)
+    if a.T is not None and min(a.T) < 1:
+        ap.error(f"--T {' '.join(map(str, a.T))}: every horizon must be an int >= 1")
     torch.set_num_threads(1)
     out = Path(a.out)
-    rows: list[dict[str, Any]] = json.loads(out.read_text())["rows"] if out.exists() else []
+    settings = {"quick": a.quick, "steps": a.steps, "entries": a.entries}
+    rows = resumed_rows(out, "rows", settings)
     done = {(r["seed"], r["T"]) for r in rows}
     horizons = a.T or [lm_study(a.quick).T]
     if a.smooth:
@@ -102,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                             zip(a.steps, diffs.values())), flush=True)
         rows.append(row)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"quick": a.quick, "steps": a.steps, "rows": rows},
-                                  indent=1))
+        out.write_text(json.dumps({**settings, "rows": rows}, indent=1))
     table(rows)
     small, large, n = summary([r for r in rows if r["T"] == max(horizons)], a.steps)
     print(f"lm_roughness T={max(horizons)} agree_small={small}/{n} agree_large={large}/{n}")
@@ -127,7 +130,7 @@ def smoothed(a: argparse.Namespace, horizons: list[int], path: Path,
     """``--smooth N``: per (seed, T) the mean of N hypergradients at points drawn around the
     start (seeded by the seed), per entry beside its central differences where ``rows`` has
     them; one record per (seed, T), resumable."""
-    got: list[dict[str, Any]] = json.loads(path.read_text())["rows"] if path.exists() else []
+    got = resumed_rows(path, "rows", {"quick": a.quick, "entries": a.entries})
     for seed, T in [(s, T) for T in horizons for s in a.seeds]:
         if any((r["seed"], r["T"], r["sigma"], r["samples"]) == (seed, T, a.sigma, a.smooth)
                for r in got):
@@ -144,7 +147,8 @@ def smoothed(a: argparse.Namespace, horizons: list[int], path: Path,
         got.append({"seed": seed, "T": T, "sigma": a.sigma, "samples": a.smooth,
                     "mean": {e: sum(v) / len(v) for e, v in each.items()}, "each": each})
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"rows": got}, indent=1))
+        path.write_text(json.dumps({"quick": a.quick, "entries": a.entries, "rows": got},
+                                   indent=1))
     print(f"{'T':>5s} {'seed':>4s} {'entry':12s} {'at start':>9s} {'smoothed':>9s} "
           f"{'difference h=0.1':>17s} {'h=0.3':>8s}")
     for r in got:
@@ -165,7 +169,7 @@ def discounted(a: argparse.Namespace, horizons: list[int], path: Path,
     one record per (seed, T, mu), resumable. Last line: at the longest horizon, per mu, how
     many (seed, entry) pairs have the sign of the differences at every h >= 0.1, and the median
     ratio of the difference at h = 0.1 to the hypergradient."""
-    got: list[dict[str, Any]] = json.loads(path.read_text())["rows"] if path.exists() else []
+    got = resumed_rows(path, "rows", {"quick": a.quick, "entries": a.entries})
     for mu, seed, T in [(m, s, T) for m in a.mu for T in horizons for s in a.seeds]:
         if any((r["seed"], r["T"], r["mu"]) == (seed, T, mu) for r in got):
             continue
@@ -175,7 +179,8 @@ def discounted(a: argparse.Namespace, horizons: list[int], path: Path,
         got.append({"seed": seed, "T": T, "mu": mu, "cpu_s": time.process_time() - t0,
                     "grad": {e: float(grad[index[e]]) for e in a.entries}})
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"rows": got}, indent=1))
+        path.write_text(json.dumps({"quick": a.quick, "entries": a.entries, "rows": got},
+                                   indent=1))
     print(f"{'T':>5s} {'seed':>4s} {'mu':>6s} {'entry':10s} {'mu=1':>9s} {'discounted':>10s} "
           f"{'h=0.1':>8s} {'h=0.3':>8s}")
     for r in sorted(got, key=lambda r: (r["T"], r["mu"], r["seed"])):

@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from horizon_common import resumed_rows  # noqa: E402
 from horizon_lm import LMStudy, _recipe, lm_study, train_torch  # noqa: E402
 
 import hypergrad as hg  # noqa: E402
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.scales is not None:
         return scale_grid(st, a)
     out = Path(a.out)
-    runs: list[dict[str, Any]] = (json.loads(out.read_text())["runs"] if out.exists() else [])
+    runs = resumed_rows(out, "runs", {"T": st.T, "quick": a.quick})
     done = {(r["shape"], r["peak"], r["seed"]) for r in runs}
     tasks: dict[int, hg.Task] = {}
     for seed in a.seeds:
@@ -112,7 +113,7 @@ def scale_grid(st: LMStudy, a: argparse.Namespace) -> int:
     (``--scales``); the table: per (group, factor) the mean test and validation bits per
     character over the seeds and the ratio to the unscaled shape, paired by seed."""
     out = Path(a.out).with_name(Path(a.out).stem + "_scales.json")
-    runs: list[dict[str, Any]] = (json.loads(out.read_text())["runs"] if out.exists() else [])
+    runs = resumed_rows(out, "runs", {"T": st.T, "quick": a.quick})
     done = {(r["peak"], r["group"], r["factor"], r["seed"]) for r in runs}
     tasks: dict[int, hg.Task] = {}
     cells: list[tuple[float, str | None, float]] = [

@@ -231,9 +231,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--summarize", action="store_true",
                     help="only rewrite the JSON and plots from the records")
     args = ap.parse_args(argv)
+    if args.seeds is not None and min(args.seeds) < 0:
+        ap.error(f"--seeds {' '.join(map(str, args.seeds))}: seeds are ints >= 0")
     one_thread()
     out = Path(args.out) if args.out else (ROOT / "outputs" / "long_horizon_quick"
                                            if args.quick else RESULTS)
+    if args.summarize and not (out / "long_horizon_records.jsonl").exists():
+        # an all-NaN summary with exit status 0, and a records file stamped full in a new
+        # (mistyped) folder (the experiment scripts probe)
+        ap.error(f"--summarize: {out} holds no records (long_horizon_records.jsonl); give "
+                 f"the --out of a run")
     out.mkdir(parents=True, exist_ok=True)
     records = Records(out / "long_horizon_records.jsonl")
     # a smoke run's records (T = 30, 8 CPU s) were summarised as the full study's, and a full

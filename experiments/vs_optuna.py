@@ -374,6 +374,16 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _same_size(flag: str, path: str, protocol: dict[str, Any], quick: bool) -> None:
+    """Refuse an earlier run of the other size: --join of two --quick pieces wrote the
+    committed file's name, labelled "quick": false (the experiment scripts probe)."""
+    was = bool(protocol.get("quick", False))
+    if was != quick:
+        raise SystemExit(f"{flag} {path}: a {'--quick' if was else 'full'} run's, and this "
+                         f"run is {'--quick' if quick else 'full'}: join runs of one size "
+                         f"({'give --quick' if was else 'drop --quick'})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 seeds, shorter budgets (< 10 min)")
@@ -392,6 +402,13 @@ def main() -> None:
     ap.add_argument("--override", action="append", default=[],
                     help="an extra Hydra override for every run (e.g. outer_optimizer.lr=0.3)")
     args = ap.parse_args()
+    # an IndexError at the first seed, or after all the tuning at the first retraining seed,
+    # and a budget's Hydra error that named time_budget, not --budget-scale
+    for flag, v in (("--seeds", args.seeds), ("--retrain-seeds", args.retrain_seeds)):
+        if v is not None and v < 1:
+            ap.error(f"{flag} {v}: must be an int >= 1")
+    if not (math.isfinite(args.budget_scale) and args.budget_scale > 0):
+        ap.error(f"--budget-scale {args.budget_scale}: must be a finite number > 0")
     n_seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
     n_retrain = (args.retrain_seeds if args.retrain_seeds is not None
                  else (2 if args.quick else 5))
@@ -1007,6 +1024,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
 
         runs = {p: json.loads(Path(p).read_text()) for p in paths}
         for p, r in runs.items():
+            _same_size(flag, p, r["protocol"], args.quick)
             if r["protocol"]["retrain_seeds"] != retrain:
                 raise SystemExit(f"{flag} {p}: its retraining seeds "
                                  f"{r['protocol']['retrain_seeds']} are not this run's {retrain}")
@@ -1037,6 +1055,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
 
         earlier = json.loads(Path(earlier_path).read_text())
         proto = earlier["protocol"]
+        _same_size("--merge", earlier_path, proto, args.quick)
         if proto["seeds"] != seeds or proto["retrain_seeds"] != retrain:
             raise SystemExit(f"--merge {earlier_path}: its seeds {proto['seeds']} / "
                              f"{proto['retrain_seeds']} are not this run's {seeds} / {retrain}")

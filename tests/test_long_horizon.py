@@ -496,6 +496,12 @@ def test_lm_roughness_agrees_with_central_differences_on_a_short_horizon(tmp_pat
         assert disc[1]["grad"][e] != pytest.approx(c["hypergradient"], rel=1e-3)
     assert mu.stdout.strip().splitlines()[-1].startswith(
         "lm_roughness_mu T=10 mu=1:agree_large=3/3,median_ratio=1.0")
+    # other finite-difference steps into the same file: the done row was skipped, and the
+    # table failed on a step it lacked (KeyError: '0.05')
+    other = subprocess.run(cmd + ["--steps", "0.05"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+    assert other.returncode != 0 and "holds rows of a run with other settings (steps:" in (
+        other.stderr), other.stderr[-2000:]
     bad = subprocess.run(cmd[:-6] + ["--entries", "lr[nope]", "--out", str(tmp_path / "b.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "--entries ['lr[nope]'] are not entries" in bad.stderr
@@ -536,6 +542,11 @@ def test_lm_shapes_schedules_and_its_resumable_records(tmp_path: Path) -> None:
     assert [(r["shape"], r["seed"]) for r in runs] == [("linear", 100), ("schedulefree", 100)]
     assert runs[0]["test_bpc"] != runs[1]["test_bpc"]
     assert lm_shapes.main(args) == 0 and json.loads(out.read_text())["runs"] == runs
+    # the full size into the smoke run's file trained nothing and printed the smoke rows as
+    # its own (the experiment scripts probe, 2026-12-07)
+    with pytest.raises(SystemExit, match=r"holds rows of a run with other settings \(T: 30 "
+                                         r"there, 1000 here, quick: True there, False here\)"):
+        lm_shapes.main(args[1:])
 
 
 def test_an_edit_of_the_corpus_is_seen_on_resume_and_recorded(tmp_path: Path) -> None:

@@ -203,3 +203,23 @@ def test_the_paired_comparison_is_seed_by_seed() -> None:
     assert vs_optuna.paired(results, "p", "hypergrad", "ablation") is None  # not run
     table = vs_optuna.paired_table({"eval_paired": {"p": {"vs_tpe": r, "vs_ablation": None}}})
     assert "*  3/0" in table.splitlines()[-1]  # |mean| > 2 se: marked
+
+
+def test_runs_of_another_size_are_not_joined_and_bad_arguments_are_named() -> None:
+    """--join of two --quick pieces wrote vs_optuna_suite.json, the committed result's name,
+    labelled "quick": false; --seeds 0 gave an IndexError, --retrain-seeds 0 one after all
+    the tuning, --budget-scale -1 a Hydra error naming time_budget (the experiment scripts
+    probe, 2026-12-07)."""
+    import subprocess
+
+    with pytest.raises(SystemExit, match=r"--join a.json: a --quick run's, and this run is "
+                                         r"full: join runs of one size \(give --quick\)"):
+        vs_optuna._same_size("--join", "a.json", {"quick": True}, False)
+    vs_optuna._same_size("--merge", "b.json", {}, False)  # written before it said: full
+    for args, said in ((["--seeds", "0"], "--seeds 0: must be an int >= 1"),
+                       (["--retrain-seeds", "0"], "--retrain-seeds 0: must be an int >= 1"),
+                       (["--budget-scale", "-1"], "--budget-scale -1.0: must be a finite "
+                                                  "number > 0")):
+        got = subprocess.run([sys.executable, str(ROOT / "experiments" / "vs_optuna.py"),
+                              *args], capture_output=True, text=True, timeout=300)
+        assert got.returncode == 2 and said in got.stderr, got.stderr[-2000:]
