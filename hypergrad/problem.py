@@ -161,6 +161,8 @@ class InnerProblem:
                             f"that builds the model again, e.g. model_factory=lambda: Net() "
                             f"(not a model).")
         self.model_factory = model_factory
+        if isinstance(model, nn.Module):
+            _refuse_inference(None, model)
         self.fmodel = FunctionalModel(model)
         _refuse_eval_model(model)
         self.recurrent = has_recurrent(model)
@@ -430,8 +432,9 @@ class InnerProblem:
             self._has_conv = any(isinstance(m, nn.modules.conv._ConvNd)
                                  for m in self.fmodel.module.modules())
         flags = tuple(tf32_flags(self.device, self.dtype, self._has_conv))
+        # autocast never casts float64 (a float64 model under it was warned of, and exact)
         low = (str(torch.get_autocast_dtype(kind)).replace("torch.", "")
-               if torch.is_autocast_enabled(kind) else None)
+               if torch.is_autocast_enabled(kind) and self.dtype != torch.float64 else None)
         if (flags, low) in self._precision_seen:
             return
         self._precision_seen.add((flags, low))
@@ -820,6 +823,7 @@ class InnerProblem:
         cannot be differentiated (:meth:`_probe_model`); every hyperparameter can act: read
         by something, connected to a loss's autograd graph, every schedule window read by a
         step. Cheap after the first call for a dtype."""
+        _refuse_inference(lam)
         self.hyperparams.check_raw(lam, "InnerProblem")
         if lam.dtype != self.dtype:
             raise TypeError(
@@ -828,6 +832,9 @@ class InnerProblem:
             )
         self._check_finite_lam(lam)
         self._check_domains(lam)
+        # every method's entry, finite differences too (their plain runs under autocast were
+        # 19x off, warned of as float32 rounding alone)
+        self._check_precision()
         if self._checked_dtype == lam.dtype:
             return
         self._check_data()
@@ -1821,6 +1828,31 @@ def _refuse_eval_model(model: nn.Module) -> None:
         f"model.eval(); model.training = True to keep every submodule in eval mode.")
 
 
+def _refuse_inference(lam: Any, model: nn.Module | None = None) -> None:
+    """Refuse ``torch.inference_mode`` and its tensors, which torch cannot train or
+    differentiate: a call inside it, ``lam`` or the model made inside it, all failed deep in
+    hypergrad with torch's "Inference tensors do not track version counter" (the precision
+    probe). ``torch.no_grad()`` around a call works."""
+    fix = "; torch.no_grad() around a call is fine (hypergrad turns on what it differentiates)"
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"InnerProblem: called inside torch.inference_mode(), whose tensors "
+                           f"cannot be trained or differentiated: call it outside{fix}.")
+    if isinstance(lam, Tensor) and lam.is_inference():
+        raise RuntimeError(f"InnerProblem: lam was made inside torch.inference_mode() (an "
+                           f"inference tensor, which cannot be differentiated): make it "
+                           f"outside, or pass lam.clone() taken outside inference_mode{fix}.")
+    if model is not None:
+        made = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
+                if t.is_inference()]
+        if made:
+            raise RuntimeError(
+                f"InnerProblem: the model's {made[0]!r}"
+                f"{f' (and {len(made) - 1} more)' if len(made) > 1 else ''} was made inside "
+                f"torch.inference_mode() (an inference tensor, which cannot be trained): "
+                f"build the model outside it, or build a new one outside and load this one's "
+                f"weights into it: new.load_state_dict(model.state_dict()){fix}.")
+
+
 def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
     if not isinstance(loss, Tensor):
         raise TypeError(f"InnerProblem: {name} returned {type(loss).__name__}; return a scalar "
@@ -1838,6 +1870,16 @@ def _check_scalar(name: str, loss: Any, dtype: torch.dtype) -> None:
         )
     if not loss.dtype.is_floating_point:
         raise TypeError(f"InnerProblem: {name} returned dtype {loss.dtype}; return a float loss.")
+    if torch.finfo(loss.dtype).bits < torch.finfo(dtype).bits:
+        # an autocast inside the loss: an 8-bit objective the Trainer ranked points by and
+        # tested for divergence on, without a word (the precision probe)
+        warnings.warn(PrecisionWarning(
+            f"InnerProblem: {name} returned a {str(loss.dtype).replace('torch.', '')} scalar "
+            f"for a {str(dtype).replace('torch.', '')} model: it is computed in lower "
+            f"precision (torch.autocast inside the loss, or .half()), and its value and "
+            f"gradients round to about {float(torch.finfo(loss.dtype).eps):.0e} relative (the "
+            f"Trainer ranks points and detects divergence by it). Compute the losses in the "
+            f"model's dtype (no autocast inside them)."), stacklevel=5)
 
 
 def _dataset_size(source: Any) -> int | None:

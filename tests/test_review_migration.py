@@ -7,6 +7,7 @@ import copy
 import logging
 import math
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -168,6 +169,69 @@ def test_hypergradients_under_autocast_warn() -> None:
     with warnings.catch_warnings(), torch.autocast("cpu", dtype=torch.bfloat16):
         warnings.simplefilter("error")  # said once per setting
         hg.ReverseMode().hypergradient(p, p.init_raw())
+
+
+def _mlp32(val_autocast: bool = False, dtype: torch.dtype = torch.float32) -> hg.InnerProblem:
+    torch.manual_seed(0)
+
+    def val_loss(m: Callable[[torch.Tensor], torch.Tensor], hp: object) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=val_autocast):
+            return (m(DATA.x_val.to(dtype)) ** 2).mean()
+
+    return hg.InnerProblem(mlp([64, 8, 10]).to(dtype), _loss, hg.optim.sgd(lr="lr"),
+                           hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                           MiniBatches(DATA.x_train.to(dtype), DATA.y_train, batch_size=8), 3,
+                           val_loss=val_loss)
+
+
+def test_finite_differences_a_low_precision_loss_and_float64_under_autocast() -> None:
+    """(the precision probe, 2026-12-07) FiniteDifference under bfloat16 autocast was 19x off
+    with only the float32 rounding warning: its plain runs never entered the check. A val_loss
+    under autocast inside it returned a bfloat16 objective, accepted without a word. A float64
+    model under autocast (which never casts float64) was warned of, and exact."""
+
+    p = _mlp32()
+    with warnings.catch_warnings(record=True) as said, \
+            torch.autocast("cpu", dtype=torch.bfloat16):
+        warnings.simplefilter("always")
+        hg.FiniteDifference(eps=1e-2).hypergradient(p, p.init_raw())
+    assert any(w.category is PrecisionWarning and "dtype=bfloat16" in str(w.message)
+               for w in said), [str(w.message) for w in said]
+    q = _mlp32(val_autocast=True)
+    with pytest.warns(PrecisionWarning, match=r"val_loss returned a bfloat16 scalar for a "
+                                              r"float32 model"):
+        q.check(q.init_raw())
+    d = _mlp32(dtype=torch.float64)
+    ref = hg.ForwardMode().hypergradient(d, d.init_raw()).grad
+    with warnings.catch_warnings(), torch.autocast("cpu", dtype=torch.bfloat16):
+        warnings.simplefilter("error")
+        assert torch.equal(hg.ForwardMode().hypergradient(d, d.init_raw()).grad, ref)
+
+
+def test_inference_mode_is_refused_with_the_fix() -> None:
+    """A call inside torch.inference_mode(), lam or the model made there, all failed deep in
+    hypergrad with torch's "Inference tensors do not track version counter" (the precision
+    probe, 2026-12-07); torch.no_grad() around a call works."""
+    p = _mlp32(dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"called inside torch.inference_mode\(\).*call it "
+                                           r"outside; torch.no_grad\(\) around a call is fine"):
+        with torch.inference_mode():
+            hg.ForwardMode().hypergradient(p, p.init_raw())
+    with torch.inference_mode():
+        lam = p.init_raw()
+    with pytest.raises(RuntimeError, match=r"lam was made inside torch.inference_mode\(\)"):
+        hg.ReverseMode().hypergradient(p, lam)
+    with torch.inference_mode():
+        model = mlp([64, 8, 10]).double()
+    with pytest.raises(RuntimeError, match=r"the model's '0.weight' \(and 3 more\) was made "
+                                           r"inside torch.inference_mode\(\)"):
+        hg.InnerProblem(model, _loss, hg.optim.sgd(lr="lr"),
+                        hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                        MiniBatches(DATA.x_train, DATA.y_train, batch_size=8), 3,
+                        val_loss=lambda m, hp: (m(DATA.x_val) ** 2).mean())
+    with torch.no_grad():
+        got = hg.ForwardMode().hypergradient(p, p.init_raw()).grad
+    assert torch.equal(got, hg.ForwardMode().hypergradient(p, p.init_raw()).grad)
 
 
 def test_half_precision_data_is_told_to_convert_the_data_only() -> None:
