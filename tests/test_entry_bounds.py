@@ -112,17 +112,21 @@ def test_an_entry_pair_replaces_the_hyperparameter_pair_in_the_box_and_the_proje
     assert hps.describe(lam)["lr"] == pytest.approx([2e-4, 1e-2, 0.5], rel=1e-12)
 
 
-def test_overlapping_entry_keys_each_report_their_own_pair() -> None:
-    """``"wd[first]"`` and ``"wd[0]"`` bound the same entry (the later key's pair applies);
-    the fingerprint and messages still show each key with the pair it was given."""
+def test_overlapping_entry_keys_are_refused_and_each_key_reports_its_own_pair() -> None:
+    """``"wd[first]"`` and ``"wd[0]"`` bound the same entry: the later key's pair applied
+    while the fingerprint listed both, as if both did; now refused, naming both keys (the
+    bounds probe, 2026-12-07). The fingerprint shows each key with the pair it was given."""
     p = _problem(hg.Scalar("lr", 0.3, "log"),
                  hg.PerGroup("wd", 0.05, "log", groups=GROUPS, default=0.0))
-    b = Bounds(p.hyperparams, torch.float64, {"wd[first]": (1e-4, 0.1), "wd[0]": (0.01, 0.02)})
+    with pytest.raises(ValueError, match=r"bounds\['wd\[first\]'\] and bounds\['wd\[0\]'\] "
+                                         r"name the same entries"):
+        Bounds(p.hyperparams, torch.float64, {"wd[first]": (1e-4, 0.1), "wd[0]": (0.01, 0.02)})
+    b = Bounds(p.hyperparams, torch.float64, {"wd[first]": (1e-4, 0.1), "wd[1]": (0.01, 0.02)})
     assert b.values() == {"wd[first]": [pytest.approx(1e-4), pytest.approx(0.1)],
-                          "wd[0]": [pytest.approx(0.01), pytest.approx(0.02)]}
+                          "wd[1]": [pytest.approx(0.01), pytest.approx(0.02)]}
     lam = p.init_raw().clone()
     b.project(lam)
-    assert p.hyperparams.describe(lam)["wd"][0] == pytest.approx(0.02, rel=1e-12)
+    assert p.hyperparams.describe(lam)["wd"][1] == pytest.approx(0.02, rel=1e-12)
 
 
 def test_the_run_fingerprint_holds_entry_bounds() -> None:
@@ -221,3 +225,49 @@ def test_entries_bound_by_the_names_the_outputs_give_them() -> None:
     with pytest.warns(BoundsWarning, match=r"moved onto the bounds: lr="):
         values = _fit(p, {"lr[steps 4-7]": (0.01, 0.02)}, steps=1)
     assert 0.01 - 1e-12 <= values["lr"][1] <= 0.02 + 1e-12
+
+
+def test_one_entry_named_twice_is_refused() -> None:
+    """'wd[0]' and 'wd[0.weight]' (or 'lr[0]' and 'lr[steps 0-4]') name one entry: the later
+    pair won without a word, and the fingerprint listed both (the bounds probe, 2026-12-07)."""
+    hps = hg.HyperParams([hg.PerTensor("wd", 1e-3, "log", params=["0.weight", "0.bias"]),
+                          hg.Schedule("lr", 0.1, windows=4, transform="log")])
+    with pytest.raises(ValueError, match=r"bounds\['wd\[0\]'\] and bounds\['wd\[0.weight\]'\] "
+                                         r"name the same entries of 'wd'; give one of them"):
+        Bounds(hps, torch.float64, {"wd[0]": (1e-4, 1e-3), "wd[0.weight]": (1e-2, 1e-1)})
+    with pytest.raises(ValueError, match=r"name the same entries of 'lr'"):
+        Bounds(hps, torch.float64, {"lr[0]": (1e-3, 1.0), "lr[steps 0-4]": (1e-2, 1.0)},
+               horizon=20)
+    Bounds(hps, torch.float64, {"wd": (1e-4, 1e-1), "wd[0]": (1e-3, 1e-2)})  # a refinement
+
+
+@pytest.mark.parametrize("transform", ["log", "logit", "identity"])
+def test_a_value_moved_onto_a_bound_lies_inside_it(transform: str) -> None:
+    """The round trip value -> raw -> value landed a rounding step outside: a logit bound of
+    0.45 held values at 0.44999999999999996, 0.9 at 0.8999999999999999, and a user's
+    assert v >= low failed (the bounds probe, 2026-12-07)."""
+    hps = hg.HyperParams([hg.Scalar("m", 0.5, transform)])
+    for low, high in [(0.45, 0.9), (0.15, 0.95), (0.3, 0.85), (0.06, 0.55)]:
+        b = Bounds(hps, torch.float64, {"m": (low, high)})
+        for start in (-30.0, 30.0):  # far below and far above, in raw coordinates
+            lam = torch.tensor([start], dtype=torch.float64)
+            b.project(lam)
+            assert low <= hps.describe(lam)["m"] <= high
+
+
+def test_a_box_of_one_point_is_refused_and_bounds_outside_a_domain_are_said_at_once() -> None:
+    """(the bounds probe, 2026-12-07) Every hyperparameter held by low == high: the default
+    search spent its whole budget at that point, restarting 'at a quasi-random point' 12
+    times. An identity learning rate bounded to (-1, 1), below sgd's lr >= 0: said only when
+    a step reached the edge."""
+    p = _problem(hg.Scalar("lr", 0.3, "log"), hg.Scalar("wd", 0.01, "log"))
+    with pytest.raises(ValueError, match=r"holds every hyperparameter at one value \(low == "
+                                         r"high\): there is nothing to tune"):
+        hg.Trainer(p, guards=hg.Guards(bounds={"lr": (0.3, 0.3), "wd": (0.01, 0.01)}),
+                   callbacks=[hg.run.Log(None)])
+    hg.Trainer(p, guards=hg.Guards(bounds={"lr": (0.3, 0.3)}), callbacks=[hg.run.Log(None)])
+    q = _problem(hg.Scalar("lr", 0.3, "identity"), hg.Scalar("wd", 0.01, "log"))
+    with pytest.warns(BoundsWarning, match=r"Guards\(bounds=\{'lr': \[-1.0, 1.0\]\}\) reaches "
+                                           r"outside the domain of sgd's lr"):
+        hg.Trainer(q, guards=hg.Guards(bounds={"lr": (-1.0, 1.0)}),
+                   callbacks=[hg.run.Log(None)])

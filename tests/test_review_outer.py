@@ -92,6 +92,11 @@ def test_an_outer_optimizer_the_loop_cannot_drive_is_refused_with_the_fix() -> N
 
     with pytest.raises(NotImplementedError, match=r"outer=LBFGS needs a closure.*QuasiNewton"):
         build(functools.partial(torch.optim.LBFGS, lr=0.1))
+    # online, QuasiNewton is refused too: the advice there is Adam (the bounds probe)
+    with pytest.raises(NotImplementedError, match=r"outer=LBFGS needs a closure.*Online.*use "
+                                                  r"Adam, the default there"):
+        hg.Trainer(p, "forward", functools.partial(torch.optim.LBFGS, lr=0.1),
+                   hg.Online(interval=2), callbacks=_quiet())
     with pytest.raises(ValueError, match=r"over other tensors than the params it was given"):
         build(lambda ps: torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=0.1))
     with pytest.raises(TypeError, match=r"must be a factory.*outer=functools.partial\(torch.optim"

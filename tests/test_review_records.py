@@ -413,6 +413,25 @@ def test_a_callback_that_moves_lam_is_refused(tmp_path: Path) -> None:
     assert torch.equal(ck["lam"], tr.lam)  # the checkpoint and the Trainer agree
 
 
+def test_a_callback_that_steps_an_outer_lr_scheduler_is_refused(tmp_path: Path) -> None:
+    """An ExponentialLR on the outer Adam, stepped in on_outer_step: the step's checkpoint was
+    written before it, so a resumed run went on at the lr before the change (0.1 where the
+    straight run had 0.05) and ended elsewhere (lr 0.1607 against 0.1473), without a word
+    (the bounds probe, 2026-12-07)."""
+    class Decay(hg.Callback):
+        def on_fit_start(self, trainer: Any) -> None:
+            self.sched = torch.optim.lr_scheduler.ExponentialLR(trainer.outer, gamma=0.5)
+
+        def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+            self.sched.step()
+
+    tr = _trainer(tmp_path, 3, Decay())
+    with pytest.raises(RuntimeError, match=r"callback Decay.on_outer_step changed the outer "
+                                           r"optimizer's lr 0.05 -> 0.025 \(restored\)"):
+        tr.fit()
+    assert tr.outer.param_groups[0]["lr"] == 0.05
+
+
 def test_tensorboard_files_of_a_run_resumed_in_the_same_second_read_in_order(
         tmp_path: Path) -> None:
     """TensorBoard reads event files in name order (the second, then a counter as text): a

@@ -63,8 +63,17 @@ class Bounds:
         """Raw bounds of single entries: name -> {index: (low, high)}."""
         self._keys: dict[str, tuple[str, list[int] | None, tuple[Tensor | None, Tensor | None]]]
         self._keys = {}  # as given -> (name, indices, its raw pair)
+        named: dict[tuple[str, tuple[int, ...]], str] = {}
         for key, lohi in (bounds or {}).items():
             name, indices = self._target(key, api)
+            if indices is not None:
+                # one entry by two names ('wd[0]' and 'wd[0.weight]', 'lr[0]' and
+                # 'lr[steps 0-4]'): the later pair won without a word, and the run's
+                # fingerprint listed both as if both applied (the bounds probe)
+                same = named.setdefault((name, tuple(indices)), key)
+                if same != key:
+                    raise ValueError(f"{api}: bounds[{same!r}] and bounds[{key!r}] name the same "
+                                     f"entries of {name!r}; give one of them.")
             pair = self._raw_pair(key, hps.by_name[name].transform, lohi, dtype, api)
             if indices is None:
                 self.raw[name] = pair
@@ -155,7 +164,7 @@ class Bounds:
         if isinstance(lohi, (str, bytes)) or not isinstance(lohi, Sequence) or len(lohi) != 2:
             raise ValueError(f"{api}: bounds[{name!r}]={lohi!r} must be a pair (low, high), "
                              f"either may be None, e.g. (1e-4, 1.0).")
-        inverse, valid, domain = TRANSFORMS[transform][1:]
+        forward, inverse, valid, domain = TRANSFORMS[transform]
         raw: list[Tensor | None] = []
         for side, v in zip(("low", "high"), lohi):
             if v is None:
@@ -191,7 +200,21 @@ class Bounds:
                 raise ValueError(f"{api}: bounds[{name!r}] {side}={v} is infinite in {dtype}"
                                  f", so no finite value lies inside the bounds; give a "
                                  f"finite {side} bound.")
+            # the round trip value -> raw -> value can land a rounding step outside (a logit
+            # bound of 0.45 held values at 0.44999999999999996): move the raw end inwards
+            # until its value lies inside
+            # (a step that doubles: sigmoid's slope of 1/4 needs several rounding steps of r)
+            step = torch.nextafter(r, torch.tensor(math.inf if side == "low" else -math.inf,
+                                                   dtype=dtype)) - r
+            for _ in range(64):
+                got = forward(r)
+                if (bool(got >= t) if side == "low" else bool(got <= t)):
+                    break
+                r, step = r + step, 2 * step
             raw.append(r)
+            exact = inverse(t)
+        if raw[0] is not None and raw[1] is not None and bool(raw[0] > raw[1]):
+            raw[0] = raw[1] = exact  # low == high: the two ends moved past each other
         lo, hi = lohi
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"{api}: bounds[{name!r}]=({lo}, {hi}) has low > high; give "

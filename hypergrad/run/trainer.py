@@ -224,7 +224,7 @@ def _part(name: str, value: Any, cls: type, example: str) -> None:
                         f"{type(value).__name__} {value!r}.")
 
 
-def _check_outer(opt: Any, lam: Tensor) -> None:
+def _check_outer(opt: Any, lam: Tensor, online: bool = False) -> None:
     """Refuse an outer optimizer the loop cannot drive: not an optimizer, one over other
     tensors than ``lam`` (the hyperparameters would never move, and only a warning at the end
     would blame the bounds or the step size), or one whose ``step`` needs a closure
@@ -248,9 +248,13 @@ def _check_outer(opt: Any, lam: Tensor) -> None:
         raise NotImplementedError(
             f"Trainer: outer={type(opt).__name__} needs a closure that re-evaluates the "
             f"objective within each step, which the Trainer does not give (one hypergradient "
-            f"per outer step, checked by the guards). For L-BFGS directions with a line search "
-            f"of plain inner runs use the default, QuasiNewton (outer=None, or "
-            f"outer=functools.partial(hypergrad.run.QuasiNewton)).")
+            f"per outer step, checked by the guards). "
+            + ("Online (one inner run, no plain runs to search with) use Adam, the default "
+               "there (outer=None, or outer=functools.partial(torch.optim.Adam, lr=0.05))."
+               if online else
+               "For L-BFGS directions with a line search of plain inner runs use the default, "
+               "QuasiNewton (outer=None, or "
+               "outer=functools.partial(hypergrad.run.QuasiNewton))."))
 
 
 _OVER = {
@@ -261,6 +265,27 @@ _OVER = {
               "(SearchSettings(rough_plain=False) keeps taking them)")}
 """Why an offline descent ended before its steps or budget (``Trainer._over``, checkpointed),
 and what follows."""
+
+
+def _apart(a: Any, b: Any, tol: float) -> bool:
+    """Whether two described values (numbers, or lists and dicts of them) differ by more than
+    ``tol`` relative."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() != b.keys() or any(_apart(a[k], b[k], tol) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) != len(b) or any(_apart(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) > tol * max(abs(a), abs(b))
+    return bool(a != b)
+
+
+def _group_settings(outer: Any) -> list[dict[str, Any]]:
+    """The outer optimizer's parameter-group settings (not the parameters), comparable."""
+    def plain(v: Any) -> Any:
+        return v.tolist() if isinstance(v, Tensor) else v
+
+    return [{k: plain(v) for k, v in g.items() if k != "params"}
+            for g in getattr(outer, "param_groups", [])]
 
 
 def _each(callbacks: list[Callback], call: Callable[[Callback], Any]) -> None:
@@ -398,7 +423,16 @@ class Trainer:
         edges, which every point tried is held inside (an identity momentum tuned to 1.2 was
         returned as the best point); ``None`` where none can."""
         if self.domain is not None:
+            domains = p.hyperparameter_domains()
             for name, (lo, hi) in self.domain.raw.items():
+                ends = self.bounds.raw.get(name, (None, None))
+                if ((lo is not None and ends[0] is not None and bool(ends[0] < lo))
+                        or (hi is not None and ends[1] is not None and bool(ends[1] > hi))):
+                    # said only later, when a step reached the edge (the bounds probe)
+                    warnings.warn(BoundsWarning(
+                        f"Trainer: Guards(bounds={{{name!r}: {self.bounds.of(name)[name]}}}) "
+                        f"reaches outside the domain of {domains[name][4]}: points there are "
+                        f"held at the domain's edge. Give bounds inside it."), stacklevel=2)
                 sl = p.hyperparams.slices[name]
                 part = slice(sl.start, sl.start + p.hyperparams.by_name[name].base_numel)
                 with torch.no_grad():
@@ -406,6 +440,13 @@ class Trainer:
                         self.box[0][part] = self.box[0][part].clamp(min=lo.to(self.box[0]))
                     if hi is not None:
                         self.box[1][part] = self.box[1][part].clamp(max=hi.to(self.box[1]))
+        if bool(torch.equal(self.box[0], self.box[1])):
+            # the default search spent a whole budget at that one point, restarting "at a
+            # quasi-random point" 12 times (the bounds probe)
+            raise ValueError(
+                "Trainer: Guards(bounds=...) holds every hyperparameter at one value (low == "
+                "high): there is nothing to tune. Evaluate that point with problem.run(lam) "
+                "(hypergrad-run: mode.outer_steps=0), or widen a bound.")
         self._left_domain: set[str] = set()
         if isinstance(outer, torch.optim.Optimizer):
             raise TypeError(f"Trainer: outer must be a factory params -> optimizer (the Trainer "
@@ -433,7 +474,7 @@ class Trainer:
                                 f"parameters [lam] ({type(err).__name__}: {err}); it must be a "
                                 f"factory params -> optimizer, e.g. outer=functools.partial("
                                 f"torch.optim.Adam, lr=0.05).") from err
-        _check_outer(self.outer, self.lam)
+        _check_outer(self.outer, self.lam, self.mode.online)
         if self.mode.online and isinstance(self.outer, SearchOptimizer):
             # it searches with plain inner runs, of which one online run has none: a Surrogate
             # never moved the hyperparameters (its warning blamed the bounds), and QuasiNewton's
@@ -575,8 +616,11 @@ class Trainer:
             given = self.bounds.of(n)
             return given[n] if list(given) == [n] else given
 
+        # a value on a bound up to rounding (0.010000000000000004 against a bound of 0.01, the
+        # raw end moved inside by a rounding step) is no move to tell of
+        tol = 16 * float(torch.finfo(self.lam.dtype).eps)
         moved = [f"{n}={before[n]} -> {after[n]} (bounds {bounds_of(n)})"
-                 for n in hps.names if before[n] != after[n]]
+                 for n in hps.names if _apart(before[n], after[n], tol)]
         if moved:
             warnings.warn(BoundsWarning(
                 f"Trainer: initial values outside Guards(bounds=...) were moved onto the "
@@ -651,6 +695,7 @@ class Trainer:
         refused: this step's checkpoint was written before the callbacks, so a resume went on
         from the point before the change and ended elsewhere than the straight run."""
         lam = self.lam.detach().clone()
+        groups = _group_settings(self.outer)
 
         def call(cb: Callback) -> None:
             cb.on_outer_step(self, copy.deepcopy(rec))
@@ -663,6 +708,22 @@ class Trainer:
                     f"was written before them, so a resume would go on from the point before "
                     f"the change. Set hyperparameters before fit() (a new Trainer, or "
                     f"Guards(bounds=...) to keep them in a range).")
+            now = _group_settings(self.outer)
+            if now != groups:
+                # an outer learning-rate scheduler stepped here: a resume went on at the
+                # checkpoint's lr (0.1 where the straight run had 0.05; the bounds probe)
+                changed = next(f"{k} {a[k]!r} -> {b.get(k)!r}" for a, b in zip(groups, now)
+                               for k in a if a[k] != b.get(k))
+                for g, kept in zip(self.outer.param_groups, groups):
+                    g.update(copy.deepcopy(kept))
+                raise RuntimeError(
+                    f"Trainer: callback {type(cb).__name__}.on_outer_step changed the outer "
+                    f"optimizer's {changed} (restored): this outer step's checkpoint was written "
+                    f"before the callbacks, so a resume would go on with the setting before "
+                    f"the change (an outer learning-rate scheduler stepped in a callback). The "
+                    f"Trainer has no outer schedule: its default search sets its own steps, "
+                    f"and Guards(backtrack=...) halves an outer learning rate after a worse "
+                    f"step.")
 
         _each(self.callbacks, call)
 
