@@ -1079,7 +1079,8 @@ def main() -> None:
         _main()
     except SystemExit as err:
         if err.code == 1:  # Hydra's own failure (a composition error among them)
-            said = _preset_conflict(sys.argv[1:]) or _bare_word(sys.argv[1:])
+            said = (_preset_conflict(sys.argv[1:]) or _bare_word(sys.argv[1:])
+                    or _missing_plugin(sys.argv[1:]))
             if said is not None:  # after Hydra's own lines, which name only the key
                 print(said, file=sys.stderr)
         raise
@@ -1099,6 +1100,28 @@ def _multirun_under_torchrun(args: list[str]) -> str | None:
             "(the second job hangs). Run the sweep with a launcher whose jobs each run "
             "torchrun (docs/distributed.md, 'Many runs: Hydra launchers'), or one torchrun per "
             "run: for s in 0 1 2; do torchrun ... -m hypergrad.cli seed=$s ...; done.")
+
+
+def _missing_plugin(args: list[str]) -> str | None:
+    """The extra to install for a Hydra plugin the command line asks for and that is not
+    installed (Hydra says only "Could not find 'hydra/launcher/joblib'"); ``None`` else."""
+    import importlib.util
+
+    wants = {"joblib": any(a.replace(" ", "") == "hydra/launcher=joblib" for a in args),
+             "optuna": any(a.replace(" ", "") == "hydra/sweeper=optuna"
+                           or a.lstrip("+").startswith("sweep=") for a in args)}
+    plugins = {"joblib": ("hydra_plugins.hydra_joblib_launcher", "sweep"),
+               "optuna": ("hydra_plugins.hydra_optuna_sweeper", "sweep-optuna")}
+    for what, asked in wants.items():
+        module, extra = plugins[what]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # hydra_plugins itself absent
+            found = False
+        if asked and not found:
+            return (f"hypergrad-run: the {what} plugin of Hydra is not installed: "
+                    f"pip install 'hypergrad-forward[{extra}]' (docs/configs.md).")
+    return None
 
 
 _TAKES_VALUE = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p",

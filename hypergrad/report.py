@@ -286,7 +286,9 @@ def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
     files: list[str] = []
     try:
         settings: dict[str, Any] = learned_settings(problem, lam)
-    except NotImplementedError as err:
+    except (NotImplementedError, ImportError) as err:
+        # ImportError: schedule-free AdamW's torch twin without the schedulefree package; the
+        # error came after the tuning, and results.json and the model were never written
         settings = {"not_written": str(err)}
     head = ("# What hypergrad learned, for your own training: hypergrad.export."
             "optimizer_from_settings(yaml.safe_load(open('learned.yaml')), model) gives the "

@@ -132,6 +132,8 @@ def test_bench_tape_times_both_reverse_modes_with_the_same_hypergradient(tmp_pat
     assert row["reverse_func_x_plain"] > 1 and row["direct_vs_func"] > 0
 
 
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="times git revisions: a checkout only "
+                                                         "(the sdist has no history)")
 def test_bench_code_versions_times_a_revision_in_its_own_tree(tmp_path: Path) -> None:
     """HEAD's tree extracted and timed in a fresh process: a hypergradient costs more than a
     plain run; a revision that is no commit is named."""

@@ -514,6 +514,24 @@ def test_a_word_that_is_no_override_is_explained(tmp_path: Path, word: str, said
     assert _bare_word(["--config-dir", "mine", "experiment=charlm", "~seed", "-m"]) is None
 
 
+def test_a_missing_hydra_plugin_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hydra/launcher=joblib or +sweep=... without their plugins got Hydra's "Could not find
+    'hydra/launcher/joblib'" alone (the packaging probe, 2026-12-07)."""
+    import importlib.util
+
+    from hypergrad.cli import _missing_plugin
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert "pip install 'hypergrad-forward[sweep]'" in str(
+        _missing_plugin(["--multirun", "hydra/launcher=joblib"]))
+    assert "pip install 'hypergrad-forward[sweep-optuna]'" in str(
+        _missing_plugin(["+sweep=digits_schedule", "--multirun"]))
+    assert _missing_plugin(["experiment=charlm"]) is None
+    monkeypatch.undo()
+    found = importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
+    assert (_missing_plugin(["hydra/launcher=joblib"]) is None) == found
+
+
 def test_the_retrained_points_are_also_trained_in_orders_the_tuning_never_saw(
         tmp_path: Path) -> None:
     """The retrained table trains every point in the tuning's batch order, the one the learned

@@ -105,6 +105,21 @@ def test_clipping_is_exported_and_plain_torch_follows_the_run(opt: str, tmp_path
     assert said == (opt == "adamw_schedulefree")
 
 
+def test_learned_yaml_without_the_schedulefree_package_keeps_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inner_optimizer=adamw_schedulefree without the lm extra: the export's ImportError came
+    after the tuning, and results.json, learned.yaml and the model were never written (the
+    packaging probe, 2026-12-07). learned.yaml now says why it holds no optimizer."""
+    import sys
+
+    problem, _ = _problem(hg.optim.adamw_schedulefree(lr="lr", warmup_steps=2),
+                          [hg.Schedule("lr", 0.02, windows=3, transform="log")])
+    monkeypatch.setitem(sys.modules, "schedulefree", None)  # import schedulefree fails
+    files = write_learned(tmp_path, problem, _lam(problem), None)
+    settings = yaml.safe_load((tmp_path / "learned.yaml").read_text())
+    assert "learned.yaml" in files and "pip install schedulefree" in settings["not_written"]
+
+
 def test_an_unclipped_optimizer_has_no_clip() -> None:
     problem, _ = _problem(hg.optim.adam(lr="lr"), [hg.Scalar("lr", 0.01, transform="log")])
     assert "clip_grad_norm" not in learned_settings(problem, problem.init_raw())
