@@ -380,8 +380,7 @@ def _same_size(flag: str, path: str, protocol: dict[str, Any], quick: bool) -> N
     was = bool(protocol.get("quick", False))
     if was != quick:
         raise SystemExit(f"{flag} {path}: a {'--quick' if was else 'full'} run's, and this "
-                         f"run is {'--quick' if quick else 'full'}: join runs of one size "
-                         f"({'give --quick' if was else 'drop --quick'})")
+                         f"run is {'--quick' if quick else 'full'}: combine runs of one size")
 
 
 def main() -> None:
@@ -1016,6 +1015,18 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {n: suite_problem(n, seeds, retrain, n_plain, tuners) for n in names}
     merged: dict[str, list[str]] = {}
     seconds = {"this run": 0.0}
+    # the size of the result: --quick's, or that of the runs --join joins (one size: the
+    # joined --quick pieces were written under the committed result's name, "quick": false)
+    quick = args.quick
+    if args.join:
+        import json
+
+        sizes = {p: bool(json.loads(Path(p).read_text())["protocol"].get("quick", False))
+                 for p in args.join}
+        if len(set(sizes.values())) > 1:
+            each = ", ".join(f"{p}: {'quick' if q else 'full'}" for p, q in sizes.items())
+            raise SystemExit(f"--join: runs of two sizes ({each}); join runs of one size")
+        quick = next(iter(sizes.values()))
 
     def load(paths: list[str], flag: str) -> dict[str, dict[str, Any]]:
         """Earlier runs' JSONs (path -> JSON), each of this run's retraining seeds; their
@@ -1024,7 +1035,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
 
         runs = {p: json.loads(Path(p).read_text()) for p in paths}
         for p, r in runs.items():
-            _same_size(flag, p, r["protocol"], args.quick)
+            _same_size(flag, p, r["protocol"], quick)
             if r["protocol"]["retrain_seeds"] != retrain:
                 raise SystemExit(f"{flag} {p}: its retraining seeds "
                                  f"{r['protocol']['retrain_seeds']} are not this run's {retrain}")
@@ -1055,7 +1066,7 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
 
         earlier = json.loads(Path(earlier_path).read_text())
         proto = earlier["protocol"]
-        _same_size("--merge", earlier_path, proto, args.quick)
+        _same_size("--merge", earlier_path, proto, quick)
         if proto["seeds"] != seeds or proto["retrain_seeds"] != retrain:
             raise SystemExit(f"--merge {earlier_path}: its seeds {proto['seeds']} / "
                              f"{proto['retrain_seeds']} are not this run's {seeds} / {retrain}")
@@ -1106,14 +1117,14 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
                       "point retrained with fresh seeds, mean test loss",
             "anytime": "test loss (tuning seed's model) of the incumbent at "
                        f"{list(CHECKPOINTS)} of B",
-            "seeds": seeds, "retrain_seeds": retrain, "threads": 1, "quick": args.quick,
+            "seeds": seeds, "retrain_seeds": retrain, "threads": 1, "quick": quick,
             "merged_from": merged or None},
         "machine": C.machine(), "optuna": optuna.__version__,
         "python": platform.python_version(), "seconds": time.perf_counter() - t0,
         "wall_seconds": {**seconds, "this run": time.perf_counter() - t0},
         "problems": results,
     }
-    path = out / f"{args.name}{'_quick' if args.quick else ''}.json"
+    path = out / f"{args.name}{'_quick' if quick else ''}.json"
     path.write_text(dumps(payload, indent=1))
     for half in ("dev", "eval"):
         if any(n in results for n in suite.SPLIT[half]):

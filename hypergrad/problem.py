@@ -1843,7 +1843,8 @@ def _refuse_inference(lam: Any, model: nn.Module | None = None) -> None:
                            f"outside, or pass lam.clone() taken outside inference_mode{fix}.")
     if model is not None:
         made = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
-                if t.is_inference()]
+                if not isinstance(t, nn.parameter.UninitializedTensorMixin)  # lazy: refused
+                and t.is_inference()]
         if made:
             raise RuntimeError(
                 f"InnerProblem: the model's {made[0]!r}"

@@ -188,6 +188,10 @@ def test_marthe_refuses_initialisation_hyperparameters_below_mu_1() -> None:
                                          r"0.3\^4 = 0.0081"):
         hg.Trainer(p, method=hg.MARTHE(0.3), mode=hg.Offline(outer_steps=1), callbacks=[])
     hg.Trainer(p, method=hg.MARTHE(1.0), mode=hg.Offline(outer_steps=1), callbacks=[])
+    # called directly too: OnlineMethod.hypergradient ran the base class's check, not
+    # MARTHE's, and mu=0.5 gave -0.0037 for an exact -0.238 (the kinds probe, 2026-12-07)
+    with pytest.raises(ValueError, match=r"MARTHE\(mu=0.5\): \['s'\] set the initial weights"):
+        hg.MARTHE(0.5).hypergradient(p, p.init_raw())
 
 
 @pytest.mark.parametrize("phase", [0, 1, 2, 3])

@@ -48,12 +48,12 @@ def test_the_best_points_gradient_is_its_own_in_a_fit() -> None:
     seen: list[bool] = []
     update = tr._update
 
-    def spy(g: torch.Tensor) -> None:
+    def spy(g: torch.Tensor, **kw: Any) -> bool:
         best = tr.tracker.best
         if best is not None and torch.equal(tr.lam, best[1]):
             seen.append(tr.tracker.best_grad is not None
                         and torch.equal(tr.tracker.best_grad, g))
-        update(g)
+        return update(g, **kw)
 
     tr._update = spy  # type: ignore[method-assign]
     tr.fit()

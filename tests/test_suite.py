@@ -143,8 +143,11 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
     assert joined["summary"]["seeds"] == 2 and joined["summary"]["problems"] == 2
     assert joined["summary"]["max_budget_spread"] == pytest.approx(1.3)
     assert "(1.30x apart, over 1.15x): the machine's load differed" in capsys.readouterr().out
-    assert json.loads((tmp_path / "j" / "vs_optuna_suite.json").read_text())["protocol"][
-        "plain_runs"] == 20
+    # the joined --quick pieces make a --quick result, named so: they were written under the
+    # committed result's name, labelled "quick": false (the experiment scripts probe)
+    assert not (tmp_path / "j" / "vs_optuna_suite.json").exists()
+    written = json.loads((tmp_path / "j" / "vs_optuna_suite_quick.json").read_text())
+    assert written["protocol"]["plain_runs"] == 20 and written["protocol"]["quick"] is True
     for name in vs_optuna.QUICK_PROBLEMS:
         for t, tr in joined["problems"][name]["tuners"].items():
             assert [r["seed"] for r in tr["seeds"]] == [0, 1]
@@ -159,7 +162,7 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
                        ([*common, "--seeds", "2", "--join", str(first), str(first)],
                         r"are not \[0, 1\]"),
                        ([*common, "--seeds", "2", "--join", str(second), str(tmp_path
-                         / "j" / "vs_optuna_suite.json")], "in both")):
+                         / "j" / "vs_optuna_suite_quick.json")], "in both")):
         with pytest.raises(SystemExit, match=said), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             vs_optuna.suite_main(argv)
@@ -191,8 +194,15 @@ def test_vs_optuna_suite_quick_writes_the_summary_and_the_last_line(
             was["tuners"]["tpe"], sort_keys=True)
         vs = replaced["summary"]
         assert vs["problems"] == 2
+    full = tmp_path / "full.json"  # a full run's piece beside the --quick ones
+    full.write_text(json.dumps({**moved, "protocol": {**moved["protocol"], "quick": False}}))
     for argv, said in (([*common, "--seeds", "2", "--join", str(first), str(second), "--replace",
                          str(tmp_path / "alone0.json")], r"covers tuning seeds \[0\], the joined"),
+                       ([*common, *join, "--replace", str(full)], r"--replace .*full.json: a "
+                                                                  r"full run's, and this run is "
+                                                                  r"--quick"),
+                       ([*common, "--seeds", "2", "--join", str(first), str(full)],
+                        r"--join: runs of two sizes"),
                        ([*common, "--seeds", "1", "--replace", str(first)], "give the runs to "
                                                                             "join too")):
         with pytest.raises(SystemExit, match=said), warnings.catch_warnings():
