@@ -1843,7 +1843,8 @@ def _refuse_inference(lam: Any, model: nn.Module | None = None) -> None:
                            f"outside, or pass lam.clone() taken outside inference_mode{fix}.")
     if model is not None:
         made = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
-                if not isinstance(t, nn.parameter.UninitializedTensorMixin)  # lazy: refused
+                if not isinstance(t, (nn.parameter.UninitializedParameter,  # lazy: refused
+                                      nn.parameter.UninitializedBuffer))
                 and t.is_inference()]
         if made:
             raise RuntimeError(
