@@ -682,7 +682,10 @@ class ModelProbe:
                 written = given._version != self._versions[k] or not _same(left, before)
             else:
                 written = not _same(left, before)
-            if written:
+            if written and (train or k not in self.train_writes):
+                # the validation pass (under no_grad) writing the buffer again replaced the
+                # training write, and a stateful RNN's self.h = hn, written with autograd,
+                # was refused as "updated without autograd" (the stateful-models probe)
                 self.writes[k] = left
                 if train:
                     self.train_writes.add(k)

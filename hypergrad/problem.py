@@ -1166,7 +1166,9 @@ class InnerProblem:
                 owner = k.rpartition(".")[0]
                 fix = (f"Write the update out of place without no_grad or detach (hypergrad runs "
                        f"forward functionally and keeps no graph across steps), e.g. self.{leaf} "
-                       f"= (1 - m) * self.{leaf} + m * mean, or use nn.BatchNorm1d/2d, whose "
+                       f"= (1 - m) * self.{leaf} + m * mean (a recurrent hidden state: "
+                       f"self.{leaf} = hn without .detach(), which is truncated BPTT exactly), "
+                       f"or use nn.BatchNorm1d/2d, whose "
                        f"statistics hypergrad carries exactly. Where forward also reads the "
                        f"updated buffer in training, that update then enters the training "
                        f"gradient, which torch's detached update leaves out: the training "

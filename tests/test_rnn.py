@@ -176,3 +176,42 @@ def test_a_packed_sequence_is_refused_with_the_fix() -> None:
     with pytest.raises(NotImplementedError, match=r"recurrent layer \(lstm\) given a "
                                                   r"PackedSequence .*Pad the batch"):
         hg.ReverseMode().hypergradient(p, p.init_raw())
+
+
+def test_a_hidden_state_carried_across_steps_in_a_buffer_written_in_every_mode() -> None:
+    """A stateful language model (truncated BPTT) writing self.h = hn in every forward, eval
+    too: the validation pass's write (under no_grad) replaced the training pass's in the
+    probe, and the model was refused as updating its buffer "without autograd" (the
+    stateful-models probe, 2026-12-07). Exact against reverse mode and finite differences."""
+    import torch.nn.functional as F
+
+    import hypergrad as hg
+    from hypergrad.testing import hypergradcheck
+
+    V, H, B = 7, 5, 3
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randint(0, V, (4, B, 9), generator=g)
+    xv = torch.randint(0, V, (B, 9), generator=g)
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.rnn = nn.Embedding(V, H), nn.GRU(H, H, batch_first=True)
+            self.head = nn.Linear(H, V)
+            self.register_buffer("h", torch.zeros(1, B, H))
+
+        def forward(self, x: Tensor) -> Tensor:
+            out, hn = self.rnn(self.emb(x), self.h)
+            self.h = hn  # no detach: hypergrad keeps no graph across steps
+            return self.head(out)
+
+    torch.manual_seed(0)
+    problem = hg.InnerProblem(
+        LM().double(), lambda m, b, hp: F.cross_entropy(m(b[:, :-1]).reshape(-1, V),
+                                                          b[:, 1:].reshape(-1)),
+        hg.optim.sgd(lr="lr", weight_decay="wd"),
+        hg.HyperParams([hg.Scalar("lr", 0.5, "log"), hg.Scalar("wd", 1e-3, "log")]),
+        list(xs), 6, lambda m, hp: F.cross_entropy(m(xv[:, :-1]).reshape(-1, V),
+                                                    xv[:, 1:].reshape(-1)))
+    report = hypergradcheck(problem, strategies=[])
+    assert report.max("fwd_vs_rev") <= 1e-10
