@@ -873,7 +873,10 @@ class InnerProblem:
         if cut:
             raise ValueError(self._cut_message(cut, lam, hp.accessed, hpv.accessed))
         self._warn_partial_cuts(lam, {"train_loss": cuts_t, "val_loss": cuts_v})
-        self._check_windows(hp.accessed, hpv.accessed)
+        # what val_loss's graph reaches, not what it looked up: a val_loss that read hp["lr"]
+        # and used nothing of it let windows no step reads through, "learned" by the
+        # schedule's smoothing (the kinds probe)
+        self._check_windows(hp.accessed, reach_v)
         self._check_own_update(lam)
         self._checked_dtype = lam.dtype
 

@@ -132,6 +132,22 @@ def test_schedule_windows_after_the_last_step_are_refused() -> None:
         "windows=4), or more steps.")
 
 
+def test_a_val_loss_that_looks_a_schedule_up_and_uses_nothing_of_it_is_no_excuse() -> None:
+    """val_loss doing `hp["lr"]` without using the value let windows no step reads through:
+    their hypergradients were exactly 0, and the Trainer returned them moved (0.05 to 0.59) by
+    the schedule's smoothing, as learned (the kinds probe, 2026-12-07)."""
+    x, y = _data()
+
+    def val(m: Any, hp: Any) -> torch.Tensor:
+        hp["lr"]  # looked up, not used
+        return F.cross_entropy(m(x), y)
+
+    p = _problem([hg.Schedule("lr", 0.1, windows=8, transform="log")], steps=4, val_loss=val)
+    with pytest.raises(ValueError, match=r"windows=8 but steps=4: windows \[1, 3, 5, 7\] are "
+                                         r"read by no step"):
+        _check(p)
+
+
 def test_a_schedule_the_training_loss_reads_is_checked_too() -> None:
     def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
         return F.cross_entropy(m(b[0]) * hp["temp"], b[1])
