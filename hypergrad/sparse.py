@@ -229,9 +229,11 @@ def _build(api: str, crow: Tensor, col: Tensor, val: Tensor, shape: tuple[int, i
     if validate:
         _validate_csr(api, crow, col, val, cshape)
     dev = torch.device(device) if device is not None else val.device
-    crow = crow.to(device=dev, dtype=idt)
-    col = col.to(device=dev, dtype=idt)
-    val = val.to(device=dev, dtype=vdt)
+    # contiguous: the product kernel reads the index arrays as if they were (a strided int32
+    # col, big[1::2], made op @ x 0.96 off while the gradient, through A^T, stayed right)
+    crow = crow.to(device=dev, dtype=idt).contiguous()
+    col = col.to(device=dev, dtype=idt).contiguous()
+    val = val.to(device=dev, dtype=vdt).contiguous()
     crow_t, col_t, val_t = _csr_transpose(crow, col, val, cshape)
     first = _csr_tensor(crow, col, val, cshape)
     second = _csr_tensor(crow_t, col_t, val_t, (cshape[1], cshape[0]))
@@ -805,63 +807,80 @@ def load_npz(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None,
         raise ValueError(f"{api}: {p!r} holds a single array, not a scipy.sparse .npz; save the "
                          f"matrix with scipy.sparse.save_npz(path, A).")
     kw: dict[str, Any] = dict(dtype=dtype, index_dtype=index_dtype, device=device, validate=True)
-    with npz:
-        keys = set(npz.files)
-        if "format" not in keys or "shape" not in keys:
-            raise ValueError(f"{api}: {p!r} is not a scipy.sparse .npz (it holds "
-                             f"{sorted(keys)}); save the matrix with "
-                             f"scipy.sparse.save_npz(path, A).")
-        fmt = npz["format"].item()
-        fmt = fmt.decode("ascii") if isinstance(fmt, bytes) else str(fmt)
-        shape_arr = npz["shape"]
-        if shape_arr.ndim != 1 or shape_arr.size != 2:
-            raise ValueError(f"{api}: {p!r} stores shape {shape_arr.tolist()}; a 2-D matrix "
-                             f"(rows, cols) is required.")
-        shape = _check_shape(api, [int(s) for s in shape_arr])
-        if fmt not in ("csr", "csc", "coo"):
-            import scipy.sparse as sp
+    try:
+        with npz:
+            return _npz_members(api, p, npz, kw)
+    except (KeyError, EOFError, OSError, AttributeError, zipfile.BadZipFile) as e:
+        # a member read later (a bad CRC, an empty or missing member, a format that is no
+        # string) came out raw, without the ValueError the docstring promises (the sparse probe)
+        raise ValueError(f"{api}: {p!r} is not a readable scipy.sparse .npz ({type(e).__name__}: "
+                         f"{e}); save the matrix with scipy.sparse.save_npz(path, A).") from None
+    except ValueError as e:
+        if str(e).startswith(api):
+            raise
+        raise ValueError(f"{api}: {p!r} is not a readable scipy.sparse .npz ({e}); save the "
+                         f"matrix with scipy.sparse.save_npz(path, A).") from None
 
-            return SparseOperator._wrap(*_parts_from_scipy(api, sp.load_npz(p), **kw))
-        data = npz["data"]
-        if data.ndim != 1:
-            raise ValueError(f"{api}: data has shape {data.shape}, expected 1-D (nnz,).")
-        _check_data_dtype(api, data)
-        nnz = data.shape[0]
-        if fmt in ("csr", "csc"):
-            indices, indptr = npz["indices"], npz["indptr"]
-            major, minor = (shape[0], shape[1]) if fmt == "csr" else (shape[1], shape[0])
-            what = "column" if fmt == "csr" else "row"
-            _check_index_array(api, f"{what} indices", indices, minor - 1,
-                               f"the matrix has {minor} {what}s")
-            _check_index_array(api, "indptr", indptr, nnz, f"nnz={nnz}")
-            if indices.shape != (nnz,):
-                raise ValueError(f"{api}: indices have shape {indices.shape} but data has "
-                                 f"{nnz} entries; the file is inconsistent.")
-            if indptr.shape != (major + 1,):
-                raise ValueError(f"{api}: indptr has shape {indptr.shape}, expected "
-                                 f"({major + 1},) for shape {shape} in {fmt} format; the file is "
-                                 f"inconsistent.")
-            return SparseOperator._wrap(*_build(
-                api, torch.from_numpy(indptr.astype(np.int64, copy=False)),
-                torch.from_numpy(indices.astype(np.int64, copy=False)),
-                torch.from_numpy(data), shape, transposed=(fmt == "csc"), **kw))
-        if "coords" in keys:
-            coords = npz["coords"]
-            if coords.ndim != 2 or coords.shape[0] != 2:
-                raise ValueError(f"{api}: coords have shape {coords.shape}, expected (2, nnz).")
-            row, col = coords[0], coords[1]
-        else:
-            row, col = npz["row"], npz["col"]
-        _check_index_array(api, "row indices", row, shape[0] - 1,
-                           f"the matrix has {shape[0]} rows")
-        _check_index_array(api, "column indices", col, shape[1] - 1,
-                           f"the matrix has {shape[1]} columns")
-        if row.shape != (nnz,) or col.shape != (nnz,):
-            raise ValueError(f"{api}: row/col indices have shapes {row.shape}/{col.shape} but "
-                             f"data has {nnz} entries; the file is inconsistent.")
-        return SparseOperator._wrap(*_parts_from_coo(
-            api, row.astype(np.int64, copy=False), col.astype(np.int64, copy=False),
-            data, shape, **kw))
+
+def _npz_members(api: str, p: str, npz: Any, kw: dict[str, Any]) -> SparseOperator:
+    """:func:`load_npz`'s reading of the archive's members."""
+    keys = set(npz.files)
+    if "format" not in keys or "shape" not in keys:
+        raise ValueError(f"{api}: {p!r} is not a scipy.sparse .npz (it holds "
+                         f"{sorted(keys)}); save the matrix with "
+                         f"scipy.sparse.save_npz(path, A).")
+    fmt = npz["format"].item()
+    fmt = fmt.decode("ascii") if isinstance(fmt, bytes) else str(fmt)
+    shape_arr = npz["shape"]
+    if shape_arr.ndim != 1 or shape_arr.size != 2 or shape_arr.dtype.kind not in "iu":
+        # (a float shape [9.7, 6.2] was truncated to (9, 6))
+        raise ValueError(f"{api}: {p!r} stores shape {shape_arr.tolist()}; a 2-D matrix "
+                         f"(rows, cols) of ints is required.")
+    shape = _check_shape(api, [int(s) for s in shape_arr])
+    if fmt not in ("csr", "csc", "coo"):
+        import scipy.sparse as sp
+
+        return SparseOperator._wrap(*_parts_from_scipy(api, sp.load_npz(p), **kw))
+    data = npz["data"]
+    if data.ndim != 1:
+        raise ValueError(f"{api}: data has shape {data.shape}, expected 1-D (nnz,).")
+    _check_data_dtype(api, data)
+    nnz = data.shape[0]
+    if fmt in ("csr", "csc"):
+        indices, indptr = npz["indices"], npz["indptr"]
+        major, minor = (shape[0], shape[1]) if fmt == "csr" else (shape[1], shape[0])
+        what = "column" if fmt == "csr" else "row"
+        _check_index_array(api, f"{what} indices", indices, minor - 1,
+                           f"the matrix has {minor} {what}s")
+        _check_index_array(api, "indptr", indptr, nnz, f"nnz={nnz}")
+        if indices.shape != (nnz,):
+            raise ValueError(f"{api}: indices have shape {indices.shape} but data has "
+                             f"{nnz} entries; the file is inconsistent.")
+        if indptr.shape != (major + 1,):
+            raise ValueError(f"{api}: indptr has shape {indptr.shape}, expected "
+                             f"({major + 1},) for shape {shape} in {fmt} format; the file is "
+                             f"inconsistent.")
+        return SparseOperator._wrap(*_build(
+            api, torch.from_numpy(indptr.astype(np.int64, copy=False)),
+            torch.from_numpy(indices.astype(np.int64, copy=False)),
+            torch.from_numpy(data), shape, transposed=(fmt == "csc"), **kw))
+    if "coords" in keys:
+        coords = npz["coords"]
+        if coords.ndim != 2 or coords.shape[0] != 2:
+            raise ValueError(f"{api}: coords have shape {coords.shape}, expected (2, nnz).")
+        row, col = coords[0], coords[1]
+    else:
+        row, col = npz["row"], npz["col"]
+    _check_index_array(api, "row indices", row, shape[0] - 1,
+                       f"the matrix has {shape[0]} rows")
+    _check_index_array(api, "column indices", col, shape[1] - 1,
+                       f"the matrix has {shape[1]} columns")
+    if row.shape != (nnz,) or col.shape != (nnz,):
+        raise ValueError(f"{api}: row/col indices have shapes {row.shape}/{col.shape} but "
+                         f"data has {nnz} entries; the file is inconsistent.")
+    return SparseOperator._wrap(*_parts_from_coo(
+        api, row.astype(np.int64, copy=False), col.astype(np.int64, copy=False),
+        data, shape, **kw))
 
 
 def _check_data_dtype(api: str, data: np.ndarray) -> None:

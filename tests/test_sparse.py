@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -501,3 +502,54 @@ def test_load_svmlight_errors(tmp_path):
         load_svmlight(p)
     with pytest.raises(FileNotFoundError, match=r"load_svmlight: no file at"):
         load_svmlight(tmp_path / "missing.svm")
+
+
+def test_strided_int32_index_arrays_give_the_right_product() -> None:
+    """from_csr with a strided int32 crow or col (big[1::2]), or scipy holding such indices
+    (copy=False): op @ x was up to 0.96 off (3.7 for a matrix) while to_dense and the gradient,
+    through A^T, were right (the sparse probe, 2026-12-07)."""
+    a = sp.random(6, 5, density=0.5, random_state=7, format="csr")
+    dense = torch.tensor(a.toarray())
+
+    def strided(t: torch.Tensor) -> torch.Tensor:
+        big = torch.zeros(2 * t.numel(), dtype=t.dtype)
+        big[1::2] = t
+        return big[1::2]
+
+    crow, col = torch.tensor(a.indptr).int(), torch.tensor(a.indices).int()
+    val = torch.tensor(a.data)
+    x, xs = torch.randn(5, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    for args in ((strided(crow), col, val), (crow, strided(col), val)):
+        op = SparseOperator.from_csr(*args, (6, 5))
+        torch.testing.assert_close(op @ x, dense @ x, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(op @ xs, dense @ xs, rtol=1e-12, atol=1e-12)
+    big = np.zeros(2 * a.indices.size, np.int32)
+    big[1::2] = a.indices
+    b = sp.csr_matrix((a.data, big[1::2], a.indptr), shape=a.shape, copy=False)
+    torch.testing.assert_close(SparseOperator(b) @ x, dense @ x, rtol=1e-12, atol=1e-12)
+
+
+def test_a_damaged_npz_is_a_value_error_naming_the_file(tmp_path: Path) -> None:
+    """Only np.load was guarded: a flipped byte (bad CRC), an empty member, a missing indptr
+    came out raw (zipfile.BadZipFile, EOFError, KeyError), not the ValueError the docstring
+    promises; a float shape was truncated (the sparse probe, 2026-12-07)."""
+    a = sp.random(6, 5, density=0.5, random_state=7, format="csr")
+    good = tmp_path / "a.npz"
+    sp.save_npz(good, a, compressed=False)
+    raw = bytearray(good.read_bytes())
+    i = raw.index(a.data.tobytes()[:8])  # a byte of the data member: its CRC fails
+    raw[i] ^= 0xFF
+    bad = tmp_path / "crc.npz"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"load_npz: .*crc.npz' is not a readable scipy.sparse "
+                                         r"\.npz \(BadZipFile"):
+        load_npz(bad)
+    np.savez(tmp_path / "no_indptr.npz", format=np.array(b"csr"), shape=np.array([6, 5]),
+             data=a.data, indices=a.indices)
+    with pytest.raises(ValueError, match=r"not a readable scipy.sparse \.npz \(KeyError"):
+        load_npz(tmp_path / "no_indptr.npz")
+    np.savez(tmp_path / "float_shape.npz", format=np.array(b"csr"),
+             shape=np.array([9.7, 6.2]), data=a.data, indices=a.indices, indptr=a.indptr)
+    with pytest.raises(ValueError, match=r"stores shape \[9.7, 6.2\]; a 2-D matrix \(rows, "
+                                         r"cols\) of ints"):
+        load_npz(tmp_path / "float_shape.npz")
