@@ -514,6 +514,16 @@ def test_a_word_that_is_no_override_is_explained(tmp_path: Path, word: str, said
     assert _bare_word(["--config-dir", "mine", "experiment=charlm", "~seed", "-m"]) is None
 
 
+def test_a_bad_report_setting_is_refused_before_any_work(tmp_path: Path) -> None:
+    """report.orders=-1 was refused only after the tuning and the retraining: the run's
+    results.json, learned.yaml and model were never written (the report probe, 2026-12-07)."""
+    from hypergrad.cli import run
+
+    with pytest.raises(ConfigError, match=r"report.orders=-1 must be an int >= 0"):
+        run(_compose(*FAST, "report.orders=-1"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing trained, no folder made
+
+
 def test_a_missing_hydra_plugin_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """hydra/launcher=joblib or +sweep=... without their plugins got Hydra's "Could not find
     'hydra/launcher/joblib'" alone (the packaging probe, 2026-12-07)."""
@@ -604,3 +614,24 @@ def test_a_sweep_resumed_with_other_values_is_refused_and_with_the_same_resumes(
     assert ("folder.resume=true in a sweep, but " in said and "holds the run of job 0 made "
             "with other values than this job's (seed: 0 -> 1)" in said), said[-3000:]
 
+
+
+def test_compare_methods_times_the_runs_own_method(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """report.compare_methods built a fresh ForwardMode(): the run's method.compile=false (or
+    an HVP chunk size) was dropped, and its compile trial was timed into the comparison, 14.5 s
+    against 0.04 (the report probe, 2026-12-07)."""
+    from hypergrad import ForwardMode
+    from hypergrad.cli import run
+
+    seen: list[object] = []
+    real = ForwardMode.hypergradient
+
+    def spy(self: ForwardMode, problem: object, lam: object) -> object:
+        seen.append(self.compile)
+        return real(self, problem, lam)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ForwardMode, "hypergradient", spy)
+    run(_compose(*FAST, "method=forward", "method.compile=false", "report.compare_methods=true",
+                 "report.retrain=false"), tmp_path)
+    assert seen and seen[-1] is False  # the compare's call: the run's own setting
