@@ -2089,29 +2089,13 @@ def _warn_unread_examples(hyperparams: HyperParams, source: Any, steps: int) -> 
     from .hyperparams import PerExample
 
     items = [it for it in hyperparams.items if isinstance(it, PerExample)]
-    if not items:
-        return
-    if isinstance(source, Sequence) and not isinstance(source, (str, bytes)) and source:
-        # a sequence of batches (step t reads batch t % len): the indices its steps read; a
-        # PerExample(n=30) over 20 examples kept 10 dead entries without a word (the kinds
-        # probe). A stream's passes are not read here (each pass costs a read of the data)
-        seen: set[int] = set()
-        for t in range(min(steps, len(source))):
-            idx = _batch_indices(source[t])
-            if idx is None:
-                return
-            seen.update(int(i) for i in idx.tolist())
-        n = max(it.n for it in items)
-        unread = n - len({i for i in seen if 0 <= i < n})
-        per = max(1, round(len(seen) / max(1, min(steps, len(source)))))
-    elif callable(getattr(source, "read_counts", None)):
-        n = int(source.n)
-        unread = int((source.read_counts(range(steps)) == 0).sum())
-        per = int(getattr(source, "batch_size", 0)) or 1
-    else:
-        return
+    if not items or not callable(getattr(source, "read_counts", None)):
+        return  # other sources: the Trainer names the zeros at its first hypergradient
+    n = int(source.n)
+    unread = int((source.read_counts(range(steps)) == 0).sum())
     if not unread:
         return
+    per = int(getattr(source, "batch_size", 0)) or 1
     names = ", ".join(repr(it.name) for it in items)
     warnings.warn(ZeroHypergradientWarning(
         f"InnerProblem: {unread} of the {n} training examples are read by no step of the run "

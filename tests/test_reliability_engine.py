@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -693,30 +692,3 @@ def test_a_non_integer_step_is_named() -> None:
                                         r"got 1.5 \(float\)"):
         fwd.step(p, run, p.init_raw())
 
-
-def test_per_example_weights_no_step_of_a_list_of_batches_reads_are_said() -> None:
-    """Only MiniBatches was checked: a list of batches with PerExample(n=30) over 20 examples,
-    or 2 steps over 4 batches, kept dead entries of exactly-zero hypergradient without a word
-    (the kinds probe, 2026-12-07)."""
-    from hypergrad.errors import ZeroHypergradientWarning
-
-    x = torch.randn(20, 4, dtype=torch.float64)
-    y = torch.randint(0, 2, (20,))
-    batches = [(x[i:i + 5], y[i:i + 5], torch.arange(i, i + 5)) for i in range(0, 20, 5)]
-
-    def build(n: int, steps: int) -> hg.InnerProblem:
-        return hg.InnerProblem(
-            nn.Linear(4, 2).double(),
-            lambda m, b, hp: (hp["w"][b[2]] * F.cross_entropy(m(b[0]), b[1],
-                                                              reduction="none")).mean(),
-            hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=n)]), batches,
-            steps, lambda m, hp: F.cross_entropy(m(x), y))
-
-    for n, steps, unread in ((30, 4, 10), (20, 2, 10)):
-        p = build(n, steps)
-        with pytest.warns(ZeroHypergradientWarning, match=rf"{unread} of the {n} training "
-                                                          rf"examples are read by no step"):
-            _check(p)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _check(build(20, 4))

@@ -213,7 +213,7 @@ def test_runs_of_another_size_are_not_joined_and_bad_arguments_are_named() -> No
     import subprocess
 
     with pytest.raises(SystemExit, match=r"--join a.json: a --quick run's, and this run is "
-                                         r"full: join runs of one size \(give --quick\)"):
+                                         r"full: combine runs of one size"):
         vs_optuna._same_size("--join", "a.json", {"quick": True}, False)
     vs_optuna._same_size("--merge", "b.json", {}, False)  # written before it said: full
     for args, said in ((["--seeds", "0"], "--seeds 0: must be an int >= 1"),

@@ -63,6 +63,7 @@ class Bounds:
         """Raw bounds of single entries: name -> {index: (low, high)}."""
         self._keys: dict[str, tuple[str, list[int] | None, tuple[Tensor | None, Tensor | None]]]
         self._keys = {}  # as given -> (name, indices, its raw pair)
+        self._shown: dict[str, tuple[Tensor | None, Tensor | None]] = {}  # _raw_pair's exact
         named: dict[tuple[str, tuple[int, ...]], str] = {}
         for key, lohi in (bounds or {}).items():
             name, indices = self._target(key, api)
@@ -74,7 +75,9 @@ class Bounds:
                 if same != key:
                     raise ValueError(f"{api}: bounds[{same!r}] and bounds[{key!r}] name the same "
                                      f"entries of {name!r}; give one of them.")
-            pair = self._raw_pair(key, hps.by_name[name].transform, lohi, dtype, api)
+            plain: list[Tensor | None] = []
+            pair = self._raw_pair(key, hps.by_name[name].transform, lohi, dtype, api, plain)
+            self._shown[key] = (plain[0], plain[1])
             if indices is None:
                 self.raw[name] = pair
             self._keys[key] = (name, indices, pair)
@@ -157,8 +160,12 @@ class Bounds:
 
     @staticmethod
     def _raw_pair(name: str, transform: str, lohi: Sequence[float | None], dtype: torch.dtype,
-                  api: str) -> tuple[Tensor | None, Tensor | None]:
-        """``(low, high)`` of key ``name`` in raw coordinates, checked."""
+                  api: str, exact: list[Tensor | None] | None = None
+                  ) -> tuple[Tensor | None, Tensor | None]:
+        """``(low, high)`` of key ``name`` in raw coordinates, checked, each end moved inside
+        by rounding steps where its value lay outside; ``exact`` (given): the ends as the
+        plain inverse transform gives them, which the fingerprint and messages show (a run
+        written before the ends moved resumes)."""
         if callable(getattr(lohi, "tolist", None)) and not isinstance(lohi, (str, bytes)):
             lohi = lohi.tolist()  # type: ignore[attr-defined]  # a NumPy array, a tensor
         if isinstance(lohi, (str, bytes)) or not isinstance(lohi, Sequence) or len(lohi) != 2:
@@ -166,9 +173,11 @@ class Bounds:
                              f"either may be None, e.g. (1e-4, 1.0).")
         forward, inverse, valid, domain = TRANSFORMS[transform]
         raw: list[Tensor | None] = []
+        plain: list[Tensor | None] = []
         for side, v in zip(("low", "high"), lohi):
             if v is None:
                 raw.append(None)
+                plain.append(None)
                 continue
             if isinstance(v, Tensor) and v.numel() == 1:
                 v = v.item()
@@ -196,6 +205,7 @@ class Bounds:
                 # other side it leaves no finite value in between
                 if (side == "low") == bool(r < 0):
                     raw.append(None)
+                    plain.append(None)
                     continue
                 raise ValueError(f"{api}: bounds[{name!r}] {side}={v} is infinite in {dtype}"
                                  f", so no finite value lies inside the bounds; give a "
@@ -212,9 +222,11 @@ class Bounds:
                     break
                 r, step = r + step, 2 * step
             raw.append(r)
-            exact = inverse(t)
+            plain.append(inverse(t))
         if raw[0] is not None and raw[1] is not None and bool(raw[0] > raw[1]):
-            raw[0] = raw[1] = exact  # low == high: the two ends moved past each other
+            raw[0], raw[1] = plain[0], plain[1]  # low == high: the ends moved past each other
+        if exact is not None:
+            exact.extend(plain)
         lo, hi = lohi
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"{api}: bounds[{name!r}]=({lo}, {hi}) has low > high; give "
@@ -250,9 +262,9 @@ class Bounds:
     def values(self) -> dict[str, list[float | None]]:
         """The bounds in value space, by the keys given (for fingerprints and messages)."""
         out = {}
-        for key, (name, _, ends) in self._keys.items():
+        for key, (name, _, _) in self._keys.items():
             fwd = TRANSFORMS[self.hps.by_name[name].transform][0]
-            out[key] = [None if r is None else float(fwd(r)) for r in ends]
+            out[key] = [None if r is None else float(fwd(r)) for r in self._shown[key]]
         return out
 
     def of(self, name: str) -> dict[str, list[float | None]]:
