@@ -1018,22 +1018,20 @@ def suite_main(argv: list[str] | None = None) -> dict[str, Any]:
     # the size of the result: --quick's, or that of the runs --join joins (one size: the
     # joined --quick pieces were written under the committed result's name, "quick": false)
     quick = args.quick
-    if args.join:
-        import json
-
-        sizes = {p: bool(json.loads(Path(p).read_text())["protocol"].get("quick", False))
-                 for p in args.join}
-        if len(set(sizes.values())) > 1:
-            each = ", ".join(f"{p}: {'quick' if q else 'full'}" for p, q in sizes.items())
-            raise SystemExit(f"--join: runs of two sizes ({each}); join runs of one size")
-        quick = next(iter(sizes.values()))
 
     def load(paths: list[str], flag: str) -> dict[str, dict[str, Any]]:
         """Earlier runs' JSONs (path -> JSON), each of this run's retraining seeds; their
-        seconds join the wall clock."""
+        seconds join the wall clock. --join's runs set the result's size (one size)."""
         import json
 
+        nonlocal quick
         runs = {p: json.loads(Path(p).read_text()) for p in paths}
+        if flag == "--join":
+            sizes = {p: bool(r["protocol"].get("quick", False)) for p, r in runs.items()}
+            if len(set(sizes.values())) > 1:
+                each = ", ".join(f"{p}: {'quick' if q else 'full'}" for p, q in sizes.items())
+                raise SystemExit(f"--join: runs of two sizes ({each}); join runs of one size")
+            quick = next(iter(sizes.values()))
         for p, r in runs.items():
             _same_size(flag, p, r["protocol"], quick)
             if r["protocol"]["retrain_seeds"] != retrain:
