@@ -559,6 +559,16 @@ class Stream:
             probe.close()
         return self._first[0]
 
+    def probe_batches(self, steps: int) -> Iterator[tuple[int, Any]]:
+        """Steps ``1 .. steps - 1`` and their batches, of a pass like :meth:`first_batch`'s (the
+        checks' own, apart from every run's): what a check of later steps reads."""
+        probe = _Pass(self, self.pass_seed(_PROBE))
+        try:
+            for t in range(1, steps):
+                yield t, probe.get(t)
+        finally:
+            probe.close()
+
     def varies(self) -> bool:
         """Whether passes of other seeds read other batches: batch 0 of a second probe pass
         against :meth:`first_batch`'s (a shuffle or augmentation changes it; a ``DataLoader``

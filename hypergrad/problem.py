@@ -866,6 +866,12 @@ class InnerProblem:
         bound = set(self.optimizer.bound_names()) | {it.name for it in self.init_items}
         used = hp.accessed | hpv.accessed | bound
         unused = [n for n in self.hyperparams.names if n not in used]
+        if unused:  # a loss term on some batches only: read at a later step
+            later, reach_later = self._read_later(lam, unused)
+            hp.accessed |= later
+            reach |= reach_later
+            used |= later
+            unused = [n for n in unused if n not in later]
         if unused:
             raise ValueError(_unbound_message(unused, self.optimizer))
         cut = [n for n in self.hyperparams.names
@@ -1591,28 +1597,58 @@ class InnerProblem:
         return any(isinstance(a, Tensor) and isinstance(b, Tensor)
                    and not torch.equal(a.detach(), b.detach()) for a, b in zip(base, moved))
 
-    def _probe_loss(self, which: str, lam: Tensor
+    def _read_later(self, lam: Tensor, names: list[str]) -> tuple[set[str], set[str]]:
+        """What ``train_loss`` reads (and its graph reaches) at later steps, at the initial
+        weights, until every one of ``names`` is read: a term switched on for some batches
+        only (odd batches, noisy examples) was refused as read by nothing when step 0's batch
+        did not switch it on. Up to :data:`LATER_STEPS` steps spread over the run (a stream's
+        first ones, of the checks' own pass); a term no step of them reads is refused."""
+        read: set[str] = set()
+        reach: set[str] = set()
+        T = self.steps
+        stream = self._batch.stream
+        if stream is not None:
+            batches: Iterable[tuple[int, Any]] = (
+                (t, self._batch.checked(b, t))
+                for t, b in stream.probe_batches(min(T, LATER_STEPS + 1)))
+        else:
+            steps = sorted({1 + (T - 2) * i // max(LATER_STEPS - 1, 1)
+                            for i in range(LATER_STEPS)} & set(range(1, T)))
+            batches = ((t, self.batch(t)) for t in steps)
+        for t, batch in batches:
+            with step_rng(self.seed, t, self.device):
+                _, hp, r, _, _ = self._probe_loss("train_loss", lam, t, batch)
+            read |= hp.accessed
+            reach |= r
+            if read >= set(names):
+                break
+        return read, reach
+
+    def _probe_loss(self, which: str, lam: Tensor, step: int = 0, batch: Any = None
                     ) -> tuple[Any, HPValues, set[str], bool, dict[str, str]]:
         """One loss at the initial state, each hyperparameter group and each weight a leaf of
         its own: the loss, what it read, the groups its autograd graph reaches, whether it
         reaches a weight (or the model has none), and the operations that cut a group's values
-        from the graph on the way (group -> the first)."""
+        from the graph on the way (group -> the first). ``train_loss`` at step 0 on the first
+        batch, or at ``step`` on ``batch``."""
         hps = self.hyperparams
         leaves = {n: v.detach().clone().requires_grad_() for n, v in hps.split(lam).items()}
         s = self.initial_state()
         # the weights as leaves of their own (sharing storage: the probe writes nothing)
         weights = {k: v.detach().requires_grad_() for k, v in s.params.items()}
         train = which == "train_loss"
-        step = 0 if train else None
+        at = step if train else None
+        if batch is None and train:
+            batch = self.first_batch()
         with torch.enable_grad(), _quiet():
-            values = hps.values_from(leaves, step, self.steps)
+            values = hps.values_from(leaves, at, self.steps)
             hp = HPValues(values, which)
             model = self.fmodel.bind(weights, s.buffers, train or self.val_mode == "train",
-                                     0 if train else self.steps)
+                                     step if train else self.steps)
             finder = _CutFinder(values)
             try:
                 with finder:
-                    out = (self._call(which, self.train_loss, model, self.first_batch(), hp)
+                    out = (self._call(which, self.train_loss, model, batch, hp)
                            if train else self._call(which, self.val_loss, model, hp))
             except (RuntimeError, TypeError) as err:
                 cuts = self._find_cuts(which, lam)
@@ -2208,7 +2244,8 @@ def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:
         how = f"one of {optimizer.name}'s arguments {args} set to its name"
     return (
         f"InnerProblem: hyperparameters {unused} are bound to nothing: no optimizer argument "
-        f"names them and neither train_loss nor val_loss reads them (hp[...]). Bind each to what "
+        f"names them and neither train_loss (at step 0 and up to {LATER_STEPS} later steps) nor "
+        f"val_loss reads them (hp[...]). Bind each to what "
         f"it should set: an optimizer argument, {how} (hypergrad-run: "
         f"inner_optimizer.<argument>=<name>), or read it in a loss as hp[{unused[0]!r}] at "
         f"every call (a value read once and cached, in an attribute or a closure, is not "
@@ -2647,6 +2684,10 @@ hyperparameter passed to one (a noise scale as ``torch.normal``'s std) got a hyp
 exactly 0 through it, where finite differences of the same draws see the slope. (A discrete
 sample, ``torch.bernoulli``'s mask, has a zero slope almost everywhere in the same draws too.)"""
 
+
+LATER_STEPS = 32
+"""How many later steps :meth:`InnerProblem._read_later` reads ``train_loss`` at, looking for a
+hyperparameter step 0 did not read (a term on some batches only), before calling it unread."""
 
 UNSEEDED_CALLS = 4
 """How many times :meth:`InnerProblem._warn_unseeded` evaluates each loss at the same weights,

@@ -692,3 +692,48 @@ def test_a_non_integer_step_is_named() -> None:
                                         r"got 1.5 \(float\)"):
         fwd.step(p, run, p.init_raw())
 
+
+
+def _late_term(hps: list[Any], stream: bool = False, never: bool = False) -> hg.InnerProblem:
+    """A training loss with an L2 term on some batches only: those whose first target is 2,
+    which batch 0 is not (``never``: no batch)."""
+    x, y = _data()
+    y = y.clone()
+    y[0], y[8] = 0, 2
+
+    def tl(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        loss = F.cross_entropy(m(b[0]), b[1])
+        if int(b[1][0]) == 2 and not never:
+            loss = loss + hp["wd"] * sum((w ** 2).sum() for w in m.params.values())
+        return loss
+
+    batches: Any = [(x[:8], y[:8]), (x[8:], y[8:])]
+    if stream:
+        batches = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                              batch_size=8)
+    return _problem([hg.Scalar("lr", 0.1, transform="log"), *hps], steps=4, train_loss=tl,
+                    batches=batches)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind", ["scalar", "schedule"])
+def test_a_loss_term_that_batch_0_does_not_switch_on_is_tuned(kind: str, stream: bool) -> None:
+    """A training-loss term read on some batches only, not batch 0's, was refused as 'bound to
+    nothing: neither train_loss nor val_loss reads them' by every method and by a plain run
+    (the placement probe, 2026-12-07): the check read step 0 alone. Later steps are now read
+    too, and the hypergradient is exact."""
+    wd = (hg.Scalar("wd", 0.05, transform="log") if kind == "scalar" else
+          hg.Schedule("wd", 0.05, windows=2, transform="log"))
+    p = _late_term([wd], stream=stream)
+    report = hg.testing.hypergradcheck(p)
+    assert report.grad is not None
+    g = report.grad[1:]
+    assert bool((g != 0).any())
+    if kind == "schedule":  # steps 1 and 3 read it, one in each window
+        assert bool((g != 0).all())
+
+
+def test_a_loss_term_no_step_switches_on_is_still_refused() -> None:
+    p = _late_term([hg.Scalar("wd", 0.05, transform="log")], never=True)
+    with pytest.raises(ValueError, match=r"hyperparameters \['wd'\] are bound to nothing"):
+        _check(p)
