@@ -603,6 +603,19 @@ def _check_groups_given(cfg: DictConfig) -> None:
     if not empty:
         return
     chosen = _hydra_choices()
+    g = empty[0]
+    if (chosen.get(g) and not (CONFIG_DIR / g / f"{chosen[g]}.yaml").is_file()
+            and OmegaConf.is_dict(cfg[g]) and len(cfg[g]) and g in targets()):
+        # an option file of the user's own without its schema line (a hyperparams option
+        # with items and no `- schema_hyperparams` was told of a `hyperparams:` line it never
+        # had; the own-config probe)
+        schemas = ", ".join(f"schema_{n}" for n in targets()[g])
+        raise ConfigError(
+            f"hypergrad-run: {g} (chosen: {g}={chosen[g]}) holds settings "
+            f"({', '.join(map(str, list(cfg[g])[:4]))}) but no _target_: an option file of "
+            f"your own starts its defaults list with the schema it extends ({schemas}), "
+            f"which gives the _target_, e.g. `defaults: [schema_{next(iter(targets()[g]))}, "
+            f"_self_]` (configs/{g}/ holds examples; docs/configs.md).")
     said = ", ".join(f"{g} (chosen: {g}={chosen[g]})" if chosen.get(g) else g for g in empty)
     raise ConfigError(
         f"hypergrad-run: {said} {'is' if len(empty) == 1 else 'are'} null (or only settings, no "
@@ -706,7 +719,7 @@ def _check_task(cfg: DictConfig, task: Any) -> None:
             f"data there.", HypergradWarning, stacklevel=3)
 
 
-def _locate(key: str, target: str) -> None:
+def _locate(key: str, target: str) -> Any:
     """Where the ``_target_`` of the node ``key`` (``task``, ``model``, ...) does not resolve,
     say why (Hydra's own message, "Error locating target", hides the cause): no part of it is
     an importable module, its module fails while importing (its own error), or a name is
@@ -745,11 +758,13 @@ def _locate(key: str, target: str) -> None:
             raise ConfigError(f"{key}._target_={target}: {where} has no {attr!r}{hint} (its "
                              f"callables: {shown or 'none'}).")
         obj = getattr(obj, attr)
+    return obj
 
 
 def _locate_targets(cfg: DictConfig) -> None:
     """:func:`_locate` every ``_target_`` of the config (a model, a hyperparameter kind, a
-    method of a user's own as well as the task), before anything is built."""
+    method of a user's own as well as the task), before anything is built; and refuse a
+    ``_partial_`` node's ``???`` over an argument with a default (:func:`_partial_missing`)."""
     tree = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(tree, dict)
 
@@ -757,7 +772,9 @@ def _locate_targets(cfg: DictConfig) -> None:
         if isinstance(node, dict):
             target = node.get("_target_")
             if isinstance(target, str) and target != "???" and "${" not in target:
-                _locate(key, target)
+                obj = _locate(key, target)
+                if node.get("_partial_") is True:
+                    _partial_missing(key, node, obj)
             for k, v in node.items():
                 walk(v, f"{key}.{k}" if key else str(k))
         elif isinstance(node, list):
@@ -765,6 +782,26 @@ def _locate_targets(cfg: DictConfig) -> None:
                 walk(v, f"{key}.{i}")
 
     walk({k: v for k, v in tree.items() if k != "hydra"}, "")
+
+
+def _partial_missing(key: str, node: dict[str, Any], target: Any) -> None:
+    """Refuse ``k: ???`` in a ``_partial_: true`` node where the target's argument ``k`` has a
+    default: Hydra leaves a missing value out of a partial, so the call used the default
+    (``model.width: ???`` trained at width 16 while config.yaml recorded ``???``; the
+    own-config probe). An argument without a default is the caller's to give (a model
+    factory's sizes) and is left alone."""
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # a builtin or class without a signature to read
+        return
+    for k, v in node.items():
+        p = params.get(str(k))
+        if v == "???" and p is not None and p.default is not inspect.Parameter.empty:
+            raise ConfigError(
+                f"{key}.{k} is ??? (no value) in a _partial_: true node: Hydra leaves a missing "
+                f"value out of a partial, and the call would use {node['_target_']}'s default "
+                f"{k}={p.default!r} while config.yaml records ???. Give it a value "
+                f"({key}.{k}=...), or remove the line to use the default.")
 
 
 def _check_items(cfg: DictConfig) -> None:

@@ -157,3 +157,23 @@ def test_hypercleaning_references_say_the_other_hyperparameters_stay_initial() -
                                       n_val=50)
     assert sorted(both.references) == ["baseline (noisy, weights 1; the rest initial)",
                                        "oracle (clean examples only; the rest initial)"]
+
+
+def _not_a_module(n_in: int, n_out: int) -> str:
+    return "a string"
+
+
+@pytest.mark.parametrize("model,match", [
+    # hypergrad-run's model group without _partial_: true built the module itself, and the
+    # task's call of it failed with "forward() takes 2 positional arguments but 3 were given"
+    (torch.nn.Linear(64, 10), r"^digits_task: model is a built Linear, where the task takes a "
+                              r"factory it calls as model\(64, 10\).*_partial_: true"),
+    # failed with "'str' object has no attribute 'to'"
+    (_not_a_module, r"^digits_task: the model factory .*\._not_a_module, called as "
+                    r"model\(64, 10\), returned a str, not a torch.nn.Module"),
+])
+def test_a_model_factory_that_gives_no_module_is_named(model: object, match: str) -> None:
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")])
+    with pytest.raises(TypeError, match=match):
+        bundled.digits_task(hps, hg.optim.sgd(lr="lr"), model, steps=2,  # type: ignore[arg-type]
+                            n_train=100, n_val=50)

@@ -204,3 +204,43 @@ def test_a_per_tensor_init_by_name_reaches_the_problem_by_name() -> None:
     assert isinstance(wd, hg.PerTensor)
     assert dict(zip(wd.params, wd.init)) == {"0.weight": 1e-4, "0.bias": 1e-3,
                                              "2.weight": 1e-2, "2.bias": 1e-5}
+
+
+def test_a_missing_value_in_a_partial_model_of_yours_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``width: ???`` in a model file with ``_partial_: true`` (as docs/own-model.md shows):
+    Hydra leaves a missing value out of a partial, so the run trained at the class's default
+    width 16 while config.yaml recorded ``???`` (the own-config probe, 2026-12-07)."""
+    (tmp_path / "nets_partial49.py").write_text(
+        "import torch.nn as nn\n\n\nclass Net(nn.Sequential):\n"
+        "    def __init__(self, n_in, n_out, width=16):\n"
+        "        super().__init__(nn.Linear(n_in, width), nn.Tanh(), nn.Linear(width, n_out))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text(
+        "_target_: nets_partial49.Net\n_partial_: true\nwidth: ???\n")
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra.searchpath=[file://{tmp_path}]",
+                                           "model=mine", "task.steps=2"])
+    with pytest.raises(ConfigError, match=r"^model.width is \?\?\? \(no value\) in a _partial_: "
+                                          r"true node: .*nets_partial49.Net's default width=16"):
+        build(cfg)
+    cfg.model.width = 8  # a value: built at that width
+    task, _ = build(cfg)
+    assert task.problem.fmodel.module[0].out_features == 8
+
+
+def test_an_option_of_yours_without_its_schema_line_is_told_so(tmp_path: Path) -> None:
+    """A hyperparams option of one's own without ``- schema_hyperparams`` was told of a
+    ``hyperparams:`` line with nothing under it, which the file never had."""
+    conf = tmp_path / "conf"
+    (conf / "hyperparams").mkdir(parents=True)
+    (conf / "hyperparams" / "mine.yaml").write_text(
+        "defaults:\n  - /hyperparams/kind@items.lr: scalar\n  - _self_\n"
+        "items:\n  lr: {init: 0.03, transform: log}\n")
+    out = _cli("--config-dir", str(conf), "hyperparams=mine", *FAST,
+               f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert ("hyperparams (chosen: hyperparams=mine) holds settings (items) but no _target_: an "
+            "option file of your own starts its defaults list with the schema it extends "
+            "(schema_hyperparams)") in out.stderr, out.stderr[-2000:]

@@ -197,6 +197,30 @@ def _grid(problem: InnerProblem, grid: dict[str, Sequence[float]] | None,
     return refs
 
 
+def _build_model(api: str, model: ModelFactory, n_in: int, n_out: int, device: Any,
+                 dtype: torch.dtype) -> nn.Module:
+    """``model(n_in, n_out)`` on ``device`` in ``dtype``. A built module where a factory is
+    due (hypergrad-run's model group without ``_partial_: true``) failed with "forward() takes
+    2 positional arguments but 3 were given", and a factory returning no module with "'str'
+    object has no attribute 'to'" (the own-config probe): both are named, with the fix."""
+    if isinstance(model, nn.Module):
+        raise TypeError(
+            f"{api}: model is a built {type(model).__name__}, where the task takes a factory "
+            f"it calls as model({n_in}, {n_out}) (inputs, outputs). hypergrad-run: give the "
+            f"model group's file _partial_: true (docs/own-model.md); in Python, pass the class "
+            f"or a function (n_in, n_out) -> nn.Module.")
+    net = model(n_in, n_out)
+    if not isinstance(net, nn.Module):
+        f = getattr(model, "func", model)  # a functools.partial: the function it calls
+        name = f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', repr(f))}"
+        raise TypeError(
+            f"{api}: the model factory {name}, called as model({n_in}, {n_out}), returned a "
+            f"{type(net).__name__}, not a torch.nn.Module. hypergrad-run: the model group's "
+            f"_target_ must build the module (a class, or a function returning one) "
+            f"(docs/own-model.md).")
+    return net.to(device=device, dtype=dtype)
+
+
 def _check_outputs(api: str, net: nn.Module, x: Tensor, n_out: int) -> None:
     """The model built as ``model(n_in, n_out)`` gives one row of ``n_out`` outputs per
     example (a model of your own with another last layer, or one that squeezes or adds a
@@ -249,7 +273,7 @@ def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFact
     data = digits_data(n_train, n_val, None, seed=_data_seed(seed, data_seed), dtype=dt,
                        device=dev)
     torch.manual_seed(seed)
-    net = model(64, 10).to(device=dev, dtype=dt)
+    net = _build_model("digits_task", model, 64, 10, dev, dt)
     _check_outputs("digits_task", net, data.x_train, 10)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
@@ -300,7 +324,7 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     mask = torch.as_tensor(flipped, device=dev)
     y_noisy[mask] = (y_noisy + shift)[mask] % 10
     torch.manual_seed(seed)
-    net = model(64, 10).to(device=dev, dtype=dt)
+    net = _build_model("hypercleaning_task", model, 64, 10, dev, dt)
     _check_outputs("hypercleaning_task", net, data.x_train, 10)
     idx_all = torch.arange(n_train, device=dev)
 
@@ -402,7 +426,7 @@ def ridge_diabetes_task(hyperparams: HyperParams, optimizer: Optimizer, model: M
     xv, yv = xt[n_train:n_train + n_val], yt[n_train:n_train + n_val]
     xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
     per_feature = _check_l2("ridge_diabetes_task", hyperparams, l2_name, x.shape[1])
-    net = model(x.shape[1], 1).to(device=dev, dtype=dt)
+    net = _build_model("ridge_diabetes_task", model, x.shape[1], 1, dev, dt)
     _check_outputs("ridge_diabetes_task", net, xtr, 1)
     with torch.no_grad():
         for p in net.parameters():
@@ -508,7 +532,7 @@ def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     xte, yte = xt[n_train + n_val:], yt[n_train + n_val:]
     _check_l2("breast_cancer_task", hyperparams, l2_name, x.shape[1])
     torch.manual_seed(seed)
-    net = model(x.shape[1], 1).to(device=dev, dtype=dt)
+    net = _build_model("breast_cancer_task", model, x.shape[1], 1, dev, dt)
     _check_outputs("breast_cancer_task", net, xtr, 1)
 
     def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
