@@ -713,7 +713,8 @@ class PerTensor(HyperParameter):
         if self.params is None:
             raise ValueError(
                 f"PerTensor({self.name!r}): parameter names are not bound yet; build an "
-                f"InnerProblem with it (which binds params=None to the model) or pass params=[...]."
+                f"InnerProblem with it (which binds params=None to the model: its bound copy is "
+                f"problem.hyperparams, yours stays unbound) or pass params=[...]."
             )
         return (len(self.params),)
 

@@ -126,3 +126,16 @@ def test_a_zero_finite_difference_of_a_float32_problem_names_rounding() -> None:
             pytest.warns(hg.errors.PrecisionWarning):
         hg.Trainer(p, method=hg.FiniteDifference(), mode=hg.Offline(outer_steps=1),
                    callbacks=[hg.run.Log(None)]).fit()
+
+
+def test_a_lam_that_requires_grad_gives_a_plain_hypergradient() -> None:
+    """FiniteDifference returned a hypergradient that required grad when ``lam`` did (every
+    other method returns a plain tensor; the placement probe, 2026-12-07)."""
+    problem = digits_case("momentum", "lr", **SMALL)
+    lam = problem.init_raw().requires_grad_()
+    fd = hg.FiniteDifference(1e-3)
+    got = fd.hypergradient(problem, lam)
+    assert not got.grad.requires_grad and not got.objective.requires_grad
+    est = fd.estimate(problem, lam)
+    assert not est.grad.requires_grad and not est.value.requires_grad
+    assert lam.grad is None

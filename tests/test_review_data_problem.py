@@ -554,6 +554,21 @@ def test_weights_no_step_reads_from_a_list_of_batches_are_named_by_the_trainer()
             hg.Trainer(make(source, steps), "reverse", mode=hg.Offline(outer_steps=1),
                        callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
         assert not [w for w in got if "at the first outer step" in str(w.message)]
+    # a shuffled DataLoader reads other examples in each run's pass: those unread in the
+    # first were told they "keep the values the search gives them", and moved (the placement
+    # probe); unshuffled, they do keep them
+    data = torch.utils.data.TensorDataset(x, y, idx)
+    for shuffle in (True, False):
+        loader = torch.utils.data.DataLoader(data, batch_size=10, shuffle=shuffle)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            hg.Trainer(make(loader, 2), "reverse", mode=hg.Offline(outer_steps=1),
+                       callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+        said = [str(w.message) for w in got
+                if issubclass(w.category, ZeroHypergradientWarning)]
+        assert len(said) == 1 and " of the 40 entries" in said[0], said
+        assert ("The batch source shuffles" in said[0]) == shuffle, said
+        assert ("keep the values the search gives them" in said[0]) != shuffle, said
 
 
 def test_an_inf_the_validation_loss_saturates_is_named_when_the_hypergradient_is_nan() -> None:

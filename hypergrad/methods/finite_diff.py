@@ -107,6 +107,8 @@ class FiniteDifference(Method, name="finite_difference"):
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
         checked(type(self).__name__, problem, lam)
+        lam = lam.detach()  # a lam that requires grad gave a hypergradient that did too,
+        # keeping a graph alive (every other method returns a plain tensor)
         if lam.dtype != torch.float64 and not self._warned:
             self._warned = True
             rounding = float(torch.finfo(lam.dtype).eps) / self.eps
@@ -130,6 +132,7 @@ class FiniteDifference(Method, name="finite_difference"):
         the truncation error where the objective is smooth, large where it is rough at that
         scale) plus the rounding error ``4 eps_dtype |E| / h``."""
         checked(type(self).__name__, problem, lam)
+        lam = lam.detach()
         with problem.fixed_pass():  # all 4K + 1 runs read the same batches
             state = problem.run(lam)
             with torch.no_grad():

@@ -1016,7 +1016,22 @@ class Trainer:
                 continue
             g = grad[self.problem.hyperparams.slices[it.name]]
             zero = int((g == 0).sum())
-            if 0 < zero < g.numel():
+            if not 0 < zero < g.numel():
+                continue
+            stream = self.problem.stream
+            if stream is not None and stream.varies():
+                # a shuffled source reads other examples in the next run's pass: those unread
+                # now were told they "keep the values the search gives them", and moved (13
+                # distinct values after 3 steps; the placement probe, 2026-12-07)
+                warnings.warn(ZeroHypergradientWarning(
+                    f"Trainer: {zero} of the {g.numel()} entries of PerExample {it.name!r} have "
+                    f"a hypergradient of exactly 0 at the first outer step: its inner runs read "
+                    f"{g.numel() - zero} of the examples. The batch source shuffles, and each "
+                    f"inner run reads a pass of its own, so an entry is learned only at the "
+                    f"outer steps whose run reads it: more slowly, and noisier, than with "
+                    f"every example read in each run (steps x batch size of an epoch or "
+                    f"more)."), stacklevel=5)
+            else:
                 n = getattr(it, "n", g.numel())
                 warnings.warn(ZeroHypergradientWarning(
                     f"Trainer: {zero} of the {g.numel()} entries of PerExample {it.name!r} have "
