@@ -310,6 +310,56 @@ def test_data_parallel_refuses_a_loss_that_is_not_the_sum_of_its_shards() -> Non
     with pytest.raises(ValueError, match=r"an RNN with batch_first=False, splits time"):
         check_decomposes(rnn, 2, "mean")
 
+    # a mean normalised by per-example weights is the plain mean where they are all 1 (the
+    # initial point): it passed, and data parallelism gave hypergradients 16 % off one
+    # process's (the distributed probe, 2026-12-07); checked at a moved point too
+    w = hg.HyperParams([hg.Scalar("lr", 0.1, "log"), hg.PerExample("w", 1.0, n=16)])
+
+    def weighted(norm: str) -> hg.InnerProblem:
+        def loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+            wi = hp["w"][b[2]]
+            each = F.mse_loss(m(b[0]), b[1], reduction="none")[:, 0]
+            return (wi * each).sum() / (wi.sum() if norm == "weights" else len(wi))
+
+        return hg.InnerProblem(net, loss, hg.optim.sgd(lr="lr"), w,
+                               MiniBatches(x, y, batch_size=8), 3,
+                               lambda m, hp: F.mse_loss(m(x), y))
+
+    check_decomposes(weighted("size"), 2, "mean")
+    with pytest.raises(ValueError, match=r"at hyperparameters moved from the initial ones.*"
+                                         r"\(w \* l\).sum\(\) / w.sum\(\) does not split"):
+        check_decomposes(weighted("weights"), 2, "mean")
+
+
+def test_data_parallel_refuses_up_front_a_last_batch_smaller_than_the_ranks() -> None:
+    """29 examples in batches of 7 (drop_last=False) over 2 ranks: the last batch of 1 was
+    refused at step 4 of 6, after the steps before it, without naming drop_last."""
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hypergrad.distributed.shard import ShardedProblem
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 3, generator=g, dtype=torch.float64), torch.randn(30, 1,
+                                                                             generator=g,
+                                                                             dtype=torch.float64)
+
+    def problem(n: int, steps: int, drop_last: bool = False) -> hg.InnerProblem:
+        torch.manual_seed(0)
+        return hg.InnerProblem(nn.Linear(3, 1).double(),
+                               lambda m, b, hp: F.mse_loss(m(b[0]), b[1]), hg.optim.sgd(lr="lr"),
+                               hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                               DataLoader(TensorDataset(x[:n], y[:n]), batch_size=7,
+                                          drop_last=drop_last), steps,
+                               lambda m, hp: F.mse_loss(m(x), y))
+
+    with pytest.raises(ValueError, match=r"last batch of an epoch holds 1 of its 29 examples "
+                                         r"\(batch_size=7\), which step 4 reads.*drop_last=True"):
+        ShardedProblem(problem(29, 6), 0, 2, None)
+    for p in (problem(29, 4), problem(29, 6, drop_last=True), problem(30, 6)):
+        ShardedProblem(p, 0, 2, None)  # not reached, dropped, or 2 examples: accepted
+
 
 def test_data_parallel_refuses_batchnorm_and_dropout() -> None:
     from hypergrad.testing import digits_case

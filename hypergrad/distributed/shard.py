@@ -13,6 +13,7 @@ from the full batch's, so the result would be another function than the single-p
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -44,7 +45,8 @@ def shard_batch(batch: Any, index: int, parts: int) -> tuple[Any, int, int]:
     if n < parts:
         raise ValueError(f"hypergrad.distributed: a mini-batch of {n} examples cannot be split "
                          f"over {parts} data-parallel ranks; use batches of at least {parts} "
-                         f"examples or fewer data-parallel ranks.")
+                         f"examples or fewer data-parallel ranks (a DataLoader's last partial "
+                         f"batch of an epoch: give it drop_last=True).")
     out = [x.tensor_split(parts, dim=0)[index] if isinstance(x, Tensor) and x.ndim >= 1 else x
            for x in leaves]
     m = next(x.shape[0] for x in out if isinstance(x, Tensor) and x.ndim >= 1)
@@ -72,32 +74,71 @@ def check_decomposes(problem: InnerProblem, parts: int, reduction: str) -> None:
     whose first axis is not its examples (a sequence-first RNN batch: each rank got half of the
     time steps, 6 % off one process), a penalty under ``reduction="sum"`` (counted once per rank:
     16 % off) or a loss of the other reduction were summed into another hypergradient without
-    an error."""
-    lam = problem.init_raw()
-    s0 = problem.initial_state(lam)
+    an error. Checked at the initial point and at one moved from it (seeded): a mean weighted
+    by per-example weights and normalised by their sum, ``(w * l).sum() / w.sum()``, is the
+    plain mean where every weight is 1, and passed, while its data-parallel hypergradient was
+    16 % off one process's (the distributed probe, 2026-12-07)."""
+    lam0 = problem.init_raw()
+    s0 = problem.initial_state(lam0)
     batch = problem.first_batch()
-    with torch.no_grad():
-        whole = float(problem.train_objective(s0.params, s0.buffers, lam, 0, batch)[0])
-        pieces = 0.0
-        for i in range(parts):
-            shard, weight = weighted_shard(batch, i, parts, reduction)
-            loss = float(problem.train_objective(s0.params, s0.buffers, lam, 0, shard)[0])
-            pieces += loss * weight
-    tol = 1e3 * torch.finfo(problem.dtype).eps * max(abs(whole), abs(pieces), 1e-30)
+    moved = lam0 + 0.3 * torch.randn(lam0.shape, generator=torch.Generator().manual_seed(0),
+                                     dtype=torch.float64).to(lam0)
+    for at, lam in (("at the initial hyperparameters", lam0),
+                    ("at hyperparameters moved from the initial ones", moved)):
+        with torch.no_grad():
+            whole = float(problem.train_objective(s0.params, s0.buffers, lam, 0, batch)[0])
+            pieces = 0.0
+            for i in range(parts):
+                shard, weight = weighted_shard(batch, i, parts, reduction)
+                loss = float(problem.train_objective(s0.params, s0.buffers, lam, 0, shard)[0])
+                pieces += loss * weight
+        if not (math.isfinite(whole) and math.isfinite(pieces)):
+            continue  # a point outside what the loss takes (a square root of a moved value)
+        _refuse_undecomposed(whole, pieces, parts, reduction, at, problem.dtype)
+
+
+def _refuse_undecomposed(whole: float, pieces: float, parts: int, reduction: str, at: str,
+                         dtype: torch.dtype) -> None:
+    tol = 1e3 * torch.finfo(dtype).eps * max(abs(whole), abs(pieces), 1e-30)
     if not abs(whole - pieces) <= tol:
         weights = "its share of the examples" if reduction == "mean" else "1"
         raise ValueError(
-            f"hypergrad.distributed: on the first mini-batch the training loss is {whole:.6g}, "
+            f"hypergrad.distributed: on the first mini-batch {at}, the training loss is "
+            f"{whole:.6g}, "
             f"but the sum of its {parts} data-parallel shards' losses, each weighted by "
             f"{weights} (reduction={reduction!r}), is {pieces:.6g}: data parallelism would "
             f"compute another hypergradient than one process. Data parallelism splits every "
-            f"batch tensor along its first axis. Check three things: that axis must be the "
+            f"batch tensor along its first axis. Check that axis: it must be the "
             f"examples (a sequence-first batch, an RNN with batch_first=False, splits time: "
-            f"put the examples first); the reduction must be the loss's (a mean over the "
+            f"put the examples first); that the reduction is the loss's (a mean over the "
             f"examples: 'mean'; a sum: 'sum'); and with 'sum', every term must be a sum over "
             f"the examples (a penalty would count once per rank: write the loss as a mean plus "
-            f"the penalty, with reduction='mean'). Or use column_parallel(...), which does not "
-            f"split the batches.")
+            f"the penalty, with reduction='mean'); a mean normalised by weights summed over "
+            f"the batch (w * l).sum() / w.sum() does not split by examples: divide by the "
+            f"batch size instead. Or use "
+            f"column_parallel(...), which does not split the batches.")
+
+
+def _check_last_batch(problem: InnerProblem, parts: int) -> None:
+    """Refuse up front a DataLoader whose last partial batch of an epoch, which the run
+    reaches, has fewer examples than ranks: it was refused at that step, after the steps
+    before it (29 examples in batches of 7 over 2 ranks: at step 4 of 6; the distributed
+    probe)."""
+    loader = problem.stream.source if problem.stream is not None else None
+    try:
+        n = len(loader.sampler)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):
+        return
+    bs = getattr(loader, "batch_size", None)
+    if not isinstance(bs, int) or getattr(loader, "drop_last", True) or n <= bs:
+        return
+    last = n % bs
+    if 0 < last < parts and problem.steps > n // bs:
+        raise ValueError(
+            f"hypergrad.distributed: the DataLoader's last batch of an epoch holds {last} of "
+            f"its {n} examples (batch_size={bs}), which step {n // bs} reads, and a batch "
+            f"cannot be split over {parts} data-parallel ranks with fewer examples than ranks. "
+            f"Give the DataLoader drop_last=True, or a batch size that divides {n}.")
 
 
 class ShardedProblem(InnerProblem):
@@ -112,6 +153,7 @@ class ShardedProblem(InnerProblem):
                  reduction: str = "mean", weight_state: bool = False) -> None:
         check_data_parallel(source, weight_state)
         check_decomposes(source, parts, reduction)
+        _check_last_batch(source, parts)
 
         def batches(t: int) -> tuple[Any, float]:
             return weighted_shard(source.batch(t), index, parts, reduction)
