@@ -18,7 +18,7 @@ def _quiet(logs: list[str] | None = None) -> list[Any]:
     return [hg.run.Log(None if logs is None else logs.append), hg.run.Progress(False)]
 
 
-def _regression(steps: int = 50, select_loss: Any = None) -> hg.InnerProblem:
+def _regression(steps: int = 50, select_loss: Any = None, lr: float = 0.01) -> hg.InnerProblem:
     """Least squares by full-batch GD on a learnable learning rate (float64, K = 1): the
     validation loss falls with the learning rate up to a plateau, then training diverges."""
     g = torch.Generator().manual_seed(0)
@@ -34,7 +34,7 @@ def _regression(steps: int = 50, select_loss: Any = None) -> hg.InnerProblem:
         return ((m(b[0])[:, 0] - b[1]) ** 2).mean()
 
     return hg.InnerProblem(model, loss, hg.optim.sgd(lr="lr"),
-                           hg.HyperParams([hg.Scalar("lr", 0.01, transform="log")]),
+                           hg.HyperParams([hg.Scalar("lr", lr, transform="log")]),
                            [(x, y)], steps, lambda m, hp: ((m(xv)[:, 0] - yv) ** 2).mean(),
                            select_loss=select_loss)
 
@@ -351,3 +351,46 @@ def test_a_callback_stops_the_fit_and_the_next_goes_on(tmp_path: Path, online: b
     assert torch.equal(went_on.lam, straight.lam)
     with pytest.raises(TypeError, match=r"Trainer.stop: reason=3 must be a non-empty str"):
         trainer().stop(3)  # type: ignore[arg-type]
+
+
+def test_a_point_on_an_edge_of_the_box_hypergrad_chose_is_named() -> None:
+    """The default search does not step past the box it fills around an initial value where
+    no bound is given (init / 100 to init * 100 for a log transform): a diverging initial
+    learning rate of 20 returned lr = 0.2, the box's edge, where 0.05 was better, without a
+    word (the defaults probe, 2026-12-07). A bound of one's own that the point reaches is the
+    user's choice: nothing said."""
+    logs: list[str] = []
+    res = hg.Trainer(_regression(lr=1e-5), callbacks=_quiet(logs)).fit()  # box [1e-7, 1e-3]
+    assert res.values["lr"] == pytest.approx(1e-3)  # the loss falls all the way up
+    said = [m for m in logs if "edge of the search box" in m]
+    assert said == [
+        "[hypergrad] the point returned has 'lr' on the upper edge of the search box hypergrad "
+        "chose around its initial value (at 0.001; the box spans init / 100 to init * 100), "
+        "which the search does not step past: a better value may lie beyond. Give it bounds "
+        "that reach further, Guards(bounds={'lr': (low, high)}) (hypergrad-run: "
+        "guards.bounds.lr=[low,high], in its values), or start it nearer."], logs
+    logs.clear()
+    res = hg.Trainer(_regression(lr=1e-5), guards=hg.Guards(bounds={"lr": (1e-7, 1e-3)}),
+                     callbacks=_quiet(logs)).fit()
+    assert res.values["lr"] == pytest.approx(1e-3)
+    assert not [m for m in logs if "edge of the search box" in m]
+
+
+def test_a_fit_far_over_its_time_budget_says_so() -> None:
+    """The first hypergradient and the runs that end a fit run whatever the budget: a budget
+    of 0.001 s took 1.3 s, and 1.5 s took 1.9 s, and only the records' elapsed said so (the
+    defaults probe, 2026-12-07)."""
+    from fixtures import unit_clock
+
+    logs: list[str] = []
+    tr = hg.Trainer(_regression(), guards=hg.Guards(time_budget=3.0), callbacks=_quiet(logs))
+    unit_clock(tr)  # a plain run 1 s, a hypergradient 5 s: the first alone is over
+    tr.fit()
+    said = [m for m in logs if "this fit took" in m]
+    assert len(said) == 1 and said[0].startswith(
+        "[hypergrad] time_budget=3 s: this fit took "), logs
+    logs.clear()
+    tr = hg.Trainer(_regression(), guards=hg.Guards(time_budget=60.0), callbacks=_quiet(logs))
+    unit_clock(tr)
+    tr.fit()
+    assert not [m for m in logs if "this fit took" in m], logs

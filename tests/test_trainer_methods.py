@@ -154,6 +154,11 @@ def test_auto_picks_checkpointed_reverse_under_a_small_budget_and_says_why() -> 
     want = hg.ReverseMode().hypergradient(p, p.init_raw()).grad
     assert res.history[0]["hypergrad_norm"] == pytest.approx(float(want.norm()), rel=1e-12)
     assert res.method == "reverse"
+    # an AutoMode of a larger budget of its own: the Guards' smaller one still holds (it was
+    # never checked, and auto chose reverse mode over it; the memory probe, 2026-12-07)
+    tr = make_trainer(p, hg.AutoMode(memory_budget=1e12), functools.partial(
+        torch.optim.SGD, lr=1.0), outer_steps=1, memory_budget=(ck + rev) / 2)
+    assert isinstance(tr.method, hg.ReverseMode) and tr.method.checkpoint == "sqrt"
 
 
 def test_implicit_diff_offline_records_its_solver_report(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ class AutoMode(Method, name="auto"):
         checkpointed: the reverse mode to use where storing every state does not fit; default
             ``ReverseMode(checkpoint="sqrt")`` with ``reverse``'s step VJP.
         memory_budget: bytes any may use (``None``: the caller's budget, else the device's
-            available memory).
+            available memory; with a caller's budget too, the smaller).
         hvp: short for ``forward=ForwardMode(hvp)``: the HVP strategy forward mode would use
             (so that ``method=auto`` takes the same ``method/hvp`` group and options as
             ``method=forward`` in the Hydra configs).
@@ -76,7 +76,10 @@ class AutoMode(Method, name="auto"):
 
     def resolve(self, problem: InnerProblem, mode: str = "offline",
                 memory_budget: float | None = None) -> tuple[Method, str]:
-        mb = self.memory_budget if self.memory_budget is not None else memory_budget
+        # both given: the smaller (a Guards(memory_budget=1000) beside AutoMode's 1e12 was
+        # never checked, the Trainer trusting auto's pick to fit; the memory probe)
+        mb = (memory_budget if self.memory_budget is None else self.memory_budget
+              if memory_budget is None else min(self.memory_budget, memory_budget))
         name, why = choose_method(problem, mode, mb, self.forward, self.checkpointed,
                                   self.reverse)
         chosen = {"forward": self.forward, "reverse": self.reverse,

@@ -45,6 +45,7 @@ from ..errors import (
     TuningWarning,
     ZeroHypergradientWarning,
 )
+from ..hyperparams import TRANSFORMS
 from ..methods.auto import AutoMode
 from ..methods.base import HyperGradient, Method, OnlineMethod, create, run_fingerprint
 from ..methods.finite_diff import FiniteDifference
@@ -108,6 +109,10 @@ RECHECK_APART = 0.02
 coordinate (the line search's smallest step): neighbours from one line search score alike in
 any batch order."""
 
+_BOX_RULE = {"log": "the box spans init / 100 to init * 100",
+             "identity": "the box spans init - 1 to init + 1"}
+"""How :func:`~hypergrad.run.outer.search_box` fills a side no bound gives, per transform."""
+
 
 @dataclass(repr=False)
 class TrainResult:
@@ -120,7 +125,10 @@ class TrainResult:
     last record's, the run's final state, trained before that update (``best_step`` counts the
     updates, one past the last record's ``outer_step``). ``best_step``: how many outer updates
     led to ``lam`` (0: where the descent started: the initial hyperparameters, or the best
-    point of a space-filling start).
+    point of a space-filling start); a point that outer step k's line search or restarts
+    tried counts k + 1 whether or not the step then moved there, so it is in
+    ``evaluations`` with that ``outer_step``, and ``history[best_step]`` (where step k + 1
+    ran) holds the point the step took, which can be another.
     ``last_lam`` / ``last_values``: where the outer optimizer ended (on a divergence: the
     hyperparameters that diverged), ``last_val_loss`` their validation loss.
     ``state``: the inner state trained at ``last_lam`` (offline: by the final evaluation; online:
@@ -413,6 +421,7 @@ class Trainer:
         self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds, horizon=p.steps)
         self._start_in_bounds()
         self.box = search_box(p.hyperparams, self.bounds, self.lam)
+        self._own_box = search_box(p.hyperparams, {}, self.lam)  # with no bound given
         """The search box in raw coordinates ``(low, high)``: the bounds, and where a bound is
         missing a box around the initial value (:func:`~hypergrad.run.outer.search_box`),
         inside the domains of the inner optimizer's arguments (:attr:`domain`)."""
@@ -1248,8 +1257,9 @@ class Trainer:
         if self._no_room():
             return None
         value, sel = self._timed_value(lam, 0)
-        # the outer step of the point: a line search (or restart) during outer step k finds
-        # the point of step k + 1, after k + 1 updates (best_step, history[best_step])
+        # the outer step of the point: a line search (or restart) during outer step k tries
+        # points of step k + 1, after k + 1 updates (best_step; history[k + 1], where that
+        # step runs, holds the one it moved to: a trial it did not take is in evaluations)
         step = self.outer_step + self._ahead
         self._note(lam, value, sel, step)
         self.evaluations.append({"elapsed": self._elapsed(),
@@ -1573,6 +1583,12 @@ class Trainer:
         res = self._finish_offline()
         res.out_of_time = out_of_time and not res.diverged
         res.stopped = self._stop_asked or ""
+        took = self._now() - self._fit_start
+        if budget is not None and took > 1.1 * budget:  # said, not only measured (a budget
+            # of 0.001 s took 1.3 s, and 1.5 s took 1.9 s without a word; the defaults probe)
+            self.message(f"time_budget={budget:g} s: this fit took {took:.3g} s: the first "
+                         f"hypergradient, and the runs that end a fit (the final evaluation, "
+                         f"the re-check), run whatever the budget")
         return res
 
     def _end_descent(self, budget: float | None) -> bool:
@@ -1657,12 +1673,50 @@ class Trainer:
             chosen = ("returned" if best_sel is not None or rechecked else "best")
             self.message(f"validation loss: {start}, {chosen} {best_val:.4g} (outer step "
                          f"{best_step}), last {float(value):.4g} (outer step {last_step})")
+        self._say_box_edge(best_lam)
         return TrainResult(best_lam.clone(), hps.describe(best_lam), copy.deepcopy(self.history),
                            self.method.name, state=state, last_lam=last,
                            last_values=hps.describe(last), best_step=best_step,
                            best_val_loss=best_val, last_val_loss=float(value),
                            rechecked=rechecked, best_select_loss=best_sel,
                            last_step=last_step)
+
+    def _say_box_edge(self, lam: Tensor) -> None:
+        """Say where the point returned sits on an edge of the search box that hypergrad chose
+        itself (no bound given for that hyperparameter), which the default search does not
+        step past: a diverging initial learning rate of 20 gave the box [0.2, 2000], and the
+        run returned lr = 0.2 (its loss 0.542, where lr = 0.05 gives 0.497) without a word
+        (the defaults probe). A message, not a warning: a weight decay driven to its lower
+        edge (nearly none) is an answer as often as a clue."""
+        if not isinstance(self.outer, SearchOptimizer) or self.outer.box is None:
+            return
+        given = {str(k).split("[")[0] for k in (self.guards.bounds or {})}
+        lo, hi = self.box
+        own_lo, own_hi = self._own_box
+        x = lam.detach().to(lo)
+        hps = self.problem.hyperparams
+        for it in hps.items:
+            # a logit's box (0.0025 to 0.9975) is nearly its domain, and per-example weights
+            # driven to an edge are the search's answer (an example weighted out)
+            if it.name in given or it.transform == "logit" or it.kind == "per_example":
+                continue
+            sl = hps.slices[it.name]
+            low = (x[sl] <= lo[sl]) & (lo[sl] == own_lo[sl].to(lo))
+            high = (x[sl] >= hi[sl]) & (hi[sl] == own_hi[sl].to(lo))
+            n_lo, n_hi = int(low.sum()), int(high.sum())
+            if not n_lo + n_hi:
+                continue
+            side = "lower" if n_lo >= n_hi else "upper"
+            edge = TRANSFORMS[it.transform][0]((lo if side == "lower" else hi)[sl][
+                (low if side == "lower" else high)][:1].double())
+            many = f"{n_lo + n_hi} of its {it.numel} entries, " if it.numel > 1 else ""
+            self.message(
+                f"the point returned has {it.name!r} on the {side} edge of the search "
+                f"box hypergrad chose around its initial value ({many}at "
+                f"{float(edge[0]):.4g}; {_BOX_RULE[it.transform]}), which the search does not "
+                f"step past: a better value may lie beyond. Give it bounds that reach "
+                f"further, Guards(bounds={{{it.name!r}: (low, high)}}) (hypergrad-run: "
+                f"guards.bounds.{it.name}=[low,high], in its values), or start it nearer.")
 
     def _recheck(self) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """Train the best points (:meth:`_candidates`) again in another batch order
@@ -1732,7 +1786,8 @@ class Trainer:
                      f"returned the one of outer step {pick['outer_step']} at {pick[key]:.4g} "
                      f"in the tuning's order ({'the worse' if worse else 'mean'} {what} "
                      f"{score(pick):.4g}"
-                     + ("; points of one outer step are its line search's trials"
+                     + ("; points of one outer step are its plain runs' (outer step 0: the "
+                        "space-filling start's; later: a line search's or restarts' trials)"
                         if len({r["outer_step"] for r in out}) < len(out) else "") + ")")
         return out, pick
 
