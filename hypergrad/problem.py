@@ -25,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from .errors import (
+    ConfigWarning,
     DetachedValueWarning,
     PrecisionWarning,
     UnreadParameterWarning,
@@ -36,7 +37,7 @@ from .hyperparams import TRANSFORMS, HPValues, HyperParams, Schedule
 from .kernels import AttentionProbe, second_order
 from .model import FunctionalModel, ModelFn, ModelProbe, describe_module, find_writers
 from .optim import Optimizer
-from .optim.base import DOMAIN_ENDS, DOMAINS
+from .optim.base import DOMAIN_ENDS, DOMAINS, PerParam
 from .rng import VALIDATION_STEP, step_rng, step_seed
 from .rnn import RecurrentMode, has_recurrent
 
@@ -177,6 +178,8 @@ class InnerProblem:
         self.hyperparams = hyperparams.bind(self.fmodel.param_names,
                                             self.fmodel.initial_params())
         self.optimizer = optimizer.for_horizon(steps)  # schedule-free: x at the last step
+        _warn_tied_patterns(self.fmodel.module, self.fmodel.param_names, self.hyperparams,
+                            self.optimizer)
         self.train_loss = train_loss
         self.val_loss = val_loss
         self.select_loss = select_loss
@@ -2216,6 +2219,52 @@ def _check_example_indices(name: str, n: int, idx: Tensor, t: int,
 _ALIASES = {"momentum": "momentum", "mom": "momentum", "wd": "weight_decay",
             "weight_decay": "weight_decay", "lr": "lr", "dampening": "dampening", "eps": "eps",
             "beta1": "beta1"}
+
+
+def _warn_tied_patterns(module: nn.Module, names: Sequence[str], hps: HyperParams,
+                        optimizer: Optimizer) -> None:
+    """Warn (:class:`~hypergrad.errors.ConfigWarning`) where a parameter-name pattern matches
+    the other name of a tied tensor (``head.weight = emb.weight``) and that tensor, listed once
+    under its first name, reads another pattern's value: ``multipliers={"^head[.]": 0.1, ...}``
+    gave ``head.bias`` 0.1 and the shared weight the other value, without a word (the pattern
+    matched ``head.bias``, so it was not refused as matching nothing; the per-layer probe)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}  # another name of a tied tensor -> the name it is listed by
+    for n, t in module.named_parameters(remove_duplicate=False):
+        if id(t) in first:
+            aliases[n] = first[id(t)]
+        else:
+            first[id(t)] = n
+    listed = set(names)
+    aliases = {a: c for a, c in aliases.items() if c in listed and a not in listed}
+    if not aliases:
+        return
+    sets: list[tuple[str, list[str]]] = []
+    for it in hps.items:
+        for attr in ("multipliers", "groups", "scales"):
+            m = getattr(it, attr, None)
+            if m:
+                pats = list(m) if attr == "multipliers" else list(m.values())
+                sets.append((f"{type(it).__name__}({it.name!r}).{attr}", pats))
+    for arg, v in optimizer.args.items():
+        if isinstance(v, PerParam):
+            sets.append((f"{optimizer.name}'s {arg}", list(v.values)))
+
+    def hit(pats: list[str], name: str) -> int | None:
+        return next((i for i, p in enumerate(pats) if re.search(p, name)), None)
+
+    for where, pats in sets:
+        for alias, name in aliases.items():
+            i, j = hit(pats, alias), hit(pats, name)
+            if i is None or (j is not None and j <= i):  # the name listed is matched first
+                continue
+            other = "no pattern (the default)" if j is None else f"the pattern {pats[j]!r}"
+            warnings.warn(ConfigWarning(
+                f"InnerProblem: {where}: the pattern {pats[i]!r} matches {alias!r}, another "
+                f"name of the tied parameter {name!r}, which is listed once, under its first "
+                f"name, and so reads {other}: the tied tensor takes that one value. Name it "
+                f"{name!r} in the pattern (e.g. r'^{re.escape(name)}$' first) to give it this "
+                f"value, or untie the weights."), stacklevel=3)
 
 
 def _unbound_message(unused: list[str], optimizer: Optimizer) -> str:

@@ -191,3 +191,52 @@ def test_the_configs_page_command_runs(tmp_path: Path) -> None:
     assert lr["0.weight"] == lr["0.bias"] == pytest.approx(0.5 * lr["2.weight"], rel=1e-6)
     assert lr["2.bias"] == lr["2.weight"]
     assert (tmp_path / "schedule.png").exists()
+
+
+def test_a_pattern_that_reaches_a_tied_weight_by_its_other_name_is_named() -> None:
+    """``head.weight = emb.weight``: the shared tensor is listed once, as ``emb.weight``, so a
+    multiplier ``^head\\.`` gave ``head.bias`` 0.1 and the tied weight 1.0 without a word (the
+    pattern matched ``head.bias``, so it was not refused as matching nothing; the per-layer
+    probe, 2026-12-07). Constant per-parameter arguments and groups alike."""
+    import warnings
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    from hypergrad.errors import ConfigWarning
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.head = nn.Embedding(5, 3), nn.Linear(3, 5)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.emb(x).mean(1))
+
+    x, y = torch.randint(0, 5, (8, 2)), torch.randint(0, 5, (8,))
+
+    def build(hp: Any, opt: Any) -> hg.InnerProblem:
+        torch.manual_seed(0)
+        return hg.InnerProblem(Tied().double(), lambda m, b, h: F.cross_entropy(m(b[0]), b[1]),
+                               opt, hg.HyperParams([hp]), [(x, y)], 2,
+                               lambda m, h: F.cross_entropy(m(x), y))
+
+    head = {r"^head\.": 0.1, r".*": 1.0}
+    for hp, opt, where in [
+        (hg.Scalar("lr", 0.3, "log", multipliers=head), hg.optim.sgd(lr="lr"),
+         r"Scalar\('lr'\).multipliers"),
+        (hg.Scalar("lr", 0.3, "log"), hg.optim.sgd(lr="lr", weight_decay={r"^head\.": 0.0,
+                                                                            r".*": 0.1}),
+         r"sgd's weight_decay"),
+        (hg.PerGroup("lr", 0.3, "log", groups={"head": r"^head\.", "rest": r".*"}),
+         hg.optim.sgd(lr="lr"), r"PerGroup\('lr'\).groups")]:
+        with pytest.warns(ConfigWarning, match=rf"^InnerProblem: {where}: the pattern "
+                                               r"'\^head\\\\.' matches 'head.weight', another "
+                                               r"name of the tied parameter 'emb.weight'"):
+            build(hp, opt)
+    # named by the name it is listed under: it takes the value asked for, nothing said
+    named = {r"^emb\.weight$": 0.1, r".*": 1.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        build(hg.Scalar("lr", 0.3, "log", multipliers=named), hg.optim.sgd(lr="lr"))
