@@ -301,6 +301,12 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     _scale_initial_weights(init, named)
     in_groups = {n for g in o["param_groups"] for n in g["params"]}
     missing = sorted(in_groups - set(named))
+    if missing and not isinstance(params, (Mapping, nn.Module)):
+        # a list of tensors has no names: told "params does not have" the names it lacks
+        raise ValueError(f"optimizer_from_settings: the learned parameter groups differ "
+                         f"between parameters (they name {missing[:4]}), and params is an "
+                         f"iterable of tensors, which has no names to place them by; pass the "
+                         f"model, or dict(model.named_parameters()).")
     if missing:
         raise ValueError(f"optimizer_from_settings: the learned parameter groups name "
                          f"{missing}, which params does not have; pass the model (or "

@@ -911,10 +911,15 @@ def _place_named_init(api: str, named: Mapping[str, Any], params: Sequence[str])
     missing = [p for p in params if p not in named]
     if unknown or missing:
         what = "; ".join(x for x in (
-            f"names {unknown}, which are not tuned" if unknown else "",
+            f"names {unknown}, which are not tuned (not among the model's trainable "
+            f"parameters: a frozen one, requires_grad=False, is never trained)" if unknown
+            else "",
             f"gives no value for {missing}" if missing else "") if x)
+        only = [k for k in named if k in params]
+        fix = (f"; or, to tune only those it names, pass params={only} too (the others then "
+               f"read default=<constant>)" if missing and only else "")
         raise ValueError(f"{api}: init {what}; the tuned parameters are {list(params)}: name "
-                         f"each of them once, or give one number for all.")
+                         f"each of them once, or give one number for all{fix}.")
     return [named[p] for p in params]
 
 

@@ -181,5 +181,10 @@ def test_learned_optimizer_takes_model_parameters_as_an_iterable() -> None:
     opt, _ = learned_optimizer(p, p.init_raw(), model.parameters())
     assert [len(g["params"]) for g in opt.param_groups] == [4]
     per_tensor = digits_case("momentum", "per_tensor_wd", **small)
-    with pytest.raises(ValueError, match=r"learned parameter groups name .*pass the model"):
+    # refused, and why: an iterable has no names to place per-tensor groups by (it said
+    # "the groups name [...], which params does not have"; the per-layer probe)
+    with pytest.raises(ValueError, match=r"learned parameter groups differ between parameters "
+                                         r"\(they name .*\), and params is an iterable of "
+                                         r"tensors, which has no names to place them by; pass "
+                                         r"the model, or dict\(model.named_parameters\(\)\)"):
         learned_optimizer(per_tensor, per_tensor.init_raw(), model.parameters())

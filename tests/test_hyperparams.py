@@ -52,7 +52,11 @@ def test_per_tensor_init_by_name_is_placed_by_name(f64: torch.dtype) -> None:
     listed = hg.PerTensor("wd", {"2.weight": 0.3, "0.bias": 0.2}, params=["0.bias", "2.weight"],
                           default=0.0)
     assert listed.init == [0.2, 0.3]
-    with pytest.raises(ValueError, match=r"gives no value for \['0.bias', '2.weight'\]"):
+    # and the fix for tuning only the one named (the per-layer probe, 2026-12-07)
+    with pytest.raises(ValueError, match=r"gives no value for \['0.bias', '2.weight'\].*; or, "
+                                         r"to tune only those it names, pass "
+                                         r"params=\['0.weight'\] too \(the others then read "
+                                         r"default=<constant>\)\.$"):
         hg.PerTensor("wd", {"0.weight": 0.1}).bind(names)
     with pytest.raises(ValueError, match=r"names \['fc1.weight'\], which are not tuned"):
         hg.PerTensor("wd", {**by_name, "fc1.weight": 1.0}).bind(names)
