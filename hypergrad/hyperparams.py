@@ -873,7 +873,8 @@ def _assign_groups(api: str, groups: Mapping[str, str], default: float | None,
         raise ValueError(f"{api}: groups {empty} match no parameter of the model "
                          f"{list(param_names)}{why}; fix or remove their patterns (only "
                          f"trainable parameters are listed: a frozen one, requires_grad=False, "
-                         f"is never updated, so no hyperparameter of training reaches it).")
+                         f"is never updated, so no hyperparameter of training reaches it; a "
+                         f"tied one is listed once, under its first name).")
     return assignment
 
 

@@ -235,6 +235,16 @@ def test_a_pattern_that_reaches_a_tied_weight_by_its_other_name_is_named() -> No
                                                r"'\^head\\\\.' matches 'head.weight', another "
                                                r"name of the tied parameter 'emb.weight'"):
             build(hp, opt)
+    # a pattern that only the other name matches: refused, and why
+    for hp, opt in [(hg.Scalar("lr", 0.3, "log", multipliers={r"^head\.weight$": 0.1,
+                                                              r".*": 1.0}),
+                     hg.optim.sgd(lr="lr")),
+                    (hg.PerGroup("lr", 0.3, "log", groups={"w": r"^head\.weight$",
+                                                           "rest": r".*"}),
+                     hg.optim.sgd(lr="lr"))]:
+        with pytest.raises(ValueError, match=r"match no parameter.*a tied one is listed once, "
+                                             r"under its first name"):
+            build(hp, opt)
     # named by the name it is listed under: it takes the value asked for, nothing said
     named = {r"^emb\.weight$": 0.1, r".*": 1.0}
     with warnings.catch_warnings():

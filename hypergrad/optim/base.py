@@ -115,7 +115,8 @@ class PerParam:
         if unused:
             raise ValueError(f"{where}={self!r}: patterns {unused} match no parameter (or only "
                              f"parameters an earlier pattern took) of the model {list(names)}; "
-                             f"fix or remove them.")
+                             f"fix or remove them (a frozen parameter is not listed; a tied one "
+                             f"is listed once, under its first name).")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PerParam) and other.values == self.values
