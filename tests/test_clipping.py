@@ -9,6 +9,7 @@ import copy
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -201,9 +202,13 @@ def test_clip_arguments() -> None:
     assert not opt.elementwise and "clip_grad_norm" in opt.options
     assert "clip_grad_norm(1)" in repr(opt)
     assert hg.optim.create("sgd", lr=0.1, clip_grad_norm=None).__class__ is hg.optim.SGD
-    for bad in (0.0, -1.0, float("inf"), float("nan"), True, "1.0"):
+    for bad in (0.0, -1.0, float("inf"), float("nan"), True, "1.0", np.bool_(True),
+                np.float32(-1.0)):
         with pytest.raises(ValueError, match="clip_grad_norm"):
             hg.optim.sgd(lr=0.1, clip_grad_norm=bad)
+    # a NumPy number is a number (np.float32(1.0) was refused as not one; the clipping probe)
+    for good in (np.float32(1.0), np.int64(2)):
+        assert hg.optim.sgd(lr=0.1, clip_grad_norm=good).max_norm == float(good)
     with pytest.raises(ValueError, match="The threshold is a constant: it cannot be a "
                                          "hyperparameter"):  # a name, as lr takes one
         hg.optim.sgd(lr=0.1, clip_grad_norm="c")

@@ -32,6 +32,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -105,8 +106,9 @@ class ClipGradNorm(Optimizer):
                             f"{type(inner).__name__}.")
         if isinstance(inner, ClipGradNorm):
             raise ValueError(f"clip_grad_norm: {inner!r} is already clipped; clip once.")
-        if (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float))
-                or not 0 < max_norm < math.inf):
+        if (isinstance(max_norm, (bool, np.bool_))
+                or not isinstance(max_norm, (int, float, np.integer, np.floating))
+                or not 0 < max_norm < math.inf):  # a NumPy number (from a grid) is a number
             tuned = (" The threshold is a constant: it cannot be a hyperparameter (tuned) "
                      "here." if isinstance(max_norm, (str, torch.Tensor)) else "")
             raise ValueError(f"clip_grad_norm={max_norm!r} must be a number > 0 (the largest "
