@@ -178,3 +178,43 @@ def test_the_flat_update_groups_parameters_by_the_values_they_read() -> None:
             "d": (torch.full((2,), 0.1),), "e": (torch.tensor(0.2, dtype=f64),), "f": (same,)}
     got = [keys for keys, _ in group_by_values(params, lambda k: vals[k])]
     assert got == [["a", "b"], ["c"], ["d"], ["e"], ["f"]]
+
+
+def test_numpy_numbers_falsy_flags_and_a_pair_entry_are_read_as_torch_reads_them() -> None:
+    """The optimizers probe (2026-12-07): lr=np.float32(0.1) was refused as no number (only a
+    float subclass passed); adam(amsgrad=0), amsgrad=None and np.False_ were refused although
+    torch reads them as off; a bad betas entry was named as betas, with examples no pair
+    takes."""
+    import numpy as np
+
+    assert hg.optim.sgd(lr=np.float32(0.5), momentum=np.int64(0)).args["lr"] == 0.5
+    assert hg.optim.adam(lr="lr", betas=(np.float32(0.5), 0.99)).args["betas"] == (0.5, 0.99)
+    for off in (False, 0, None, np.False_):
+        hg.optim.adam(lr="lr", amsgrad=off)
+        hg.optim.adamw(lr="lr", amsgrad=off)
+    for on in (True, 1, np.True_, "no"):
+        with pytest.raises(NotImplementedError, match=r"amsgrad=.* is not supported"):
+            hg.optim.adam(lr="lr", amsgrad=on)
+    with pytest.raises(TypeError, match=r"^adam: betas\[0\]=tensor\(0.9000\) must be a number "
+                                        r"or the name of a hyperparameter \(a str\), e.g. "
+                                        r"betas=\(0.9, 'b2'\), or a value per parameter"):
+        hg.optim.adam(lr="lr", betas=(torch.tensor(0.9), 0.99))
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_sgd_keeps_no_reference_to_the_callers_gradient(foreach: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.optim.SGD starts its momentum buffer at a copy of the first gradient; the pure
+    update kept the caller's tensor, so zeroing the gradient in place zeroed the momentum."""
+    import importlib
+
+    sgd_module = importlib.import_module("hypergrad.optim.sgd")  # the module, not the factory
+    if foreach:  # the _foreach path (CUDA's) on the CPU
+        monkeypatch.setattr(sgd_module, "FOREACH_DEVICES", ("cpu",))
+    opt = hg.optim.sgd(lr=0.1, momentum=0.9)
+    params = {"w": torch.randn(4, dtype=torch.float64), "b": torch.randn(2, dtype=torch.float64)}
+    grads = {k: torch.ones_like(v) for k, v in params.items()}
+    _, state = opt.update(grads, opt.init(params), params, {}, 0)
+    for g in grads.values():
+        g.zero_()
+    assert all(bool((b == 1).all()) for b in state.momentum_buffer.values())

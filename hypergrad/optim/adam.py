@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -220,7 +221,9 @@ def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8
 def _no_amsgrad(api: str, amsgrad: Any) -> None:
     """``amsgrad`` is taken only as False: AMSGrad's running maximum of the second moments has
     no derivative where two are equal, and is not implemented here."""
-    if amsgrad is not False:
+    # off as torch reads it: False, 0, None, np.False_ (0 was refused "use amsgrad=False")
+    if amsgrad is not None and (not isinstance(amsgrad, (bool, int, np.bool_, np.integer))
+                                or bool(amsgrad)):
         raise NotImplementedError(f"{api}: amsgrad={amsgrad!r} is not supported (AMSGrad's "
                                   f"running maximum of the second moments is not implemented "
                                   f"here); use amsgrad=False, or tune eps and betas[1] instead.")

@@ -35,6 +35,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
@@ -405,10 +406,22 @@ class Optimizer(abc.ABC):
                         val = self.args[key]
                     else:
                         self.args[key] = v
+                if (isinstance(v, (np.integer, np.floating))
+                        and not isinstance(v, (int, float, np.bool_))):
+                    v = float(v)  # a NumPy number (from a grid): np.float32(0.1) was refused
+                    if key in self.pair_args:
+                        self.args[key] = tuple(v if j == i else x for j, x in enumerate(val))
+                        val = self.args[key]
+                    else:
+                        self.args[key] = v
                 if not isinstance(v, (str, int, float, PerParam)) or isinstance(v, bool):
+                    # a pair's entry named as such, with a pair as the example (betas[0] was
+                    # told "e.g. betas='lr' or betas=0.1")
+                    eg = (f"e.g. {key}=(0.9, 'b2')" if key in self.pair_args else
+                          f"e.g. {key}='lr' or {key}=0.1")
                     raise TypeError(
-                        f"{api}: {key}={v!r} must be a number or the name of a hyperparameter "
-                        f"(a str), e.g. {key}='lr' or {key}=0.1, or a value per parameter "
+                        f"{api}: {where}={v!r} must be a number or the name of a "
+                        f"hyperparameter (a str), {eg}, or a value per parameter "
                         f"({{pattern: number}})."
                     )
         for key in self.pair_args:

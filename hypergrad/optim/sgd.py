@@ -95,8 +95,10 @@ class SGD(Optimizer):
                 d = fma(d, p, read(a["weight_decay"], hp, k), inplace=False)
             if not is_zero(a["momentum"]):
                 mom = read(a["momentum"], hp, k)
-                if step == 0:  # torch.optim.SGD starts the buffer at the first gradient
-                    buf = d
+                if step == 0:  # torch.optim.SGD starts the buffer at the first gradient,
+                    # a copy: the caller's gradient itself was the state, and zeroing it in
+                    # place zeroed the momentum (the optimizers probe)
+                    buf = d.clone() if d is grads[k] else d
                 else:
                     damp = read(a["dampening"], hp, k)
                     # (1 - 0) * d == d exactly: no multiply for the constant 0
@@ -120,7 +122,7 @@ class SGD(Optimizer):
         if not is_zero(a["momentum"]):
             mom = v["momentum"]
             if step == 0:
-                buf = d
+                buf = [x.clone() if x is g else x for x, g in zip(d, (grads[k] for k in names))]
             else:
                 damp = v["dampening"]
                 damped = d if const_zero(damp) else list(torch._foreach_mul(d, 1 - damp))
