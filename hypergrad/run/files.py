@@ -378,9 +378,14 @@ def load_checkpoint(run_dir: Path | str, map_location: Any = None, api: str = "T
             why = (f"{problems[0]} (the run was stopped while replacing it with the next "
                    f"outer step's, whose metrics line was not written yet)"
                    if problems[0].endswith("is missing") else problems[0])
+            inner = ck.get("inner")
+            where = (f"outer step {ck['outer_step']}, inner step {inner['run']['step']}: a "
+                     f"checkpoint within its inner run"
+                     if isinstance(inner, dict) and isinstance(inner.get("run"), dict)
+                     and "step" in inner["run"] else f"outer step {ck['outer_step']}")
             warnings.warn(CheckpointWarning(
-                f"{api}: {why}; resuming from the previous checkpoint {path} (outer step "
-                f"{ck['outer_step']}): at most one outer step is computed again."), stacklevel=3)
+                f"{api}: {why}; resuming from the previous checkpoint {path} ({where}): at "
+                f"most one outer step is computed again."), stacklevel=3)
         return ck, path
     if not found:
         return None

@@ -547,6 +547,7 @@ class Trainer:
                 f"mode (method='auto').")
         self.run_state: Any = None  # online: the method's run state
         self._inner: tuple[dict[str, Any], str] | None = None  # resumed within an inner run
+        self._pass_start: dict[str, Any] | None = None  # the stream before the outer step's pass
         self._backtracks = 0  # in a row
         self._undone: Tensor | None = None  # a last update undone at the final evaluation
         self._compile_said = False
@@ -969,6 +970,9 @@ class Trainer:
         and, with ``RunFolder(inner_every=...)``, checkpoints within the run."""
         m, p = self.method, self.problem
         assert isinstance(m, OnlineMethod)
+        # the stream before this outer step's pass (restored from the outer checkpoint on a
+        # resume): what its inner checkpoints give a resume that does not step
+        self._pass_start = None if p.stream is None else p.stream.state_dict()
         run = self._resume_inner(lam)
         if run is None:
             run = m.init(p, lam)  # stepped here for the inner progress
@@ -992,6 +996,12 @@ class Trainer:
                        # the run's seconds so far: a resume counts them (a long hypergradient
                        # killed after hours would show only its resumed remainder)
                        "elapsed": self._elapsed()}
+        if self._pass_start is not None:
+            # a resume by a method that does not step (reverse mode) drops the inner entry and
+            # runs this outer step again: from the start of its pass, not the next pass (a
+            # shuffled DataLoader read other batches, and the hypergradient differed; the
+            # resume probe, 2026-12-07)
+            ck["batches"] = self._pass_start
         if self.strategy.is_writer:
             self.folder.write_inner(ck)
 
