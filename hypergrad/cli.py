@@ -1025,6 +1025,7 @@ def _job(cfg: DictConfig) -> float:
     out = Path(hydra_cfg.runtime.output_dir)
     tilde = [part for part in out.parts if part.startswith("~")]
     if tilde:
+        _unmake(out, out.parts.index(tilde[0]))
         raise ConfigError(
             f"hypergrad-run: the run folder {out} has a part {tilde[0]!r}: '~' was not expanded "
             f"(the shell does not expand it after 'hydra.run.dir='). Give the folder as "
@@ -1040,6 +1041,26 @@ def _job(cfg: DictConfig) -> float:
                 learned_val_loss=results.get("learned_val_loss"),
                 diverged=results.get("diverged"))
     return value
+
+
+def _unmake(out: Path, part: int) -> None:
+    """Remove what Hydra made of a refused run folder (its ``.hydra/`` and ``cli.log``), and the
+    folders then empty up to and including ``out.parts[part]``: a refused
+    ``hydra.run.dir='~/x'`` left a folder named ``~`` in the working directory, which
+    ``rm -rf ~`` would mistake for the home folder (the docs probe). Nothing else is removed."""
+    import shutil
+
+    shutil.rmtree(out / ".hydra", ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (out / "cli.log").unlink()
+    top = Path(*out.parts[:part + 1])
+    for d in [out, *out.parents]:
+        if len(d.parts) < len(top.parts):
+            break
+        try:
+            d.rmdir()  # only an empty folder
+        except OSError:
+            break
 
 
 SWEEP_SUMMARY = "sweep_summary.jsonl"
@@ -1145,7 +1166,9 @@ def _missing_plugin(args: list[str]) -> str | None:
 
 
 _TAKES_VALUE = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-p",
-                "--package", "-i", "--info")
+                "--package", "-i", "--info", "-c", "--cfg", "--experimental-rerun")
+"""Hydra's flags whose value is the next argument (``--cfg job``: "'job' is not an override"
+was added under Hydra's own error of a bad key; the docs probe)."""
 
 
 def _bare_word(args: list[str]) -> str | None:

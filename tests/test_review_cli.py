@@ -512,6 +512,10 @@ def test_a_word_that_is_no_override_is_explained(tmp_path: Path, word: str, said
                          text=True, env=ENV, timeout=300)
     assert out.returncode == 1 and said in out.stderr, out.stderr
     assert _bare_word(["--config-dir", "mine", "experiment=charlm", "~seed", "-m"]) is None
+    # --cfg job: 'job' is the flag's value (it was told "not an override" under Hydra's own
+    # error of a misspelt key; the docs probe)
+    assert _bare_word(["--cfg", "job", "task.n_trian=5"]) is None
+    assert _bare_word(["-c", "all", "experiment=charlm"]) is None
 
 
 def test_a_bad_report_setting_is_refused_before_any_work(tmp_path: Path) -> None:

@@ -247,6 +247,15 @@ def test_a_tilde_left_in_the_cli_run_folder_is_a_clear_error(tmp_path: Path) -> 
                          text=True, timeout=300)
     assert out.returncode != 0
     assert "'~' was not expanded" in out.stderr and "$HOME" in out.stderr
+    # and the folder Hydra made is gone: a folder named '~' is one `rm -rf ~` away from the
+    # home folder (the docs probe, 2026-12-07); one holding anything else stays
+    assert not (tmp_path / "~").exists(), list(tmp_path.rglob("*"))
+    (tmp_path / "~" / "mine").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "hypergrad.cli", "debug=fast",
+                    "hydra.run.dir='~/hypergrad-test-run'"], cwd=tmp_path,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                   timeout=300)
+    assert sorted(p.name for p in (tmp_path / "~").iterdir()) == ["mine"]
 
 
 def test_a_checkpoint_from_before_device_existed_resumes_on_the_cpu() -> None:
