@@ -2314,6 +2314,11 @@ _WRITTEN_OUT = {
     ("dropout", "p"):
         "none: a dropout mask's draws do not move smoothly with p, so p has no "
         "hypergradient; Gaussian dropout, x * (1 + s * torch.randn_like(x)), has one in s",
+    ("scaled_dot_product_attention", "dropout_p"):
+        "none: a dropout mask's draws do not move smoothly with dropout_p, so it has no "
+        "hypergradient; Gaussian noise on the attention weights, attn * (1 + s * "
+        "torch.randn_like(attn)) with attn = softmax(q @ k.transpose(-2, -1) * scale), has one "
+        "in s",
     ("leaky_relu", "negative_slope"): "torch.where(x >= 0, x, slope * x)",
     ("elu", "alpha"): "torch.where(x > 0, x, alpha * torch.expm1(x))",
     ("softplus", "beta"): "F.softplus(beta * x) / beta",

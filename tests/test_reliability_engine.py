@@ -292,6 +292,12 @@ NO_DERIVATIVE: dict[str, tuple[Any, str]] = {
     "dropout": (lambda o, y, s: F.cross_entropy(F.dropout(o, p=s), y),
                 r"torch's dropout .* argument 'p'.*There is no way to differentiate it: a "
                 r"dropout mask's draws"),
+    # the generic advice ("compute the loss with reduction='none'") for an attention dropout
+    # rate (the sequence-models probe, 2026-12-07)
+    "attention_dropout": (lambda o, y, s: F.cross_entropy(F.scaled_dot_product_attention(
+        o[None, None], o[None, None], o[None, None], dropout_p=s)[0, 0], y),
+        r"torch's scaled_dot_product_attention .* argument 'dropout_p'.*There is no way to "
+        r"differentiate it: a dropout mask's draws do not move smoothly with dropout_p"),
     "leaky_relu": (lambda o, y, s: F.cross_entropy(F.leaky_relu(o, negative_slope=s), y),
                    r"torch's leaky_relu .*argument 'negative_slope'.*"
                    r"torch.where\(x >= 0, x, slope \* x\)"),
