@@ -1878,12 +1878,22 @@ class Trainer:
         elif NONFINITE_GRAD in why:  # the training was finite: not a learning rate's doing
             other = ("" if self.method.name == "reverse"
                      else ", or try method='reverse'")
+            # in a low precision, rounding alone: a float32 Adam tangent over 3000 steps grew
+            # to inf where the float64 one stays below 44, and reverse mode's float32 adjoint
+            # was within 3e-5; an inner training at the edge of stability has a derivative
+            # beyond float32's range (1.7e48 in float64); the numerics probe, 2026-12-07
+            low = ("" if self.problem.dtype == torch.float64 else
+                   f"; in {self.problem.dtype}, also rounding: a tangent or adjoint can "
+                   f"overflow where float64's does not (build the problem in float64: "
+                   f"model.double() and float64 data), or the inner training is at the edge of "
+                   f"stability, its derivative beyond {self.problem.dtype}'s range (a smaller "
+                   f"learning rate)")
             msg = (f"stopped at outer step {self.outer_step}: {why}, with hyperparameters "
                    f"{bad}: the training was finite, its hypergradient was not. That comes "
                    f"from the method ({repr(self.method)}), the inner optimizer's tangent "
                    f"rule, or a loss whose derivative is not finite there (sqrt or abs at 0, a "
                    f"log of 0); compare methods with hypergrad.testing.hypergradcheck in "
-                   f"float64{other}. {kept[0].upper()}{kept[1:]}: "
+                   f"float64{other}{low}. {kept[0].upper()}{kept[1:]}: "
                    f"{hps.describe(keep)}.")
             data = self.problem.non_finite_closure()
             if data:  # an inf the loss saturates (tanh) is finite there, its derivative not
