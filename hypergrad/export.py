@@ -501,7 +501,9 @@ def trained_state_dict(problem: InnerProblem, state: InnerState) -> dict[str, Te
         elif key in state.buffers:
             out[name] = state.buffers[key].detach().clone()
         elif key in fm.counters0:
-            out[name] = torch.tensor(fm.counters0[key] + problem.steps, dtype=value.dtype)
+            # on the module's device (a CUDA model's counter came back on the CPU)
+            out[name] = torch.tensor(fm.counters0[key] + problem.steps, dtype=value.dtype,
+                                     device=value.device)
         else:
             out[name] = value.detach().clone()
     return out

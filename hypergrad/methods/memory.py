@@ -58,12 +58,16 @@ __all__ = ["available_memory", "budget", "check_budget", "estimate_memory", "che
 
 
 def available_memory(device: torch.device | str = "cpu") -> float:
-    """Free memory of ``device`` in bytes: a CUDA device's free memory, or the machine's
-    available RAM (``MemAvailable``); ``inf`` where it cannot be read."""
+    """Free memory of ``device`` in bytes: a CUDA device's free memory plus what torch's
+    caching allocator holds reserved and unused (free to this process: the device's count left
+    it out, so after a first hypergradient ``method="auto"`` could switch to a slower method or
+    refuse one that fits; the CUDA review, 2026-12-07), or the machine's available RAM
+    (``MemAvailable``); ``inf`` where it cannot be read."""
     dev = torch.device(device)
     if dev.type == "cuda":
         try:
-            return float(torch.cuda.mem_get_info(dev)[0])
+            cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+            return float(torch.cuda.mem_get_info(dev)[0] + max(cached, 0))
         except Exception:  # pragma: no cover - depends on the machine
             return math.inf
     try:
