@@ -262,3 +262,36 @@ def test_a_per_parameter_mapping_on_a_fixed_setting_is_refused_when_built() -> N
     with pytest.raises(ValueError, match=r"eps=.* is a per-parameter mapping, but 'eps' is one "
                                          r"of its fixed settings"):
         Eps(lr=0.1, eps={r"bias$": 1.0, r".*": 1e-8})
+
+
+def test_skipping_columns_reads_nothing_back_from_the_device_per_step() -> None:
+    """The rows skipped while a schedule's windows have not started were read back from the
+    device (``live.tolist()`` twice and ``int(idx[-1])`` twice a step): on CUDA each is a
+    sync (the CUDA review, 2026-12-07). Counted here on the CPU by where they are called."""
+    import sys
+
+    from torch.overrides import TorchFunctionMode
+
+    class Reads(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = 0
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            name = getattr(func, "__name__", "")
+            if name in ("tolist", "__int__", "item", "__index__") and sys._getframe(
+                    1).f_code.co_filename.endswith("forward.py"):
+                self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    problem = mixed_problem("sgd", 6, 3)
+    lam = problem.init_raw()
+    fwd = hg.ForwardMode()
+    fwd.hypergradient(problem, lam)  # warm: the one-time checks
+    reads = Reads()
+    with reads:
+        got = fwd.hypergradient(problem, lam).grad
+    assert reads.n == 0
+    dense = hg.ForwardMode(skip_zero_columns=False).hypergradient(problem, lam).grad
+    torch.testing.assert_close(got, dense, rtol=1e-12, atol=1e-15)

@@ -159,20 +159,24 @@ def _first_leaf(tree: Any) -> Tensor | None:
     return None
 
 
-def _rows(tree: Any, idx: Tensor) -> Any:
-    """Rows ``idx`` of every leaf (views when ``idx`` is a prefix ``0..n-1``)."""
+def _rows(tree: Any, idx: Tensor, prefix: bool | None = None) -> Any:
+    """Rows ``idx`` of every leaf (views when ``idx`` is a prefix ``0..n-1``; ``prefix``: the
+    caller knows, without reading ``idx`` back from its device)."""
     n = idx.numel()
-    if n and int(idx[-1]) == n - 1:  # sorted and unique, so a prefix
+    if prefix is None:
+        prefix = bool(n) and int(idx[-1]) == n - 1  # sorted and unique, so a prefix
+    if prefix:
         return _map(lambda v: v[:n], tree)
     return _map(lambda v: v.index_select(0, idx), tree)
 
 
-def _scatter(tree: Any, idx: Tensor, k: int) -> Any:
+def _scatter(tree: Any, idx: Tensor, k: int, prefix: bool | None = None) -> Any:
     """Rows ``idx`` of a zero tree with leading axis ``k`` set to ``tree``, whose dicts and
     lists it takes over: each leaf of ``n`` rows is freed once its ``k`` rows are made (all of
     them held until the end had put a step's peak 1.3-1.7x above its estimate)."""
     n = idx.numel()
-    prefix = bool(n) and int(idx[-1]) == n - 1
+    if prefix is None:
+        prefix = bool(n) and int(idx[-1]) == n - 1
 
     def one(v: Tensor) -> Tensor:
         if prefix:
@@ -492,16 +496,20 @@ class ForwardMode(OnlineMethod, name="forward"):
 
         # rows whose tangent is zero and that this step cannot change: not computed
         live: Tensor | None = None
+        # the live rows as a host list beside the tensor: reading them back (tolist, int of
+        # the last) synced a CUDA device several times a step (the CUDA review, 2026-12-07)
+        live_list: list[int] = []
         if self.skip_zero_columns:
             late = set(plan.not_started(t))
             rows = [i for i, c in enumerate(cols_held) if c in late]
             if rows and (self._known_zero(z, rows) or _zero_columns(z, rows)):
                 dead_rows = set(rows)
-                live = torch.tensor([i for i in range(n) if i not in dead_rows],
-                                    dtype=torch.long, device=lam.device)
-        live_cols = cols_held if live is None else [cols_held[i] for i in live.tolist()]
+                live_list = [i for i in range(n) if i not in dead_rows]
+                live = torch.tensor(live_list, dtype=torch.long, device=lam.device)
+        live_cols = cols_held if live is None else [cols_held[i] for i in live_list]
+        prefix = bool(live_list) and live_list[-1] == len(live_list) - 1
         if live is not None:
-            z_in = _rows(z, live)
+            z_in = _rows(z, live, prefix)
         else:
             z_in = z
         if columns is None and live is None:
@@ -534,8 +542,8 @@ class ForwardMode(OnlineMethod, name="forward"):
             # the live rows' copy and the products freed before the rows are scattered into
             # K: the step's peak stays the one its estimate counts (it was 1.3-1.7x above)
             del out, G, z_in, zp, zb, zo
-            tangents = _scatter(tangents, live, n)
-            dead = frozenset(range(n)) - frozenset(live.tolist())
+            tangents = _scatter(tangents, live, n, prefix)
+            dead = frozenset(range(n)) - frozenset(live_list)
             leaf = _first_leaf(tangents)
             self._zero_memo = (None if leaf is None else
                                (weakref.ref(leaf), dead, _versions(tangents)))
