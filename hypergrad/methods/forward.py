@@ -596,6 +596,11 @@ class ForwardMode(OnlineMethod, name="forward"):
             peak = max(call, update)
         objective = sz.objective()
         total = held + max(peak, objective)
+        # the K x K identity each step builds for the products' directions: left out, an
+        # estimate of 708 MiB at K = 50,000 per-example weights stood for a step that needs
+        # 9.3 GiB for it alone in float32 (3.4x measured at K = 16,000; the scale probe)
+        eye = k * k * torch.empty((), dtype=problem.dtype).element_size()
+        total += eye
         if self.skip_zero_columns and self._plan(problem).has_late:
             # a step that skips columns scatters the computed rows into K leaf by leaf: one
             # leaf's computed rows beside its K (at most K rows of the largest parameter)
@@ -608,6 +613,8 @@ class ForwardMode(OnlineMethod, name="forward"):
                   + ("" if sz.counted == "shapes" else ", from one real pass") + ")")
         if objective > peak:
             detail = (f"the validation loss's gradient ({gib(objective)}), above {detail}")
+        if eye > 0.1 * total:
+            detail += f"; the K x K identity of the products' directions {gib(eye)}"
         return MemoryEstimate(self.name, total, state, sz.activations, cols,
                               max(total - held - sz.activations, 0), 0, detail)
 
