@@ -1710,7 +1710,8 @@ class Trainer:
             # driven to an edge are the search's answer (an example weighted out)
             if it.name in given or it.transform == "logit" or it.kind == "per_example":
                 continue
-            sl = hps.slices[it.name]
+            whole = hps.slices[it.name]  # its own entries (a schedule's scales are factors)
+            sl = slice(whole.start, whole.start + it.base_numel)
             low = (x[sl] <= lo[sl]) & (lo[sl] == own_lo[sl].to(lo))
             high = (x[sl] >= hi[sl]) & (hi[sl] == own_hi[sl].to(lo))
             n_lo, n_hi = int(low.sum()), int(high.sum())
@@ -1719,7 +1720,7 @@ class Trainer:
             side = "lower" if n_lo >= n_hi else "upper"
             edge = TRANSFORMS[it.transform][0]((lo if side == "lower" else hi)[sl][
                 (low if side == "lower" else high)][:1].double())
-            many = f"{n_lo + n_hi} of its {it.numel} entries, " if it.numel > 1 else ""
+            many = f"{n_lo + n_hi} of its {it.base_numel} entries, " if it.base_numel > 1 else ""
             self.message(
                 f"the point returned has {it.name!r} on the {side} edge of the search "
                 f"box hypergrad chose around its initial value ({many}at "
