@@ -36,6 +36,21 @@ from .rng import step_seed
 __all__ = ["MiniBatches", "Stream", "split_validation"]
 
 
+def partial_last_batch(source: Any) -> tuple[int, int, int] | None:
+    """``(examples of an epoch, batch_size, the last batch's size)`` of a DataLoader that keeps
+    a partial last batch (``drop_last=False``, a ``batch_size``, and ``len(sampler)`` not a
+    multiple of it); ``None`` for any other source."""
+    try:
+        n = len(source.sampler)  # the examples of an epoch (a subset sampler's too)
+    except (AttributeError, TypeError):
+        return None
+    bs = getattr(source, "batch_size", None)
+    if (not isinstance(bs, int) or getattr(source, "drop_last", True)
+            or getattr(source, "batch_sampler", None) is None or n % bs == 0):
+        return None
+    return n, bs, n % bs
+
+
 def _check_tensors(who: str, tensors: tuple[Any, ...]) -> None:
     """Refuse what is not a tensor with at least one dimension, naming it and the fix (a tuple
     of tensors passed as one argument, a NumPy array, a scalar)."""

@@ -1816,14 +1816,12 @@ def _refuse_single_example_batch(source: Any, fm: FunctionalModel) -> None:
     BatchNorm that normalises by batch statistics: torch's BatchNorm fails on it at the end
     of the first epoch, after a whole epoch of work ('Expected more than 1 value per channel
     when training')."""
-    try:
-        n = len(source.sampler)  # the examples of an epoch (a subset sampler's too)
-    except (AttributeError, TypeError):
+    from .data import partial_last_batch
+
+    last = partial_last_batch(source)
+    if last is None or last[2] != 1 or last[0] == 1:
         return
-    bs = getattr(source, "batch_size", None)
-    if (not isinstance(bs, int) or getattr(source, "drop_last", True)
-            or getattr(source, "batch_sampler", None) is None or n % bs != 1 or n == 1):
-        return
+    n, bs, _ = last
     bn = [k for k, m in fm.module.named_modules()
           if isinstance(m, nn.modules.batchnorm._BatchNorm)
           and (fm.train_modes[k] or not m.track_running_stats)]  # batch statistics

@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..data import partial_last_batch
 from ..problem import InnerProblem, InnerState, is_plain
 from .mesh import Mesh, all_sum_tree
 
@@ -124,16 +125,12 @@ def _check_last_batch(problem: InnerProblem, parts: int) -> None:
     reaches, has fewer examples than ranks: it was refused at that step, after the steps
     before it (29 examples in batches of 7 over 2 ranks: at step 4 of 6; the distributed
     probe)."""
-    loader = problem.stream.source if problem.stream is not None else None
-    try:
-        n = len(loader.sampler)  # type: ignore[union-attr]
-    except (AttributeError, TypeError):
+    found = (None if problem.stream is None else
+             partial_last_batch(problem.stream.source))
+    if found is None:
         return
-    bs = getattr(loader, "batch_size", None)
-    if not isinstance(bs, int) or getattr(loader, "drop_last", True) or n <= bs:
-        return
-    last = n % bs
-    if 0 < last < parts and problem.steps > n // bs:
+    n, bs, last = found
+    if n > bs and last < parts and problem.steps > n // bs:
         raise ValueError(
             f"hypergrad.distributed: the DataLoader's last batch of an epoch holds {last} of "
             f"its {n} examples (batch_size={bs}), which step {n // bs} reads, and a batch "

@@ -159,24 +159,21 @@ def _first_leaf(tree: Any) -> Tensor | None:
     return None
 
 
-def _rows(tree: Any, idx: Tensor, prefix: bool | None = None) -> Any:
-    """Rows ``idx`` of every leaf (views when ``idx`` is a prefix ``0..n-1``; ``prefix``: the
-    caller knows, without reading ``idx`` back from its device)."""
+def _rows(tree: Any, idx: Tensor, prefix: bool) -> Any:
+    """Rows ``idx`` of every leaf (views where ``prefix``: ``idx`` is ``0..n-1``, which the
+    caller knows without reading ``idx`` back from its device)."""
     n = idx.numel()
-    if prefix is None:
-        prefix = bool(n) and int(idx[-1]) == n - 1  # sorted and unique, so a prefix
     if prefix:
         return _map(lambda v: v[:n], tree)
     return _map(lambda v: v.index_select(0, idx), tree)
 
 
-def _scatter(tree: Any, idx: Tensor, k: int, prefix: bool | None = None) -> Any:
+def _scatter(tree: Any, idx: Tensor, k: int, prefix: bool) -> Any:
     """Rows ``idx`` of a zero tree with leading axis ``k`` set to ``tree``, whose dicts and
     lists it takes over: each leaf of ``n`` rows is freed once its ``k`` rows are made (all of
-    them held until the end had put a step's peak 1.3-1.7x above its estimate)."""
+    them held until the end had put a step's peak 1.3-1.7x above its estimate). ``prefix``: as
+    :func:`_rows`'s."""
     n = idx.numel()
-    if prefix is None:
-        prefix = bool(n) and int(idx[-1]) == n - 1
 
     def one(v: Tensor) -> Tensor:
         if prefix:

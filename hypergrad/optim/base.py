@@ -35,7 +35,6 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
@@ -406,8 +405,7 @@ class Optimizer(abc.ABC):
                         val = self.args[key]
                     else:
                         self.args[key] = v
-                if (isinstance(v, (np.integer, np.floating))
-                        and not isinstance(v, (int, float, np.bool_))):
+                if is_real(v) and not isinstance(v, (int, float)):
                     v = float(v)  # a NumPy number (from a grid): np.float32(0.1) was refused
                     if key in self.pair_args:
                         self.args[key] = tuple(v if j == i else x for j, x in enumerate(val))

@@ -32,10 +32,10 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import is_real
 from .base import Optimizer, Params, TangentContext
 
 __all__ = ["ClipGradNorm", "clip_grad_norm", "clip_coefficient", "clip_tangent", "CLIP_EPS"]
@@ -106,9 +106,7 @@ class ClipGradNorm(Optimizer):
                             f"{type(inner).__name__}.")
         if isinstance(inner, ClipGradNorm):
             raise ValueError(f"clip_grad_norm: {inner!r} is already clipped; clip once.")
-        if (isinstance(max_norm, (bool, np.bool_))
-                or not isinstance(max_norm, (int, float, np.integer, np.floating))
-                or not 0 < max_norm < math.inf):  # a NumPy number (from a grid) is a number
+        if not is_real(max_norm) or not 0 < max_norm < math.inf:  # a NumPy number: a number
             tuned = (" The threshold is a constant: it cannot be a hyperparameter (tuned) "
                      "here." if isinstance(max_norm, (str, torch.Tensor)) else "")
             raise ValueError(f"clip_grad_norm={max_norm!r} must be a number > 0 (the largest "
