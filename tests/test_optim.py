@@ -201,6 +201,29 @@ def test_numpy_numbers_falsy_flags_and_a_pair_entry_are_read_as_torch_reads_them
         hg.optim.adam(lr="lr", betas=(torch.tensor(0.9), 0.99))
 
 
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw", "rmsprop", "adagrad"])
+def test_torch_optim_switches_are_taken_at_torchs_defaults_and_named_otherwise(name: str) -> None:
+    """A torch.optim call copied over (``foreach=None, maximize=False``) was refused by Python
+    as "got an unexpected keyword argument 'foreach'"; now torch's defaults are taken, and True
+    is refused naming the switch and what to do instead."""
+    import inspect
+
+    factory = getattr(hg.optim, name)
+    off = {"foreach": None, "fused": None, "capturable": False, "differentiable": True,
+           "maximize": False}
+    assert hg.optim.create(name, lr=0.1, **off).args["lr"] == 0.1
+    assert "fused" not in inspect.signature(factory).parameters  # the signature is the factory's
+    with pytest.raises(ValueError, match=rf"^{name}: fused=True is a torch.optim switch "
+                                         r"hypergrad does not take; drop the argument"):
+        factory(lr=0.1, fused=True)
+    with pytest.raises(ValueError, match=r"maximize=True .* negate the objective instead"):
+        factory(lr=0.1, maximize=True)
+    with pytest.raises(TypeError, match=r"foreach='yes' must be True or False"):
+        factory(lr=0.1, foreach="yes")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        factory(lr=0.1, bogus=1)
+
+
 @pytest.mark.parametrize("foreach", [False, True])
 def test_sgd_keeps_no_reference_to_the_callers_gradient(foreach: bool,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:

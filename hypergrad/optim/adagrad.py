@@ -20,6 +20,7 @@ from .base import (
     l2_tangent,
     register,
     safe_sqrt,
+    torch_flags,
 )
 from .clip import clip_grad_norm as with_clip
 
@@ -105,6 +106,7 @@ class Adagrad(Optimizer):
 
 
 @register
+@torch_flags
 def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: Arg = 1e-10,
             initial_accumulator_value: float = 0.0,
             clip_grad_norm: float | None = None) -> Optimizer:

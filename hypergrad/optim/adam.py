@@ -25,6 +25,7 @@ from .base import (
     plain_update,
     register,
     safe_sqrt,
+    torch_flags,
     unflatten_group,
 )
 from .clip import clip_grad_norm as with_clip
@@ -183,6 +184,7 @@ class AdamW(Adam):
 
 
 @register
+@torch_flags
 def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
          weight_decay: Arg = 0.0, eps_root: float = 0.0,
          clip_grad_norm: float | None = None, amsgrad: bool = False) -> Optimizer:
@@ -203,6 +205,7 @@ def adam(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
 
 
 @register
+@torch_flags
 def adamw(lr: Arg = 1e-3, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
           weight_decay: Arg = 1e-2, eps_root: float = 0.0,
           clip_grad_norm: float | None = None, amsgrad: bool = False) -> Optimizer:

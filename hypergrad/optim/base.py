@@ -603,6 +603,40 @@ def register(factory: Factory | None = None, *, name: str | None = None) -> Any:
     return add if factory is None else add(factory)
 
 
+TORCH_FLAGS = ("foreach", "fused", "capturable", "differentiable", "maximize")
+"""``torch.optim``'s switches that its optimizers take and hypergrad's factories do not: the
+kernel choices (``foreach``, ``fused``, ``capturable``), ``differentiable`` (every update here
+is) and ``maximize``. A factory wrapped by :func:`torch_flags` takes them at torch's defaults
+(None or False, as a copied ``torch.optim`` call or config writes them) and says what to do
+instead of True, where Python said only "unexpected keyword argument 'fused'"."""
+
+
+def torch_flags(factory: Factory) -> Factory:
+    """``factory`` taking :data:`TORCH_FLAGS` at torch's defaults (its signature unchanged)."""
+    import functools
+
+    @functools.wraps(factory)
+    def made(*args: Any, **kwargs: Any) -> Optimizer:
+        api = factory.__name__
+        for key in TORCH_FLAGS:
+            if key not in kwargs:
+                continue
+            val = kwargs.pop(key)
+            if val is None or (key == "differentiable" and val is True):
+                continue  # differentiable=True is what every update here is
+            if not flag(api, key, val):
+                continue
+            fix = ("negate the objective instead (train_loss and val_loss return what to "
+                   "minimise)" if key == "maximize" else
+                   "drop the argument: hypergrad chooses its own kernels (foreach ones for plain "
+                   "training on one device), the same numbers either way")
+            raise ValueError(f"{api}: {key}={val!r} is a torch.optim switch hypergrad does not "
+                             f"take; {fix}.")
+        return factory(*args, **kwargs)
+
+    return made
+
+
 def registered() -> dict[str, Factory]:
     """``{name: factory}`` of the optimizers registered in this process and of the installed
     entry points of :data:`ENTRY_POINTS`."""

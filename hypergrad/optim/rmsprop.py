@@ -22,6 +22,7 @@ from .base import (
     l2_tangent,
     register,
     safe_sqrt,
+    torch_flags,
 )
 from .clip import clip_grad_norm as with_clip
 
@@ -151,6 +152,7 @@ class RMSprop(Optimizer):
 
 
 @register
+@torch_flags
 def rmsprop(lr: Arg = 1e-2, alpha: Arg = 0.99, eps: Arg = 1e-8, weight_decay: Arg = 0.0,
             momentum: Arg = 0.0, centered: bool = False,
             clip_grad_norm: float | None = None) -> Optimizer:

@@ -21,6 +21,7 @@ from .base import (
     is_zero,
     owned,
     register,
+    torch_flags,
 )
 from .clip import clip_grad_norm as with_clip
 
@@ -204,6 +205,7 @@ class SGD(Optimizer):
 
 
 @register
+@torch_flags
 def sgd(lr: Arg, momentum: Arg = 0.0, dampening: Arg = 0.0, nesterov: bool = False,
         weight_decay: Arg = 0.0, clip_grad_norm: float | None = None) -> Optimizer:
     """SGD as ``torch.optim.SGD`` (momentum, dampening, Nesterov, L2 weight decay).
