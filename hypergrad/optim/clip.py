@@ -59,18 +59,26 @@ def clip_coefficient(grads: Params, max_norm: float, eps: float = CLIP_EPS
     return torch.clamp(max_norm / (norm + eps), max=1.0), norm
 
 
-def clip_tangent(grads: Params, G: Params, max_norm: float, eps: float = CLIP_EPS
-                 ) -> tuple[Params, Params]:
+def clip_tangent(grads: Params, G: Params, max_norm: float, eps: float = CLIP_EPS,
+                 branch: bool | None = None) -> tuple[Params, Params]:
     """The clipped gradient and its tangent ``(g', G')`` for all K columns of ``G`` (leading
-    axis K), in closed form (see the module docstring). Where the clip is inactive both come
-    back unchanged (the same tensors). At the threshold itself (``c / (||g|| + eps) == 1``) the
-    clip counts as active, as autograd's ``clamp`` takes it, so reverse mode and forward mode's
-    ``jvp`` rule agree there too."""
+    axis K), in closed form (see the module docstring). At the threshold itself
+    (``c / (||g|| + eps) == 1``) the clip counts as active, as autograd's ``clamp`` takes it,
+    so reverse mode and forward mode's ``jvp`` rule agree there too.
+
+    ``branch``: whether to read the norm back to skip the work where the clip is inactive (both
+    then come back unchanged, the same tensors). ``None``: on the CPU only, where reading is
+    free; on an accelerator the read waited for the device at every step (the CUDA review), so
+    there both are computed with the coefficient 1 and a zero correction where inactive (the
+    same numbers)."""
     norm = global_norm(grads)
     ratio = max_norm / (norm + eps)
-    if bool(ratio > 1.0):
+    if branch is None:
+        branch = norm.device.type == "cpu"
+    if branch and bool(ratio > 1.0):
         return grads, G
-    coef = ratio  # <= 1: clip_coefficient's clamp would leave it as it is
+    active = ratio <= 1.0
+    coef = torch.clamp(ratio, max=1.0)
     n = norm
     dot: Tensor | None = None  # (K,): g . G per column
     for k, g in grads.items():
@@ -80,7 +88,7 @@ def clip_tangent(grads: Params, G: Params, max_norm: float, eps: float = CLIP_EP
     assert dot is not None
     # ds/dg . G per column; at a zero gradient (active only for max_norm <= eps) the norm's
     # derivative is taken as 0, as autograd does (0 * -inf was NaN where reverse mode is finite)
-    live = n > 0
+    live = (n > 0) & active  # inactive: no correction (the clamp's derivative is 0)
     safe = torch.where(live, n, torch.ones_like(n))
     ds = torch.where(live, dot * (-max_norm / (safe * (safe + eps) ** 2)), torch.zeros_like(dot))
     new_g = {k: g * coef for k, g in grads.items()}
