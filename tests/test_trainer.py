@@ -1033,3 +1033,33 @@ def test_a_resume_under_a_time_budget_says_the_budget_starts_again(tmp_path: Pat
         trainer(log).fit()
     assert any("time_budget=2 s counts this invocation's time, so a run that had ended on "
                "its budget tunes for another" in line for line in log), log
+
+
+def test_chaotic_inner_training_is_named_in_the_end_warning() -> None:
+    """The numerics probe (2026-12-07): SGD in its chaotic range (here the double well
+    w**4/4 - w**2/2 at lr 1.7, 100 steps) gives float64 hypergradients of 1e29, every number
+    finite and exact, and the end-of-run warning said only "try another outer learning rate"."""
+
+    class Well(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([0.3], dtype=torch.float64))
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        w = m.params["w"].sum()
+        return w ** 4 / 4 - w ** 2 / 2
+
+    def val_loss(m, hp):  # type: ignore[no-untyped-def]
+        return (m.params["w"].sum() - 1.0) ** 2 + 1.0
+
+    def fit(lr: float) -> hg.TrainResult:
+        p = hg.InnerProblem(Well(), train_loss, hg.optim.sgd(lr="lr"),
+                            hg.HyperParams([hg.Scalar("lr", init=lr, transform="log")]),
+                            [None], steps=100, val_loss=val_loss)
+        return hg.Trainer(p, method="forward", mode=hg.Offline(outer_steps=3),
+                          outer=functools.partial(hg.SignDescent, lr=0.05)).fit()
+
+    with pytest.warns(hg.errors.TuningWarning, match=r"last hyperparameters are worse .* The "
+                      r"hypergradient.s norm reached [0-9.]+e\+\d+ .* training is chaotic"):
+        res = fit(1.7)
+    assert max(h["hypergrad_norm"] for h in res.history) > 1e28

@@ -55,6 +55,31 @@ def _number(name: str, value: Any, ok: Callable[[float], bool], must: str) -> fl
     return float(value)
 
 
+
+CHAOS = 1e8
+"""A hypergradient norm above this many times the validation loss's size (at least 1) marks
+chaotic inner training (:func:`_chaos`)."""
+
+
+def _chaos(history: list[dict[str, Any]]) -> str:
+    """A note for the end-of-run warnings when a hypergradient norm was astronomically large
+    against the loss: the chaotic-training probe (SGD at lr 2, 300 steps) had |dE/dlam| 1.7e48
+    to 1.7e67 in float64, every number finite and exact, and was told only to try another outer
+    learning rate. Such a derivative is exact but holds in a neighbourhood far smaller than any
+    outer step (Metz et al. 2021, "Gradients are not all you need")."""
+    norms = [float(h["hypergrad_norm"]) for h in history
+             if math.isfinite(float(h.get("hypergrad_norm", math.nan)))]
+    vals = [abs(float(h["val_loss"])) for h in history
+            if math.isfinite(float(h.get("val_loss", math.nan)))]
+    if not norms or max(norms) <= CHAOS * max([1.0, *vals]):
+        return ""
+    return (f" The hypergradient's norm reached {max(norms):.3g} against validation losses of "
+            f"{max([1.0, *vals]):.3g} at most: the inner training is chaotic there (a learning "
+            f"rate at or past the edge of stability, a long horizon), and its exact derivative "
+            f"says nothing an outer step's distance away. Start from a smaller learning rate or "
+            f"bound it (bounds={{'lr': (lo, hi)}}), shorten the horizon, or truncate the "
+            f"hypergradient (method=hypergrad.ReverseMode(truncate=k)).")
+
 class Guards:
     """What keeps tuning from diverging, running out of time or memory, or leaving its box.
 
@@ -373,13 +398,14 @@ class Tracker:
                 f"Trainer: no outer step improved on the initial hyperparameters (validation "
                 f"loss {init_val:.4g}; last {last_val:.4g}): returned the initial ones. Try "
                 f"another outer learning rate: smaller if the steps overshot (the last loss "
-                f"is above the initial one), larger if they barely moved."), stacklevel=3)
+                f"is above the initial one), larger if they barely moved.{_chaos(history)}"),
+                stacklevel=3)
         elif last_val is not None and last_val > init_val:
             warnings.warn(TuningWarning(
                 f"Trainer: the last hyperparameters are worse than the initial ones (validation "
                 f"loss {last_val:.4g} vs {init_val:.4g}): returned the best evaluated ones, of "
                 f"outer step {best_step} ({best_val:.4g}); they are in TrainResult.lam, the "
-                f"last ones in last_lam."), stacklevel=3)
+                f"last ones in last_lam.{_chaos(history)}"), stacklevel=3)
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's fields (the names of checkpoint version 2)."""
