@@ -209,10 +209,22 @@ def test_a_run_state_of_another_problem_is_refused_by_name() -> None:
         fwd.step(p3, renamed, lam)
 
 
-def test_a_closed_form_tangent_of_another_shape_is_named() -> None:
+@pytest.mark.parametrize("bug,error,match", [
+    ("rows", ValueError, r"returned the tangent of .* with shape \(1, .*where it was given \(2, "),
+    ("float32", TypeError, r"returned the tangent of '.*' in torch.float32, where it was given "
+                           r"torch.float64: its tangent\(\) must keep each tangent's dtype"),
+    ("tuple", TypeError, r"returned \(dict, tuple\) where it was given \(dict, Empty\): its "
+                         r"tangent\(\) must return \(parameter tangents"),
+    ("swapped", TypeError, r"returned \(Empty, dict\) where it was given \(dict, Empty\)"),
+])
+def test_a_closed_form_tangent_of_another_shape_is_named(bug: str, error: type,
+                                                          match: str) -> None:
     """An inner optimizer's own tangent() that returned tangents of another shape was blamed
     on the caller's run state at the next step ("a state made by init() for another
-    problem"), or failed in torch (the extending probe)."""
+    problem"), or failed in torch (the extending probe); another dtype failed in torch
+    ("addmv input tensors must have the same dtype"), the state's tangent as a plain tuple in
+    the user's own code a step later, the pair swapped as "unhashable type: 'dict'" (the
+    extending probe, 2026-12-07)."""
     from typing import NamedTuple
 
     class Empty(NamedTuple):
@@ -230,7 +242,9 @@ def test_a_closed_form_tangent_of_another_shape_is_named() -> None:
                     for k, w in params.items()}, state
 
         def tangent(self, ctx: Any, new_params: Any, new_state: Any) -> Any:
-            return {k: z[:1] for k, z in ctx.z_params.items()}, Empty()  # rows dropped
+            z = {k: z[:1] if bug == "rows" else z.float() if bug == "float32" else z
+                 for k, z in ctx.z_params.items()}
+            return {"tuple": (z, ()), "swapped": (Empty(), z)}.get(bug, (z, Empty()))
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(16, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,))
@@ -239,9 +253,7 @@ def test_a_closed_form_tangent_of_another_shape_is_named() -> None:
                         Rows(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log"),
                                                        hg.Scalar("s", 0.5)]),
                         [(x, y)], 3, lambda m, hp: F.cross_entropy(m(x), y) * (1 + hp["s"]))
-    with pytest.raises(ValueError, match=r"ForwardMode: the tangent rule of .* returned the "
-                                         r"tangent of '.*' with shape \(1, .*where it was given "
-                                         r"\(2, "):
+    with pytest.raises(error, match=r"ForwardMode: the tangent rule of .* " + match):
         hg.ForwardMode(tangent=hg.tangent.ClosedForm()).hypergradient(p, p.init_raw())
 
 

@@ -222,6 +222,9 @@ class _OwnMethod(hg.Method):
     (lambda h: h._replace(grad=h.grad.sum()), ValueError, r"returned grad of shape \(\)"),
     (lambda h: h._replace(grad=None), ValueError, r"returned grad=NoneType"),
     (lambda h: (h.objective, h.grad), TypeError, r"method _OwnMethod returned tuple"),
+    # state=None was taken, and left the point out of select_loss's choice (the extending probe)
+    (lambda h: h._replace(state=None), TypeError,
+     r"returned state=NoneType; .* state the InnerState its inner run ended in"),
 ])
 def test_what_a_method_of_ones_own_returns_is_checked(bend: Any, error: type,
                                                       match: str) -> None:

@@ -32,7 +32,7 @@ import statistics
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -244,11 +244,21 @@ class _AutoCompile:
 
 
 def _check_tangent_shapes(problem: InnerProblem, before: dict[str, Tensor],
-                          after: dict[str, Tensor]) -> None:
-    """Refuse parameter tangents a tangent rule returned in another shape than it was given
-    (rows x the parameter's shape): an inner optimizer's own closed form that got them wrong
-    was blamed on the caller's run state at the next step, or failed in torch (the extending
-    probe)."""
+                          after: dict[str, Tensor], before_opt: Any, after_opt: Any) -> None:
+    """Refuse parameter tangents a tangent rule returned in another shape or dtype than it was
+    given (rows x the parameter's shape), and an optimizer-state tangent of another type than
+    the state's: an inner optimizer's own closed form that got them wrong was blamed on the
+    caller's run state at the next step, or failed in torch ("addmv input tensors must have
+    the same dtype", "unhashable type: 'dict'", "'tuple' object has no attribute 'm'": the
+    extending probes)."""
+    rule = f"ForwardMode: the tangent rule of {problem.optimizer!r}"
+    if not isinstance(after, Mapping) or type(after_opt) is not type(before_opt):
+        raise TypeError(
+            f"{rule} returned ({type(after).__name__}, {type(after_opt).__name__}) where it was "
+            f"given ({type(before).__name__}, {type(before_opt).__name__}): its tangent() must "
+            f"return (parameter tangents {{name: tensor}}, the optimizer state's tangent as "
+            f"the same NamedTuple as the state, e.g. type(ctx.z_state)(...)) "
+            f"(docs/extending.md).")
     if set(after) != set(before):
         missing, extra = sorted(set(before) - set(after))[:3], sorted(set(after) - set(before))[:3]
         raise ValueError(
@@ -262,6 +272,11 @@ def _check_tangent_shapes(problem: InnerProblem, before: dict[str, Tensor],
                 f"{k!r} with shape {tuple(after[k].shape)}, where it was given {tuple(z.shape)} "
                 f"(tangent rows x the parameter's shape): its tangent() must keep each "
                 f"tangent's shape (docs/extending.md).")
+        if after[k].dtype != z.dtype:
+            raise TypeError(
+                f"{rule} returned the tangent of {k!r} in {after[k].dtype}, where it was given "
+                f"{z.dtype}: its tangent() must keep each tangent's dtype (a .float() or a "
+                f"float32 constant tensor in a float64 problem; docs/extending.md).")
 
 
 def _check_run(who: str, problem: InnerProblem, fs: ForwardState, lam: Tensor,
@@ -533,7 +548,7 @@ class ForwardMode(OnlineMethod, name="forward"):
             raise ValueError(f"ForwardMode(tangent={self.tangent!r}): that rule does not apply "
                              f"to {problem.optimizer!r}; use AutoTangent() (the default).")
         (params, opt), (zp, zo) = out
-        _check_tangent_shapes(problem, z_in.params, zp)
+        _check_tangent_shapes(problem, z_in.params, zp, z_in.opt, zo)
         tangents = InnerState(zp, zb, zo)
         if live is not None:
             # the live rows' copy and the products freed before the rows are scattered into

@@ -223,6 +223,14 @@ def _checked(method: Method, lam: Tensor, got: Any) -> HyperGradient:
         what = (f"grad of shape {tuple(g.shape)} and dtype {g.dtype}"
                 if isinstance(g, Tensor) else f"grad={type(g).__name__}")
         raise ValueError(f"Trainer: method {type(method).__name__} returned {what}; {fix}.")
+    if not isinstance(got.state, InnerState):
+        # state=None was taken: the point then never entered select_loss's choice (a worse
+        # one was returned with no word), and a Task's evaluate failed on None.params (the
+        # extending probe)
+        raise TypeError(f"Trainer: method {type(method).__name__} returned state="
+                        f"{type(got.state).__name__}; {fix}, state the InnerState its inner "
+                        f"run ended in (problem.run(lam) returns one), which select_loss, "
+                        f"evaluate and the records read.")
     return got
 
 
