@@ -378,6 +378,51 @@ def test_loss_steps_that_are_not_whole_passes_of_batches_in_order_are_named() ->
     assert told(range(34, 40)) == [] and told(range(35, 38)) == []
 
 
+@pytest.mark.parametrize("shuffle,drop_last,steps,expect", [
+    (True, False, range(7, 12), "loss_steps=range(7, 12) are not whole epochs of the "
+                                "DataLoader's 5 batches per epoch (its sampler shuffles each "
+                                "epoch)"),
+    (True, False, range(5, 10), None),
+    (True, False, range(0, 10), None),
+    (False, False, range(7, 12), None),  # in order: any 5 steps in a row are one pass
+    (False, False, range(6, 12), "are not whole epochs of the DataLoader's 5 batches per epoch "
+                                 "(read in order)"),
+    (True, True, range(4, 8), "the DataLoader drops 2 of its 22 examples from every epoch"),
+])
+def test_loss_steps_over_a_dataloader_are_judged_as_epochs(
+        shuffle: bool, drop_last: bool, steps: range, expect: str | None) -> None:
+    """The implicit probe (2026-12-07): a shuffled DataLoader of 5 batches per epoch and
+    loss_steps=range(T - 5, T) across two epochs: the 5 examples never read got per-example
+    hypergradients of exactly 0 where reverse mode had up to 1.3e-4, with no word (only a
+    MiniBatches source was checked); drop_last=True left each epoch's dropped examples out."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(22, 3, generator=g, dtype=torch.float64), torch.randn(22, generator=g,
+                                                                             dtype=torch.float64)
+    loader = DataLoader(TensorDataset(x, y, torch.arange(22)), batch_size=5, shuffle=shuffle,
+                        drop_last=drop_last)
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        xb, yb, i = batch
+        return (hp["w"][i] * (m(xb).squeeze(-1) - yb) ** 2).mean()
+
+    torch.manual_seed(0)
+    problem = hg.InnerProblem(
+        torch.nn.Linear(3, 1).double(), train_loss, hg.optim.sgd(lr=0.1, weight_decay=0.05),
+        hg.HyperParams([hg.PerExample("w", 0.8, n=22, transform="logit")]), loader, 12,
+        lambda m, hp: (m(x).squeeze(-1) - y).pow(2).mean())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        hg.ImplicitDiff(loss_steps=steps, grad_tol=1e9).hypergradient(problem,
+                                                                      problem.init_raw())
+    got = [str(w.message) for w in said if w.category is InnerNotConvergedWarning]
+    if expect is None:
+        assert got == []
+    else:
+        assert len(got) == 1 and expect in got[0], got
+
+
 @pytest.mark.parametrize("solver", [hg.methods.CG(), hg.methods.Neumann(),
                                     hg.methods.FixedPoint()], ids=lambda s: type(s).__name__)
 def test_a_validation_loss_flat_in_the_weights_is_solved_by_every_solver(

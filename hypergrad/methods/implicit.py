@@ -355,11 +355,34 @@ def _batches_change(problem: InnerProblem) -> bool:
 
 
 def _epoch(problem: InnerProblem) -> int | None:
-    """The batches per epoch of a :class:`~hypergrad.data.MiniBatches` source (else None)."""
+    """The batches per epoch of a :class:`~hypergrad.data.MiniBatches` source or of a
+    DataLoader (:func:`_loader_epoch`), else None."""
     from ..data import MiniBatches
 
     data = problem._batch.data
-    return data.per_epoch if isinstance(data, MiniBatches) else None
+    if isinstance(data, MiniBatches):
+        return data.per_epoch
+    loader = _loader_epoch(problem)
+    return None if loader is None else loader[0]
+
+
+def _loader_epoch(problem: InnerProblem) -> tuple[int, bool, int, int] | None:
+    """``(batches per epoch, shuffled, examples per epoch, examples each epoch drops)`` of a
+    DataLoader source (a stream restarts its ``iter()`` when it runs out, so epoch ``e`` is
+    steps ``e n .. e n + n - 1``); None for another source, or one that does not say."""
+    from torch.utils.data import SequentialSampler
+
+    source = getattr(problem.stream, "source", None)
+    sampler = getattr(source, "sampler", None)
+    if source is None or sampler is None:
+        return None
+    try:
+        n, examples = len(source), len(sampler)
+    except TypeError:  # an IterableDataset's loader has no length
+        return None
+    bs = getattr(source, "batch_size", None)
+    dropped = examples % bs if getattr(source, "drop_last", False) and isinstance(bs, int) else 0
+    return (n, not isinstance(sampler, SequentialSampler), examples, dropped) if n > 0 else None
 
 
 def _last_epoch(problem: InnerProblem, n: int) -> str:
@@ -380,6 +403,8 @@ def uneven_coverage(problem: InnerProblem, steps: Sequence[int]) -> str | None:
     ``T`` no multiple of the ``n`` batches per epoch spans two epochs: some examples twice,
     some never), so the objective is not the training loss; ``None`` when they are, or when
     the source does not say."""
+    if problem.stream is not None:
+        return _uneven_loader(problem, steps)
     n = _epoch(problem)
     if n is None:
         return None
@@ -403,6 +428,41 @@ def uneven_coverage(problem: InnerProblem, steps: Sequence[int]) -> str | None:
             f"weight of an example never read gets a hypergradient of 0. Give whole epochs, "
             f"e.g. loss_steps={_last_epoch(problem, n) if data.shuffle else _last_n(problem, n)}"
             f", the last whole {'epoch' if data.shuffle else 'pass'}")
+
+
+def _uneven_loader(problem: InnerProblem, steps: Sequence[int]) -> str | None:
+    """:func:`uneven_coverage` for a DataLoader: its batches carry no example indices to count,
+    so the steps are judged by position (the implicit probe: ``range(T - 5, T)`` over two
+    shuffled epochs of 5 batches, and per-example weights of the 5 examples never read got
+    exactly 0 where reverse mode had up to 1.3e-4, with no word; a MiniBatches source was
+    warned)."""
+    loader = _loader_epoch(problem)
+    if loader is None:
+        return None
+    n, shuffled, examples, dropped = loader
+    given = set(steps)
+    if shuffled:
+        epochs = {t // n for t in given}
+        whole = all(e * n + i in given for e in epochs for i in range(n))
+    else:  # in order: each batch position read equally often is whole passes
+        per = [sum(1 for t in given if t % n == i) for i in range(n)]
+        whole = min(per) == max(per)
+    fix = _last_epoch(problem, n) if shuffled else _last_n(problem, n)
+    order = "its sampler shuffles each epoch" if shuffled else "read in order"
+    if not whole:
+        return (f"loss_steps={_steps_repr(steps)} are not whole epochs of the DataLoader's "
+                f"{n} batches per epoch ({order}), so they read some "
+                f"training examples more often than others, some perhaps never: the objective "
+                f"is not the training loss, and a per-example weight of an example never read "
+                f"gets a hypergradient of 0. Give whole epochs, e.g. loss_steps={fix}, the "
+                f"last whole {'epoch' if shuffled else 'pass'}")
+    if dropped and shuffled:
+        return (f"the DataLoader drops {dropped} of its {examples} examples from every epoch "
+                f"(drop_last=True, shuffled), other ones each epoch: loss_steps="
+                f"{_steps_repr(steps)} leave out the ones their epochs dropped, whose "
+                f"per-example weights get a hypergradient of 0, though training read them. "
+                f"Use drop_last=False, or a batch size that divides {examples}")
+    return None
 
 
 def _steps_repr(steps: Sequence[int]) -> str:
