@@ -18,6 +18,7 @@ hypergradients fit it), one held out for ``select_loss`` (the Trainer chooses it
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import random
 import warnings
@@ -626,8 +627,10 @@ def split_validation(*tensors: Tensor, share: float = 0.5, seed: int = 0,
                                                                tuple[Tensor, ...]]:
     """Split validation tensors (the same rows in each) into ``(fit, held_out)``: ``fit`` for
     ``InnerProblem(val_loss=...)``, ``held_out`` (a ``share`` of the rows) for
-    ``select_loss``. Rows are drawn by ``seed``; with ``stratify`` (class labels, one per row)
-    each class is split in the same proportion.
+    ``select_loss``. Rows are drawn by ``seed``; ``round(share * rows)`` are held out. With
+    ``stratify`` (class labels, one per row) each class is split in that proportion, rounded
+    so that the classes add up to the total (largest remainder: a class of 3 rows at share 0.5
+    gives 1 or 2); a class of one row is refused, as it could be in one part only.
 
     Example:
         >>> (xv, yv), (xs, ys) = split_validation(x_val, y_val)           # doctest: +SKIP
@@ -654,12 +657,33 @@ def split_validation(*tensors: Tensor, share: float = 0.5, seed: int = 0,
                          "would never be held out); give every row a finite class label.")
     seed = _int_seed("split_validation", seed)
     g = torch.Generator().manual_seed(seed)
-    groups = ([torch.arange(n)] if stratify is None else
-              [torch.nonzero(stratify.cpu() == c).flatten() for c in stratify.cpu().unique()])
+    total = int(math.floor(share * n + 0.5))  # rows held out, rounded half up
+    if stratify is None:
+        groups, take = [torch.arange(n)], [total]
+    else:
+        labels, counts = stratify.cpu().unique(return_counts=True)
+        if int(counts.min()) < 2:
+            c = labels[int(counts.argmin())].item()
+            kind = (" (a float label per row, as a regression's targets, makes each distinct "
+                    "value a class: give stratify=None)" if stratify.is_floating_point() else "")
+            raise ValueError(
+                f"split_validation: stratify's class {c!r} has 1 row{kind}: it can be in one "
+                f"part only, so the other part would lack the class. Merge the rare classes "
+                f"into one label, or split without stratify (stratify=None).")
+        groups = [torch.nonzero(stratify.cpu() == c).flatten() for c in labels]
+        # largest remainder: each class's share * rows rounded so that they add up to the
+        # total (each class rounded on its own held out 20 of 30 rows of 10 classes of 3 at
+        # share 0.5, and none of 40 rows in 20 classes of 2 at share 0.2: the split probe)
+        quota = [share * len(idx) for idx in groups]
+        take = [int(math.floor(q)) for q in quota]
+        tie = torch.randperm(len(groups), generator=g).tolist()
+        order = sorted(range(len(groups)), key=lambda i: (-(quota[i] - take[i]), tie[i]))
+        for i in order[:total - sum(take)]:
+            take[i] += 1
     held: list[Tensor] = []
-    for idx in groups:
+    for idx, k in zip(groups, take):
         idx = idx[torch.randperm(len(idx), generator=g)]
-        held.append(idx[:int(round(share * len(idx)))])
+        held.append(idx[:k])
     out = torch.cat(held)
     if len(out) in (0, n):
         raise ValueError(f"split_validation: share={share} of {n} rows leaves one part empty; "

@@ -134,6 +134,33 @@ def test_split_validation_holds_out_a_stratified_share_of_the_rows() -> None:
     assert len(xe) == 20
 
 
+@pytest.mark.parametrize("classes,rows,share,held", [
+    (10, 3, 0.5, 15), (10, 5, 0.5, 25), (5, 2, 0.3, 3), (20, 2, 0.2, 8), (3, 7, 0.5, 11)])
+def test_a_stratified_split_holds_out_the_share_over_many_small_classes(
+        classes: int, rows: int, share: float, held: int) -> None:
+    """The split probe (2026-12-07): each class rounded on its own (round half to even) held
+    out 20 of 30 rows at share 0.5 (10 classes of 3), and 20 classes of 2 at share 0.2 held out
+    none and were refused as "leaves one part empty"."""
+    y = torch.arange(classes).repeat_interleave(rows)
+    (xa, _), (xb, yb) = split_validation(torch.arange(len(y)), y, share=share, seed=1,
+                                         stratify=y)
+    assert len(xb) == held and len(xa) == len(y) - held
+    per = torch.bincount(yb, minlength=classes)
+    assert int(per.max() - per.min()) <= 1  # each class within a row of its share
+    assert int(per.max()) <= rows * share + 1 and int(per.min()) >= rows * share - 1
+
+
+def test_a_stratified_class_of_one_row_is_refused() -> None:
+    """A class of one row was never held out (the held-out part lacked it, with no word), and
+    float regression targets as stratify, every value a class of one, were told "give more
+    rows or a share nearer 0.5"."""
+    with pytest.raises(ValueError, match=r"stratify's class 2 has 1 row: it can be in one part "
+                                         r"only.*stratify=None"):
+        split_validation(torch.arange(20), stratify=torch.tensor([0] * 10 + [1] * 9 + [2]))
+    with pytest.raises(ValueError, match=r"has 1 row \(a float label per row, as a regression"):
+        split_validation(torch.arange(20), stratify=torch.randn(20))
+
+
 def test_split_validation_refuses_what_it_cannot_split() -> None:
     x, y = torch.zeros(10, 2), torch.zeros(9)
     with pytest.raises(ValueError, match="same number"):
