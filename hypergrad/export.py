@@ -195,11 +195,15 @@ def learned_settings(problem: InnerProblem, lam: Tensor) -> dict[str, Any]:
     init = _learned_init(hps, values)
     if init:
         out["init"] = init
-        # what the scaled weights were: a model given twice (scaled twice: s^2 w_0) or
-        # given trained is refused, not rescaled in silence
+        # what the initial weights were: a model given twice (scaled twice: s^2 w_0) or
+        # given trained is refused, not rescaled in silence; every parameter but the ones an
+        # InitWeights replaces (a trained model was taken for an InitWeights, its other
+        # tensors trained: the export probe)
         module = problem.fmodel.module
-        out["init_norms"] = {p: _norm(module.get_parameter(p)) for per in init.values()
-                             if isinstance(per, Mapping) for p in per}
+        replaced = {p for it in hps.items if it.initializes and not isinstance(it, InitScale)
+                    for p in getattr(it, "params", None) or []}
+        out["init_norms"] = {p: _norm(module.get_parameter(p)) for p in names
+                             if p not in replaced}
     return out
 
 
@@ -209,15 +213,17 @@ def _norm(t: Tensor) -> float:
 
 def _check_initial(named: Mapping[str, Tensor], norms: Mapping[str, Any] | None,
                    api: str, drop: str) -> None:
-    """Refuse parameters that are not the initial weights the scales were learned at (their
-    norms, ``norms``; ``None``: settings written before 2026-12-06, not checked)."""
+    """Refuse parameters that are not the initial weights the learned initial values were
+    learned at (their norms, ``norms``: the scaled ones and, since 2026-12-07, every other one
+    not replaced by an :class:`~hypergrad.InitWeights`; ``None``: settings written before
+    2026-12-06, not checked)."""
     for p, was in (norms or {}).items():
         if p not in named:
             continue
         now = _norm(named[p])
         if abs(now - float(was)) > 1e-6 * max(abs(float(was)), 1e-30):
             raise ValueError(
-                f"{api}: {p} is not at the initial weights its learned scale applies to "
+                f"{api}: {p} is not at the initial weights the learned ones apply to "
                 f"(norm {now:.6g}; learned at {float(was):.6g}): scaled already (a second "
                 f"call on the same model), trained, or initialised otherwise. Pass a fresh "
                 f"copy of the model at its initial weights (copy.deepcopy before any "

@@ -263,6 +263,26 @@ def test_learned_scales_are_not_applied_to_weights_scaled_already_or_trained() -
     optimizer_from_settings(other, net)  # without the record: the user's choice
 
 
+@pytest.mark.parametrize("item", [hg.InitWeights("init", params=["0.weight"]),
+                                  hg.InitScale("init", 1.0, params=["0.weight"])],
+                         ids=["InitWeights", "InitScale"])
+def test_a_trained_model_is_refused_whatever_the_learned_init(item: Any) -> None:
+    """The export probe (2026-12-07): with InitWeights, learned_optimizer took a trained copy
+    (only the listed tensor was replaced; the others started trained), and with InitScale the
+    tensors it does not list were never checked; the docs promised a trained model is
+    refused."""
+    problem, model = _problem(hg.optim.sgd(lr="lr"), [hg.Scalar("lr", 0.1, transform="log"),
+                                                      item])
+    lam = _lam(problem)
+    net = copy.deepcopy(model)
+    with torch.no_grad():
+        net[2].weight.add_(0.01)  # a tensor the learned init does not list, moved
+    with pytest.raises(ValueError, match=r"learned_optimizer: 2.weight is not at the initial "
+                                         r"weights the learned ones apply to"):
+        learned_optimizer(problem, lam, net)
+    learned_optimizer(problem, lam, copy.deepcopy(model))  # a fresh copy is taken
+
+
 def test_what_the_export_dropped_or_took_silently_is_refused(tmp_path: Path) -> None:
     """Found by a user's probe (2026-12-06): Adam's eps_root was left out of the torch.optim
     twin (8e-2 off in 10 steps); a NaN lam was written as lr: nan; a model with parameters the
