@@ -789,10 +789,11 @@ def _interrupted(err: BaseException) -> str:
              f"own)" if _multirun() else f"hydra.run.dir={run_dir}")
     if _multirun() and "optuna" in str(h.sweeper.get("_target_", "")).lower():
         # run again, Optuna proposes new values: job N's folder holds another point's run
-        return (f"hypergrad-run: interrupted ({how}); an Optuna sweep run again proposes new "
-                f"values, so its jobs' runs cannot be resumed (refused): run it again into a "
-                f"new hydra.sweep.dir (its study continues where hydra.sweeper.storage and "
-                f"study_name keep it); {run_dir} keeps this job's records")
+        return (f"hypergrad-run: interrupted ({how}); an Optuna sweep's jobs' runs cannot be "
+                f"resumed (refused: run again, job N may be given other values): run it again "
+                f"into a new hydra.sweep.dir (its study continues where hydra.sweeper.storage "
+                f"and study_name keep it, with another hydra.sweeper.sampler.seed: the same "
+                f"seed draws the same first points again); {run_dir} keeps this job's records")
     if (run_dir / CHECKPOINT).exists() or (run_dir / PREVIOUS).exists():
         return (f"hypergrad-run: interrupted ({how}); the run folder {run_dir} keeps the last "
                 f"checkpoint and its records: continue with the same command and "
@@ -870,6 +871,13 @@ def _answered_job(cfg: DictConfig) -> float:
                 "HYDRA_FULL_ERROR") != "1":  # what to do next, not 75 lines of traceback
             print(_failed(err), file=sys.stderr)
             sys.exit(143 if isinstance(err, _Terminated) else 130)
+        if isinstance(err, KeyboardInterrupt) and _multirun():
+            # the sweep stops with Hydra's traceback, whose note was the Trainer's Python
+            # advice (folder=hypergrad.RunFolder(...)): the command line's instead (the sweep
+            # probe: it was in the job's cli.log only)
+            notes = [n for n in getattr(err, "__notes__", [])
+                     if not n.startswith("Trainer: interrupted")]
+            err.__notes__ = [*notes, _failed(err)]
         raise
 
 
@@ -1121,7 +1129,7 @@ def main() -> None:
     except SystemExit as err:
         if err.code == 1:  # Hydra's own failure (a composition error among them)
             said = (_preset_conflict(sys.argv[1:]) or _bare_word(sys.argv[1:])
-                    or _missing_plugin(sys.argv[1:]))
+                    or _missing_plugin(sys.argv[1:]) or _group_list(sys.argv[1:]))
             if said is not None:  # after Hydra's own lines, which name only the key
                 print(said, file=sys.stderr)
         raise
@@ -1160,8 +1168,30 @@ def _missing_plugin(args: list[str]) -> str | None:
         except ImportError:  # hydra_plugins itself absent
             found = False
         if asked and not found:
+            apart = ("" if what != "optuna" else
+                     " in a virtual environment of its own: the plugin pins optuna<3, which "
+                     "would replace the optuna>=4 of the `compare` extra here (`make test` "
+                     "installs it apart, in .venv/sweep-optuna)")
             return (f"hypergrad-run: the {what} plugin of Hydra is not installed: "
-                    f"pip install 'hypergrad-forward[{extra}]' (docs/configs.md).")
+                    f"pip install 'hypergrad-forward[{extra}]'{apart} (docs/configs.md).")
+    return None
+
+
+def _group_list(args: list[str]) -> str | None:
+    """What to do with ``group=[a,b]`` (``method=[forward,reverse]``): a list of a config
+    group's options is merged as one config, and Hydra says only "Merge error: ReverseModeConf
+    is not a subclass of ForwardModeConf" (the sweep probe); a sweep over them is
+    ``-m group=a,b``. ``None`` for any other."""
+    groups = {d.name for d in CONFIG_DIR.iterdir() if d.is_dir()} & {
+        "method", "inner_optimizer", "outer_optimizer", "mode", "model", "task", "experiment",
+        "experiment_outer", "guards", "folder", "distributed"}  # one option each
+    for a in args:
+        key, _, value = a.partition("=")
+        if key.lstrip("+~") in groups and value.strip().startswith("["):
+            items = value.strip()[1:-1]
+            return (f"hypergrad-run: {a} gives the {key.lstrip('+~')} group a list of options, "
+                    f"which Hydra merges into one config; to run each of them, sweep: "
+                    f"hypergrad-run --multirun {key.lstrip('+~')}={items}.")
     return None
 
 

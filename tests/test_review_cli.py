@@ -288,6 +288,23 @@ def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: 
         assert "my_models.py" in logged  # where it was raised
 
 
+def test_an_interrupted_sweep_says_what_the_command_line_does_next(tmp_path: Path) -> None:
+    """Ctrl-C in a --multirun printed Hydra's traceback with the Trainer's Python advice
+    (folder=hypergrad.RunFolder(...)); the command line's was in the job's cli.log only (the
+    sweep probe, 2026-12-07)."""
+    (tmp_path / "my_models.py").write_text(MODELS)
+    conf = tmp_path / "conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text("_target_: my_models.Interrupts\n_partial_: true\n")
+    out = subprocess.run([*CLI, "--config-dir", str(tmp_path / "conf"), "--multirun",
+                          "model=mine", *FAST, "report.retrain=false",
+                          f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    assert out.returncode != 0
+    assert "hypergrad-run: interrupted (KeyboardInterrupt)" in out.stderr, out.stderr[-3000:]
+    assert "Trainer: interrupted" not in out.stderr
+
+
 def test_a_label_smoothing_that_can_leave_0_1_is_warned_about() -> None:
     """configs.md's example added `smooth` with the scalar kind's identity transform: tuning
     drove it to -0.30 (the loss unbounded below), written to learned.yaml without a word. The
@@ -538,12 +555,24 @@ def test_a_missing_hydra_plugin_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert "pip install 'hypergrad-forward[sweep]'" in str(
         _missing_plugin(["--multirun", "hydra/launcher=joblib"]))
-    assert "pip install 'hypergrad-forward[sweep-optuna]'" in str(
-        _missing_plugin(["+sweep=digits_schedule", "--multirun"]))
+    # in an environment of its own: it pins optuna<3, which would replace compare's optuna>=4
+    # (the sweep probe, 2026-12-07)
+    apart = "pip install 'hypergrad-forward[sweep-optuna]' in a virtual environment of its own"
+    assert apart in str(_missing_plugin(["+sweep=digits_schedule", "--multirun"]))
     assert _missing_plugin(["experiment=charlm"]) is None
     monkeypatch.undo()
     found = importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None
     assert (_missing_plugin(["hydra/launcher=joblib"]) is None) == found
+
+
+def test_a_list_of_one_groups_options_is_told_to_sweep() -> None:
+    """method=[forward,reverse] (a list meant as a sweep) got Hydra's "Merge error:
+    ReverseModeConf is not a subclass of ForwardModeConf" alone (the sweep probe, 2026-12-07)."""
+    out = _cli(*FAST, "method=[forward,reverse]", "hydra.run.dir=/nonexistent/never")
+    assert out.returncode == 1
+    assert ("method=[forward,reverse] gives the method group a list of options, which Hydra "
+            "merges into one config; to run each of them, sweep: hypergrad-run --multirun "
+            "method=forward,reverse." in out.stderr), out.stderr
 
 
 def test_the_retrained_points_are_also_trained_in_orders_the_tuning_never_saw(
