@@ -1014,6 +1014,15 @@ def _job(cfg: DictConfig) -> float:
     check_keys(cfg, [g for g in hydra_cfg.runtime.choices if "/" not in g
                      and not g.startswith("hydra") and g not in top])
     _shadowed_options(hydra_cfg)
+    sweeper = str(hydra_cfg.sweeper.get("_target_", ""))
+    if not _multirun() and "optuna" in sweeper.lower():
+        # +sweep=digits_schedule without --multirun ran once at the config's own values with
+        # mode.outer_steps=0 and reported them as "learned" (the sweep probe)
+        raise ConfigError(
+            f"hypergrad-run: the sweeper is Optuna's ({sweeper}, from +sweep=... or "
+            f"hydra/sweeper=optuna), which runs only with --multirun; without it this command "
+            f"would run once at the config's own values (a sweep preset sets "
+            f"mode.outer_steps=0: no tuning). Add --multirun.")
     direction = hydra_cfg.sweeper.get("direction") if _multirun() else None
     if OmegaConf.is_list(direction) or isinstance(direction, (list, tuple)):
         # a multi-objective study: every job trained, then Optuna failed each trial ("Return

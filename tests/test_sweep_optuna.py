@@ -83,3 +83,20 @@ def test_a_second_optuna_sweep_keeps_the_first_ones_best_and_maximize_is_refused
     fourth = sweep("folder.overwrite=true", "hydra.sweeper.direction=[minimize,minimize]")
     assert fourth.returncode != 0  # every job trained, then Optuna failed each trial
     assert "asks for a study of 2 objectives, but each job returns one loss" in fourth.stderr
+
+
+def test_an_optuna_sweep_without_multirun_is_refused(tmp_path: Path) -> None:
+    """+sweep=digits_schedule without --multirun ran once at the config's own values with
+    mode.outer_steps=0 and reported them as the "learned hyperparameters" (the sweep probe,
+    2026-12-07)."""
+    if not (SWEEPER / "hydra_plugins" / "hydra_optuna_sweeper").is_dir():
+        pytest.skip(f"hydra-optuna-sweeper is not installed in {SWEEPER}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(SWEEPER), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run(
+        [sys.executable, "-m", "hypergrad.cli", "experiment=digits_schedule",
+         "+sweep=digits_schedule", "debug=fast", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 2
+    assert "the sweeper is Optuna's" in out.stderr and "Add --multirun." in out.stderr
+    assert not (tmp_path / "results.json").exists()
