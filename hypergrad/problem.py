@@ -2245,8 +2245,12 @@ def _warn_tied_patterns(module: nn.Module, names: Sequence[str], hps: HyperParam
                 pats = list(m) if attr == "multipliers" else list(m.values())
                 sets.append((f"{type(it).__name__}({it.name!r}).{attr}", pats))
     for arg, v in optimizer.args.items():
-        if isinstance(v, PerParam):
-            sets.append((f"{optimizer.name}'s {arg}", list(v.values)))
+        # a pair's entries too (betas=({pattern: value}, 0.999) was not looked at)
+        pair = isinstance(v, tuple)
+        for i, x in enumerate(v if pair else (v,)):
+            if isinstance(x, PerParam):
+                where = f"{arg}[{i}]" if pair else arg
+                sets.append((f"{optimizer.name}'s {where}", list(x.values)))
 
     def hit(pats: list[str], name: str) -> int | None:
         return next((i for i, p in enumerate(pats) if re.search(p, name)), None)

@@ -229,6 +229,9 @@ def test_a_pattern_that_reaches_a_tied_weight_by_its_other_name_is_named() -> No
         (hg.Scalar("lr", 0.3, "log"), hg.optim.sgd(lr="lr", weight_decay={r"^head\.": 0.0,
                                                                             r".*": 0.1}),
          r"sgd's weight_decay"),
+        (hg.Scalar("lr", 0.3, "log"), hg.optim.adam(lr="lr", betas=({r"^head\.": 0.5,
+                                                                     r".*": 0.9}, 0.999)),
+         r"adam's betas\[0\]"),  # a pair's entry (not looked at before)
         (hg.PerGroup("lr", 0.3, "log", groups={"head": r"^head\.", "rest": r".*"}),
          hg.optim.sgd(lr="lr"), r"PerGroup\('lr'\).groups")]:
         with pytest.warns(ConfigWarning, match=rf"^InnerProblem: {where}: the pattern "
