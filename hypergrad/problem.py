@@ -2247,10 +2247,10 @@ def _warn_tied_patterns(module: nn.Module, names: Sequence[str], hps: HyperParam
     for arg, v in optimizer.args.items():
         # a pair's entries too (betas=({pattern: value}, 0.999) was not looked at)
         pair = isinstance(v, tuple)
-        for i, x in enumerate(v if pair else (v,)):
+        for e, x in enumerate(v if pair else (v,)):
             if isinstance(x, PerParam):
-                where = f"{arg}[{i}]" if pair else arg
-                sets.append((f"{optimizer.name}'s {where}", list(x.values)))
+                entry = f"{arg}[{e}]" if pair else arg
+                sets.append((f"{optimizer.name}'s {entry}", list(x.values)))
 
     def hit(pats: list[str], name: str) -> int | None:
         return next((i for i, p in enumerate(pats) if re.search(p, name)), None)
