@@ -47,6 +47,25 @@ def _dense_copy(t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     return t.to(dtype=dtype or t.dtype, memory_format=torch.contiguous_format, copy=True)
 
 
+def _exact_in(name: str, value: Tensor, dtype: torch.dtype) -> None:
+    """Refuse an integer buffer forward writes whose values ``dtype`` (the model's, in which
+    the state carries it) cannot hold exactly: a float32 model's counter past 2**24 came back
+    rounded (16777217 as 16777216), and a forward reading ``n % 2`` trained otherwise than
+    torch, with no word (the dtypes probe)."""
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        return
+    if value.numel() == 0 or value.is_meta:
+        return
+    exact = int(2 / torch.finfo(dtype).eps)  # 2**24 in float32, 2**53 in float64
+    top = int(value.detach().abs().max())
+    if top > exact:
+        raise ValueError(
+            f"the model's buffer {name!r} ({value.dtype}), written by its forward, reached "
+            f"{top}: the training state carries it as {dtype}, exact up to {exact} only, so "
+            f"it would be rounded. Build the model in float64 (model.double(), exact to "
+            f"2**53), or keep the count smaller (count steps, not examples).")
+
+
 def _sums(tensors: Sequence[Tensor]) -> Tensor | None:
     """Each tensor's sum and sum of squares in float64, stacked on the first one's device:
     what tells a write through ``.data`` (which leaves ``_version`` as it was) in one
@@ -307,6 +326,8 @@ class FunctionalModel:
         for k in self.state_buffer_names:
             b = (self.fresh[k] if self.fresh is not None and k in self.fresh
                  else self.module.get_buffer(k).detach())
+            if k in self.generic:
+                _exact_in(k, b, self.dtype)
             out[k] = _dense_copy(b, self.dtype if k in self.generic else None)
         return out
 
@@ -455,7 +476,11 @@ class ModelFn:
                                          tie_weights=fm.aliases is None)
         for k in fm.generic:
             v = after[k]
-            self.new_buffers[k] = v if v.dtype == fm.dtype else v.to(fm.dtype)
+            if v.dtype != fm.dtype:
+                if v.device.type == "cpu":  # on an accelerator the check would wait for it
+                    _exact_in(k, v, fm.dtype)
+                v = v.to(fm.dtype)
+            self.new_buffers[k] = v
         if probe is not None:
             probe.record(tensors, after, self.train)
         return out
@@ -678,10 +703,11 @@ class ModelProbe:
             if not isinstance(left, Tensor):
                 continue
             before = self._before[k]
-            if left is given:
-                written = given._version != self._versions[k] or not _same(left, before)
-            else:
-                written = not _same(left, before)
+            # an assignment (self.b = ...) is a write whatever its values: one whose first
+            # value equals the initial one (a flag still off, an EMA from its second call)
+            # was left out of the state and stayed at its initial value (the dtypes probe)
+            written = (left is not given or given._version != self._versions[k]
+                       or not _same(left, before))
             if written and (train or k not in self.train_writes):
                 # the validation pass (under no_grad) writing the buffer again replaced the
                 # training write, and a stateful RNN's self.h = hn, written with autograd,

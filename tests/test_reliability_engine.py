@@ -7,6 +7,7 @@ weights or buffers in forward: test_parametrizations.py.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from pathlib import Path
@@ -743,3 +744,71 @@ def test_a_loss_term_no_step_switches_on_is_still_refused() -> None:
     p = _late_term([hg.Scalar("wd", 0.05, transform="log")], never=True)
     with pytest.raises(ValueError, match=r"hyperparameters \['wd'\] are bound to nothing"):
         _check(p)
+
+
+def test_a_buffer_assigned_its_initial_value_first_is_still_carried() -> None:
+    """The dtypes probe (2026-12-07): ``self.warm = self.calls > 3`` leaves the flag at its
+    initial False in the first call, so the probe pass took it for no write: it stayed False
+    for the whole run (objective 1.1095 against torch's 1.5105), with no word. An assignment
+    is now a write whatever its value."""
+
+    class Warm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+            self.register_buffer("warm", torch.zeros((), dtype=torch.bool))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.training:
+                self.calls = self.calls + 1
+                self.warm = self.calls > 3
+            return self.lin(x) * torch.where(self.warm, 3.0, 1.0)
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 3, generator=g, dtype=torch.float64),
+                torch.randint(0, 2, (8,), generator=g)) for _ in range(6)]
+    torch.manual_seed(0)
+    model = Warm().double()
+    twin = copy.deepcopy(model)
+    problem = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                              hg.optim.sgd(lr="lr"),
+                              hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]),
+                              batches, 6, lambda m, hp: F.cross_entropy(m(batches[0][0]),
+                                                                        batches[0][1]))
+    state = problem.run(problem.init_raw())
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(twin(x), y).backward()
+        opt.step()
+    assert bool(twin.warm) and float(state.buffers["warm"]) == 1.0
+    for k, w in twin.named_parameters():
+        torch.testing.assert_close(state.params[k], w.detach(), rtol=1e-14, atol=1e-14)
+
+
+def test_an_integer_buffer_past_the_models_exact_range_is_refused() -> None:
+    """A float32 model's long counter from 2**24 + 1 came back as 16777216.0 (the state carries
+    written integer buffers in the model's dtype), and a forward reading n % 2 trained
+    otherwise than torch (1.2156 against 1.6254), with no word (the dtypes probe)."""
+
+    class Count(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+            self.register_buffer("n", torch.tensor(2 ** 24 + 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.training:
+                self.n = self.n + 1
+            return self.lin(x) * (1 + (self.n % 2).to(x.dtype))
+
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    problem = hg.InnerProblem(Count(), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                              hg.optim.sgd(lr="lr"),
+                              hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")]),
+                              [(x, y)], 3, lambda m, hp: F.cross_entropy(m(x), y))
+    with pytest.raises(ValueError, match=r"buffer 'n' \(torch.int64\), written by its forward, "
+                                         r"reached 1677721[78]: the training state carries it "
+                                         r"as torch.float32, exact up to 16777216 only"):
+        problem.run(problem.init_raw())
