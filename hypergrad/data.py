@@ -618,6 +618,30 @@ class Stream:
         cur = state.get("current")
         self._current = None if cur is None else _Pass(self, int(cur))
 
+    def describe(self) -> dict[str, Any]:
+        """What the source's settings are, for a run folder's fingerprint: the class, and a
+        DataLoader's batch size, ``drop_last``, workers, sampler, examples and the functions
+        it calls. A resumed run read with 3 workers where it was run with 2 trained on other
+        augmented batches from batch 2 on (worker k augments batches k, k + n, ...), and the
+        first batch, the one the fingerprint reads, was the same (the workers probe)."""
+        src = self.source
+        out: dict[str, Any] = {"class": f"{type(src).__module__}.{type(src).__qualname__}"}
+        for key in ("batch_size", "drop_last", "num_workers"):
+            if hasattr(src, key):
+                out[key] = getattr(src, key)
+        sampler = getattr(src, "sampler", None)
+        if sampler is not None:
+            out["sampler"] = type(sampler).__qualname__
+            try:
+                out["examples"] = len(sampler)
+            except TypeError:
+                pass
+        for key in ("worker_init_fn", "collate_fn"):
+            fn = getattr(src, key, None)
+            if fn is not None:
+                out[key] = getattr(fn, "__qualname__", type(fn).__qualname__)
+        return out
+
     def __repr__(self) -> str:
         return f"Stream({type(self.source).__name__}, seed={self.seed})"
 

@@ -143,6 +143,36 @@ def test_a_resume_with_another_training_loss_is_refused(tmp_path: Path) -> None:
     assert len(fit(0.0, 2, True).history) == 2  # the same loss resumes
 
 
+def test_a_resume_with_other_dataloader_settings_is_refused(tmp_path: Path) -> None:
+    """The workers probe (2026-12-07): a run resumed with num_workers=3 where it ran with 2
+    read other augmented batches from batch 2 on (worker k augments batches k, k + n, ...)
+    while the first batch, the one the fingerprint read, was the same: it went on silently."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (32,), generator=g)
+
+    def fit(drop_last: bool, steps: int, resume: bool) -> hg.TrainResult:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+        loader = DataLoader(TensorDataset(x, y), batch_size=6, shuffle=True,
+                            drop_last=drop_last)
+        p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                            hg.optim.sgd(lr="lr"),
+                            hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), loader, 4,
+                            lambda m, hp: F.cross_entropy(m(x), y))
+        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
+                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
+                          callbacks=quiet()).fit()
+
+    fit(False, 1, False)
+    with pytest.raises(ResumeMismatchError, match=r"problem.batch_source\S*drop_last\S*: "
+                                                  r"False -> True"):
+        fit(True, 2, True)  # the first 4 batches are the same: only the settings differ
+    assert len(fit(False, 2, True).history) == 2  # the same loader resumes
+
+
 def test_a_training_loss_with_randomness_hypergrad_does_not_seed_still_resumes(
         tmp_path: Path) -> None:
     """NumPy noise in the loss (warned of as UnseededRandomnessWarning) gives another training
@@ -171,7 +201,8 @@ def test_a_checkpoint_without_the_new_keys_still_resumes(tmp_path: Path) -> None
     from hypergrad.run.files import fingerprint_diff
 
     new = {"problem.K": 1, "problem.seed": 3, "problem.select_loss": False,
-           "problem.bindings": {"wd": {"params": ["w"]}}, "problem.train_loss_at_start": 1.5}
+           "problem.bindings": {"wd": {"params": ["w"]}}, "problem.train_loss_at_start": 1.5,
+           "problem.batch_source": {"class": "torch.utils.data.dataloader.DataLoader"}}
     assert fingerprint_diff({"problem.K": 1}, new) == []
     assert fingerprint_diff({"problem.K": 1, "problem.seed": 2}, new) == [
         "problem.seed: 2 -> 3"]

@@ -71,9 +71,9 @@ SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.clock",
                   "the same hypergradients to rounding) and its HVP strategy and chunking")
 """Trainer settings that may differ when a run is resumed; every other setting, and the
 problem (K and layout, what per-parameter values apply to, T, dtype, model, optimizer, initial
-values and state, first batch, validation loss and training loss (on the first batch) at the
-start, seed, whether it has a ``select_loss``), is in the checkpoint's fingerprint and must
-match. An online run's method must keep its run state's structure (:func:`unpack_run`)."""
+values and state, first batch, a DataLoader's settings, validation loss and training loss (on
+the first batch) at the start, seed, whether it has a ``select_loss``), is in the checkpoint's
+fingerprint and must match. An online run's method must keep its run state's structure (:func:`unpack_run`)."""
 
 Log = Callable[[str], None]
 
@@ -120,6 +120,8 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
         "problem.seed": p.seed,  # the step's random draws, the start's and restarts' points
         "problem.select_loss": p.select_loss is not None,  # what the returned point is chosen by
     }
+    if p.stream is not None:  # a DataLoader's workers, batch size, sampler: see Stream.describe
+        fp["problem.batch_source"] = p.stream.describe()
     fp.update(settings)
     clash = sorted(k for k in extra if k in fp and fp[k] != extra[k])
     if clash:  # a user's key replaced the library's: a T = 5 run resumed as T = 9, mixed
