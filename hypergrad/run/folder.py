@@ -73,7 +73,8 @@ SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.clock",
 problem (K and layout, what per-parameter values apply to, T, dtype, model, optimizer, initial
 values and state, first batch, a DataLoader's settings, validation loss and training loss (on
 the first batch) at the start, seed, whether it has a ``select_loss``), is in the checkpoint's
-fingerprint and must match. An online run's method must keep its run state's structure (:func:`unpack_run`)."""
+fingerprint and must match. An online run's method must keep its run state's structure
+(:func:`unpack_run`)."""
 
 Log = Callable[[str], None]
 
