@@ -573,6 +573,13 @@ class Stream:
             probe = _Pass(self, self.pass_seed(_PROBE))
             self._first.append(probe.get(0))
             probe.close()
+            # read again from its seed: a source drawing randomness no pass seeds (a
+            # torch.Generator held by the Dataset) is warned of here, where only a fixed pass
+            # or a replay read one again, which an offline forward-mode Trainer never does:
+            # its resumed run differed from the straight one without a word (the workers probe)
+            again = _Pass(self, self.pass_seed(_PROBE))
+            again.get(0)
+            again.close()
         return self._first[0]
 
     def probe_batches(self, steps: int) -> Iterator[tuple[int, Any]]:

@@ -322,8 +322,8 @@ def test_a_batch_source_shorter_than_the_horizon() -> None:
             while self.left:
                 yield self.left.pop()
 
-    p = _problem_with_batches(Once(), 5)  # the checks read one of the 3
-    with pytest.raises(ValueError, match=r"ran out after 2 mini-batches of this pass and "
+    p = _problem_with_batches(Once(), 5)  # the checks read two of the 3 (batch 0 twice)
+    with pytest.raises(ValueError, match=r"ran out after 1 mini-batches of this pass and "
                                          r"iterating it again gave none.*a list of batches"):
         hg.ForwardMode().hypergradient(p, p.init_raw())
 

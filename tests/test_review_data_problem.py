@@ -164,6 +164,17 @@ def test_a_source_whose_passes_do_not_repeat_is_warned_about() -> None:
         hypergradcheck(p, raise_exception=False)
 
 
+def test_a_source_whose_passes_do_not_repeat_is_warned_about_by_the_checks() -> None:
+    """The workers probe (2026-12-07): an offline forward-mode Trainer never reads a pass
+    again, so it never warned, and its resumed run differed from the straight one (validation
+    2.3145 against 2.2910 two steps after the resume). The checks now read batch 0 of their
+    pass twice."""
+    p = _problem(DataLoader(_Augmented(own=True), batch_size=8, shuffle=True), steps=4)
+    with pytest.warns(UnseededRandomnessWarning, match=r"batches \(DataLoader\) gave another "
+                                                       r"mini-batch 0"):
+        p.check(p.init_raw())
+
+
 def test_a_source_drawing_from_the_global_generators_repeats_its_passes() -> None:
     p = _problem(DataLoader(_Augmented(own=False), batch_size=8, shuffle=True), steps=4)
     report = hypergradcheck(p)  # no warning (warnings are errors here), and it passes
