@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils import parametrizations as _pz
+from torch.nn.utils import parametrize as P
 
 from .rng import STATE_LOCK
 
@@ -171,6 +172,9 @@ class FunctionalModel:
         (torch's own tying swaps the shared module's tensor twice and left the user's module
         holding this run's plain tensors instead of its parameters); ``None`` where no
         submodule has two names."""
+        self.parametrized = any(P.is_parametrized(m) for m in module.modules())
+        """Whether a submodule has a ``torch.nn.utils.parametrize`` parametrization (refused
+        under ``parametrize.cached()``, see :meth:`bind`)."""
         self.attention = any(isinstance(m, _FASTPATH) for m in module.modules())
         """Whether the model has a module with torch's attention fast path: every call here
         runs with the fast path off (see :meth:`ModelFn._patched`)."""
@@ -336,6 +340,15 @@ class FunctionalModel:
         """The model at ``params``/``buffers``. ``fused``: BatchNorm updates (copies of) its
         running statistics with torch's fused kernel, which no transform can differentiate;
         for plain steps only."""
+        if self.parametrized and getattr(P, "_cache_enabled", False):
+            # the cached weight is computed once from the module's own tensors, not from the
+            # run's: training, forward, reverse and finite differences all read a frozen
+            # weight, agreeing with each other and 36 % off torch (the dtypes probe)
+            raise RuntimeError(
+                "the model has a parametrization (torch.nn.utils.parametrize) and the call is "
+                "inside parametrize.cached(), which computes the parametrized weight once "
+                "from the module's own tensors: every step would read it frozen. Call "
+                "hypergrad outside parametrize.cached().")
         return ModelFn(self, params, buffers, train, step, fused)
 
     def load_into(self, params: dict[str, Tensor], buffers: dict[str, Tensor], steps: int) -> None:

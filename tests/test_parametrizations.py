@@ -123,6 +123,19 @@ def test_parametrized_models_are_exact_and_left_untouched(name: str) -> None:
     assert trained, "the parametrization's original tensors are what training updates"
 
 
+def test_a_parametrized_model_inside_parametrize_cached_is_refused() -> None:
+    """The dtypes probe (2026-12-07): inside torch.nn.utils.parametrize.cached() the weight is
+    computed once from the module's own tensors, so every step read it frozen: forward,
+    reverse and finite differences agreed with each other, 36 % off torch's training."""
+    from torch.nn.utils import parametrize
+
+    problem = _problem(PARAMETRIZED["user_parametrization"]())
+    lam = problem.init_raw()
+    with parametrize.cached(), pytest.raises(RuntimeError, match=r"inside parametrize.cached"):
+        hg.ForwardMode().hypergradient(problem, lam)
+    hg.ForwardMode().hypergradient(problem, lam)  # outside: runs
+
+
 def test_spectral_norm_vectors_are_state_and_its_values_are_torchs() -> None:
     model = _mlp(P.spectral_norm(nn.Linear(4, 5)))
     problem = _problem(model)
