@@ -128,9 +128,13 @@ class FunctionalModel:
             )
         for k in self.param_names:
             if not params[k].dtype.is_floating_point:
+                # model.double() leaves a complex parameter complex (the dtypes probe)
+                fix = ("a complex parameter as two real ones (its real and imaginary parts), "
+                       "or torch.view_as_real of it" if params[k].dtype.is_complex else
+                       "model.float() or model.double()")
                 raise TypeError(
                     f"InnerProblem: parameter {k!r} has dtype {params[k].dtype}; hypergradients "
-                    f"need floating parameters (model.float() or model.double())."
+                    f"need real floating parameters ({fix})."
                 )
         dtypes = {params[k].dtype for k in self.param_names}
         if len(dtypes) > 1:

@@ -1147,13 +1147,18 @@ class InnerProblem:
                 )
             if new.shape != old.shape or new.dtype != old.dtype or old.is_complex():
                 who = find_writers(fm, lambda: run_train(leaves, ModelProbe(fm)), [k])
+                # a complex buffer of the same shape and dtype was told it was replaced "by
+                # one of" the same (the dtypes probe): say what is wrong with it
+                what = (f"writes its complex buffer {k!r} ({old.dtype})"
+                        if new.shape == old.shape and new.dtype == old.dtype else
+                        f"replaces its buffer {k!r} ({old.dtype}, shape {tuple(old.shape)}) by "
+                        f"one of {new.dtype}, shape {tuple(new.shape)}")
                 raise ValueError(
                     f"InnerProblem: the forward of {describe_module(fm, who.get(k, ''))} "
-                    f"replaces its buffer {k!r} ({old.dtype}, shape {tuple(old.shape)}) by "
-                    f"one of {new.dtype}, shape {tuple(new.shape)}; hypergrad carries the "
-                    f"buffers forward updates as training state of a fixed shape and a real "
-                    f"dtype. Keep its shape and dtype, or keep a cache that does not depend on "
-                    f"the weights in a plain attribute."
+                    f"{what}; hypergrad carries the buffers forward updates as training state "
+                    f"of a fixed shape and a real dtype. Keep its shape and a real dtype (a "
+                    f"complex value as two real buffers, or torch.view_as_real), or keep a "
+                    f"cache that does not depend on the weights in a plain attribute."
                 )
             owner = k.rpartition(".")[0]
             norm = fm.module.get_submodule(owner) if owner else fm.module

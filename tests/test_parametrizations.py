@@ -286,6 +286,39 @@ def test_a_buffer_that_changes_shape_is_refused() -> None:
         p.check(p.init_raw())
 
 
+def test_complex_buffers_and_parameters_are_refused_with_a_fix_that_applies() -> None:
+    """The dtypes probe (2026-12-07): a complex buffer written in forward was told it was
+    replaced "by one of torch.complex128, shape (3,)", its own dtype and shape; a complex
+    parameter was told model.double(), which leaves it complex."""
+
+    class Phase(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3).to(D)  # .to(D) on the module casts the buffer to real
+            self.register_buffer("z", torch.zeros(3, dtype=torch.complex128))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.z = self.z * 0.5 + 1j
+            return self.lin(x) + self.z.real
+
+    p = _problem(nn.Sequential(Phase()))
+    with pytest.raises(ValueError, match=r"writes its complex buffer '0.z' \(torch.complex128\); "
+                                         r".*torch.view_as_real"):
+        p.check(p.init_raw())
+
+    class Rotor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3, dtype=torch.complex128))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x[:, :3] * self.w).real
+
+    with pytest.raises(TypeError, match=r"parameter 'w' has dtype torch.complex128; .*two real "
+                                        r"ones"):
+        _problem(Rotor())
+
+
 # -- forward writes weights: refused, naming the module -------------------------------------------
 class _Clamped(nn.Module):
     def __init__(self, how: str) -> None:
