@@ -136,6 +136,13 @@ class FunctionalModel:
                     f"InnerProblem: parameter {k!r} has dtype {params[k].dtype}; hypergradients "
                     f"need real floating parameters ({fix})."
                 )
+        meta = [k for k in self.param_names if params[k].is_meta]
+        if meta:  # failed as torch's "Tensor.item() cannot be called on meta tensors"
+            raise ValueError(
+                f"InnerProblem: the model's parameters {meta[:3]} are on the meta device, "
+                f"which holds no values: build the model on a real device, or materialise it "
+                f"(model.to_empty(device='cpu') and load_state_dict or an initialisation) "
+                f"before building the problem.")
         dtypes = {params[k].dtype for k in self.param_names}
         if len(dtypes) > 1:
             raise TypeError(

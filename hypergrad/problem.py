@@ -999,6 +999,11 @@ class InnerProblem:
             data = [(f"tensor {i} of mini-batch 0", x) for i, x in enumerate(leaves)
                     if isinstance(x, Tensor)]
         for desc, x in data:
+            if x.is_meta:  # failed as torch's "Tensor.item() cannot be called on meta tensors"
+                raise ValueError(
+                    f"InnerProblem: the training data's {desc} (shape {tuple(x.shape)}) is on "
+                    f"the meta device, which holds no values: move it to the model's device "
+                    f"({self.device}) with x.to('{self.device}'), or build it there.")
             bad = _non_finite(x)
             if bad:
                 raise ValueError(

@@ -118,3 +118,27 @@ def test_messages_name_the_fix(problem: hg.InnerProblem, tmp_path: Path) -> None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         functools.partial(hg.SignDescent, lr=0.2)  # the right form is quiet
+
+
+def test_a_model_or_data_on_the_meta_device_is_refused_naming_it() -> None:
+    """The dtypes probe (2026-12-07): both failed as torch's "Tensor.item() cannot be called on
+    meta tensors", raised deep in the hyperparameters or the checks."""
+    import torch.nn.functional as F
+
+    from hypergrad.data import MiniBatches
+
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+
+    def build(model: torch.nn.Module, xt: torch.Tensor) -> hg.InnerProblem:
+        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                               hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1)]),
+                               MiniBatches(xt, y.to(xt.device), batch_size=4), 2,
+                               lambda m, hp: F.cross_entropy(m(x), y))
+
+    with pytest.raises(ValueError, match=r"model's parameters \['weight', 'bias'\] are on the "
+                                         r"meta device.*to_empty"):
+        build(torch.nn.Linear(4, 3, device="meta", dtype=torch.float64), x)
+    p = build(torch.nn.Linear(4, 3).double(), x.to("meta"))
+    with pytest.raises(ValueError, match=r"training data's MiniBatches tensor 0 \(shape \(8, 4\)\) "
+                                         r"is on the meta device"):
+        p.check(p.init_raw())
