@@ -413,6 +413,44 @@ def test_a_callback_that_moves_lam_is_refused(tmp_path: Path) -> None:
     assert torch.equal(ck["lam"], tr.lam)  # the checkpoint and the Trainer agree
 
 
+@pytest.mark.parametrize("how", ["rebind", "inner_step", "outer_state", "steps", "fit_start"])
+def test_a_callback_that_changes_what_the_run_steps_with_is_refused(tmp_path: Path,
+                                                                    how: str) -> None:
+    """The callbacks probe (2026-12-07): trainer.lam rebound to a copy froze tuning (the outer
+    optimizer stepped the old tensor) without a word; lam moved in on_inner_step or
+    on_fit_start, the outer optimizer's state cleared, and the problem's steps changed were
+    all taken, and a resumed run ended elsewhere than the straight one."""
+    class Meddle(hg.Callback):
+        def on_fit_start(self, trainer: Any) -> None:
+            if how == "fit_start":
+                with torch.no_grad():
+                    trainer.lam.add_(0.1)
+
+        def on_inner_step(self, trainer: Any, step: int, steps: int) -> None:
+            if how == "inner_step" and step == 2:
+                with torch.no_grad():
+                    trainer.lam.add_(0.1)
+
+        def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
+            if how == "rebind":
+                trainer.lam = trainer.lam.detach().clone()
+            elif how == "outer_state":
+                trainer.outer.state.clear()
+            elif how == "steps":
+                trainer.problem.steps = 3
+
+    said = {"rebind": r"on_outer_step rebound trainer.lam to another tensor \(restored\)",
+            "inner_step": r"on_inner_step changed trainer.lam \(restored\)",
+            "fit_start": r"on_fit_start changed trainer.lam \(restored\)",
+            "outer_state": r"on_outer_step changed the outer optimizer's state",
+            "steps": r"on_outer_step changed the problem's steps \d+ -> 3 \(restored\)"}[how]
+    tr = _trainer(tmp_path, 3, Meddle())
+    lam = tr.lam
+    with pytest.raises(RuntimeError, match=r"callback Meddle\." + said):
+        tr.fit()
+    assert tr.lam is lam
+
+
 def test_a_callback_that_steps_an_outer_lr_scheduler_is_refused(tmp_path: Path) -> None:
     """An ExponentialLR on the outer Adam, stepped in on_outer_step: the step's checkpoint was
     written before it, so a resumed run went on at the lr before the change (0.1 where the

@@ -32,20 +32,26 @@ __all__ = ["Callback", "Log", "Progress", "TensorBoard", "default_callbacks", "c
 
 
 class Callback:
-    """Override the events you need; each gets the Trainer first."""
+    """Override the events you need; each gets the Trainer first. Callbacks observe the run: a
+    hook that changes ``trainer.lam``, the outer optimizer's settings or state, or the
+    problem's ``steps`` is refused (the step's checkpoint is written before the callbacks).
+    A callback's own state is not checkpointed: rebuild it from ``trainer.history`` in
+    :meth:`on_fit_start` where a resumed run must continue it (an early stopper's count)."""
 
     def on_fit_start(self, trainer: Any) -> None:
         """Before the first outer step of a ``fit()`` call."""
 
     def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
         """After inner step ``step`` (1-based) of ``total``, in a hypergradient's inner run
-        (or online's one run); the default search's plain runs do not call it."""
+        (or online's one run); the default search's plain runs, and the run of a second batch
+        order, do not call it."""
 
     def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
         """After an outer step, with a copy of its record (as in ``metrics.jsonl``)."""
 
     def on_message(self, trainer: Any, text: str) -> None:
-        """A message for the user."""
+        """A message for the user (also before :meth:`on_fit_start`: the Trainer's notes while
+        it is built and starts)."""
 
     def on_fit_end(self, trainer: Any, result: Any) -> None:
         """When ``fit()`` returns (also after a divergence): ``result`` its

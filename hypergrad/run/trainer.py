@@ -304,6 +304,17 @@ def _group_settings(outer: Any) -> list[dict[str, Any]]:
             for g in getattr(outer, "param_groups", [])]
 
 
+def _state_marks(outer: Any) -> list[Any]:
+    """What tells an outer optimizer's state changed outside its steps: each entry's tensors by
+    identity and in-place version (nothing read from the device), other values by repr."""
+    state = getattr(outer, "state", None)
+    if not isinstance(state, Mapping):
+        return []
+    return [(id(k), sorted((str(n), (id(v), v._version) if isinstance(v, Tensor) else repr(v))
+                           for n, v in s.items()) if isinstance(s, Mapping) else repr(s))
+            for k, s in state.items()]
+
+
 def _each(callbacks: list[Callback], call: Callable[[Callback], Any]) -> None:
     """``call`` every callback, also after one raised (a record one of them failed on still
     reaches TensorBoard and the others); then the first error is raised."""
@@ -704,46 +715,94 @@ class Trainer:
         _each(self.callbacks, lambda cb: cb.on_message(self, text))
 
     def _emit(self, event: str, *args: Any) -> None:
-        _each(self.callbacks, lambda cb: getattr(cb, event)(self, *args))
+        """``event`` to every callback; ``on_fit_start`` and ``on_inner_step`` watched as
+        :meth:`_watched` says, in the callbacks that override them (the inner steps' check reads
+        no tensor back from the device: no sync per step)."""
+        if event not in ("on_fit_start", "on_inner_step"):
+            _each(self.callbacks, lambda cb: getattr(cb, event)(self, *args))
+            return
+        base = getattr(Callback, event)
+
+        def call(cb: Callback) -> None:
+            hook = getattr(type(cb), event, base)
+            if hook is base or type(cb).__module__.startswith("hypergrad."):
+                getattr(cb, event)(self, *args)
+            else:
+                self._watched(cb, event, lambda: getattr(cb, event)(self, *args),
+                              values=False)
+
+        _each(self.callbacks, call)
+
+    def _watched(self, cb: Callback, event: str, call: Callable[[], Any],
+                 values: bool = True) -> None:
+        """``call`` (a callback's hook), refused where it changed what the run steps with:
+        ``trainer.lam`` (in place, or rebound to another tensor, which the outer optimizer
+        never sees: tuning froze without a word), the outer optimizer's settings or state,
+        and the problem's horizon. Each outer step's checkpoint is written before the
+        callbacks, so a resume went on without the change and ended elsewhere than the
+        straight run; a rebound ``lam`` or a cleared outer state went unnoticed (the callbacks
+        probe, 2026-12-07). ``values``: compare ``lam``'s values (one read from the device),
+        else its in-place version counter."""
+        lam_obj = self.lam
+        lam = lam_obj.detach().clone() if values else None
+        version = lam_obj._version
+        outer = getattr(self, "outer", None)
+        groups = _group_settings(outer)
+        state = _state_marks(outer)
+        steps = self.problem.steps
+        call()
+        who = f"Trainer: callback {type(cb).__name__}.{event}"
+        moved = (self.lam is not lam_obj or (lam is not None and not torch.equal(lam_obj, lam))
+                 or (lam is None and lam_obj._version != version))
+        if moved:
+            how = "rebound trainer.lam to another tensor" if self.lam is not lam_obj else \
+                "changed trainer.lam"
+            self.lam = lam_obj
+            if lam is not None:
+                with torch.no_grad():
+                    self.lam.copy_(lam)
+            raise RuntimeError(
+                f"{who} {how} (restored): callbacks observe the run, and this outer step's "
+                f"checkpoint was written before them, so a resume would go on from the point "
+                f"before the change (a rebound tensor is not the one the outer optimizer "
+                f"steps: tuning would stop moving). Set hyperparameters before fit() (a new "
+                f"Trainer, or Guards(bounds=...) to keep them in a range).")
+        if self.problem.steps != steps:
+            now_steps, self.problem.steps = self.problem.steps, steps
+            raise RuntimeError(
+                f"{who} changed the problem's steps {steps} -> {now_steps} (restored): the "
+                f"records and the run folder's fingerprint are of one horizon. Build a new "
+                f"problem and Trainer for another.")
+        now = _group_settings(outer)
+        # the settings it had (a key added, a scheduler's initial_lr, is no change of them)
+        changed = next((f"{k} {a[k]!r} -> {b.get(k)!r}" for a, b in zip(groups, now)
+                        for k in a if a[k] != b.get(k)), None)
+        if changed is not None:
+            # an outer learning-rate scheduler stepped here: a resume went on at the
+            # checkpoint's lr (0.1 where the straight run had 0.05; the bounds probe)
+            for g, kept in zip(getattr(outer, "param_groups", []), groups):
+                g.update(copy.deepcopy(kept))
+            raise RuntimeError(
+                f"{who} changed the outer optimizer's {changed} (restored): this outer step's "
+                f"checkpoint was written before the callbacks, so a resume would go on with "
+                f"the setting before the change (an outer learning-rate scheduler stepped in "
+                f"a callback). The Trainer has no outer schedule: its default search sets its "
+                f"own steps, and Guards(backtrack=...) halves an outer learning rate after a "
+                f"worse step.")
+        if _state_marks(outer) != state:
+            raise RuntimeError(
+                f"{who} changed the outer optimizer's state (its moments or step counts): "
+                f"this outer step's checkpoint was written before the callbacks, so a resume "
+                f"would go on with the state before the change. Callbacks observe the run; "
+                f"restart with a new Trainer for another outer state.")
 
     def _emit_record(self, rec: dict[str, Any]) -> None:
         """``on_outer_step`` with a copy of the record for each callback: one that edits what it
         is given (rounds it for its log, pops a key) changes neither the history, the result and
-        the checkpoints nor what the next callback sees. One that moves ``trainer.lam`` is
-        refused: this step's checkpoint was written before the callbacks, so a resume went on
-        from the point before the change and ended elsewhere than the straight run."""
-        lam = self.lam.detach().clone()
-        groups = _group_settings(self.outer)
-
-        def call(cb: Callback) -> None:
-            cb.on_outer_step(self, copy.deepcopy(rec))
-            if not torch.equal(self.lam, lam):
-                with torch.no_grad():
-                    self.lam.copy_(lam)
-                raise RuntimeError(
-                    f"Trainer: callback {type(cb).__name__}.on_outer_step changed trainer.lam "
-                    f"(restored): callbacks observe the run, and this outer step's checkpoint "
-                    f"was written before them, so a resume would go on from the point before "
-                    f"the change. Set hyperparameters before fit() (a new Trainer, or "
-                    f"Guards(bounds=...) to keep them in a range).")
-            now = _group_settings(self.outer)
-            if now != groups:
-                # an outer learning-rate scheduler stepped here: a resume went on at the
-                # checkpoint's lr (0.1 where the straight run had 0.05; the bounds probe)
-                changed = next(f"{k} {a[k]!r} -> {b.get(k)!r}" for a, b in zip(groups, now)
-                               for k in a if a[k] != b.get(k))
-                for g, kept in zip(self.outer.param_groups, groups):
-                    g.update(copy.deepcopy(kept))
-                raise RuntimeError(
-                    f"Trainer: callback {type(cb).__name__}.on_outer_step changed the outer "
-                    f"optimizer's {changed} (restored): this outer step's checkpoint was written "
-                    f"before the callbacks, so a resume would go on with the setting before "
-                    f"the change (an outer learning-rate scheduler stepped in a callback). The "
-                    f"Trainer has no outer schedule: its default search sets its own steps, "
-                    f"and Guards(backtrack=...) halves an outer learning rate after a worse "
-                    f"step.")
-
-        _each(self.callbacks, call)
+        the checkpoints nor what the next callback sees. One that changes what the run steps
+        with is refused (:meth:`_watched`)."""
+        _each(self.callbacks, lambda cb: self._watched(
+            cb, "on_outer_step", lambda: cb.on_outer_step(self, copy.deepcopy(rec))))
 
     def _note_interrupt(self, err: BaseException) -> None:
         """Where an interrupted run's folder stands, as a note of the ``KeyboardInterrupt``."""
