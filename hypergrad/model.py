@@ -431,10 +431,26 @@ class ModelFn:
         self.buffers = buffers
         self.new_buffers = dict(buffers)
         self.bn_calls: dict[str, int] = {}  # calls of each momentum=None BatchNorm
-        self.train = train
+        self.training = train
         self.step = step
         self.fused = fused
         self._probe = probe
+
+    def train(self, mode: bool = True) -> None:
+        """Refused: the model a loss receives runs in the mode hypergrad sets (``m.train()``
+        failed as "'bool' object is not callable": the callbacks probe)."""
+        self._mode_refused("train")
+
+    def eval(self) -> None:
+        """Refused, as :meth:`train`."""
+        self._mode_refused("eval")
+
+    def _mode_refused(self, call: str) -> None:
+        raise TypeError(
+            f"m.{call}() inside a loss: the model a loss receives runs in the mode hypergrad "
+            f"sets, training mode in train_loss and val_mode's ('eval' by default) in val_loss "
+            f"and select_loss. Choose it with InnerProblem(val_mode='train' or 'eval'), not in "
+            f"the loss (m.training says which it is).")
 
     def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
         """``(name, tensor)`` of every parameter of the module, as ``nn.Module``'s: the
@@ -477,7 +493,7 @@ class ModelFn:
         tensors = {**fm.constants, **self.params, **self.new_buffers}
         if fm.generic or self._probe is not None:
             return self._call_reading(tensors, args, kwargs)
-        with _mode(fm.named_modules, fm.train_modes if self.train else None), self._patched():
+        with _mode(fm.named_modules, fm.train_modes if self.training else None), self._patched():
             if fm.aliases is not None:
                 return functional_call(fm.module, _untied(tensors, fm.aliases), args, kwargs,
                                        strict=False, tie_weights=False)
@@ -493,7 +509,7 @@ class ModelFn:
         if probe is not None:
             tensors = probe.inputs(tensors)
         read = list(tensors) if probe is not None else list(fm.generic)
-        with _mode(fm.named_modules, fm.train_modes if self.train else None), self._patched():
+        with _mode(fm.named_modules, fm.train_modes if self.training else None), self._patched():
             given = tensors if fm.aliases is None else _untied(tensors, fm.aliases)
             out, after = functional_call(fm.reader, {"m." + k: v for k, v in given.items()},
                                          (args, kwargs, read), strict=False,
@@ -506,7 +522,7 @@ class ModelFn:
                 v = v.to(fm.dtype)
             self.new_buffers[k] = v
         if probe is not None:
-            probe.record(tensors, after, self.train)
+            probe.record(tensors, after, self.training)
         return out
 
     @contextlib.contextmanager

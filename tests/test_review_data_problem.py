@@ -624,3 +624,19 @@ def test_an_error_on_a_later_batch_names_the_step_and_the_batch() -> None:
         p.run(p.init_raw())
     assert any("raised by train_loss at inner step 1, on mini-batch 1: tensor 0 (8, 3) float64, "
                "tensor 1 (8,) int64 in [0, 5]" in n for n in getattr(got.value, "__notes__", []))
+
+
+def test_setting_the_mode_inside_a_loss_is_refused_naming_val_mode() -> None:
+    """The callbacks probe (2026-12-07): m.train() or m.eval() inside a loss failed as
+    "'bool' object is not callable" (the bound model's mode flag shadowed the method)."""
+    x, y = _data()
+
+    def train_loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        assert m.training
+        m.eval()
+        return F.cross_entropy(m(b[0]), b[1])
+
+    p = _problem([(x, y)], model=_bn_net())
+    p.train_loss = train_loss
+    with pytest.raises(TypeError, match=r"m.eval\(\) inside a loss: .*InnerProblem\(val_mode="):
+        p.check(p.init_raw())
