@@ -241,3 +241,27 @@ def test_sgd_keeps_no_reference_to_the_callers_gradient(foreach: bool,
     for g in grads.values():
         g.zero_()
     assert all(bool((b == 1).all()) for b in state.momentum_buffer.values())
+
+
+def test_the_classes_take_their_factories_defaults() -> None:
+    """The callbacks probe (2026-12-07): hg.optim.SGD(lr="lr", momentum=0.9), a public class
+    and the natural base of a tangent of one's own, built, then failed at the first update
+    with a bare KeyError: 'dampening'."""
+    import inspect
+
+    for cls, factory in [(hg.optim.SGD, hg.optim.sgd), (hg.optim.Adam, hg.optim.adam),
+                         (hg.optim.AdamW, hg.optim.adamw), (hg.optim.RMSprop, hg.optim.rmsprop),
+                         (hg.optim.Adagrad, hg.optim.adagrad),
+                         (hg.optim.AdamWScheduleFree, hg.optim.adamw_schedulefree)]:
+        made = factory(lr=0.1)
+        assert cls(lr=0.1).args == made.args, cls  # the same settings as the factory's
+        for k, p in inspect.signature(factory).parameters.items():
+            if k in cls.defaults:
+                assert cls.defaults[k] == p.default
+
+    class Mine(hg.optim.SGD):  # a subclass of one's own, as extending.md's
+        pass
+
+    assert Mine(lr="lr", momentum=0.9).args["dampening"] == 0.0
+    with pytest.raises(TypeError, match=r"^sgd: missing argument \['lr'\], e.g. lr=0.1"):
+        hg.optim.SGD(momentum=0.9)

@@ -14,6 +14,7 @@ from .base import (
     Optimizer,
     Params,
     TangentContext,
+    factory_defaults,
     fma,
     inv_twice,
     is_zero,
@@ -127,3 +128,5 @@ def adagrad(lr: Arg = 1e-2, lr_decay: Arg = 0.0, weight_decay: Arg = 0.0, eps: A
     return with_clip(Adagrad(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay, eps=eps,
                              initial_accumulator_value=float(initial_accumulator_value)),
                      clip_grad_norm)
+
+Adagrad.defaults = factory_defaults(adagrad, Adagrad)

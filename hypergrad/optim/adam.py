@@ -16,6 +16,7 @@ from .base import (
     Optimizer,
     Params,
     TangentContext,
+    factory_defaults,
     flatten_group,
     fma,
     group_by_values,
@@ -239,3 +240,6 @@ def _eps_root(api: str, eps_root: Any) -> float:
         raise ValueError(f"{api}: eps_root={eps_root!r} must be a number >= 0, e.g. "
                          f"eps_root=1e-8 (or 0.0, the default).")
     return float(eps_root)
+
+Adam.defaults = factory_defaults(adam, Adam)
+AdamW.defaults = factory_defaults(adamw, AdamW)

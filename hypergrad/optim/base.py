@@ -377,10 +377,22 @@ class Optimizer(abc.ABC):
     gets wrong hypergradients with no word (the built-in elementwise optimizers say True)."""
     stationary_args: tuple[str, ...] = ()
     """Arguments whose effect at a fixed point of the update is :meth:`penalty`'s term."""
+    defaults: ClassVar[dict[str, Any]] = {}
+    """Values of the arguments not given, as the factory's (:func:`factory_defaults`): the
+    built-in classes have their factories' (torch.optim's), so ``SGD(lr="lr", momentum=0.9)``
+    and a subclass of it build as ``sgd(...)`` does (it failed at the first update with a bare
+    ``KeyError: 'dampening'``: the callbacks probe). A class of one's own without them gets
+    exactly the arguments given."""
 
     def __init__(self, **args: Any) -> None:
         api = self.name  # the factory users call: sgd, adam, ...
-        self.args: dict[str, Any] = dict(args)
+        self.args: dict[str, Any] = {**self.defaults, **args}
+        if self.defaults:
+            missing = [k for k in (*self.hyper_args, *self.pair_args) if k not in self.args]
+            if missing:
+                raise TypeError(f"{api}: missing argument{'s' if len(missing) > 1 else ''} "
+                                f"{missing}, e.g. {missing[0]}="
+                                f"{self.examples.get(missing[0], '0.1')}.")
         for key, val in self.args.items():
             if key in self.options:
                 if isinstance(val, Mapping):  # it failed mid-run ("Tensor + dict")
@@ -601,6 +613,16 @@ def register(factory: Factory | None = None, *, name: str | None = None) -> Any:
         return f
 
     return add if factory is None else add(factory)
+
+
+def factory_defaults(factory: Factory, cls: type[Optimizer]) -> dict[str, Any]:
+    """The defaults of ``factory``'s arguments that ``cls`` takes (its :attr:`Optimizer.args`):
+    what :attr:`Optimizer.defaults` of a built-in class is."""
+    import inspect
+
+    keys = {*cls.hyper_args, *cls.pair_args, *cls.options}
+    return {k: p.default for k, p in inspect.signature(factory).parameters.items()
+            if k in keys and p.default is not inspect.Parameter.empty}
 
 
 TORCH_FLAGS = ("foreach", "fused", "capturable", "differentiable", "maximize")

@@ -15,6 +15,7 @@ from .base import (
     Optimizer,
     Params,
     TangentContext,
+    factory_defaults,
     flag,
     fma,
     inv_twice,
@@ -169,3 +170,5 @@ def rmsprop(lr: Arg = 1e-2, alpha: Arg = 0.99, eps: Arg = 1e-8, weight_decay: Ar
     return with_clip(RMSprop(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
                              momentum=momentum, centered=flag("rmsprop", "centered", centered)),
                      clip_grad_norm)
+
+RMSprop.defaults = factory_defaults(rmsprop, RMSprop)

@@ -51,6 +51,7 @@ from .base import (
     Optimizer,
     Params,
     TangentContext,
+    factory_defaults,
     inv_twice,
     is_zero,
     register,
@@ -277,3 +278,6 @@ def adamw_schedulefree(lr: Arg = 0.0025, betas: tuple[Arg, Arg] = (0.9, 0.999), 
                                        warmup_steps=warmup_steps, r=r,
                                        weight_lr_power=weight_lr_power, steps=None),
                      clip_grad_norm)
+
+AdamWScheduleFree.defaults = {**factory_defaults(adamw_schedulefree, AdamWScheduleFree),
+                               "steps": None}  # the horizon, set by the problem

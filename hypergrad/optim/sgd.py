@@ -16,6 +16,7 @@ from .base import (
     PerParam,
     TangentContext,
     const_zero,
+    factory_defaults,
     flag,
     fma,
     is_zero,
@@ -226,3 +227,5 @@ def sgd(lr: Arg, momentum: Arg = 0.0, dampening: Arg = 0.0, nesterov: bool = Fal
         raise ValueError("sgd: nesterov=True needs a momentum (a number > 0 or a hyperparameter).")
     return with_clip(SGD(lr=lr, momentum=momentum, dampening=dampening,
                          nesterov=bool(nesterov), weight_decay=weight_decay), clip_grad_norm)
+
+SGD.defaults = factory_defaults(sgd, SGD)
