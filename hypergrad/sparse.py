@@ -233,7 +233,15 @@ def _build(api: str, crow: Tensor, col: Tensor, val: Tensor, shape: tuple[int, i
     # col, big[1::2], made op @ x 0.96 off while the gradient, through A^T, stayed right)
     crow = crow.to(device=dev, dtype=idt).contiguous()
     col = col.to(device=dev, dtype=idt).contiguous()
-    val = val.to(device=dev, dtype=vdt).contiguous()
+    cast = val.to(device=dev, dtype=vdt).contiguous()
+    if validate and cast.dtype != val.dtype and cast.numel() and not bool(
+            torch.isfinite(cast).all()):
+        # a finite 1e39 became inf in float32 without a word (the data-files probe)
+        top = float(val.detach().abs().max())
+        raise ValueError(f"{api}: the matrix has values beyond {vdt}'s range (largest "
+                         f"|value| {top:.4g}): they would become inf. Give dtype=torch.float64, "
+                         f"or scale the data.")
+    val = cast
     crow_t, col_t, val_t = _csr_transpose(crow, col, val, cshape)
     first = _csr_tensor(crow, col, val, cshape)
     second = _csr_tensor(crow_t, col_t, val_t, (cshape[1], cshape[0]))

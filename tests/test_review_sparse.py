@@ -5,10 +5,12 @@ problem whose hypergradients are zero by construction, or failed with numpy's wo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 from fixtures import sparse_hps, sparse_task
 
 import hypergrad as hg
@@ -138,3 +140,38 @@ def test_numpy_and_operator_operands_are_named() -> None:
         np.ones(3) @ op
     with pytest.raises(TypeError, match=r"x is another SparseOperator"):
         op @ op
+
+
+def test_a_data_file_is_fingerprinted_and_float32_overflow_is_named(tmp_path: Path) -> None:
+    """The data-files probe (2026-12-07): a resume after scaling the matrix's rows went on
+    (the run starts at zero coefficients, so its start-of-run losses read only y), mixing
+    records of two problems; a finite 1e39 became inf in float32 and was told to "remove or
+    impute" a value the file has finite."""
+    a = sp.random(10, 4, density=0.5, format="csr", random_state=0)
+    sp.save_npz(tmp_path / "A.npz", a)
+    np.save(tmp_path / "A_y.npy", np.arange(10.0))
+
+    def digest() -> Any:
+        task = sparse_regression_task(sparse_hps(2, 2), hg.optim.sgd(lr=0.1), groups=2,
+                                      feature_groups=2, data_path=str(tmp_path / "A.npz"),
+                                      dtype="float64")
+        return task.fingerprint["task.data_digest"]
+
+    first = digest()
+    assert digest() == first
+    sp.save_npz(tmp_path / "A.npz", a * 2.0)  # y unchanged
+    assert digest() != first
+    np.save(tmp_path / "A_y.npy", np.array([1e39] + [1.0] * 9))
+    with pytest.raises(ValueError, match=r"1 targets beyond torch.float32's range .*1e\+39.*"
+                                         r"task.dtype=float64"):
+        sparse_regression_task(sparse_hps(2, 2), hg.optim.sgd(lr=0.1), groups=2,
+                               feature_groups=2, data_path=str(tmp_path / "A.npz"),
+                               dtype="float32")
+    from hypergrad.sparse import load_npz
+
+    big = a.copy()
+    big.data[0] = 1e39
+    sp.save_npz(tmp_path / "B.npz", big)
+    with pytest.raises(ValueError, match=r"values beyond torch.float32's range \(largest "
+                                         r"\|value\| 1e\+39\).*dtype=torch.float64"):
+        load_npz(tmp_path / "B.npz", dtype=torch.float32)

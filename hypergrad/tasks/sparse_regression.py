@@ -115,7 +115,7 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
             raise ValueError(f"sparse_regression_task: val_fraction={val_fraction} must be "
                              f"inside (0, 1): the share of the rows of {data_path} held out "
                              f"for validation (e.g. 0.2).")
-        op_all, y_all = _load(data_path, dt, zero_based)
+        op_all, y_all, data_digest = _load(data_path, dt, zero_based)
         m_tr = int(round(op_all.shape[0] * (1 - val_fraction)))
         corrupted = 0
         if op_all.shape[0] == 0:
@@ -203,7 +203,11 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
         clean_w = (torch.arange(groups, device=dev) >= corrupted).to(dt)
         refs["oracle (corrupted groups weight 0)"] = lam_with(
             problem, problem.init_raw(), weights, clean_w.clamp_min(1e-3))
-    return Task(problem, evaluate, refs, extra, name="sparse_regression")
+    # the file's bytes: the run starts at zero coefficients, so its losses at the start read
+    # only y, and a resume after an edit of the matrix went on with the old run's records
+    # (the data-files probe)
+    return Task(problem, evaluate, refs, extra, name="sparse_regression",
+                fingerprint={} if data_path is None else {"task.data_digest": data_digest})
 
 
 def _check_size(api: str, name: str, size: Any) -> None:
@@ -254,7 +258,8 @@ def _check_feature_groups(rows_csr: Tensor, m_tr: int, feature_groups: int,
 
 
 def _load(path: str, dtype: torch.dtype, zero_based: bool | None = None
-          ) -> tuple[SparseOperator, Tensor]:
+          ) -> tuple[SparseOperator, Tensor, str]:
+    """``(A, y, digest)``: the matrix, the targets and a hash of the file(s) read."""
     p = user_file(path, f"sparse_regression_task: data_path={path!r}",
                   "give a scipy .npz (scipy.sparse.save_npz) or an svmlight file")
     if p.suffix.lower() == ".npy":
@@ -281,19 +286,40 @@ def _load(path: str, dtype: torch.dtype, zero_based: bool | None = None
         if y.shape != (op.shape[0],):
             raise ValueError(f"sparse_regression_task: {y_path} has shape {tuple(y.shape)}, "
                              f"expected ({op.shape[0]},) (one target per row of A).")
-        _check_finite(y, y_path)
-        return op, y
+        _check_finite(y, y_path, arr)
+        return op, y, _file_digest(p, y_path)
     op, y = load_svmlight(p, dtype=dtype, zero_based="auto" if zero_based is None else zero_based)
     y = torch.as_tensor(y, dtype=dtype)
     _check_finite(y, p)
-    return op, y
+    return op, y, _file_digest(p)
 
 
-def _check_finite(y: Tensor, path: Any) -> None:
-    """Targets read from disk must be finite: one NaN makes every loss and hypergradient NaN."""
+def _file_digest(*paths: Any) -> str:
+    """A short hash of the files' bytes (a run folder's fingerprint: an edited file is
+    another problem)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _check_finite(y: Tensor, path: Any, raw: Any = None) -> None:
+    """Targets read from disk must be finite: one NaN makes every loss and hypergradient NaN.
+    ``raw``: the values as the file holds them, where a finite one beyond the dtype's range
+    became inf (it was told to "remove or impute" a value the file has finite)."""
     bad = ~torch.isfinite(y)
     if bool(bad.any()):
         rows = bad.nonzero()[:, 0]
+        if raw is not None and bool(np.isfinite(np.asarray(raw)[rows.cpu().numpy()]).all()):
+            raise ValueError(
+                f"sparse_regression_task: {path} has {int(bad.sum())} targets beyond "
+                f"{y.dtype}'s range (first at rows {rows[:5].tolist()}: "
+                f"{float(np.asarray(raw)[int(rows[0])]):.4g}), which would become inf: use "
+                f"task.dtype=float64, or scale the targets.")
         raise ValueError(f"sparse_regression_task: {path} has {int(bad.sum())} non-finite "
                          f"targets (NaN or inf), first at rows {rows[:5].tolist()}; remove or "
                          f"impute those rows before loading.")
