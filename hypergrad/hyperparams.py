@@ -193,7 +193,7 @@ class HyperParameter:
         if tuple(v.shape) != self.shape():
             # the windows chosen first: give that many values (the hint only said to change
             # windows to fit the init: the kinds probe)
-            hint = (f" (a value per window: {self.windows} values, or one value for every "
+            hint = (f" (a value per window: {self.windows} of them, or one for every "
                     f"window; for {v.shape[0]} windows, Schedule({self.name!r}, init=..., "
                     f"windows={v.shape[0]}))" if isinstance(self, Schedule) and v.ndim == 1
                     and self.groups is None and self.scales is None else "")

@@ -99,7 +99,8 @@ def test_shape_mismatches() -> None:
     with pytest.raises(ValueError, match=r"init has shape \(2,\), expected a number or shape"):
         hg.HyperParams([hg.Array("t", [1.0, 2.0], shape=(3,))]).init_raw()
     with pytest.raises(ValueError, match=r"expected a number or shape \(1,\) \(a value per "
-                                         r"window: Schedule\('lr', init=..., windows=3\)\)"):
+                                         r"window: 1 of them, or one for every window; for 3 "
+                                         r"windows, Schedule\('lr', init=..., windows=3\)\)"):
         hg.HyperParams([hg.Schedule("lr", [0.1, 0.2, 0.3])]).init_raw()
     with pytest.raises(ValueError, match=r"params \['nope'\] are not trainable parameters"):
         _problem(hps=[hg.Scalar("lr", 0.1), hg.PerTensor("wd", 0.1, params=["nope"])])

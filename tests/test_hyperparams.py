@@ -141,7 +141,7 @@ def test_a_hyperparams_given_to_hyperparams_is_named() -> None:
 def test_a_schedule_init_of_another_length_names_the_windows_chosen() -> None:
     """The kinds probe (2026-12-07): Schedule('lr', [0.1, 0.2], windows=3) was told only to
     change windows to 2, the opposite of what one who chose 3 windows wants."""
-    with pytest.raises(ValueError, match=r"a value per window: 3 values, or one value for "
+    with pytest.raises(ValueError, match=r"a value per window: 3 of them, or one for "
                                          r"every window; for 2 windows, Schedule\('lr', "
                                          r"init=\.\.\., windows=2\)"):
         hg.Schedule("lr", [0.1, 0.2], windows=3).init_raw(torch.float64)

@@ -386,7 +386,9 @@ class Optimizer(abc.ABC):
 
     def __init__(self, **args: Any) -> None:
         api = self.name  # the factory users call: sgd, adam, ...
-        self.args: dict[str, Any] = {**self.defaults, **args}
+        # the given order first (a repr reads as the call), then the defaults not given
+        self.args: dict[str, Any] = {**args, **{k: v for k, v in self.defaults.items()
+                                                if k not in args}}
         if self.defaults:
             missing = [k for k in (*self.hyper_args, *self.pair_args) if k not in self.args]
             if missing:
