@@ -93,6 +93,16 @@ class Task:
                                  f"raw point of the problem's K = {hps.num_raw} "
                                  f"hyperparameters, a tensor of shape ({hps.num_raw},): e.g. "
                                  f"problem.init_raw() with entries changed.")
+            if not lam.is_floating_point():
+                raise ValueError(f"Task: references[{label!r}] has dtype {lam.dtype}; a "
+                                 f"reference is a raw point: a floating tensor, e.g. "
+                                 f"problem.init_raw() with entries changed.")
+            if lam.dtype != self.problem.dtype or lam.device != self.problem.device:
+                # in the problem's dtype and on its device: a float32 reference of a float64
+                # problem failed after the whole tuning, and no report was written (the Task
+                # probe)
+                self.references[label] = lam.detach().to(device=self.problem.device,
+                                                         dtype=self.problem.dtype)
 
     def metrics(self, state: InnerState, fields: Mapping[str, Any] | None = None,
                 reserved: Collection[str] = ()) -> dict[str, float]:
@@ -105,6 +115,13 @@ class Task:
         record's other fields), is kept as ``evaluate.<name>``, and a warning says so once."""
         if self.evaluate is None:
             return {}
+        # a copy: problem.model(state) shares the state's storage, so an evaluate that trained
+        # or scaled the model it was given wrote into the run (a CLI run saved all-zero
+        # weights as model_learned.pt; online, the one run went on from them: the Task probe)
+        if isinstance(state, InnerState):
+            state = state._replace(
+                params={k: v.detach().clone() for k, v in state.params.items()},
+                buffers={k: v.detach().clone() for k, v in state.buffers.items()})
         out = self.evaluate(state)
         if not isinstance(out, Mapping):
             raise TypeError(f"Task {self.name!r}: evaluate returned {type(out).__name__} "
@@ -153,5 +170,9 @@ class Task:
                         f"record uses for its own field{was}; kept as 'evaluate.{k}', the "
                         f"record's value unchanged.{why}", HypergradWarning, stacklevel=3)
                 k = f"evaluate.{k}"
+                if k in out:  # one of the user's own: one of the two would be lost
+                    raise ValueError(
+                        f"Task {self.name!r}: evaluate returned both {k[9:]!r} (a name the "
+                        f"record uses, kept as {k!r}) and {k!r}; rename one of them.")
             metrics[k] = x
         return metrics

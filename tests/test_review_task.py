@@ -211,3 +211,46 @@ def test_a_draw_that_changes_the_loss_now_and_then_is_found(phase: int) -> None:
     with pytest.warns(UnseededRandomnessWarning, match=r"train_loss gave .* and then .* at the "
                                                        r"same weights, batch and step"):
         p.check(p.init_raw())
+
+
+def test_an_evaluate_that_changes_its_state_leaves_the_run_alone() -> None:
+    """The Task probe (2026-12-07): problem.model(state) shares the state's storage, so an
+    evaluate that scaled the weights wrote into the run (online, its one run went on from
+    zeros; the CLI saved all-zero weights as model_learned.pt)."""
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+
+    def evaluate(state: Any) -> dict[str, float]:
+        with torch.no_grad():
+            for v in state.params.values():
+                v.zero_()
+        return {"zeroed": 1.0}
+
+    task = hg.Task(p, evaluate)
+    state = p.run(p.init_raw())
+    before = {k: v.clone() for k, v in state.params.items()}
+    assert task.metrics(state) == {"zeroed": 1.0}
+    for k, v in state.params.items():
+        assert torch.equal(v, before[k])
+
+
+def test_task_metric_names_references_and_fingerprints_that_would_lose_a_value() -> None:
+    """The Task probe (2026-12-07): evaluate returning both val_loss (differing) and
+    evaluate.val_loss kept only one of them; a float32 reference of a float64 problem failed
+    after the whole tuning with no report written; a set in a fingerprint was stored in the
+    process's hash order (a resume elsewhere was refused); a key given by the Task and by the
+    RunFolder kept the Task's value, and a resume changing the folder's went on."""
+    from hypergrad.run.files import json_safe
+
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+    task = hg.Task(p, lambda s: {"val_loss": 123.0, "evaluate.val_loss": 7.0})
+    with pytest.warns(HypergradWarning), pytest.raises(
+            ValueError, match=r"returned both 'val_loss' .* and 'evaluate.val_loss'"):
+        task.metrics(p.run(p.init_raw()), fields={"val_loss": 2.0})
+    ref = hg.Task(p, references={"half": p.init_raw().float()})
+    assert ref.references["half"].dtype == p.dtype
+    assert json_safe({"s": {"b", "a", "c"}}) == {"s": ["a", "b", "c"]}
+    clash = hg.Task(p, fingerprint={"task.x": 1})
+    with pytest.raises(ValueError, match=r"fingerprint key 'task.x' is given by the Task \(1\) "
+                                         r"and by the RunFolder \(2\)"):
+        hg.Trainer(clash, mode=hg.Offline(outer_steps=1), callbacks=[])._run_fingerprint(
+            {"task.x": 2})

@@ -557,6 +557,10 @@ def json_safe(obj: Any) -> Any:
         return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        # sorted: str() of a set of strings follows the process's hash seed, and a resume in
+        # another process was refused for the same set in another order (the Task probe)
+        return sorted((json_safe(v) for v in obj), key=repr)
     if isinstance(obj, Tensor):
         return json_safe(obj.detach().cpu().tolist())
     if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays and scalars

@@ -124,7 +124,8 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
     if p.stream is not None:  # a DataLoader's workers, batch size, sampler: see Stream.describe
         fp["problem.batch_source"] = p.stream.describe()
     fp.update(settings)
-    clash = sorted(k for k in extra if k in fp and fp[k] != extra[k])
+    # compared as JSON (a tensor value failed as "Boolean value of Tensor ... is ambiguous")
+    clash = sorted(k for k in extra if k in fp and json_safe(fp[k]) != json_safe(extra[k]))
     if clash:  # a user's key replaced the library's: a T = 5 run resumed as T = 9, mixed
         raise ValueError(f"RunFolder: fingerprint keys {clash} are the library's own record of "
                          f"the problem and the Trainer; name yours otherwise (e.g. "

@@ -55,7 +55,7 @@ from ..task import Task
 from .bounds import Bounds
 from .callbacks import Callback
 from .callbacks import callbacks as with_defaults
-from .files import CHECKPOINT, PREVIOUS, digest
+from .files import CHECKPOINT, PREVIOUS, digest, json_safe
 from .folder import (
     RunFolder,
     check_resume,
@@ -689,6 +689,17 @@ class Trainer:
         opening (``extra``: its own keys), else when a state is first taken or loaded (a
         Trainer without a folder compared nothing, and took another problem's state)."""
         if not self._fingerprint or extra is not None:
+            if not isinstance(self.task.fingerprint, Mapping):
+                raise TypeError(f"Task: fingerprint must be a dict {{key: value}}, got "
+                                f"{type(self.task.fingerprint).__name__}.")
+            given = dict(extra or {})
+            both = sorted(k for k in self.task.fingerprint if k in given
+                          and json_safe(self.task.fingerprint[k]) != json_safe(given[k]))
+            if both:  # the folder's value was dropped, and a resume that changed it went on
+                raise ValueError(
+                    f"Trainer: fingerprint key {both[0]!r} is given by the Task "
+                    f"({self.task.fingerprint[both[0]]!r}) and by the RunFolder "
+                    f"({given[both[0]]!r}) with other values; name one of them otherwise.")
             self._fingerprint = problem_fingerprint(
                 self.problem, self.settings(), {**(extra or {}), **self.task.fingerprint,
                                                 **self.strategy.fingerprint(self.method)})
