@@ -445,10 +445,12 @@ def test_a_callback_that_changes_what_the_run_steps_with_is_refused(tmp_path: Pa
             "outer_state": r"on_outer_step changed the outer optimizer's state",
             "steps": r"on_outer_step changed the problem's steps \d+ -> 3 \(restored\)"}[how]
     tr = _trainer(tmp_path, 3, Meddle())
-    lam = tr.lam
+    lam, start = tr.lam, tr.lam.detach().clone()
     with pytest.raises(RuntimeError, match=r"callback Meddle\." + said):
         tr.fit()
     assert tr.lam is lam
+    if how in ("inner_step", "fit_start"):  # before the first outer step: restored to start
+        assert torch.equal(tr.lam, start)
 
 
 def test_a_callback_that_steps_an_outer_lr_scheduler_is_refused(tmp_path: Path) -> None:

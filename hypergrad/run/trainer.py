@@ -753,9 +753,10 @@ class Trainer:
         callbacks, so a resume went on without the change and ended elsewhere than the
         straight run; a rebound ``lam`` or a cleared outer state went unnoticed (the callbacks
         probe, 2026-12-07). ``values``: compare ``lam``'s values (one read from the device),
-        else its in-place version counter."""
+        else its in-place version counter (the copy that restores it is made either way: no
+        read)."""
         lam_obj = self.lam
-        lam = lam_obj.detach().clone() if values else None
+        lam = lam_obj.detach().clone()
         version = lam_obj._version
         outer = getattr(self, "outer", None)
         groups = _group_settings(outer)
@@ -763,15 +764,14 @@ class Trainer:
         steps = self.problem.steps
         call()
         who = f"Trainer: callback {type(cb).__name__}.{event}"
-        moved = (self.lam is not lam_obj or (lam is not None and not torch.equal(lam_obj, lam))
-                 or (lam is None and lam_obj._version != version))
+        moved = (self.lam is not lam_obj or (not torch.equal(lam_obj, lam) if values
+                                             else lam_obj._version != version))
         if moved:
             how = "rebound trainer.lam to another tensor" if self.lam is not lam_obj else \
                 "changed trainer.lam"
             self.lam = lam_obj
-            if lam is not None:
-                with torch.no_grad():
-                    self.lam.copy_(lam)
+            with torch.no_grad():
+                self.lam.copy_(lam)
             raise RuntimeError(
                 f"{who} {how} (restored): callbacks observe the run, and this outer step's "
                 f"checkpoint was written before them, so a resume would go on from the point "
