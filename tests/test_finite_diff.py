@@ -139,3 +139,26 @@ def test_a_lam_that_requires_grad_gives_a_plain_hypergradient() -> None:
     est = fd.estimate(problem, lam)
     assert not est.grad.requires_grad and not est.value.requires_grad
     assert lam.grad is None
+
+
+def test_a_hyperparameter_on_its_domains_edge_is_differenced_on_one_side() -> None:
+    """The kinds probe (2026-12-07): an identity weight decay starting at 0 could not be
+    checked: the central step to -1e-6 was refused (weight decay >= 0), so finite differences
+    and hypergradcheck failed. The side inside is differenced to second order."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (16,), generator=g)
+    torch.manual_seed(0)
+    p = hg.InnerProblem(torch.nn.Linear(4, 3).double(),
+                        lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr", weight_decay="wd"),
+                        hg.HyperParams([hg.Scalar("lr", 0.3, "log"), hg.Scalar("wd", 0.0)]),
+                        [(x[:8], y[:8]), (x[8:], y[8:])], 6,
+                        lambda m, hp: F.cross_entropy(m(x), y))
+    lam = p.init_raw()
+    rev = hg.ReverseMode().hypergradient(p, lam).grad
+    fd = hg.FiniteDifference().hypergradient(p, lam).grad
+    assert float((fd - rev).norm() / rev.norm()) < 1e-8
+    assert hg.testing.hypergradcheck(p).ok

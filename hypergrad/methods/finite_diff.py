@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import PrecisionWarning, flag, is_real
-from ..hyperparams import HyperParams
+from ..hyperparams import TRANSFORMS, HyperParams
 from ..problem import InnerProblem
 from .base import HyperGradient, Method, checked
 
@@ -93,16 +93,33 @@ class FiniteDifference(Method, name="finite_difference"):
         with torch.no_grad():
             return problem.objective(s.params, s.buffers, lam)
 
-    def _central(self, problem: InnerProblem, lam: Tensor, h: Tensor) -> Tensor:
+    def _central(self, problem: InnerProblem, lam: Tensor, h: Tensor,
+                 value: Tensor | None = None) -> Tensor:
+        """Central differences; where one side leaves the domain of the optimizer argument
+        reading it (an identity weight decay starting at 0: its step to -h was refused, so
+        finite differences and hypergradcheck could not run), the second-order one-sided
+        difference on the other side, ``(-3 E(0) + 4 E(h) - E(2h)) / 2h`` (the same order of
+        error)."""
         out = torch.zeros_like(lam)
         for k in range(lam.shape[0]):
             e = torch.zeros_like(lam)
             e[k] = h[k]
             up, down = lam + e, lam - e
-            # the step actually taken: lam_k +- h_k rounds to the dtype's grid (in float32 the
-            # rounding of log(0.1) +- 2.3e-5 alone put 0.4 % into 2 h)
-            out[k] = (self.objective_at(problem, up)
-                      - self.objective_at(problem, down)) / (up[k] - down[k])
+            side = 0 if not _outside(problem, down) else 1
+            if side == 0 and _outside(problem, up):
+                side = -1
+            if side == 0:
+                # the step actually taken: lam_k +- h_k rounds to the dtype's grid (in float32
+                # the rounding of log(0.1) +- 2.3e-5 alone put 0.4 % into 2 h)
+                out[k] = (self.objective_at(problem, up)
+                          - self.objective_at(problem, down)) / (up[k] - down[k])
+                continue
+            if value is None:
+                value = self.objective_at(problem, lam)
+            one, two = lam + side * e, lam + 2 * side * e
+            # (two - lam)_k = 2 side h_k carries the sign of the side taken
+            out[k] = (-3 * value + 4 * self.objective_at(problem, one)
+                      - self.objective_at(problem, two)) / (two[k] - lam[k])
         return out
 
     def hypergradient(self, problem: InnerProblem, lam: Tensor) -> HyperGradient:
@@ -124,7 +141,7 @@ class FiniteDifference(Method, name="finite_difference"):
             with torch.no_grad():
                 value = problem.objective(state.params, state.buffers, lam)
             h = self.steps_for(lam, problem.hyperparams)
-            return HyperGradient(value, self._central(problem, lam, h), state)
+            return HyperGradient(value, self._central(problem, lam, h, value), state)
 
     def estimate(self, problem: InnerProblem, lam: Tensor) -> FDEstimate:
         """Central differences at ``h`` and ``h / 2``, Richardson-extrapolated, with an error
@@ -138,8 +155,8 @@ class FiniteDifference(Method, name="finite_difference"):
             with torch.no_grad():
                 value = problem.objective(state.params, state.buffers, lam)
             h = self.steps_for(lam, problem.hyperparams)
-            d1 = self._central(problem, lam, h)
-            d2 = self._central(problem, lam, h / 2)
+            d1 = self._central(problem, lam, h, value)
+            d2 = self._central(problem, lam, h / 2, value)
         rich = d2 + (d2 - d1) / 3
         rounding = 4 * torch.finfo(lam.dtype).eps * value.abs() / (h / 2)
         return FDEstimate(value, rich, (d2 - d1).abs() + rounding, h)
@@ -151,3 +168,18 @@ class FiniteDifference(Method, name="finite_difference"):
 
     def __repr__(self) -> str:
         return f"FiniteDifference(eps={self.eps}, relative={self.relative})"
+
+
+def _outside(problem: InnerProblem, lam: Tensor) -> bool:
+    """Whether a value of ``lam`` is outside the domain of an optimizer argument reading it
+    (:meth:`InnerProblem.hyperparameter_domains`), where a run is refused."""
+    hps = problem.hyperparams
+    for name, (lo, hi, lo_x, hi_x, _) in problem.hyperparameter_domains().items():
+        it = hps.by_name.get(name)
+        if it is None:
+            continue
+        v = TRANSFORMS[it.transform][0](lam.detach()[hps.slices[name]][:it.base_numel].double())
+        inside = (v > lo if lo_x else v >= lo) & (v < hi if hi_x else v <= hi)
+        if not bool(inside.all()):
+            return True
+    return False
