@@ -67,6 +67,9 @@ class Task:
         if self.evaluate is not None and not callable(self.evaluate):
             raise TypeError(f"Task: evaluate must be a callable state -> {{metric: float}}, got "
                             f"{type(self.evaluate).__name__}.")
+        if not isinstance(self.fingerprint, Mapping):  # failed at fit time, as a list
+            raise TypeError(f"Task: fingerprint must be a dict {{key: JSON-like value}}, got "
+                            f"{type(self.fingerprint).__name__}.")
         if self.extra is not None and not callable(self.extra):
             raise TypeError(f"Task: extra must be a callable raw lam -> {{name: result}}, got "
                             f"{type(self.extra).__name__}.")
@@ -81,8 +84,10 @@ class Task:
                             f"{type(self.references).__name__}.")
         hps = self.problem.hyperparams
         for label, lam in self.references.items():
-            if not isinstance(label, str) or label in RESERVED_LABELS or label.startswith(
-                    "last"):
+            if not isinstance(label, str):  # was told it "is taken by the report's own rows"
+                raise TypeError(f"Task: references label {label!r} must be a string, e.g. "
+                                f"'ref {label}'.")
+            if label in RESERVED_LABELS or label.startswith("last"):
                 raise ValueError(f"Task: references label {label!r} is taken by the report's "
                                  f"own rows ({', '.join(RESERVED_LABELS)}, last ...); name it "
                                  f"otherwise, e.g. 'ref {label}'.")
@@ -137,7 +142,7 @@ class Task:
                                 f"names must be strings.")
             try:
                 x = float(v)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # an int past float's range too
                 raise TypeError(f"Task {self.name!r}: evaluate returned {k}={v!r}; a metric "
                                 f"must be a number (a float or a one-element tensor).") from None
             if not math.isfinite(x) and not diverged and f"finite:{k}" not in self._said:

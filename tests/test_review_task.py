@@ -254,3 +254,17 @@ def test_task_metric_names_references_and_fingerprints_that_would_lose_a_value()
                                          r"and by the RunFolder \(2\)"):
         hg.Trainer(clash, mode=hg.Offline(outer_steps=1), callbacks=[])._run_fingerprint(
             {"task.x": 2})
+
+
+def test_task_inputs_of_the_wrong_kind_are_named_when_built() -> None:
+    """The Task probe (2026-12-07): a fingerprint given as a list failed at fit time as
+    "'list' object is not a mapping"; a reference labelled 1 was told its label "is taken by
+    the report's own rows"; a metric of 10**400 raised a bare OverflowError."""
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=8, n_val=32)
+    with pytest.raises(TypeError, match=r"fingerprint must be a dict .* got list"):
+        hg.Task(p, fingerprint=["a"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"references label 1 must be a string"):
+        hg.Task(p, references={1: p.init_raw()})  # type: ignore[dict-item]
+    task = hg.Task(p, lambda s: {"big": 10 ** 400})
+    with pytest.raises(TypeError, match=r"a metric must be a number"):
+        task.metrics(p.run(p.init_raw()))
