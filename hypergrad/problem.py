@@ -765,15 +765,10 @@ class InnerProblem:
             out[name] = (lo, hi, lo_x, hi_x, words)
         return out
 
-    def _check_domains(self, lam: Tensor) -> None:
-        """Refuse hyperparameter values outside the domain of the optimizer argument reading
-        them (:meth:`hyperparameter_domains`): a momentum of 1 never forgets, an eps of 0 gave
-        NaN losses and hypergradients, an RMSprop alpha of 1 a hypergradient of exactly 0,
-        each without a word (as constants they are refused)."""
-        if (type(lam) is not Tensor and type(lam) is not torch.nn.Parameter) \
-                or torch._C._functorch.is_functorch_wrapped_tensor(lam) \
-                or torch.compiler.is_compiling():
-            return
+    def _domain_values(self, lam: Tensor) -> Iterator[tuple[str, list[float], list[float],
+                                                              float, str]]:
+        """``(name, values, those outside, high end, the arguments in words)`` of each
+        hyperparameter of :meth:`hyperparameter_domains` at ``lam``."""
         hps = self.hyperparams
         for name, (lo, hi, lo_x, hi_x, words) in self.hyperparameter_domains().items():
             if name not in hps.by_name:
@@ -783,6 +778,24 @@ class InnerProblem:
             vals = TRANSFORMS[it.transform][0](raw).tolist()
             bad = [v for v in vals if not ((lo < v if lo_x else lo <= v)
                                            and (v < hi if hi_x else v <= hi))]
+            yield name, vals, bad, hi, words
+
+    def outside_domains(self, lam: Tensor) -> list[str]:
+        """The hyperparameters whose values at ``lam`` are outside the domain of an optimizer
+        argument reading them, where a run is refused (:meth:`hyperparameter_domains`):
+        finite differences step to the side inside."""
+        return [name for name, _, bad, _, _ in self._domain_values(lam) if bad]
+
+    def _check_domains(self, lam: Tensor) -> None:
+        """Refuse hyperparameter values outside the domain of the optimizer argument reading
+        them (:meth:`hyperparameter_domains`): a momentum of 1 never forgets, an eps of 0 gave
+        NaN losses and hypergradients, an RMSprop alpha of 1 a hypergradient of exactly 0,
+        each without a word (as constants they are refused)."""
+        if (type(lam) is not Tensor and type(lam) is not torch.nn.Parameter) \
+                or torch._C._functorch.is_functorch_wrapped_tensor(lam) \
+                or torch.compiler.is_compiling():
+            return
+        for name, vals, bad, hi, words in self._domain_values(lam):
             if not bad:
                 self._warn_near_one(name, vals, hi, words)
                 continue

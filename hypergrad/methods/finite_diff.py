@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import PrecisionWarning, flag, is_real
-from ..hyperparams import TRANSFORMS, HyperParams
+from ..hyperparams import HyperParams
 from ..problem import InnerProblem
 from .base import HyperGradient, Method, checked
 
@@ -105,8 +105,8 @@ class FiniteDifference(Method, name="finite_difference"):
             e = torch.zeros_like(lam)
             e[k] = h[k]
             up, down = lam + e, lam - e
-            side = 0 if not _outside(problem, down) else 1
-            if side == 0 and _outside(problem, up):
+            side = 0 if not problem.outside_domains(down) else 1
+            if side == 0 and problem.outside_domains(up):
                 side = -1
             if side == 0:
                 # the step actually taken: lam_k +- h_k rounds to the dtype's grid (in float32
@@ -169,17 +169,3 @@ class FiniteDifference(Method, name="finite_difference"):
     def __repr__(self) -> str:
         return f"FiniteDifference(eps={self.eps}, relative={self.relative})"
 
-
-def _outside(problem: InnerProblem, lam: Tensor) -> bool:
-    """Whether a value of ``lam`` is outside the domain of an optimizer argument reading it
-    (:meth:`InnerProblem.hyperparameter_domains`), where a run is refused."""
-    hps = problem.hyperparams
-    for name, (lo, hi, lo_x, hi_x, _) in problem.hyperparameter_domains().items():
-        it = hps.by_name.get(name)
-        if it is None:
-            continue
-        v = TRANSFORMS[it.transform][0](lam.detach()[hps.slices[name]][:it.base_numel].double())
-        inside = (v > lo if lo_x else v >= lo) & (v < hi if hi_x else v <= hi)
-        if not bool(inside.all()):
-            return True
-    return False
