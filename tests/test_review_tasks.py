@@ -54,6 +54,21 @@ def test_bundled_split_sizes_leave_every_split_an_example(builder: str, n_train:
                                   steps=2, n_train=n_train, n_val=n_val)
 
 
+@pytest.mark.parametrize("builder,batch_size", [("digits_task", 64), ("breast_cancer_task", 5),
+                                                ("digits_task", 0)])
+def test_bundled_batch_larger_than_the_training_split_names_both_keys(builder: str,
+                                                                      batch_size: int) -> None:
+    from hypergrad.tasks import bundled
+
+    hps = hg.HyperParams([hg.Scalar("l2", 0.01, transform="log")])
+    model = bundled.mlp_factory((8,)) if builder == "digits_task" else bundled.linear_factory(False)
+    # used to name MiniBatches' own batch_size only, not the task's key that sized the split
+    with pytest.raises(ValueError, match=rf"{builder}: batch_size={batch_size} with n_train=4 "
+                                         r".*task.batch_size=<b> or task.n_train=<n>"):
+        getattr(bundled, builder)(hps, hg.optim.sgd(lr=0.1), model, steps=2, n_train=4,
+                                  batch_size=batch_size)
+
+
 def _sparse_hps(groups: int = 2, fgroups: int = 2) -> hg.HyperParams:
     return hg.HyperParams([hg.Array("res_w", 0.5, shape=(groups,), transform="logit"),
                            hg.Array("l2", 1e-3, shape=(fgroups,), transform="log")])

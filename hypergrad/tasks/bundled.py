@@ -50,6 +50,14 @@ def _check_split(api: str, n_train: int, n_val: int, n: int) -> None:
                          f"than {n} (the dataset's size), leaving the test split an example.")
 
 
+def _check_batch(api: str, batch_size: int, n_train: int) -> None:
+    """A mini-batch is drawn from the training split: it cannot hold more than ``n_train``."""
+    if not 1 <= batch_size <= n_train:
+        raise ValueError(f"{api}: batch_size={batch_size} with n_train={n_train} training "
+                         f"examples; use 1 <= batch_size <= n_train (hypergrad-run: "
+                         f"task.batch_size=<b> or task.n_train=<n>).")
+
+
 def dtype_of(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
@@ -287,6 +295,7 @@ def digits_task(hyperparams: HyperParams, optimizer: Optimizer, model: ModelFact
     def val_loss(m: Any, hp: Any) -> Tensor:
         return F.cross_entropy(m(data.x_val), data.y_val)
 
+    _check_batch("digits_task", batch_size, n_train)
     batches = MiniBatches(data.x_train, data.y_train, batch_size=batch_size, seed=seed)
     problem = InnerProblem(net, train_loss, optimizer, hyperparams, batches, steps, val_loss,
                            val_mode=val_mode, seed=seed)
@@ -544,6 +553,8 @@ def breast_cancer_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     def val_loss(m: Any, hp: Any) -> Tensor:
         return F.binary_cross_entropy_with_logits(m(xv)[:, 0], yv.to(xv.dtype))
 
+    if batch_size is not None:
+        _check_batch("breast_cancer_task", batch_size, n_train)
     batches: Any = ([(xtr, ytr)] if batch_size is None else
                     MiniBatches(xtr, ytr, batch_size=batch_size, seed=seed))
     problem = InnerProblem(net, train_loss, optimizer, hyperparams, batches, steps, val_loss,
