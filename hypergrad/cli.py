@@ -644,6 +644,11 @@ def _other_orders(cfg: DictConfig, task: Task, p: InnerProblem,
     return {"variants": variants, "rows": rows}
 
 
+ROW_FIELDS = ("hyperparameters", "best_of_grid", "error")
+"""A table row's own fields beside its metrics: the point's label, the grid's best mark (the
+printed table leaves that column out) and a failed evaluate's message."""
+
+
 def _row_metrics(task: Task, p: InnerProblem, state: Any, lam: torch.Tensor,
                  label: str) -> dict[str, Any]:
     """A retrained row's metrics: the validation loss (the tuning's objective, which a sweeper
@@ -659,7 +664,7 @@ def _row_metrics(task: Task, p: InnerProblem, state: Any, lam: torch.Tensor,
         val = float(p.objective(state.params, state.buffers, lam))
     try:
         row: dict[str, Any] = {"val_loss": val, **task.metrics(
-            state, fields={"val_loss": val}, reserved=("hyperparameters",))}
+            state, fields={"val_loss": val}, reserved=ROW_FIELDS)}
     except Exception as err:  # noqa: BLE001 - a report step
         warnings.warn(f"hypergrad-run: the task's evaluate failed on the {label!r} row "
                       f"({type(err).__name__}: {err}); the row is written without it.",

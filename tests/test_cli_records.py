@@ -138,6 +138,32 @@ def test_the_sweep_objective_is_the_tunings_validation_loss_not_evaluates(
                for w in said)
 
 
+def test_a_metric_named_like_a_rows_own_field_keeps_its_value(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metric 'best_of_grid' was overwritten by the grid's mark and left out of the printed
+    table; one named 'error' read as a failed evaluate. Both are kept as evaluate.<name>."""
+    import warnings
+
+    (tmp_path / "own_field_task.py").write_text(
+        "import hypergrad as hg\n"
+        "from hypergrad.tasks.bundled import digits_task\n"
+        "def build(hyperparams, optimizer, model, steps=6, seed=0):\n"
+        "    t = digits_task(hyperparams, optimizer, model, steps=steps, seed=seed)\n"
+        "    return hg.Task(t.problem, evaluate=lambda s: {'best_of_grid': 0.25, 'error': 0.5},\n"
+        "                   name='own_field')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = cli.run(_compose("task=custom", "task._target_=own_field_task.build",
+                                   "hyperparams=lr_momentum", "inner_optimizer=sgd",
+                                   "inner_optimizer.momentum=momentum", "mode.outer_steps=1",
+                                   "report.plots=false", "callbacks.progress=false"),
+                          tmp_path / "run")
+    for row in results["table"]:
+        assert row["evaluate.best_of_grid"] == 0.25 and row["evaluate.error"] == 0.5, row
+        assert "error" not in row and "best_of_grid" not in row
+
+
 def test_the_sweep_objective_falls_back_to_the_learned_validation_loss() -> None:
     """A task whose evaluate reports no val_loss gave sweepers NaN."""
     rows = [{"hyperparameters": "initial"}, {"hyperparameters": "learned", "test_loss": 1.0}]
