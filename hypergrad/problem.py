@@ -264,6 +264,22 @@ class InnerProblem:
         ``None`` for a sequence or a callable (random access by step, nothing per run)."""
         return self._batch.stream
 
+    def data_tensors(self) -> list[Tensor] | None:
+        """The training data's tensors where the problem holds them all: a
+        :class:`~hypergrad.data.MiniBatches`' tensors, a sequence's batches, a DataLoader over a
+        ``TensorDataset``; ``None`` for a callable of one's own or another dataset. What a run
+        folder's fingerprint and the ranks' comparison digest: the first batch alone let a
+        change in the later batches through (a rank holding other data past batch 0 summed
+        into a hypergradient 2 % off, without an error; the distributed probe)."""
+        data = self._batch.data
+        if data is None and self._batch.stream is not None:
+            data = getattr(getattr(self._batch.stream.source, "dataset", None), "tensors", None)
+        elif data is not None and hasattr(data, "tensors"):  # a MiniBatches
+            data = data.tensors
+        if data is None:
+            return None
+        return [x for x in tree_flatten(data)[0] if isinstance(x, Tensor)]
+
     @property
     def counts_reads(self) -> bool:
         """Whether the batch source counts up front which examples the run reads (a
@@ -1623,6 +1639,22 @@ class InnerProblem:
         return any(isinstance(a, Tensor) and isinstance(b, Tensor)
                    and not torch.equal(a.detach(), b.detach()) for a, b in zip(base, moved))
 
+    def later_batches(self, count: int) -> Iterator[tuple[int, Any]]:
+        """Up to ``count`` later steps ``t >= 1`` and their mini-batches, read lazily, as the
+        checks see them: a stream's first steps, of the checks' own pass (apart from every
+        run's, like :meth:`first_batch`); else steps spread over the run. What a check of a
+        loss on more than the first batch reads (a term, or padding, in some batches only)."""
+        T = self.steps
+        stream = self._batch.stream
+        if stream is not None:
+            for t, b in stream.probe_batches(min(T, count + 1)):
+                yield t, self._batch.checked(b, t)
+            return
+        steps = sorted({1 + (T - 2) * i // max(count - 1, 1) for i in range(count)}
+                       & set(range(1, T)))
+        for t in steps:
+            yield t, self.batch(t)
+
     def _read_later(self, lam: Tensor, names: list[str]) -> tuple[set[str], set[str]]:
         """What ``train_loss`` reads (and its graph reaches) at later steps, at the initial
         weights, until every one of ``names`` is read: a term switched on for some batches
@@ -1631,17 +1663,7 @@ class InnerProblem:
         first ones, of the checks' own pass); a term no step of them reads is refused."""
         read: set[str] = set()
         reach: set[str] = set()
-        T = self.steps
-        stream = self._batch.stream
-        if stream is not None:
-            batches: Iterable[tuple[int, Any]] = (
-                (t, self._batch.checked(b, t))
-                for t, b in stream.probe_batches(min(T, LATER_STEPS + 1)))
-        else:
-            steps = sorted({1 + (T - 2) * i // max(LATER_STEPS - 1, 1)
-                            for i in range(LATER_STEPS)} & set(range(1, T)))
-            batches = ((t, self.batch(t)) for t in steps)
-        for t, batch in batches:
+        for t, batch in self.later_batches(LATER_STEPS):
             with step_rng(self.seed, t, self.device):
                 _, hp, r, _, _ = self._probe_loss("train_loss", lam, t, batch)
             read |= hp.accessed

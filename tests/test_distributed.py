@@ -175,7 +175,7 @@ def test_ranks_holding_different_problems_are_refused_on_every_rank(what: str,
     parallel). Every rank now refuses, naming the rank and what differs."""
     _ok(launch("mismatch", str(tmp_path), what))
     said = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    differs = {"data": "problem.first_batch", "steps": "problem.steps: 6 -> 7"}[what]
+    differs = {"data": "problem.data", "steps": "problem.steps: 6 -> 7"}[what]
     for r in range(2):
         for name in ("column", "reverse"):
             assert "the processes hold different problems" in said[r][name], (r, name)
@@ -238,6 +238,18 @@ def test_one_process_runs_the_parallel_methods_as_the_plain_ones() -> None:
     ranks = hd.Ranks()
     assert torch.equal(ranks.setup(hg.ForwardMode()).hypergradient(p, lam).grad, ref)
     assert hd.world_size() == 1 and hd.is_writer() and ranks.fingerprint(hg.ForwardMode()) == {}
+
+
+def test_a_launched_rank_above_0_is_no_writer_before_the_group_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trainer(strategy=Ranks()) outside launch() picks its callbacks before the strategy
+    starts the group: every rank took itself for rank 0 and ran the user's callbacks (a file
+    written once per rank; the distributed probe)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert not hd.active() and not hd.is_writer() and not hd.Ranks().is_writer
+    monkeypatch.setenv("RANK", "0")
+    assert hd.is_writer() and hd.Ranks().is_writer
 
 
 def test_columns_are_dealt_by_the_steps_they_are_computed() -> None:
@@ -327,8 +339,41 @@ def test_data_parallel_refuses_a_loss_that_is_not_the_sum_of_its_shards() -> Non
 
     check_decomposes(weighted("size"), 2, "mean")
     with pytest.raises(ValueError, match=r"at hyperparameters moved from the initial ones.*"
-                                         r"\(w \* l\).sum\(\) / w.sum\(\) does not split"):
+                                         r"\(w \* l\).sum\(\) / w.sum\(\), .* does not split"):
         check_decomposes(weighted("weights"), 2, "mean")
+
+
+@pytest.mark.parametrize("source", ["dataloader", "list"])
+def test_data_parallel_checks_later_batches_for_padding(source: str) -> None:
+    """cross_entropy's ignore_index divides by the labels it counts: the batch size on a batch
+    without padding. Padding in later batches only passed the first batch's check, and the
+    data-parallel hypergradient was 56 % off one process's (the distributed probe)."""
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hypergrad.distributed.shard import check_decomposes
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (32,), generator=g)
+    y[[8, 9, 10, 16, 17, 18, 19]] = -100  # the first batch (rows 0-7) has none
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, "log")])
+    data: Any = (DataLoader(TensorDataset(x, y), batch_size=8) if source == "dataloader" else
+                 [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])
+
+    def problem(loss: Any) -> hg.InnerProblem:
+        return hg.InnerProblem(net, loss, hg.optim.sgd(lr="lr"), hps, data, 4,
+                               lambda m, hp: F.cross_entropy(m(x), y.clamp(min=0)))
+
+    padded = problem(lambda m, b, hp: F.cross_entropy(m(b[0]), b[1], ignore_index=-100))
+    with pytest.raises(ValueError, match=r"on the mini-batch of step 1 .*ignore_index"):
+        check_decomposes(padded, 2, "mean")
+    per_example = problem(lambda m, b, hp: F.cross_entropy(
+        m(b[0]), b[1], ignore_index=-100, reduction="sum") / len(b[1]))
+    check_decomposes(per_example, 2, "mean")
 
 
 def test_data_parallel_refuses_up_front_a_last_batch_smaller_than_the_ranks() -> None:

@@ -64,7 +64,12 @@ def world_size() -> int:
 
 
 def is_writer() -> bool:
-    """Whether this process writes files and logs: rank 0, or the only process."""
+    """Whether this process writes files and logs: rank 0, or the only process. Under a
+    launcher before the group is started, the launcher's ``RANK``: a Trainer given ``Ranks()``
+    outside :func:`launch` picks its callbacks before its strategy starts the group, and every
+    rank ran them (a callback writing a file wrote it once per rank; the distributed probe)."""
+    if not active() and launched():
+        return int(os.environ["RANK"]) == 0
     return rank() == 0
 
 

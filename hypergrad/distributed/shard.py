@@ -13,6 +13,7 @@ from the full batch's, so the result would be another function than the single-p
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from typing import Any
@@ -70,41 +71,54 @@ def check_reduction(api: str, reduction: str) -> str:
 
 
 def check_decomposes(problem: InnerProblem, parts: int, reduction: str) -> None:
-    """Refuse a training loss that is not the weighted sum of its shards' losses on the first
-    mini-batch, at the initial point (each rank computes every shard: no collective): a batch
-    whose first axis is not its examples (a sequence-first RNN batch: each rank got half of the
-    time steps, 6 % off one process), a penalty under ``reduction="sum"`` (counted once per rank:
-    16 % off) or a loss of the other reduction were summed into another hypergradient without
-    an error. Checked at the initial point and at one moved from it (seeded): a mean weighted
-    by per-example weights and normalised by their sum, ``(w * l).sum() / w.sum()``, is the
-    plain mean where every weight is 1, and passed, while its data-parallel hypergradient was
-    16 % off one process's (the distributed probe, 2026-12-07)."""
+    """Refuse a training loss that is not the weighted sum of its shards' losses, on the first
+    mini-batch and up to :data:`DECOMPOSE_STEPS` later ones (:meth:`InnerProblem.later_batches
+    <hypergrad.InnerProblem.later_batches>`), at the initial point (each rank computes every
+    shard: no collective): a batch whose first axis is not its examples (a sequence-first RNN
+    batch: each rank got half of the time steps, 6 % off one process), a penalty under
+    ``reduction="sum"`` (counted once per rank: 16 % off) or a loss of the other reduction were
+    summed into another hypergradient without an error. Checked at the initial point and at one
+    moved from it (seeded): a mean weighted by per-example weights and normalised by their sum,
+    ``(w * l).sum() / w.sum()``, is the plain mean where every weight is 1, and passed, while
+    its data-parallel hypergradient was 16 % off one process's (the distributed probe,
+    2026-12-07). Later batches: ``cross_entropy``'s ``ignore_index`` divides by the labels it
+    counts, which is the batch size on a batch without padding; padding in later batches only
+    passed the first batch's check and the hypergradient was 56 % off (the probe of
+    2026-12-07, evening)."""
     lam0 = problem.init_raw()
     s0 = problem.initial_state(lam0)
-    batch = problem.first_batch()
     moved = lam0 + 0.3 * torch.randn(lam0.shape, generator=torch.Generator().manual_seed(0),
                                      dtype=torch.float64).to(lam0)
-    for at, lam in (("at the initial hyperparameters", lam0),
-                    ("at hyperparameters moved from the initial ones", moved)):
-        with torch.no_grad():
-            whole = float(problem.train_objective(s0.params, s0.buffers, lam, 0, batch)[0])
-            pieces = 0.0
-            for i in range(parts):
-                shard, weight = weighted_shard(batch, i, parts, reduction)
-                loss = float(problem.train_objective(s0.params, s0.buffers, lam, 0, shard)[0])
-                pieces += loss * weight
-        if not (math.isfinite(whole) and math.isfinite(pieces)):
-            continue  # a point outside what the loss takes (a square root of a moved value)
-        _refuse_undecomposed(whole, pieces, parts, reduction, at, problem.dtype)
+    batches = itertools.chain([(0, problem.first_batch())],
+                              problem.later_batches(DECOMPOSE_STEPS))
+    for t, batch in batches:
+        for at, lam in (("at the initial hyperparameters", lam0),
+                        ("at hyperparameters moved from the initial ones", moved)):
+            with torch.no_grad():
+                whole = float(problem.train_objective(s0.params, s0.buffers, lam, t, batch)[0])
+                pieces = 0.0
+                for i in range(parts):
+                    shard, weight = weighted_shard(batch, i, parts, reduction)
+                    loss = float(problem.train_objective(s0.params, s0.buffers, lam, t,
+                                                         shard)[0])
+                    pieces += loss * weight
+            if not (math.isfinite(whole) and math.isfinite(pieces)):
+                continue  # a point outside what the loss takes (a square root of a moved value)
+            _refuse_undecomposed(whole, pieces, parts, reduction, t, at, problem.dtype)
 
 
-def _refuse_undecomposed(whole: float, pieces: float, parts: int, reduction: str, at: str,
-                         dtype: torch.dtype) -> None:
+DECOMPOSE_STEPS = 8
+"""How many mini-batches after the first :func:`check_decomposes` reads."""
+
+
+def _refuse_undecomposed(whole: float, pieces: float, parts: int, reduction: str, t: int,
+                         at: str, dtype: torch.dtype) -> None:
     tol = 1e3 * torch.finfo(dtype).eps * max(abs(whole), abs(pieces), 1e-30)
     if not abs(whole - pieces) <= tol:
         weights = "its share of the examples" if reduction == "mean" else "1"
+        which = "the first mini-batch" if t == 0 else f"the mini-batch of step {t}"
         raise ValueError(
-            f"hypergrad.distributed: on the first mini-batch {at}, the training loss is "
+            f"hypergrad.distributed: on {which} {at}, the training loss is "
             f"{whole:.6g}, "
             f"but the sum of its {parts} data-parallel shards' losses, each weighted by "
             f"{weights} (reduction={reduction!r}), is {pieces:.6g}: data parallelism would "
@@ -115,8 +129,10 @@ def _refuse_undecomposed(whole: float, pieces: float, parts: int, reduction: str
             f"examples: 'mean'; a sum: 'sum'); and with 'sum', every term must be a sum over "
             f"the examples (a penalty would count once per rank: write the loss as a mean plus "
             f"the penalty, with reduction='mean'); a mean normalised by weights summed over "
-            f"the batch (w * l).sum() / w.sum() does not split by examples: divide by the "
-            f"batch size instead. Or use "
+            f"the batch (w * l).sum() / w.sum(), or over the labels it counts "
+            f"(cross_entropy's ignore_index on padding, a masked mean), does not split by "
+            f"examples: divide by the batch size instead (e.g. cross_entropy(..., "
+            f"reduction='sum', ignore_index=...) / len(batch)). Or use "
             f"column_parallel(...), which does not split the batches.")
 
 
@@ -149,8 +165,8 @@ class ShardedProblem(InnerProblem):
     def __init__(self, source: InnerProblem, index: int, parts: int, group: Any,
                  reduction: str = "mean", weight_state: bool = False) -> None:
         check_data_parallel(source, weight_state)
+        _check_last_batch(source, parts)  # before check_decomposes reads that batch
         check_decomposes(source, parts, reduction)
-        _check_last_batch(source, parts)
 
         def batches(t: int) -> tuple[Any, float]:
             return weighted_shard(source.batch(t), index, parts, reduction)

@@ -15,6 +15,8 @@ goes in them and whether a run may continue from them:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import numbers
 import os
@@ -71,12 +73,17 @@ SAFE_TO_CHANGE = ("Offline.outer_steps", "Guards.time_budget", "Guards.clock",
                   "the same hypergradients to rounding) and its HVP strategy and chunking")
 """Trainer settings that may differ when a run is resumed; every other setting, and the
 problem (K and layout, what per-parameter values apply to, T, dtype, model, optimizer, initial
-values and state, first batch, a DataLoader's settings, validation loss and training loss (on
-the first batch) at the start, seed, whether it has a ``select_loss``), is in the checkpoint's
-fingerprint and must match. An online run's method must keep its run state's structure
+values and state, first batch, the training data where the problem holds it all
+(:meth:`InnerProblem.data_tensors`), a DataLoader's settings, validation loss and training
+loss (on the first batch) at the start, seed, whether it has a ``select_loss``), is in the
+checkpoint's fingerprint and must match. An online run's method must keep its run state's structure
 (:func:`unpack_run`)."""
 
 Log = Callable[[str], None]
+
+DATA_DIGESTS = 8
+"""Up to this many training tensors, ``problem.data`` holds each one's :func:`digest`; more (a
+list of batches), one hash of them all."""
 
 
 def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
@@ -123,6 +130,11 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
     }
     if p.stream is not None:  # a DataLoader's workers, batch size, sampler: see Stream.describe
         fp["problem.batch_source"] = p.stream.describe()
+    data = p.data_tensors()
+    if data is not None:  # all of it where it is held: the first batch missed later changes
+        dig = digest(data)
+        fp["problem.data"] = (dig if len(dig) <= DATA_DIGESTS else
+                              hashlib.sha256(json.dumps(dig).encode()).hexdigest()[:16])
     fp.update(settings)
     # compared as JSON (a tensor value failed as "Boolean value of Tensor ... is ambiguous")
     clash = sorted(k for k in extra if k in fp and json_safe(fp[k]) != json_safe(extra[k]))
