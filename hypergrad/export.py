@@ -294,6 +294,8 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     named = _named(params, "optimizer_from_settings", init)
     if isinstance(params, (Mapping, nn.Module)):  # by name (an iterable: by position)
         _check_params(settings.get("params"), named)
+    else:
+        _check_positions(settings.get("params"), named)
     weights = sorted(k for k, v in init.items() if isinstance(v, str))
     if weights:
         raise ValueError(
@@ -312,7 +314,8 @@ def optimizer_from_settings(settings: Mapping[str, Any],
         raise ValueError(f"optimizer_from_settings: the learned parameter groups differ "
                          f"between parameters (they name {missing[:4]}), and params is an "
                          f"iterable of tensors, which has no names to place them by; pass the "
-                         f"model, or dict(model.named_parameters()).")
+                         f"model, or {{n: p for n, p in model.named_parameters() if "
+                         f"p.requires_grad}}.")
     if missing:
         raise ValueError(f"optimizer_from_settings: the learned parameter groups name "
                          f"{missing}, which params does not have; pass the model (or "
@@ -330,15 +333,16 @@ def optimizer_from_settings(settings: Mapping[str, Any],
     if clip is not None:
         _clip_before_each_step(optimizer, float(clip))
     sched = settings.get("schedule")
-    if not sched:
-        return optimizer, None
     total = settings.get("steps") if steps is None else steps
-    if isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 1:
+    if (sched or steps is not None) and (isinstance(total, bool) or not isinstance(
+            total, numbers.Integral) or total < 1):  # without a schedule too: it was ignored
         raise ValueError(f"optimizer_from_settings: steps={total!r} must be an int >= 1 (the "
                          f"training steps the schedule is stretched over), or None for the "
                          f"horizon it was learned on ({settings.get('steps', 'not in settings')}"
                          f").")
-    total = int(total)  # a NumPy int
+    if not sched:
+        return optimizer, None
+    total = int(total)  # type: ignore[arg-type]  # a NumPy int, checked above
     shared = [float(w[2]) for w in sched["windows"]]
     if total < len(shared):  # as InnerProblem refuses windows no step reads
         unread = sorted(set(range(len(shared))) - {t * len(shared) // total
@@ -402,7 +406,8 @@ def _check_params(learned: Mapping[str, Any] | None, named: Mapping[str, Tensor]
     shapes = [n for n in named if n in learned and list(named[n].shape) != list(learned[n])]
     if extra or missing or shapes:
         said = "; ".join(s for s in (
-            f"params has {extra}, which were not trained when they were learned" if extra
+            f"params has {extra}, which were not trained when they were learned (frozen "
+            f"ones, requires_grad=False, are left out of a model passed as a module)" if extra
             else "", f"params lacks {missing}" if missing else "",
             "shapes differ: " + ", ".join(f"{n} {list(named[n].shape)} (learned for "
                                          f"{list(learned[n])})" for n in shapes[:5])
@@ -412,6 +417,24 @@ def _check_params(learned: Mapping[str, Any] | None, named: Mapping[str, Tensor]
             f"learned for ({said}). Learned hyperparameters belong to the model, data and "
             f"horizon they were tuned on: pass that model (its trainable parameters), or "
             f"{{name: tensor}} of exactly those, and tune again for another model.")
+
+
+def _check_positions(learned: Mapping[str, Any] | None, named: Mapping[str, Tensor]) -> None:
+    """Refuse an iterable of tensors that cannot be the trained parameters the settings were
+    learned for: another count, or other shapes (compared as a multiset: the settings' order
+    is by name once written to YAML). A list missing tensors trained only those it held, and
+    another model's parameters were taken (the export probe)."""
+    if learned is None:
+        return
+    want = sorted(tuple(v) for v in learned.values())
+    got = sorted(tuple(t.shape) for t in named.values())
+    if want != got:
+        raise ValueError(
+            f"optimizer_from_settings: params holds {len(got)} tensors of shapes "
+            f"{[list(s) for s in got][:6]}, but the settings were learned for {len(want)} "
+            f"trainable parameters of shapes {[list(s) for s in want][:6]}: pass the model "
+            f"they were learned for (all of its trainable parameters), or {{name: tensor}} of "
+            f"exactly those.")
 
 
 def _scale_initial_weights(init: Mapping[str, Mapping[str, float]],

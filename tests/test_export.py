@@ -186,5 +186,13 @@ def test_learned_optimizer_takes_model_parameters_as_an_iterable() -> None:
     with pytest.raises(ValueError, match=r"learned parameter groups differ between parameters "
                                          r"\(they name .*\), and params is an iterable of "
                                          r"tensors, which has no names to place them by; pass "
-                                         r"the model, or dict\(model.named_parameters\(\)\)"):
+                                         r"the model, or \{n: p for n, p in "
+                                         r"model.named_parameters\(\) if p.requires_grad\}"):
         learned_optimizer(per_tensor, per_tensor.init_raw(), model.parameters())
+    # a list missing tensors trained only those it held, and another model's parameters were
+    # taken: an iterable is compared with the learned parameters' count and shapes (the
+    # export probe, 2026-12-07 evening)
+    with pytest.raises(ValueError, match=r"params holds 2 tensors .* learned for 4 trainable"):
+        learned_optimizer(p, p.init_raw(), list(model.parameters())[:2])
+    with pytest.raises(ValueError, match=r"shapes \[\[2\], \[2, 7\]\], but the settings"):
+        learned_optimizer(p, p.init_raw(), torch.nn.Linear(7, 2).parameters())

@@ -201,7 +201,8 @@ def test_numpy_numbers_falsy_flags_and_a_pair_entry_are_read_as_torch_reads_them
         hg.optim.adam(lr="lr", betas=(torch.tensor(0.9), 0.99))
 
 
-@pytest.mark.parametrize("name", ["sgd", "adam", "adamw", "rmsprop", "adagrad"])
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw", "rmsprop", "adagrad",
+                                  "adamw_schedulefree"])
 def test_torch_optim_switches_are_taken_at_torchs_defaults_and_named_otherwise(name: str) -> None:
     """A torch.optim call copied over (``foreach=None, maximize=False``) was refused by Python
     as "got an unexpected keyword argument 'foreach'"; now torch's defaults are taken, and True

@@ -173,6 +173,43 @@ def test_a_resume_with_other_dataloader_settings_is_refused(tmp_path: Path) -> N
     assert len(fit(False, 2, True).history) == 2  # the same loader resumes
 
 
+@pytest.mark.parametrize("source", ["minibatches", "list", "dataloader"])
+def test_a_resume_with_other_data_past_the_first_batch_is_refused(tmp_path: Path,
+                                                                  source: str) -> None:
+    """Data changed past the first batch (the one the fingerprint read) resumed without a
+    word, and ranks holding such data summed into a hypergradient 2 % off (the distributed
+    probe, 2026-12-07 evening): data held in memory is digested whole."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hypergrad.data import MiniBatches
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (32,), generator=g)
+
+    def fit(shift: float, steps: int, resume: bool) -> hg.TrainResult:
+        xs = x.clone()
+        xs[31] += shift  # past the first batch in every order here
+        data: Any = {"minibatches": lambda: MiniBatches(xs, y, batch_size=8, shuffle=False),
+                     "list": lambda: [(xs[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)],
+                     "dataloader": lambda: DataLoader(TensorDataset(xs, y), batch_size=8)
+                     }[source]()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+        p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                            hg.optim.sgd(lr="lr"),
+                            hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), data, 4,
+                            lambda m, hp: F.cross_entropy(m(x), y))
+        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
+                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
+                          callbacks=quiet()).fit()
+
+    fit(0.0, 1, False)
+    with pytest.raises(ResumeMismatchError, match=r"problem.data\S*: "):
+        fit(1.0, 2, True)
+    assert len(fit(0.0, 2, True).history) == 2  # the same data resumes
+
+
 def test_a_training_loss_with_randomness_hypergrad_does_not_seed_still_resumes(
         tmp_path: Path) -> None:
     """NumPy noise in the loss (warned of as UnseededRandomnessWarning) gives another training
@@ -297,10 +334,14 @@ def test_export_of_a_schedule_warming_up_from_zero_trains_as_hypergrad_did(first
         assert torch.allclose(w, ours[name], atol=1e-12), name
 
 
+@pytest.mark.parametrize("schedule", [True, False])
 @pytest.mark.parametrize("steps", [0, -8, 2.9, True])
-def test_optimizer_from_settings_refuses_steps_that_are_no_count(steps: Any) -> None:
-    p = _mlp_problem([hg.Schedule("lr", 0.1, windows=2, transform="log")],
-                     hg.optim.sgd(lr="lr"))
+def test_optimizer_from_settings_refuses_steps_that_are_no_count(steps: Any,
+                                                                 schedule: bool) -> None:
+    """Without a schedule, steps=0 was taken without a word (the export probe)."""
+    lr = (hg.Schedule("lr", 0.1, windows=2, transform="log") if schedule else
+          hg.Scalar("lr", 0.1, transform="log"))
+    p = _mlp_problem([lr], hg.optim.sgd(lr="lr"))
     settings = learned_settings(p, p.init_raw())
     with pytest.raises(ValueError, match=r"steps=.* must be an int >= 1"):
         optimizer_from_settings(settings, p.fmodel.module, steps=steps)

@@ -56,6 +56,7 @@ from .base import (
     is_zero,
     register,
     safe_sqrt,
+    torch_flags,
 )
 from .clip import clip_grad_norm as with_clip
 
@@ -263,6 +264,7 @@ class AdamWScheduleFree(Optimizer):
 
 
 @register
+@torch_flags
 def adamw_schedulefree(lr: Arg = 0.0025, betas: tuple[Arg, Arg] = (0.9, 0.999), eps: Arg = 1e-8,
                        weight_decay: Arg = 0.0, warmup_steps: int = 0, r: float = 0.0,
                        weight_lr_power: float = 2.0,
