@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,12 +41,15 @@ import hypergrad as hg  # noqa: E402
 
 STEPS = (1e-3, 1e-2, 3e-2, 0.1, 0.3)
 ENTRIES = ("lr[0]", "lr[5]", "lr[embed]", "lr[mlp]", "lr[head]", "b1")
+QUICK_ENTRIES = ("lr[0]", "lr[3]", "lr[embed]", "lr[mlp]", "lr[head]", "b1")
+"""``--quick``'s default: its schedule has 4 windows (lr[5] stopped it at once)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--entries", nargs="+", default=list(ENTRIES))
+    ap.add_argument("--entries", nargs="+", default=None,
+                    help=f"default: {' '.join(ENTRIES)} ({' '.join(QUICK_ENTRIES)} with --quick)")
     ap.add_argument("--steps", type=float, nargs="+", default=list(STEPS))
     ap.add_argument("--T", type=int, nargs="+", default=None,
                     help="inner steps (default: the study's); several: each in turn, for the "
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" /
                                          "lm_roughness.json"))
     a = ap.parse_args(argv)
+    if a.entries is None:
+        a.entries = list(QUICK_ENTRIES if a.quick else ENTRIES)
     if a.T is not None and min(a.T) < 1:
         ap.error(f"--T {' '.join(map(str, a.T))}: every horizon must be an int >= 1")
     torch.set_num_threads(1)
@@ -202,7 +208,7 @@ def discounted(a: argparse.Namespace, horizons: list[int], path: Path,
         _, agree, n = summary(pairs, a.steps)
         ratios = [c["central"]["0.1"] / c["hypergradient"] for p in pairs
                   for c in p["entries"].values() if c["hypergradient"] and "0.1" in c["central"]]
-        med = sorted(ratios)[len(ratios) // 2] if ratios else math.nan
+        med = statistics.median(ratios) if ratios else math.nan
         parts.append(f"mu={mu:g}:agree_large={agree}/{n},median_ratio={med:.2f}")
     print(f"lm_roughness_mu T={T} " + " ".join(parts))
     return 0

@@ -35,9 +35,22 @@ def test_charlm_text_too_short_for_one_validation_window(tmp_path: Path) -> None
     f.write_text("hello world, this is text. " * 45)  # 1215 characters, validation 60
     # used to fail at InnerProblem's check with "val_loss is nan ... Fix the loss or the data"
     with pytest.raises(ValueError, match=r"charlm_task: the validation text .* has 60 "
-                                         r"characters, fewer than context \+ 1 = 65"):
+                                         r"characters, fewer than context \+ 1 = 65 .*at least "
+                                         r"1300 characters for context=64"):
         _charlm(f, context=64)
     assert _charlm(f, context=32).problem.steps == 2  # 60 characters: one window of 32
+
+
+def test_charlm_text_file_without_corpus_file_is_refused(tmp_path: Path) -> None:
+    """task.text_file=<path> without task.corpus=file read the standard library, and the
+    report read as the file's (the charlm probe)."""
+    from hypergrad.tasks.charlm import charlm_task, transformer_factory
+
+    hps = hg.HyperParams([hg.Scalar("lr", 0.1, transform="log")])
+    with pytest.raises(ValueError, match=r"text_file='.*a.txt' with corpus='stdlib', which reads "
+                                         r"the standard library.*task.corpus=file"):
+        charlm_task(hps, hg.optim.sgd(lr="lr"), transformer_factory(16, 1, 2), steps=2,
+                    text_file=str(tmp_path / "a.txt"))
 
 
 @pytest.mark.parametrize("builder,n_train,n_val", [("ridge_diabetes_task", 300, 142),
@@ -230,8 +243,10 @@ def test_charlm_warns_about_validation_text_unseen_in_training(tmp_path: Path) -
     f = tmp_path / "mixed.txt"
     f.write_text("the quick brown fox jumps. " * 90 + "ΑΒΓΔΕΖΗΘ ικλμν ξοπρσ. " * 12)
     with pytest.warns(hg.errors.HypergradWarning, match=r"never occur in its training text "
-                                                        r"\(e.g. '.*Α.*'\)"):
+                                                        r"\(e.g. '.*Α.*'\)") as said:
         _charlm(f, context=16)
+    # said at the caller's line (it was hypergrad/rng.py's, the wrapper keeping the RNG)
+    assert {w.filename for w in said} == {__file__}
     import warnings
 
     g = tmp_path / "same.txt"

@@ -21,6 +21,7 @@ language model with dropout (``horizon_lm``, K = 17, T = ``--lm-steps``).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,10 @@ def main() -> None:
     r = sorted(x["tape_vs_reverse"] for x in rows)
     xs = [x["tape_x_plain"] for x in rows]
     d = sorted(x["direct_vs_func"] for x in rows)
-    line = (f"tape_vs_reverse median={r[len(r) // 2]:.2f} max={r[-1]:.2f} "
+    # statistics.median: r[len(r) // 2] was the larger middle value (--quick's 2 rows: the max)
+    line = (f"tape_vs_reverse median={statistics.median(r):.2f} max={r[-1]:.2f} "
             f"(problems {len(rows)}); tape in plain runs {min(xs):.2f}-{max(xs):.2f}; "
-            f"reverse direct/torch.func median={d[len(d) // 2]:.2f} max={d[-1]:.2f}")
+            f"reverse direct/torch.func median={statistics.median(d):.2f} max={d[-1]:.2f}")
     C.finish("bench_tape", {"machine": mach, "rows": rows, "quick": args.quick}, args.json, line)
 
 

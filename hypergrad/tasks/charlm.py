@@ -141,8 +141,8 @@ def text_corpus(path: str | Path, fractions: tuple[float, float, float] = (0.9, 
                          f"{data[err.start:err.start + 1]!r}); re-encode it, e.g. `iconv -f "
                          f"latin1 -t utf-8 {path} > text.txt`.") from None
     if len(text) < 1000:
-        raise ValueError(f"text_corpus: {path} has {len(text)} characters; give at least a few "
-                         f"thousand.")
+        raise ValueError(f"text_corpus: {path} has {len(text)} characters; give at least "
+                         f"1000 (its validation and test parts are 5 % of it each).")
     a = int(fractions[0] * len(text))
     b = a + int(fractions[1] * len(text))
     return Corpus(text[:a], text[a:b], text[b:], f"text file {path}")
@@ -166,7 +166,7 @@ def _warn_unseen(part: str, text: Corpus, ids: Tensor) -> None:
                   f"(e.g. {''.join(chars[:10])!r}) and all read as one unknown character: its "
                   f"losses measure mostly that. Give a text whose parts share their characters "
                   f"(the file is cut 90 / 5 / 5 % in order: mix or reorder its contents).",
-                  HypergradWarning, stacklevel=3)
+                  HypergradWarning, stacklevel=4)  # past charlm_task and keeps_rng's wrapper
 
 
 class CharVocab:
@@ -332,6 +332,10 @@ def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
     from .bundled import device_of, dtype_of
 
     dt, dev = dtype_of(dtype), device_of(device)
+    if corpus == "stdlib" and text_file:  # the file was ignored: the report read as its own
+        raise ValueError(f"charlm_task: text_file={text_file!r} with corpus='stdlib', which "
+                         f"reads the standard library, not the file; give corpus='file' to "
+                         f"read it (hypergrad-run: task.corpus=file), or drop text_file.")
     if corpus == "stdlib":
         text = stdlib_corpus(train_chars, val_chars, test_chars, seed=data_seed)
     elif corpus == "file":
@@ -343,12 +347,14 @@ def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
     vocab = CharVocab(text.train)
     train_ids = vocab.encode(text.train).to(dev)  # the batches are drawn there
     val_ids, test_ids = vocab.encode(text.val).to(dev), vocab.encode(text.test).to(dev)
+    fix = ("larger val_chars and test_chars" if corpus == "stdlib" else
+           f"the validation and test parts are 5 % of the file each: at least "
+           f"{20 * (context + 1)} characters for context={context}")
     for part, ids in (("validation", val_ids), ("test", test_ids)):
         if ids.numel() <= context:
             raise ValueError(f"charlm_task: the {part} text of {text.source} has {ids.numel()} "
                              f"characters, fewer than context + 1 = {context + 1} (one window); "
-                             f"give a longer text (corpus='stdlib': larger val_chars and "
-                             f"test_chars) or a smaller context.")
+                             f"give a longer text ({fix}) or a smaller context.")
     for part, ids in (("validation", val_ids), ("test", test_ids)):
         _warn_unseen(part, text, ids)
     xv, yv = windows(val_ids, context, val_windows)
