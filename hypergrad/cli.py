@@ -47,6 +47,7 @@ from .errors import (
     CheckpointError,
     ConfigError,
     ConfigWarning,
+    DistributedError,
     HypergradWarning,
     MemoryBudgetError,
     RanksMismatchError,
@@ -242,6 +243,13 @@ class KeepSweepRecord(Callback):
         import uuid
 
         from .run.files import next_numbered, write_text_atomic
+
+        # a sweep the command line's check did not see (hydra.mode in a config file): refused
+        # here, on every rank, before any rank renames the others' records as an earlier sweep's
+        said = _multirun_under_torchrun(["--multirun"])
+        if said is not None:
+            print(said, file=sys.stderr)
+            raise SystemExit(2)
 
         folder = Path(str(config.hydra.sweep.dir))
         # the earlier sweep's records: the basic sweeper's multirun.yaml, the Optuna sweeper's
@@ -774,19 +782,25 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def _interrupted(err: BaseException) -> str:
     """What an interrupted run's message says: the run folder, and whether it holds a
-    checkpoint to resume from (``hydra.run.dir`` named: the default folder has a time stamp,
-    so the same command with ``folder.resume=true`` alone started afresh in a new folder)."""
-    from .run.files import CHECKPOINT, PREVIOUS
-
+    checkpoint to resume from (:func:`_stopped`)."""
     how = "SIGTERM" if isinstance(err, _Terminated) else "KeyboardInterrupt"
     if isinstance(err, _Terminated) and distributed.launched():
         # torchrun stops every rank with SIGTERM when one of them failed
         how += ", which torchrun also sends when another rank failed: see its error above"
+    return _stopped(f"interrupted ({how})")
+
+
+def _stopped(what: str) -> str:
+    """``hypergrad-run: <what>`` and the next step: the run folder, and whether it holds a
+    checkpoint to resume from (``hydra.run.dir`` named: the default folder has a time stamp,
+    so the same command with ``folder.resume=true`` alone started afresh in a new folder)."""
+    from .run.files import CHECKPOINT, PREVIOUS
+
     try:
         h = HydraConfig.get()
         run_dir = Path(h.runtime.output_dir)
     except Exception:  # noqa: BLE001 - outside a Hydra job: the folder is unknown
-        return (f"hypergrad-run: interrupted ({how}); continue in the same run folder with "
+        return (f"hypergrad-run: {what}; continue in the same run folder with "
                 f"folder.resume=true hydra.run.dir=<the run folder>")
     # a sweep's jobs go where hydra.sweep.dir says (a --multirun ignores hydra.run.dir: the
     # advice restarted every job afresh in a new folder)
@@ -794,16 +808,16 @@ def _interrupted(err: BaseException) -> str:
              f"own)" if _multirun() else f"hydra.run.dir={run_dir}")
     if _multirun() and "optuna" in str(h.sweeper.get("_target_", "")).lower():
         # run again, Optuna proposes new values: job N's folder holds another point's run
-        return (f"hypergrad-run: interrupted ({how}); an Optuna sweep's jobs' runs cannot be "
+        return (f"hypergrad-run: {what}; an Optuna sweep's jobs' runs cannot be "
                 f"resumed (refused: run again, job N may be given other values): run it again "
                 f"into a new hydra.sweep.dir (its study continues where hydra.sweeper.storage "
                 f"and study_name keep it, with another hydra.sweeper.sampler.seed: the same "
                 f"seed draws the same first points again); {run_dir} keeps this job's records")
     if (run_dir / CHECKPOINT).exists() or (run_dir / PREVIOUS).exists():
-        return (f"hypergrad-run: interrupted ({how}); the run folder {run_dir} keeps the last "
+        return (f"hypergrad-run: {what}; the run folder {run_dir} keeps the last "
                 f"checkpoint and its records: continue with the same command and "
                 f"folder.resume=true {where}")
-    return (f"hypergrad-run: interrupted ({how}) before the first checkpoint: the run folder "
+    return (f"hypergrad-run: {what} before the first checkpoint: the run folder "
             f"{run_dir} holds none to resume from; run the command again ({where} reuses the "
             f"folder{'s' if _multirun() else ''})")
 
@@ -876,6 +890,14 @@ def _answered_job(cfg: DictConfig) -> float:
                 "HYDRA_FULL_ERROR") != "1":  # what to do next, not 75 lines of traceback
             print(_failed(err), file=sys.stderr)
             sys.exit(143 if isinstance(err, _Terminated) else 130)
+        if isinstance(err, DistributedError) and not _multirun() and os.environ.get(
+                "HYDRA_FULL_ERROR") != "1":  # the ranks' failure and what to do next, without
+            # Hydra's 60 lines of traceback and with the command line's setting (the error's
+            # own advice is the Python API's: the torchrun probe)
+            print(f"hypergrad-run: {err} On the command line the timeout is "
+                  f"distributed.timeout=<seconds>.", file=sys.stderr)
+            print(_stopped("stopped (the ranks' failure above)"), file=sys.stderr)
+            sys.exit(1)
         if isinstance(err, KeyboardInterrupt) and _multirun():
             # the sweep stops with Hydra's traceback, whose note was the Trainer's Python
             # advice (folder=hypergrad.RunFolder(...)): the command line's instead (the sweep
@@ -1154,8 +1176,10 @@ def _multirun_under_torchrun(args: list[str]) -> str | None:
     not under torchrun): every job of the sweep starts the process group again in the same
     processes, which torchrun's rendezvous store does not answer; the second job hung for the
     group's timeout (10 minutes), and every rank wrote the sweep's own records."""
-    asked = any(a in ("-m", "--multirun") or a.replace(" ", "").lower() == "hydra.mode=multirun"
-                for a in args)
+    # argparse takes any unambiguous prefix of a flag: --multi started a sweep
+    asked = any(a == "-m" or (len(a) >= 3 and "--multirun".startswith(a))
+                or a.replace(" ", "").replace('"', "").replace("'", "").lower()
+                == "hydra.mode=multirun" for a in args)
     if not asked or not distributed.launched():
         return None
     return ("hypergrad-run: --multirun under torchrun is refused: each job would start the "

@@ -499,7 +499,7 @@ def test_a_sweep_under_torchrun_is_refused_before_it_starts(tmp_path: Path) -> N
     (the CLI probe). Refused up front, on each rank, with what to run instead."""
     env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    for flag in ("--multirun", "-m", "hydra.mode=MULTIRUN"):
+    for flag in ("--multirun", "-m", "hydra.mode=MULTIRUN", "--multi"):  # argparse's prefix
         out = subprocess.run([sys.executable, "-m", "hypergrad.cli", flag, "seed=0,1",
                               f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True,
                              text=True, cwd=ROOT, env=env, timeout=120)
@@ -508,6 +508,27 @@ def test_a_sweep_under_torchrun_is_refused_before_it_starts(tmp_path: Path) -> N
         assert "Many runs: Hydra launchers" in out.stderr
     assert not (tmp_path / "sweep").exists()
     assert "## Many runs: Hydra launchers" in (ROOT / "docs" / "distributed.md").read_text()
+
+
+def test_a_sweep_set_in_a_config_file_is_refused_under_torchrun_before_records_move(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """hydra.mode set in a config file passes the command line's check: the sweep's callback
+    refuses it, before a rank renames another's multirun.yaml as an earlier sweep's (the
+    torchrun probe: each rank took the other's record for an earlier sweep)."""
+    from omegaconf import OmegaConf
+
+    from hypergrad.cli import KeepSweepRecord
+
+    (tmp_path / "multirun.yaml").write_text("this sweep's\n")
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as ended:
+        KeepSweepRecord().on_multirun_start(cfg)
+    assert ended.value.code == 2
+    assert "--multirun under torchrun is refused" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["multirun.yaml"]
 
 
 def test_the_docs_torchrun_example_ends_with_status_0_on_every_rank(tmp_path: Path) -> None:

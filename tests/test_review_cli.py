@@ -237,6 +237,12 @@ class Interrupts(Breaks):  # Ctrl-C during tuning, as a user presses it
     error = KeyboardInterrupt()
 
 
+class RanksFail(Breaks):  # a collective failing as a dead or hung peer makes it
+    calls = 0
+    from hypergrad.errors import DistributedError
+    error = DistributedError("hypergrad.distributed: rank 0 of 2: gathering failed (10 s).")
+
+
 class Wide(nn.Module):  # a setting of its own, given a string on the command line
     def __init__(self, n_in, n_out, width=16):
         super().__init__()
@@ -247,7 +253,7 @@ class Wide(nn.Module):  # a setting of its own, given a string on the command li
 '''
 
 
-@pytest.mark.parametrize("model", ["OneOutput", "Breaks", "Wide", "Interrupts"])
+@pytest.mark.parametrize("model", ["OneOutput", "Breaks", "Wide", "Interrupts", "RanksFail"])
 def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: Path,
                                                                       model: str) -> None:
     """A model of the wrong output shape failed inside the loss with an indexing error naming
@@ -277,6 +283,12 @@ def test_a_failing_model_of_your_own_is_named_and_the_folder_says_why(tmp_path: 
                 f"(hydra.run.dir={run_dir} reuses the folder)")
         assert out.returncode == 130 and said in out.stderr and said in logged
         assert "Traceback" not in out.stderr
+    elif model == "RanksFail":  # the command line's timeout and next step, no traceback
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+        assert "gathering failed (10 s). On the command line the timeout is " \
+               "distributed.timeout=<seconds>." in out.stderr
+        assert (f"hypergrad-run: stopped (the ranks' failure above) before the first "
+                f"checkpoint: the run folder {run_dir} holds none") in out.stderr
     elif model == "Wide":
         assert "task (hypergrad.tasks.bundled.digits_task)" not in out.stderr
         assert re.search(r"caused by TypeError: empty\(\).*\(in your code: \S*my_models.py:"
