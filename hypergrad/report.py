@@ -10,12 +10,14 @@ initial ones); the point after the last update is outer step ``N``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .errors import HypergradWarning
 from .hyperparams import HyperParams, Schedule
 from .problem import InnerProblem, InnerState
 
@@ -290,10 +292,15 @@ def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
         # ImportError: schedule-free AdamW's torch twin without the schedulefree package; the
         # error came after the tuning, and results.json and the model were never written
         settings = {"not_written": str(err)}
+        if isinstance(err, ImportError):  # said in the YAML only, under another reason
+            warnings.warn(f"learned.yaml is not written: {err}", HypergradWarning, stacklevel=2)
+    missing = ("# Not written: a package it needs is not installed (the reason below); the "
+               "learned values are in results.json.\n")
     head = ("# What hypergrad learned, for your own training: hypergrad.export."
             "optimizer_from_settings(yaml.safe_load(open('learned.yaml')), model) gives the "
             "torch.optim optimizer and LambdaLR (docs/guide.md). Schedule windows are fractions "
             "of training (see 'assumes').\n" if "not_written" not in settings else
+            missing if "pip install" in settings["not_written"] else
             "# Not written: torch.optim cannot hold what hypergrad learned (the reason below); "
             "the learned values are in results.json.\n")
     cls = str((settings.get("optimizer") or {}).get("class", ""))

@@ -105,4 +105,8 @@ def test_the_sdist_holds_what_its_tests_run() -> None:
     assert scripts and scripts <= names, sorted(scripts - names)[:5]
     assert {f for f in files if f.startswith("tests/") and f.endswith(".py")} <= names
     assert "Makefile" in names and ".ci/run" in names
-    assert not any(n.startswith("experiments/results/") for n in names)
+    # the results stay out but the plots the docs link to: the sdist's link test failed on
+    # them (the wheel probe, 2026-12-07 evening)
+    linked = {m for f in files if f.startswith("docs/") and f.endswith(".md")
+              for m in re.findall(r"\.\./(experiments/results/[^)\s]+)", (ROOT / f).read_text())}
+    assert linked and {n for n in names if n.startswith("experiments/results/")} == linked
