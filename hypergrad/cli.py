@@ -1208,8 +1208,8 @@ def _missing_plugin(args: list[str]) -> str | None:
         if asked and not found:
             apart = ("" if what != "optuna" else
                      " in a virtual environment of its own: the plugin pins optuna<3, which "
-                     "would replace the optuna>=4 of the `compare` extra here (`make test` "
-                     "installs it apart, in .venv/sweep-optuna)")
+                     "would replace the optuna>=4 of the `compare` extra here (in a source "
+                     "checkout, `make test` installs it apart, in .venv/sweep-optuna)")
             return (f"hypergrad-run: the {what} plugin of Hydra is not installed: "
                     f"pip install 'hypergrad-forward[{extra}]'{apart} (docs/configs.md).")
     return None
