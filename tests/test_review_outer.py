@@ -394,3 +394,88 @@ def test_a_fit_far_over_its_time_budget_says_so() -> None:
     unit_clock(tr)
     tr.fit()
     assert not [m for m in logs if "this fit took" in m], logs
+
+
+def _kinked(steps: int = 20) -> hg.InnerProblem:
+    """Least squares by GD whose validation loss adds 0.05 sqrt(lr - 0.2) above lr = 0.2:
+    finite everywhere, its hypergradient NaN below 0.2 (torch.where's other branch: the
+    derivative of sqrt at a negative argument), and lower there."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 5, generator=g, dtype=torch.float64)
+    w = torch.randn(5, 1, generator=g, dtype=torch.float64)
+    y = x @ w + 0.1 * torch.randn(40, 1, generator=g, dtype=torch.float64)
+    xv = torch.randn(40, 5, generator=g, dtype=torch.float64)
+    yv = xv @ w + 0.1 * torch.randn(40, 1, generator=g, dtype=torch.float64)
+    model = torch.nn.Linear(5, 1, bias=False).double()
+    torch.nn.init.zeros_(model.weight)
+
+    def val(m: Any, hp: Any) -> torch.Tensor:
+        d = hp["lr"] - 0.2
+        return ((m(xv) - yv) ** 2).mean() + 0.05 * torch.where(d > 0, torch.sqrt(d),
+                                                                torch.zeros_like(d))
+
+    return hg.InnerProblem(model, lambda m, b, hp: ((m(b[0]) - b[1]) ** 2).mean(),
+                           hg.optim.sgd(lr="lr"),
+                           hg.HyperParams([hg.Scalar("lr", 0.35, transform="log")]),
+                           [(x, y)], steps, val)
+
+
+@pytest.mark.parametrize("how", ["adam", "backtrack", "default"])
+def test_a_point_with_a_finite_loss_and_no_hypergradient_is_still_a_result(how: str) -> None:
+    """A point whose hypergradient was not finite at a finite validation loss was left out of
+    the points to return: Adam stopped there and returned the point before it (0.0290 where
+    0.0204 had been evaluated), backtracking returned 0.0205 where 0.0196 had been; the
+    default search said 25 times that the best point "trains well in one draw only" on a
+    deterministic problem (the divergence probe, 2026-12-07 evening)."""
+    import warnings
+
+    p = _kinked()
+    kw: dict[str, Any] = {
+        "adam": dict(outer=functools.partial(torch.optim.Adam, lr=0.3),
+                     mode=hg.Offline(outer_steps=12)),
+        "backtrack": dict(outer=functools.partial(torch.optim.Adam, lr=0.3),
+                          mode=hg.Offline(outer_steps=12), guards=hg.Guards(backtrack=1.5)),
+        "default": {}}[how]
+    logs: list[str] = []
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        res = hg.Trainer(p, "forward", callbacks=_quiet(logs), **kw).fit()
+    seen = [v for v, _ in _every_loss(res) if v is not None and math.isfinite(v)]
+    assert res.best_val_loss is not None
+    assert res.best_val_loss == pytest.approx(min(seen), rel=1e-12)
+    with torch.no_grad():
+        s = p.run(res.lam)
+        assert float(p.objective(s.params, s.buffers, res.lam)) == pytest.approx(
+            res.best_val_loss, rel=1e-12)
+    assert res.values["lr"] < 0.2  # where the loss is lower and the hypergradient NaN
+    if how == "adam":  # stopped at the first NaN hypergradient: that point is the result
+        assert res.diverged and res.best_step == len(res.history)
+    else:
+        assert any(issubclass(w.category, hg.errors.TuningWarning)
+                   and "finite validation loss but a hypergradient that was not finite"
+                   in str(w.message) for w in said)
+    assert not any("trains well in one draw only" in m for m in logs)
+
+
+def test_a_non_finite_training_loss_at_a_later_step_is_named_with_its_step() -> None:
+    """An inf training loss at inner step 7 of 20 only was reported as "the validation loss is
+    nan", with the advice of a smaller outer learning rate, naming neither the training nor
+    its step (the divergence probe)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 5, generator=g, dtype=torch.float64)
+    y = x @ torch.randn(5, 1, generator=g, dtype=torch.float64)
+    model = torch.nn.Linear(5, 1, bias=False).double()
+    torch.nn.init.zeros_(model.weight)
+
+    def loss(m: Any, b: Any, hp: Any) -> torch.Tensor:
+        mse = ((m(b[0]) - b[1]) ** 2).mean()
+        return mse + mse / torch.relu(0.3 - hp["lr"]) if b[2] == 7 else mse
+
+    p = hg.InnerProblem(model, loss, hg.optim.sgd(lr="lr"),
+                        hg.HyperParams([hg.Scalar("lr", 0.4, transform="log")]),
+                        lambda t: (x, y, int(t)), 20, lambda m, hp: ((m(x) - y) ** 2).mean())
+    res = hg.Trainer(p, "forward", outer=functools.partial(torch.optim.Adam, lr=0.5),
+                     mode=hg.Offline(outer_steps=3), callbacks=_quiet()).fit()
+    assert res.diverged
+    assert ("the parameters are first non-finite after inner step 7 of 20, whose training "
+            "loss is inf: the training loss itself is not finite there") in res.message

@@ -274,6 +274,14 @@ class Tracker:
         """The best distinct points evaluated, lowest validation loss first (at most
         :data:`TOP`; the first of equal losses first): the candidates the Trainer re-checks
         before returning one."""
+        self.gradless_seen: list[dict[str, Any]] = []
+        """The hyperparameters of every such point, for the end-of-run warning."""
+        self.gradless: list[Best] = []
+        """Points evaluated at a finite validation loss whose hypergradient was not finite
+        (a square root at 0 in a loss): kept out of :attr:`top` while the search runs, which
+        steps from its best, and admitted as results at the end (:meth:`admit_gradless`). The
+        point returned ignored them: 0.0290 returned where 0.0204 had been evaluated (the
+        divergence probe, 2026-12-07)."""
 
     @property
     def best_grad(self) -> Tensor | None:
@@ -336,6 +344,33 @@ class Tracker:
             self.top.append((v, lam.detach().clone(), step))
             self.top.sort(key=lambda b: b[0])
             del self.top[TOP:]
+
+    def note_gradless(self, value: float, lam: Tensor, step: int) -> None:
+        """Keep a point evaluated at a finite validation loss whose hypergradient was not
+        finite as a result (:attr:`gradless`)."""
+        if math.isfinite(value) and not any(torch.equal(x, lam) for _, x, _ in self.gradless):
+            self.gradless_seen.append(self.hps.describe(lam))
+            self.gradless.append((value, lam.detach().clone(), step))
+            self.gradless.sort(key=lambda b: b[0])
+            del self.gradless[TOP:]
+
+    def set_aside(self, lam: Tensor, value: float) -> None:
+        """Move the point ``lam`` from :attr:`top` to :attr:`gradless` (no hypergradient to
+        step from there, found when the search came back to it), at the worse of its recorded
+        loss and ``value``."""
+        for i, (w, x, k) in enumerate(self.top):
+            if torch.equal(x, lam):
+                del self.top[i]
+                self.gradless = [b for b in self.gradless if not torch.equal(b[1], lam)]
+                self.note_gradless(max(w, value), x, k)
+                return
+
+    def admit_gradless(self) -> None:
+        """Admit the :attr:`gradless` points among the results (at the end of an offline run,
+        before the point returned is chosen)."""
+        for v, x, k in self.gradless:
+            self._keep(v, x, k)
+        self.gradless = []
 
     def demote(self, lam: Tensor, value: float) -> None:
         """Keep the worse of the recorded loss of ``lam`` and ``value`` (the point measured
@@ -415,7 +450,8 @@ class Tracker:
                 "last_good_val": self.last_good_val,
                 "best": best, "best_grad": self.best_grad, "nonzero": sorted(self.nonzero),
                 "grad_at": None if self._grad is None else self._grad[0],  # where it was taken
-                "top": [{"val": v, "lam": x, "step": k} for v, x, k in self.top]}
+                "top": [{"val": v, "lam": x, "step": k} for v, x, k in self.top],
+                "gradless": [{"val": v, "lam": x, "step": k} for v, x, k in self.gradless]}
 
     def load_state_dict(self, ck: dict[str, Any], like: Tensor) -> None:
         """Restore from a checkpoint (older ones may lack fields), tensors as ``like``."""
@@ -425,6 +461,8 @@ class Tracker:
         self.nonzero = set(ck.get("nonzero", []))
         self.top = [(float(b["val"]), b["lam"].to(like), int(b["step"]))
                     for b in ck.get("top", [])]
+        self.gradless = [(float(b["val"]), b["lam"].to(like), int(b["step"]))
+                         for b in ck.get("gradless", [])]
         best = ck.get("best")
         if not self.top and best is not None:  # an older checkpoint: its best point
             self.top = [(float(best["val"]), best["lam"].to(like), int(best["step"]))]

@@ -1511,13 +1511,26 @@ class Trainer:
             first = tr.best[0]
             if value is None or len(tr.top) < 2 or self.selections:
                 return False  # nothing else to go back to (or chosen by select_loss)
-            tr.demote(lam_used, value if math.isfinite(value) else math.inf)
-            said = (f"outer step {self.outer_step}: the best point's validation loss, measured "
-                    f"again on other batches, is {value:.4g} against {first:.4g} at first: it "
-                    f"trains well in one draw only, and keeps its worse measurement; back to "
-                    f"the next best point (outer step {tr.best[2]}, validation loss "
-                    f"{tr.best[0]:.4g}), and a restart from there")
-            cause = "the best point trains well in one draw only"
+            if NONFINITE_GRAD in why and math.isfinite(value):
+                # its loss is finite, its hypergradient not (a square root at 0): no point
+                # to step from, but a result. It was "measured again on other batches" and
+                # "trains well in one draw only", 25 times over, on a deterministic problem
+                # (the divergence probe)
+                tr.set_aside(lam_used, value)
+                said = (f"outer step {self.outer_step}: at the best point (validation loss "
+                        f"{value:.4g}), {why}: the search cannot step from there, and keeps it "
+                        f"among the points to return; back to the next best point (outer step "
+                        f"{tr.best[2]}, validation loss {tr.best[0]:.4g}), and a restart from "
+                        f"there")
+                cause = "no usable hypergradient at the best point"
+            else:
+                tr.demote(lam_used, value if math.isfinite(value) else math.inf)
+                said = (f"outer step {self.outer_step}: the best point's validation loss, "
+                        f"measured again on other batches, is {value:.4g} against {first:.4g} "
+                        f"at first: it trains well in one draw only, and keeps its worse "
+                        f"measurement; back to the next best point (outer step {tr.best[2]}, "
+                        f"validation loss {tr.best[0]:.4g}), and a restart from there")
+                cause = "the best point trains well in one draw only"
         else:
             said = (f"outer step {self.outer_step}: {why}, at hyperparameters "
                     f"{self.problem.hyperparams.describe(lam_used)}: back to the best point "
@@ -1598,6 +1611,16 @@ class Trainer:
             once = self._say_compile()
             hg_seconds = max(self._now() - t0 - once, 0.0)
             value, grad = hg.objective, hg.grad
+            if (self.tracker.best is not None and math.isfinite(float(value))
+                    and not bool(torch.isfinite(grad).all())):  # a result all the same,
+                # recorded where the run's other points without a hypergradient are (the
+                # point returned was in no record)
+                self.tracker.note_gradless(float(value), lam_used, self.outer_step)
+                self.evaluations.append({
+                    "elapsed": self._elapsed(), "val_loss": float(value),
+                    "lam": lam_used.clone(), "kind": "hypergradient not finite",
+                    "outer_step": self.outer_step,
+                    "hyperparams": self.problem.hyperparams.describe(lam_used)})
             bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
             best = self.tracker.best
             if (bad is not None and best is not None and torch.equal(best[1], lam_used)
@@ -1735,6 +1758,19 @@ class Trainer:
                      and self.history[-1].get("hyperparams") == hps.describe(last)
                      else self.outer_step)
         self.tracker.track(value, last, None, last_step, first=False)
+        self.tracker.admit_gradless()
+        seen = self.tracker.gradless_seen
+        if seen:  # the search went around them: without a log, a user never learned of it
+            said = (f"Trainer: {len(seen)} point(s) evaluated had a finite validation loss "
+                    f"but a hypergradient that was not finite (e.g. {seen[0]}): the search "
+                    f"could not step from them (they were candidates for the point returned). "
+                    f"A training at the edge of stability there (its derivatives overflow: "
+                    f"bound the learning rate) or a loss whose derivative is not finite there "
+                    f"(sqrt or abs at 0, a log of 0, a torch.where whose other branch is not "
+                    f"finite) gives that: check with hypergrad.testing.hypergradcheck at such "
+                    f"a point.")
+            self.message(said)
+            warnings.warn(TuningWarning(said), stacklevel=4)
         with torch.no_grad():
             self._note(last, float(value), self._select_value(state, last, float(value)),
                        last_step)
@@ -1927,6 +1963,8 @@ class Trainer:
         if not torch.equal(self.lam, lam_used):  # the update itself went wrong
             bad_lam, last_val = self.lam.detach().clone(), math.nan
         bad = hps.describe(bad_lam)
+        if not self.mode.online:
+            self.tracker.admit_gradless()
         keep, keep_step, keep_val, kept = self.tracker.fallback(not self.mode.online)
         sel: float | None = None
         if not self.mode.online and self.selections:  # chosen as a finished run chooses
@@ -1991,6 +2029,10 @@ class Trainer:
                    f"data (e.g. keep = torch.isfinite(x).flatten(1).all(1); x, y = x[keep], "
                    f"y[keep]) and run again. Returned the initial hyperparameters: "
                    f"{hps.describe(keep)}.")
+        if not math.isfinite(float(value)) and not self.mode.online:
+            where = self._nonfinite_from(lam_used)
+            if where:
+                msg = f"{msg} {where}"
         self.message(msg)
         if self.folder is not None:
             # on every rank (a split run gathers its columns): the checkpoint written where the
@@ -2003,6 +2045,40 @@ class Trainer:
                            last_lam=bad_lam, last_values=bad, best_step=keep_step,
                            best_val_loss=None if math.isnan(keep_val) else keep_val,
                            last_val_loss=last_val, best_select_loss=sel)
+
+    def _nonfinite_from(self, lam: Tensor) -> str:
+        """Where a plain run at ``lam`` first holds a non-finite parameter, and its training
+        loss there, as a sentence ("" where none does: the validation loss itself is not
+        finite). One plain run with a check per step, only where a run stopped on a
+        non-finite validation loss, which names neither the training nor its step: an inf
+        training loss at step 7 of 12 read as "the validation loss is nan", with the advice of
+        a smaller outer learning rate (the divergence probe, 2026-12-07 evening). Not for a
+        streamed source (another pass would be read: its runs are the costly ones)."""
+        p = self.problem
+        if p.stream is not None:
+            return ""
+        try:
+            with torch.no_grad():
+                s = p.initial_state(lam)
+                for t in range(p.steps):
+                    new = p.step(s, lam, t)
+                    if not all(bool(torch.isfinite(v).all()) for v in new.params.values()):
+                        loss = float(p.train_objective(s.params, s.buffers, lam, t,
+                                                       p.batch(t))[0])
+                        return (f"In a plain run at these hyperparameters the parameters are "
+                                f"first non-finite after inner step {t} of {p.steps}, whose "
+                                f"training loss is {loss:.4g}: the training "
+                                + ("loss itself is not finite there, on that step's batch at "
+                                   "these hyperparameters (a division by, or a log of, "
+                                   "something that reaches 0; a non-finite value in that "
+                                   "batch): fix the loss or the data there, or bound the "
+                                   "hyperparameter it divides by." if not math.isfinite(loss) else
+                                   "diverged there (a learning rate too large for it, "
+                                   "or a gradient that overflows)."))
+                    s = new
+        except Exception:  # noqa: BLE001 - a diagnosis: the run already stopped on its own
+            return ""
+        return ""
 
     # -- records and checkpoints -----------------------------------------------------------------
     def _record(self, value: Tensor, grad: Tensor, lam_used: Tensor, state: InnerState,
