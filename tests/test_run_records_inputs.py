@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,21 +74,33 @@ def test_split_validation_refuses_nan_labels_and_a_float_seed() -> None:
 
 
 # -- resume and overwrite ------------------------------------------------------------------------
+def _fit_in(folder: Path, p: hg.InnerProblem, steps: int, resume: bool) -> hg.TrainResult:
+    """Forward mode, offline for ``steps`` outer steps, in the run folder ``folder``."""
+    return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
+                      folder=hg.RunFolder(folder, resume=resume), callbacks=quiet()).fit()
+
+
+def _refused_then_resumed(build: Callable[[Any], hg.InnerProblem], folder: Path, same: Any,
+                          other: Any, said: str) -> None:
+    """One outer step of ``build(same)``; its resume as ``build(other)`` refused, naming what
+    differs (``said``, a pattern), and as ``build(same)`` going on to two."""
+    _fit_in(folder, build(same), 1, False)
+    with pytest.raises(ResumeMismatchError, match=said):
+        _fit_in(folder, build(other), 2, True)
+    assert len(_fit_in(folder, build(same), 2, True).history) == 2
+
+
 def test_a_resume_with_another_seed_or_select_loss_is_refused(tmp_path: Path) -> None:
     """Neither the problem's seed (dropout draws, the start's and restarts' points) nor whether
     it has a select_loss was in the fingerprint: a resume mixed two runs in one folder, or
     returned a point chosen among the first run's selections only."""
-    def fit(p: hg.InnerProblem, steps: int, resume: bool) -> hg.TrainResult:
-        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
-                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
-                          callbacks=quiet()).fit()
-
-    fit(small(seed=0, select=True), 1, False)
+    run = tmp_path / "run"
+    _fit_in(run, small(seed=0, select=True), 1, False)
     with pytest.raises(ResumeMismatchError, match=r"problem.seed: 0 -> 1"):
-        fit(small(seed=1, select=True), 2, True)
+        _fit_in(run, small(seed=1, select=True), 2, True)
     with pytest.raises(ResumeMismatchError, match=r"problem.select_loss: True -> False"):
-        fit(small(seed=0), 2, True)
-    assert len(fit(small(seed=0, select=True), 2, True).history) == 2
+        _fit_in(run, small(seed=0), 2, True)
+    assert len(_fit_in(run, small(seed=0, select=True), 2, True).history) == 2
 
 
 def _bound(item: Any) -> hg.InnerProblem:
@@ -113,34 +126,22 @@ def test_a_resume_whose_values_apply_to_other_parameters_is_refused(kind: str,
             return hg.PerTensor("wd", 1e-3, "log", params=[f"{first}.weight"], default=0.0)
         return hg.PerGroup("wd", 1e-3, "log", groups={"w": rf"^{first}\.weight"}, default=0.0)
 
-    def fit(first: str, steps: int, resume: bool) -> hg.TrainResult:
-        return hg.Trainer(_bound(item(first)), "forward", mode=hg.Offline(outer_steps=steps),
-                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
-                          callbacks=quiet()).fit()
-
-    fit("0", 1, False)
     # the entry that differs is named: problem.bindings[wd][params]: ['0.weight'] -> ...
-    with pytest.raises(ResumeMismatchError, match=r"problem.bindings\[wd\]\S*: "
-                                                  r"\['0.weight'\] -> \['2.weight'\]"):
-        fit("2", 2, True)
-    assert len(fit("0", 2, True).history) == 2  # the same binding resumes
+    _refused_then_resumed(lambda first: _bound(item(first)), tmp_path / "run", "0", "2",
+                          r"problem.bindings\[wd\]\S*: \['0.weight'\] -> \['2.weight'\]")
 
 
 def test_a_resume_with_another_training_loss_is_refused(tmp_path: Path) -> None:
     """A label smoothing added to the training loss changes neither the validation loss nor
     the first batch, and the resume went on silently, the history mixing two problems."""
-    def fit(smoothing: float, steps: int, resume: bool) -> hg.TrainResult:
+    def build(smoothing: float) -> hg.InnerProblem:
         p = _bound(hg.Scalar("wd", 1e-3, "log"))
         p.train_loss = lambda m, b, hp: F.cross_entropy(m(b[0]), b[1],
                                                         label_smoothing=smoothing)
-        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
-                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
-                          callbacks=quiet()).fit()
+        return p
 
-    fit(0.0, 1, False)
-    with pytest.raises(ResumeMismatchError, match=r"problem.train_loss_at_start: [\d.]+ -> "):
-        fit(0.3, 2, True)
-    assert len(fit(0.0, 2, True).history) == 2  # the same loss resumes
+    _refused_then_resumed(build, tmp_path / "run", 0.0, 0.3,
+                          r"problem.train_loss_at_start: [\d.]+ -> ")
 
 
 def test_a_resume_with_other_dataloader_settings_is_refused(tmp_path: Path) -> None:
@@ -153,24 +154,19 @@ def test_a_resume_with_other_dataloader_settings_is_refused(tmp_path: Path) -> N
     x = torch.randn(32, 5, generator=g, dtype=torch.float64)
     y = torch.randint(0, 3, (32,), generator=g)
 
-    def fit(drop_last: bool, steps: int, resume: bool) -> hg.TrainResult:
+    def build(drop_last: bool) -> hg.InnerProblem:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
         loader = DataLoader(TensorDataset(x, y), batch_size=6, shuffle=True,
                             drop_last=drop_last)
-        p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                            hg.optim.sgd(lr="lr"),
-                            hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), loader, 4,
-                            lambda m, hp: F.cross_entropy(m(x), y))
-        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
-                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
-                          callbacks=quiet()).fit()
+        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                               hg.optim.sgd(lr="lr"),
+                               hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), loader, 4,
+                               lambda m, hp: F.cross_entropy(m(x), y))
 
-    fit(False, 1, False)
-    with pytest.raises(ResumeMismatchError, match=r"problem.batch_source\S*drop_last\S*: "
-                                                  r"False -> True"):
-        fit(True, 2, True)  # the first 4 batches are the same: only the settings differ
-    assert len(fit(False, 2, True).history) == 2  # the same loader resumes
+    # the first 4 batches are the same: only the settings differ
+    _refused_then_resumed(build, tmp_path / "run", False, True,
+                          r"problem.batch_source\S*drop_last\S*: False -> True")
 
 
 @pytest.mark.parametrize("source", ["minibatches", "list", "dataloader"])
@@ -187,7 +183,7 @@ def test_a_resume_with_other_data_past_the_first_batch_is_refused(tmp_path: Path
     x = torch.randn(32, 5, generator=g, dtype=torch.float64)
     y = torch.randint(0, 3, (32,), generator=g)
 
-    def fit(shift: float, steps: int, resume: bool) -> hg.TrainResult:
+    def build(shift: float) -> hg.InnerProblem:
         xs = x.clone()
         xs[31] += shift  # past the first batch in every order here
         data: Any = {"minibatches": lambda: MiniBatches(xs, y, batch_size=8, shuffle=False),
@@ -196,18 +192,12 @@ def test_a_resume_with_other_data_past_the_first_batch_is_refused(tmp_path: Path
                      }[source]()
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
-        p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                            hg.optim.sgd(lr="lr"),
-                            hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), data, 4,
-                            lambda m, hp: F.cross_entropy(m(x), y))
-        return hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=steps),
-                          folder=hg.RunFolder(tmp_path / "run", resume=resume),
-                          callbacks=quiet()).fit()
+        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                               hg.optim.sgd(lr="lr"),
+                               hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), data, 4,
+                               lambda m, hp: F.cross_entropy(m(x), y))
 
-    fit(0.0, 1, False)
-    with pytest.raises(ResumeMismatchError, match=r"problem.data\S*: "):
-        fit(1.0, 2, True)
-    assert len(fit(0.0, 2, True).history) == 2  # the same data resumes
+    _refused_then_resumed(build, tmp_path / "run", 0.0, 1.0, r"problem.data\S*: ")
 
 
 def test_a_training_loss_with_randomness_hypergrad_does_not_seed_still_resumes(
