@@ -217,6 +217,15 @@ def test_charlm_preset_smoke(tmp_path: Path) -> None:
     res = json.loads((run / "results.json").read_text())
     text = json.dumps(res)
     assert "test_bpc" in text and "val_bpc" in text
+    # model_learned.pt holds token ids: the characters they stand for are in the record (the
+    # model could be used only by rebuilding the same text; the charlm probe)
+    import torch
+
+    from hypergrad.tasks.charlm import CharVocab
+
+    vocab = res["extra"]["vocab"]
+    emb = torch.load(run / "model_learned.pt")["embed.weight"]
+    assert len(vocab) + 1 == emb.shape[0] and CharVocab(vocab).chars == list(vocab)
 
 
 # -- experiments/long_horizon.py --quick -----------------------------------------------------------

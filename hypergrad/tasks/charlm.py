@@ -380,8 +380,14 @@ def charlm_task(hyperparams: HyperParams, optimizer: Optimizer,
         m = problem.model(state)
         return {"val_bpc": bits_per_char(m, *ev_val), "test_bpc": bits_per_char(m, *ev_test)}
 
+    def extra(lam: Tensor) -> dict[str, Any]:
+        # model_learned.pt holds token ids: without the characters they stand for it could be
+        # used only by rebuilding the same text (the standard library of the same Python)
+        return {"vocab": "".join(vocab.chars),
+                "vocab_note": "token id i + 1 is vocab[i]; id 0 is any other character"}
+
     # the test text is read by evaluate only: a resume must see an edit of it too
-    task = Task(problem, evaluate, name="charlm",
+    task = Task(problem, evaluate, name="charlm", extra=extra,
                 fingerprint={"task.corpus_digest": text.digest()})
     task.corpus = text  # type: ignore[attr-defined]
     task.vocab = vocab  # type: ignore[attr-defined]
