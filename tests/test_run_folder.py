@@ -41,6 +41,24 @@ def test_two_runs_on_one_folder_in_one_process_are_refused(tmp_path: Path) -> No
     assert second.fit().best_step is not None
 
 
+def test_a_second_fit_after_another_run_wrote_the_folder_is_refused(tmp_path: Path) -> None:
+    """A Trainer's second fit() took the lock back and overwrote the checkpoint another run
+    had written in between (a resume of the folder), with its own older state, and appended
+    outer steps recorded already: the other run's steps were lost (the folder probe)."""
+    first = make_trainer(_problem(), run_dir=tmp_path, outer_steps=1)
+    first.fit()
+    other = make_trainer(_problem(), run_dir=tmp_path, outer_steps=3, resume=True)
+    assert len(other.fit().history) == 3
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    with pytest.raises(RunDirError, match=r"changed since this Trainer's last fit\(\) ended .*"
+                                          r"resume=True"):
+        first.fit()
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before  # the other run's, kept
+    again = make_trainer(_problem(), run_dir=tmp_path, outer_steps=4, resume=True)
+    assert len(again.fit().history) == 4  # the lock was given back
+    assert len(again.fit().history) == 4  # its own second fit() is not refused
+
+
 def test_a_stale_lock_is_taken_over_and_said(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

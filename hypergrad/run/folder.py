@@ -203,6 +203,9 @@ class RunFolder:
         self._open = False  # a Trainer uses it (open() until close())
         # the run's records its checkpoints found loadable (files._loadable): not walked again
         self._checked: dict[int, Any] = {}
+        self._left: tuple[int, int] | None | bool = False
+        """The checkpoint as the lock's last release left it (:meth:`close`; its modification
+        time and size, ``None`` for none), ``False`` before any release."""
 
     def open(self, device: torch.device, log: Log) -> tuple[dict[str, Any], Path] | None:
         """Take the lock; return the checkpoint to resume from (and its path), or ``None`` for a
@@ -327,9 +330,34 @@ class RunFolder:
             return
 
     def close(self) -> None:
-        """Give the lock back."""
+        """Give the lock back, noting the checkpoint as it leaves it (:meth:`reacquire`)."""
         self._open = False
+        if self.lock.held:
+            self._left = self._checkpoint_mark()
         self.lock.release()
+
+    def reacquire(self) -> None:
+        """Take the lock again for another ``fit()`` of the Trainer that gave it back; refused
+        where the checkpoint changed meanwhile: another process resumed the run between the
+        two calls, and the second call overwrote its checkpoint with this Trainer's older
+        state and appended steps it had already recorded (its outer steps lost; the folder
+        probe, 2026-12-07 evening)."""
+        self.lock.acquire()
+        if self._left is not False and self._checkpoint_mark() != self._left:
+            self.lock.release()
+            raise RunDirError(
+                f"Trainer: the run folder {self.path} changed since this Trainer's last fit() "
+                f"ended (its {CHECKPOINT} was written by another run meanwhile); going on "
+                f"would overwrite that run's steps with this Trainer's older state. Build a new "
+                f"Trainer with RunFolder({str(self._shown)!r}, resume=True) to go on from what "
+                f"the folder holds, or use another folder.")
+
+    def _checkpoint_mark(self) -> tuple[int, int] | None:
+        try:
+            st = (self.path / CHECKPOINT).stat()
+        except FileNotFoundError:
+            return None
+        return st.st_mtime_ns, st.st_size
 
     def __repr__(self) -> str:
         flags = "".join(f", {k}=True" for k in ("resume", "overwrite") if getattr(self, k))

@@ -862,7 +862,7 @@ class Trainer:
                                                                             *self.evaluations))])
         self._plain_recent = []
         if self.folder is not None and self.strategy.is_writer:
-            self.folder.lock.acquire()
+            self.folder.reacquire()
         try:
             self._emit("on_fit_start")
             self._good = None
