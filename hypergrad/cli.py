@@ -242,7 +242,7 @@ class KeepSweepRecord(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         import uuid
 
-        from .run.files import next_numbered, write_text_atomic
+        from .run.files import RunLock, next_numbered, write_text_atomic
 
         # a sweep the command line's check did not see (hydra.mode in a config file): refused
         # here, on every rank, before any rank renames the others' records as an earlier sweep's
@@ -250,8 +250,19 @@ class KeepSweepRecord(Callback):
         if said is not None:
             print(said, file=sys.stderr)
             raise SystemExit(2)
-
         folder = Path(str(config.hydra.sweep.dir))
+        # one sweep at a time in a folder: a second one started beside a running one took its
+        # records for an earlier sweep's (renamed them), replaced its id, and the two mixed
+        # their jobs' folders and summary lines (the folder probe, 2026-12-07 evening)
+        self._lock = RunLock(folder, who="hypergrad-run --multirun", name=SWEEP_LOCK)
+        try:
+            self._lock.acquire()
+        except RunDirError as err:
+            print(f"hypergrad-run: the sweep folder {folder} is in use by another sweep; give "
+                  f"this one another hydra.sweep.dir, or wait for that one to end. {err}",
+                  file=sys.stderr)
+            raise SystemExit(2) from None
+
         # the earlier sweep's records: the basic sweeper's multirun.yaml, the Optuna sweeper's
         # optimization_results.yaml (its best point, replaced without a word by a worse one),
         # the job lines of sweep_summary.jsonl (appended to: one job number twice)
@@ -276,6 +287,16 @@ class KeepSweepRecord(Callback):
                        f"same number resumes, overwrites or is refused as its folder.* settings "
                        f"say, the others keep the earlier sweep's runs (a new "
                        f"hydra.sweep.dir keeps the sweeps apart)" if jobs else ""))
+
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+
+
+SWEEP_LOCK = ".hypergrad_sweep.lock"
+"""In a ``--multirun`` sweep's folder while the sweep runs: its process (:class:`RunLock`)."""
 
 
 def _user_frame(err: BaseException) -> traceback.FrameSummary | None:

@@ -317,6 +317,33 @@ def test_an_interrupted_sweep_says_what_the_command_line_does_next(tmp_path: Pat
     assert "Trainer: interrupted" not in out.stderr
 
 
+def test_a_second_sweep_into_a_running_sweeps_folder_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep started into the folder of one still running took its multirun.yaml for an
+    earlier sweep's (renamed it), replaced its id, and the two mixed their jobs' folders and
+    summary lines (the folder probe). The sweep folder is locked while its sweep runs."""
+    from omegaconf import OmegaConf
+
+    from hypergrad.cli import KeepSweepRecord
+
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    running = KeepSweepRecord()
+    running.on_multirun_start(cfg)
+    (tmp_path / "multirun.yaml").write_text("the running sweep's\n")
+    with pytest.raises(SystemExit) as ended:
+        KeepSweepRecord().on_multirun_start(cfg)
+    assert ended.value.code == 2
+    assert "is in use by another sweep; give this one another hydra.sweep.dir" in \
+        capsys.readouterr().err
+    assert (tmp_path / "multirun.yaml").read_text() == "the running sweep's\n"
+    running.on_multirun_end(cfg)
+    later = KeepSweepRecord()
+    later.on_multirun_start(cfg)  # after it ended: its records kept as an earlier sweep's
+    assert (tmp_path / "multirun.2.yaml").read_text() == "the running sweep's\n"
+    later.on_multirun_end(cfg)
+    assert not (tmp_path / ".hypergrad_sweep.lock").exists()
+
+
 def test_a_label_smoothing_that_can_leave_0_1_is_warned_about() -> None:
     """configs.md's example added `smooth` with the scalar kind's identity transform: tuning
     drove it to -0.30 (the loss unbounded below), written to learned.yaml without a word. The

@@ -663,9 +663,10 @@ class RunLock:
     process, which holds no such lock, is a later one) is taken over, and :attr:`taken_over`
     says whose it was; temporary files a killed writer left are removed then."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], who: str = "Trainer") -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], who: str = "Trainer",
+                 name: str = LOCK) -> None:
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK
+        self.path = self.run_dir / name  # another name: a sweep's folder (hypergrad-run -m)
         self.who = who
         self._held = False
         self.taken_over: str = ""
@@ -744,7 +745,7 @@ class RunLock:
             # checked: one before it with the same id left it), nor a later process that got a
             # dead holder's id (another start)
             return False
-        stale = self.path.with_name(f"{LOCK}.stale-{os.getpid()}")
+        stale = self.path.with_name(f"{self.path.name}.stale-{os.getpid()}")
         try:
             os.replace(self.path, stale)
         except FileNotFoundError:
