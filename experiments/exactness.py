@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -49,9 +50,13 @@ def main() -> None:
     ap.add_argument("--n-train", type=int, default=64, help="training examples (K of per_example)")
     ap.add_argument("--json", default=None, help="also write the table here")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
-    ap.add_argument("--optimizers", nargs="*", default=None, help=f"a subset of {OPTIMIZERS}")
-    ap.add_argument("--kinds", nargs="*", default=None, help=f"a subset of {KINDS}")
+    ap.add_argument("--optimizers", nargs="+", default=None, choices=OPTIMIZERS,
+                    metavar="OPTIMIZER", help=f"a subset of {OPTIMIZERS}")
+    ap.add_argument("--kinds", nargs="+", default=None, choices=KINDS, metavar="KIND",
+                    help=f"a subset of {KINDS}")
     args = ap.parse_args()
+    if args.json and not Path(args.json).parent.is_dir():  # found after the whole grid ran
+        ap.error(f"--json {args.json}: no folder {Path(args.json).parent}")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"exactness: --device {args.device}, but torch {torch.__version__} "
                          f"sees no CUDA device.")

@@ -160,7 +160,7 @@ def scale_grid(st: LMStudy, a: argparse.Namespace) -> int:
 
 def table(runs: list[dict[str, Any]], seeds: list[int]) -> None:
     """Per shape and peak the mean test bits per character over ``seeds``; per shape its best
-    peak (by test: a ceiling) and by validation (what a grid would pick)."""
+    peak by test (a ceiling, with hindsight), its validation beside it."""
     print(f"\n{'shape':12s} {'peak':>8s} {'test bpc':>9s} {'val bpc':>9s}")
     best: dict[str, tuple[float, float, float]] = {}
     for shape in SHAPES:

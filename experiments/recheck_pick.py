@@ -18,7 +18,7 @@ Prints a table of mean test losses per problem and rule and a last line
 ``--tuner ablation``: the same with the suite's ablation (the defaults with the hypergradient
 replaced by a two-run zeroth-order estimate, whose re-check chooses by the same rule): other
 searches, so other candidates to judge the rules on. ``--quick``: one problem, one seed, a
-budget of 12 plain runs (a smoke run in seconds).
+budget of 20 plain runs (a smoke run in seconds).
 """
 
 from __future__ import annotations
@@ -96,6 +96,14 @@ def picks(rec: dict[str, Any]) -> dict[str, float]:
     return {rule: min(cs, key=score)["test"] for rule, score in RULES.items()}
 
 
+def _payload(protocol: dict[str, Any], records: list[dict[str, Any]], half: str,
+             planned: int) -> dict[str, Any]:
+    """The JSON written: ``complete`` says whether every planned run is in it (an interrupted
+    run's file looked finished)."""
+    return {"protocol": protocol, "complete": len(records) == planned,
+            "summary": summarize(records, half), "records": records}
+
+
 def summarize(records: list[dict[str, Any]], half: str) -> dict[str, Any]:
     by: dict[str, list[dict[str, float]]] = {}
     for rec in records:
@@ -145,8 +153,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--plain-runs", type=int, default=30, help="budget in plain runs")
     ap.add_argument("--quick", action="store_true",
                     help="the half's first problem, one seed, 20 plain runs")
-    ap.add_argument("--out", default=None, help="JSON file (written after every run)")
+    ap.add_argument("--out", default=None,
+                    help="JSON file (written after every run; a run of the same protocol "
+                         "into it goes on where it stopped)")
     args = ap.parse_args(argv)
+    for flag, v in (("--seeds", args.seeds), ("--plain-runs", args.plain_runs)):
+        if v < 1:  # --seeds 0 ended in KeyError: 'summary'
+            ap.error(f"{flag} {v}: must be an int >= 1")
     torch.set_num_threads(1)
     names = args.problems or suite.SPLIT[args.half]
     unknown = sorted(set(names) - set(suite.PROBLEMS))
@@ -156,22 +169,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds, n_plain = range(args.seeds), args.plain_runs
     if args.quick:
         names, seeds, n_plain = names[:1], range(1), 20
+    protocol = {"tuner": args.tuner, "budget_plain_runs": n_plain, "retrain_seeds": RETRAIN,
+                "seeds": list(seeds), "split_hash": suite.SPLIT_HASH}
+    plan = [(name, seed) for name in names for seed in seeds]
     records: list[dict[str, Any]] = []
+    if args.out and Path(args.out).exists():  # an interrupted run: its runs kept, not redone
+        old = json.loads(Path(args.out).read_text())
+        if old.get("protocol") != protocol:
+            ap.error(f"--out {args.out} holds the records of another protocol "
+                     f"({old.get('protocol')}); give another --out, or remove it")
+        records = [r for r in old.get("records", []) if (r["problem"], r["seed"]) in plan]
+    done = {(r["problem"], r["seed"]) for r in records}
     payload: dict[str, Any] = {}
     for name in names:
         budget = n_plain * V._plain_seconds(name)
         for seed in seeds:
+            if (name, seed) in done:
+                continue
             rec = search(name, seed, budget, args.tuner)
             records.append(rec)
             got = picks(rec)
             print(f"{name} seed {seed}: {len(rec['candidates'])} re-checked; test worse "
                   f"{got['worse']:.4f}, mean {got['mean']:.4f}", flush=True)
-            payload = {"protocol": {"tuner": args.tuner, "budget_plain_runs": n_plain,
-                                    "retrain_seeds": RETRAIN,
-                                    "seeds": list(seeds), "split_hash": suite.SPLIT_HASH},
-                       "summary": summarize(records, args.half), "records": records}
+            payload = _payload(protocol, records, args.half, len(plan))
             if args.out:
                 Path(args.out).write_text(json.dumps(payload, indent=1))
+    payload = _payload(protocol, records, args.half, len(plan))
     s = payload["summary"]
     print(table(s))
     print(f"recheck_pick half={args.half}{'' if args.tuner == 'hypergrad' else ' tuner=ablation'} "

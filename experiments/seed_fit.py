@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     st = hs.studies(False)["teacher"]
     rows = [json.loads(line) for line in Path(args.records).read_text().splitlines()]
+    have = {(r.get("contender"), r.get("seed")) for r in rows if r.get("study") == "teacher"}
+    missing = [(c, s) for s in args.seeds for c in args.contenders if (c, s) not in have]
+    if missing:  # they were skipped without a word, and an empty result written
+        ap.error(f"no teacher record in {args.records} for (contender, seed) {missing[:6]}; "
+                 f"the records hold {sorted(have, key=str)[:12]}")
     new = (100, 101, 102)
     out = []
     print(f"{'contender':<17}{'seed':>5}{'tuning':>8}{'again':>8}{'new batches':>13}"

@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--quick is for --task charlm; give the teacher a smaller --T instead")
     if args.T is None:
         args.T = 1000
+    if args.budget <= 0 or args.T < 1:  # the library named time_budget=-1.000005 instead
+        ap.error(f"--budget {args.budget:g} and --T {args.T}: the budget must be seconds > 0, "
+                 f"the horizon an int >= 1")
     torch.set_num_threads(1)
     search: dict[str, Any] = {}  # the defaults' search settings for this variant
     if args.variant == "independent":
@@ -154,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
                      "hypergradients": got["info"].get("hypergradients", 0),
                      "plain_runs": got["info"].get("plain_runs", got["evals"])})
         print(f"seed {seed}: val {got['val']:.4f} test {test:.4f}", flush=True)
+        if args.out:  # after every seed: an interrupted run kept nothing
+            Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
     summary = {"variant": args.variant, "contender": args.contender,
                "smooth_schedule": (mode.search.smooth_schedule if args.contender == "defaults"
                                    else hc.SIGN_SMOOTH),
