@@ -59,6 +59,22 @@ def test_a_second_fit_after_another_run_wrote_the_folder_is_refused(tmp_path: Pa
     assert len(again.fit().history) == 4  # its own second fit() is not refused
 
 
+def test_an_older_lock_of_a_live_process_is_not_answered_with_kill(tmp_path: Path) -> None:
+    """A lock without a start time (an older version's) whose process id a live program now
+    holds was answered "stop it (kill <pid>)": that killed an unrelated program (the folder
+    probe). The advice is to check the process first."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run.lock").write_text(f"{live.pid} {socket.gethostname()}\n")
+        with pytest.raises(RunDirError, match=rf"records no start time .* check it \(ps -p "
+                                              rf"{live.pid}\) before stopping it") as refused:
+            make_trainer(_problem(), run_dir=tmp_path, outer_steps=1)
+        assert "kill" not in str(refused.value)
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_a_stale_lock_is_taken_over_and_said(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -783,6 +783,11 @@ class RunLock:
                f"wait for it to finish, or stop it (kill {pid}); a lock left by a process that "
                f"has died is taken over by the next run. If this folder is a copy of a running "
                f"run's folder, its run.lock came with the copy: delete it")
+        if here and not owner.start:  # an older lock: whether pid is still its run is unknown
+            how = (f"the lock records no start time (an older version wrote it), so process "
+                   f"{pid} may be another program that got the run's process id: check it "
+                   f"(ps -p {pid}) before stopping it, and if it is not a hypergrad run, delete "
+                   f"{self.path} and run again")
         return RunDirError(
             f"{self.who}: run folder {self.run_dir} is in use by another run (process {pid} on "
             f"{host or 'an unknown host'}, lock file {self.path}): {how}. Or use another folder "
