@@ -151,8 +151,10 @@ def test_a_read_only_folder_is_refused_when_the_lock_is_taken(
         return real(path, *args, **kw)
 
     monkeypatch.setattr(os, "open", read_only)
+    # no permission helps there: the advice was chmod u+w (the folder probe)
     with pytest.raises(RunDirError, match=r"cannot write in the run folder .*Read-only file "
-                                          r"system.*chmod u\+w"):
+                                          r"system\); its file system is read-only: use a "
+                                          r"folder on another one"):
         make_trainer(_problem(), run_dir=tmp_path)
 
 

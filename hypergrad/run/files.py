@@ -56,7 +56,7 @@ __all__ = ["CHECKPOINT", "PREVIOUS", "UNREADABLE", "METRICS", "LOCK", "TRAINER_F
            "RECORD_FILES", "RECORD_PATTERNS", "PLOTS", "save_checkpoint",
            "load_checkpoint", "fingerprint_diff", "digest", "json_safe", "dumps", "SEARCH_KEYS",
            "write_text_atomic", "write_bytes_atomic", "append_line", "RunLock", "used_files",
-           "clear_run_dir"]
+           "clear_run_dir", "write_fix"]
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
@@ -655,6 +655,14 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def write_fix(err: OSError) -> str:
+    """What to do about a folder that cannot be written: on a read-only file system no
+    permission helps (the advice was chmod u+w)."""
+    if err.errno == errno.EROFS:
+        return "its file system is read-only: use a folder on another one"
+    return "give it write permission (chmod u+w) or use another folder"
+
+
 class RunLock:
     """``run_dir/run.lock`` (pid and host inside) for the lifetime of a run. The lock belongs to
     the run that took it (this object; acquiring it again is a no-op): another run asking for
@@ -710,8 +718,8 @@ class RunLock:
             except OSError as err:  # a read-only folder: the lock is the first file written
                 raise RunDirError(
                     f"{self.who}: cannot write in the run folder {self.run_dir} "
-                    f"({type(err).__name__}: {err.strerror or err}); give it write permission "
-                    f"(chmod u+w) or use another folder.") from err
+                    f"({type(err).__name__}: {err.strerror or err}); "
+                    f"{write_fix(err)}.") from err
             with os.fdopen(fd, "w") as fh:
                 fh.write(me)
             _HELD[key] = self

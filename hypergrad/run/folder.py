@@ -59,6 +59,7 @@ from .files import (
     load_checkpoint,
     save_checkpoint,
     used_files,
+    write_fix,
     write_text_atomic,
 )
 
@@ -278,8 +279,7 @@ class RunFolder:
         except OSError as err:
             raise RunDirError(
                 f"Trainer: cannot write in the run folder {self.path} ({type(err).__name__}: "
-                f"{err.strerror or err}); give it write permission (chmod u+w) or use another "
-                f"folder.") from err
+                f"{err.strerror or err}); {write_fix(err)}.") from err
         probe.unlink(missing_ok=True)
 
     def write(self, ck: Mapping[str, Any], rec: Mapping[str, Any]) -> None:
