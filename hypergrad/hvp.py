@@ -62,6 +62,7 @@ from __future__ import annotations
 import abc
 import itertools
 import math
+import numbers
 import types
 import warnings
 from collections.abc import Callable
@@ -72,6 +73,7 @@ from torch import Tensor
 from torch.func import grad, jvp, vjp, vmap
 
 from . import footprint as _fp
+from .errors import is_real
 
 __all__ = ["HVPStrategy", "VmapVJP", "BatchedAutograd", "ForwardOverReverse", "ColumnLoop",
            "STRATEGIES", "DEFAULT_MEMORY_BUDGET"]
@@ -88,17 +90,18 @@ unchunked call (docs/benchmarks.md); raise it on a machine with memory to spare,
 
 
 def _check_chunk(api: str, chunk_size: int | None) -> int | None:
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
-                                   or chunk_size < 1):
+    # a NumPy int (a grid's count) was refused as "must be ... an int >= 1"
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(
+            chunk_size, numbers.Integral) or chunk_size < 1):
         raise ValueError(f"{api}: chunk_size={chunk_size!r} must be None (automatic, from "
                          f"memory_budget) or an int >= 1.")
-    return chunk_size
+    return None if chunk_size is None else int(chunk_size)
 
 
 def _check_budget(api: str, budget: float | None) -> float | None:
     if budget is None:
         return None
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+    if not is_real(budget) or not budget > 0:  # a NumPy number too
         raise ValueError(f"{api}: memory_budget={budget!r} must be None (the default, "
                          f"{int(DEFAULT_MEMORY_BUDGET)} bytes), a number of bytes > 0, or "
                          f"math.inf (never chunk), e.g. memory_budget=4 * 2**30.")

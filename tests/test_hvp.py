@@ -148,6 +148,14 @@ def test_strategy_options_are_checked() -> None:
         hg.hvp.VmapVJP(memory_budget=0)
     with pytest.raises(ValueError, match="chunk_size=0"):
         hg.hvp.VmapVJP(chunk_size=0)
+    # NumPy numbers (a grid's values), as Guards and check_memory take them: they were refused
+    # as "must be ... a number of bytes > 0" (the memory probe)
+    import numpy as np
+
+    s = hg.hvp.VmapVJP(chunk_size=np.int64(3), memory_budget=np.float32(1e9))
+    assert s.chunk_size == 3 and type(s.chunk_size) is int and s.memory_budget == 1e9
+    with pytest.raises(ValueError, match="chunk_size=2.0"):
+        hg.hvp.VmapVJP(chunk_size=2.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="hvp must be an HVPStrategy"):
         hg.ForwardMode("loop")  # type: ignore[arg-type]
 

@@ -449,6 +449,16 @@ def test_a_budget_that_looks_like_gib_is_named_and_chunks_are_not_advised_where_
     with pytest.raises(MemoryBudgetError) as info:
         check_memory(p, hg.ForwardMode(), memory_budget=room)
     assert "chunk_size=1" in str(info.value)
+    # the message's count of the tangents is the estimate's ((K + 1) |s|), not "the old and
+    # the new tangents" (2 K |s|) beside it (the memory probe); one column per call still
+    # holds the activations: not advised where they and the tangents exceed the budget
+    held = est.total - est.activations - est.intermediates
+    from hypergrad.methods.base import gib as in_units
+
+    assert f"the state and its K tangents hold {in_units(held)}" in str(info.value)
+    with pytest.raises(MemoryBudgetError) as info:
+        check_memory(p, hg.ForwardMode(), memory_budget=held + est.activations / 2)
+    assert "chunk_size=1" not in str(info.value)
 
 
 def test_cuda_free_memory_counts_what_the_caching_allocator_holds_unused(

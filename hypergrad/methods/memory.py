@@ -134,10 +134,13 @@ def options(problem: InnerProblem, fwd: MemoryEstimate | None, rev: MemoryEstima
     truncated = isinstance(failed, ReverseMode) and failed.truncate is not None
     opts = []
     if fwd is not None and k > 1 and chosen != "reverse":
-        opts.append(f"fewer hyperparameters (K={k}; a forward step holds the old and the new "
-                    f"tangents, {gib(2 * k * fwd.state)})")
         held = fwd.total - fwd.activations - fwd.intermediates  # tangents and state
-        if fwd.columns > 1 and (room is None or held < room):
+        # the estimate's own count: "the old and the new tangents, 2K|s|" contradicted it
+        # beside it in one message (the memory probe)
+        opts.append(f"fewer hyperparameters (K={k}; the state and its K tangents hold "
+                    f"{gib(held)})")
+        # one column per call still needs the tangents, the state and the activations
+        if fwd.columns > 1 and (room is None or held + fwd.activations < room):
             opts.append("fewer HVP columns per call: chunk_size=1 or a smaller HVP memory_budget "
                         f"(method.hvp.chunk_size / method.hvp.memory_budget in bytes; now "
                         f"{gib(fwd.intermediates)} for {fwd.columns} columns)")
