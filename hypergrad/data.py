@@ -649,8 +649,48 @@ class Stream:
                 out[key] = getattr(fn, "__qualname__", type(fn).__qualname__)
         return out
 
+    def describe_dataset(self) -> dict[str, Any] | None:
+        """What a DataLoader's Dataset is beyond the first batch, for a run folder's
+        fingerprint: its class, the code of its own ``__getitem__`` / ``__iter__`` and of the
+        functions it holds, its plain settings (numbers, strings) and a summary of its tensors
+        (shape, dtype, sum). An augmentation changed between a run and its resume (a clamp
+        added, a noise scale) that the first batch did not show went on silently, the run
+        mixing the two (the online probe, 2026-12-07 evening). ``None`` without a dataset."""
+        ds = getattr(self.source, "dataset", None)
+        if ds is None:
+            return None
+        cls = type(ds)
+        out: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
+        for name in ("__getitem__", "__iter__"):
+            fn = getattr(cls, name, None)
+            if fn is not None and not getattr(fn, "__module__", "").startswith("torch."):
+                out[name] = _code_digest(fn)
+        for k, v in sorted(getattr(ds, "__dict__", {}).items()):
+            if isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 200):
+                out[f"attr.{k}"] = v
+            elif isinstance(v, Tensor) and v.layout == torch.strided and not v.is_complex():
+                out[f"attr.{k}"] = [list(v.shape), str(v.dtype).replace("torch.", ""),
+                                    float(f"{float(v.detach().sum(dtype=torch.float64)):.6g}")]
+            elif callable(v) and hasattr(v, "__code__"):  # a function or lambda it calls
+                out[f"attr.{k}"] = _code_digest(v)
+        return out
+
     def __repr__(self) -> str:
         return f"Stream({type(self.source).__name__}, seed={self.seed})"
+
+
+def _code_digest(fn: Any) -> str:
+    """A short hash of a function's source (its bytecode where the source cannot be read):
+    the same function in another process hashes the same (no addresses)."""
+    import hashlib
+    import inspect
+
+    try:
+        text = inspect.getsource(fn).encode()
+    except (OSError, TypeError):
+        code = getattr(fn, "__code__", None)
+        text = code.co_code if code is not None else getattr(fn, "__qualname__", "").encode()
+    return hashlib.sha256(text).hexdigest()[:16]
 
 
 def split_validation(*tensors: Tensor, share: float = 0.5, seed: int = 0,

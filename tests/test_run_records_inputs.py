@@ -200,6 +200,51 @@ def test_a_resume_with_other_data_past_the_first_batch_is_refused(tmp_path: Path
     _refused_then_resumed(build, tmp_path / "run", 0.0, 1.0, r"problem.data\S*: ")
 
 
+class _Noisy(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Examples with an augmentation: noise of a scale, then a function of its own."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, scale: float, augment: Any) -> None:
+        self.x, self.y, self.scale, self.augment = x, y, scale, augment
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.augment(self.x[i] + self.scale * torch.randn(self.x.shape[1:],
+                                                                 dtype=self.x.dtype)), self.y[i]
+
+
+@pytest.mark.parametrize("change", ["scale", "augment"])
+def test_a_resume_with_another_augmentation_is_refused(tmp_path: Path, change: str) -> None:
+    """An augmentation changed between a run and its resume (a clamp added, another noise
+    scale) that the first batch did not show was taken, and the run mixed the two (lam
+    -2.2137 against the straight run's -2.2221; the online probe, 2026-12-07 evening)."""
+    from torch.utils.data import DataLoader
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (32,), generator=g)
+    def same(v: torch.Tensor) -> torch.Tensor:
+        return v
+
+    def clamped(v: torch.Tensor) -> torch.Tensor:  # changes no value here: its code differs
+        return v.clamp(-30, 30)
+
+    def build(other: bool) -> hg.InnerProblem:
+        scale = 0.2 if other and change == "scale" else 0.1
+        augment = clamped if other and change == "augment" else same
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+        loader = DataLoader(_Noisy(x, y, scale, augment), batch_size=8, shuffle=True)
+        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                               hg.optim.sgd(lr="lr"),
+                               hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), loader, 4,
+                               lambda m, hp: F.cross_entropy(m(x), y))
+
+    _refused_then_resumed(build, tmp_path / "run", False, True,
+                          rf"problem.dataset\S*attr.{change}\S*: ")
+
+
 def test_a_training_loss_with_randomness_hypergrad_does_not_seed_still_resumes(
         tmp_path: Path) -> None:
     """NumPy noise in the loss (warned of as UnseededRandomnessWarning) gives another training

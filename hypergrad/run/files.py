@@ -449,14 +449,16 @@ ADDED_KEYS: dict[str, Any] = {"config.device": "cpu", "config.task.device": "cpu
                               "problem.bindings": NOT_RECORDED,
                               "problem.train_loss_at_start": NOT_RECORDED,
                               "problem.batch_source": NOT_RECORDED,
-                              "problem.data": NOT_RECORDED}
+                              "problem.data": NOT_RECORDED,
+                              "problem.dataset": NOT_RECORDED}
 """Fingerprint keys added in a later version, with the value that means what a checkpoint
 written before them did: absent there, that value here is no change (a run started before
 ``device=`` existed resumes on the CPU; on a GPU it is refused, naming the key);
 :data:`NOT_RECORDED`: what it was cannot be known, so it is not compared (the problem's seed
 and ``select_loss``, in the fingerprint since 2026-11-27; what per-parameter values apply to,
 since 2026-11-28; the training loss at the start, since 2026-12-06; a DataLoader's settings,
-since 2026-12-07; the training data held in memory, since 2026-12-07 evening)."""
+since 2026-12-07; the training data held in memory and a DataLoader's Dataset, since
+2026-12-07 evening)."""
 
 
 SEARCH_KEYS = "trainer.mode.search."

@@ -131,6 +131,9 @@ def problem_fingerprint(problem: InnerProblem, settings: Mapping[str, Any],
     }
     if p.stream is not None:  # a DataLoader's workers, batch size, sampler: see Stream.describe
         fp["problem.batch_source"] = p.stream.describe()
+        dataset = p.stream.describe_dataset()  # its code and settings: Stream.describe_dataset
+        if dataset is not None:
+            fp["problem.dataset"] = dataset
     data = p.data_tensors()
     if data is not None:  # all of it where it is held: the first batch missed later changes
         dig = digest(data)
