@@ -159,7 +159,10 @@ class HVPStrategy(abc.ABC):
             Results do not depend on the chunking.
         memory_budget: bytes the columns of one batched call may hold (``None``:
             :data:`DEFAULT_MEMORY_BUDGET`; ``math.inf``: all K columns in one call). Used only
-            when ``chunk_size`` is ``None``.
+            when ``chunk_size`` is ``None``. It bounds the columns, not the call: the gradient's
+            graph and the first column come on top, and a budget below one column's bytes
+            still runs one column per call (the least there is); a budget for a whole step is
+            ``Guards(memory_budget=...)``, which refuses what does not fit.
 
     Example:
         >>> VmapVJP()                              # chunks sized from 1 GiB
