@@ -169,6 +169,31 @@ def test_a_step_that_skips_columns_stays_within_its_estimate() -> None:
         assert 0.85 <= est / _held_peak(m, p) <= 1.3, (m, est / _held_peak(m, p))
 
 
+@pytest.mark.parametrize("schedule_first", [True, False])
+def test_skipped_columns_that_are_not_the_last_rows_are_counted(schedule_first: bool) -> None:
+    """A schedule declared before a hyperparameter read from step 0: the live rows are not
+    the first ones and are copied, not viewed; the estimate missed about K rows of the
+    parameters (0.85 of the measured peak at K = 68; the memory probe)."""
+    from hypergrad.data import MiniBatches
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (64,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(),
+                          nn.Linear(256, 3)).double()
+    items = [hg.Schedule("lr", 0.05, windows=30, transform="log"),
+             hg.PerTensor("wd", 1e-3, transform="log")]
+    p = hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr", momentum=0.9, weight_decay="wd"),
+                        hg.HyperParams(items if schedule_first else items[::-1]),
+                        MiniBatches(x[:32], y[:32], batch_size=4, seed=0), 30,
+                        lambda m, hp: F.cross_entropy(m(x[32:]), y[32:]))
+    m = hg.ForwardMode()
+    ratio = m.estimate_memory(p).total / _peak(m, p)
+    assert 0.93 <= ratio <= 1.3, ratio
+
+
 def test_a_step_is_counted_whole_as_the_strategy_lays_out_its_products() -> None:
     """The estimate is the bytes of the tensors the real step holds, to 1 %:
 

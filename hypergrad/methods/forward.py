@@ -613,12 +613,19 @@ class ForwardMode(OnlineMethod, name="forward"):
         # 9.3 GiB for it alone in float32 (3.4x measured at K = 16,000; the scale probe)
         eye = k * k * torch.empty((), dtype=problem.dtype).element_size()
         total += eye
-        if self.skip_zero_columns and self._plan(problem).has_late:
+        plan = self._plan(problem)
+        if self.skip_zero_columns and plan.has_late:
             # a step that skips columns scatters the computed rows into K leaf by leaf: one
             # leaf's computed rows beside its K (at most K rows of the largest parameter)
             fm = problem.fmodel
             total += k * max(fm.module.get_parameter(n).numel()
                              * fm.module.get_parameter(n).element_size() for n in fm.param_names)
+            if plan.first_read != sorted(plan.first_read):
+                # the live rows are not the first ones (a schedule declared before a
+                # hyperparameter read from step 0): they are copied, not viewed (_rows), about
+                # K rows of the parameters more (the estimate was 0.83-0.86 of the measured
+                # peak, and 68 MiB apart between two orders of the same items; the memory probe)
+                total += k * w
         phase = "the Hessian-vector products" if call >= update else "the update"
         detail = (f"a step's peak: {phase} (HVP call {gib(call)}"
                   + (f", update {gib(update)}" if update else "")
