@@ -413,6 +413,19 @@ def test_resume_takes_more_outer_steps_and_a_new_outer_lr(tmp_path: Path) -> Non
                for line in logs)
 
 
+@pytest.mark.parametrize("cls,key", [(torch.optim.Adam, "amsgrad"),
+                                     (torch.optim.RMSprop, "centered")])
+def test_a_resume_that_changes_what_the_outer_state_holds_is_refused(
+        tmp_path: Path, cls: Any, key: str) -> None:
+    """Adam's amsgrad switched on at a resume was taken ("amsgrad False -> True") and the
+    next step failed inside torch with a bare KeyError: 'max_exp_avg_sq' (the outer-loop
+    probe)."""
+    _mk(tmp_path, outer=cls).fit()
+    with pytest.raises(ResumeMismatchError, match=rf"{key}=False, this run gives {key}=True"):
+        _mk(tmp_path, outer=functools.partial(cls, **{key: True}), outer_steps=3, resume=True)
+    assert len(_mk(tmp_path, outer=cls, outer_steps=3, resume=True).fit().history) == 3
+
+
 def test_after_a_divergence_the_checkpoint_holds_the_kept_values(tmp_path: Path) -> None:
     res = _trainer(problem=_linear_regression(), outer_steps=5, run_dir=tmp_path,
                    outer=functools.partial(torch.optim.SGD, lr=3e3)).fit()

@@ -416,6 +416,11 @@ def check_resume(ck: Mapping[str, Any], path: Path, fp: Mapping[str, Any], k: in
             f"problem has K={k}.")
 
 
+STATE_SHAPING = ("amsgrad", "centered")
+"""Outer optimizer settings that decide what state torch keeps (Adam's ``max_exp_avg_sq``,
+RMSprop's ``grad_avg``): switched on or off, a resume is refused."""
+
+
 def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
                log: Log) -> None:
     """Load the outer optimizer's state; the hyperparameters it was built with now (lr, ...)
@@ -445,6 +450,14 @@ def load_outer(outer: torch.optim.Optimizer, ck: Mapping[str, Any], path: Path,
             if k in given and bitwise_equal(given[k], v):
                 continue  # not changed since: the run's own value (a halved lr) carries over
             if k in group and not bitwise_equal(group[k], v):
+                if k in STATE_SHAPING and bool(v) != bool(group[k]):
+                    # the saved state has no slot for it: torch's next step failed with a
+                    # bare KeyError: 'max_exp_avg_sq' (the outer-loop probe)
+                    raise ResumeMismatchError(
+                        f"Trainer: checkpoint {path} was written with the outer optimizer's "
+                        f"{k}={group[k]!r}, this run gives {k}={v!r}: {name} keeps other state "
+                        f"with it, so the saved state cannot carry over. Resume with "
+                        f"{k}={group[k]!r}, or start a new run.")
                 changed.append(f"{k} {group[k]!r} -> {v!r}")
             group[k] = v
     now = getattr(outer, "resume_settings", None)
