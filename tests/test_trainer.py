@@ -1076,3 +1076,18 @@ def test_chaotic_inner_training_is_named_in_the_end_warning() -> None:
                       r"hypergradient.s norm reached [0-9.]+e\+\d+ .* training is chaotic"):
         res = fit(1.7)
     assert max(h["hypergrad_norm"] for h in res.history) > 1e28
+
+
+def test_an_outer_learning_rate_of_0_is_named_when_nothing_moved() -> None:
+    """lr=0 for the outer optimizer: the warning blamed bounds (none given) or small steps (the
+    outer-loop probe)."""
+    from hypergrad.testing import digits_case
+
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=4, n_val=16)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        hg.Trainer(p, outer=functools.partial(torch.optim.SGD, lr=0.0),
+                   mode=hg.Offline(outer_steps=2),
+                   callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    assert any(re.search(r"'lr' never moved from its initial value 0.1\d* \(the outer "
+                         r"optimizer's learning rate is 0\)", str(w.message)) for w in said)

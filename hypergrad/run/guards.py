@@ -402,12 +402,13 @@ class Tracker:
     def warn_at_end(self, last_lam: Tensor | None, diverged: bool, offline: bool,
                     history: list[dict[str, Any]], best_step: int | None,
                     best_val: float | None, last_val: float | None,
-                    searched: bool = False) -> None:
+                    searched: bool = False, still: str = "") -> None:
         """Name the hyperparameters that never moved, and say when tuning did not help
         (not when the Trainer also ran plain runs, ``searched``: a space-filling start or a
         restart may leave the first or the last hypergradient's point above the best, which
         is returned, and the search evaluated other values of every hyperparameter even where
-        the outer loop ended at the initial point)."""
+        the outer loop ended at the initial point). ``still``: why nothing moved, where the
+        Trainer knows (an outer learning rate of 0)."""
         if not history or last_lam is None:
             return
         last, first = self.hps.split(last_lam), self.hps.split(self.lam0)
@@ -422,9 +423,10 @@ class Tracker:
                     f"round, .detach(), torch.where on it, or 0 * hp)."), stacklevel=3)
             elif not diverged and not searched:  # a search's plain runs moved it
                 init = self.hps.describe(self.lam0)[name]
+                why = still or "bounds held it, or the outer steps were too small"
                 warnings.warn(TuningWarning(
-                    f"Trainer: {name!r} never moved from its initial value {init} (bounds held "
-                    f"it, or the outer steps were too small)."), stacklevel=3)
+                    f"Trainer: {name!r} never moved from its initial value {init} ({why})."),
+                    stacklevel=3)
         if not offline or diverged or searched:
             return
         init_val = float(history[0]["val_loss"])

@@ -901,7 +901,10 @@ class Trainer:
         self.tracker.warn_at_end(res.last_lam if self._undone is None else self._undone,
                                  res.diverged, not self.mode.online,
                                  self.history, res.best_step, res.best_val_loss,
-                                 res.last_val_loss, searched=bool(self.evaluations))
+                                 res.last_val_loss, searched=bool(self.evaluations),
+                                 still=("the outer optimizer's learning rate is 0" if all(
+                                     g.get("lr", None) == 0 for g in self.outer.param_groups)
+                                     else ""))
         self._warn_budget(res)
         self._warn_untrained(res)
         self.result = res
