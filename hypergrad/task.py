@@ -154,8 +154,11 @@ class Task:
                     f"kept as it is.", HypergradWarning, stacklevel=3)
             own = fields.get(k)
             if k in fields and isinstance(own, (int, float)) and not isinstance(own, bool) and (
-                    x == own or abs(x - own) <= 1e-5 * max(1.0, abs(own))):
-                continue  # the record's own value, computed again
+                    x == own or (math.isnan(x) and math.isnan(own))
+                    or abs(x - own) <= 1e-5 * max(1.0, abs(own))):
+                # the record's own value, computed again (NaN too: a diverged run's val_loss
+                # was kept as evaluate.val_loss, told to rename a metric never written)
+                continue
             if k in fields or k in reserved:
                 if k not in self._said:
                     self._said.add(k)

@@ -695,6 +695,20 @@ def test_a_tasks_metrics_never_overwrite_the_records_own_fields(tmp_path: Path) 
     assert all(h["test_acc"] == 0.75 and "evaluate.val_loss" not in h for h in r.history)
 
 
+def test_a_nan_metric_equal_to_the_records_nan_is_the_records_own() -> None:
+    """A diverged run's val_loss is NaN in the record and in a bundled task's evaluate: NaN
+    never equals itself, so it was kept as evaluate.val_loss beside it (a duplicate column)
+    with a warning to rename a metric the user never wrote (the report probe)."""
+    import warnings
+
+    p = small()
+    task = hg.Task(p, evaluate=lambda s: {"val_loss": math.nan, "test_acc": 0.5}, name="mine")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = task.metrics(p.initial_state(p.init_raw()), fields={"val_loss": math.nan})
+    assert got == {"test_acc": 0.5}
+
+
 def test_the_closing_message_calls_a_rechecked_point_returned_not_best() -> None:
     """With a re-check (or a select_loss) the point returned need not have the lowest
     validation loss: the message read "best 0.3317 (outer step 3), last 0.3045"."""
