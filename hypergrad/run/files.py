@@ -797,7 +797,8 @@ class RunLock:
             how = (f"the lock records no start time (an older version wrote it), so process "
                    f"{pid} may be another program that got the run's process id: check it "
                    f"(ps -p {pid}) before stopping it, and if it is not a hypergrad run, delete "
-                   f"{self.path} and run again")
+                   f"{self.path} and run again. If this folder is a copy of a running run's "
+                   f"folder, its run.lock came with the copy: delete it")
         return RunDirError(
             f"{self.who}: run folder {self.run_dir} is in use by another run (process {pid} on "
             f"{host or 'an unknown host'}, lock file {self.path}): {how}. Or use another folder "

@@ -773,8 +773,9 @@ class Trainer:
             with torch.no_grad():
                 self.lam.copy_(lam)
             raise RuntimeError(
-                f"{who} {how} (restored): callbacks observe the run, and this outer step's "
-                f"checkpoint was written before them, so a resume would go on from the point "
+                f"{who} {how} (restored): callbacks observe the run, and the checkpoints are "
+                f"written before them (none holds a callback's change), so a resume would go "
+                f"on from the point "
                 f"before the change (a rebound tensor is not the one the outer optimizer "
                 f"steps: tuning would stop moving). Set hyperparameters before fit() (a new "
                 f"Trainer, or Guards(bounds=...) to keep them in a range).")
@@ -794,8 +795,9 @@ class Trainer:
             for g, kept in zip(getattr(outer, "param_groups", []), groups):
                 g.update(copy.deepcopy(kept))
             raise RuntimeError(
-                f"{who} changed the outer optimizer's {changed} (restored): this outer step's "
-                f"checkpoint was written before the callbacks, so a resume would go on with "
+                f"{who} changed the outer optimizer's {changed} (restored): the checkpoints are "
+                f"written before the callbacks (none holds a callback's change), so a resume "
+                f"would go on with "
                 f"the setting before the change (an outer learning-rate scheduler stepped in "
                 f"a callback). The Trainer has no outer schedule: its default search sets its "
                 f"own steps, and Guards(backtrack=...) halves an outer learning rate after a "
@@ -803,7 +805,8 @@ class Trainer:
         if _state_marks(outer) != state:
             raise RuntimeError(
                 f"{who} changed the outer optimizer's state (its moments or step counts): "
-                f"this outer step's checkpoint was written before the callbacks, so a resume "
+                f"the checkpoints are written before the callbacks (none holds a callback's "
+                f"change), so a resume "
                 f"would go on with the state before the change. Callbacks observe the run; "
                 f"restart with a new Trainer for another outer state.")
 
