@@ -479,3 +479,24 @@ def test_a_non_finite_training_loss_at_a_later_step_is_named_with_its_step() -> 
     assert res.diverged
     assert ("the parameters are first non-finite after inner step 7 of 20, whose training "
             "loss is inf: the training loss itself is not finite there") in res.message
+
+
+def test_a_run_that_stops_at_a_point_without_a_hypergradient_resumes_from_one_with_it(
+        tmp_path: Path) -> None:
+    """The point returned may have no finite hypergradient (a result all the same); the
+    checkpoint, where a resume steps from, holds the best point with one: from the other the
+    resumed run stopped again at once."""
+    p = _kinked()
+    res = hg.Trainer(p, "forward", outer=functools.partial(torch.optim.Adam, lr=0.3),
+                     mode=hg.Offline(outer_steps=12), folder=hg.RunFolder(tmp_path),
+                     callbacks=_quiet()).fit()
+    assert res.diverged and res.values["lr"] < 0.2
+    assert "it has no finite hypergradient: a resume, or fit() again, goes on from" in res.message
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert float(p.hyperparams.describe(ck["lam"])["lr"]) > 0.2  # one with a hypergradient
+    again = hg.Trainer(p, "forward", outer=functools.partial(torch.optim.Adam, lr=0.01),
+                       mode=hg.Offline(outer_steps=4), folder=hg.RunFolder(tmp_path, resume=True),
+                       callbacks=_quiet())
+    more = again.fit()
+    assert len(more.history) > len(res.history)  # it stepped on (it stopped at once before)
+    assert more.best_val_loss is not None and more.best_val_loss <= res.best_val_loss + 1e-12

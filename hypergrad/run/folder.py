@@ -299,14 +299,16 @@ class RunFolder:
         write_text_atomic(self.path / METRICS, "".join(dumps(rec) + "\n" for rec in history))
 
     def mark_stopped(self, device: torch.device, lam: Tensor, msg: str,
-                     first: Mapping[str, Any] | None = None) -> None:
+                     first: Mapping[str, Any] | None = None,
+                     gradless: list[Any] | None = None) -> None:
         """Rewrite the last checkpoint with the hyperparameters kept after a divergence (not the
         diverged ones), so a resume (e.g. with a smaller outer learning rate) starts from them,
         with the outer optimizer's state forgotten, as a backtrack does (its moments and step
         sizes belong to the steps undone: SignDescent's kept the step of 8 that diverged, and a
         resume with lr=0.2 took it again). Where the run diverged before its first checkpoint,
         ``first`` (the Trainer's state) is written instead: the folder stayed empty, with no
-        record of why the run stopped."""
+        record of why the run stopped. ``gradless``: the points without a finite hypergradient
+        (:attr:`Tracker.gradless <hypergrad.run.guards.Tracker.gradless>`), as of now."""
         got = load_checkpoint(self.path, device)
         if got is not None:
             ck = got[0]
@@ -316,6 +318,9 @@ class RunFolder:
             return
         ck["lam"] = lam.detach().clone()
         ck["stopped"] = msg
+        if gradless is not None:  # the tracker's, with the point where the run stopped: a
+            # resume knew nothing of it when it was the best evaluated (no hypergradient)
+            ck["gradless"] = gradless
         if isinstance(ck.get("outer"), dict) and isinstance(ck["outer"].get("state"), dict):
             ck["outer"]["state"] = {}
         save_checkpoint(self.path, ck)

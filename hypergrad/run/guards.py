@@ -17,9 +17,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -275,11 +276,12 @@ class Tracker:
         :data:`TOP`; the first of equal losses first): the candidates the Trainer re-checks
         before returning one."""
         self.gradless_seen: list[dict[str, Any]] = []
-        """The hyperparameters of every such point, for the end-of-run warning."""
+        """The hyperparameters of every such point, once each, for the end-of-run warning."""
+        self._seen_lams: list[Tensor] = []
         self.gradless: list[Best] = []
         """Points evaluated at a finite validation loss whose hypergradient was not finite
         (a square root at 0 in a loss): kept out of :attr:`top` while the search runs, which
-        steps from its best, and admitted as results at the end (:meth:`admit_gradless`). The
+        steps from its best, and admitted as results at the end (:meth:`gradless_admitted`). The
         point returned ignored them: 0.0290 returned where 0.0204 had been evaluated (the
         divergence probe, 2026-12-07)."""
 
@@ -349,7 +351,9 @@ class Tracker:
         """Keep a point evaluated at a finite validation loss whose hypergradient was not
         finite as a result (:attr:`gradless`)."""
         if math.isfinite(value) and not any(torch.equal(x, lam) for _, x, _ in self.gradless):
-            self.gradless_seen.append(self.hps.describe(lam))
+            if not any(torch.equal(lam, y) for y in self._seen_lams):
+                self._seen_lams.append(lam.detach().clone())
+                self.gradless_seen.append(self.hps.describe(lam))
             self.gradless.append((value, lam.detach().clone(), step))
             self.gradless.sort(key=lambda b: b[0])
             del self.gradless[TOP:]
@@ -362,15 +366,34 @@ class Tracker:
             if torch.equal(x, lam):
                 del self.top[i]
                 self.gradless = [b for b in self.gradless if not torch.equal(b[1], lam)]
-                self.note_gradless(max(w, value), x, k)
+                self.gradless.append((max(w, value), x, k))
+                self.gradless.sort(key=lambda b: b[0])
+                del self.gradless[TOP:]
+                if not any(torch.equal(x, y) for y in self._seen_lams):
+                    self._seen_lams.append(x)
+                    self.gradless_seen.append(self.hps.describe(x))
                 return
 
-    def admit_gradless(self) -> None:
-        """Admit the :attr:`gradless` points among the results (at the end of an offline run,
-        before the point returned is chosen)."""
-        for v, x, k in self.gradless:
+    @contextlib.contextmanager
+    def gradless_admitted(self) -> Iterator[None]:
+        """Inside, the :attr:`gradless` points are among the results (:attr:`top`), while the
+        point returned is chosen; after, they are set apart again, so a resume or another
+        ``fit()`` steps from a point with a hypergradient (back at such a point, the run
+        stopped at once as diverged)."""
+        held = list(self.gradless)
+        for v, x, k in held:
             self._keep(v, x, k)
-        self.gradless = []
+        try:
+            yield
+        finally:
+            for _, x, _ in held:
+                for i, (w, y, _) in enumerate(self.top):
+                    if torch.equal(x, y):  # at the worse of its measurements (a re-check)
+                        del self.top[i]
+                        self.gradless = [(max(u, w), z, j) if torch.equal(z, x) else (u, z, j)
+                                         for u, z, j in self.gradless]
+                        break
+            self.gradless.sort(key=lambda b: b[0])
 
     def demote(self, lam: Tensor, value: float) -> None:
         """Keep the worse of the recorded loss of ``lam`` and ``value`` (the point measured

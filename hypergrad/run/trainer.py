@@ -1764,7 +1764,6 @@ class Trainer:
                      and self.history[-1].get("hyperparams") == hps.describe(last)
                      else self.outer_step)
         self.tracker.track(value, last, None, last_step, first=False)
-        self.tracker.admit_gradless()
         seen = self.tracker.gradless_seen
         if seen:  # the search went around them: without a log, a user never learned of it
             said = (f"Trainer: {len(seen)} point(s) evaluated had a finite validation loss "
@@ -1781,8 +1780,9 @@ class Trainer:
             self._note(last, float(value), self._select_value(state, last, float(value)),
                        last_step)
         assert self.tracker.best is not None
-        best_val, best_lam, best_step, best_sel = self._candidates()[0]
-        rechecked, pick = self._recheck()
+        with self.tracker.gradless_admitted():  # results too, not points to step from
+            best_val, best_lam, best_step, best_sel = self._candidates()[0]
+            rechecked, pick = self._recheck()
         if pick is not None:
             best_val, best_lam, best_step = pick["val_loss"], pick["lam"], pick["outer_step"]
             best_sel = pick.get("select_loss")
@@ -1969,16 +1969,21 @@ class Trainer:
         if not torch.equal(self.lam, lam_used):  # the update itself went wrong
             bad_lam, last_val = self.lam.detach().clone(), math.nan
         bad = hps.describe(bad_lam)
-        if not self.mode.online:
-            self.tracker.admit_gradless()
-        keep, keep_step, keep_val, kept = self.tracker.fallback(not self.mode.online)
+        offline = not self.mode.online
+        go_on = self.tracker.fallback(offline)[0]  # where a resume or fit() again steps from
+        with self.tracker.gradless_admitted() if offline else contextlib.nullcontext():
+            keep, keep_step, keep_val, kept = self.tracker.fallback(offline)
         sel: float | None = None
-        if not self.mode.online and self.selections:  # chosen as a finished run chooses
+        if offline and self.selections:  # chosen as a finished run chooses
             keep_val, keep, keep_step, sel = self._candidates()[0]
+            go_on = keep
             kept = (f"returned the evaluated point with the lowest held-out select_loss "
                     f"({sel:.4g}), of outer step {keep_step} (validation loss {keep_val:.4g})")
+        if not torch.equal(go_on, keep):  # the point returned has no hypergradient
+            kept += (f" (it has no finite hypergradient: a resume, or fit() again, goes on "
+                     f"from {hps.describe(go_on)}, the best point with one)")
         with torch.no_grad():
-            self.lam.copy_(keep)
+            self.lam.copy_(go_on)
         # the outer steps' advice where they led there (not at the initial point, nor for a
         # hypergradient too large for the dtype, whose message gives its own)
         advice = (" Try a smaller outer learning rate, Guards(clip_norm=...), or "
@@ -2045,7 +2050,8 @@ class Trainer:
             # run diverged before its first, so the folder keeps why it stopped
             first = self._checkpoint()
             if self.strategy.is_writer:
-                self.folder.mark_stopped(self.problem.device, self.lam, msg, first=first)
+                self.folder.mark_stopped(self.problem.device, self.lam, msg, first=first,
+                                         gradless=self.tracker.state_dict()["gradless"])
         return TrainResult(keep.clone(), hps.describe(keep), copy.deepcopy(self.history),
                            self.method.name, diverged=True, message=msg, state=None,
                            last_lam=bad_lam, last_values=bad, best_step=keep_step,
