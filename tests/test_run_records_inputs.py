@@ -144,25 +144,33 @@ def test_a_resume_with_another_training_loss_is_refused(tmp_path: Path) -> None:
                           r"problem.train_loss_at_start: [\d.]+ -> ")
 
 
+def _xy() -> tuple[torch.Tensor, torch.Tensor]:
+    """32 examples of 5 features in 3 classes (seeded)."""
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(32, 5, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (32,), generator=g))
+
+
+def _lr_problem(data: Any, x: torch.Tensor, y: torch.Tensor) -> hg.InnerProblem:
+    """A small classifier (seeded) tuning its learning rate over 4 steps of ``data``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+    return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                           hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                           data, 4, lambda m, hp: F.cross_entropy(m(x), y))
+
+
 def test_a_resume_with_other_dataloader_settings_is_refused(tmp_path: Path) -> None:
     """The workers probe (2026-12-07): a run resumed with num_workers=3 where it ran with 2
     read other augmented batches from batch 2 on (worker k augments batches k, k + n, ...)
     while the first batch, the one the fingerprint read, was the same: it went on silently."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 5, generator=g, dtype=torch.float64)
-    y = torch.randint(0, 3, (32,), generator=g)
+    x, y = _xy()
 
     def build(drop_last: bool) -> hg.InnerProblem:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
-        loader = DataLoader(TensorDataset(x, y), batch_size=6, shuffle=True,
-                            drop_last=drop_last)
-        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                               hg.optim.sgd(lr="lr"),
-                               hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), loader, 4,
-                               lambda m, hp: F.cross_entropy(m(x), y))
+        return _lr_problem(DataLoader(TensorDataset(x, y), batch_size=6, shuffle=True,
+                                      drop_last=drop_last), x, y)
 
     # the first 4 batches are the same: only the settings differ
     _refused_then_resumed(build, tmp_path / "run", False, True,
@@ -179,9 +187,7 @@ def test_a_resume_with_other_data_past_the_first_batch_is_refused(tmp_path: Path
 
     from hypergrad.data import MiniBatches
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 5, generator=g, dtype=torch.float64)
-    y = torch.randint(0, 3, (32,), generator=g)
+    x, y = _xy()
 
     def build(shift: float) -> hg.InnerProblem:
         xs = x.clone()
@@ -190,12 +196,7 @@ def test_a_resume_with_other_data_past_the_first_batch_is_refused(tmp_path: Path
                      "list": lambda: [(xs[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)],
                      "dataloader": lambda: DataLoader(TensorDataset(xs, y), batch_size=8)
                      }[source]()
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
-        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                               hg.optim.sgd(lr="lr"),
-                               hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), data, 4,
-                               lambda m, hp: F.cross_entropy(m(x), y))
+        return _lr_problem(data, x, y)
 
     _refused_then_resumed(build, tmp_path / "run", 0.0, 1.0, r"problem.data\S*: ")
 
@@ -221,9 +222,7 @@ def test_a_resume_with_another_augmentation_is_refused(tmp_path: Path, change: s
     -2.2137 against the straight run's -2.2221; the online probe, 2026-12-07 evening)."""
     from torch.utils.data import DataLoader
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 5, generator=g, dtype=torch.float64)
-    y = torch.randint(0, 3, (32,), generator=g)
+    x, y = _xy()
     def same(v: torch.Tensor) -> torch.Tensor:
         return v
 
@@ -233,13 +232,8 @@ def test_a_resume_with_another_augmentation_is_refused(tmp_path: Path, change: s
     def build(other: bool) -> hg.InnerProblem:
         scale = 0.2 if other and change == "scale" else 0.1
         augment = clamped if other and change == "augment" else same
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
-        loader = DataLoader(_Noisy(x, y, scale, augment), batch_size=8, shuffle=True)
-        return hg.InnerProblem(model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
-                               hg.optim.sgd(lr="lr"),
-                               hg.HyperParams([hg.Scalar("lr", 0.1, "log")]), loader, 4,
-                               lambda m, hp: F.cross_entropy(m(x), y))
+        return _lr_problem(DataLoader(_Noisy(x, y, scale, augment), batch_size=8,
+                                      shuffle=True), x, y)
 
     _refused_then_resumed(build, tmp_path / "run", False, True,
                           rf"problem.dataset\S*attr.{change}\S*: ")
