@@ -403,3 +403,18 @@ def test_a_checkpoint_of_a_later_format_is_refused_naming_both(tmp_path: Path) -
                                                   rf"format {CHECKPOINT_VERSION + 1}; this one "
                                                   rf"reads formats up to {CHECKPOINT_VERSION}\)"):
         make_trainer(_problem(), run_dir=tmp_path, outer_steps=2, resume=True).fit()
+
+
+def test_a_digest_of_a_large_tensor_holds_no_copy_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training data is digested whole into the fingerprint since 2026-12-07: the
+    absolute values and the differences of neighbours were each a copy of the whole tensor (a
+    dataset of most of a GPU's memory ran out of it at the start). A chunk at a time now, with
+    the same digest."""
+    from hypergrad.measure import measure
+
+    x = torch.randn(8 * 2**20, dtype=torch.float64)  # 64 MiB
+    whole = files.digest([x])
+    monkeypatch.setattr(files, "DIGEST_CHUNK", 2**18)
+    got, m = measure(lambda: files.digest([x]), interval=0.0005)
+    assert got == whole
+    assert m["peak_extra_bytes"] < 16 * 2**20, m["peak_extra_bytes"] / 2**20

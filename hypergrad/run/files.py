@@ -422,11 +422,29 @@ def digest(tree: Any) -> list[Any]:
         v = x.detach().reshape(-1)
         if v.dtype == torch.bool or v.is_complex():
             v = v.to(torch.float64) if v.dtype == torch.bool else torch.view_as_real(v).reshape(-1)
-        f64 = torch.float64
         out.append([list(x.shape), str(x.dtype).replace("torch.", ""),
-                    _sig(float(v.sum(dtype=f64))), _sig(float(v.abs().sum(dtype=f64))),
-                    _sig(float((v[1:] - v[:-1]).abs().sum(dtype=f64)))])
+                    *(_sig(t) for t in _sums(v))])
     return out
+
+
+DIGEST_CHUNK = 1 << 24
+"""Entries :func:`digest` reduces at a time: its absolute values and differences are made a
+chunk at a time, not as copies of the whole tensor (the training data of a problem, digested
+whole since 2026-12-07, can be most of a device's memory)."""
+
+
+def _sums(v: Tensor) -> tuple[float, float, float]:
+    """The sum, the sum of absolute values and of absolute differences of neighbours of the
+    flat ``v``, in float64, a chunk at a time."""
+    f64, n = torch.float64, v.numel()
+    total = absolute = steps = 0.0
+    for i in range(0, max(n, 1), DIGEST_CHUNK):
+        c = v[i:i + DIGEST_CHUNK]
+        total += float(c.sum(dtype=f64))
+        absolute += float(c.abs().sum(dtype=f64))
+        e = v[i:i + DIGEST_CHUNK + 1]  # one past the chunk: the difference across its end
+        steps += float((e[1:] - e[:-1]).abs().sum(dtype=f64))
+    return total, absolute, steps
 
 
 def sha(text: str) -> str:
