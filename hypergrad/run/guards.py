@@ -275,9 +275,8 @@ class Tracker:
         """The best distinct points evaluated, lowest validation loss first (at most
         :data:`TOP`; the first of equal losses first): the candidates the Trainer re-checks
         before returning one."""
-        self.gradless_seen: list[dict[str, Any]] = []
-        """The hyperparameters of every such point, once each, for the end-of-run warning."""
-        self._seen_lams: list[Tensor] = []
+        self.gradless_seen: list[Tensor] = []
+        """Every such point (raw), once each, for the end-of-run warning."""
         self.gradless: list[Best] = []
         """Points evaluated at a finite validation loss whose hypergradient was not finite
         (a square root at 0 in a loss): kept out of :attr:`top` while the search runs, which
@@ -351,12 +350,7 @@ class Tracker:
         """Keep a point evaluated at a finite validation loss whose hypergradient was not
         finite as a result (:attr:`gradless`)."""
         if math.isfinite(value) and not any(torch.equal(x, lam) for _, x, _ in self.gradless):
-            if not any(torch.equal(lam, y) for y in self._seen_lams):
-                self._seen_lams.append(lam.detach().clone())
-                self.gradless_seen.append(self.hps.describe(lam))
-            self.gradless.append((value, lam.detach().clone(), step))
-            self.gradless.sort(key=lambda b: b[0])
-            del self.gradless[TOP:]
+            self._put_aside(value, lam, step)
 
     def set_aside(self, lam: Tensor, value: float) -> None:
         """Move the point ``lam`` from :attr:`top` to :attr:`gradless` (no hypergradient to
@@ -365,14 +359,16 @@ class Tracker:
         for i, (w, x, k) in enumerate(self.top):
             if torch.equal(x, lam):
                 del self.top[i]
-                self.gradless = [b for b in self.gradless if not torch.equal(b[1], lam)]
-                self.gradless.append((max(w, value), x, k))
-                self.gradless.sort(key=lambda b: b[0])
-                del self.gradless[TOP:]
-                if not any(torch.equal(x, y) for y in self._seen_lams):
-                    self._seen_lams.append(x)
-                    self.gradless_seen.append(self.hps.describe(x))
+                self._put_aside(max(w, value), x, k)
                 return
+
+    def _put_aside(self, value: float, lam: Tensor, step: int) -> None:
+        self.gradless = [b for b in self.gradless if not torch.equal(b[1], lam)]
+        self.gradless.append((value, lam.detach().clone(), step))
+        self.gradless.sort(key=lambda b: b[0])
+        del self.gradless[TOP:]
+        if not any(torch.equal(lam, y) for y in self.gradless_seen):
+            self.gradless_seen.append(lam.detach().clone())
 
     @contextlib.contextmanager
     def gradless_admitted(self) -> Iterator[None]:

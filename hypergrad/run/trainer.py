@@ -1344,6 +1344,13 @@ class Trainer:
         held = self._reserve() if reserve else -self._reserve()
         return self._now() - self._fit_start + before + self._plain_slow() > budget - held
 
+    def _evaluated(self, lam: Tensor, value: float, kind: str, step: int) -> None:
+        """Record a point evaluated without a hypergradient to step from in
+        :attr:`evaluations`."""
+        self.evaluations.append({"elapsed": self._elapsed(), "val_loss": value,
+                                 "lam": lam.detach().clone(), "kind": kind, "outer_step": step,
+                                 "hyperparams": self.problem.hyperparams.describe(lam)})
+
     def _plain(self, lam: Tensor, kind: str) -> float | None:
         """The validation loss at ``lam`` after one plain inner run (tracked as a candidate for
         the best point), or ``None`` when the time budget has no room for it (and for the
@@ -1356,12 +1363,9 @@ class Trainer:
         # step runs, holds the one it moved to: a trial it did not take is in evaluations)
         step = self.outer_step + self._ahead
         self._note(lam, value, sel, step)
-        self.evaluations.append({"elapsed": self._elapsed(),
-                                 "val_loss": value, "lam": lam.detach().clone(), "kind": kind,
-                                 # as best_step and the tracker count it (it said outer step 3
-                                 # where best_step said 4, for the same point)
-                                 "outer_step": step,
-                                 "hyperparams": self.problem.hyperparams.describe(lam)})
+        # as best_step and the tracker count it (it said outer step 3 where best_step said 4,
+        # for the same point)
+        self._evaluated(lam, value, kind, step)
         if isinstance(self.outer, SearchOptimizer):  # a surrogate model keeps it
             self.outer.observe(lam, value)
         if not math.isfinite(value):
@@ -1622,11 +1626,8 @@ class Trainer:
                 # recorded where the run's other points without a hypergradient are (the
                 # point returned was in no record)
                 self.tracker.note_gradless(float(value), lam_used, self.outer_step)
-                self.evaluations.append({
-                    "elapsed": self._elapsed(), "val_loss": float(value),
-                    "lam": lam_used.clone(), "kind": "hypergradient not finite",
-                    "outer_step": self.outer_step,
-                    "hyperparams": self.problem.hyperparams.describe(lam_used)})
+                self._evaluated(lam_used, float(value), "hypergradient not finite",
+                                self.outer_step)
             bad = worse(value, grad, self.tracker.best, self.guards.backtrack)
             best = self.tracker.best
             if (bad is not None and best is not None and torch.equal(best[1], lam_used)
@@ -1767,7 +1768,8 @@ class Trainer:
         seen = self.tracker.gradless_seen
         if seen:  # the search went around them: without a log, a user never learned of it
             said = (f"Trainer: {len(seen)} point(s) evaluated had a finite validation loss "
-                    f"but a hypergradient that was not finite (e.g. {seen[0]}): the search "
+                    f"but a hypergradient that was not finite (e.g. {hps.describe(seen[0])}): "
+                    f"the search "
                     f"could not step from them (they were candidates for the point returned). "
                     f"A training at the edge of stability there (its derivatives overflow: "
                     f"bound the learning rate) or a loss whose derivative is not finite there "
