@@ -53,6 +53,7 @@ from .errors import (
     RanksMismatchError,
     ResumeMismatchError,
     RunDirError,
+    TuningWarning,
     raised_in_hypergrad,
 )
 from .run import RunFolder
@@ -489,6 +490,8 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
             rows.insert(1, {"hyperparameters": ONLINE_ROW,
                             **_row_metrics(task, p, result.state, result.lam, "online run")})
         _mark_best_of_grid(rows)
+        if trainer.mode.online:
+            _warn_online_retrained(rows, result.state is not None)
         other = _other_orders(cfg, task, p, {**points, **task.references})
     extra: dict[str, Any] = {}
     if task.extra is not None:
@@ -676,6 +679,27 @@ def _other_orders(cfg: DictConfig, task: Task, p: InnerProblem,
 ROW_FIELDS = ("hyperparameters", "best_of_grid", "error")
 """A table row's own fields beside its metrics: the point's label, the grid's best mark (the
 printed table leaves that column out) and a failed evaluate's message."""
+
+
+def _warn_online_retrained(rows: list[dict[str, Any]], own_state: bool) -> None:
+    """Warn where an online run's learned values, retrained from scratch, train worse than
+    the initial ones: the values an online run ends with suit the end of a training, not a
+    whole one (HD's learning rate grown to 1.125 along a run trained from scratch to a
+    validation loss of 5.6e11, and the table showed it without a word)."""
+    by = {r["hyperparameters"]: r.get("val_loss") for r in rows}
+    first, learned = by.get("initial"), by.get("learned")
+    if (not isinstance(first, float) or not isinstance(learned, float)
+            or not math.isfinite(first) or (math.isfinite(learned) and learned <= first)):
+        return
+    own = (f"Use the online run's own model (the {ONLINE_ROW!r} row, TrainResult.state), "
+           f"tune" if own_state else "Tune")
+    warnings.warn(TuningWarning(
+        f"hypergrad-run: the learned hyperparameters, retrained from scratch, reach a "
+        f"validation loss of {learned:.4g}, above the initial ones' {first:.4g}: online "
+        f"tuning moves them along one run, and the values it ends with suit the end of a "
+        f"training, not a whole one (a learning rate grown as the loss fell can diverge from "
+        f"step 0). {own} offline (mode=offline) for values that train well from "
+        f"scratch, or bound them (guards.bounds)."), stacklevel=2)
 
 
 def _row_metrics(task: Task, p: InnerProblem, state: Any, lam: torch.Tensor,

@@ -234,3 +234,27 @@ def test_a_rank_other_than_0_names_itself_in_the_shared_log_file(
         handler.close()
     lines = (tmp_path / "cli.log").read_text().splitlines()
     assert lines == ["hypergrad-run: refused", "(rank 1) hypergrad-run: refused"]
+
+
+@pytest.mark.parametrize(("outer_lr", "warned"), [(1.0, True), (0.05, False)])
+def test_online_learned_values_that_retrain_worse_are_warned(
+        tmp_path: Path, outer_lr: float, warned: bool) -> None:
+    """An online run's final values, retrained from scratch, trained worse than the initial
+    ones (validation 1.04 against 0.47 here; HD's learning rate grown to 1.125 gave 5.6e11),
+    and the table showed it without a word: the values an online run ends with suit the end
+    of a training, not a whole one."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        results = cli.run(_compose("experiment=online_digits", "task.steps=200",
+                                   f"outer_optimizer.lr={outer_lr}", "report.orders=0",
+                                   "report.plots=false", "callbacks.progress=false"), tmp_path)
+    val = {r["hyperparameters"]: r["val_loss"] for r in results["table"]}
+    assert (val["learned"] > val["initial"]) is warned
+    said = [str(w.message) for w in seen if "retrained from scratch" in str(w.message)]
+    assert len(said) == int(warned)
+    if warned:
+        assert f"{val['learned']:.4g}" in said[0] and "mode=offline" in said[0]
+        assert "TrainResult.state" in said[0]  # the run's own model is there to use
+        assert any("retrained from scratch" in w for w in results["warnings"])
