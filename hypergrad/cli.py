@@ -57,6 +57,7 @@ from .errors import (
     raised_in_hypergrad,
 )
 from .run import RunFolder
+from .run.trainer import NOT_TUNED
 from .task import ONLINE_ROW
 
 if TYPE_CHECKING:
@@ -563,7 +564,11 @@ def _run(cfg: DictConfig, folder: RunFolder, said: list[str]) -> dict[str, Any]:
             f"nothing was learned, the run diverged from its start: {result.message}")}))
         results["learned_files"] = ["learned.yaml"]
     else:
-        results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state)
+        # the run's word that the values are not a tuned point, first in learned.yaml
+        caution = next((w for w in said if w.startswith("TuningWarning: ") and (
+            NOT_TUNED in w or RETRAINED_WORSE in w)), "")
+        results["learned_files"] = write_learned(run_dir, p, result.lam, learned_state,
+                                                 caution.removeprefix("TuningWarning: "))
     results["warnings"] = list(said)  # those of the run so far (the plots' come after)
     write_text_atomic(run_dir / "results.json", dumps(results, indent=1))
     if cfg.report.compare_methods:
@@ -681,6 +686,11 @@ ROW_FIELDS = ("hyperparameters", "best_of_grid", "error")
 printed table leaves that column out) and a failed evaluate's message."""
 
 
+RETRAINED_WORSE = "the learned hyperparameters, retrained from scratch"
+"""Words of hypergrad-run's warning that an online run's values retrain worse than the
+initial ones, by which ``learned.yaml`` is headed with it."""
+
+
 def _warn_online_retrained(rows: list[dict[str, Any]], own_state: bool) -> None:
     """Warn where an online run's learned values, retrained from scratch, train worse than
     the initial ones: the values an online run ends with suit the end of a training, not a
@@ -694,12 +704,12 @@ def _warn_online_retrained(rows: list[dict[str, Any]], own_state: bool) -> None:
     own = (f"Use the online run's own model (the {ONLINE_ROW!r} row, TrainResult.state), "
            f"tune" if own_state else "Tune")
     warnings.warn(TuningWarning(
-        f"hypergrad-run: the learned hyperparameters, retrained from scratch, reach a "
-        f"validation loss of {learned:.4g}, above the initial ones' {first:.4g}: online "
-        f"tuning moves them along one run, and the values it ends with suit the end of a "
-        f"training, not a whole one (a learning rate grown as the loss fell can diverge from "
-        f"step 0). {own} offline (mode=offline) for values that train well from "
-        f"scratch, or bound them (guards.bounds)."), stacklevel=2)
+        f"hypergrad-run: {RETRAINED_WORSE}, reach a validation loss of {learned:.4g}, "
+        f"above the initial ones' {first:.4g}: online tuning moves them along one run, "
+        f"and the values it ends with suit the end of a training, not a whole one (a "
+        f"learning rate grown as the loss fell can diverge from step 0). {own} offline "
+        f"(mode=offline) for values that train well from scratch, or bound them "
+        f"(guards.bounds)."), stacklevel=2)
 
 
 def _row_metrics(task: Task, p: InnerProblem, state: Any, lam: torch.Tensor,

@@ -273,11 +273,14 @@ def save_figure(fig: Any, path: Path) -> None:
 
 
 def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
-                  state: InnerState | None) -> list[str]:
+                  state: InnerState | None, caution: str = "") -> list[str]:
     """``learned.yaml`` (:func:`hypergrad.export.learned_settings`, or the reason it cannot be
     written), ``learned_<name>.pt`` for vector-valued loss hyperparameters, and
     ``model_learned.pt`` (:func:`hypergrad.export.trained_state_dict` of ``state``: the model
-    retrained at ``lam``) in ``folder``, each written atomically. Returns the file names."""
+    retrained at ``lam``) in ``folder``, each written atomically. Returns the file names.
+    ``caution``: why the values are not a tuned point (the run's warning), said first in
+    ``learned.yaml``'s header (it called values whose training diverges "what hypergrad
+    learned", a warning on stderr the only other word)."""
     import io
 
     import yaml  # type: ignore[import-untyped]
@@ -303,6 +306,12 @@ def write_learned(folder: Path, problem: InnerProblem, lam: torch.Tensor,
             missing if "pip install" in settings["not_written"] else
             "# Not written: torch.optim cannot hold what hypergrad learned (the reason below); "
             "the learned values are in results.json.\n")
+    if caution:
+        import textwrap
+
+        head = head.replace("# What hypergrad learned,", "# The values hypergrad returned,")
+        head = textwrap.fill("Caution, not a tuned point: " + " ".join(caution.split()),
+                             96, initial_indent="# ", subsequent_indent="# ") + "\n" + head
     cls = str((settings.get("optimizer") or {}).get("class", ""))
     if "schedulefree" in cls.lower().replace("_", ""):
         # following the guide gave 0.2064 against the run's 0.1989: the optimizer comes back

@@ -258,3 +258,24 @@ def test_online_learned_values_that_retrain_worse_are_warned(
         assert f"{val['learned']:.4g}" in said[0] and "mode=offline" in said[0]
         assert "TrainResult.state" in said[0]  # the run's own model is there to use
         assert any("retrained from scratch" in w for w in results["warnings"])
+    head = (tmp_path / "learned.yaml").read_text().splitlines()[0]
+    assert head.startswith("# Caution, not a tuned point: hypergrad-run: the learned "
+                           if warned else "# What hypergrad learned")
+
+
+def test_learned_yaml_of_values_whose_training_diverges_says_so(tmp_path: Path) -> None:
+    """learned.yaml called SGD's lr 9e7, which trains to a validation loss of 3.1e7, "What
+    hypergrad learned, for your own training": the warning that it is not a tuned point went
+    to stderr only."""
+    import warnings
+
+    import yaml  # type: ignore[import-untyped]
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        cli.run(_compose(*FAST, "hyperparams.items.lr.init=1e8", "report.orders=0"), tmp_path)
+    text = (tmp_path / "learned.yaml").read_text()
+    assert text.startswith("# Caution, not a tuned point: Trainer: the inner training diverges")
+    assert "# The values hypergrad returned, for your own training" in text
+    assert "What hypergrad learned" not in text
+    assert yaml.safe_load(text)["optimizer"]["class"] == "torch.optim.SGD"  # still loads

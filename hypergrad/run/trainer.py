@@ -109,6 +109,10 @@ RECHECK_APART = 0.02
 coordinate (the line search's smallest step): neighbours from one line search score alike in
 any batch order."""
 
+NOT_TUNED = "so they are not a tuned point"
+"""Words of the Trainer's warning that the point returned trains far above the untrained
+model's validation loss, by which hypergrad-run heads ``learned.yaml`` with it."""
+
 _BOX_RULE = {"log": "the box spans init / 100 to init * 100",
              "identity": "the box spans init - 1 to init + 1"}
 """How :func:`~hypergrad.run.outer.search_box` fills a side no bound gives, per transform."""
@@ -960,7 +964,7 @@ class Trainer:
                 if self.mode.online else "the hyperparameters returned train to")
         warnings.warn(TuningWarning(
             f"Trainer: the inner training diverges: {what} "
-            f"{far}, so they are not a tuned point. Make the inner training stable first: a "
+            f"{far}, {NOT_TUNED}. Make the inner training stable first: a "
             f"smaller learning rate "
             f"(its initial value, or the upper bound in Guards(bounds=...) if it is tuned), or "
             f"gradient clipping (the inner optimizer's clip_grad_norm=1.0)."), stacklevel=3)
