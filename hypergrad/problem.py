@@ -1124,8 +1124,9 @@ class InnerProblem:
             owner, name, before, after = counted[0]
             raise ValueError(
                 f"InnerProblem: running the model changed the Python attribute "
-                f"{name!r} of {describe_module(fm, owner)} ({before!r} -> {after!r}; restored "
-                f"now): state kept outside tensors, which training can neither carry nor "
+                f"{name!r} of {describe_module(fm, owner)} ({_said(before)} -> {_said(after)}; "
+                f"restored now): state kept outside its parameters and buffers, which training "
+                f"can neither carry nor "
                 f"differentiate, and which every method, running forward a different number "
                 f"of times, would see at other values (forward and reverse mode disagreed). "
                 f"Register it as a buffer (self.register_buffer(...)) and update it out of "
@@ -2698,22 +2699,34 @@ def _lookup_tensor(module: nn.Module, name: str) -> Tensor | None:
 
 
 def _numbers_of(module: nn.Module) -> dict[tuple[str, str], Any]:
-    """The Python numbers and bools a module and its submodules hold as public attributes
-    (``training`` aside): what a forward that keeps state outside tensors changes."""
+    """The Python numbers, bools, ``None``s and plain tensors (neither parameters nor buffers)
+    a module and its submodules hold as public attributes (``training`` aside): what a
+    forward that keeps state outside its parameters and buffers changes (a running average
+    kept in ``self.avg``: forward mode failed inside torch's vmap with "INTERNAL ASSERT
+    FAILED ... please report a bug to PyTorch", the Trainer on a fake tensor the memory
+    estimate had left there)."""
     return {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()
             if not k.startswith("_") and k != "training"
-            and isinstance(v, (bool, int, float, complex))}
+            and (v is None or isinstance(v, (bool, int, float, complex, Tensor)))}
+
+
+def _said(v: Any) -> str:
+    """An attribute's value in a message: a tensor by its kind, shape and dtype."""
+    if isinstance(v, Tensor):
+        return f"a tensor of shape {tuple(v.shape)}, {v.dtype}"
+    return repr(v)
 
 
 def _restore_numbers(module: nn.Module, snapshot: dict[tuple[str, str], Any]
                      ) -> list[tuple[str, str, Any, Any]]:
-    """Put back the numbers of :func:`_numbers_of` that changed; returns ``(module, attribute,
-    before, after)`` of each."""
+    """Put back the values of :func:`_numbers_of` that changed (a tensor: replaced by another
+    object); returns ``(module, attribute, before, after)`` of each."""
     changed = []
     for (name, k), v in snapshot.items():
         m = module.get_submodule(name)
         now = getattr(m, k, v)
-        if now is not v and now != v:
+        if now is not v and (isinstance(now, Tensor) or isinstance(v, Tensor)
+                             or now is None or v is None or now != v):
             changed.append((name, k, v, now))
             setattr(m, k, v)
     return changed

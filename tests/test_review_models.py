@@ -338,6 +338,38 @@ def test_state_kept_in_a_python_attribute_is_refused_by_name() -> None:
     assert model.mu == 0.0
 
 
+class _TensorState(nn.Module):
+    """Keeps a running mean of its outputs in a plain tensor attribute (not a buffer)."""
+
+    def __init__(self, start: torch.Tensor | None) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.avg = start
+        self.scale = torch.ones(3)  # a constant tensor attribute, never reassigned: fine
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x) * self.scale
+        m = h.mean(0).detach()
+        self.avg = m if self.avg is None else 0.5 * self.avg + 0.5 * m
+        return h - self.avg
+
+
+@pytest.mark.parametrize("start", [None, torch.zeros(3)])
+def test_state_kept_in_a_plain_tensor_attribute_is_refused_by_name(
+        start: torch.Tensor | None) -> None:
+    """A running mean reassigned to ``self.avg`` in forward: forward mode failed inside
+    torch's vmap with "INTERNAL ASSERT FAILED ... please report a bug to PyTorch", and
+    hypergrad-run on a fake tensor its memory estimate had left in the attribute (the
+    own-model probe, 2026-12-08)."""
+    model = _TensorState(start)
+    with pytest.raises(ValueError, match=r"changed the Python attribute 'avg' of the model "
+                                         r"\(_TensorState\) \((None|a tensor of shape \(3,\), "
+                                         r"torch.float\d+) -> a tensor of shape \(3,\), "
+                                         r"torch.float\d+; restored now\).*register_buffer"):
+        hg.ForwardMode().hypergradient(p := _small_problem(model), p.init_raw())
+    assert model.avg is start
+
+
 class _DataNorm(nn.Module):
     def __init__(self, cut: str) -> None:
         super().__init__()
