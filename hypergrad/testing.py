@@ -27,6 +27,7 @@ from .hyperparams import (
     Scalar,
     Schedule,
 )
+from .methods.base import Method
 from .methods.finite_diff import FiniteDifference
 from .methods.forward import ForwardMode
 from .methods.reverse import ReverseMode
@@ -88,6 +89,9 @@ class CheckReport:
     grad: Tensor | None = None
     fd_error: dict[str, float] = field(default_factory=dict)
     fd_tolerance: dict[str, float] = field(default_factory=dict)
+    method: str = ""
+    """The method checked in forward mode's place (``hypergradcheck(method=...)``), else
+    empty."""
 
     def max(self, which: str) -> float:
         """The largest error of ``which`` (NaN if any is NaN)."""
@@ -122,13 +126,16 @@ class CheckReport:
         return True
 
     def __str__(self) -> str:
-        lines = [f"{'group':<16}{'fwd_vs_rev':>12}{'fwd_vs_fd':>12}{'fd_error':>12}"
-                 f"{'strategies':>12}"]
+        own = "strategies" in self.tolerances or not self.method
+        lines = ([] if not self.method else
+                 [f"checked: {self.method} (its errors in the fwd_ columns)"])
+        lines.append(f"{'group':<16}{'fwd_vs_rev':>12}{'fwd_vs_fd':>12}{'fd_error':>12}"
+                     + (f"{'strategies':>12}" if own else ""))
         for n in self.fwd_vs_rev:
             note = "  finite differences unreliable" if n in self.fd_unreliable else ""
             lines.append(f"{n:<16}{self.fwd_vs_rev[n]:>12.2e}{self.fwd_vs_fd[n]:>12.2e}"
                          f"{self.fd_error.get(n, float('nan')):>12.2e}"
-                         f"{self.strategies[n]:>12.2e}{note}")
+                         + (f"{self.strategies[n]:>12.2e}" if own else "") + note)
         tol = ", ".join(f"{k} <= {v:g}" for k, v in self.tolerances.items())
         failed = "" if self.ok else f" [{'; '.join(self.failures())}]"
         lines.append(f"{'ok' if self.ok else 'FAILED'}{failed} (tolerances: {tol}; groups where "
@@ -155,9 +162,10 @@ fraction of the whole hypergradient's: a group whose hypergradient is nearly 0 (
 def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
                    strategies: Sequence[HVPStrategy] | None = None, fd_eps: float = 1e-5,
                    rtol_rev: float = 1e-8, rtol_fd: float = 1e-5, rtol_strategies: float = 1e-10,
-                   raise_exception: bool = True) -> CheckReport:
+                   raise_exception: bool = True, method: Method | None = None) -> CheckReport:
     """Check forward-mode hypergradients against reverse mode, central finite differences, and
-    every HVP strategy, in float64.
+    every HVP strategy, in float64; or, with ``method``, that method's hypergradients against
+    reverse mode and finite differences.
 
     Every method reads the same batches: a streamed source (a DataLoader) reads one pass for all
     of them (:meth:`InnerProblem.fixed_pass <hypergrad.InnerProblem.fixed_pass>`).
@@ -178,6 +186,11 @@ def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
             estimate) are reported as unreliable (:attr:`CheckReport.fd_unreliable`) and held
             to :data:`FD_SLACK` times that estimate instead.
         raise_exception: raise :class:`HypergradcheckError` on failure (as ``gradcheck`` does).
+        method: a method of your own (a :class:`~hypergrad.Method` subclass, or one of the
+            library's with settings) checked in forward mode's place: the report's ``fwd_*``
+            columns are its errors, and it names it. The HVP strategies are forward mode's, and
+            not compared then. An approximation (a one-sided difference, implicit
+            differentiation, truncation) is checked to tolerances you give it.
 
     Returns:
         A :class:`CheckReport`; ``print(report)`` shows the table.
@@ -187,14 +200,24 @@ def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
             f"hypergradcheck: the problem runs in {problem.dtype}; the check needs float64 to "
             f"tell rounding from bugs: build it with model.double() and float64 data."
         )
+    if method is not None and not isinstance(method, Method):
+        raise TypeError(f"hypergradcheck: method={method!r} is not a hypergrad.Method; give an "
+                        f"instance (MyMethod(), hypergrad.ForwardMode(...)), not its class or "
+                        f"name")
+    if method is not None and strategies is not None:
+        raise ValueError("hypergradcheck: strategies are forward mode's HVP strategies, "
+                         "compared only where it checks forward mode; with method=..., leave "
+                         "strategies unset")
     lam = problem.init_raw() if lam is None else lam
     hps = problem.hyperparams
     every = strategies is None
     if strategies is None:
-        strategies = [cls() for name, cls in STRATEGIES.items() if name != VmapVJP.name]
+        strategies = ([] if method is not None else
+                      [cls() for name, cls in STRATEGIES.items() if name != VmapVJP.name])
     spread = {n: 0.0 for n in hps.names}
+    subject = method if method is not None else ForwardMode(VmapVJP())
     with problem.fixed_pass():  # every run of the check reads the same batches (a DataLoader)
-        ref = ForwardMode(VmapVJP()).hypergradient(problem, lam).grad
+        ref = subject.hypergradient(problem, lam).grad
         rev = ReverseMode().hypergradient(problem, lam).grad
         fd = FiniteDifference(fd_eps).estimate(problem, lam)
         for strat in strategies:
@@ -221,8 +244,10 @@ def hypergradcheck(problem: InnerProblem, lam: Tensor | None = None, *,
                 for n, s in hps.slices.items()}
     report = CheckReport(
         group_rel_errs(hps, ref, rev, FLOOR), group_rel_errs(hps, ref, fd.grad, FLOOR), spread,
-        {"fwd_vs_rev": rtol_rev, "fwd_vs_fd": rtol_fd, "strategies": rtol_strategies}, ref,
-        fd_error, {n: rtol_fd if e <= rtol_fd else FD_SLACK * e for n, e in fd_error.items()})
+        {"fwd_vs_rev": rtol_rev, "fwd_vs_fd": rtol_fd,
+         **({"strategies": rtol_strategies} if method is None else {})}, ref,
+        fd_error, {n: rtol_fd if e <= rtol_fd else FD_SLACK * e for n, e in fd_error.items()},
+        "" if method is None else repr(method))
     if raise_exception and not report.ok:
         raise HypergradcheckError(f"hypergradcheck failed:\n{report}")
     return report
