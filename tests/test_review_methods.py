@@ -94,6 +94,43 @@ def test_implicit_on_mini_batches_names_loss_steps() -> None:
     assert len(said) == 1 and "loss_steps" not in said[0]
 
 
+def test_implicit_names_what_keeps_training_from_a_stationary_point() -> None:
+    """Dropout (one draw is the objective) and BatchNorm under weight decay (scale-invariant
+    weights: no stationary point) keep ||grad_w L(w_T)|| at 0.22-0.61 of its start however
+    long the training (measured at T = 2000 on digits); the warning only said to train
+    longer. A plain MLP is told to train longer, nothing more."""
+    from torch import nn
+
+    from hypergrad.tasks import digits_data
+
+    torch.manual_seed(0)
+    data = digits_data(64, 32, 1, seed=0, dtype=torch.float64)
+    batch = [(data.x_train, data.y_train)]
+
+    def said(*mid: nn.Module, val_mode: str = "eval") -> str:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 16), *mid, nn.Tanh(), nn.Linear(16, 10)).double()
+        problem = hg.InnerProblem(
+            model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+            hg.optim.sgd(lr=0.2, weight_decay="wd"),
+            hg.HyperParams([hg.Scalar("wd", 1e-2, transform="log")]), batch, 6,
+            lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val), val_mode=val_mode)
+        _, caught = _warned(lambda: hg.ImplicitDiff().hypergradient(problem,
+                                                                    problem.init_raw()))
+        told = [str(w.message) for w in caught if w.category is InnerNotConvergedWarning]
+        assert len(told) == 1, told
+        return told[0]
+
+    plain = said()
+    assert "Train longer" in plain and "may not help" not in plain
+    drop = said(nn.Dropout(0.2))
+    assert "Training longer may not help here: the training loss draws random numbers" in drop
+    assert "normalizes" not in drop
+    bn = said(nn.BatchNorm1d(16), val_mode="train")  # its statistics: no part of the theorem
+    assert "the model normalizes (BatchNorm1d): the weights before a normalization" in bn
+    assert "forward or reverse mode is exact" in bn and "draws random" not in bn
+
+
 def test_implicit_at_a_saddle_says_the_hessian_is_indefinite() -> None:
     """An L2 MLP whose w_T has negative curvature: CG stops on it and the hypergradient was
     returned 96 % off forward mode with 'Raise maxiter, use CG()' (it was CG); now the warning
