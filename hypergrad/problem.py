@@ -273,7 +273,7 @@ class InnerProblem:
         into a hypergradient 2 % off, without an error; the distributed probe)."""
         data = self._batch.data
         if data is None and self._batch.stream is not None:
-            data = getattr(getattr(self._batch.stream.source, "dataset", None), "tensors", None)
+            data = _dataset_tensors(getattr(self._batch.stream.source, "dataset", None))
         elif data is not None and hasattr(data, "tensors"):  # a MiniBatches
             data = data.tensors
         if data is None:
@@ -2685,6 +2685,26 @@ def _grads_of(loss: Any, leaves: dict[str, Tensor]) -> dict[str, Tensor | None]:
 def _reaches(x: Tensor, leaves: dict[str, Tensor]) -> bool:
     ids = _reachable(x)
     return any(id(v) in ids for v in leaves.values())
+
+
+def _dataset_tensors(ds: Any, depth: int = 0) -> list[Tensor] | None:
+    """A dataset's tensors where it holds them all: a ``TensorDataset`` (or any with
+    ``tensors``), a ``Subset`` of one (with its indices) and a ``ConcatDataset`` of such (a
+    DataLoader over ``Subset(TensorDataset(...), idx)``, the usual split, was not digested: a
+    resume with another row in it went on); else ``None``."""
+    from torch.utils.data import ConcatDataset, Subset
+
+    if ds is None or depth > 8:
+        return None
+    if isinstance(getattr(ds, "tensors", None), (tuple, list)):
+        return [x for x in ds.tensors if isinstance(x, Tensor)]
+    if isinstance(ds, Subset):
+        inner = _dataset_tensors(ds.dataset, depth + 1)
+        return None if inner is None else [*inner, torch.as_tensor(list(ds.indices))]
+    if isinstance(ds, ConcatDataset):
+        parts = [_dataset_tensors(d, depth + 1) for d in ds.datasets]
+        return None if any(x is None for x in parts) else [x for q in parts for x in q or ()]
+    return None
 
 
 def _tensors_of(module: nn.Module) -> dict[str, Tensor]:

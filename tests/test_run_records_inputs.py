@@ -177,13 +177,14 @@ def test_a_resume_with_other_dataloader_settings_is_refused(tmp_path: Path) -> N
                           r"problem.batch_source\S*drop_last\S*: False -> True")
 
 
-@pytest.mark.parametrize("source", ["minibatches", "list", "dataloader"])
+@pytest.mark.parametrize("source", ["minibatches", "list", "dataloader", "subset", "concat"])
 def test_a_resume_with_other_data_past_the_first_batch_is_refused(tmp_path: Path,
                                                                   source: str) -> None:
     """Data changed past the first batch (the one the fingerprint read) resumed without a
     word, and ranks holding such data summed into a hypergradient 2 % off (the distributed
-    probe, 2026-12-07 evening): data held in memory is digested whole."""
-    from torch.utils.data import DataLoader, TensorDataset
+    probe, 2026-12-07 evening): data held in memory is digested whole, a Subset or
+    ConcatDataset of TensorDatasets too (the usual split: not digested until 2026-12-08)."""
+    from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 
     from hypergrad.data import MiniBatches
 
@@ -194,8 +195,12 @@ def test_a_resume_with_other_data_past_the_first_batch_is_refused(tmp_path: Path
         xs[31] += shift  # past the first batch in every order here
         data: Any = {"minibatches": lambda: MiniBatches(xs, y, batch_size=8, shuffle=False),
                      "list": lambda: [(xs[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)],
-                     "dataloader": lambda: DataLoader(TensorDataset(xs, y), batch_size=8)
-                     }[source]()
+                     "dataloader": lambda: DataLoader(TensorDataset(xs, y), batch_size=8),
+                     "subset": lambda: DataLoader(Subset(TensorDataset(xs, y), range(32)),
+                                                  batch_size=8),
+                     "concat": lambda: DataLoader(ConcatDataset(
+                         [TensorDataset(xs[:16], y[:16]), TensorDataset(xs[16:], y[16:])]),
+                         batch_size=8)}[source]()
         return _lr_problem(data, x, y)
 
     _refused_then_resumed(build, tmp_path / "run", 0.0, 1.0, r"problem.data\S*: ")
