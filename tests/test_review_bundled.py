@@ -159,6 +159,24 @@ def test_hypercleaning_references_say_the_other_hyperparameters_stay_initial() -
                                        "oracle (clean examples only; the rest initial)"]
 
 
+def test_hypercleaning_flags_nothing_with_precision_undefined_not_zero() -> None:
+    """Every weight above the threshold flags no example: precision is 0 / 0, and it was
+    reported as 0 (every flag wrong) with F1 0; the oracle's weights flag every flipped label
+    and nothing else."""
+    mlp = bundled.mlp_factory([16])
+    task = bundled.hypercleaning_task(
+        hg.HyperParams([hg.PerExample("weights", 0.9, n=100, transform="logit")]),
+        hg.optim.sgd(lr=0.1), mlp, steps=2, n_train=100, n_val=50)
+    assert task.extra is not None
+    none = task.extra(task.problem.init_raw())["flip_detection"]
+    assert none["precision"] is None and none["recall"] == 0.0 and none["f1"] is None
+    assert none["n_flagged"] == 0 and none["n_flipped"] == 50
+    assert "0 flagged, precision undefined, recall 0.000, F1 undefined" in none["summary"]
+    oracle = task.extra(task.references["oracle (clean examples only)"])["flip_detection"]
+    assert (oracle["precision"], oracle["recall"], oracle["f1"]) == (1.0, 1.0, 1.0)
+    assert oracle["n_flagged"] == 50
+
+
 def _not_a_module(n_in: int, n_out: int) -> str:
     return "a string"
 

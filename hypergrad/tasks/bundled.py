@@ -367,15 +367,23 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
     def extra(lam: Tensor) -> dict[str, Any]:
         w = problem.hyperparams.values(lam)[weights]
         pred = (w < threshold).cpu().numpy()
-        tp = int((pred & flipped).sum())
-        prec = tp / max(int(pred.sum()), 1)
-        rec = tp / max(int(flipped.sum()), 1)
-        f1 = 2 * prec * rec / max(prec + rec, 1e-12)
+        tp, flagged, n_flipped = int((pred & flipped).sum()), int(pred.sum()), int(flipped.sum())
+        # nothing flagged: precision is undefined (0 / 0), not 0 (it read as every flag wrong);
+        # no flipped label: recall is
+        prec = tp / flagged if flagged else None
+        rec = tp / n_flipped if n_flipped else None
+        f1 = (2 * prec * rec / (prec + rec) if prec and rec else
+              0.0 if prec is not None and rec is not None else None)
+
+        def said(v: float | None) -> str:
+            return "undefined" if v is None else f"{v:.3f}"
+
         return {"flip_detection": {
             "precision": prec, "recall": rec, "f1": f1, "threshold": threshold,
-            "n_flipped": int(flipped.sum()),
-            "summary": f"flagging weight < {threshold} as flipped: precision {prec:.3f}, "
-                       f"recall {rec:.3f}, F1 {f1:.3f} ({int(flipped.sum())} flipped labels)"}}
+            "n_flipped": n_flipped, "n_flagged": flagged,
+            "summary": f"flagging weight < {threshold} as flipped: {flagged} flagged, precision "
+                       f"{said(prec)}, recall {said(rec)}, F1 {said(f1)} ({n_flipped} flipped "
+                       f"labels)"}}
 
     ev = _classifier_eval(problem, {"val": (data.x_val, data.y_val),
                                     "test": (data.x_test, data.y_test)})
