@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
-from .errors import UnseededRandomnessWarning
+from .errors import HypergradWarning, UnseededRandomnessWarning
 from .rng import step_seed
 
 __all__ = ["MiniBatches", "Stream", "split_validation"]
@@ -351,6 +351,52 @@ class _Pass:
         self.it = None  # a DataLoader's iterator shuts its workers down when collected
 
 
+def _warn_unsharded(loader: Any, workers: Any) -> None:
+    """Warn where a DataLoader's workers each read a whole ``IterableDataset``: every worker
+    iterates its own copy, so with ``n`` workers each example comes ``n`` times a pass, unless
+    the dataset splits its stream by ``torch.utils.data.get_worker_info()`` (in ``__iter__``
+    or a ``worker_init_fn``). PyTorch says nothing, and the hypergradients were of a problem
+    with every batch doubled (the DataLoader probe)."""
+    from torch.utils.data import IterableDataset
+
+    ds = getattr(loader, "dataset", None)
+    if (not isinstance(ds, IterableDataset) or not isinstance(workers, int) or workers < 2
+            or getattr(loader, "worker_init_fn", None) is not None):
+        return
+    names: set[str] = set()
+    codes = [code for klass in type(ds).__mro__ if not klass.__module__.startswith("torch")
+             for attr in vars(klass).values()
+             if (code := getattr(getattr(attr, "__func__", attr), "__code__", None))]
+    while codes:  # the methods' names, and those of the functions in them
+        code = codes.pop()
+        names |= set(code.co_names)
+        codes += [c for c in code.co_consts if hasattr(c, "co_names")]
+    if "get_worker_info" in names:
+        return
+    warnings.warn(
+        f"InnerProblem: the DataLoader reads the IterableDataset {type(ds).__name__} with "
+        f"num_workers={workers}, and its code never calls torch.utils.data.get_worker_info(): "
+        f"each worker iterates its own copy of the stream, so every example comes "
+        f"{workers} times a pass (PyTorch does not warn). Split the stream by worker in "
+        f"__iter__ (info = get_worker_info(); take every info.num_workers-th item from "
+        f"info.id), or in a worker_init_fn, or use num_workers=0 or 1.",
+        HypergradWarning, stacklevel=_outside_level())
+
+
+def _outside_level() -> int:
+    """The ``stacklevel`` of its caller's ``warnings.warn`` that names the first frame outside
+    hypergrad (the user's line: an InnerProblem built there, or a Stream)."""
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep  # hypergrad/
+    frame: Any = sys._getframe(2)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class Stream:
     """A re-iterable batch source (a ``torch.utils.data.DataLoader``) read lazily, one pass per
     inner run. :class:`~hypergrad.InnerProblem` wraps any such ``batches`` in one; make it
@@ -419,6 +465,7 @@ class Stream:
             raise ValueError("Stream: the DataLoader has in_order=False: its batches come in "
                              "the order its workers finish them, which no seed fixes. Use "
                              "in_order=True (the default).")
+        _warn_unsharded(batches, workers)
         if seed is not None:
             seed = _int_seed("Stream", seed)
         self.source = batches

@@ -344,3 +344,46 @@ def test_per_example_weights_of_another_size_than_the_loaders_data_set_are_refus
             p.check(p.init_raw())
     good = problem(48)
     good.check(good.init_raw())
+
+
+class _Whole(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """An iterable dataset of 32 examples that every worker reads whole."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __iter__(self) -> Any:
+        yield from zip(self.x, self.y)
+
+
+class _Split(_Whole):
+    """The same, split by worker (torch.utils.data.get_worker_info())."""
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        k, n = (0, 1) if info is None else (info.id, info.num_workers)
+        yield from zip(self.x[k::n], self.y[k::n])
+
+
+@pytest.mark.parametrize(("dataset", "workers", "init", "warned"), [
+    (_Whole, 2, None, True), (_Split, 2, None, False), (_Whole, 0, None, False),
+    (_Whole, 2, lambda i: None, False)])  # a worker_init_fn: taken to split it
+def test_an_iterable_dataset_every_worker_reads_whole_is_warned(
+        dataset: type, workers: int, init: Any, warned: bool) -> None:
+    """A DataLoader with 2 workers over an IterableDataset that does not split its stream by
+    worker gives every example twice a pass: PyTorch says nothing, and the hypergradients
+    were of a problem with every batch doubled."""
+    import warnings
+
+    x, y = torch.randn(32, 5), torch.randint(0, 3, (32,))
+    loader = DataLoader(dataset(x, y), batch_size=8, num_workers=workers, worker_init_fn=init)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        hg.InnerProblem(nn.Linear(5, 3), lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+                        hg.optim.sgd(lr="lr"), hg.HyperParams([hg.Scalar("lr", 0.1, "log")]),
+                        loader, 4, lambda m, hp: F.cross_entropy(m(x), y))
+    told = [w for w in said if "get_worker_info" in str(w.message)]
+    assert len(told) == int(warned)
+    if warned:
+        assert "every example comes 2 times a pass" in str(told[0].message)
+        assert told[0].filename == __file__  # the user's line
