@@ -4,6 +4,8 @@ with one column's sign flipped, had no check but a hand-written comparison)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from torch import Tensor
 
@@ -67,3 +69,32 @@ def test_method_given_as_a_class_or_with_strategies_is_refused(
         hypergradcheck(problem, method=_Bent)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"with method=\.\.\., leave strategies unset"):
         hypergradcheck(problem, method=_Bent(), strategies=[hg.hvp.VmapVJP()])
+
+
+def test_a_check_on_chaotic_training_says_so() -> None:
+    """SGD in its chaotic range (the double well w**4/4 - w**2/2 at lr 1.5, 100 steps):
+    forward and reverse mode agree, rounding and finite differences do not, and a failed
+    check read as a bug in a custom tangent (the chaos probe, 2026-12-08: the HVP strategies
+    4 % apart on a digits MLP at lr 2, T = 600)."""
+    import torch
+
+    class Well(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([0.3], dtype=torch.float64))
+
+    def train_loss(m: Any, batch: Any, hp: Any) -> Tensor:
+        w = m.params["w"].sum()
+        return w ** 4 / 4 - w ** 2 / 2
+
+    def check(lr: float) -> Any:
+        p = hg.InnerProblem(Well(), train_loss, hg.optim.sgd(lr="lr"),
+                            hg.HyperParams([hg.Scalar("lr", init=lr, transform="log")]),
+                            [None], steps=100,
+                            val_loss=lambda m, hp: (m.params["w"].sum() - 1.0) ** 2 + 1.0)
+        return hypergradcheck(p, raise_exception=False)
+
+    chaotic = check(1.5)  # |dE/dlam| 2.7e23 against 1.08
+    assert chaotic.note.startswith("note: the hypergradient's norm ")
+    assert "training is chaotic here" in chaotic.note and chaotic.note in str(chaotic)
+    assert check(0.3).note == ""

@@ -1077,6 +1077,28 @@ def test_chaotic_inner_training_is_named_in_the_end_warning() -> None:
         res = fit(1.7)
     assert max(h["hypergrad_norm"] for h in res.history) > 1e28
 
+    # a run that improved all the same (the default search: its line search rejects the wild
+    # steps) was told nothing: the chaos probe, 2026-12-08 (norms 5.3e11, 0.62 -> 0.41)
+    def search(lr: float) -> tuple[hg.TrainResult, list[str]]:
+        p = hg.InnerProblem(Well(), train_loss, hg.optim.sgd(lr="lr"),
+                            hg.HyperParams([hg.Scalar("lr", init=lr, transform="log")]),
+                            [None], steps=100, val_loss=val_loss)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            out = hg.Trainer(p, method="forward", mode=hg.Offline(outer_steps=3)).fit()
+        return out, [str(w.message) for w in said
+                     if issubclass(w.category, hg.errors.TuningWarning)]
+
+    res, said = search(1.7)
+    told = [m for m in said if "training is chaotic" in m]
+    assert len(told) == 1 and told[0].startswith(
+        "Trainer: the hypergradients were not informative (the search's plain runs")
+    assert "short-horizon bias" in told[0] and "outer=None" in told[0]
+    with warnings.catch_warnings(record=True) as calm:  # a stable lr: no word
+        warnings.simplefilter("always")
+        fit(0.1)
+    assert not any("training is chaotic" in str(w.message) for w in calm)
+
 
 def test_an_outer_learning_rate_of_0_is_named_when_nothing_moved() -> None:
     """lr=0 for the outer optimizer: the warning blamed bounds (none given) or small steps (the
