@@ -279,3 +279,20 @@ def test_learned_yaml_of_values_whose_training_diverges_says_so(tmp_path: Path) 
     assert "# The values hypergrad returned, for your own training" in text
     assert "What hypergrad learned" not in text
     assert yaml.safe_load(text)["optimizer"]["class"] == "torch.optim.SGD"  # still loads
+
+
+def test_a_run_of_no_outer_step_resumes(tmp_path: Path) -> None:
+    """mode.outer_steps=0 (a baseline, the Optuna preset's trials) wrote no checkpoint, so a
+    resume found its records and refused it ("it has results.json, ... but no checkpoint"):
+    every finished job of a sweep rerun with folder.resume=true failed (the sweeper probe,
+    2026-12-08). It resumes to the same result now, and can ask for outer steps."""
+    first = cli.run(_compose(*FAST, "mode.outer_steps=0", "report.orders=0"), tmp_path)
+    assert (tmp_path / "checkpoint.pt").exists() and first["outer_steps"] == 0
+    again = cli.run(_compose(*FAST, "mode.outer_steps=0", "report.orders=0",
+                             "folder.resume=true"), tmp_path)
+    assert again["learned_val_loss"] == first["learned_val_loss"]
+    assert again["table"] == first["table"]
+    more = cli.run(_compose(*FAST, "mode.outer_steps=2", "report.orders=0",
+                            "folder.resume=true"), tmp_path)
+    assert more["outer_steps"] == 2
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2

@@ -88,9 +88,11 @@ def test_a_run_diverged_after_a_step_names_where_its_last_values_come_from(
 
 
 def test_resuming_a_folder_without_a_checkpoint_is_a_usage_error(tmp_path: Path) -> None:
-    """A run with mode.outer_steps=0 (an Optuna trial's) writes no checkpoint; resuming its
-    folder ended in CheckpointError's traceback (status 1)."""
+    """A folder with records and no checkpoint (a run of mode.outer_steps=0 before
+    2026-12-08, which wrote none): resuming it ended in CheckpointError's traceback (status
+    1)."""
     cli.run(_compose(*FAST, "mode.outer_steps=0", "report.retrain=false"), tmp_path)
+    (tmp_path / "checkpoint.pt").unlink()
     out = _cli(*FAST, "folder.resume=true", "report.retrain=false", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr

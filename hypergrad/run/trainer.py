@@ -1703,6 +1703,13 @@ class Trainer:
                 out_of_time = self._end_descent(budget)
                 break
         res = self._finish_offline()
+        if self.folder is not None and not self.history and not res.diverged:
+            # no outer step (outer_steps=0: a baseline, a black-box sweep's trial): a
+            # checkpoint all the same, or a resume found the run's records without one and
+            # refused it (every finished job of a sweep rerun with folder.resume=true)
+            ck = self._checkpoint()
+            if self.strategy.is_writer:
+                self.folder.write_inner(ck)
         res.out_of_time = out_of_time and not res.diverged
         res.stopped = self._stop_asked or ""
         took = self._now() - self._fit_start
