@@ -906,7 +906,11 @@ def _main(cfg: DictConfig) -> float:
             kind = err.kind if isinstance(err, RefusedJob) else type(err).__name__
             said = str(err).removeprefix("hypergrad-run: ") if isinstance(err, RefusedJob) \
                 else str(err)
-            _sweep_line("failed", error=f"{kind}: {said[:500]}")
+            if isinstance(err, KeyboardInterrupt):  # stopped from outside, not failed
+                _sweep_line("interrupted", error="SIGTERM" if isinstance(err, _Terminated)
+                            else "KeyboardInterrupt")
+            else:
+                _sweep_line("failed", error=f"{kind}: {said[:500]}")
         raise
 
 
@@ -1217,6 +1221,16 @@ def main() -> None:
         raise SystemExit(2)
     try:
         _main()
+    except KeyboardInterrupt as err:
+        # a sweep's job interrupted (a single run exits in the job itself): Python's traceback
+        # and status 1 read as a crash (a pre-empted SLURM sweep), where a single run stops
+        # with its message and 130 / 143
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        notes = [n for n in getattr(err, "__notes__", []) if n.startswith("hypergrad-run:")]
+        how = "SIGTERM" if isinstance(err, _Terminated) else "KeyboardInterrupt"
+        print(notes[-1] if notes else f"hypergrad-run: interrupted ({how})", file=sys.stderr)
+        raise SystemExit(143 if isinstance(err, _Terminated) else 130) from None
     except SystemExit as err:
         if err.code == 1:  # Hydra's own failure (a composition error among them)
             said = (_preset_conflict(sys.argv[1:]) or _bare_word(sys.argv[1:])
