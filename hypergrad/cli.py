@@ -161,7 +161,8 @@ def _check_resumed_job(path: Path) -> None:
         return
     now = _job_overrides()
     differ = [f"{k}: {before.get(k, '<not given>')} -> {now.get(k, '<not given>')}"
-              for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+              for k in sorted(set(before) | set(now))
+              if before.get(k) != now.get(k) and not _may_change(k, before.get(k), now.get(k))]
     if differ:
         raise RunDirError(
             f"hypergrad-run: folder.resume=true in a sweep, but {path} holds the run of job "
@@ -172,6 +173,24 @@ def _check_resumed_job(path: Path) -> None:
             f"not from the job folders): resume a sweep only with the same settings and "
             f"grid; otherwise run it into a new hydra.sweep.dir, or rerun the jobs afresh with "
             f"folder.overwrite=true.")
+
+
+RESUME_MAY_CHANGE = ("report.", "callbacks.")
+"""Overrides a sweep's job may change on a resume (:func:`_check_resumed_job`): what is
+reported and logged, not what is tuned; ``mode.outer_steps`` too where it grows (the run goes
+on, as a single run's resume does; the sweep probe: extending a sweep's runs was refused)."""
+
+
+def _may_change(key: str, before: str | None, now: str | None) -> bool:
+    """Whether a resumed sweep job's override ``key`` may go from ``before`` to ``now``."""
+    if key.startswith(RESUME_MAY_CHANGE):
+        return True
+    if key == "mode.outer_steps" and before is not None and now is not None:
+        try:
+            return int(now) >= int(before)
+        except ValueError:
+            return False
+    return False
 
 
 def _earlier_job(path: Path, sweep: str | None, job: int | None) -> int | None:

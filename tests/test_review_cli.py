@@ -692,6 +692,19 @@ def test_a_sweep_resumed_with_other_values_is_refused_and_with_the_same_resumes(
     said = other.stdout + other.stderr
     assert ("folder.resume=true in a sweep, but " in said and "holds the run of job 0 made "
             "with other values than this job's (seed: 0 -> 1)" in said), said[-3000:]
+    # what a single run's resume may change, a sweep's may too: more outer steps, what is
+    # reported (refused as "other values" until 2026-12-08: a sweep's runs could not be
+    # extended; the sweeper probe); fewer outer steps stay refused (the result would be the
+    # longer run's, recorded under the fewer)
+    longer = [a for a in args if a not in ("mode.outer_steps=1", "report.retrain=false")]
+    more = _cli(*longer, "mode.outer_steps=2", "report.retrain=true", "seed=0,1",
+                "folder.resume=true")
+    assert more.returncode == 0, more.stderr[-3000:]
+    for job in ("0", "1"):
+        assert len((tmp_path / job / "metrics.jsonl").read_text().splitlines()) == 2
+    fewer = _cli(*args, "seed=0,1", "folder.resume=true")
+    assert fewer.returncode != 0
+    assert "(mode.outer_steps: 2 -> 1)" in fewer.stdout + fewer.stderr
 
 
 
