@@ -1187,8 +1187,9 @@ def _unmake(out: Path, part: int) -> None:
 
 SWEEP_SUMMARY = "sweep_summary.jsonl"
 """In a ``--multirun`` sweep's folder: a line per job as it ends, whatever the launcher (the
-basic one, joblib, a cluster's): its number, overrides and folder, ``status`` (``done`` or
-``failed``), what it returned to the sweeper and its learned point, or its error."""
+basic one, joblib, a cluster's): its number, overrides and folder, ``status`` (``done``,
+``failed`` or ``interrupted``), what it returned to the sweeper and its learned point, or its
+error."""
 
 
 def _sweep_line(status: str, **fields: Any) -> None:
