@@ -416,11 +416,14 @@ def _bounds_refused_in_a_sweep() -> Iterator[None]:
         try:
             yield
         except BoundsWarning as err:
+            outside = getattr(err, "outside", None)
+            what = (f"initial values outside guards.bounds: {'; '.join(outside)}"
+                    if outside else str(err))
             raise ConfigError(
-                f"hypergrad-run: {err} In a sweep this job is refused instead: the sweeper "
-                f"would record the value it asked for, not the one trained. Keep the swept "
-                f"values inside guards.bounds (narrow the sweep's interval, or widen the "
-                f"bounds).") from None
+                f"hypergrad-run: {what}. In a sweep this job is refused (a single run would "
+                f"move them onto the bounds): the sweeper would record the value it asked "
+                f"for, not the one trained. Keep the swept values inside guards.bounds "
+                f"(narrow the sweep's interval, or widen the bounds).") from None
 
 
 @contextlib.contextmanager

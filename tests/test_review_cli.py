@@ -376,9 +376,13 @@ def test_a_swept_value_outside_the_bounds_is_refused_not_moved(tmp_path: Path) -
     out = _cli("--multirun", "experiment=digits_schedule", *FAST, "report.retrain=false",
                "hyperparams.items.lr.init=0.5,100", f"hydra.sweep.dir={tmp_path}")
     assert out.returncode != 0
-    said = ("In a sweep this job is refused instead: the sweeper would record the value it "
-            "asked for, not the one trained")
+    said = ("In a sweep this job is refused (a single run would move them onto the bounds): "
+            "the sweeper would record the value it asked for, not the one trained")
     assert said in out.stderr and said in (tmp_path / "1" / "cli.log").read_text()
+    # the values as asked and their bounds, not "were moved onto the bounds" (nothing was):
+    # the message contradicted itself (the sweeper probe, 2026-12-08)
+    assert "initial values outside guards.bounds: lr=[100.0, 100.0, " in out.stderr
+    assert "were moved" not in out.stderr and "to silence this" not in out.stderr
     assert not (tmp_path / "1" / "results.json").exists()
     assert json.loads((tmp_path / "0" / "results.json").read_text())["outer_steps"] > 0
 

@@ -655,11 +655,21 @@ class Trainer:
         moved = [f"{n}={before[n]} -> {after[n]} (bounds {bounds_of(n)})"
                  for n in hps.names if _apart(before[n], after[n], tol)]
         if moved:
-            warnings.warn(BoundsWarning(
+            said = BoundsWarning(
                 f"Trainer: initial values outside Guards(bounds=...) were moved onto the "
                 f"bounds: {'; '.join(moved)}. Tuning starts there (hypergrad-run retrains that "
                 f"point as 'initial'); give an initial value inside the bounds to silence "
-                f"this."), stacklevel=3)
+                f"this.")
+            # the values and their bounds alone, for hypergrad-run's refusal in a sweep (where
+            # nothing is moved: its message said "were moved", then "refused instead")
+            def short(v: Any) -> Any:  # float32's 100.00000762939453 as 100
+                return ([short(x) for x in v] if isinstance(v, list) else
+                        float(f"{v:.7g}") if isinstance(v, float) else v)
+
+            said.outside = [  # type: ignore[attr-defined]
+                f"{n}={short(before[n])} (bounds {bounds_of(n)})"
+                for n in hps.names if _apart(before[n], after[n], tol)]
+            warnings.warn(said, stacklevel=3)
 
     def settings(self) -> dict[str, Any]:
         """The settings of the parts that define a run (in its fingerprint): the mode's, the
