@@ -286,6 +286,14 @@ def test_a_hypergradient_too_large_for_float32_names_the_fixes_that_help() -> No
     assert "float64" in why
     g, why = outer_gradient(torch.tensor([5e19, 1.0]), 1.0, torch.float32)
     assert why is None and g is not None and float(g.norm()) == pytest.approx(1.0)
+    # the loss itself that large: the same advice; against a loss of 0.5, chaotic training,
+    # which neither a clip nor float64 helps (they were advised; the chaos probe, 2026-12-08)
+    big = outer_gradient(torch.tensor([5e19, 1.0]), None, torch.float32, value=3e20)[1]
+    assert big is not None and "Guards(clip_norm=...)" in big
+    chaos = outer_gradient(torch.tensor([5e19, 1.0]), None, torch.float32, value=0.5)[1]
+    assert chaos is not None and "against a validation loss of 0.5: the inner training is " \
+        "chaotic there" in chaos
+    assert "Guards(clip_norm=...)" not in chaos and "outer=None" in chaos
 
 
 def test_amsgrad_is_refused_by_name() -> None:

@@ -217,11 +217,15 @@ def divergence(value: Tensor, grad: Tensor | None, best: Best | None,
 
 
 def outer_gradient(grad: Tensor, clip_norm: float | None, dtype: torch.dtype,
-                   diverged: str | None = None) -> tuple[Tensor | None, str | None]:
+                   diverged: str | None = None, value: float | None = None
+                   ) -> tuple[Tensor | None, str | None]:
     """The (clipped) hypergradient in ``dtype``, or ``None`` and why there is none: the norm is
     taken in float64, and its square must be representable in ``dtype``. ``diverged``: how the
     inner training at that point diverges, where the caller found it does (the message then
-    says so and advises a stable training, not a clip of a sound hypergradient)."""
+    says so and advises a stable training, not a clip of a sound hypergradient). ``value``:
+    the validation loss there; against it, a norm past :data:`CHAOS` times its size is named
+    chaotic training, where a clip or float64 gives a finite but useless hypergradient (the
+    advice was to clip, scale the loss down or run in float64; the chaos probe)."""
     g = grad.detach().to(torch.float64)
     norm = float(g.norm())
     if not math.isfinite(norm):
@@ -237,6 +241,17 @@ def outer_gradient(grad: Tensor, clip_norm: float | None, dtype: torch.dtype,
                           f"learning rate (its initial value, or the upper bound in "
                           f"Guards(bounds=...) if it is tuned), or gradient clipping (the inner "
                           f"optimizer's clip_grad_norm=1.0)")
+        scale = max(1.0, abs(value)) if value is not None and math.isfinite(value) else None
+        if scale is not None and norm > CHAOS * scale:
+            return None, (f"the hypergradient's norm {norm:.3g} is too large for "
+                          f"{str(dtype).replace('torch.', '')} ({TOO_LARGE}), against a "
+                          f"validation loss of {value:.4g}: the inner training is chaotic "
+                          f"there (a learning rate at or past the edge of stability, a long "
+                          f"horizon), and its exact derivative says nothing an outer step's "
+                          f"distance away: a clip keeps its arbitrary direction, and float64 "
+                          f"gives a finite one as useless. Start from a smaller learning rate "
+                          f"or bound it (bounds={{'lr': (lo, hi)}}), shorten the horizon, or "
+                          f"tune with the default search (outer=None)")
         wider = "" if dtype == torch.float64 else ", or run the problem in float64"
         return None, (f"the hypergradient's norm {norm:.3g} is too large for "
                       f"{str(dtype).replace('torch.', '')} ({TOO_LARGE}, which would "

@@ -1176,7 +1176,8 @@ class Trainer:
         if first and not tr.zero_warned:
             self._warn_unread_weights(grad)
         tr.track(value, lam_used, grad, self.outer_step, first=first)
-        g, why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype)
+        g, why = outer_gradient(grad, self.guards.clip_norm, self.lam.dtype,
+                                value=float(value))
         if g is None:
             assert why is not None
             if TOO_LARGE in why:  # the training may have diverged: it then says so
