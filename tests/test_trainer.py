@@ -1100,6 +1100,36 @@ def test_chaotic_inner_training_is_named_in_the_end_warning() -> None:
     assert not any("training is chaotic" in str(w.message) for w in calm)
 
 
+def test_a_hypergradient_not_finite_names_the_step_its_tangents_overflow() -> None:
+    """Float32 SGD at the edge of stability: forward mode's tangents overflow to NaN at a
+    finite validation loss, and the stop listed five causes and named no step (the chaos
+    probe, 2026-12-08). It names the inner step where the tangents first are not finite."""
+
+    class Well(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([0.3]))
+
+    def train_loss(m, batch, hp):  # type: ignore[no-untyped-def]
+        w = m.params["w"].sum()
+        return w ** 4 / 4 - w ** 2 / 2
+
+    p = hg.InnerProblem(Well(), train_loss, hg.optim.sgd(lr="lr"),
+                        hg.HyperParams([hg.Scalar("lr", init=1.9, transform="log")]), [None],
+                        steps=200,
+                        val_loss=lambda m, hp: (m.params["w"].sum() - 1.0) ** 2 + 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = hg.Trainer(p, method="forward", mode=hg.Offline(outer_steps=2),
+                         outer=functools.partial(torch.optim.Adam, lr=0.1)).fit()
+    assert res.diverged and "hypergradient entries are not finite" in res.message
+    found = re.search(r"Forward mode's tangents are first non-finite after inner step (\d+) of "
+                      r"200 \(their largest entry until then: ([0-9.e+]+), in torch.float32\)",
+                      res.message)
+    assert found is not None, res.message
+    assert 0 < int(found.group(1)) < 200 and float(found.group(2)) > 1e30
+
+
 def test_an_outer_learning_rate_of_0_is_named_when_nothing_moved() -> None:
     """lr=0 for the outer optimizer: the warning blamed bounds (none given) or small steps (the
     outer-loop probe)."""

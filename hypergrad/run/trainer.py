@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_flatten
 
 from ..errors import (
     BoundsWarning,
@@ -2068,6 +2069,10 @@ class Trainer:
             where = self._nonfinite_from(lam_used)
             if where:
                 msg = f"{msg} {where}"
+        elif NONFINITE_GRAD in why and not self.mode.online:
+            where = self._tangents_nonfinite_from(lam_used)
+            if where:
+                msg = f"{msg} {where}"
         self.message(msg)
         if self.folder is not None:
             # on every rank (a split run gathers its columns): the checkpoint written where the
@@ -2112,6 +2117,34 @@ class Trainer:
                                    "diverged there (a learning rate too large for it, "
                                    "or a gradient that overflows)."))
                     s = new
+        except Exception:  # noqa: BLE001 - a diagnosis: the run already stopped on its own
+            return ""
+        return ""
+
+    def _tangents_nonfinite_from(self, lam: Tensor) -> str:
+        """Where forward mode's tangents at ``lam`` first hold a non-finite entry, and their
+        largest entry the step before, as a sentence ("" for another method or a streamed
+        source, or where none does). One forward run, stepped, only where a run stopped on a
+        hypergradient that was not finite at a finite validation loss: the message named no
+        step (float32 SGD at lr 4: NaN, "edge of stability" among five causes; the chaos
+        probe, 2026-12-08)."""
+        from ..methods.forward import ForwardMode
+
+        fm, p = self.method, self.problem
+        if type(fm) is not ForwardMode or p.stream is not None:
+            return ""
+        try:
+            with torch.no_grad():
+                fs = fm.init(p, lam)
+                largest = 0.0
+                for t in range(p.steps):
+                    fs = fm.step(p, fs, lam)
+                    z = [x for x in tree_flatten(fs.tangents)[0] if isinstance(x, Tensor)]
+                    if not all(bool(torch.isfinite(x).all()) for x in z):
+                        return (f"Forward mode's tangents are first non-finite after inner "
+                                f"step {t} of {p.steps} (their largest entry until then: "
+                                f"{largest:.3g}, in {p.dtype}).")
+                    largest = max([largest, *(float(x.abs().max()) for x in z if x.numel())])
         except Exception:  # noqa: BLE001 - a diagnosis: the run already stopped on its own
             return ""
         return ""
