@@ -169,6 +169,43 @@ def test_a_custom_function_whose_backward_is_not_its_derivative_warns() -> None:
     assert not [w for w in _checked(p) if w.category is DetachedValueWarning]
 
 
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_a_float32_product_in_many_dimensions_is_judged_past_rounding(scale: float) -> None:
+    """A correct sparse product (hypergrad.sparse) in float32, 20,000 weights: along a random
+    unit direction its directional derivative is of rounding's size, and its backward was
+    reported 18.7 % off a central difference (the sparse probe, 2026-12-08: "hypergradients
+    are not those of the training that runs"). Along the gradient's own direction it agrees;
+    a backward scaled x 2 is still told."""
+    from hypergrad.sparse import SparseOperator
+
+    g = torch.Generator().manual_seed(0)
+    m = n = 20000
+    rows, cols = (torch.randint(0, k, (200000,), generator=g) for k in (m, n))
+    op = SparseOperator.from_coo(rows, cols, torch.randn(200000, generator=g), (m, n),
+                                 dtype=torch.float32)
+    y = torch.randn(m, generator=g)
+
+    class Lin(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(n))
+
+        def forward(self, a: SparseOperator) -> torch.Tensor:
+            return _GradScale.apply(a @ self.w, scale)
+
+    def loss(mf: Any, b: Any, hp: Any) -> torch.Tensor:
+        return ((mf(op) - y) ** 2).mean()
+
+    p = hg.InnerProblem(Lin(), loss, hg.optim.sgd(lr="lr"),
+                        hg.HyperParams([hg.Scalar("lr", 0.01, "log")]), [None], 2,
+                        lambda mf, hp: ((mf(op) - y) ** 2).mean())
+    said = [str(w.message) for w in _checked(p) if w.category is DetachedValueWarning]
+    if scale == 1.0:
+        assert said == []
+    else:
+        assert len(said) == 2 and "_GradScale" in said[0], said
+
+
 class _TanhFirstOrder(_Tanh):
     """tanh whose backward is its true derivative computed on a detached saved output: right
     gradients, and no second derivative through it."""
