@@ -732,3 +732,45 @@ def test_a_val_loss_in_eval_mode_beside_a_train_mode_objective_is_explained() ->
         assert task.metrics(None, fields={"val_loss": 1.0}) == {  # type: ignore[arg-type]
             "evaluate.val_loss": 2.0}
     assert "Rename" not in str(rec[0].message)
+
+
+class _Flips(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Digits flipped at random and noised, drawn in __getitem__."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        img = self.x[i].view(8, 8)
+        if torch.rand(()) < 0.5:
+            img = img.flip(1)
+        return img.reshape(64) + 0.05 * torch.randn(64, dtype=img.dtype), self.y[i]
+
+
+def test_the_closing_message_says_one_point_evaluated_twice_is_one_point() -> None:
+    """An augmenting, shuffling DataLoader and dropout: the final evaluation of the point
+    returned gave another loss than its first ("best 2.017 (outer step 3), last 2.126 (outer
+    step 3)"), which read as two points (the checkpoint probe, 2026-12-08)."""
+    from torch.utils.data import DataLoader
+
+    data = digits_data(n_train=96, n_val=100, n_test=8, dtype=torch.float64)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3),
+                          nn.Linear(16, 10)).double()
+    p = hg.InnerProblem(
+        model, lambda m, b, hp: F.cross_entropy(m(b[0]), b[1]),
+        hg.optim.sgd(lr="lr", momentum="mom", weight_decay="wd"),
+        hg.HyperParams([hg.Scalar("lr", 0.1, "log"), hg.Scalar("mom", 0.5, "logit"),
+                        hg.PerGroup("wd", 1e-3, "log", groups={"w": r"weight$"}, default=0.0)]),
+        DataLoader(_Flips(data.x_train, data.y_train), batch_size=16, shuffle=True), 13,
+        lambda m, hp: F.cross_entropy(m(data.x_val), data.y_val), seed=0)
+    said: list[str] = []
+    res = hg.Trainer(p, "forward", mode=hg.Offline(outer_steps=3),
+                     callbacks=[hg.run.Log(said.append), hg.run.Progress(False)]).fit()
+    assert torch.equal(res.lam, res.last_lam) and res.best_val_loss != res.last_val_loss
+    last = [m for m in said if "validation loss: initial" in m][-1]
+    assert last.endswith("(the same point evaluated again: its runs differ in their batches "
+                         "or random draws)"), last

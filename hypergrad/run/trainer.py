@@ -1826,8 +1826,15 @@ class Trainer:
             # "best" is the point returned: chosen by select_loss or the re-check, its
             # validation loss need not be the lowest ("best 0.33, last 0.30" read as a slip)
             chosen = ("returned" if best_sel is not None or rechecked else "best")
+            # one point, two losses: the final evaluation trained it again on another pass
+            # (a shuffling loader, dropout), and "best 2.017, last 2.126" at the same outer
+            # step read as two points (the checkpoint probe, 2026-12-08)
+            again = (" (the same point evaluated again: its runs differ in their batches or "
+                     "random draws)" if torch.equal(best_lam, last) and self.problem.varies
+                     and float(value) != best_val else "")
             self.message(f"validation loss: {start}, {chosen} {best_val:.4g} (outer step "
-                         f"{best_step}), last {float(value):.4g} (outer step {last_step})")
+                         f"{best_step}), last {float(value):.4g} (outer step {last_step})"
+                         f"{again}")
         self._say_box_edge(best_lam)
         return TrainResult(best_lam.clone(), hps.describe(best_lam), copy.deepcopy(self.history),
                            self.method.name, state=state, last_lam=last,
