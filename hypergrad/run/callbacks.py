@@ -43,8 +43,10 @@ class Callback:
 
     def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
         """After inner step ``step`` (1-based) of ``total``, in a hypergradient's inner run
-        (or online's one run); the default search's plain runs, and the run of a second batch
-        order, do not call it."""
+        (or online's one run) of a method the Trainer steps itself: forward mode, MARTHE and
+        HD (``hypergrad.OnlineMethod``). Reverse mode, implicit differentiation and finite
+        differences take a hypergradient in one call and never call it; nor do the default
+        search's plain runs, or the run of a second batch order."""
 
     def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
         """After an outer step, with a copy of its record (as in ``metrics.jsonl``)."""
