@@ -1143,3 +1143,28 @@ def test_an_outer_learning_rate_of_0_is_named_when_nothing_moved() -> None:
                    callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
     assert any(re.search(r"'lr' never moved from its initial value 0.1\d* \(the outer "
                          r"optimizer's learning rate is 0\)", str(w.message)) for w in said)
+
+
+def test_a_per_step_callback_under_a_one_call_method_is_warned_about() -> None:
+    """A user's on_inner_step (a logger, a kill switch) never ran under reverse mode, without
+    a word (the checkpoint probe, 2026-12-08)."""
+    from hypergrad.testing import digits_case
+
+    class PerStep(hg.run.Callback):
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def on_inner_step(self, trainer: Any, step: int, total: int) -> None:
+            self.steps += 1
+
+    p = digits_case("momentum", "lr", steps=4, n_train=24, batch_size=8, hidden=4, n_val=16)
+    for method, warned in (("reverse", True), ("forward", False)):
+        cb = PerStep()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            hg.Trainer(p, method, mode=hg.Offline(outer_steps=1),
+                       callbacks=[cb, hg.run.Log(None), hg.run.Progress(False)]).fit()
+        told = [str(w.message) for w in said if "PerStep define(s) on_inner_step" in
+                str(w.message)]
+        assert len(told) == int(warned), told
+        assert (cb.steps == 0) is warned

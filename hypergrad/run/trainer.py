@@ -42,6 +42,7 @@ from ..errors import (
     BoundsWarning,
     CheckpointWarning,
     ConfigWarning,
+    HypergradWarning,
     ResumeMismatchError,
     TuningWarning,
     ZeroHypergradientWarning,
@@ -442,6 +443,18 @@ class Trainer:
                 f"{'update' if self.mode.online else 'outer step'} only. For checkpoints "
                 f"within the inner run use method='forward' offline (hypergrad-run: "
                 f"method=forward), or drop inner_every."), stacklevel=2)
+        if not isinstance(self.method, OnlineMethod):
+            # a user's per-step callback (a logger, a kill switch) did nothing without a word
+            # under reverse mode (the checkpoint probe, 2026-12-08)
+            own = [type(cb).__name__ for cb in self.callbacks
+                   if type(cb).on_inner_step is not Callback.on_inner_step
+                   and not type(cb).__module__.startswith("hypergrad.")]
+            if own:
+                warnings.warn(HypergradWarning(
+                    f"Trainer: {', '.join(own)} define(s) on_inner_step, which {self.method!r} "
+                    f"never calls: it takes each hypergradient in one call. Forward mode, "
+                    f"MARTHE and HD call it after every inner step (method='forward'); or "
+                    f"act in on_outer_step instead."), stacklevel=2)
         self.bounds = Bounds(p.hyperparams, p.dtype, self.guards.bounds, horizon=p.steps)
         self._start_in_bounds()
         self.box = search_box(p.hyperparams, self.bounds, self.lam)
