@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -239,8 +240,8 @@ def _build(api: str, crow: Tensor, col: Tensor, val: Tensor, shape: tuple[int, i
         # a finite 1e39 became inf in float32 without a word (the data-files probe)
         top = float(val.detach().abs().max())
         raise ValueError(f"{api}: the matrix has values beyond {vdt}'s range (largest "
-                         f"|value| {top:.4g}): they would become inf. Give dtype=torch.float64, "
-                         f"or scale the data.")
+                         f"|value| {top:.4g}): they would become inf. Give dtype=torch.float64 "
+                         f"(hypergrad-run: task.dtype=float64), or scale the data.")
     val = cast
     crow_t, col_t, val_t = _csr_transpose(crow, col, val, cshape)
     first = _csr_tensor(crow, col, val, cshape)
@@ -825,7 +826,10 @@ def load_npz(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None,
                          f"{e}); save the matrix with scipy.sparse.save_npz(path, A).") from None
     except ValueError as e:
         if str(e).startswith(api):
-            raise
+            if p in str(e) or repr(p) in str(e):
+                raise
+            # the checks of the values name no file (a NaN at row 0, column 3: of which file?)
+            raise ValueError(f"{api}: {p!r}: " + str(e).removeprefix(f"{api}: ")) from None
         raise ValueError(f"{api}: {p!r} is not a readable scipy.sparse .npz ({e}); save the "
                          f"matrix with scipy.sparse.save_npz(path, A).") from None
 
@@ -936,13 +940,28 @@ def load_svmlight(path: str | os.PathLike[str], n_features: int | None = None, *
         raise FileNotFoundError(f"{api}: no file at {p!r}.")
     from sklearn.datasets import load_svmlight_file
 
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if head == b"PK\x03\x04":  # a zip archive: read as text, it failed on b'PK\x03\x04...'
+        raise ValueError(f"{api}: {p!r} is a zip archive (a scipy .npz?), not an svmlight "
+                         f"text file: read it with load_npz (hypergrad-run reads a "
+                         f"data_path ending in .npz so: rename it).")
     try:
         X, y = load_svmlight_file(p, n_features=n_features, dtype=np.float64,
                                   zero_based=zero_based)
     except ValueError as e:
-        hint = (" Pass a larger n_features, or None to infer it." if "n_features" in str(e)
-                else " Check the file is in svmlight/libsvm format ('label idx:value ...').")
-        raise ValueError(f"{api}: could not read {p!r}: {e}.{hint}") from None
+        said = str(e).rstrip(".")
+        if "n_features" in said:
+            hint = " Pass a larger n_features, or None to infer it."
+        elif "Invalid index 0" in said:  # a zero-based file read as one-based
+            hint = (" Its feature indices start at 0: pass zero_based=True (hypergrad-run: "
+                    "task.zero_based=true).")
+        elif re.search(r"could not convert string to float: b'[^']*,", said):
+            hint = (" Its labels are lists (a multilabel file, '0,1 idx:value ...'): "
+                    "multilabel files are not supported; give one target per line.")
+        else:
+            hint = " Check the file is in svmlight/libsvm format ('label idx:value ...')."
+        raise ValueError(f"{api}: could not read {p!r}: {said}.{hint}") from None
     y = np.asarray(y)
     if y.ndim != 1 or y.shape[0] != X.shape[0]:
         raise ValueError(f"{api}: targets have shape {y.shape} for {X.shape[0]} samples; "
@@ -952,6 +971,9 @@ def load_svmlight(path: str | os.PathLike[str], n_features: int | None = None, *
         raise ValueError(f"{api}: target of sample {bad} is {y[bad]} (non-finite); clean the "
                          f"file's labels first.")
     dt = dtype if dtype is not None else _resolve_dtype(api, torch.float16, None)
-    op = SparseOperator._wrap(*_parts_from_scipy(api, X, dtype=dt, index_dtype=index_dtype,
-                                                 device=device, validate=True))
+    try:
+        op = SparseOperator._wrap(*_parts_from_scipy(api, X, dtype=dt, index_dtype=index_dtype,
+                                                     device=device, validate=True))
+    except ValueError as e:  # the checks of the values name no file
+        raise ValueError(f"{api}: {p!r}: " + str(e).removeprefix(f"{api}: ")) from None
     return op, torch.as_tensor(y, dtype=dt, device=op.device)

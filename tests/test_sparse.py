@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning"),
 ]
 
+_AT = r"(?:'[^']*': )?"
+"""The file's path, which the loaders' checks of the values put after their name."""
 F64 = torch.float64
 M, N, K = 11, 7, 3  # rows, cols, Hessian-vector products per batch
 
@@ -431,37 +434,37 @@ def test_load_npz_errors(tmp_path):
                                          r"\['a'\]\)"):
         load_npz(p)
     (tmp_path / "text.npz").write_text("not a zip")
-    with pytest.raises(ValueError, match=r"load_npz: .* is not a readable \.npz file"):
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}.* is not a readable \.npz file"):
         load_npz(tmp_path / "text.npz")
     _save_raw_csr(p, **{**good, "indptr": S.indptr[:-1]})
-    with pytest.raises(ValueError, match=rf"load_npz: indptr has shape \({M},\), expected "
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}indptr has shape \({M},\), expected "
                                          rf"\({M + 1},\)"):
         load_npz(p)
     _save_raw_csr(p, **{**good, "indices": S.indices[:-1]})
-    with pytest.raises(ValueError, match=r"load_npz: indices have shape .* but data has"):
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}indices have shape .* but data has"):
         load_npz(p)
     _save_raw_csr(p, **{**good, "shape": (M, N, 2)})
-    with pytest.raises(ValueError, match=r"load_npz: .* stores shape \[11, 7, 2\]; a 2-D"):
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}.* stores shape \[11, 7, 2\]; a 2-D"):
         load_npz(p)
     data = S.data.copy()
     data[2] = np.nan
     _save_raw_csr(p, **{**good, "data": data})
-    with pytest.raises(ValueError, match=r"load_npz: the matrix has 1 non-finite value\(s\) "
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}the matrix has 1 non-finite value\(s\) "
                                          r"\(NaN or inf\), first nan"):
         load_npz(p)
     # int16 column indices cannot address 40000 columns (they wrapped when saved)
     _save_raw_csr(p, data=np.ones(2), indices=np.array([5, 39999]).astype(np.int16),
                   indptr=np.array([0, 1, 2]), shape=(2, 40000))
-    with pytest.raises(ValueError, match=r"load_npz: column indices are stored as int16, which "
-                                         r"holds values up to 32767, but the matrix has 40000 "
-                                         r"columns"):
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}column indices are stored as int16, "
+                                         r"which holds values up to 32767, but the matrix has "
+                                         r"40000 columns"):
         load_npz(p)
     _save_raw_csr(p, **{**good, "indices": S.indices + N})
-    with pytest.raises(ValueError, match=r"load_npz: column index \d+ at entry 0 is outside"):
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}column index \d+ at entry 0 is outside"):
         load_npz(p)
     _save_raw_csr(p, data=np.ones(1), indices=np.array([2**31 + 1]), indptr=np.array([0, 1, 1]),
                   shape=(2, 2**31 + 5))
-    with pytest.raises(ValueError, match=r"load_npz: index_dtype=torch\.int32 cannot hold"):
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}index_dtype=torch\.int32 cannot hold"):
         load_npz(p, index_dtype=torch.int32)
 
 
@@ -484,23 +487,25 @@ def test_load_svmlight_errors(tmp_path):
     p.write_text("1 0:1.5 4:2\n-1 2:3\n")
     with pytest.raises(ValueError, match=r"^load_svmlight: could not read .*n_features"):
         load_svmlight(p, n_features=3, zero_based=True)
-    with pytest.raises(ValueError, match=r"load_svmlight: n_features=0 must be >= 1"):
+    with pytest.raises(ValueError, match=rf"load_svmlight: {_AT}n_features=0 must be >= 1"):
         load_svmlight(p, n_features=0)
-    with pytest.raises(TypeError, match=r"load_svmlight: n_features must be an int or None"):
+    with pytest.raises(TypeError, match=rf"load_svmlight: {_AT}n_features must be an int or None"):
         load_svmlight(p, n_features="5")
-    with pytest.raises(ValueError, match=r"load_svmlight: index_dtype=torch\.int32 cannot hold"):
+    with pytest.raises(ValueError, match=rf"load_svmlight: {_AT}index_dtype=torch\.int32 "
+                                         r"cannot hold"):
         load_svmlight(p, n_features=2**31 + 5, index_dtype=torch.int32, zero_based=True)
     p.write_text("1 0:1.5 4:nan\n-1 2:3\n")
-    with pytest.raises(ValueError, match=r"load_svmlight: the matrix has 1 non-finite value\(s\) "
-                                         r"\(NaN or inf\), first nan at row 0, column 4"):
+    with pytest.raises(ValueError, match=rf"load_svmlight: {_AT}the matrix has 1 non-finite "
+                                         r"value\(s\) \(NaN or inf\), first nan at row 0, "
+                                         r"column 4"):
         load_svmlight(p, zero_based=True)
     p.write_text("1 0:1.5\ninf 2:3\n")
-    with pytest.raises(ValueError, match=r"load_svmlight: target of sample 1 is inf"):
+    with pytest.raises(ValueError, match=rf"load_svmlight: {_AT}target of sample 1 is inf"):
         load_svmlight(p, zero_based=True)
     p.write_text("this is not svmlight\n")
-    with pytest.raises(ValueError, match=r"load_svmlight: could not read"):
+    with pytest.raises(ValueError, match=rf"load_svmlight: {_AT}could not read"):
         load_svmlight(p)
-    with pytest.raises(FileNotFoundError, match=r"load_svmlight: no file at"):
+    with pytest.raises(FileNotFoundError, match=rf"load_svmlight: {_AT}no file at"):
         load_svmlight(tmp_path / "missing.svm")
 
 
@@ -541,8 +546,8 @@ def test_a_damaged_npz_is_a_value_error_naming_the_file(tmp_path: Path) -> None:
     raw[i] ^= 0xFF
     bad = tmp_path / "crc.npz"
     bad.write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match=r"load_npz: .*crc.npz' is not a readable scipy.sparse "
-                                         r"\.npz \(BadZipFile"):
+    with pytest.raises(ValueError, match=rf"load_npz: {_AT}.*crc.npz' is not a readable "
+                                         r"scipy.sparse \.npz \(BadZipFile"):
         load_npz(bad)
     np.savez(tmp_path / "no_indptr.npz", format=np.array(b"csr"), shape=np.array([6, 5]),
              data=a.data, indices=a.indices)
@@ -553,3 +558,45 @@ def test_a_damaged_npz_is_a_value_error_naming_the_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"stores shape \[9.7, 6.2\]; a 2-D matrix \(rows, "
                                          r"cols\) of ints"):
         load_npz(tmp_path / "float_shape.npz")
+
+
+def test_loader_messages_name_the_file_and_the_fix(tmp_path):
+    """The sparse probe (2026-12-08): a NaN "at row 0, column 3" of no file; a zero-based file
+    read one-based ("Invalid index 0 ... Check the file is in svmlight format"); a multilabel
+    file ("could not convert string to float: b'0,1'", its own message never reached); an
+    .npz without its suffix (read as text: "b'PK\\x03\\x04...'"); a value beyond float32 with
+    the Python fix only; sklearn's messages ending in '..'."""
+    p = tmp_path / "nan.svm"
+    p.write_text("1 0:1.5 4:nan\n-1 2:3\n")
+    with pytest.raises(ValueError, match=rf"^load_svmlight: '{re.escape(str(p))}': the matrix "
+                                         r"has 1 non-finite"):
+        load_svmlight(p, zero_based=True)
+    zb = tmp_path / "zb.svm"
+    zb.write_text("1 0:1.5 4:2\n-1 2:3\n")
+    with pytest.raises(ValueError, match=r"Invalid index 0 in SVMlight/LibSVM data file\. Its "
+                                         r"feature indices start at 0: pass zero_based=True "
+                                         r"\(hypergrad-run: task\.zero_based=true\)\.$"):
+        load_svmlight(zb, zero_based=False)
+    ml = tmp_path / "ml.svm"
+    ml.write_text("0,1 1:1.5\n2 2:3\n")
+    with pytest.raises(ValueError, match=r"multilabel file.*not supported"):
+        load_svmlight(ml)
+    S = _scipy()
+    npz = tmp_path / "data.npz"
+    sp.save_npz(npz, S)
+    hidden = tmp_path / "data.bin"
+    hidden.write_bytes(npz.read_bytes())
+    with pytest.raises(ValueError, match=r"'.*data\.bin' is a zip archive \(a scipy \.npz\?\), "
+                                         r"not an svmlight text file: read it with load_npz"):
+        load_svmlight(hidden)
+    big = tmp_path / "big.svm"
+    big.write_text("1 1:1e39\n")
+    with pytest.raises(ValueError, match=r"Give dtype=torch\.float64 \(hypergrad-run: "
+                                         r"task\.dtype=float64\)"):
+        load_svmlight(big, dtype=torch.float32)
+    bad = S.copy()
+    bad.data[0] = np.inf
+    inf = tmp_path / "inf.npz"
+    sp.save_npz(inf, bad)
+    with pytest.raises(ValueError, match=rf"^load_npz: '{re.escape(str(inf))}': the matrix has 1 "):
+        load_npz(inf)
