@@ -90,3 +90,21 @@ def test_missing_targets_file(tmp_path: Path) -> None:
                                data_path=str(tmp_path / "B.npz"), groups=2, feature_groups=2)
     with pytest.raises(ValueError, match=r"corrupted=4 must be in \[0, groups=4\)"):
         _task(corrupted=4)
+
+
+def test_a_file_whose_validation_rows_are_empty_is_refused(tmp_path: Path) -> None:
+    """The last val_fraction of a file's rows with labels only: the validation loss read no
+    weight, every hypergradient was 0, and the run reported its start as learned after a
+    generic zero-hypergradient warning (the sparse probe, 2026-12-08)."""
+    a = sp.random(40, 12, density=0.3, format="lil", random_state=1)
+    a[32:] = 0
+    a = a.tocsr()
+    a.eliminate_zeros()
+    sp.save_npz(tmp_path / "A.npz", a)
+    np.save(tmp_path / "A_y.npy", np.arange(40.0))
+    with pytest.raises(ValueError, match=r"the 8 validation rows of .*A\.npz \(its last "
+                                         r"val_fraction=0\.2 of rows, in the file's order\) have "
+                                         r"no non-zero feature"):
+        sparse_regression_task(sparse_hps(2, 2), hg.optim.sgd(lr=0.3), steps=4, groups=2,
+                               feature_groups=2, dtype="float64",
+                               data_path=str(tmp_path / "A.npz"), val_fraction=0.2)

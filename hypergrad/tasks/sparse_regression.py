@@ -147,6 +147,16 @@ def sparse_regression_task(hyperparams: HyperParams, optimizer: Optimizer, model
                              f"{hyperparams.names}.")
     rows_csr = op_all.to_sparse_csr()
     _check_feature_groups(rows_csr, m_tr, feature_groups, data_path)
+    crow = rows_csr.crow_indices()
+    if data_path is not None and bool((rows_csr.values()[int(crow[m_tr]):] == 0).all()):
+        # the validation loss then reads no weight: every hypergradient is exactly zero, and
+        # the run ended "learned (outer step 0)" after a generic zero-hypergradient warning
+        # (the sparse probe, 2026-12-08)
+        raise ValueError(f"sparse_regression_task: the {op_all.shape[0] - m_tr} validation "
+                         f"rows of {data_path} (its last val_fraction={val_fraction} of rows, in "
+                         f"the file's order) have no non-zero feature, so the validation loss "
+                         f"reads no weight and every hypergradient is exactly zero. Put rows "
+                         f"with features last, or shuffle the file's rows.")
     a_tr = SparseOperator(_row_slice(rows_csr, 0, m_tr), device=dev)
     a_val = SparseOperator(_row_slice(rows_csr, m_tr, op_all.shape[0]), device=dev)
     y_tr, y_val = y_all[:m_tr].clone(), y_all[m_tr:].to(dev)
