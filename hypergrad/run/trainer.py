@@ -666,8 +666,8 @@ class Trainer:
         # a value on a bound up to rounding (0.010000000000000004 against a bound of 0.01, the
         # raw end moved inside by a rounding step) is no move to tell of
         tol = 16 * float(torch.finfo(self.lam.dtype).eps)
-        moved = [f"{n}={before[n]} -> {after[n]} (bounds {bounds_of(n)})"
-                 for n in hps.names if _apart(before[n], after[n], tol)]
+        names = [n for n in hps.names if _apart(before[n], after[n], tol)]
+        moved = [f"{n}={before[n]} -> {after[n]} (bounds {bounds_of(n)})" for n in names]
         if moved:
             said = BoundsWarning(
                 f"Trainer: initial values outside Guards(bounds=...) were moved onto the "
@@ -681,8 +681,7 @@ class Trainer:
                         float(f"{v:.7g}") if isinstance(v, float) else v)
 
             said.outside = [  # type: ignore[attr-defined]
-                f"{n}={short(before[n])} (bounds {bounds_of(n)})"
-                for n in hps.names if _apart(before[n], after[n], tol)]
+                f"{n}={short(before[n])} (bounds {bounds_of(n)})" for n in names]
             warnings.warn(said, stacklevel=3)
 
     def settings(self) -> dict[str, Any]:
@@ -1839,9 +1838,9 @@ class Trainer:
             # "best" is the point returned: chosen by select_loss or the re-check, its
             # validation loss need not be the lowest ("best 0.33, last 0.30" read as a slip)
             chosen = ("returned" if best_sel is not None or rechecked else "best")
-            # one point, two losses: the final evaluation trained it again on another pass
-            # (a shuffling loader, dropout), and "best 2.017, last 2.126" at the same outer
-            # step read as two points (the checkpoint probe, 2026-12-08)
+            # one point, two losses (its runs differ: an augmenting loader, dropout): "best
+            # 2.017, last 2.126" at the same outer step read as two points (the checkpoint
+            # probe, 2026-12-08)
             again = (" (the same point evaluated again: its runs differ in their batches or "
                      "random draws)" if torch.equal(best_lam, last) and self.problem.varies
                      and float(value) != best_val else "")
@@ -2143,7 +2142,7 @@ class Trainer:
 
     def _tangents_nonfinite_from(self, lam: Tensor) -> str:
         """Where forward mode's tangents at ``lam`` first hold a non-finite entry, and their
-        largest entry the step before, as a sentence ("" for another method or a streamed
+        largest entry until then, as a sentence ("" for another method or a streamed
         source, or where none does). One forward run, stepped, only where a run stopped on a
         hypergradient that was not finite at a finite validation loss: the message named no
         step (float32 SGD at lr 4: NaN, "edge of stability" among five causes; the chaos
