@@ -225,6 +225,19 @@ def test_torch_optim_switches_are_taken_at_torchs_defaults_and_named_otherwise(n
         factory(lr=0.1, bogus=1)
 
 
+def test_adams_decoupled_weight_decay_switch_points_to_adamw() -> None:
+    """torch.optim.Adam's decoupled_weight_decay (torch >= 2.6) gave Python's bare
+    "unexpected keyword argument" (the optimizer probe, 2026-12-08): False, as a copied call
+    writes it, is taken; True points to adamw."""
+    assert hg.optim.adam(lr=0.1, decoupled_weight_decay=False).args["lr"] == 0.1
+    with pytest.raises(ValueError, match=r"^adam: decoupled_weight_decay=True is "
+                                         r"torch.optim.Adam's switch to AdamW; use "
+                                         r"hypergrad.optim.adamw"):
+        hg.optim.adam(lr=0.1, decoupled_weight_decay=True)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'decoupled_weight_decay'"):
+        hg.optim.sgd(lr=0.1, decoupled_weight_decay=True)  # Adam's only
+
+
 @pytest.mark.parametrize("foreach", [False, True])
 def test_sgd_keeps_no_reference_to_the_callers_gradient(foreach: bool,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -642,6 +642,14 @@ def torch_flags(factory: Factory) -> Factory:
     @functools.wraps(factory)
     def made(*args: Any, **kwargs: Any) -> Optimizer:
         api = factory.__name__
+        if api == "adam" and "decoupled_weight_decay" in kwargs:
+            # torch.optim.Adam's switch to AdamW (torch >= 2.6): "unexpected keyword argument"
+            # (the optimizer probe, 2026-12-08)
+            val = kwargs.pop("decoupled_weight_decay")
+            if flag(api, "decoupled_weight_decay", val):
+                raise ValueError(f"adam: decoupled_weight_decay={val!r} is torch.optim.Adam's "
+                                 f"switch to AdamW; use hypergrad.optim.adamw(...) (the same "
+                                 f"arguments; hypergrad-run: inner_optimizer=adamw).")
         for key in TORCH_FLAGS:
             if key not in kwargs:
                 continue
