@@ -413,23 +413,40 @@ def test_a_callback_that_moves_lam_is_refused(tmp_path: Path) -> None:
     assert torch.equal(ck["lam"], tr.lam)  # the checkpoint and the Trainer agree
 
 
-@pytest.mark.parametrize("how", ["rebind", "inner_step", "outer_state", "steps", "fit_start"])
+@pytest.mark.parametrize("how", ["rebind", "inner_step", "outer_state", "steps", "fit_start",
+                                 "data_fit_start", "data_inner_step", "message", "fit_end"])
 def test_a_callback_that_changes_what_the_run_steps_with_is_refused(tmp_path: Path,
                                                                     how: str) -> None:
     """The callbacks probe (2026-12-07): trainer.lam rebound to a copy froze tuning (the outer
     optimizer stepped the old tensor) without a word; lam moved in on_inner_step or
     on_fit_start, the outer optimizer's state cleared, and the problem's steps changed were
-    all taken, and a resumed run ended elsewhere than the straight one."""
+    all taken, and a resumed run ended elsewhere than the straight one. And (2026-12-08):
+    lam changed through .data (no version counter sees it) in on_fit_start or on_inner_step
+    ran to the end at other learning rates; in on_fit_end it steered the next fit() where a
+    resume would not go; in on_message the refusal named another callback."""
     class Meddle(hg.Callback):
         def on_fit_start(self, trainer: Any) -> None:
             if how == "fit_start":
                 with torch.no_grad():
                     trainer.lam.add_(0.1)
+            elif how == "data_fit_start":
+                trainer.lam.data.fill_(-1.0)
 
         def on_inner_step(self, trainer: Any, step: int, steps: int) -> None:
             if how == "inner_step" and step == 2:
                 with torch.no_grad():
                     trainer.lam.add_(0.1)
+            elif how == "data_inner_step" and step == 2:
+                trainer.lam.data.sub_(0.3)
+
+        def on_message(self, trainer: Any, text: str) -> None:
+            if how == "message" and trainer.history:
+                with torch.no_grad():
+                    trainer.lam.sub_(0.3)
+
+        def on_fit_end(self, trainer: Any, result: Any) -> None:
+            if how == "fit_end":
+                trainer.lam.data.add_(0.5)
 
         def on_outer_step(self, trainer: Any, record: dict[str, Any]) -> None:
             if how == "rebind":
@@ -442,6 +459,10 @@ def test_a_callback_that_changes_what_the_run_steps_with_is_refused(tmp_path: Pa
     said = {"rebind": r"on_outer_step rebound trainer.lam to another tensor \(restored\)",
             "inner_step": r"on_inner_step changed trainer.lam \(restored\)",
             "fit_start": r"on_fit_start changed trainer.lam \(restored\)",
+            "data_fit_start": r"on_fit_start changed trainer.lam \(restored\)",
+            "data_inner_step": r"on_inner_step changed trainer.lam \(restored\)",
+            "message": r"on_message changed trainer.lam \(restored\)",
+            "fit_end": r"on_fit_end changed trainer.lam \(restored\)",
             "outer_state": r"on_outer_step changed the outer optimizer's state",
             "steps": r"on_outer_step changed the problem's steps \d+ -> 3 \(restored\)"}[how]
     tr = _trainer(tmp_path, 3, Meddle())
@@ -449,8 +470,8 @@ def test_a_callback_that_changes_what_the_run_steps_with_is_refused(tmp_path: Pa
     with pytest.raises(RuntimeError, match=r"callback Meddle\." + said):
         tr.fit()
     assert tr.lam is lam
-    if how in ("inner_step", "fit_start"):  # before the first outer step: restored to start
-        assert torch.equal(tr.lam, start)
+    if how in ("inner_step", "fit_start", "data_fit_start", "data_inner_step"):
+        assert torch.equal(tr.lam, start)  # before the first outer step: restored to start
 
 
 def test_a_callback_that_steps_an_outer_lr_scheduler_is_refused(tmp_path: Path) -> None:

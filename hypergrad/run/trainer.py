@@ -750,16 +750,23 @@ class Trainer:
     def message(self, text: str) -> None:
         """Send a message to the callbacks (:class:`~hypergrad.run.callbacks.Log` prints it);
         every callback gets it, also after one raised (then the first error is raised)."""
-        _each(self.callbacks, lambda cb: cb.on_message(self, text))
+        self._emit("on_message", text)
 
     def _emit(self, event: str, *args: Any) -> None:
-        """``event`` to every callback; ``on_fit_start`` and ``on_inner_step`` watched as
-        :meth:`_watched` says, in the callbacks that override them (the inner steps' check reads
-        no tensor back from the device: no sync per step)."""
-        if event not in ("on_fit_start", "on_inner_step"):
+        """``event`` to every callback, watched as :meth:`_watched` says in the callbacks of
+        one's own that override it (``on_outer_step``: :meth:`_emit_record`). A change of
+        ``lam``'s values through ``.data`` (which no version counter sees) is caught where
+        the values are compared: always, but in the inner steps on a device other than the
+        CPU, whose check reads no tensor back (no sync per step). Unwatched, ``on_fit_start``'s
+        and ``on_inner_step``'s ``.data`` edits ran to the end with other learning rates
+        than the straight run's, and ``on_fit_end``'s steered the next fit() where a resume
+        would not go (the callbacks probe, 2026-12-08)."""
+        if event not in ("on_fit_start", "on_inner_step", "on_message", "on_fit_end") or (
+                not hasattr(self, "lam")):  # a message while the Trainer is built
             _each(self.callbacks, lambda cb: getattr(cb, event)(self, *args))
             return
         base = getattr(Callback, event)
+        values = event != "on_inner_step" or self.lam.device.type == "cpu"
 
         def call(cb: Callback) -> None:
             hook = getattr(type(cb), event, base)
@@ -767,7 +774,7 @@ class Trainer:
                 getattr(cb, event)(self, *args)
             else:
                 self._watched(cb, event, lambda: getattr(cb, event)(self, *args),
-                              values=False)
+                              values=values)
 
         _each(self.callbacks, call)
 
