@@ -2197,6 +2197,21 @@ def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | N
     items = [it for it in hyperparams.items if isinstance(it, PerExample)]
     if not items:
         return
+    last = batch[-1] if isinstance(batch, (tuple, list)) and batch else (
+        next((batch[k] for k in INDEX_KEYS if k in batch), None)
+        if isinstance(batch, Mapping) else None)
+    if (isinstance(last, Tensor) and not last.dtype.is_floating_point
+            and last.dtype != torch.bool and last.ndim == 2 and last.shape[-1] == 1):
+        # hp[name][idx] is then (B, 1), and times a (B,) loss it broadcasts to (B, B): every
+        # weight scaled the whole batch's mean, a hypergradient 86 % off, without a word (a
+        # Dataset returning torch.tensor([i]); the per-example probe, 2026-12-08)
+        raise ValueError(
+            f"InnerProblem: PerExample({items[0].name!r}): the first mini-batch's example "
+            f"indices have shape {tuple(last.shape)}, not (batch,): hp[{items[0].name!r}][idx] "
+            f"is then a column, and times a per-example loss of shape (batch,) it broadcasts to "
+            f"(batch, batch), every weight scaling the whole batch's loss. Give each example's "
+            f"index as an int or a 0-d tensor in __getitem__ (the DataLoader stacks them to "
+            f"(batch,)), or flatten it (idx.view(-1)) before the DataLoader yields it.")
     idx = _batch_indices(batch)
     for it in items:
         if n_examples is not None and it.n != n_examples:

@@ -239,6 +239,33 @@ def test_a_negative_example_index_is_refused() -> None:
         hg.ForwardMode().hypergradient(q, q.init_raw())
 
 
+def test_example_indices_of_shape_batch_by_1_are_refused() -> None:
+    """A Dataset returning torch.tensor([i]) as the index: the DataLoader stacks them to
+    (B, 1), hp['w'][idx] * a (B,) loss broadcasts to (B, B), and every weight scaled the whole
+    batch's loss: a hypergradient 86 % off, without a word (the per-example probe,
+    2026-12-08)."""
+    from torch.utils.data import DataLoader, Dataset
+
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+
+    class Wrapped(Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> Any:
+            return x[i], y[i], torch.tensor([i])
+
+    q = hg.InnerProblem(nn.Linear(4, 3).double(),
+                        lambda m, b, hp: (hp["w"][b[2]] * F.cross_entropy(
+                            m(b[0]), b[1], reduction="none")).mean(),
+                        hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 1.0, n=8)]),
+                        DataLoader(Wrapped(), batch_size=4), 2,
+                        lambda m, hp: F.cross_entropy(m(x), y))
+    with pytest.raises(ValueError, match=r"PerExample\('w'\): the first mini-batch's example "
+                                         r"indices have shape \(4, 1\), not \(batch,\)"):
+        hg.ForwardMode().hypergradient(q, q.init_raw())
+
+
 @pytest.mark.parametrize("bad, match", [
     (8, r"PerExample\('w'\) has n=8, but the mini-batch of step 1 indexes example 8"),
     (-2, r"the example indices of the mini-batch of step 1 include -2")])
