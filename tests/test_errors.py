@@ -402,3 +402,33 @@ def test_nan_targets_loaded_from_disk(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match=r"a_y.npy has 2 non-finite targets .*rows \[3, 11\]"):
         sparse_regression_task(hps, hg.optim.sgd(lr=0.1), data_path=str(tmp_path / "a.npz"),
                                groups=2, feature_groups=2)
+
+
+def test_per_example_weights_indexed_by_labels_are_named_as_a_possible_cause() -> None:
+    """A DataLoader of (x, y) without example indices and a loss reading b[-1]: the labels
+    0..2 were read as example indices, 3 of 48 weights learned, and the warning blamed the
+    shuffle (the per-example probe, 2026-12-08)."""
+    import warnings
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(48, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (48,),
+                                                                                generator=g)
+    torch.manual_seed(0)
+    q = hg.InnerProblem(nn.Linear(4, 3).double(),
+                        lambda m, b, hp: (hp["w"][b[-1]] * F.cross_entropy(
+                            m(b[0]), b[1], reduction="none")).mean(),
+                        hg.optim.sgd(lr=0.1), hg.HyperParams([hg.PerExample("w", 0.5, n=48,
+                                                                            transform="logit")]),
+                        DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True), 6,
+                        lambda m, hp: F.cross_entropy(m(x), y))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        hg.Trainer(q, "reverse", mode=hg.Offline(outer_steps=1, start=0, recheck=0),
+                   callbacks=[hg.run.Log(None), hg.run.Progress(False)]).fit()
+    told = [str(w.message) for w in said if "of PerExample 'w' have a hypergradient of "
+            "exactly 0" in str(w.message)]
+    assert len(told) == 1, [str(w.message)[:100] for w in said]
+    assert ("Only 3 entries were read where the run's 6 batches of 8 hold 48 examples: does "
+            "the loss index 'w' by each example's index") in told[0]

@@ -1156,6 +1156,18 @@ class Trainer:
             if not 0 < zero < g.numel():
                 continue
             stream = self.problem.stream
+            read = g.numel() - zero
+            size = getattr(getattr(stream, "source", None), "batch_size", None)
+            # fewer than half of what the run's batches hold: the loss may read another
+            # tensor than the examples' indices (a loader without them: the labels 0..9 read
+            # as indices, 10 of 300 entries learned; the per-example probe, 2026-12-08)
+            few = ((f" Only {read} entries were read where the run's {self.problem.steps} "
+                    f"batches of {size} hold {self.problem.steps * size} examples: does the "
+                    f"loss index {it.name!r} by each example's index (the batch's last "
+                    f"element, as MiniBatches gives), and not by its labels?")
+                   if isinstance(size, int) and read < min(g.numel(),
+                                                           self.problem.steps * size) / 2
+                   else "")
             if stream is not None and stream.varies():
                 # a shuffled source reads other examples in the next run's pass: those unread
                 # now were told they "keep the values the search gives them", and moved (13
@@ -1167,7 +1179,7 @@ class Trainer:
                     f"inner run reads a pass of its own, so an entry is learned only at the "
                     f"outer steps whose run reads it: more slowly, and noisier, than with "
                     f"every example read in each run (steps x batch size of an epoch or "
-                    f"more)."), stacklevel=5)
+                    f"more).{few}"), stacklevel=5)
             else:
                 n = getattr(it, "n", g.numel())
                 warnings.warn(ZeroHypergradientWarning(
@@ -1177,7 +1189,7 @@ class Trainer:
                     f"that draws with replacement, or n={n} above the data's size) are not "
                     f"learned, and keep the values the search gives them. Read every example "
                     f"(an epoch or more: hypergrad.data.MiniBatches counts them up front), or "
-                    f"weight only those the run reads."), stacklevel=5)
+                    f"weight only those the run reads.{few}"), stacklevel=5)
 
     def _step(self, value: Tensor, grad: Tensor, lam_used: Tensor) -> str | None:
         """Guard, track the best, update ``lam``; returns why the run diverged, or ``None``."""
