@@ -153,9 +153,9 @@ def _chaos_note(objective: Tensor, grad: Tensor) -> str:
     """Where the hypergradient is astronomically large against the objective (chaotic
     training: SGD at lr 2 over 600 steps gave 5.3e11 against 0.62), why the check says little
     and a failed one need not show a bug (it blamed a custom tangent): forward and reverse mode
-    still agree, but rounding grows as fast as the
-    derivative (the HVP strategies 4 % apart) and finite differences see another function at
-    every step size (0.745 at eps 1e-2, 981 at 1e-4)."""
+    still agree, but rounding grows as fast as the derivative (the HVP strategies 4 % apart)
+    and finite differences see another function at every step size (0.745 at eps 1e-2, 981 at
+    1e-4)."""
     from .run.guards import CHAOS
 
     norm, scale = float(grad.norm()), max(1.0, abs(float(objective)))
