@@ -853,6 +853,11 @@ class _Terminated(KeyboardInterrupt):
     message says how to go on (the process died with no word)."""
 
 
+def _how(err: BaseException) -> str:
+    """How an interrupt came: ``SIGTERM`` (:class:`_Terminated`) or ``KeyboardInterrupt``."""
+    return "SIGTERM" if isinstance(err, _Terminated) else "KeyboardInterrupt"
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated("SIGTERM")
 
@@ -860,7 +865,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def _interrupted(err: BaseException) -> str:
     """What an interrupted run's message says: the run folder, and whether it holds a
     checkpoint to resume from (:func:`_stopped`)."""
-    how = "SIGTERM" if isinstance(err, _Terminated) else "KeyboardInterrupt"
+    how = _how(err)
     if isinstance(err, _Terminated) and distributed.launched():
         # torchrun stops every rank with SIGTERM when one of them failed
         how += ", which torchrun also sends when another rank failed: see its error above"
@@ -929,8 +934,7 @@ def _main(cfg: DictConfig) -> float:
             said = str(err).removeprefix("hypergrad-run: ") if isinstance(err, RefusedJob) \
                 else str(err)
             if isinstance(err, KeyboardInterrupt):  # stopped from outside, not failed
-                _sweep_line("interrupted", error="SIGTERM" if isinstance(err, _Terminated)
-                            else "KeyboardInterrupt")
+                _sweep_line("interrupted", error=_how(err))
             else:
                 _sweep_line("failed", error=f"{kind}: {said[:500]}")
         raise
@@ -1251,8 +1255,8 @@ def main() -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         notes = [n for n in getattr(err, "__notes__", []) if n.startswith("hypergrad-run:")]
-        how = "SIGTERM" if isinstance(err, _Terminated) else "KeyboardInterrupt"
-        print(notes[-1] if notes else f"hypergrad-run: interrupted ({how})", file=sys.stderr)
+        print(notes[-1] if notes else f"hypergrad-run: interrupted ({_how(err)})",
+              file=sys.stderr)
         raise SystemExit(143 if isinstance(err, _Terminated) else 130) from None
     except SystemExit as err:
         if err.code == 1:  # Hydra's own failure (a composition error among them)

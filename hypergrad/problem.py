@@ -2197,9 +2197,7 @@ def _check_per_example(hyperparams: HyperParams, batch: Any, n_examples: int | N
     items = [it for it in hyperparams.items if isinstance(it, PerExample)]
     if not items:
         return
-    last = batch[-1] if isinstance(batch, (tuple, list)) and batch else (
-        next((batch[k] for k in INDEX_KEYS if k in batch), None)
-        if isinstance(batch, Mapping) else None)
+    last = _index_candidate(batch)
     if (isinstance(last, Tensor) and not last.dtype.is_floating_point
             and last.dtype != torch.bool and last.ndim == 2 and last.shape[-1] == 1):
         # hp[name][idx] is then (B, 1), and times a (B,) loss it broadcasts to (B, B): every
@@ -2228,15 +2226,22 @@ INDEX_KEYS = ("idx", "index", "indices", "example_index", "example_indices")
 """The keys of a dict batch (a ``collate_fn`` of one's own) read as its example indices."""
 
 
-def _batch_indices(batch: Any) -> Tensor | None:
-    """The example indices of a batch (a 1-D integer tensor: the last element of a tuple
-    batch, as :class:`~hypergrad.data.MiniBatches` gives, or a dict batch's entry under one of
-    :data:`INDEX_KEYS`), or ``None``."""
-    found = None
+def _index_candidate(batch: Any) -> Any:
+    """Where a batch holds its example indices: the last element of a tuple batch, as
+    :class:`~hypergrad.data.MiniBatches` gives, or a dict batch's entry under one of
+    :data:`INDEX_KEYS` (a dict batch's negative index read another example's weight
+    silently); else ``None``."""
     if isinstance(batch, (tuple, list)) and batch:
-        found = batch[-1]
-    elif isinstance(batch, Mapping):  # a dict batch's negative index read another example's
-        found = next((batch[k] for k in INDEX_KEYS if k in batch), None)  # weight silently
+        return batch[-1]
+    if isinstance(batch, Mapping):
+        return next((batch[k] for k in INDEX_KEYS if k in batch), None)
+    return None
+
+
+def _batch_indices(batch: Any) -> Tensor | None:
+    """The example indices of a batch (a 1-D integer tensor where
+    :func:`_index_candidate` looks), or ``None``."""
+    found = _index_candidate(batch)
     if isinstance(found, Tensor) and not found.dtype.is_floating_point \
             and found.dtype != torch.bool and found.ndim == 1:
         return found

@@ -828,10 +828,15 @@ def load_npz(path: str | os.PathLike[str], *, dtype: torch.dtype | None = None,
         if str(e).startswith(api):
             if p in str(e) or repr(p) in str(e):
                 raise
-            # the checks of the values name no file (a NaN at row 0, column 3: of which file?)
-            raise ValueError(f"{api}: {p!r}: " + str(e).removeprefix(f"{api}: ")) from None
+            raise _naming_file(api, p, e) from None
         raise ValueError(f"{api}: {p!r} is not a readable scipy.sparse .npz ({e}); save the "
                          f"matrix with scipy.sparse.save_npz(path, A).") from None
+
+
+def _naming_file(api: str, p: str, err: ValueError) -> ValueError:
+    """``err``, one of the checks of the values (which name no file: a NaN "at row 0, column
+    3" of which file?), with the file's path after ``api``."""
+    return ValueError(f"{api}: {p!r}: " + str(err).removeprefix(f"{api}: "))
 
 
 def _npz_members(api: str, p: str, npz: Any, kw: dict[str, Any]) -> SparseOperator:
@@ -974,6 +979,6 @@ def load_svmlight(path: str | os.PathLike[str], n_features: int | None = None, *
     try:
         op = SparseOperator._wrap(*_parts_from_scipy(api, X, dtype=dt, index_dtype=index_dtype,
                                                      device=device, validate=True))
-    except ValueError as e:  # the checks of the values name no file
-        raise ValueError(f"{api}: {p!r}: " + str(e).removeprefix(f"{api}: ")) from None
+    except ValueError as e:
+        raise _naming_file(api, p, e) from None
     return op, torch.as_tensor(y, dtype=dt, device=op.device)

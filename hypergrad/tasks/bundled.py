@@ -369,7 +369,7 @@ def hypercleaning_task(hyperparams: HyperParams, optimizer: Optimizer, model: Mo
         pred = (w < threshold).cpu().numpy()
         tp, flagged, n_flipped = int((pred & flipped).sum()), int(pred.sum()), int(flipped.sum())
         # nothing flagged: precision is undefined (0 / 0), not 0 (it read as every flag wrong);
-        # no flipped label: recall is
+        # no flipped label: recall is undefined too
         prec = tp / flagged if flagged else None
         rec = tp / n_flipped if n_flipped else None
         f1 = (2 * prec * rec / (prec + rec) if prec and rec else
